@@ -1,0 +1,61 @@
+"""The lease store: the only code that speaks SQL. ``open_store`` picks the backend by URL."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+from .base import Clock, Commit, Store
+from .errors import (
+    InvalidPayload,
+    RunNotFound,
+    SchemaTooNew,
+    StoreCorrupt,
+    StoreError,
+    StoreUnavailable,
+)
+from .types import CasResult, ClaimRequest, CommitOutcome, Lease, OwnerLease, Run, Stats, TaskInfo
+
+__all__ = [
+    "CasResult",
+    "ClaimRequest",
+    "Clock",
+    "Commit",
+    "CommitOutcome",
+    "InvalidPayload",
+    "Lease",
+    "OwnerLease",
+    "Run",
+    "RunNotFound",
+    "SchemaTooNew",
+    "Stats",
+    "Store",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreUnavailable",
+    "TaskInfo",
+    "open_store",
+]
+
+
+def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:
+    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite.
+
+    ``clock`` (seconds, float) replaces the wall clock: tests inject one to move time.
+    """
+    if "://" not in url_or_path:
+        from .sqlite import SQLiteStore
+
+        return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
+    parts = urlsplit(url_or_path)
+    if parts.scheme == "sqlite":
+        from .sqlite import SQLiteStore
+
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        merged: dict[str, object] = {**query, **options}
+        if "busy_timeout" in merged:
+            merged["busy_timeout"] = float(merged["busy_timeout"])  # type: ignore[arg-type]
+        path = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
+        if url_or_path.startswith("sqlite:///"):
+            path = url_or_path[len("sqlite://") :].split("?", 1)[0]
+        return SQLiteStore(path, clock=clock, **merged)  # type: ignore[arg-type]
+    raise StoreError(f"unsupported store URL scheme {parts.scheme!r} (use a path or sqlite:///)")

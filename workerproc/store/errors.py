@@ -1,0 +1,31 @@
+"""Errors the store raises. The CLI turns each into one clear line on stderr."""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base class for every error the store raises on purpose."""
+
+
+class StoreUnavailable(StoreError):
+    """The database cannot be reached now: missing directory, no permission, or locked past the
+    busy timeout (a backup holding an exclusive lock, say). Retrying later may succeed."""
+
+
+class StoreCorrupt(StoreError):
+    """The file is not a leasekeeper database, or SQLite reports it malformed."""
+
+
+class SchemaTooNew(StoreError):
+    """The database was written by a newer leasekeeper; refuse rather than guess."""
+
+
+class InvalidPayload(StoreError, ValueError):
+    """A payload, state or result that is not JSON-serializable. Nothing was written."""
+
+
+class RunNotFound(StoreError, KeyError):
+    """No run has that id."""
+
+    def __str__(self) -> str:
+        return f"no run with id {self.args[0]}" if self.args else "run not found"

@@ -1,0 +1,84 @@
+"""SQLite schema and its forward migrations. Version lives in ``PRAGMA user_version``.
+
+Invariants live here, not in Python: CHECK constraints for statuses and lease fields, and
+triggers that keep ``runs.ready_at`` exact. ``ready_at`` is the earliest moment a claim may pick
+the run: NULL when the run is terminal or has no pending task, else the later of its head task's
+``available_at`` and the expiry of any lease on it. Claims walk runs in ``ready_at`` order, so a
+run with 100,000 tasks behind one live lease costs a claim one index entry, not 100,000.
+"""
+
+from __future__ import annotations
+
+_READY_AT = """
+    UPDATE runs SET ready_at = CASE WHEN runs.status IN ('pending', 'running') THEN (
+        SELECT max(h.head, coalesce(l.until, h.head))
+        FROM (SELECT min(available_at) AS head FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL) AS h,
+             (SELECT max(lease_expires_at) AS until FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
+    ) END
+    WHERE id = {run};
+"""
+
+MIGRATIONS: list[str] = [
+    # 1: runs, tasks, the claim indexes and the ready_at triggers
+    f"""
+    CREATE TABLE runs (
+        id             INTEGER PRIMARY KEY,
+        status         TEXT    NOT NULL DEFAULT 'pending'
+                       CHECK (status IN ('pending', 'running', 'succeeded', 'failed', 'cancelled')),
+        state          TEXT    NOT NULL DEFAULT 'null' CHECK (json_valid(state)),
+        revision       INTEGER NOT NULL DEFAULT 0 CHECK (revision >= 0),
+        result         TEXT    CHECK (result IS NULL OR json_valid(result)),
+        failure_reason TEXT,
+        last_error     TEXT,
+        ready_at       REAL,
+        created_at     REAL    NOT NULL,
+        updated_at     REAL    NOT NULL,
+        finished_at    REAL,
+        CHECK ((status IN ('succeeded', 'failed', 'cancelled')) = (finished_at IS NOT NULL)),
+        CHECK ((status = 'failed') = (failure_reason IS NOT NULL))
+    );
+    CREATE TABLE tasks (
+        id               INTEGER PRIMARY KEY,
+        run_id           INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        name             TEXT    NOT NULL CHECK (length(name) > 0),
+        payload          TEXT    NOT NULL DEFAULT 'null' CHECK (json_valid(payload)),
+        available_at     REAL    NOT NULL,
+        created_at       REAL    NOT NULL,
+        lease_owner      TEXT,
+        lease_expires_at REAL,
+        attempts         INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+        attempt_base     INTEGER NOT NULL DEFAULT 0 CHECK (attempt_base BETWEEN 0 AND attempts),
+        last_error       TEXT,
+        done_at          REAL,
+        CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
+        CHECK (done_at IS NULL OR lease_owner IS NULL)
+    );
+    -- claims: runs in ready order (only pending work is indexed)
+    CREATE INDEX runs_ready ON runs (ready_at, id) WHERE ready_at IS NOT NULL;
+    CREATE INDEX runs_status ON runs (status, id);
+    -- a run's pending tasks in claim order; min(available_at) for ready_at
+    CREATE INDEX tasks_pending ON tasks (run_id, available_at, created_at, id)
+        WHERE done_at IS NULL;
+    -- live-lease checks and release_owner (few rows: one per busy worker)
+    CREATE INDEX tasks_leased ON tasks (run_id, lease_expires_at) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX tasks_owner ON tasks (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX tasks_run ON tasks (run_id, id);
+
+    CREATE TRIGGER tasks_ready_insert AFTER INSERT ON tasks BEGIN
+        {_READY_AT.format(run="NEW.run_id")}
+    END;
+    CREATE TRIGGER tasks_ready_update
+        AFTER UPDATE OF available_at, lease_owner, lease_expires_at, done_at ON tasks BEGIN
+        {_READY_AT.format(run="NEW.run_id")}
+    END;
+    CREATE TRIGGER runs_ready_status AFTER UPDATE OF status ON runs
+        WHEN (OLD.status IN ('pending', 'running'))
+          != (NEW.status IN ('pending', 'running')) BEGIN
+        {_READY_AT.format(run="NEW.id")}
+    END;
+    """,
+]
+
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,121 @@
+"""Every SQL statement of the SQLite backend, each named with its one-line purpose.
+
+Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows changed
+means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIATE`` succeeded.
+"""
+
+from __future__ import annotations
+
+ALIVE = "('pending', 'running')"
+
+# The fence every write after a claim carries (R2, R5).
+_FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
+    AND lease_expires_at > :now AND done_at IS NULL"""
+
+# start_run: a new run and its first task.
+INSERT_RUN = """INSERT INTO runs (state, created_at, updated_at) VALUES (:state, :now, :now)"""
+INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
+    VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
+
+# claim (R1): one statement picks the head task of the first ready run with no live lease,
+# writes owner and expiry, and counts the attempt. runs.ready_at (kept by triggers) makes the
+# pick an index walk; the NOT EXISTS re-checks the serial-run rule on the chosen run itself.
+CLAIM = f"""
+UPDATE tasks SET lease_owner = :owner, lease_expires_at = :now + :ttl, attempts = attempts + 1
+WHERE id = (
+    SELECT (SELECT t.id FROM tasks AS t
+            WHERE t.run_id = r.id AND t.done_at IS NULL AND t.available_at <= :now
+              AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
+            ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
+    FROM runs AS r
+    WHERE r.ready_at <= :now AND +r.status IN {ALIVE}
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                      WHERE a.run_id = r.id AND a.lease_owner IS NOT NULL
+                        AND a.lease_expires_at > :now)
+    ORDER BY r.ready_at, r.id
+    LIMIT 1)
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at
+"""
+
+# claim: the run of a fresh lease is running now; hand its state to the handler.
+MARK_RUNNING = """UPDATE runs SET status = 'running', updated_at = :now WHERE id = :run_id
+    RETURNING state, revision"""
+
+# claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
+DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :task_id RETURNING last_error"""
+FAIL_RUN = f"""UPDATE runs SET status = 'failed', failure_reason = :reason,
+    last_error = coalesce(:error, last_error), finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND status IN {ALIVE}"""
+
+# renew (R3): never an expired lease; the new expiry is max(old, now + ttl).
+RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
+    WHERE {_FENCE} RETURNING lease_expires_at"""
+
+# every fenced commit first asks: is this lease still the live one?
+CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
+
+# ack / drop / advance / finish: the task is done; its lease is cleared.
+TASK_DONE = f"""UPDATE tasks SET done_at = :now, lease_owner = NULL, lease_expires_at = NULL
+    WHERE {_FENCE}"""
+
+# ack: a run whose last task is acknowledged has succeeded.
+SUCCEED_IF_EMPTY = f"""UPDATE runs SET status = 'succeeded', finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND status IN {ALIVE}
+      AND NOT EXISTS (SELECT 1 FROM tasks WHERE run_id = :run_id AND done_at IS NULL)"""
+
+# release: give the task back after a delay, keeping the error.
+RELEASE = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
+    available_at = :now + :delay, last_error = coalesce(:error, last_error)
+    WHERE {_FENCE}"""
+RUN_ERROR = "UPDATE runs SET last_error = :error, updated_at = :now WHERE id = :run_id"
+
+# fail (fenced): the holder fails its run; the task keeps its place for retry_run.
+TASK_FAILED = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
+    last_error = coalesce(:error, last_error) WHERE {_FENCE}"""
+
+# compare_and_set (R5): the state moves only at the expected revision of a live run.
+CAS_STATE = f"""UPDATE runs SET state = :state, revision = revision + 1, updated_at = :now
+    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}"""
+CAS_FINISH = f"""UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
+    result = :result, finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}"""
+CAS_NEXT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
+    VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
+
+# operators
+CANCEL_RUN = f"""UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND status IN {ALIVE}"""
+RUN_STATUS = "SELECT status FROM runs WHERE id = :run_id"
+PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL"
+# retry_run: a new attempt generation. attempts keeps counting (the fencing token never
+# repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
+RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
+    lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL"""
+RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
+    updated_at = :now WHERE id = :run_id"""
+# release_owner: the supervisor reaped this owner; its leases expire now.
+RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
+    WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+
+# reads
+_RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
+    created_at, updated_at, finished_at"""
+GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
+LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
+LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE status = :status
+    ORDER BY id DESC LIMIT :limit"""
+GET_TASKS = """SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
+    lease_expires_at, attempts, attempt_base, last_error, done_at
+    FROM tasks WHERE run_id = :run_id ORDER BY id"""
+RUN_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
+TASK_COUNTS = f"""SELECT
+    coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),
+    coalesce(sum(t.lease_owner IS NULL AND t.available_at > :now), 0),
+    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at > :now), 0),
+    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at <= :now), 0)
+    FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
+    WHERE t.done_at IS NULL AND r.status IN {ALIVE}"""
+LIVE_LEASES = """SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
+    WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner"""
+NEXT_READY = "SELECT min(ready_at) FROM runs WHERE ready_at IS NOT NULL"

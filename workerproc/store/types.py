@@ -1,0 +1,123 @@
+"""Plain values the store hands out. No SQL here: these cross the store interface."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+JSON = Any  # a value that survives json.dumps/json.loads unchanged
+
+RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+class CasResult(str, enum.Enum):
+    """The three answers of a fenced write (R5)."""
+
+    OK = "ok"
+    CONFLICT = "conflict"  # the run moved: another revision, or it is no longer alive
+    LEASE_LOST = "lease_lost"  # owner/attempt no longer match, or the lease expired
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One claim of one task: the holder's proof, matched on every later write (R2)."""
+
+    task_id: int
+    run_id: int
+    task: str
+    payload: JSON
+    attempt: int
+    owner: str
+    expires_at: float
+    claimed_at: float
+    state: JSON = field(default=None)
+    revision: int = 0
+    tries: int = 1  # attempts since the run was last retried: what max_attempts bounds (R6)
+
+    @property
+    def fence(self) -> tuple[int, str, int]:
+        return (self.task_id, self.owner, self.attempt)
+
+
+@dataclass(frozen=True)
+class ClaimRequest:
+    """What a worker asks for when it fuses "commit this task" with "claim the next"."""
+
+    owner: str
+    ttl: float
+    max_attempts: int = 3
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    status: str
+    state: JSON
+    revision: int
+    result: JSON
+    failure_reason: str | None
+    last_error: str | None
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    id: int
+    run_id: int
+    name: str
+    payload: JSON
+    available_at: float
+    created_at: float
+    lease_owner: str | None
+    lease_expires_at: float | None
+    attempts: int
+    attempt_base: int
+    last_error: str | None
+    done_at: float | None
+
+
+@dataclass(frozen=True)
+class OwnerLease:
+    """A lease as operators see it: who holds which task until when."""
+
+    owner: str
+    task_id: int
+    run_id: int
+    task: str
+    attempt: int
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Stats:
+    now: float
+    runs: dict[str, int]
+    ready: int
+    delayed: int
+    leased: int
+    expired: int
+    leases: list[OwnerLease]
+
+    @property
+    def pending_work(self) -> int:
+        """Tasks that still need a worker: ready, delayed, leased or expired."""
+        return self.ready + self.delayed + self.leased + self.expired
+
+
+@dataclass(frozen=True)
+class CommitOutcome:
+    """What a fused commit answers: the fenced write's result and, if asked, the next lease."""
+
+    result: CasResult
+    next_lease: Lease | None = None
