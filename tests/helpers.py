@@ -1,0 +1,41 @@
+"""Shared test helpers: an injectable clock and bounded waits on state (never bare sleeps)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class FakeClock:
+    """A clock the test moves by hand: no test sleeps for a ttl."""
+
+    def __init__(self, start: float = 1_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 30.0, interval: float = 0.02, what: str = ""
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail after ``timeout`` seconds.
+
+    Bounds are generous on purpose (a loaded 2-core CI machine): tests assert behaviour, and
+    benchmarks under scripts/ measure speed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
+        time.sleep(interval)
