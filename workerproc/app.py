@@ -1,0 +1,108 @@
+"""The handler side: ``App``, the ``@app.task`` decorator and the ``TaskContext`` handlers get."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, overload
+
+from .store import Commit, Lease
+from .store.sqlite import dumps
+from .store.types import JSON
+
+Handler = Callable[["TaskContext"], Any]
+
+
+class LeaseLost(BaseException):
+    """This execution lost its lease: another worker owns the task now. Derives from
+    BaseException so a handler's ``except Exception`` cannot swallow it; the worker discards
+    whatever the execution would have written."""
+
+
+class App:
+    """A registry of task handlers: ``app = App()`` then ``@app.task("name")``."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, Handler] = {}
+
+    @overload
+    def task(self, name: Handler) -> Handler: ...
+    @overload
+    def task(self, name: str | None = None) -> Callable[[Handler], Handler]: ...
+
+    def task(self, name: str | Handler | None = None) -> Handler | Callable[[Handler], Handler]:
+        if callable(name):  # bare @app.task
+            return self._register(name.__name__, name)
+
+        def decorate(fn: Handler) -> Handler:
+            return self._register(name or fn.__name__, fn)
+
+        return decorate
+
+    def _register(self, name: str, fn: Handler) -> Handler:
+        if name in self.handlers and self.handlers[name] is not fn:
+            raise ValueError(f"task {name!r} is registered twice")
+        self.handlers[name] = fn
+        return fn
+
+
+class TaskContext:
+    """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
+    last word; the worker writes it under the lease when the handler returns, in one transaction
+    with the claim of the next task. Returning without either finishes the run with its state
+    unchanged and the return value (JSON) as its result."""
+
+    def __init__(self, lease: Lease, lost: threading.Event) -> None:
+        self._lease = lease
+        self._lost = lost
+        self.commit: Commit | None = None
+
+    run_id = property(lambda self: self._lease.run_id)
+    task_id = property(lambda self: self._lease.task_id)
+    task = property(lambda self: self._lease.task)
+    attempt = property(lambda self: self._lease.attempt)
+    payload = property(lambda self: self._lease.payload)
+    state = property(lambda self: self._lease.state)
+    revision = property(lambda self: self._lease.revision)
+
+    @property
+    def lease_lost(self) -> bool:
+        """An early hint only (R5): the database decides at commit time."""
+        return self._lost.is_set()
+
+    def _record(self, commit: Commit) -> None:
+        if self.commit is not None:
+            raise RuntimeError("advance/finish may be called once per execution")
+        self.commit = commit
+
+    def advance(self, new_state: JSON, next: str, payload: JSON = None, delay: float = 0) -> None:
+        """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds)."""
+        dumps(new_state, "state")  # reject a bad value here, at the call that made it
+        dumps(payload, "payload")
+        if not next:
+            raise ValueError("advance needs the name of the next task")
+        self._record(
+            Commit(
+                self._lease,
+                "advance",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                next_task=next,
+                next_payload=payload,
+                delay=delay,
+            )
+        )
+
+    def finish(self, new_state: JSON, result: JSON = None) -> None:
+        """Move the run to ``new_state`` and mark it succeeded with ``result``."""
+        dumps(new_state, "state")
+        dumps(result, "result")
+        self._record(
+            Commit(
+                self._lease,
+                "finish",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                result=result,
+            )
+        )

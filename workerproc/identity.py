@@ -1,0 +1,53 @@
+"""Worker identity: an owner string unique per process lifetime.
+
+``host:pid:start:suffix`` — the process start time tells a reused pid apart, and the random
+suffix (chosen by the parent before fork, so parent and child agree) tells apart two claims
+loops in one process. The supervisor parses owners to release leases of dead processes.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from typing import NamedTuple
+
+import psutil
+
+
+class OwnerId(NamedTuple):
+    host: str
+    pid: int
+    start_time: str
+    suffix: str
+
+
+def process_start(pid: int) -> str:
+    return f"{psutil.Process(pid).create_time():.2f}"
+
+
+def make_owner(*, pid: int | None = None, suffix: str | None = None) -> str:
+    pid = os.getpid() if pid is None else pid
+    suffix = secrets.token_hex(4) if suffix is None else suffix
+    return f"{socket.gethostname()}:{pid}:{process_start(pid)}:{suffix}"
+
+
+def parse_owner(owner: str) -> OwnerId | None:
+    parts = owner.rsplit(":", 3)
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None
+    return OwnerId(parts[0], int(parts[1]), parts[2], parts[3])
+
+
+def owner_is_dead(owner: str) -> bool:
+    """True when ``owner`` names a process on this host that no longer exists (or whose pid was
+    reused by another process). Owners of other hosts are never judged dead from here."""
+    parsed = parse_owner(owner)
+    if parsed is None or parsed.host != socket.gethostname():
+        return False
+    try:
+        return process_start(parsed.pid) != parsed.start_time
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return True
+    except psutil.AccessDenied:
+        return False

@@ -1,0 +1,399 @@
+"""The claim loop (R7): claim, renew at start (R4), run the handler, commit fenced (R5), and claim
+again in the same transaction (drain). Idle workers sleep on a self-pipe and poll a cheap change
+token, never the write lock."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from . import exitcodes
+from .app import App, Handler, LeaseLost, TaskContext
+from .heartbeat import Heartbeat
+from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, StatusSlot
+from .store import (
+    CasResult,
+    ClaimRequest,
+    Commit,
+    InvalidPayload,
+    Lease,
+    Store,
+    StoreCorrupt,
+    StoreError,
+)
+from .store.sqlite import dumps
+from .waker import Waker
+
+log = logging.getLogger("workerproc.worker")
+
+# R4: a claim younger than this needs no start renewal. The claim itself granted a full ttl a
+# moment ago; renewing again would only cost a write transaction per task and confirm nothing
+# new. Older leases (the worker waited between claim and start) are renewed before the handler.
+FRESH_CLAIM = 0.05
+CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
+INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the handler
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    db: str
+    lease_ttl: float = 60.0
+    poll_interval: float = 1.0
+    max_attempts: int = 3
+    task_timeout: float | None = None
+    max_tasks: int | None = None
+    heartbeat_interval: float | None = None
+    retry_backoff: float = 1.0  # first retry delay; doubles per attempt, with jitter
+    retry_backoff_max: float = 300.0
+
+    def validate(self) -> None:
+        checks = [
+            (self.lease_ttl > 0, "lease ttl must be > 0"),
+            (self.poll_interval > 0, "poll interval must be > 0"),
+            (self.max_attempts >= 1, "max attempts must be >= 1"),
+            (self.task_timeout is None or self.task_timeout > 0, "task timeout must be > 0"),
+            (self.max_tasks is None or self.max_tasks >= 1, "max tasks must be >= 1"),
+            (
+                self.heartbeat_interval is None or 0 < self.heartbeat_interval < self.lease_ttl,
+                "heartbeat interval must be > 0 and below the lease ttl",
+            ),
+            (self.retry_backoff >= 0, "retry backoff must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def interval(self) -> float:
+        return self.heartbeat_interval or self.lease_ttl / 3
+
+
+class _Abort(BaseException):
+    """QUIT arrived while a handler ran: abandon it (the lease is released, nothing written)."""
+
+
+def describe_error(exc: BaseException, limit: int = 2000) -> str:
+    tb = "".join(traceback.format_exception(exc, limit=-5))
+    return f"{type(exc).__name__}: {exc}\n{tb}"[:limit]
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        app: App,
+        config: WorkerConfig,
+        *,
+        owner: str,
+        open_store: Callable[[], Store],
+        waker: Waker | None = None,
+        slot: StatusSlot | None = None,
+        parent_pid: int | None = None,
+    ) -> None:
+        config.validate()
+        self.store, self.app, self.config, self.owner = store, app, config, owner
+        self.waker = waker or Waker()
+        self.slot = slot
+        self.parent_pid = parent_pid
+        self.pid = os.getpid()
+        self.tasks_done = 0
+        self.stop_signal: int | None = None  # TERM/INT: finish the current task, then stop
+        self.quit = False  # QUIT: abandon the current task now
+        self._exit_code: int | None = None  # set by the heartbeat side for the main loop
+        self._lost = threading.Event()
+        self._in_handler = False
+        self._interrupt: type[BaseException] | None = None
+        self._lease_start = 0.0
+        self._max_tasks = config.max_tasks
+        self.heartbeat = Heartbeat(
+            open_store,
+            ttl=config.lease_ttl,
+            interval=config.interval,
+            on_lost=self._on_lost,
+            on_timeout=self._on_timeout,
+            on_death=self._on_heartbeat_death,
+            task_timeout=config.task_timeout,
+        )
+        self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts)
+
+    # -- signals (handlers only record; the C-level wakeup fd wakes the loop) -------------------
+    def on_stop_signal(self, signum: int, _frame: object = None) -> None:
+        self.stop_signal = signum
+
+    def on_quit_signal(self, _signum: int, _frame: object = None) -> None:
+        self.quit = True
+        if self._in_handler:
+            raise _Abort()
+
+    def on_interrupt_signal(self, _signum: int, _frame: object = None) -> None:
+        # Raise only inside the handler, never in the worker's own bookkeeping.
+        if self._in_handler and self._interrupt is not None:
+            exc, self._interrupt = self._interrupt, None
+            raise exc()
+
+    def request_stop(self) -> None:
+        self.stop_signal = signal.SIGTERM
+        self.waker.wake()
+
+    def _absorb(self, signals: set[int]) -> None:
+        """Signals seen on the wakeup fd: a belt to the Python handlers' braces, since a handler
+        that raises (the interrupt) can delay another signal's Python-level handler."""
+        if signal.SIGTERM in signals or signal.SIGINT in signals:
+            self.stop_signal = self.stop_signal or signal.SIGTERM
+        if signal.SIGQUIT in signals:
+            self.quit = True
+
+    # -- heartbeat callbacks (heartbeat thread) -------------------------------------------------
+    def _on_lost(self, lease: Lease, why: str) -> None:
+        log.warning("task %s attempt %s: lease lost (%s)", lease.task_id, lease.attempt, why)
+        self._lost.set()
+        self._interrupt_main(LeaseLost)
+
+    def _on_timeout(self, lease: Lease) -> None:
+        log.error(
+            "task %s attempt %s outlived task_timeout (%gs): releasing it and exiting",
+            lease.task_id, lease.attempt, self.config.task_timeout,
+        )  # fmt: skip
+        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
+        try:  # fenced: a no-op if the main thread committed first
+            self.heartbeat_store_release(lease, error)
+        finally:
+            # A hung Python call cannot be cancelled safely: the process goes, its parent
+            # replaces it. Nothing half-written survives: every write is one transaction.
+            os._exit(exitcodes.TASK_TIMEOUT)
+
+    def heartbeat_store_release(self, lease: Lease, error: str) -> None:
+        store = self.heartbeat_store_factory()
+        try:
+            store.release(lease, self._backoff(lease.tries), error=error)
+        except StoreError as exc:
+            log.error("could not record the timeout: %s", exc)
+        finally:
+            store.close()
+
+    def _on_heartbeat_death(self, exc: BaseException) -> None:
+        self._exit_code = exitcodes.HEARTBEAT_DIED
+        self._lost.set()
+        self._interrupt_main(LeaseLost)
+
+    def _interrupt_main(self, exc: type[BaseException]) -> None:
+        self._interrupt = exc
+        self.waker.wake()
+        main = threading.main_thread().ident
+        if main is not None and threading.current_thread() is not threading.main_thread():
+            signal.pthread_kill(main, INTERRUPT)
+
+    @property
+    def heartbeat_store_factory(self) -> Callable[[], Store]:
+        return self.heartbeat._open_store
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        self.heartbeat.start()
+        lease: Lease | None = None
+        try:
+            while True:
+                self._absorb(self.waker.drain())
+                code = self._health()
+                if code is not None:
+                    return code
+                if self.stop_signal is not None or self.quit:
+                    return exitcodes.OK
+                if lease is None:
+                    lease = self._claim()
+                    if lease is None:
+                        self._idle()
+                        continue
+                commit = self._execute(lease)
+                self.tasks_done += 1
+                if self.quit:
+                    self._safe_commit(commit, None)
+                    return exitcodes.OK
+                recycle = self._max_tasks is not None and self.tasks_done >= self._max_tasks
+                want_next = self.stop_signal is None and not recycle and self._exit_code is None
+                lease = self._commit(lease, commit, want_next)
+                if recycle:
+                    return exitcodes.RECYCLE
+        finally:
+            if lease is not None:  # claimed in a fused commit, never started: hand it back
+                self._safe_commit(Commit(lease, "release"), None)
+            self._publish(STOPPING)
+            self.heartbeat.close()
+
+    def _health(self) -> int | None:
+        if self._exit_code is not None:
+            return self._exit_code
+        if not self.heartbeat.is_alive():
+            return exitcodes.HEARTBEAT_DIED
+        if self.parent_pid is not None and os.getppid() != self.parent_pid:
+            log.error("parent %s is gone: exiting", self.parent_pid)
+            return exitcodes.PARENT_DIED
+        return None
+
+    def _publish(self, phase: int, lease: Lease | None = None) -> None:
+        if self.slot is not None:
+            self.slot.publish(self.pid, phase, lease.task_id if lease else 0,
+                              lease.attempt if lease else 0)  # fmt: skip
+
+    def _claim(self) -> Lease | None:
+        self._publish(CLAIMING)
+        started = time.monotonic()
+        try:
+            lease = self.store.claim(
+                self.owner, self.config.lease_ttl, max_attempts=self.config.max_attempts
+            )
+        except StoreCorrupt:
+            raise
+        except StoreError as exc:
+            log.warning("claim failed, will retry: %s", exc)
+            lease = None
+        self._lease_start = started
+        self._publish(IDLE)
+        return lease
+
+    def _idle(self) -> None:
+        """Sleep until work may be claimable: a change by another connection, the next delayed
+        task or expiring lease, or the poll interval (R7) — whichever comes first.
+
+        A claim just answered "nothing", so a due time already past (a claim that failed, or a
+        race with another worker) never cuts the wait short: that would spin on the write lock.
+        """
+        interval = self.config.poll_interval * random.uniform(0.9, 1.1)  # jitter: no herd
+        deadline = time.monotonic() + interval
+        try:
+            token = self.store.change_token()
+            due = self.store.next_ready_at()
+            if due is not None and (wait := due - self.store.now()) > 0:
+                deadline = min(deadline, time.monotonic() + wait)
+        except StoreError as exc:
+            log.warning("idle check failed: %s", exc)
+            token = -1
+        while self.stop_signal is None and not self.quit and self._exit_code is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._absorb(self.waker.wait(min(CHANGE_CHECK, remaining)))
+            try:
+                current = self.store.change_token()
+                if current != token:
+                    token = current
+                    due = self.store.next_ready_at()
+                    if due is not None and due <= self.store.now():
+                        return
+            except StoreError:
+                continue  # the database is busy or gone: wait out the interval, then claim
+
+    def _execute(self, lease: Lease) -> Commit | None:
+        """Run one task; return what to write under its lease, or None to discard."""
+        handler = self.app.handlers.get(lease.task)
+        if handler is None:
+            error = f"UnknownTask: no handler named {lease.task!r} in this app"
+            return Commit(lease, "fail", reason="unknown_task", error=error)
+        self._lost.clear()
+        if time.monotonic() - self._lease_start > FRESH_CLAIM:  # R4: the start renewal
+            started = time.monotonic()
+            try:
+                if self.store.renew_until(lease, self.config.lease_ttl) is None:
+                    return None  # lost while it waited: someone else has it now
+                self._lease_start = started
+            except StoreError as exc:  # busy: the heartbeat keeps trying; the commit decides
+                log.warning("start renewal failed: %s", exc)
+        ctx = TaskContext(lease, self._lost)
+        self.heartbeat.track(lease, self._lease_start)
+        self._publish(HANDLER, lease)
+        try:
+            value = self._call(handler, ctx)
+        except LeaseLost:
+            return None
+        except _Abort:
+            return Commit(lease, "release", error="WorkerStopped: QUIT while the task ran")
+        except (Exception, SystemExit) as exc:
+            return self._failure(lease, exc)
+        finally:
+            self.heartbeat.untrack()
+            self._publish(COMMITTING, lease)
+        if ctx.commit is not None:
+            return ctx.commit
+        try:
+            dumps(value, "the handler's return value")
+        except InvalidPayload as exc:
+            return self._failure(lease, exc)
+        return Commit(lease, "finish", expected_revision=lease.revision, new_state=lease.state,
+                      result=value)  # fmt: skip
+
+    def _call(self, handler: Handler, ctx: TaskContext) -> object:
+        self._interrupt = None
+        self._in_handler = True
+        try:
+            return handler(ctx)
+        finally:
+            self._in_handler = False
+
+    def _backoff(self, tries: int) -> float:
+        base: float = self.config.retry_backoff * 2.0 ** max(0, tries - 1)
+        return min(self.config.retry_backoff_max, base) * random.uniform(0.75, 1.25)
+
+    def _failure(self, lease: Lease, exc: BaseException) -> Commit:
+        error = describe_error(exc)
+        log.warning("task %s (%s) attempt %s failed: %s: %s",
+                    lease.task_id, lease.task, lease.attempt, type(exc).__name__, exc)  # fmt: skip
+        if lease.tries >= self.config.max_attempts:
+            return Commit(lease, "fail", reason="task_attempts_exhausted", error=error)
+        return Commit(lease, "release", delay=self._backoff(lease.tries), error=error)
+
+    def _commit(self, lease: Lease, commit: Commit | None, want_next: bool) -> Lease | None:
+        request = self._claim_request if want_next else None
+        started = time.monotonic()
+        outcome = self._safe_commit(commit, request)
+        self._lease_start = started
+        self._publish(IDLE)
+        if outcome is None:
+            return None
+        result, next_lease = outcome
+        if result is CasResult.LEASE_LOST:
+            log.warning("task %s attempt %s: commit refused, lease lost; result discarded",
+                        lease.task_id, lease.attempt)  # fmt: skip
+        elif result is CasResult.CONFLICT and commit is not None:
+            self._resolve_conflict(commit)
+        return next_lease
+
+    def _safe_commit(
+        self, commit: Commit | None, request: ClaimRequest | None
+    ) -> tuple[CasResult, Lease | None] | None:
+        """Write ``commit`` (and claim next), retrying while the database is busy. A commit that
+        never lands is safe: the lease lapses and another worker takes the task over."""
+        deadline = time.monotonic() + self.config.lease_ttl
+        while True:
+            try:
+                if commit is None:
+                    if request is None:
+                        return None
+                    nxt = self.store.claim(request.owner, request.ttl,
+                                           max_attempts=request.max_attempts)  # fmt: skip
+                    return CasResult.OK, nxt
+                out = self.store.commit(commit, claim=request)
+                return out.result, out.next_lease
+            except StoreCorrupt:
+                raise
+            except StoreError as exc:
+                if time.monotonic() >= deadline:
+                    log.error("giving up on a commit: %s", exc)
+                    return None
+                log.warning("commit failed, retrying: %s", exc)
+                time.sleep(0.1)
+
+    def _resolve_conflict(self, commit: Commit) -> None:
+        """Someone else moved the run (an operator cancelled it, say): drop the task if the run
+        is over, else give it back for another attempt."""
+        run = self.store.get_run(commit.lease.run_id)
+        terminal = run is None or run.terminal
+        log.info("run %s moved under task %s: %s", commit.lease.run_id, commit.lease.task_id,
+                 "dropping it" if terminal else "releasing it")  # fmt: skip
+        self._safe_commit(Commit(commit.lease, "drop" if terminal else "release"), None)
