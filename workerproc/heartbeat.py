@@ -80,9 +80,11 @@ class Heartbeat:
         """Stop renewing; waits for an in-flight renewal (single-flight) so that no renewal
         races the commit that follows. Returns whether the lease was seen lost."""
         with self._cond:
-            self._cond.wait_for(lambda: not self._renewing, timeout=timeout)
+            # Clear first: no new renewal can start for it, so the wait cannot starve behind a
+            # stream of slow renewals (the lock is not fair).
             tracked, self._tracked = self._tracked, None
             self._cond.notify_all()
+            self._cond.wait_for(lambda: not self._renewing, timeout=timeout)
         return bool(tracked and tracked.lost)
 
     def close(self, timeout: float = 10.0) -> None:

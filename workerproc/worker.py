@@ -187,7 +187,13 @@ class Worker:
         self._interrupt = exc
         self.waker.wake()
         main = threading.main_thread().ident
-        if main is not None and threading.current_thread() is not threading.main_thread():
+        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
+        # would kill a process that embeds a Worker without it.
+        if (
+            main is not None
+            and threading.current_thread() is not threading.main_thread()
+            and signal.getsignal(INTERRUPT) == self.on_interrupt_signal
+        ):
             signal.pthread_kill(main, INTERRUPT)
 
     @property

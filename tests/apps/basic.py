@@ -72,3 +72,12 @@ def stubborn(ctx: TaskContext) -> str:
             _note("swallowed", ctx)
     _note("done", ctx)
     return "stubborn"
+
+
+@app.task
+def record(ctx: TaskContext) -> None:
+    """Sleeps payload["seconds"], then writes who finished it into the run's state."""
+    _note("start", ctx)
+    time.sleep(float(ctx.payload["seconds"]))
+    _note("commit", ctx)
+    ctx.finish({"attempt": ctx.attempt, "pid": os.getpid()})

@@ -1,0 +1,167 @@
+"""Worker pieces in-process: the heartbeat's single flight, its death, and signal races."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from helpers import wait_for
+
+from workerproc import App, exitcodes
+from workerproc.app import LeaseLost, TaskContext
+from workerproc.heartbeat import Heartbeat
+from workerproc.runner import install_signals
+from workerproc.store import Lease, Store, StoreUnavailable, open_store
+from workerproc.waker import Waker
+from workerproc.worker import INTERRUPT, Worker, WorkerConfig
+
+LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
+
+
+class SlowRenewals:
+    """A store stand-in for the heartbeat only: renewals take longer than the interval."""
+
+    def __init__(self, duration: float, fail_first: int = 0) -> None:
+        self.duration = duration
+        self.fail_first = fail_first
+        self.active = 0
+        self.max_active = 0
+        self.calls: list[tuple[float, float]] = []
+        self.lock = threading.Lock()
+
+    def renew_until(self, lease: Lease, ttl: float) -> float | None:
+        with self.lock:
+            self.active += 1
+            self.max_active = max(self.max_active, self.active)
+        start = time.monotonic()
+        try:
+            time.sleep(self.duration)
+            if len(self.calls) < self.fail_first:
+                raise StoreUnavailable("database is locked")
+            return time.time() + ttl
+        finally:
+            self.calls.append((start, time.monotonic()))
+            with self.lock:
+                self.active -= 1
+
+    def close(self) -> None:
+        pass
+
+
+def make_heartbeat(store: Any, lost: list[str], **kw: Any) -> Heartbeat:
+    return Heartbeat(
+        lambda: store,
+        ttl=kw.pop("ttl", 10.0),
+        interval=kw.pop("interval", 0.02),
+        on_lost=lambda lease, why: lost.append(why),
+        on_timeout=lambda lease: lost.append("timeout"),
+        on_death=lambda exc: lost.append(f"death {exc!r}"),
+        **kw,
+    )
+
+
+def test_r4_heartbeat_is_single_flight():
+    store = SlowRenewals(duration=0.15)  # each renewal outlasts several intervals
+    lost: list[str] = []
+    hb = make_heartbeat(store, lost)
+    hb.start()
+    hb.track(LEASE, time.monotonic())
+    wait_for(lambda: len(store.calls) >= 4, timeout=10, what="four renewals")
+    hb.untrack()
+    hb.close()
+    assert store.max_active == 1
+    for (_, end), (start, _) in zip(store.calls, store.calls[1:], strict=False):
+        assert start >= end  # the next renewal only after the previous returned
+    assert not lost
+
+
+def test_busy_renewal_is_retried_not_a_lost_lease():
+    store = SlowRenewals(duration=0.0, fail_first=3)
+    lost: list[str] = []
+    hb = make_heartbeat(store, lost, ttl=10.0)
+    hb.start()
+    hb.track(LEASE, time.monotonic())
+    wait_for(lambda: hb.renewals >= 1, timeout=10, what="a renewal after three busy errors")
+    hb.close()
+    assert len(store.calls) >= 4 and not lost
+
+
+def test_local_deadline_passing_while_busy_is_a_lost_lease():
+    store = SlowRenewals(duration=0.0, fail_first=10_000)
+    lost: list[str] = []
+    hb = make_heartbeat(store, lost, ttl=0.3)
+    hb.start()
+    hb.track(LEASE, time.monotonic())
+    wait_for(lambda: lost, timeout=10, what="lease declared lost")
+    hb.close()
+    assert "deadline" in lost[0]
+
+
+def test_heartbeat_death_stops_the_worker(db_path: str):
+    store = open_store(db_path)
+    store.start_run("noop")
+
+    def broken_store() -> Store:
+        raise RuntimeError("heartbeat cannot start")
+
+    app = App()
+    app.task("noop")(lambda ctx: None)
+    worker = Worker(store, app, WorkerConfig(db=db_path), owner="w", open_store=broken_store)
+    started = time.monotonic()
+    assert worker.run() == exitcodes.HEARTBEAT_DIED
+    assert time.monotonic() - started < 10
+    store.close()
+
+
+@pytest.fixture
+def worker_signals(db_path: str):
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT,
+                                                INTERRUPT, signal.SIGHUP, signal.SIGTTIN,
+                                                signal.SIGTTOU, signal.SIGUSR2, signal.SIGCHLD)}  # fmt: skip
+    store = open_store(db_path)
+    waker = Waker()
+    worker = Worker(store, App(), WorkerConfig(db=db_path), owner="w", open_store=lambda: store,
+                    waker=waker)  # fmt: skip
+    old_fd = signal.set_wakeup_fd(-1)
+    install_signals(worker, waker)
+    yield worker, waker
+    signal.set_wakeup_fd(old_fd)
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+    waker.close()
+    store.close()
+
+
+def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
+    """The heartbeat's interrupt raises LeaseLost from a signal handler; a TERM landing at the
+    same moment must still stop the worker (Python handler or the wakeup fd, either way)."""
+    worker, waker = worker_signals
+    ctx = TaskContext(LEASE, threading.Event())
+    for _ in range(50):
+        worker.stop_signal = None
+        both = {INTERRUPT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        os.kill(os.getpid(), INTERRUPT)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+        def handler(_: TaskContext) -> None:
+            worker._interrupt = LeaseLost  # what the heartbeat thread sets on a lost lease
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both land inside the handler
+            time.sleep(1)
+
+        with pytest.raises(LeaseLost):
+            worker._call(handler, ctx)
+        worker._absorb(waker.drain())
+        assert worker.stop_signal == signal.SIGTERM
+
+
+def test_interrupt_outside_the_handler_is_ignored(worker_signals):
+    worker, _ = worker_signals
+    worker._interrupt = LeaseLost
+    os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
+    time.sleep(0.01)
+    assert worker._interrupt is LeaseLost
