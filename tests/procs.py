@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,14 +33,10 @@ class Proc:
 
     def kill(self) -> None:
         if self.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             self.popen.wait(10)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def spawn_worker(db: str, workdir: Path, *args: str, name: str = "worker") -> Proc:

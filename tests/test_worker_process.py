@@ -3,6 +3,8 @@ on state with generous bounds; no assertion depends on tight timing."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -11,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import wait_for
 from procs import TESTS, Proc, events, spawn_worker
@@ -238,17 +241,11 @@ def test_worker_dies_with_its_parent(workdir, db, procs):
 
         def gone() -> bool:
             try:
-                import psutil
-
                 return psutil.Process(child).status() == psutil.STATUS_ZOMBIE
             except Exception:
                 return True
 
         wait_for(gone, timeout=10, what="orphaned worker exit")
     finally:
-        import os
-
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass

@@ -119,9 +119,9 @@ def test_heartbeat_death_stops_the_worker(db_path: str):
 
 @pytest.fixture
 def worker_signals(db_path: str):
-    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT,
-                                                INTERRUPT, signal.SIGHUP, signal.SIGTTIN,
-                                                signal.SIGTTOU, signal.SIGUSR2, signal.SIGCHLD)}  # fmt: skip
+    touched = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT, INTERRUPT, signal.SIGHUP,
+               signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR2, signal.SIGCHLD)  # fmt: skip
+    saved = {s: signal.getsignal(s) for s in touched}
     store = open_store(db_path)
     waker = Waker()
     worker = Worker(store, App(), WorkerConfig(db=db_path), owner="w", open_store=lambda: store,
@@ -141,9 +141,9 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
     same moment must still stop the worker (Python handler or the wakeup fd, either way)."""
     worker, waker = worker_signals
     ctx = TaskContext(LEASE, threading.Event())
+    both = {INTERRUPT, signal.SIGTERM}
     for _ in range(50):
         worker.stop_signal = None
-        both = {INTERRUPT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, both)
         os.kill(os.getpid(), INTERRUPT)
         os.kill(os.getpid(), signal.SIGTERM)
