@@ -1,0 +1,218 @@
+"""The supervisor's main loop: a list of steps run in order, then a sleep until a signal or the
+earliest moment some step asked to be woken.
+
+The arbiter holds the shared state (phase, pool, exit code) and the actions steps take (stop,
+fast stop, reload, scale). The steps themselves live in ``steps.py``. Later features plug in
+without touching the loop: ``add_step`` inserts a step (chaos faults, watchdog pings, metrics),
+and ``events.on`` subscribes to lifecycle events (``ready``, ``reloading``, ``stopping``,
+``worker_started``, ``worker_exited``, ``tick``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import random
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from workerproc import App
+from workerproc.status import StatusBoard
+
+from . import exitcodes
+from .config import StartConfig
+from .logs import Progress, event
+from .pidfile import Pidfile
+from .pool import Pool, Worker
+from .signals import SignalInbox
+from .storegate import StoreGate
+
+
+class Phase(enum.StrEnum):
+    RUNNING = "running"
+    STOPPING = "stopping"  # graceful: workers finish their task, then exit
+    FAST_STOPPING = "fast_stopping"  # SIGKILL sent to every worker; reap, release, exit
+    DONE = "done"
+
+
+StepFn = Callable[["Arbiter"], None]
+
+
+@dataclass
+class Step:
+    name: str
+    run: StepFn
+
+
+class Events:
+    """A tiny synchronous event bus: subscribers run inside the main loop, never in a handler."""
+
+    def __init__(self) -> None:
+        self._subscribers: dict[str, list[Callable[..., None]]] = defaultdict(list)
+
+    def on(self, name: str, fn: Callable[..., None]) -> None:
+        self._subscribers[name].append(fn)
+
+    def emit(self, name: str, **data: Any) -> None:
+        for fn in list(self._subscribers.get(name, ())):
+            try:
+                fn(**data)
+            except Exception:  # a broken subscriber must not take the supervisor down
+                logging.getLogger("supervisor").exception("event subscriber for %s failed", name)
+
+
+@dataclass
+class Arbiter:
+    config: StartConfig
+    app: App
+    pool: Pool
+    inbox: SignalInbox
+    gate: StoreGate
+    board: StatusBoard
+    reload_app: Callable[[], App]
+    pidfile: Pidfile | None = None
+    progress: Progress | None = None
+    clock: Callable[[], float] = time.monotonic
+    phase: Phase = Phase.RUNNING
+    exit_code: int = exitcodes.OK
+    steps: list[Step] = field(default_factory=list)
+    events: Events = field(default_factory=Events)
+    rolling: bool = False  # a HUP rolling restart is in progress
+    ready_announced: bool = False
+    stop_started_at: float | None = None
+    started_at: float = 0.0
+    pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
+    last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
+    state_dirty: bool = True
+    rng: random.Random = field(default_factory=random.Random)  # jitter of max tasks per worker
+    _wake_at: float = float("inf")
+
+    # -- the loop ----------------------------------------------------------------------------
+    def add_step(self, step: Step, *, before: str | None = None) -> None:
+        """Insert ``step`` before the step named ``before`` (or at the end)."""
+        names = [s.name for s in self.steps]
+        index = names.index(before) if before in names else len(self.steps)
+        self.steps.insert(index, step)
+
+    def run(self) -> int:
+        self.started_at = self.clock()
+        event(
+            "supervisor_started",
+            f"supervisor started: {self.config.workers} workers, app {self.config.app}, "
+            f"db {self.config.db}",
+            workers=self.config.workers,
+            app=self.config.app,
+            db=self.config.db,
+        )
+        while not self.done:
+            self._wake_at = self.clock() + self.config.timing.tick
+            for step in self.steps:
+                step.run(self)
+                if self.done:
+                    break
+            else:
+                self.inbox.wait(max(0.0, self._wake_at - self.clock()))
+        return self.exit_code
+
+    def wake_at(self, when: float) -> None:
+        """Ask the loop to run again no later than ``when`` (monotonic seconds)."""
+        self._wake_at = min(self._wake_at, when)
+
+    def due(self, name: str, every: float) -> bool:
+        """For periodic steps: True (and remembered) when ``every`` seconds passed since last."""
+        now = self.clock()
+        last = self.last_run.get(name)
+        if last is not None and now - last < every:
+            self.wake_at(last + every)
+            return False
+        self.last_run[name] = now
+        self.wake_at(now + every)
+        return True
+
+    # -- actions -----------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.phase is Phase.DONE
+
+    @property
+    def stopping(self) -> bool:
+        return self.phase is not Phase.RUNNING
+
+    def stop(self, why: str, exit_code: int = exitcodes.OK) -> None:
+        """Graceful stop: every worker finishes its task; --graceful-timeout later, SIGKILL."""
+        if exit_code != exitcodes.OK and self.exit_code == exitcodes.OK:
+            self.exit_code = exit_code
+        if self.stopping:
+            return
+        self.phase = Phase.STOPPING
+        self.stop_started_at = self.clock()
+        self.rolling = False
+        event(
+            "stopping",
+            f"graceful stop ({why}): {len(self.pool.workers)} workers finish their tasks, "
+            f"timeout {self.config.graceful_timeout:g}s",
+            why=why,
+        )
+        self.events.emit("stopping", why=why, fast=False)
+        for worker in list(self.pool.workers.values()):
+            self.pool.retire(worker, "stop")
+        self.state_dirty = True
+
+    def fast_stop(self, why: str) -> None:
+        """Kill every worker now; their leases are released as they are reaped."""
+        if self.phase in (Phase.FAST_STOPPING, Phase.DONE):
+            return
+        self.phase = Phase.FAST_STOPPING
+        self.stop_started_at = self.clock()
+        self.rolling = False
+        event("fast_stop", f"fast stop ({why}): killing {len(self.pool.workers)} workers", why=why)
+        self.events.emit("stopping", why=why, fast=True)
+        for worker in list(self.pool.workers.values()):
+            self.pool.kill_now(worker, "fast stop")
+        self.state_dirty = True
+
+    def reload(self) -> None:
+        """HUP: re-import the app, then roll the workers one at a time (see steps.roll)."""
+        if self.stopping:
+            return
+        try:
+            self.app = self.reload_app()
+        except Exception as exc:
+            event(
+                "reload_failed",
+                f"reload failed, keeping the running workers: {exc}",
+                level=logging.ERROR,
+            )
+            return
+        self.pool.generation += 1
+        self.rolling = True
+        self.events.emit("reloading", generation=self.pool.generation)
+        event(
+            "reloading",
+            f"reloading: app re-imported, rolling {len(self.pool.active())} workers "
+            f"to generation {self.pool.generation}",
+            generation=self.pool.generation,
+        )
+
+    def scale(self, delta: int) -> None:
+        if self.stopping:
+            return
+        before = self.pool.target
+        self.pool.target = max(1, before + delta)
+        if self.pool.target != before:
+            event(
+                "scaled",
+                f"scaling from {before} to {self.pool.target} workers",
+                before=before,
+                after=self.pool.target,
+            )
+        self.state_dirty = True
+
+    # -- views -------------------------------------------------------------------------------
+    def is_up(self, worker: Worker) -> bool:
+        """The worker has entered its claim loop (it published its phase)."""
+        state = self.board.read(worker.slot)
+        return state is not None and state.pid == worker.pid

@@ -1,0 +1,195 @@
+"""Operator commands: enqueue, status, runs, show, retry, cancel (the database) and stop,
+reload, scale, health (the running supervisor, through its pidfile)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+import click
+
+from workerproc.store import RunNotFound
+
+from . import control, ops, render
+from .clickutil import db_option, json_option, option, pidfile_option
+from .errors import SupervisorError
+from .pidfile import read_state
+
+
+@click.command()
+@click.argument("task")
+@db_option
+@option("--payload", default="null", metavar="JSON", help="the first task's payload (JSON)")
+@option("--state", "state_json", default="null", metavar="JSON", help="the run's initial state")
+@option("--delay", type=float, default=0.0, metavar="S", help="start no sooner than S seconds")
+def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> None:
+    """Start a run whose first task is TASK; print its id."""
+    data = ops.parse_json(payload, "--payload")
+    state = ops.parse_json(state_json, "--state")
+    with ops.store_for(db, create=True) as store:
+        click.echo(ops.enqueue(store, task, data, state, delay))
+
+
+@click.command()
+@db_option
+@option("--pidfile", default=None, metavar="FILE", help="also list the supervisor's workers")
+@json_option
+def status(db: str, pidfile: str | None, as_json: bool) -> None:
+    """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
+    with ops.store_for(db) as store:
+        stats = store.stats()
+    state = read_state(pidfile) if pidfile else None
+    workers = ops.worker_rows(state, stats)
+    queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
+    if as_json:
+        doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
+        doc["supervisor"] = (
+            None
+            if state is None
+            else {k: state.get(k) for k in ("pid", "phase", "target", "generation", "tick")}
+        )
+        click.echo(render.to_json(doc))
+        return
+    if state is not None:
+        click.echo(
+            f"supervisor {state.get('pid')}: {state.get('phase')}, "
+            f"{len(workers)} workers (target {state.get('target')})"
+        )
+        rows = [
+            [w["pid"], w["slot"], w["phase"], w["rss_mb"], w["task_id"], w["run_id"],
+             w["attempt"], render.relative(w["lease_expires_at"], stats.now)]
+            for w in workers
+        ]  # fmt: skip
+        headers = ["pid", "slot", "phase", "rss MB", "task", "run", "attempt", "lease expires"]
+        click.echo(render.table(headers, rows) + "\n")
+    click.echo(render.table(list(queue), [list(queue.values())]) + "\n")
+    statuses = ("pending", "running", "succeeded", "failed", "cancelled")
+    click.echo(render.table(statuses, [[stats.runs.get(s, 0) for s in statuses]]))
+    if stats.leases and state is None:
+        click.echo("\nleases:")
+        rows = [
+            [lease.owner, lease.task_id, lease.run_id, lease.task, lease.attempt,
+             render.relative(lease.expires_at, stats.now)]
+            for lease in stats.leases
+        ]  # fmt: skip
+        click.echo(render.table(["owner", "task", "run", "name", "attempt", "expires"], rows))
+
+
+@click.command()
+@db_option
+@option("--status", "status_", default=None, metavar="S", help="only runs with this status")
+@option("--limit", type=int, default=50, metavar="K", help="at most K runs, newest first")
+@json_option
+def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
+    """List runs, newest first."""
+    ops.check_status(status_)
+    if limit < 1:
+        raise SupervisorError("--limit must be at least 1", 2)
+    with ops.store_for(db) as store:
+        found = store.list_runs(status_, limit)
+    if as_json:
+        click.echo(render.to_json(found))
+        return
+    rows = [
+        [r.id, r.status, r.revision, render.when(r.updated_at), r.failure_reason, r.last_error]
+        for r in found
+    ]
+    click.echo(render.table(["id", "status", "rev", "updated", "reason", "last error"], rows))
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN", type=int)
+@db_option
+@json_option
+def show(run_id: int, db: str, as_json: bool) -> None:
+    """One run: state, result, failure and its tasks with attempts and errors."""
+    with ops.store_for(db) as store:
+        data = ops.get_run(store, run_id)
+        now = store.now()
+    if as_json:
+        click.echo(render.to_json(data))
+        return
+    run = data["run"]
+    fields = [
+        ("run", run.id), ("status", run.status), ("revision", run.revision),
+        ("state", render.to_json(run.state)), ("result", render.to_json(run.result)),
+        ("failure", run.failure_reason), ("last error", run.last_error),
+        ("created", render.when(run.created_at)), ("updated", render.when(run.updated_at)),
+        ("finished", render.when(run.finished_at)),
+    ]  # fmt: skip
+    for key, value in fields:
+        click.echo(f"{key + ':':<12}{'-' if value is None else value}")
+    rows = [
+        [t.id, t.name, t.attempts, render.when(t.done_at) or "no",
+         t.lease_owner, render.relative(t.lease_expires_at, now), t.last_error]
+        for t in data["tasks"]
+    ]  # fmt: skip
+    click.echo("\n" + render.table(["task", "name", "attempts", "done", "owner", "lease", "error"],
+                                   rows))  # fmt: skip
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN", type=int)
+@db_option
+def retry(run_id: int, db: str) -> None:
+    """Queue a failed or cancelled run again (its attempts start over)."""
+    with ops.store_for(db) as store:
+        ops.retry(store, run_id)
+    click.echo(f"run {run_id} queued again")
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN", type=int)
+@db_option
+def cancel(run_id: int, db: str) -> None:
+    """Cancel a run that has not finished; a worker holding its task drops it."""
+    with ops.store_for(db) as store:
+        if store.get_run(run_id) is None:
+            raise RunNotFound(run_id)
+        ops.cancel(store, run_id)
+    click.echo(f"run {run_id} cancelled")
+
+
+@click.command()
+@pidfile_option
+@click.option("--fast", is_flag=True, help="QUIT: kill workers now (their tasks run again)")
+@click.option("--wait", is_flag=True, help="wait until the supervisor has exited")
+@click.option("--timeout", type=float, default=60.0, show_default=True, metavar="S")
+def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
+    """Stop the supervisor: TERM (graceful drain) or, with --fast, QUIT."""
+    pid = control.send(pidfile, signal.SIGQUIT if fast else signal.SIGTERM)
+    click.echo(f"sent {'QUIT' if fast else 'TERM'} to supervisor {pid}")
+    if wait and not control.wait_gone(pid, timeout):
+        raise SupervisorError(f"supervisor {pid} still running after {timeout:g}s")
+
+
+@click.command()
+@pidfile_option
+def reload(pidfile: str) -> None:
+    """HUP: re-import the app and replace workers one at a time."""
+    pid = control.send(pidfile, signal.SIGHUP)
+    click.echo(f"sent HUP to supervisor {pid}")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("count", metavar="N|+K|-K")
+@pidfile_option
+@click.option("--timeout", type=float, default=10.0, show_default=True, metavar="S")
+def scale(count: str, pidfile: str, timeout: float) -> None:
+    """Set the number of workers (TTIN/TTOU, one confirmed step at a time)."""
+    result = control.scale(pidfile, count, timeout)
+    click.echo(f"workers: {result.before} -> {result.after}")
+
+
+@click.command()
+@pidfile_option
+@click.option("--max-age", type=float, default=10.0, show_default=True, metavar="S",
+              help="unhealthy when the main loop has not ticked for this long")  # fmt: skip
+def health(pidfile: str, max_age: float) -> int:
+    """Exit 0 when the supervisor is alive and its main loop is ticking."""
+    code, message = control.health(pidfile, max_age)
+    click.echo(message, err=code != 0)
+    return code
+
+
+ALL = [enqueue, status, runs, show, retry, cancel, stop, reload, scale, health]

@@ -1,0 +1,113 @@
+"""Operator reads and writes on the database: what ``enqueue``, ``status``, ``runs``, ``show``,
+``retry`` and ``cancel`` do, free of click."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import psutil
+
+from workerproc.identity import parse_owner
+from workerproc.store import RunNotFound, Store, StoreError, open_store
+from workerproc.store.types import JSON, RUN_STATUSES
+
+from .errors import ConfigError, SupervisorError
+
+
+def parse_json(text: str, what: str) -> JSON:
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
+
+
+def db_file(db: str) -> str | None:
+    """The file behind a path or sqlite:/// URL (None for other schemes)."""
+    if "://" not in db:
+        return db
+    if db.startswith("sqlite:///"):
+        return db[len("sqlite://") :].split("?", 1)[0]
+    return None
+
+
+@contextlib.contextmanager
+def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
+    """Open the store; reading commands refuse to create a missing database file."""
+    path = db_file(db)
+    if not create and path is not None and not os.path.exists(path):
+        raise SupervisorError(f"database {path} does not exist")
+    store = open_store(db)
+    try:
+        yield store
+    finally:
+        with contextlib.suppress(StoreError):
+            store.close()
+
+
+def enqueue(store: Store, task: str, payload: JSON, state: JSON, delay: float) -> int:
+    if delay < 0:
+        raise ConfigError("--delay must be 0 or more")
+    return store.start_run(task, payload, state=state, delay=delay)
+
+
+def check_status(status: str | None) -> None:
+    if status is not None and status not in RUN_STATUSES:
+        raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
+
+
+def get_run(store: Store, run_id: int) -> dict[str, Any]:
+    run = store.get_run(run_id)
+    if run is None:
+        raise RunNotFound(run_id)
+    return {"run": run, "tasks": store.get_tasks(run_id)}
+
+
+def retry(store: Store, run_id: int) -> None:
+    if store.retry_run(run_id):
+        return
+    run = store.get_run(run_id)
+    status = run.status if run else "?"
+    if status in ("failed", "cancelled"):
+        raise SupervisorError(f"run {run_id} is {status} but has no task left to retry")
+    raise SupervisorError(f"run {run_id} is {status}: only failed or cancelled runs can be retried")
+
+
+def cancel(store: Store, run_id: int) -> None:
+    if store.cancel_run(run_id):
+        return
+    run = store.get_run(run_id)
+    raise SupervisorError(f"run {run_id} is already {run.status if run else 'gone'}")
+
+
+def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:
+    """Workers from the supervisor's state file, joined with RSS and their live lease."""
+    leases = {}
+    for lease in store_stats.leases:
+        parsed = parse_owner(lease.owner)
+        if parsed is not None and lease.expires_at > store_stats.now:
+            leases[lease.owner] = lease
+    rows = []
+    for w in (state or {}).get("workers", []):
+        try:
+            rss_mb: float | None = psutil.Process(w["pid"]).memory_info().rss / 1048576
+        except psutil.Error:
+            rss_mb = None
+        lease = leases.get(w.get("owner", ""))
+        rows.append(
+            {
+                "pid": w["pid"],
+                "slot": w.get("slot"),
+                "phase": f"retiring ({w['retiring']})" if w.get("retiring") else w.get("phase"),
+                "rss_mb": None if rss_mb is None else round(rss_mb, 1),
+                "task_id": lease.task_id if lease else w.get("task_id"),
+                "run_id": lease.run_id if lease else None,
+                "attempt": lease.attempt if lease else w.get("attempt"),
+                "lease_expires_at": lease.expires_at if lease else None,
+                "owner": w.get("owner"),
+            }
+        )
+    return rows

@@ -1,0 +1,198 @@
+"""The worker pool: who is alive, reaping, exit classification, replacement backoff.
+
+No fork and no database here: spawning goes through a ``Spawner`` (``forking.fork_worker`` in
+production, a fake in unit tests) and ``waitpid`` and the clock are injectable, so every reap and
+backoff decision is testable without processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from workerproc import exitcodes as wexit
+
+from .config import Timing
+from .signals import name as signal_name
+
+Clock = Callable[[], float]
+WaitPid = Callable[[int, int], tuple[int, int]]
+
+
+class Spawner(Protocol):
+    def __call__(self, slot: int, max_tasks: int | None) -> tuple[int, str]:
+        """Start a worker in status slot ``slot``; return its pid and owner string."""
+        ...
+
+
+class ExitKind(enum.StrEnum):
+    STOPPED = "stopped"  # exit 0: it was asked to stop, or stopped on its own accord
+    RECYCLED = "recycled"  # reached its task budget; a planned replacement
+    RETIRED = "retired"  # the supervisor asked it to go (scale down, reload, memory, stop)
+    CRASHED = "crashed"  # anything else: a non-zero code or a killing signal
+    BOOT_FAILURE = "boot_failure"  # cannot boot: replacing it cannot help
+
+
+@dataclass
+class Worker:
+    pid: int
+    slot: int
+    owner: str
+    generation: int
+    started_at: float
+    max_tasks: int | None = None
+    retiring: str | None = None  # why the supervisor asked it to stop; None while active
+    term_sent_at: float | None = None
+    killed: bool = False  # SIGKILL sent by the supervisor
+    expected_death: bool = False  # someone (chaos, say) killed it on purpose: not a crash
+
+    @property
+    def active(self) -> bool:
+        return self.retiring is None
+
+
+@dataclass(frozen=True)
+class Exit:
+    worker: Worker
+    code: int | None  # exit code, or None when a signal killed it
+    signal: int | None
+    ran_for: float
+    kind: ExitKind
+    backoff: float = 0.0  # seconds until the next spawn is allowed (crash loop)
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            how = f"killed by {signal_name(self.signal)}"
+        else:
+            assert self.code is not None
+            how = f"exited with code {self.code} ({wexit.describe(self.code)})"
+        return f"worker {self.worker.pid} (slot {self.worker.slot}) {how} after {self.ran_for:.1f}s"
+
+
+def classify(code: int | None, worker: Worker, ran_for: float) -> ExitKind:
+    if code == wexit.BOOT_FAILURE:
+        return ExitKind.BOOT_FAILURE
+    if worker.retiring is not None or worker.killed or worker.expected_death:
+        return ExitKind.RETIRED
+    if code == wexit.OK:
+        return ExitKind.STOPPED
+    if code == wexit.RECYCLE:
+        return ExitKind.RECYCLED
+    return ExitKind.CRASHED
+
+
+@dataclass
+class Pool:
+    spawner: Spawner
+    timing: Timing = field(default_factory=Timing)
+    capacity: int = 256
+    clock: Clock = time.monotonic
+    kill: Callable[[int, int], None] = os.kill
+    workers: dict[int, Worker] = field(default_factory=dict)
+    target: int = 1
+    generation: int = 0
+    crash_streak: int = 0  # boot crashes in a row (a worker dead within crash_window)
+    next_spawn_at: float = 0.0
+
+    # -- views -------------------------------------------------------------------------------
+    def active(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.active]
+
+    def by_slot(self, slot: int) -> Worker | None:
+        return next((w for w in self.workers.values() if w.slot == slot), None)
+
+    def _free_slot(self) -> int | None:
+        used = {w.slot for w in self.workers.values()}
+        return next((i for i in range(self.capacity) if i not in used), None)
+
+    # -- spawning ----------------------------------------------------------------------------
+    def backoff_remaining(self) -> float:
+        return max(0.0, self.next_spawn_at - self.clock())
+
+    def spawn(self, max_tasks: int | None = None) -> Worker | None:
+        """Start one worker now (the caller checked backoff); None when no slot is free."""
+        slot = self._free_slot()
+        if slot is None:
+            return None
+        pid, owner = self.spawner(slot, max_tasks)
+        worker = Worker(pid, slot, owner, self.generation, self.clock(), max_tasks)
+        self.workers[pid] = worker
+        return worker
+
+    # -- stopping ----------------------------------------------------------------------------
+    def send(self, worker: Worker, signum: int) -> bool:
+        """Send ``signum``; False when the process is already gone (ESRCH is normal)."""
+        try:
+            self.kill(worker.pid, signum)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def retire(self, worker: Worker, why: str, signum: int = signal.SIGTERM) -> None:
+        """Ask ``worker`` to finish its current task and exit; it no longer counts as active."""
+        if worker.retiring is None:
+            worker.retiring = why
+        if worker.term_sent_at is None:
+            worker.term_sent_at = self.clock()
+            self.send(worker, signum)
+
+    def kill_now(self, worker: Worker, why: str) -> None:
+        worker.retiring = worker.retiring or why
+        worker.killed = True
+        self.send(worker, signal.SIGKILL)
+
+    def overdue(self, grace: float) -> list[Worker]:
+        """Retiring workers that were asked to stop more than ``grace`` seconds ago."""
+        now = self.clock()
+        return [
+            w
+            for w in self.workers.values()
+            if w.term_sent_at is not None and not w.killed and now - w.term_sent_at > grace
+        ]
+
+    # -- reaping -----------------------------------------------------------------------------
+    def reap(self, waitpid: WaitPid = os.waitpid) -> list[Exit]:
+        """Collect every exited child without blocking; classify each of ours."""
+        exits: list[Exit] = []
+        while True:
+            try:
+                pid, status = waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            worker = self.workers.pop(pid, None)
+            if worker is not None:
+                exits.append(self.record_exit(worker, status))
+        return exits
+
+    def record_exit(self, worker: Worker, status: int) -> Exit:
+        now = self.clock()
+        ran_for = now - worker.started_at
+        code: int | None = None
+        killed_by: int | None = None
+        if os.WIFSIGNALED(status):
+            killed_by = os.WTERMSIG(status)
+        else:
+            code = os.waitstatus_to_exitcode(status)
+        kind = classify(code, worker, ran_for)
+        backoff = 0.0
+        if kind is ExitKind.CRASHED and ran_for < self.timing.crash_window:
+            self.crash_streak += 1
+            backoff = min(
+                self.timing.backoff_cap, self.timing.backoff_base * 2 ** (self.crash_streak - 1)
+            )
+            self.next_spawn_at = max(self.next_spawn_at, now + backoff)
+        elif ran_for >= self.timing.crash_window:
+            self.crash_streak = 0
+        return Exit(worker, code, killed_by, ran_for, kind, backoff)
+
+    def forget(self, pid: int) -> None:
+        with contextlib.suppress(KeyError):
+            del self.workers[pid]

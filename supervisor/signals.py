@@ -1,0 +1,109 @@
+"""Signal handling for the supervisor: handlers only record; the main loop acts.
+
+A handler appends the signal number to a deque. ``signal.set_wakeup_fd`` makes the C-level
+handler also write a byte to a self-pipe, so a loop sleeping in ``select`` wakes at once.
+Handlers are installed before the first fork, so a TERM that arrives during start-up waits in
+the deque instead of being lost. Around ``fork()`` the parent blocks these signals
+(``blocked()``): the child unblocks them only after ``run_worker`` installed its own handlers,
+so a TERM in that window never runs the parent's handler inside the child.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+from collections import deque
+from collections.abc import Iterator
+from types import FrameType
+
+# What the supervisor acts on. SIGCHLD only wakes the loop to reap.
+HANDLED = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGTTIN,
+    signal.SIGTTOU,
+    signal.SIGCHLD,
+)
+# Blocked across fork(): every signal the parent handles, so none runs a parent handler in a child.
+BLOCKED_ACROSS_FORK = frozenset(HANDLED)
+
+
+def name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+class SignalInbox:
+    """Records signals as they arrive; the loop drains them with ``wait()`` and ``pop_all()``."""
+
+    def __init__(self) -> None:
+        self.queue: deque[int] = deque(maxlen=64)
+        self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._previous: dict[int, object] = {}
+        self._old_wakeup_fd: int | None = None
+
+    @property
+    def fds(self) -> tuple[int, int]:
+        return (self._read_fd, self._write_fd)
+
+    def _record(self, signum: int, frame: FrameType | None) -> None:
+        self.queue.append(signum)  # deque.append is atomic: nothing else happens here
+
+    def install(self) -> None:
+        self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for signum in HANDLED:
+            self._previous[signum] = signal.signal(signum, self._record)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+        signal.set_wakeup_fd(-1 if self._old_wakeup_fd is None else self._old_wakeup_fd)
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until a signal arrives or ``timeout`` seconds pass, then empty the pipe."""
+        if not self.queue:
+            with contextlib.suppress(InterruptedError):
+                select.select([self._read_fd], [], [], max(0.0, timeout))
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._read_fd, 512):
+                pass
+
+    def pop_all(self) -> list[int]:
+        items: list[int] = []
+        while self.queue:
+            items.append(self.queue.popleft())
+        return items
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def reset_in_child(self) -> None:
+        """In a forked child (signals still blocked): forget the parent's handlers and pipe.
+
+        ``run_worker`` then installs the worker's own TERM/INT/QUIT handlers and unblocks.
+        """
+        signal.set_wakeup_fd(-1)
+        for signum in HANDLED:
+            signal.signal(signum, signal.SIG_DFL)
+        self._previous.clear()
+        self.queue.clear()
+        self.close()
+
+
+@contextlib.contextmanager
+def blocked(signums: frozenset[int] = BLOCKED_ACROSS_FORK) -> Iterator[None]:
+    """Block ``signums`` in this thread; restore the previous mask on exit (parent side)."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)

@@ -1,0 +1,136 @@
+"""``supervisor start``: from a validated config to a running loop, and a clean exit.
+
+Order matters: signal handlers first (a TERM during start-up is recorded, not lost), then the
+app import (fail fast), the pidfile, the store check and the release of leases left by dead
+workers of a previous supervisor on this host; only then the first fork.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from workerproc import App
+from workerproc.runner import AppLoadError, WorkerConfig, load_app
+from workerproc.status import StatusBoard
+
+from . import logs
+from .arbiter import Arbiter
+from .config import StartConfig
+from .errors import AppImportError
+from .forking import ForkContext, fork_worker
+from .logs import event
+from .pidfile import Pidfile
+from .pool import Pool
+from .signals import SignalInbox
+from .steps import default_steps
+from .storegate import StoreGate
+
+BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (TTIN stops there)
+
+
+def import_app(spec: str) -> App:
+    try:
+        return load_app(spec)
+    except AppLoadError as exc:
+        raise AppImportError(str(exc)) from None
+
+
+def reimport_app(spec: str) -> App:
+    """HUP: forget the app's package so the import reads the code on disk again."""
+    module = spec.partition(":")[0]
+    top = module.split(".")[0]
+    for name in list(sys.modules):
+        if name == top or name.startswith(top + "."):
+            del sys.modules[name]
+    importlib.invalidate_caches()
+    return import_app(spec)
+
+
+def worker_config(config: StartConfig, max_tasks: int | None) -> WorkerConfig:
+    return WorkerConfig(
+        db=config.db,
+        lease_ttl=config.lease_ttl,
+        poll_interval=config.poll_interval,
+        max_attempts=config.max_attempts,
+        task_timeout=config.task_timeout,
+        max_tasks=max_tasks,
+        heartbeat_interval=config.heartbeat_interval,
+    )
+
+
+def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> Arbiter:
+    """Everything the loop needs, wired; nothing forked yet."""
+    app = import_app(config.app)
+    gate = StoreGate(config.db)
+    released = gate.release_dead_owners()  # also proves the database opens, before any fork
+    for owner, count in released.items():
+        event(
+            "leases_released",
+            f"released {count} lease(s) of {owner}, dead before this supervisor started",
+            owner=owner,
+            count=count,
+        )
+    board = StatusBoard(BOARD_CAPACITY)
+    holder: dict[str, App] = {"app": app}
+
+    def child_cleanup() -> None:
+        if pidfile is not None:
+            pidfile.close_in_child()
+
+    ctx = ForkContext(
+        app=app,
+        worker_config=lambda max_tasks: worker_config(config, max_tasks),
+        board=board,
+        inbox=inbox,
+        before_fork=gate.assert_closed,
+        child_cleanup=child_cleanup,
+    )
+
+    def spawner(slot: int, max_tasks: int | None) -> tuple[int, str]:
+        board.slot(slot).clear()
+        ctx.app = holder["app"]
+        return fork_worker(ctx, slot, max_tasks)
+
+    def reload_app() -> App:
+        holder["app"] = reimport_app(config.app)
+        return holder["app"]
+
+    pool = Pool(spawner, timing=config.timing, capacity=BOARD_CAPACITY, target=config.workers)
+    return Arbiter(
+        config=config,
+        app=app,
+        pool=pool,
+        inbox=inbox,
+        gate=gate,
+        board=board,
+        reload_app=reload_app,
+        pidfile=pidfile,
+        steps=default_steps(),
+    )
+
+
+def run_start(config: StartConfig) -> int:
+    config.validate()
+    progress = logs.setup(config.log_format)
+    inbox = SignalInbox()
+    inbox.install()
+    pidfile = Pidfile(config.pidfile) if config.pidfile else None
+    arbiter: Arbiter | None = None
+    try:
+        if pidfile is not None:
+            pidfile.acquire()
+        arbiter = build(config, inbox, pidfile)
+        arbiter.progress = progress if config.drain else None
+        code = arbiter.run()
+        event("supervisor_stopped", f"supervisor stopped (exit code {code})", code=code)
+        return code
+    finally:
+        if arbiter is not None and arbiter.pool.workers:  # only after a bug in the loop
+            for worker in list(arbiter.pool.workers.values()):
+                arbiter.pool.kill_now(worker, "supervisor crashed")
+        progress.finish()
+        if pidfile is not None:
+            pidfile.release()
+        inbox.uninstall()
+        inbox.close()

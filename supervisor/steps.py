@@ -1,0 +1,324 @@
+"""The steps of the main loop, in order. Each is a plain function of the arbiter: it looks at the
+state, acts, and asks to be woken (``arbiter.wake_at``) when it has something due."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import psutil
+
+from workerproc import exitcodes as wexit
+from workerproc.status import HANDLER, PHASE_NAMES
+from workerproc.store import StoreError
+
+from . import exitcodes
+from .arbiter import Arbiter, Phase, Step
+from .logs import drain_progress, event
+from .pool import Exit, ExitKind, Worker
+from .signals import name as signal_name
+
+WARN = logging.WARNING
+
+
+def handle_signals(arb: Arbiter) -> None:
+    for signum in arb.inbox.pop_all():
+        if signum == signal.SIGCHLD:
+            continue  # the reap step runs on every turn anyway
+        event("signal", f"received {signal_name(signum)}", signal=signal_name(signum))
+        if signum in (signal.SIGTERM, signal.SIGINT):
+            if arb.stopping:
+                arb.fast_stop(f"second {signal_name(signum)}")
+            else:
+                arb.stop(signal_name(signum))
+        elif signum == signal.SIGQUIT:
+            arb.fast_stop("SIGQUIT")
+        elif signum == signal.SIGHUP:
+            arb.reload()
+        elif signum == signal.SIGTTIN:
+            arb.scale(+1)
+        elif signum == signal.SIGTTOU:
+            arb.scale(-1)
+
+
+def reap(arb: Arbiter) -> None:
+    for ex in arb.pool.reap():
+        arb.state_dirty = True
+        arb.board.slot(ex.worker.slot).clear()
+        level = logging.INFO if ex.kind is not ExitKind.CRASHED else WARN
+        fields: dict[str, Any] = {
+            "worker": ex.worker.pid,
+            "slot": ex.worker.slot,
+            "kind": str(ex.kind),
+        }
+        fields.update(code=ex.code, signal=signal_name(ex.signal) if ex.signal else None)
+        event("worker_exited", f"{ex.describe()}: {ex.kind}", level=level, **fields)
+        arb.events.emit("worker_exited", exit=ex)
+        if _should_release(arb, ex):
+            arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.lease_ttl
+        if ex.backoff:
+            event(
+                "restart_backoff",
+                f"{arb.pool.crash_streak} workers died within "
+                f"{arb.config.timing.crash_window:g}s of starting: next start in {ex.backoff:.1f}s",
+                level=WARN,
+                streak=arb.pool.crash_streak,
+                backoff=round(ex.backoff, 3),
+            )
+        if ex.kind is ExitKind.BOOT_FAILURE:
+            event(
+                "boot_failure",
+                f"worker {ex.worker.pid} could not boot (exit code {wexit.BOOT_FAILURE}; its log "
+                "says why): stopping the supervisor",
+                level=logging.ERROR,
+            )
+            arb.stop("a worker could not boot", exitcodes.WORKER_BOOT)
+    if arb.pending_release:
+        release(arb)
+
+
+def _should_release(arb: Arbiter, ex: Exit) -> bool:
+    if ex.code in (wexit.OK, wexit.RECYCLE):
+        return False  # a clean exit committed or released everything it held
+    return arb.config.fast_release or ex.worker.killed
+
+
+def release(arb: Arbiter) -> None:
+    """Fast release: expire the leases of reaped workers at once (they are known dead)."""
+    owners = list(arb.pending_release)
+    try:
+        released = arb.gate.release_owners(owners)
+    except StoreError as exc:
+        now = arb.clock()
+        for owner, give_up in list(arb.pending_release.items()):
+            if now >= give_up:  # the ttl has expired them by now anyway
+                del arb.pending_release[owner]
+        event("release_failed", f"could not release leases, will retry: {exc}", level=WARN)
+        arb.wake_at(now + 0.5)
+        return
+    for owner, count in released.items():
+        arb.pending_release.pop(owner, None)
+        if count:
+            event(
+                "leases_released",
+                f"released {count} lease(s) of dead worker {owner}",
+                owner=owner,
+                count=count,
+            )
+
+
+def enforce_deadlines(arb: Arbiter) -> None:
+    grace = arb.config.graceful_timeout
+    for worker in arb.pool.overdue(grace):
+        event(
+            "worker_killed",
+            f"worker {worker.pid} did not stop within {grace:g}s ({worker.retiring}): SIGKILL",
+            level=WARN,
+            worker=worker.pid,
+        )
+        arb.pool.kill_now(worker, "graceful timeout")
+    for worker in arb.pool.workers.values():
+        if worker.term_sent_at is not None and not worker.killed:
+            arb.wake_at(worker.term_sent_at + grace + 0.001)
+
+
+def check_memory(arb: Arbiter) -> None:
+    limit = arb.config.max_worker_memory
+    if limit is None or arb.stopping or not arb.due("memory", arb.config.timing.memory_check):
+        return
+    for worker in arb.pool.active():
+        try:
+            rss = psutil.Process(worker.pid).memory_info().rss
+        except psutil.Error:
+            continue  # gone: the reap step will see it
+        if rss > limit * 1024 * 1024:
+            event(
+                "worker_recycle_memory",
+                f"worker {worker.pid} uses {rss / 1048576:.0f} MB > {limit:g} MB: "
+                "recycling it after its current task",
+                worker=worker.pid,
+                rss_mb=round(rss / 1048576, 1),
+            )
+            arb.pool.retire(worker, "memory")
+
+
+def roll(arb: Arbiter) -> None:
+    """HUP: add one new-generation worker, wait until it is up, retire one old; repeat."""
+    if not arb.rolling or arb.stopping:
+        return
+    pool = arb.pool
+    old = [w for w in pool.active() if w.generation < pool.generation]
+    if not old:
+        arb.rolling = False
+        event("reloaded", f"reload finished: {len(pool.active())} workers on the new app")
+        arb.events.emit("ready", reload=True)
+        return
+    fresh = [w for w in pool.active() if w.generation == pool.generation]
+    if any(not arb.is_up(w) for w in fresh):
+        arb.wake_at(arb.clock() + 0.05)
+        return
+    if len(pool.active()) <= pool.target:
+        _spawn(arb)
+        arb.wake_at(arb.clock() + 0.05)
+        return
+    pool.retire(_pick_to_retire(arb, old), "reload")
+    arb.wake_at(arb.clock() + 0.05)
+
+
+def maintain(arb: Arbiter) -> None:
+    """Keep ``target`` active workers: spawn the missing (crash-loop backoff), retire extras."""
+    if arb.stopping:
+        return
+    pool = arb.pool
+    while len(pool.active()) < pool.target:
+        wait = pool.backoff_remaining()
+        if wait > 0:
+            arb.wake_at(arb.clock() + wait)
+            break
+        if _spawn(arb) is None:
+            break
+    extra = len(pool.active()) - pool.target
+    if extra > 0 and not arb.rolling:
+        for _ in range(extra):
+            pool.retire(_pick_to_retire(arb, pool.active()), "scale down")
+    if not arb.ready_announced:
+        up = [w for w in pool.active() if arb.is_up(w)]
+        if len(up) >= pool.target:
+            arb.ready_announced = True
+            event("ready", f"all {pool.target} workers are up", workers=pool.target)
+            arb.events.emit("ready", reload=False)
+        else:
+            arb.wake_at(arb.clock() + 0.05)
+
+
+def _spawn(arb: Arbiter) -> Worker | None:
+    worker = arb.pool.spawn(arb.config.max_tasks_for_new_worker(arb.rng))
+    if worker is None:
+        event("no_slot", "no free status slot: cannot start more workers", level=WARN)
+        return None
+    arb.state_dirty = True
+    event(
+        "worker_started",
+        f"worker {worker.pid} started (slot {worker.slot}, generation {worker.generation})",
+        worker=worker.pid,
+        slot=worker.slot,
+        owner=worker.owner,
+    )
+    arb.events.emit("worker_started", worker=worker)
+    return worker
+
+
+def _pick_to_retire(arb: Arbiter, candidates: list[Worker]) -> Worker:
+    """Prefer a worker not inside a handler, then the youngest."""
+
+    def busy(w: Worker) -> bool:
+        state = arb.board.read(w.slot)
+        return state is not None and state.pid == w.pid and state.phase == HANDLER
+
+    return sorted(candidates, key=lambda w: (busy(w), -w.started_at))[0]
+
+
+def drain(arb: Arbiter) -> None:
+    if not arb.config.drain or arb.stopping:
+        return
+    if not arb.due("drain", arb.config.timing.drain_check):
+        return
+    try:
+        stats = arb.gate.stats()
+    except StoreError as exc:
+        event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
+        return
+    done = sum(stats.runs.get(s, 0) for s in ("succeeded", "failed", "cancelled"))
+    total = sum(stats.runs.values())
+    if arb.progress is not None:
+        arb.progress.show(drain_progress(done, total, stats.runs.get("failed", 0), arb.started_at))
+    if stats.pending_work == 0:
+        if arb.progress is not None:
+            arb.progress.finish()
+        event(
+            "drain_finished",
+            f"drain finished: no task ready, delayed or leased ({done} runs done, "
+            f"{stats.runs.get('failed', 0)} failed)",
+            runs=stats.runs,
+        )
+        arb.stop("drain finished")
+
+
+def publish_state(arb: Arbiter) -> None:
+    arb.events.emit("tick")
+    if arb.pidfile is None:
+        return
+    if not arb.state_dirty and not arb.due("state", arb.config.timing.state_every):
+        return
+    arb.state_dirty = False
+    arb.last_run["state"] = arb.clock()
+    arb.pidfile.write_state(snapshot(arb))
+
+
+def snapshot(arb: Arbiter) -> dict[str, Any]:
+    """What ``status``, ``scale`` and ``health`` read from the state file."""
+    offset = time.time() - arb.clock()  # monotonic -> wall clock
+    workers = []
+    for w in sorted(arb.pool.workers.values(), key=lambda w: w.slot):
+        slot = arb.board.read(w.slot)
+        mine = slot is not None and slot.pid == w.pid
+        workers.append(
+            {
+                "pid": w.pid,
+                "slot": w.slot,
+                "owner": w.owner,
+                "generation": w.generation,
+                "started_at": round(w.started_at + offset, 3),
+                "retiring": w.retiring,
+                "phase": PHASE_NAMES[slot.phase] if mine and slot else "starting",
+                "task_id": slot.task_id if mine and slot and slot.task_id else None,
+                "attempt": slot.attempt if mine and slot and slot.attempt else None,
+            }
+        )
+    return {
+        "pid": os.getpid(),
+        "tick": round(time.time(), 3),
+        "phase": str(arb.phase),
+        "target": arb.pool.target,
+        "generation": arb.pool.generation,
+        "db": arb.config.db,
+        "app": arb.config.app,
+        "workers": workers,
+    }
+
+
+def finish(arb: Arbiter) -> None:
+    """Stopping and every worker reaped (or a killed one refuses to die): done."""
+    if not arb.stopping:
+        return
+    if arb.pool.workers:
+        killed = [w for w in arb.pool.workers.values() if w.killed]
+        started = arb.stop_started_at or arb.clock()
+        limit = arb.config.timing.fast_stop_grace
+        if arb.phase is Phase.STOPPING:
+            limit += arb.config.graceful_timeout
+        if len(killed) < len(arb.pool.workers) or arb.clock() - started < limit:
+            arb.wake_at(started + limit)
+            return
+        event("unreaped", f"{len(killed)} killed workers did not exit; giving up", level=WARN)
+        for w in killed:
+            arb.pending_release[w.owner] = arb.clock() + arb.config.lease_ttl
+        release(arb)
+    arb.phase = Phase.DONE
+
+
+def default_steps() -> list[Step]:
+    return [
+        Step("signals", handle_signals),
+        Step("reap", reap),
+        Step("deadlines", enforce_deadlines),
+        Step("memory", check_memory),
+        Step("roll", roll),
+        Step("maintain", maintain),
+        Step("drain", drain),
+        Step("publish", publish_state),
+        Step("finish", finish),
+    ]

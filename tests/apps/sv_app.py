@@ -1,0 +1,59 @@
+"""Tasks for the supervisor's process-level tests (tests/test_supervisor_*.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from workerproc import App, TaskContext
+
+app = App()
+_ballast: list[bytes] = []
+
+
+@app.task("noop")
+def noop(ctx: TaskContext) -> Any:
+    return {"pid": os.getpid()}
+
+
+@app.task("sleep")
+def sleep(ctx: TaskContext) -> Any:
+    """Sleep ``payload["s"]`` seconds; the result names the worker pid and the attempt."""
+    time.sleep(float((ctx.payload or {}).get("s", 1.0)))
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@app.task("hold")
+def hold(ctx: TaskContext) -> Any:
+    """Write a marker file (payload["marker"]) then sleep: a test knows who holds the task."""
+    payload = ctx.payload or {}
+    with open(payload["marker"], "a", encoding="utf-8") as fh:
+        fh.write(f"{os.getpid()} {ctx.attempt}\n")
+    time.sleep(float(payload.get("s", 60.0)))
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@app.task("crash")
+def crash(ctx: TaskContext) -> Any:
+    """Kill this worker process outright (a segfault, an OOM kill)."""
+    os._exit(9)
+
+
+@app.task("grow")
+def grow(ctx: TaskContext) -> Any:
+    """Allocate ``payload["mb"]`` MB and keep it: memory-based recycling must notice."""
+    _ballast.append(b"x" * int((ctx.payload or {}).get("mb", 50)) * 1024 * 1024)
+    return {"pid": os.getpid()}
+
+
+@app.task("chain")
+def chain(ctx: TaskContext) -> Any:
+    """A multi-step run: ``payload["left"]`` more steps."""
+    left = int((ctx.payload or {}).get("left", 0))
+    state = dict(ctx.state or {})
+    state["steps"] = int(state.get("steps", 0)) + 1
+    if left > 0:
+        ctx.advance(state, next="chain", payload={"left": left - 1})
+    else:
+        ctx.finish(state, result={"pid": os.getpid()})
