@@ -57,3 +57,9 @@ def chain(ctx: TaskContext) -> Any:
         ctx.advance(state, next="chain", payload={"left": left - 1})
     else:
         ctx.finish(state, result={"pid": os.getpid()})
+
+
+@app.task("boot_fail")
+def boot_fail(ctx: TaskContext) -> Any:
+    """Exit as a worker that cannot boot would (workerproc.exitcodes.BOOT_FAILURE)."""
+    os._exit(3)
