@@ -108,14 +108,18 @@ class Arbiter:
             db=self.config.db,
         )
         while not self.done:
-            self._wake_at = self.clock() + self.config.timing.tick
-            for step in self.steps:
-                step.run(self)
-                if self.done:
-                    break
-            else:
+            self.turn()
+            if not self.done:
                 self.inbox.wait(max(0.0, self._wake_at - self.clock()))
         return self.exit_code
+
+    def turn(self) -> None:
+        """One pass over the steps, in order (stops early once the arbiter is done)."""
+        self._wake_at = self.clock() + self.config.timing.tick
+        for step in self.steps:
+            step.run(self)
+            if self.done:
+                break
 
     def wake_at(self, when: float) -> None:
         """Ask the loop to run again no later than ``when`` (monotonic seconds)."""

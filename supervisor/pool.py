@@ -94,6 +94,7 @@ class Pool:
     capacity: int = 256
     clock: Clock = time.monotonic
     kill: Callable[[int, int], None] = os.kill
+    waitpid: WaitPid = os.waitpid
     workers: dict[int, Worker] = field(default_factory=dict)
     target: int = 1
     generation: int = 0
@@ -157,12 +158,12 @@ class Pool:
         ]
 
     # -- reaping -----------------------------------------------------------------------------
-    def reap(self, waitpid: WaitPid = os.waitpid) -> list[Exit]:
+    def reap(self) -> list[Exit]:
         """Collect every exited child without blocking; classify each of ours."""
         exits: list[Exit] = []
         while True:
             try:
-                pid, status = waitpid(-1, os.WNOHANG)
+                pid, status = self.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:

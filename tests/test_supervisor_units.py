@@ -1,0 +1,447 @@
+"""Supervisor decisions without processes: reap and backoff with fake waitpid results and a
+fake clock, the loop's steps against a fake pool, signals, config, pidfile and logs."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import FakeClock
+
+from supervisor import exitcodes, logs
+from supervisor.arbiter import Arbiter, Phase, Step
+from supervisor.config import StartConfig, Timing
+from supervisor.errors import ConfigError, NotRunning, PidfileLocked
+from supervisor.pidfile import Pidfile, live_pid, read_state
+from supervisor.pool import ExitKind, Pool, Worker, classify
+from supervisor.signals import SignalInbox, blocked
+from supervisor.steps import default_steps
+from workerproc import App
+from workerproc import exitcodes as wexit
+from workerproc.status import HANDLER, IDLE, StatusBoard
+from workerproc.store import StoreUnavailable
+
+
+def exited(code: int) -> int:
+    return code << 8  # a waitpid status for "exited with code"
+
+
+def killed(signum: int) -> int:
+    return signum
+
+
+class FakeProcs:
+    """Spawner, kill and waitpid for a Pool, with no process at all."""
+
+    def __init__(self) -> None:
+        self.next_pid = 1000
+        self.spawned: list[tuple[int, int, int | None]] = []  # pid, slot, max_tasks
+        self.sent: list[tuple[int, int]] = []
+        self.exits: list[tuple[int, int]] = []  # what waitpid returns next
+
+    def spawn(self, slot: int, max_tasks: int | None) -> tuple[int, str]:
+        self.next_pid += 1
+        self.spawned.append((self.next_pid, slot, max_tasks))
+        return self.next_pid, f"host:{self.next_pid}:1.00:abcd"
+
+    def kill(self, pid: int, signum: int) -> None:
+        self.sent.append((pid, signum))
+
+    def waitpid(self, pid: int, options: int) -> tuple[int, int]:
+        return self.exits.pop(0) if self.exits else (0, 0)
+
+
+class FakeGate:
+    def __init__(self) -> None:
+        self.released: list[str] = []
+        self.fail = False
+
+    def release_owners(self, owners: list[str]) -> dict[str, int]:
+        if self.fail:
+            raise StoreUnavailable("database is locked")
+        self.released += owners
+        return {o: 1 for o in owners}
+
+    def stats(self) -> Any:
+        raise AssertionError("not used")
+
+
+def make_pool(clock: FakeClock, procs: FakeProcs, target: int = 2) -> Pool:
+    return Pool(
+        procs.spawn,
+        timing=Timing(),
+        capacity=8,
+        clock=clock,
+        kill=procs.kill,
+        waitpid=procs.waitpid,
+        target=target,
+    )
+
+
+def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
+    cfg = StartConfig(app="m:app", db="x.db", **config).validate()
+    return Arbiter(
+        config=cfg,
+        app=App(),
+        pool=make_pool(clock, procs, cfg.workers),
+        inbox=SignalInbox(),
+        gate=FakeGate(),  # type: ignore[arg-type]
+        board=StatusBoard(8),
+        reload_app=App,
+        clock=clock,
+        steps=default_steps(),
+    )
+
+
+# -- classification and backoff ------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("code", "retiring", "kind"),
+    [
+        (wexit.OK, None, ExitKind.STOPPED),
+        (wexit.RECYCLE, None, ExitKind.RECYCLED),
+        (wexit.BOOT_FAILURE, None, ExitKind.BOOT_FAILURE),
+        (wexit.BOOT_FAILURE, "stop", ExitKind.BOOT_FAILURE),
+        (wexit.TASK_TIMEOUT, None, ExitKind.CRASHED),
+        (1, None, ExitKind.CRASHED),
+        (None, None, ExitKind.CRASHED),  # killed by a signal
+        (None, "memory", ExitKind.RETIRED),
+        (wexit.OK, "scale down", ExitKind.RETIRED),
+    ],
+)
+def test_classify(code: int | None, retiring: str | None, kind: ExitKind) -> None:
+    worker = Worker(1, 0, "o", 0, 0.0, retiring=retiring)
+    assert classify(code, worker, 1.0) is kind
+
+
+def test_crash_loop_backoff_doubles_caps_and_resets(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    pool = make_pool(clock, procs, target=1)
+    delays = []
+    for _ in range(8):
+        worker = pool.spawn()
+        assert worker is not None
+        clock.advance(0.1)  # dies right after start
+        procs.exits = [(worker.pid, killed(signal.SIGSEGV))]
+        (ex,) = pool.reap()
+        assert ex.kind is ExitKind.CRASHED and ex.signal == signal.SIGSEGV
+        delays.append(ex.backoff)
+        assert pool.backoff_remaining() == pytest.approx(ex.backoff)
+        clock.advance(ex.backoff)
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    worker = pool.spawn()
+    assert worker is not None
+    clock.advance(60)  # ran a while, then crashed: not a boot crash loop
+    procs.exits = [(worker.pid, exited(1))]
+    (ex,) = pool.reap()
+    assert ex.backoff == 0 and pool.crash_streak == 0 and pool.backoff_remaining() == 0
+
+
+def test_recycle_and_clean_exit_never_back_off(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    pool = make_pool(clock, procs)
+    a, b = pool.spawn(), pool.spawn()
+    assert a and b
+    procs.exits = [(a.pid, exited(wexit.RECYCLE)), (b.pid, exited(wexit.OK)), (999, exited(0))]
+    kinds = sorted(str(e.kind) for e in pool.reap())
+    assert kinds == ["recycled", "stopped"]  # pid 999 is not ours: ignored
+    assert pool.backoff_remaining() == 0 and not pool.workers
+
+
+def test_reap_stops_when_there_are_no_children(clock: FakeClock) -> None:
+    def no_children(pid: int, options: int) -> tuple[int, int]:
+        raise ChildProcessError
+
+    pool = make_pool(clock, FakeProcs())
+    pool.waitpid = no_children
+    assert pool.reap() == []
+
+
+def test_slots_are_reused(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    pool = make_pool(clock, procs)
+    a, b = pool.spawn(), pool.spawn()
+    assert a and b and (a.slot, b.slot) == (0, 1)
+    procs.exits = [(a.pid, exited(0))]
+    pool.reap()
+    c = pool.spawn()
+    assert c and c.slot == 0
+
+
+# -- the loop's steps --------------------------------------------------------------------------
+def test_maintain_spawns_to_target_and_respects_backoff(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=3)
+    arb.turn()
+    assert len(procs.spawned) == 3
+    victim = next(iter(arb.pool.workers.values()))
+    clock.advance(0.2)
+    procs.exits = [(victim.pid, exited(1))]
+    arb.turn()
+    assert len(procs.spawned) == 3  # backing off 0.5 s
+    assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
+    clock.advance(0.6)
+    arb.turn()
+    assert len(procs.spawned) == 4 and len(arb.pool.active()) == 3
+
+
+def test_fast_release_only_for_unclean_exits_and_off_with_no_fast_release(
+    clock: FakeClock,
+) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    a, b = list(arb.pool.workers.values())
+    procs.exits = [(a.pid, exited(wexit.OK)), (b.pid, killed(signal.SIGKILL))]
+    arb.turn()
+    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
+
+    arb2 = make_arbiter(clock, procs, workers=1, fast_release=False)
+    arb2.turn()
+    (c,) = arb2.pool.workers.values()
+    procs.exits = [(c.pid, killed(signal.SIGKILL))]
+    arb2.turn()
+    assert arb2.gate.released == []  # type: ignore[attr-defined]
+
+
+def test_failed_release_is_retried(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=1)
+    arb.turn()
+    (a,) = arb.pool.workers.values()
+    arb.gate.fail = True  # type: ignore[attr-defined]
+    procs.exits = [(a.pid, killed(signal.SIGKILL))]
+    arb.turn()
+    assert arb.pending_release == {a.owner: pytest.approx(clock.now + 60)}
+    arb.gate.fail = False  # type: ignore[attr-defined]
+    arb.turn()
+    assert arb.gate.released == [a.owner] and not arb.pending_release  # type: ignore[attr-defined]
+
+
+def test_scale_down_retires_an_idle_worker_first(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    older, younger = sorted(arb.pool.workers.values(), key=lambda w: w.pid)
+    arb.board.slot(older.slot).publish(older.pid, IDLE)
+    arb.board.slot(younger.slot).publish(younger.pid, HANDLER, 7, 1)
+    arb.inbox.queue.append(signal.SIGTTOU)
+    arb.turn()
+    assert (older.pid, signal.SIGTERM) in procs.sent and older.retiring == "scale down"
+    assert younger.active
+    for _ in range(3):  # never below one
+        arb.inbox.queue.append(signal.SIGTTOU)
+        arb.turn()
+    assert arb.pool.target == 1
+
+
+def test_hup_rolls_one_worker_at_a_time(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    old = sorted(arb.pool.workers.values(), key=lambda w: w.pid)
+    arb.inbox.queue.append(signal.SIGHUP)
+    arb.turn()
+    assert len(procs.spawned) == 3  # a surge worker first, nobody retired yet
+    assert all(w.active for w in old)
+    arb.turn()
+    assert not procs.sent  # the new worker is not up yet
+    surge = arb.pool.workers[procs.spawned[-1][0]]
+    arb.board.slot(surge.slot).publish(surge.pid, IDLE)
+    arb.turn()
+    assert len([w for w in old if not w.active]) == 1  # one old retired, N stays 2
+    assert len(arb.pool.active()) == 2
+    for _ in range(4):
+        for w in arb.pool.workers.values():
+            if w.generation == 1:
+                arb.board.slot(w.slot).publish(w.pid, IDLE)
+        arb.turn()
+    assert not arb.rolling
+    assert {w.generation for w in arb.pool.active()} == {1}
+    assert len(arb.pool.active()) == 2
+
+
+def test_graceful_stop_escalates_to_kill_then_finishes(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2, graceful_timeout=5)
+    arb.turn()
+    a, b = list(arb.pool.workers.values())
+    arb.inbox.queue.append(signal.SIGTERM)
+    arb.turn()
+    assert arb.phase is Phase.STOPPING
+    assert sorted(procs.sent) == sorted([(a.pid, signal.SIGTERM), (b.pid, signal.SIGTERM)])
+    procs.exits = [(a.pid, exited(0))]
+    clock.advance(1)
+    arb.turn()
+    assert arb.gate.released == []  # type: ignore[attr-defined]  # clean exit
+    clock.advance(5)
+    arb.turn()
+    assert (b.pid, signal.SIGKILL) in procs.sent
+    procs.exits = [(b.pid, killed(signal.SIGKILL))]
+    arb.turn()
+    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
+    assert arb.phase is Phase.DONE and arb.exit_code == 0
+
+
+def test_second_term_is_a_fast_stop(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    arb.inbox.queue.extend([signal.SIGTERM, signal.SIGTERM])
+    arb.turn()
+    assert arb.phase is Phase.FAST_STOPPING
+    assert sum(1 for _, s in procs.sent if s == signal.SIGKILL) == 2
+
+
+def test_boot_failure_stops_with_its_exit_code(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    a, b = list(arb.pool.workers.values())
+    procs.exits = [(a.pid, exited(wexit.BOOT_FAILURE))]
+    arb.turn()
+    assert arb.phase is Phase.STOPPING and arb.exit_code == exitcodes.WORKER_BOOT
+    procs.exits = [(b.pid, exited(0))]
+    arb.turn()
+    assert arb.phase is Phase.DONE and len(procs.spawned) == 2  # never replaced
+
+
+def test_add_step_hook_runs_in_order(clock: FakeClock) -> None:
+    seen: list[str] = []
+    arb = make_arbiter(clock, FakeProcs(), workers=2)
+    arb.add_step(Step("probe", lambda a: seen.append(f"{len(a.pool.workers)}")), before="maintain")
+    arb.events.on("worker_started", lambda worker: seen.append("started"))
+    arb.turn()
+    assert seen[0] == "0" and seen.count("started") == 2
+
+
+def test_max_tasks_jitter_stays_within_ten_percent() -> None:
+    cfg = StartConfig(app="m:a", db="x", max_tasks_per_worker=100).validate()
+    values = {cfg.max_tasks_for_new_worker(random.Random(i)) for i in range(200)}
+    assert min(values) >= 90 and max(values) <= 110 and len(values) > 5  # type: ignore[operator]
+
+
+# -- config ------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("workers", 0, "-n/--workers"),
+        ("lease_ttl", 0, "--lease-ttl"),
+        ("poll_interval", -1, "--poll-interval"),
+        ("max_attempts", 0, "--max-attempts"),
+        ("task_timeout", 0, "--task-timeout"),
+        ("graceful_timeout", -1, "--graceful-timeout"),
+        ("max_worker_memory", 0, "--max-worker-memory"),
+        ("max_tasks_per_worker", 0, "--max-tasks-per-worker"),
+        ("heartbeat_interval", 90, "--heartbeat-interval"),
+        ("app", "nocolon", "--app"),
+        ("log_format", "xml", "--log-format"),
+    ],
+)
+def test_config_validate_names_the_option(field: str, value: Any, words: str) -> None:
+    config = StartConfig(app="m:app", db="x.db")
+    setattr(config, field, value)
+    with pytest.raises(ConfigError, match=words):
+        config.validate()
+
+
+# -- signals -----------------------------------------------------------------------------------
+def test_inbox_records_and_wakes() -> None:
+    inbox = SignalInbox()
+    inbox.install()
+    try:
+        started = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTTIN)
+        inbox.wait(5.0)
+        assert time.monotonic() - started < 2.0
+        assert inbox.pop_all() == [signal.SIGTTIN]
+        with blocked():
+            os.kill(os.getpid(), signal.SIGTTOU)
+            assert inbox.pop_all() == []  # blocked: pending, not delivered
+        inbox.wait(1.0)
+        assert inbox.pop_all() == [signal.SIGTTOU]
+    finally:
+        inbox.uninstall()
+        inbox.close()
+    assert signal.getsignal(signal.SIGTTIN) is signal.SIG_DFL
+
+
+# -- pidfile -----------------------------------------------------------------------------------
+def test_pidfile_lock_refusal_stale_and_reused_pid(tmp_path: Path) -> None:
+    path = str(tmp_path / "s.pid")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {os.getcwd()!r})
+from supervisor.pidfile import Pidfile
+p = Pidfile({path!r}); p.acquire(); print("held", flush=True); time.sleep(60)
+"""],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(PidfileLocked, match=f"pid {holder.pid}"):
+            Pidfile(path).acquire()
+        assert live_pid(path) == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    with pytest.raises(NotRunning, match="stale"):
+        live_pid(path)
+    mine = Pidfile(path)
+    mine.acquire()  # the kernel dropped the dead holder's lock
+    assert live_pid(path) == os.getpid()
+    mine.write_state({"tick": time.time(), "target": 3})
+    assert read_state(path) == {"tick": pytest.approx(time.time(), abs=5), "target": 3}
+    mine.release()
+    assert not os.path.exists(path)
+
+    Path(path).write_text(f"{os.getpid()}\n")  # our pid, but the file predates our start
+    os.utime(path, (1_000_000, 1_000_000))
+    with pytest.raises(NotRunning, match="reused"):
+        live_pid(path)
+
+
+# -- logs --------------------------------------------------------------------------------------
+def test_json_logs_carry_the_event_and_no_timestamp_under_journald(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    stream = io.StringIO()
+    monkeypatch.setenv("JOURNAL_STREAM", "8:1234")
+    logs.setup("json", stream)
+    logs.event("worker_started", "worker 5 started", worker=5)
+    doc = json.loads(stream.getvalue())
+    assert doc["event"] == "worker_started" and doc["worker"] == 5 and "ts" not in doc
+    assert doc["pid"] == os.getpid()
+
+    stream = io.StringIO()
+    monkeypatch.delenv("JOURNAL_STREAM")
+    logs.setup("text", stream)
+    logs.event("x", "hello")
+    line = stream.getvalue()
+    assert line[:4].isdigit() and "supervisor[" in line and line.rstrip().endswith("hello")
+    logging.getLogger("supervisor").handlers.clear()
+
+
+def test_progress_line_only_on_a_tty() -> None:
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    plain, tty = io.StringIO(), Tty()
+    for stream in (plain, tty):
+        progress = logs.Progress(stream)
+        progress.show(logs.drain_progress(3, 10, 1, time.monotonic() - 2))
+        progress.finish()
+    assert plain.getvalue() == ""
+    assert "3/10 runs done" in tty.getvalue() and "1 failed" in tty.getvalue()
