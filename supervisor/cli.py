@@ -16,7 +16,7 @@ from .startup import run_start
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-@click.group(cls=SupervisorGroup, context_settings=CONTEXT)
+@click.group(name="supervisor", cls=SupervisorGroup, context_settings=CONTEXT)
 def cli() -> None:
     """leasekeeper's supervisor: run a pool of workers and operate its database."""
 

@@ -16,6 +16,9 @@ from .errors import SupervisorError
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "SUPERVISOR_"
+NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
 
 
 def envvar_for(decls: Sequence[str]) -> str:
@@ -58,6 +61,9 @@ class SupervisorGroup(click.Group):
     ) -> Any:
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except NO_ARGS_IS_HELP as exc:
+            exc.show()  # ``supervisor`` alone: the help text, not an error line
+            sys.exit(exitcodes.USAGE)
         except click.UsageError as exc:
             where = exc.ctx.command_path if exc.ctx else "supervisor"
             fail(f"{exc.format_message()} (see '{where} --help')", exitcodes.USAGE)

@@ -3,6 +3,7 @@ reload, scale, health (the running supervisor, through its pidfile)."""
 
 from __future__ import annotations
 
+import json
 import signal
 from typing import Any
 
@@ -112,7 +113,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     run = data["run"]
     fields = [
         ("run", run.id), ("status", run.status), ("revision", run.revision),
-        ("state", render.to_json(run.state)), ("result", render.to_json(run.result)),
+        ("state", json.dumps(run.state)), ("result", json.dumps(run.result)),
         ("failure", run.failure_reason), ("last error", run.last_error),
         ("created", render.when(run.created_at)), ("updated", render.when(run.updated_at)),
         ("finished", render.when(run.finished_at)),

@@ -48,13 +48,18 @@ def running_state(pidfile: str) -> dict[str, Any]:
 _SCALE = re.compile(r"^([+-]?)(\d+)$")
 
 
-def parse_scale(spec: str, current: int) -> int:
-    """``N`` (absolute), ``+K`` or ``-K`` (relative) -> the new worker count (at least 1)."""
+def parse_scale(spec: str) -> tuple[str, int]:
+    """``N`` (absolute), ``+K`` or ``-K`` (relative) -> (sign, value); checked before any signal."""
     match = _SCALE.match(spec.strip())
     if not match:
         raise ConfigError(f"scale takes N, +K or -K (got {spec!r})")
     sign, digits = match.groups()
-    value = int(digits)
+    if not sign and int(digits) < 1:
+        raise ConfigError(f"cannot scale to {digits} workers: at least 1 must run")
+    return sign, int(digits)
+
+
+def scale_target(sign: str, value: int, current: int) -> int:
     target = current + value if sign == "+" else current - value if sign == "-" else value
     if target < 1:
         raise ConfigError(f"cannot scale to {target} workers: at least 1 must run")
@@ -69,8 +74,9 @@ class ScaleResult:
 
 def scale(pidfile: str, spec: str, timeout: float = 10.0) -> ScaleResult:
     """Send TTIN/TTOU one at a time, each confirmed by the state file (signals coalesce)."""
+    sign, value = parse_scale(spec)
     current = int(running_state(pidfile)["target"])
-    target = parse_scale(spec, current)
+    target = scale_target(sign, value, current)
     before = current
     while current != target:
         signum = signal.SIGTTIN if target > current else signal.SIGTTOU
