@@ -249,3 +249,14 @@ def test_worker_dies_with_its_parent(workdir, db, procs):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(parent.pid, signal.SIGKILL)
+
+
+def test_handler_that_ignores_lease_lost_ends_the_process(workdir, db, real_store, procs):
+    run_id = real_store.start_run("deaf", {"seconds": 30})
+    a = spawn_worker(db, workdir, "--lease-ttl", "0.6")
+    procs.append(a)
+    started(workdir, run_id)
+    owner = real_store.stats().leases[0].owner
+    real_store.release_owner(owner)
+    assert a.wait(timeout=20) == exitcodes.LEASE_STUCK
+    assert [e for e in events(workdir) if e[0] == "swallowed"]  # it was told, and ignored it

@@ -32,6 +32,7 @@ class _Tracked:
     next_due: float
     started: float
     lost: bool = False
+    lost_at: float = 0.0
     timed_out: bool = False
 
 
@@ -45,6 +46,7 @@ class Heartbeat:
         on_lost: Callable[[Lease, str], None],
         on_timeout: Callable[[Lease], None],
         on_death: Callable[[BaseException], None],
+        on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
     ) -> None:
         self._open_store = open_store
@@ -54,6 +56,7 @@ class Heartbeat:
         self._on_lost = on_lost
         self._on_timeout = on_timeout
         self._on_death = on_death
+        self._on_stuck = on_stuck
         self._cond = threading.Condition()
         self._tracked: _Tracked | None = None
         self._renewing = False
@@ -112,7 +115,20 @@ class Heartbeat:
         with self._cond:
             while not self._closed:
                 t = self._tracked
-                if t is not None and not t.lost and not t.timed_out:
+                if t is not None and t.lost and self._on_stuck is not None:
+                    # The handler was told (LeaseLost) but has not returned: give it one ttl
+                    # to finish what is in flight, then the process goes (its work is void).
+                    wait = t.lost_at + self.ttl - time.monotonic()
+                    if wait <= 0:
+                        on_stuck, self._on_stuck = self._on_stuck, None
+                        self._cond.release()
+                        try:
+                            on_stuck(t.lease)
+                        finally:
+                            self._cond.acquire()
+                        continue
+                    self._cond.wait(wait)
+                elif t is not None and not t.lost and not t.timed_out:
                     wait = t.next_due - time.monotonic()
                     if self.task_timeout is not None:
                         wait = min(wait, t.started + self.task_timeout - time.monotonic())
@@ -164,4 +180,5 @@ class Heartbeat:
 
     def _lose(self, t: _Tracked, why: str) -> None:
         t.lost = True
+        t.lost_at = time.monotonic()
         self._on_lost(t.lease, why)

@@ -119,6 +119,7 @@ class Worker:
             on_lost=self._on_lost,
             on_timeout=self._on_timeout,
             on_death=self._on_heartbeat_death,
+            on_stuck=self._on_stuck,
             task_timeout=config.task_timeout,
         )
         self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts)
@@ -168,6 +169,13 @@ class Worker:
             # A hung Python call cannot be cancelled safely: the process goes, its parent
             # replaces it. Nothing half-written survives: every write is one transaction.
             os._exit(exitcodes.TASK_TIMEOUT)
+
+    def _on_stuck(self, lease: Lease) -> None:
+        log.error(
+            "task %s attempt %s: the handler ignored LeaseLost for a whole ttl; exiting",
+            lease.task_id, lease.attempt,
+        )  # fmt: skip
+        os._exit(exitcodes.LEASE_STUCK)
 
     def heartbeat_store_release(self, lease: Lease, error: str) -> None:
         store = self.heartbeat_store_factory()

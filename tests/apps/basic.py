@@ -81,3 +81,15 @@ def record(ctx: TaskContext) -> None:
     time.sleep(float(ctx.payload["seconds"]))
     _note("commit", ctx)
     ctx.finish({"attempt": ctx.attempt, "pid": os.getpid()})
+
+
+@app.task
+def deaf(ctx: TaskContext) -> None:
+    """Swallows even BaseException (LeaseLost included): the worker must give up on it."""
+    _note("start", ctx)
+    deadline = time.monotonic() + float(ctx.payload["seconds"])
+    while time.monotonic() < deadline:
+        try:
+            time.sleep(0.05)
+        except BaseException:  # the point of this handler
+            _note("swallowed", ctx)
