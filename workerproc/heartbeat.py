@@ -159,10 +159,9 @@ class Heartbeat:
         return True
 
     def _renew(self, store: Store, t: _Tracked) -> None:
+        # Past the local deadline (a pause, say) we still ask the database: it decides (R5), and
+        # a refusal is recorded there as evidence that a zombie tried and was turned away.
         started = time.monotonic()
-        if started >= t.deadline:
-            self._lose(t, "the local lease deadline passed without a successful renewal")
-            return
         try:
             expires = store.renew_until(t.lease, self.ttl)
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
