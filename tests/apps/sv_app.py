@@ -63,3 +63,13 @@ def chain(ctx: TaskContext) -> Any:
 def boot_fail(ctx: TaskContext) -> Any:
     """Exit as a worker that cannot boot would (workerproc.exitcodes.BOOT_FAILURE)."""
     os._exit(3)
+
+
+@app.task("wait_file")
+def wait_file(ctx: TaskContext) -> Any:
+    """Hold the task until the file ``payload["release"]`` exists (at most 120 s)."""
+    release = (ctx.payload or {})["release"]
+    deadline = time.monotonic() + 120
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"pid": os.getpid(), "attempt": ctx.attempt}
