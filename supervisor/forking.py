@@ -27,6 +27,7 @@ from workerproc.identity import make_owner
 from workerproc.runner import WorkerConfig, run_worker
 from workerproc.status import StatusBoard
 
+from .errors import SupervisorError
 from .signals import SignalInbox, blocked
 
 
@@ -42,10 +43,13 @@ class ForkContext:
     child_cleanup: Callable[[], None]  # e.g. close the pidfile lock
 
 
+def other_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+
+
 def _assert_single_threaded() -> None:
-    others = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
-    if others:
-        raise RuntimeError(f"refusing to fork with threads running: {others}")
+    if others := other_threads():
+        raise SupervisorError(f"refusing to fork with threads running: {', '.join(others)}")
 
 
 def fork_worker(ctx: ForkContext, slot: int, max_tasks: int | None) -> tuple[int, str]:

@@ -126,6 +126,23 @@ class Pool:
         self.workers[pid] = worker
         return worker
 
+    def spawn_failed(self) -> float:
+        """fork() itself failed (EAGAIN, ENOMEM, ...): back off like a boot crash."""
+        return self._crashed_early(self.clock())
+
+    def _crashed_early(self, now: float) -> float:
+        self.crash_streak += 1
+        delay: float = self.timing.backoff_base * 2 ** (self.crash_streak - 1)
+        delay = min(self.timing.backoff_cap, delay)
+        self.next_spawn_at = max(self.next_spawn_at, now + delay)
+        return delay
+
+    def kill_on_purpose(self, worker: Worker, signum: int = signal.SIGKILL) -> bool:
+        """A fault injected on purpose (chaos): the death is not a crash and triggers no
+        backoff; its leases follow --fast-release like any other death."""
+        worker.expected_death = True
+        return self.send(worker, signum)
+
     # -- stopping ----------------------------------------------------------------------------
     def send(self, worker: Worker, signum: int) -> bool:
         """Send ``signum``; False when the process is already gone (ESRCH is normal)."""
@@ -185,11 +202,7 @@ class Pool:
         kind = classify(code, worker, ran_for)
         backoff = 0.0
         if kind is ExitKind.CRASHED and ran_for < self.timing.crash_window:
-            self.crash_streak += 1
-            backoff = min(
-                self.timing.backoff_cap, self.timing.backoff_base * 2 ** (self.crash_streak - 1)
-            )
-            self.next_spawn_at = max(self.next_spawn_at, now + backoff)
+            backoff = self._crashed_early(now)
         elif ran_for >= self.timing.crash_window:
             self.crash_streak = 0
         return Exit(worker, code, killed_by, ran_for, kind, backoff)

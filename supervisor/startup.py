@@ -18,7 +18,7 @@ from . import logs
 from .arbiter import Arbiter
 from .config import StartConfig
 from .errors import AppImportError
-from .forking import ForkContext, fork_worker
+from .forking import ForkContext, fork_worker, other_threads
 from .logs import event
 from .pidfile import Pidfile
 from .pool import Pool
@@ -31,9 +31,15 @@ BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (T
 
 def import_app(spec: str) -> App:
     try:
-        return load_app(spec)
+        app = load_app(spec)
     except AppLoadError as exc:
         raise AppImportError(str(exc)) from None
+    if threads := other_threads():  # forking them away could deadlock the workers
+        raise AppImportError(
+            f"importing {spec} started threads ({', '.join(threads)}): the supervisor forks "
+            "its workers from a single thread; start threads inside tasks or lazily instead"
+        )
+    return app
 
 
 def reimport_app(spec: str) -> App:

@@ -17,6 +17,7 @@ from workerproc.store import StoreError
 
 from . import exitcodes
 from .arbiter import Arbiter, Phase, Step
+from .errors import SupervisorError
 from .logs import drain_progress, event
 from .pool import Exit, ExitKind, Worker
 from .signals import name as signal_name
@@ -195,7 +196,17 @@ def maintain(arb: Arbiter) -> None:
 
 
 def _spawn(arb: Arbiter) -> Worker | None:
-    worker = arb.pool.spawn(arb.config.max_tasks_for_new_worker(arb.rng))
+    try:
+        worker = arb.pool.spawn(arb.config.max_tasks_for_new_worker(arb.rng))
+    except (OSError, SupervisorError) as exc:
+        delay = arb.pool.spawn_failed()
+        event(
+            "spawn_failed",
+            f"cannot start a worker: {exc}; next try in {delay:.1f}s",
+            level=logging.ERROR,
+        )
+        arb.wake_at(arb.clock() + delay)
+        return None
     if worker is None:
         event("no_slot", "no free status slot: cannot start more workers", level=WARN)
         return None

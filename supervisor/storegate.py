@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from workerproc.identity import owner_is_dead
 from workerproc.store import Stats, Store, open_store
 
+from .errors import SupervisorError
+
 
 class StoreGate:
     def __init__(self, db: str) -> None:
@@ -31,7 +33,7 @@ class StoreGate:
 
     def assert_closed(self) -> None:
         if self.open_count:
-            raise RuntimeError("refusing to fork with a database connection open")
+            raise SupervisorError("refusing to fork with a database connection open")
 
     def release_owners(self, owners: list[str]) -> dict[str, int]:
         """Expire the leases of dead owners; return how many each held."""

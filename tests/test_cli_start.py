@@ -4,11 +4,14 @@ validation, and errors users can cause — one line on stderr, a distinct exit c
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import click
 import pytest
 from click.testing import CliRunner, Result
+from sv_harness import env_with_tests
 
 from supervisor import cli as cli_module
 from supervisor import exitcodes
@@ -188,3 +191,13 @@ def test_no_arguments_prints_help() -> None:
     result = invoke([])
     assert "Usage: supervisor" in result.output and "Commands:" in result.output
     assert "error" not in result.output
+
+
+def test_an_app_that_starts_threads_at_import_is_refused(tmp_path: Path) -> None:
+    # a subprocess: the thread must not linger in the test process
+    cmd = [sys.executable, "-m", "supervisor", "start", "--db", str(tmp_path / "x.db")]
+    cmd += ["--app", "apps.sv_threads:app"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env_with_tests(), timeout=60)
+    assert out.returncode == exitcodes.APP_LOAD
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "started threads (metrics-pusher)" in lines[0]

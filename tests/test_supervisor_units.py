@@ -445,3 +445,34 @@ def test_progress_line_only_on_a_tty() -> None:
         progress.finish()
     assert plain.getvalue() == ""
     assert "3/10 runs done" in tty.getvalue() and "1 failed" in tty.getvalue()
+
+
+def test_a_failing_fork_backs_off_instead_of_crashing_the_loop(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=1)
+
+    def broken(slot: int, max_tasks: int | None) -> tuple[int, str]:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    arb.pool.spawner = broken
+    arb.turn()
+    assert not arb.pool.workers and arb.pool.backoff_remaining() == 0.5
+    arb.pool.spawner = procs.spawn
+    arb.turn()
+    assert not arb.pool.workers  # still backing off
+    clock.advance(0.5)
+    arb.turn()
+    assert len(arb.pool.workers) == 1
+
+
+def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=1)
+    arb.turn()
+    (victim,) = arb.pool.workers.values()
+    assert arb.pool.kill_on_purpose(victim)
+    assert procs.sent == [(victim.pid, signal.SIGKILL)]
+    procs.exits = [(victim.pid, killed(signal.SIGKILL))]
+    arb.turn()
+    assert arb.pool.backoff_remaining() == 0 and len(procs.spawned) == 2  # replaced at once
+    assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
