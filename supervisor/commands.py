@@ -13,8 +13,8 @@ from workerproc.store import RunNotFound
 
 from . import control, ops, render
 from .clickutil import db_option, json_option, option, pidfile_option
-from .errors import SupervisorError
-from .pidfile import read_state
+from .errors import NotRunning, SupervisorError
+from .pidfile import live_pid, read_state
 
 
 @click.command()
@@ -39,7 +39,13 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
     with ops.store_for(db) as store:
         stats = store.stats()
-    state = read_state(pidfile) if pidfile else None
+    state, down = None, None
+    if pidfile:
+        try:
+            live_pid(pidfile)
+            state = read_state(pidfile)
+        except NotRunning as exc:
+            down = str(exc)  # a stale state file lists dead workers: show none
     workers = ops.worker_rows(state, stats)
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
@@ -51,6 +57,8 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         )
         click.echo(render.to_json(doc))
         return
+    if down:
+        click.echo(down + "\n")
     if state is not None:
         click.echo(
             f"supervisor {state.get('pid')}: {state.get('phase')}, "

@@ -97,12 +97,19 @@ def test_status_lists_workers_from_the_supervisor_state(db: str, tmp_path: Path)
     state = {"pid": 1, "phase": "running", "target": 1, "generation": 0, "tick": time.time()}
     state["workers"] = [{"pid": os.getpid(), "slot": 0, "owner": owner, "phase": "handler"}]
     Path(state_path(pidfile)).write_text(json.dumps(state))
+    Path(pidfile).write_text(f"{os.getpid()}\n")  # this test process plays the supervisor
     doc = json.loads(invoke("status", "--db", db, "--pidfile", pidfile, "--json").stdout)
     (worker,) = doc["workers"]
     assert worker["pid"] == os.getpid() and worker["rss_mb"] > 0
     assert (worker["task_id"], worker["run_id"], worker["attempt"]) == (lease.task_id, 1, 1)
     text = invoke("status", "--db", db, "--pidfile", pidfile).stdout
     assert "LEASE EXPIRES" in text and "handler" in text
+
+    Path(pidfile).write_text(f"{_dead_pid()}\n")  # killed: its state file is stale
+    doc = json.loads(invoke("status", "--db", db, "--pidfile", pidfile, "--json").stdout)
+    assert doc["workers"] == [] and doc["supervisor"] is None
+    text = invoke("status", "--db", db, "--pidfile", pidfile).stdout
+    assert "stale" in text and "READY" in text
 
 
 @pytest.mark.parametrize("command", ["status", "runs"])
