@@ -162,6 +162,10 @@ def roll(arb: Arbiter) -> None:
         arb.wake_at(arb.clock() + 0.05)
         return
     if len(pool.active()) <= pool.target:
+        wait = pool.backoff_remaining()  # a new app that crashes at boot must not spin
+        if wait > 0:
+            arb.wake_at(arb.clock() + wait)
+            return
         _spawn(arb)
         arb.wake_at(arb.clock() + 0.05)
         return

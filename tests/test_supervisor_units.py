@@ -476,3 +476,21 @@ def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
     arb.turn()
     assert arb.pool.backoff_remaining() == 0 and len(procs.spawned) == 2  # replaced at once
     assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
+
+
+def test_a_rolling_restart_whose_new_workers_crash_backs_off(clock: FakeClock) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=1)
+    arb.turn()
+    (old,) = arb.pool.workers.values()
+    arb.inbox.queue.append(signal.SIGHUP)
+    arb.turn()
+    surge = arb.pool.workers[procs.spawned[-1][0]]
+    procs.exits = [(surge.pid, exited(1))]  # the new code dies at boot
+    clock.advance(0.1)
+    arb.turn()
+    assert len(procs.spawned) == 2 and arb.pool.backoff_remaining() == 0.5
+    assert old.active  # the old worker keeps serving
+    clock.advance(0.5)
+    arb.turn()
+    assert len(procs.spawned) == 3
