@@ -26,6 +26,7 @@ from .signals import SignalInbox
 from .steps import default_steps
 from .storegate import StoreGate
 
+OUR_PACKAGES = ("workerproc", "supervisor")
 BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (TTIN stops there)
 
 
@@ -46,6 +47,8 @@ def reimport_app(spec: str) -> App:
     """HUP: forget the app's package so the import reads the code on disk again."""
     module = spec.partition(":")[0]
     top = module.split(".")[0]
+    if top in OUR_PACKAGES:  # never re-import ourselves: App would become another class
+        top = module
     for name in list(sys.modules):
         if name == top or name.startswith(top + "."):
             del sys.modules[name]
