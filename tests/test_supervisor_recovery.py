@@ -187,3 +187,22 @@ def test_start_releases_leases_of_dead_workers_on_this_host(sv: Supervisor) -> N
     released = sv.events("leases_released")
     assert released and released[0]["owner"] == owner
     assert sv.run_status(run) == "succeeded"
+
+
+def test_operator_reads_never_hide_worker_commits(sv: Supervisor) -> None:
+    """An operator's `status` opens and closes a connection while workers run. If a worker's
+    process had lost its SQLite locks (POSIX locks drop when any descriptor of the file closes),
+    that close would checkpoint and delete the WAL under the workers' feet and every later
+    commit would be invisible to other processes — and lost."""
+    sv.start(n=1)
+    first = sv.enqueue("noop")
+    wait_for(lambda: sv.run_status(first) == "succeeded", what="the first run")
+    status = [sys.executable, "-m", "supervisor", "status", "--db", sv.db]
+    for _ in range(3):
+        out = subprocess.run(status, capture_output=True, text=True, env=env_with_tests())
+        assert out.returncode == 0, out.stderr
+    assert os.path.exists(sv.db + "-wal")  # nobody deleted the WAL while workers use it
+    second = sv.enqueue("noop")
+    wait_for(lambda: sv.run_status(second) == "succeeded", timeout=15, what="the second run")
+    sv.signal(signal.SIGTERM)
+    assert sv.wait_exit() == 0
