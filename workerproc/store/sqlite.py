@@ -111,8 +111,15 @@ class SQLiteStore(Store):
         directory = os.path.dirname(os.path.abspath(self.path))
         if not os.path.isdir(directory):
             raise StoreUnavailable(f"{self.path}: directory {directory} does not exist")
+        # Create only a missing file (O_EXCL), and never open-and-close an existing one: POSIX
+        # drops every lock this process holds on a file when ANY descriptor of it closes, so a
+        # second store opened in a process that already has a connection (the heartbeat's)
+        # would strip the first connection's WAL lock, and another process closing last
+        # could then checkpoint and delete the WAL under it: its later commits would be lost.
         try:  # owner-only: -wal and -shm inherit the database file's mode
-            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
+            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+        except FileExistsError:
+            pass
         except OSError as exc:
             raise StoreUnavailable(f"{self.path}: cannot create the database ({exc})") from None
 
