@@ -140,14 +140,20 @@ class SQLiteStore(Store):
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(
-                self.path, timeout=0, isolation_level=None, cached_statements=64
-            )
+            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, cached_statements=64)
+        except sqlite3.Error as exc:
+            raise _translate(exc, self.path) from None
+
+        def configure() -> None:  # reads the schema: busy while another process migrates
             conn.execute("PRAGMA busy_timeout = 0")  # we retry ourselves, fairly (see above)
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
+
+        try:
+            self._retrying(configure)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _retrying(self, fn: Callable[[], T]) -> T:

@@ -1,22 +1,27 @@
 """SQLite schema and its forward migrations. Version lives in ``PRAGMA user_version``.
 
 Invariants live here, not in Python: CHECK constraints for statuses and lease fields, and
-triggers that keep ``runs.ready_at`` exact. ``ready_at`` is the earliest moment a claim may pick
-the run: NULL when the run is terminal or has no pending task, else the later of its head task's
-``available_at`` and the expiry of any lease on it. Claims walk runs in ``ready_at`` order, so a
-run with 100,000 tasks behind one live lease costs a claim one index entry, not 100,000.
+triggers that keep each run's head columns exact. The head is the run's first pending task in
+claim order (R1: ``available_at``, ``created_at``, ``id``); ``head_at``/``head_created``/``head_id``
+copy its key, NULL when the run is terminal or has no pending task. Claims walk runs in head
+order, so a run with 100,000 tasks behind one live lease costs a claim one index entry, not
+100,000, and the first claimable head is exactly the task R1 orders first (a takeover keeps its
+place by ``available_at``). ``ready_at`` is the earliest moment a claim may pick the run: the
+later of ``head_at`` and the expiry of any lease on it (idle workers sleep until the minimum).
 """
 
 from __future__ import annotations
 
 _READY_AT = """
-    UPDATE runs SET ready_at = CASE WHEN runs.status IN ('pending', 'running') THEN (
-        SELECT max(h.head, coalesce(l.until, h.head))
-        FROM (SELECT min(available_at) AS head FROM tasks
-              WHERE run_id = runs.id AND done_at IS NULL) AS h,
+    UPDATE runs SET (head_at, head_created, head_id, ready_at) = (
+        SELECT h.available_at, h.created_at, h.id,
+               max(h.available_at, coalesce(l.until, h.available_at))
+        FROM (SELECT available_at, created_at, id FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL
+              ORDER BY available_at, created_at, id LIMIT 1) AS h,
              (SELECT max(lease_expires_at) AS until FROM tasks
               WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
-    ) END
+        WHERE runs.status IN ('pending', 'running'))
     WHERE id = {run};
 """
 
@@ -33,6 +38,9 @@ MIGRATIONS: list[str] = [
         failure_reason TEXT,
         last_error     TEXT,
         ready_at       REAL,
+        head_at        REAL,
+        head_created   REAL,
+        head_id        INTEGER,
         created_at     REAL    NOT NULL,
         updated_at     REAL    NOT NULL,
         finished_at    REAL,
@@ -55,7 +63,8 @@ MIGRATIONS: list[str] = [
         CHECK ((lease_owner IS NULL) = (lease_expires_at IS NULL)),
         CHECK (done_at IS NULL OR lease_owner IS NULL)
     );
-    -- claims: runs in ready order (only pending work is indexed)
+    -- claims: runs in head (R1) order; next_ready_at: min(ready_at). Only pending work is indexed
+    CREATE INDEX runs_head ON runs (head_at, head_created, head_id) WHERE head_at IS NOT NULL;
     CREATE INDEX runs_ready ON runs (ready_at, id) WHERE ready_at IS NOT NULL;
     CREATE INDEX runs_status ON runs (status, id);
     -- a run's pending tasks in claim order; min(available_at) for ready_at

@@ -17,9 +17,10 @@ INSERT_RUN = """INSERT INTO runs (state, created_at, updated_at) VALUES (:state,
 INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
     VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
 
-# claim (R1): one statement picks the head task of the first ready run with no live lease,
-# writes owner and expiry, and counts the attempt. runs.ready_at (kept by triggers) makes the
-# pick an index walk; the NOT EXISTS re-checks the serial-run rule on the chosen run itself.
+# claim (R1): one statement picks the first task in (available_at, created_at, id) order whose
+# run is alive and holds no live lease, writes owner and expiry, and counts the attempt. The
+# runs' head columns (kept by triggers) make the pick an index walk that skips only runs with a
+# live lease (at most one per busy worker); a takeover keeps its place by available_at.
 CLAIM = f"""
 UPDATE tasks SET lease_owner = :owner, lease_expires_at = :now + :ttl, attempts = attempts + 1
 WHERE id = (
@@ -28,11 +29,11 @@ WHERE id = (
               AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
             ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
     FROM runs AS r
-    WHERE r.ready_at <= :now AND +r.status IN {ALIVE}
+    WHERE r.head_at <= :now AND +r.status IN {ALIVE}
       AND NOT EXISTS (SELECT 1 FROM tasks AS a
                       WHERE a.run_id = r.id AND a.lease_owner IS NOT NULL
                         AND a.lease_expires_at > :now)
-    ORDER BY r.ready_at, r.id
+    ORDER BY r.head_at, r.head_created, r.head_id
     LIMIT 1)
 RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at
 """

@@ -1,0 +1,71 @@
+"""Backends the store test suites run against: add PostgreSQL by adding one entry to BACKENDS.
+
+A backend knows how to open a store on a fresh database and offers the two things a protocol
+test cannot do through the Store interface: put a second pending task into one run (the API
+keeps one pending task per run, yet the serial-run rule must hold for many), and hold the write
+lock from another connection (to show "now" is read only after the lock is taken).
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from workerproc.store import Clock, Store, open_store
+
+
+class Backend(abc.ABC):
+    name: str
+
+    @abc.abstractmethod
+    def open(self, clock: Clock | None = None) -> Store:
+        """A store on this backend's database (the same database on every call)."""
+
+    @abc.abstractmethod
+    def add_task(self, run_id: int, name: str, available_at: float, created_at: float) -> int:
+        """Insert one more pending task into ``run_id`` and return its id."""
+
+    @abc.abstractmethod
+    @contextmanager
+    def hold_write_lock(self) -> Iterator[None]:
+        """Hold the database's write lock from another connection while the block runs."""
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, "protocol.db")
+
+    def open(self, clock: Clock | None = None) -> Store:
+        return open_store(self.path, clock=clock)
+
+    def add_task(self, run_id: int, name: str, available_at: float, created_at: float) -> int:
+        with sqlite3.connect(self.path, isolation_level=None) as conn:
+            cur = conn.execute(
+                "INSERT INTO tasks (run_id, name, available_at, created_at) VALUES (?, ?, ?, ?)",
+                (run_id, name, available_at, created_at),
+            )
+            assert cur.lastrowid is not None
+            task_id = cur.lastrowid
+        conn.close()
+        return task_id
+
+    @contextmanager
+    def hold_write_lock(self) -> Iterator[None]:
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield
+            conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+
+BACKENDS: dict[str, Callable[[str], Backend]] = {
+    "sqlite": SQLiteBackend,
+    # "postgres": PostgresBackend,  # one line here runs every protocol test on PostgreSQL
+}

@@ -1,0 +1,264 @@
+"""The store beyond the pinned rules, on every backend: fenced commits (advance, finish, fail,
+drop, fused claim), operators (retry, cancel, release_owner), delays and the reads."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from helpers import FakeClock
+from store_backends import BACKENDS, Backend
+
+from workerproc.store import (
+    CasResult,
+    ClaimRequest,
+    Commit,
+    InvalidPayload,
+    Lease,
+    RunNotFound,
+    Store,
+)
+
+TTL = 60.0
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: object) -> Backend:
+    return BACKENDS[request.param](str(tmp_path))
+
+
+@pytest.fixture
+def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
+    store = backend.open(clock)
+    yield store
+    store.close()
+
+
+def claim(s: Store, owner: str = "w1", ttl: float = TTL, **kw: int) -> Lease:
+    lease = s.claim(owner, ttl, **kw)
+    assert lease is not None, "expected a claimable task"
+    return lease
+
+
+def snapshot(s: Store, *run_ids: int) -> list[object]:
+    return [(s.get_run(r), s.get_tasks(r)) for r in run_ids]
+
+
+class TestStoreOperations:
+    # -- fenced commits ---------------------------------------------------------------------
+    def test_advance_casts_state_enqueues_next_and_acks(self, s: Store, clock: FakeClock) -> None:
+        run_id = s.start_run("a", state={"n": 0})
+        lease = claim(s)
+        assert s.advance(lease, 0, {"n": 1}, "b", payload={"x": 1}) is CasResult.OK
+        first, second = s.get_tasks(run_id)
+        assert first.done_at == clock.now and first.lease_owner is None
+        assert (second.name, second.payload, second.available_at) == ("b", {"x": 1}, clock.now)
+        nxt = claim(s, "w2")
+        assert (nxt.task, nxt.state, nxt.revision, nxt.attempt) == ("b", {"n": 1}, 1, 1)
+
+    def test_advance_with_delay_makes_a_delayed_task(self, s: Store, clock: FakeClock) -> None:
+        s.start_run("a")
+        assert s.advance(claim(s), 0, None, "b", delay=30) is CasResult.OK
+        assert s.claim("w1", TTL) is None
+        assert s.next_ready_at() == clock.now + 30
+        clock.advance(30)
+        assert claim(s).task == "b"
+
+    def test_advance_conflict_writes_nothing(self, s: Store) -> None:
+        run_id = s.start_run("a")
+        lease = claim(s)
+        before = snapshot(s, run_id)
+        assert s.advance(lease, 7, {"n": 1}, "b") is CasResult.CONFLICT
+        assert snapshot(s, run_id) == before
+
+    def test_finish_succeeds_run_with_result(self, s: Store, clock: FakeClock) -> None:
+        run_id = s.start_run("a", state={"n": 0})
+        lease = claim(s)
+        assert s.finish(lease, 0, {"n": 1}, result={"ok": True}) is CasResult.OK
+        run = s.get_run(run_id)
+        assert run is not None
+        assert (run.status, run.state, run.revision, run.result) == (
+            "succeeded", {"n": 1}, 1, {"ok": True},
+        )  # fmt: skip
+        assert run.finished_at == clock.now and s.get_tasks(run_id)[0].done_at == clock.now
+        assert s.claim("w2", TTL) is None
+
+    @pytest.mark.parametrize(
+        "call",
+        [
+            lambda s, lease: s.advance(lease, 0, {"bad": object()}, "b"),
+            lambda s, lease: s.advance(lease, 0, None, "b", payload={1j}),
+            lambda s, lease: s.advance(lease, 0, None, ""),
+            lambda s, lease: s.finish(lease, 0, {"n": float("nan")}),
+            lambda s, lease: s.finish(lease, 0, None, result=b"bytes"),
+            lambda s, lease: s.compare_and_set(lease, 0, {"n": {1, 2}}),
+        ],
+        ids=["advance-state", "advance-payload", "advance-noname", "finish-nan", "finish-result",
+             "cas-state"],
+    )  # fmt: skip
+    def test_advance_finish_atomic_bad_json_writes_nothing(self, s: Store, call: object) -> None:
+        run_id = s.start_run("a", state={"n": 0})
+        lease = claim(s)
+        before = snapshot(s, run_id)
+        with pytest.raises(InvalidPayload):
+            call(s, lease)  # type: ignore[operator]
+        assert snapshot(s, run_id) == before
+        assert s.renew(lease, TTL)  # the lease is untouched and still live
+
+    def test_commit_fail_fails_run_and_keeps_task(self, s: Store) -> None:
+        run_id = s.start_run("a")
+        lease = claim(s)
+        out = s.commit(Commit(lease, "fail", reason="bad_input", error="Traceback ..."))
+        assert out.result is CasResult.OK
+        run = s.get_run(run_id)
+        assert run is not None and (run.status, run.failure_reason, run.last_error) == (
+            "failed", "bad_input", "Traceback ...",
+        )  # fmt: skip
+        (task,) = s.get_tasks(run_id)
+        assert task.done_at is None and task.lease_owner is None
+
+    def test_commit_drop_marks_task_done_only(self, s: Store) -> None:
+        run_id = s.start_run("a", state={"n": 0})
+        lease = claim(s)
+        assert s.cancel_run(run_id)
+        assert s.commit(Commit(lease, "drop")).result is CasResult.OK
+        run = s.get_run(run_id)
+        assert run is not None and (run.status, run.state) == ("cancelled", {"n": 0})
+        assert s.get_tasks(run_id)[0].done_at is not None
+
+    def test_commit_fuses_the_next_claim(self, s: Store) -> None:
+        s.start_run("a")
+        other = s.start_run("b")
+        lease = claim(s)
+        commit = Commit(lease, "finish", expected_revision=0, new_state=None)
+        out = s.commit(commit, claim=ClaimRequest("w1", TTL))
+        assert out.result is CasResult.OK
+        assert out.next_lease is not None and out.next_lease.run_id == other
+        lost = s.commit(commit, claim=ClaimRequest("w1", TTL))  # lost lease: still claims
+        assert lost.result is CasResult.LEASE_LOST and lost.next_lease is None
+
+    # -- operators ----------------------------------------------------------------------------
+    def test_cancel_run_then_holder_commit_answers_conflict(self, s: Store) -> None:
+        run_id = s.start_run("a", state={"n": 0})
+        lease = claim(s)
+        assert s.cancel_run(run_id)
+        assert not s.cancel_run(run_id)  # already ended
+        assert s.compare_and_set(lease, 0, {"n": 1}) is CasResult.CONFLICT
+        assert s.advance(lease, 0, {"n": 1}, "b") is CasResult.CONFLICT
+        assert s.finish(lease, 0, {"n": 1}) is CasResult.CONFLICT
+        run = s.get_run(run_id)
+        assert run is not None and (run.status, run.state, run.revision) == (
+            "cancelled",
+            {"n": 0},
+            0,
+        )
+        with pytest.raises(RunNotFound):
+            s.cancel_run(run_id + 100)
+
+    def test_retry_run_fencing_attempts_never_repeat(self, s: Store, clock: FakeClock) -> None:
+        run_id = s.start_run("a")
+        zombie = claim(s, "w1", max_attempts=1)  # attempt 1, still live
+        assert s.fail_run(run_id, "operator", "stuck")
+        assert s.retry_run(run_id)
+        run = s.get_run(run_id)
+        assert run is not None and (run.status, run.failure_reason) == ("pending", None)
+        assert s.compare_and_set(zombie, 0, {"z": 1}) is CasResult.LEASE_LOST  # old lease gone
+        fresh = claim(s, "w1", max_attempts=1)  # same owner: attempt 2, tries start again at 1
+        assert (fresh.task_id, fresh.attempt, fresh.tries) == (zombie.task_id, 2, 1)
+        assert not s.ack(zombie) and not s.renew(zombie, TTL) and not s.release(zombie)
+        assert s.release(fresh)
+        assert s.claim("w1", TTL, max_attempts=1) is None  # exhausted again: failed again
+        assert s.retry_run(run_id)
+        again = claim(s, "w2", max_attempts=1)
+        assert again.attempt == 4  # attempt 3 was the refused one: tokens never repeat
+        assert s.ack(again) and not s.retry_run(run_id)  # succeeded: nothing to retry
+
+    def test_retry_run_only_for_failed_or_cancelled(self, s: Store) -> None:
+        run_id = s.start_run("a")
+        assert not s.retry_run(run_id)  # pending
+        assert s.cancel_run(run_id) and s.retry_run(run_id)
+        assert claim(s).run_id == run_id
+        with pytest.raises(RunNotFound):
+            s.retry_run(run_id + 100)
+
+    def test_release_owner_expires_only_that_owners_live_leases(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        for _ in range(3):
+            s.start_run("a")
+        dead1, dead2, alive = claim(s, "dead"), claim(s, "dead"), claim(s, "alive")
+        assert s.release_owner("dead") == 2
+        assert s.release_owner("dead") == 0
+        assert not s.renew(dead1, TTL) and not s.ack(dead2)
+        assert s.renew(alive, TTL)
+        taken = {claim(s, "w2").task_id, claim(s, "w3").task_id}
+        assert taken == {dead1.task_id, dead2.task_id}
+        assert {lease.attempt for lease in (dead1, dead2)} == {1}
+        assert s.claim("w4", TTL) is None
+
+    def test_fail_run(self, s: Store) -> None:
+        run_id = s.start_run("a")
+        assert s.fail_run(run_id, "operator", "why")
+        assert not s.fail_run(run_id, "again")
+        run = s.get_run(run_id)
+        assert run is not None and (run.failure_reason, run.last_error) == ("operator", "why")
+
+    # -- delays, reads ------------------------------------------------------------------------
+    def test_delayed_start_run_and_next_ready_at(self, s: Store, clock: FakeClock) -> None:
+        assert s.next_ready_at() is None
+        s.start_run("a", delay=20)
+        s.start_run("b", delay=10)
+        assert s.next_ready_at() == clock.now + 10
+        clock.advance(10)
+        lease = claim(s, "w1", 5)
+        assert lease.task == "b"
+        assert s.next_ready_at() == clock.now + 5  # b's lease expiry comes before a
+        assert s.ack(lease)
+        assert s.next_ready_at() == clock.now + 10
+
+    def test_change_token_moves_on_another_connections_commit(self, backend: Backend) -> None:
+        reader, writer = backend.open(), backend.open()
+        try:
+            token = reader.change_token()
+            writer.start_run("a")
+            assert reader.change_token() != token
+        finally:
+            reader.close()
+            writer.close()
+
+    def test_stats_counts(self, s: Store, clock: FakeClock) -> None:
+        runs = [s.start_run(n) for n in "abcdef"]  # a delayed, b leased, c expired, d done, e ready
+        assert s.cancel_run(runs[5])
+        assert s.release(claim(s), delay=100)  # run a: delayed now
+        held = claim(s, "w1", 100)  # b
+        s.release(claim(s, "w2", 5))  # c back to ready
+        claim(s, "w3", 5)  # c again
+        assert s.ack(claim(s, "w4"))  # d succeeded
+        clock.advance(6)  # c's lease (w3) expired
+        st = s.stats()
+        assert st.now == clock.now
+        assert st.runs == {"running": 3, "pending": 1, "succeeded": 1, "cancelled": 1}
+        assert (st.ready, st.delayed, st.leased, st.expired) == (1, 1, 1, 1)
+        assert st.pending_work == 4
+        assert {(le.owner, le.task_id, le.attempt) for le in st.leases} == {
+            ("w1", held.task_id, 1), ("w3", s.get_tasks(runs[2])[0].id, 2),
+        }  # fmt: skip
+
+    def test_get_tasks_and_list_runs(self, s: Store, clock: FakeClock) -> None:
+        first = s.start_run("a", {"p": 1})
+        second = s.start_run("b")
+        assert s.get_run(second + 1) is None and s.get_tasks(second + 1) == []
+        lease = claim(s)
+        assert s.advance(lease, 0, None, "a2", payload=[1, 2]) is CasResult.OK
+        tasks = s.get_tasks(first)
+        assert [(t.name, t.payload, t.attempts) for t in tasks] == [
+            ("a", {"p": 1}, 1),
+            ("a2", [1, 2], 0),
+        ]
+        assert tasks[0].created_at == clock.now and tasks[0].done_at == clock.now
+        assert [r.id for r in s.list_runs()] == [second, first]
+        assert [r.id for r in s.list_runs(limit=1)] == [second]
+        assert [r.id for r in s.list_runs("running")] == [first]
+        assert s.fail_run(second, "x")
+        assert [r.id for r in s.list_runs(status="failed")] == [second]
+        assert s.list_runs(status="cancelled") == []

@@ -1,0 +1,314 @@
+"""A plain-Python model of the lease protocol against the real store, driven by hypothesis.
+
+Random interleavings of start / claim / renew / ack / release / compare_and_set / advance /
+finish / release_owner / cancel / retry / clock advance with four owners. After every step the
+store must equal the model, and the invariants hold: at most one live lease per task and per
+run, attempts strictly increase per task, nothing acked is handed out again, and a superseded
+lease never changes anything.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+
+from helpers import FakeClock
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from workerproc.store import CasResult, Lease, open_store
+
+OWNERS = ("o1", "o2", "o3", "o4")
+MAX_ATTEMPTS = 3
+ALIVE = ("pending", "running")
+PICK = st.one_of(st.integers(0, 2), st.integers(0, 99))  # mostly the newest leases, any of them
+
+
+@dataclass
+class MTask:
+    id: int
+    run_id: int
+    available_at: float
+    owner: str | None = None
+    expires: float | None = None
+    attempts: int = 0
+    base: int = 0
+    done: bool = False
+
+
+@dataclass
+class MRun:
+    id: int
+    status: str = "pending"
+    state: object = None
+    revision: int = 0
+    tasks: list[MTask] = field(default_factory=list)
+
+
+class LeaseProtocol(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dir = tempfile.mkdtemp(prefix="lk-stateful-")
+        self.clock = FakeClock()
+        self.store = open_store(f"sqlite:///{self.dir}/m.db?synchronous=normal", clock=self.clock)
+        self.runs: dict[int, MRun] = {}
+        self.tasks: dict[int, MTask] = {}
+        self.leases: list[Lease] = []
+        self.highest: dict[int, int] = {}  # task id -> highest attempt handed out
+        self.acked: set[int] = set()
+
+    def teardown(self) -> None:
+        self.store.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def pick(self, i: int) -> Lease:
+        return self.leases[-1 - i % len(self.leases)]
+
+    # -- the model ----------------------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
+    def live(self, t: MTask) -> bool:
+        return t.owner is not None and t.expires is not None and t.expires > self.now
+
+    def current(self, lease: Lease) -> MTask | None:
+        """The model's task if ``lease`` is its live, current lease (R2 fence), else None."""
+        t = self.tasks[lease.task_id]
+        ok = not t.done and t.owner == lease.owner and t.attempts == lease.attempt
+        return t if ok and self.live(t) else None
+
+    def add_task(self, run: MRun, delay: float) -> None:
+        (task_id,) = {t.id for t in self.store.get_tasks(run.id)} - set(self.tasks)
+        t = MTask(task_id, run.id, self.now + delay)
+        run.tasks.append(t)
+        self.tasks[task_id] = t
+
+    def claimable(self) -> list[MTask]:
+        out = []
+        for run in self.runs.values():
+            if run.status not in ALIVE or any(self.live(t) for t in run.tasks if not t.done):
+                continue
+            out += [t for t in run.tasks if not t.done and t.available_at <= self.now]
+        return sorted(out, key=lambda t: (t.available_at, t.id))  # created_at follows id here
+
+    def snapshot(self) -> list[object]:
+        return [(self.store.get_run(r), self.store.get_tasks(r)) for r in self.runs]
+
+    def check_stale(self, lease: Lease, call: object, refused: object) -> bool:
+        """For a superseded lease: the call is refused and changes nothing. True if handled."""
+        if self.current(lease) is not None:
+            return False
+        event("superseded lease refused")
+        before = self.snapshot()
+        assert call() == refused  # type: ignore[operator]
+        assert self.snapshot() == before
+        return True
+
+    # -- rules --------------------------------------------------------------------------------
+    @initialize(n=st.integers(1, 4))
+    def some_runs(self, n: int) -> None:
+        for _ in range(n):
+            self.start(0.0)
+
+    @rule(delay=st.sampled_from([0.0, 0.0, 3.0]))
+    def start(self, delay: float) -> None:
+        run = MRun(self.store.start_run("step", {"d": delay}, delay=delay))
+        self.runs[run.id] = run
+        self.add_task(run, delay)
+
+    @rule(owner=st.sampled_from(OWNERS), ttl=st.sampled_from([2.0, 5.0, 10.0]))
+    def claim(self, owner: str, ttl: float) -> None:
+        self.claim_one(owner, ttl)
+
+    @rule(ttl=st.sampled_from([2.0, 5.0]))
+    def every_owner_claims(self, ttl: float) -> None:
+        for owner in OWNERS:
+            self.claim_one(owner, ttl)
+
+    def claim_one(self, owner: str, ttl: float) -> None:
+        expected = None
+        for t in self.claimable():
+            t.attempts += 1
+            run = self.runs[t.run_id]
+            if t.attempts - t.base > MAX_ATTEMPTS:  # R6: fail the run, go on to the next
+                t.owner = t.expires = None
+                run.status = "failed"
+                event("claim failed an exhausted run (R6)")
+                continue
+            t.owner, t.expires, run.status = owner, self.now + ttl, "running"
+            expected = t
+            break
+        lease = self.store.claim(owner, ttl, max_attempts=MAX_ATTEMPTS)
+        if expected is None:
+            assert lease is None
+            return
+        assert lease is not None
+        event("claim: takeover" if expected.attempts - expected.base > 1 else "claim: fresh")
+        assert (lease.task_id, lease.attempt, lease.expires_at) == (
+            expected.id, expected.attempts, expected.expires,
+        )  # fmt: skip
+        assert lease.task_id not in self.acked, "an acked task was handed out again"
+        assert lease.attempt > self.highest.get(lease.task_id, 0), "attempts must increase"
+        self.highest[lease.task_id] = lease.attempt
+        assert (lease.revision, lease.state) == (self.runs[lease.run_id].revision,
+                                                 self.runs[lease.run_id].state)  # fmt: skip
+        self.leases.append(lease)
+
+    @precondition(lambda self: self.leases)
+    @rule(i=PICK, ttl=st.sampled_from([1.0, 5.0, 20.0]))
+    def renew(self, i: int, ttl: float) -> None:
+        lease = self.pick(i)
+        if self.check_stale(lease, lambda: self.store.renew_until(lease, ttl), None):
+            return
+        t = self.tasks[lease.task_id]
+        assert t.expires is not None
+        t.expires = max(t.expires, self.now + ttl)
+        assert self.store.renew_until(lease, ttl) == t.expires
+
+    def finish_task(self, t: MTask) -> None:
+        t.done, t.owner, t.expires = True, None, None
+        self.acked.add(t.id)
+
+    @precondition(lambda self: self.leases)
+    @rule(i=PICK)
+    def ack(self, i: int) -> None:
+        lease = self.pick(i)
+        if self.check_stale(lease, lambda: self.store.ack(lease), False):
+            return
+        t = self.tasks[lease.task_id]
+        self.finish_task(t)
+        run = self.runs[t.run_id]
+        if run.status in ALIVE and all(x.done for x in run.tasks):
+            run.status = "succeeded"
+        assert self.store.ack(lease) is True
+
+    @precondition(lambda self: self.leases)
+    @rule(i=PICK, delay=st.sampled_from([0.0, 2.0]))
+    def release(self, i: int, delay: float) -> None:
+        lease = self.pick(i)
+        if self.check_stale(lease, lambda: self.store.release(lease, delay), False):
+            return
+        t = self.tasks[lease.task_id]
+        t.owner, t.expires, t.available_at = None, None, self.now + delay
+        assert self.store.release(lease, delay) is True
+
+    @precondition(lambda self: self.leases)
+    @rule(
+        i=PICK,
+        kind=st.sampled_from(["cas", "advance", "finish"]),
+        off=st.sampled_from([0, 0, -1, 1]),
+        value=st.integers(0, 9),
+        delay=st.sampled_from([0.0, 2.0]),
+    )
+    def write(self, i: int, kind: str, off: int, value: int, delay: float) -> None:
+        lease = self.pick(i)
+        expected_rev = lease.revision + off
+        calls = {
+            "cas": lambda: self.store.compare_and_set(lease, expected_rev, {"v": value}),
+            "advance": lambda: self.store.advance(lease, expected_rev, {"v": value}, "next",
+                                                  delay=delay),
+            "finish": lambda: self.store.finish(lease, expected_rev, {"v": value}),
+        }  # fmt: skip
+        if self.check_stale(lease, calls[kind], CasResult.LEASE_LOST):
+            return
+        t = self.tasks[lease.task_id]
+        run = self.runs[t.run_id]
+        expected = CasResult.CONFLICT
+        if run.status in ALIVE and run.revision == expected_rev:
+            expected = CasResult.OK
+            run.state, run.revision = {"v": value}, run.revision + 1
+            if kind != "cas":
+                self.finish_task(t)
+            if kind == "finish":
+                run.status = "succeeded"
+        event(f"{kind}: {expected}")
+        assert calls[kind]() is expected
+        if expected is CasResult.OK and kind == "advance":
+            self.add_task(run, delay)
+
+    @rule(dt=st.sampled_from([0.5, 1.0, 2.0, 5.0, 11.0]))
+    def tick(self, dt: float) -> None:
+        self.clock.advance(dt)
+
+    @rule(owner=st.sampled_from(OWNERS))
+    def release_owner(self, owner: str) -> None:
+        dead = [t for t in self.tasks.values() if t.owner == owner and self.live(t)]
+        for t in dead:
+            t.expires = self.now
+        assert self.store.release_owner(owner) == len(dead)
+
+    @precondition(lambda self: self.runs)
+    @rule(i=PICK, retry=st.booleans())
+    def operator(self, i: int, retry: bool) -> None:
+        run = list(self.runs.values())[i % len(self.runs)]
+        if not retry:
+            ok = run.status in ALIVE
+            run.status = "cancelled" if ok else run.status
+            assert self.store.cancel_run(run.id) is ok
+            return
+        pending = [t for t in run.tasks if not t.done]
+        ok = run.status in ("failed", "cancelled") and bool(pending)
+        if ok:
+            run.status = "pending"
+            for t in pending:
+                t.base, t.available_at, t.owner, t.expires = t.attempts, self.now, None, None
+        assert self.store.retry_run(run.id) is ok
+
+    # -- invariants ---------------------------------------------------------------------------
+    @invariant()
+    def store_equals_model(self) -> None:
+        for run in self.runs.values():
+            got = self.store.get_run(run.id)
+            assert got is not None
+            assert (got.status, got.state, got.revision) == (run.status, run.state, run.revision)
+            tasks = self.store.get_tasks(run.id)
+            assert [(t.id, t.lease_owner, t.lease_expires_at, t.attempts, t.attempt_base,
+                     t.done_at is not None, t.available_at) for t in tasks] == [
+                (m.id, m.owner, m.expires, m.attempts, m.base, m.done, m.available_at)
+                for m in run.tasks
+            ]  # fmt: skip
+
+    @invariant()
+    def one_live_lease_per_task_and_run(self) -> None:
+        per_task: dict[int, int] = {}
+        for lease in self.leases:
+            if self.current(lease) is not None:
+                per_task[lease.task_id] = per_task.get(lease.task_id, 0) + 1
+        assert all(n == 1 for n in per_task.values())
+        for run in self.runs.values():
+            assert sum(1 for t in run.tasks if self.live(t) and not t.done) <= 1
+
+    @invariant()
+    def stats_agree(self) -> None:
+        if not self.runs:
+            return
+        st_ = self.store.stats()
+        live = [
+            t for t in self.tasks.values() if not t.done and self.runs[t.run_id].status in ALIVE
+        ]
+        assert st_.leased == sum(1 for t in live if self.live(t))
+        assert st_.pending_work == len(live)
+        ready = [  # when each run may next be claimed: its head, or later its lease's expiry
+            max([min(t.available_at for t in live if t.run_id == r)]
+                + [t.expires for t in live if t.run_id == r and t.expires is not None])
+            for r in {t.run_id for t in live}
+        ]  # fmt: skip
+        assert self.store.next_ready_at() == (min(ready) if ready else None)
+
+
+LeaseProtocol.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestLeaseProtocol = LeaseProtocol.TestCase
