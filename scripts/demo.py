@@ -24,7 +24,9 @@ def main() -> int:
     say(f"worker-A claims task {a.task_id} of run {a.run_id}, attempt {a.attempt}")
     now[0] += 20
     say(f"renew at +20 s -> expires {store.renew_until(a, 60)} (max(old, now + ttl))")
-    say(f"worker-A advances run {a.run_id}: {store.advance(a, a.revision, {'tokens': 120}, 'call')}")
+    say(
+        f"worker-A advances run {a.run_id}: {store.advance(a, a.revision, {'tokens': 120}, 'call')}"
+    )
     b = store.claim("worker-A", ttl=60)
     assert b is not None
     say(f"worker-A claims '{b.task}' of run {b.run_id}, attempt {b.attempt}; then it freezes...")

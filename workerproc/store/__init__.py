@@ -13,6 +13,7 @@ from .errors import (
     StoreError,
     StoreUnavailable,
 )
+from .sqlite import SQLiteStore
 from .types import CasResult, ClaimRequest, CommitOutcome, Lease, OwnerLease, Run, Stats, TaskInfo
 
 __all__ = [
@@ -43,13 +44,9 @@ def open_store(url_or_path: str, *, clock: Clock | None = None, **options: objec
     ``clock`` (seconds, float) replaces the wall clock: tests inject one to move time.
     """
     if "://" not in url_or_path:
-        from .sqlite import SQLiteStore
-
         return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
     parts = urlsplit(url_or_path)
     if parts.scheme == "sqlite":
-        from .sqlite import SQLiteStore
-
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         merged: dict[str, object] = {**query, **options}
         if "busy_timeout" in merged:

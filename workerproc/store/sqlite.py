@@ -205,7 +205,8 @@ class SQLiteStore(Store):
             with lock:
                 self._migrate_locked()
         except filelock.Timeout:
-            raise StoreUnavailable(f"{self.path}: another process holds the migration lock")
+            msg = f"{self.path}: another process holds the migration lock"
+            raise StoreUnavailable(msg) from None
 
     def _migrate_locked(self) -> None:
         conn = self._conn()
@@ -448,9 +449,7 @@ class SQLiteStore(Store):
 
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
         rows = self._read(lambda c: c.execute(q.GET_TASKS, {"run_id": run_id}).fetchall())
-        return [
-            TaskInfo(r[0], r[1], r[2], _loads(r[3]), *r[4:]) for r in rows
-        ]
+        return [TaskInfo(r[0], r[1], r[2], _loads(r[3]), *r[4:]) for r in rows]
 
     def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]:
         sql = q.LIST_RUNS if status is None else q.LIST_RUNS_BY_STATUS

@@ -12,15 +12,12 @@ RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
-class CasResult(str, enum.Enum):
+class CasResult(enum.StrEnum):
     """The three answers of a fenced write (R5)."""
 
     OK = "ok"
     CONFLICT = "conflict"  # the run moved: another revision, or it is no longer alive
     LEASE_LOST = "lease_lost"  # owner/attempt no longer match, or the lease expired
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
