@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, overload
 
 from .store import Commit, Lease
-from .store.sqlite import dumps
+from .store.codec import dumps
 from .store.types import JSON
 
 Handler = Callable[["TaskContext"], Any]

@@ -28,7 +28,7 @@ from .store import (
     StoreCorrupt,
     StoreError,
 )
-from .store.sqlite import dumps
+from .store.codec import dumps
 from .waker import Waker
 
 log = logging.getLogger("workerproc.worker")

@@ -1,34 +1,17 @@
-"""The SQLite backend: one file in WAL mode, one connection per thread, every write IMMEDIATE.
-
-Write-lock fairness: SQLite's own busy handler sleeps up to 100 ms between tries, so under eight
-busy writers some wait far longer than others. We set SQLite's busy timeout to zero and retry
-``BEGIN IMMEDIATE`` ourselves with short jittered sleeps (0.1-2 ms), bounded by ``busy_timeout``.
-"""
+"""The SQLite backend of the lease protocol (DESIGN.md R1-R7). Connection plumbing lives in
+``sqlite_base``; every SQL statement in ``sqlite_sql``."""
 
 from __future__ import annotations
 
-import json
-import os
-import random
 import sqlite3
-import threading
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-import filelock
+from typing import Any
 
 from . import sqlite_sql as q
-from .base import Clock, Commit, Store
-from .errors import (
-    InvalidPayload,
-    RunNotFound,
-    SchemaTooNew,
-    StoreCorrupt,
-    StoreError,
-    StoreUnavailable,
-)
-from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from .base import Commit, Store
+from .codec import dumps
+from .codec import loads as _loads
+from .errors import InvalidPayload, RunNotFound
+from .sqlite_base import Params, SQLiteBase
 from .types import (
     JSON,
     CasResult,
@@ -41,203 +24,10 @@ from .types import (
     TaskInfo,
 )
 
-T = TypeVar("T")
-Params = dict[str, Any]
-
-SYNCHRONOUS = ("FULL", "NORMAL")
-DEFAULT_BUSY_TIMEOUT = 5.0
-_MIN_SLEEP, _MAX_SLEEP = 0.0001, 0.002
-
-# Connections inherited across fork() are kept referenced forever in the child: closing one
-# there could checkpoint or unlock on the parent's behalf. The child opens its own.
-_abandoned: list[sqlite3.Connection] = []
+__all__ = ["SQLiteStore", "dumps"]
 
 
-def dumps(value: JSON, what: str) -> str:
-    """JSON-encode ``value`` or raise InvalidPayload naming ``what``. Never pickle."""
-    try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise InvalidPayload(f"{what} is not JSON-serializable: {exc}") from None
-
-
-def _loads(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
-
-
-def _is_busy(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None:
-        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
-    return "locked" in str(exc) or "busy" in str(exc)
-
-
-def _translate(exc: sqlite3.Error, path: str) -> StoreError:
-    text = str(exc)
-    if isinstance(exc, sqlite3.DatabaseError) and (
-        "not a database" in text or "malformed" in text or "corrupt" in text
-    ):
-        return StoreCorrupt(f"{path}: not a leasekeeper database or corrupt ({text})")
-    if "unable to open" in text or "readonly" in text or "disk I/O" in text:
-        return StoreUnavailable(f"{path}: cannot open or write the database ({text})")
-    return StoreError(f"{path}: {text}")
-
-
-class SQLiteStore(Store):
-    def __init__(
-        self,
-        path: str,
-        *,
-        clock: Clock | None = None,
-        synchronous: str = "FULL",
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-    ) -> None:
-        synchronous = synchronous.upper()
-        if synchronous not in SYNCHRONOUS:
-            raise StoreError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
-        self.path = path
-        self.url = f"sqlite:///{os.path.abspath(path)}?synchronous={synchronous.lower()}"
-        self.synchronous = synchronous
-        self.busy_timeout = busy_timeout
-        self._clock: Clock = clock or time.time
-        self._local = threading.local()
-        self._pid = os.getpid()
-        self._closed = False
-        self._create_file()
-        self._migrate()
-
-    # -- connections ---------------------------------------------------------------------------
-    def _create_file(self) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        if not os.path.isdir(directory):
-            raise StoreUnavailable(f"{self.path}: directory {directory} does not exist")
-        # Create only a missing file (O_EXCL), and never open-and-close an existing one: POSIX
-        # drops every lock this process holds on a file when ANY descriptor of it closes, so a
-        # second store opened in a process that already has a connection (the heartbeat's)
-        # would strip the first connection's WAL lock, and another process closing last
-        # could then checkpoint and delete the WAL under it: its later commits would be lost.
-        try:  # owner-only: -wal and -shm inherit the database file's mode
-            os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise StoreUnavailable(f"{self.path}: cannot create the database ({exc})") from None
-
-    def _conn(self) -> sqlite3.Connection:
-        if self._closed:
-            raise StoreError("the store is closed")
-        if self._pid != os.getpid():  # we are in a forked child: never touch inherited handles
-            old = getattr(self._local, "conn", None)
-            if old is not None:
-                _abandoned.append(old)
-            self._local = threading.local()
-            self._pid = os.getpid()
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._connect()
-            self._local.conn = conn
-        return conn
-
-    def _connect(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, cached_statements=64)
-        except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
-
-        def configure() -> None:  # reads the schema: busy while another process migrates
-            conn.execute("PRAGMA busy_timeout = 0")  # we retry ourselves, fairly (see above)
-            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            conn.execute("PRAGMA foreign_keys = ON")
-
-        try:
-            self._retrying(configure)
-        except BaseException:
-            conn.close()
-            raise
-        return conn
-
-    def _retrying(self, fn: Callable[[], T]) -> T:
-        """Run ``fn``, retrying SQLITE_BUSY with short jittered sleeps until busy_timeout."""
-        deadline = time.monotonic() + self.busy_timeout
-        sleep = _MIN_SLEEP
-        while True:
-            try:
-                return fn()
-            except sqlite3.OperationalError as exc:
-                if not _is_busy(exc):
-                    raise _translate(exc, self.path) from None
-                if time.monotonic() >= deadline:
-                    raise StoreUnavailable(
-                        f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
-                    ) from None
-                time.sleep(sleep * (0.5 + random.random()))
-                sleep = min(sleep * 2, _MAX_SLEEP)
-            except sqlite3.Error as exc:
-                raise _translate(exc, self.path) from None
-
-    def _write(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
-        """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``."""
-        conn = self._conn()
-        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
-        try:
-            result = fn(conn, self._clock())
-            conn.execute("COMMIT")
-        except BaseException as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from None
-            raise
-        return result
-
-    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        conn = self._conn()
-        return self._retrying(lambda: fn(conn))
-
-    def _migrate(self) -> None:
-        version = self._read(lambda c: c.execute("PRAGMA user_version").fetchone()[0])
-        if version == SCHEMA_VERSION:
-            return
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(f"{self.path}: schema v{version} is newer than this leasekeeper")
-        lock = filelock.FileLock(self.path + ".lock", timeout=self.busy_timeout, mode=0o600)
-        try:
-            with lock:
-                self._migrate_locked()
-        except filelock.Timeout:
-            msg = f"{self.path}: another process holds the migration lock"
-            raise StoreUnavailable(msg) from None
-
-    def _migrate_locked(self) -> None:
-        conn = self._conn()
-        version = self._read(lambda c: c.execute("PRAGMA user_version").fetchone()[0])
-        if version == 0:
-            tables = self._read(lambda c: c.execute("SELECT count(*) FROM sqlite_master"))
-            if tables.fetchone()[0]:
-                raise StoreCorrupt(f"{self.path}: an SQLite file, but not a leasekeeper database")
-            mode = self._retrying(lambda: conn.execute("PRAGMA journal_mode = WAL").fetchone())
-            if mode[0].lower() != "wal":
-                raise StoreUnavailable(f"{self.path}: cannot switch to WAL mode ({mode[0]})")
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            script = f"BEGIN IMMEDIATE;\n{MIGRATIONS[target - 1]}\nPRAGMA user_version = {target};"
-            try:
-                self._retrying(lambda s=script: conn.executescript(s))  # type: ignore[misc]
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-
-    def now(self) -> float:
-        return self._clock()
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._pid == os.getpid():
-            conn.close()
-        self._local = threading.local()
-        self._closed = True
-
+class SQLiteStore(SQLiteBase, Store):
     # -- producers -----------------------------------------------------------------------------
     def start_run(
         self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
