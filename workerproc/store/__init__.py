@@ -14,7 +14,17 @@ from .errors import (
     StoreUnavailable,
 )
 from .sqlite import SQLiteStore
-from .types import CasResult, ClaimRequest, CommitOutcome, Lease, OwnerLease, Run, Stats, TaskInfo
+from .types import (
+    CasResult,
+    ClaimRequest,
+    CommitOutcome,
+    Lease,
+    OwnerLease,
+    Rejection,
+    Run,
+    Stats,
+    TaskInfo,
+)
 
 __all__ = [
     "CasResult",
@@ -25,6 +35,7 @@ __all__ = [
     "InvalidPayload",
     "Lease",
     "OwnerLease",
+    "Rejection",
     "Run",
     "RunNotFound",
     "SchemaTooNew",

@@ -7,7 +7,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from .types import JSON, CasResult, ClaimRequest, CommitOutcome, Lease, Run, Stats, TaskInfo
+from .types import (
+    JSON,
+    CasResult,
+    ClaimRequest,
+    CommitOutcome,
+    Lease,
+    Rejection,
+    Run,
+    Stats,
+    TaskInfo,
+)
 
 Clock = Callable[[], float]
 
@@ -130,6 +140,18 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def get_tasks(self, run_id: int) -> list[TaskInfo]: ...
+
+    @abc.abstractmethod
+    def get_task(self, task_id: int) -> TaskInfo | None: ...
+
+    @abc.abstractmethod
+    def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
+        """Writes the fence refused (a zombie's renewal or commit, say), oldest first."""
+
+    @abc.abstractmethod
+    def integrity_violations(self) -> list[str]:
+        """What must never be in the database: a finished task committed by a superseded
+        attempt, or a run holding two live leases at once. Empty when all is well."""
 
     @abc.abstractmethod
     def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]: ...

@@ -19,6 +19,7 @@ from .types import (
     CommitOutcome,
     Lease,
     OwnerLease,
+    Rejection,
     Run,
     Stats,
     TaskInfo,
@@ -98,10 +99,19 @@ class SQLiteStore(SQLiteBase, Store):
             "run_id": lease.run_id,
         }
 
+    @staticmethod
+    def _rejected(c: sqlite3.Connection, fence: Params, op: str) -> None:
+        """Keep a refused write as evidence, in the transaction that refused it."""
+        c.execute(q.INSERT_REJECTION, {**fence, "op": op})
+
     def renew_until(self, lease: Lease, ttl: float) -> float | None:
         def tx(c: sqlite3.Connection, now: float) -> float | None:
-            row = c.execute(q.RENEW, {**self._fence(lease, now), "ttl": ttl}).fetchone()
-            return None if row is None else float(row[0])
+            fence = self._fence(lease, now)
+            row = c.execute(q.RENEW, {**fence, "ttl": ttl}).fetchone()
+            if row is None:
+                self._rejected(c, fence, "renew")
+                return None
+            return float(row[0])
 
         return self._write(tx)
 
@@ -109,6 +119,7 @@ class SQLiteStore(SQLiteBase, Store):
         def tx(c: sqlite3.Connection, now: float) -> bool:
             fence = self._fence(lease, now)
             if c.execute(q.TASK_DONE, fence).rowcount == 0:
+                self._rejected(c, fence, "ack")
                 return False
             c.execute(q.SUCCEED_IF_EMPTY, fence)
             return True
@@ -125,6 +136,7 @@ class SQLiteStore(SQLiteBase, Store):
         def tx(c: sqlite3.Connection, now: float) -> CasResult:
             fence = self._fence(lease, now)
             if c.execute(q.CHECK_FENCE, fence).fetchone() is None:
+                self._rejected(c, fence, "compare_and_set")
                 return CasResult.LEASE_LOST
             moved = c.execute(q.CAS_STATE, {**fence, "state": state, "revision": expected_revision})
             return CasResult.OK if moved.rowcount else CasResult.CONFLICT
@@ -161,6 +173,7 @@ class SQLiteStore(SQLiteBase, Store):
     def _apply(self, c: sqlite3.Connection, now: float, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}
         if c.execute(q.CHECK_FENCE, params).fetchone() is None:
+            self._rejected(c, params, commit.kind)
             return CasResult.LEASE_LOST
         kind = commit.kind
         if kind == "release":
@@ -237,9 +250,38 @@ class SQLiteStore(SQLiteBase, Store):
         row = self._read(lambda c: c.execute(q.GET_RUN, {"run_id": run_id}).fetchone())
         return None if row is None else self._run(row)
 
+    @staticmethod
+    def _task(r: tuple[Any, ...]) -> TaskInfo:
+        return TaskInfo(r[0], r[1], r[2], _loads(r[3]), *r[4:])
+
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
         rows = self._read(lambda c: c.execute(q.GET_TASKS, {"run_id": run_id}).fetchall())
-        return [TaskInfo(r[0], r[1], r[2], _loads(r[3]), *r[4:]) for r in rows]
+        return [self._task(r) for r in rows]
+
+    def get_task(self, task_id: int) -> TaskInfo | None:
+        row = self._read(lambda c: c.execute(q.GET_TASK, {"task_id": task_id}).fetchone())
+        return None if row is None else self._task(row)
+
+    def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
+        params = {"after": after, "limit": limit}
+        rows = self._read(lambda c: c.execute(q.LIST_REJECTIONS, params).fetchall())
+        return [Rejection(*r) for r in rows]
+
+    def integrity_violations(self) -> list[str]:
+        def read(c: sqlite3.Connection) -> list[str]:
+            found = [
+                f"task {t} of run {r} was committed by attempt {done} although attempt "
+                f"{latest} had superseded it (a zombie write was accepted)"
+                for t, r, done, latest in c.execute(q.SUPERSEDED_COMMITS).fetchall()
+            ]
+            now = self._clock()
+            found += [
+                f"run {r} holds {n} live leases at once (its steps overlap)"
+                for r, n in c.execute(q.OVERLAPPING_LEASES, {"now": now}).fetchall()
+            ]
+            return found
+
+        return self._read(read)
 
     def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]:
         sql = q.LIST_RUNS if status is None else q.LIST_RUNS_BY_STATUS

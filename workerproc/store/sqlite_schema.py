@@ -88,6 +88,22 @@ MIGRATIONS: list[str] = [
         {_READY_AT.format(run="NEW.id")}
     END;
     """,
+    # 2: evidence for operators and chaos mode, read straight from the database: when each
+    # task was last claimed, which attempt committed it, and every write the fence refused.
+    """
+    ALTER TABLE tasks ADD COLUMN claimed_at REAL;
+    ALTER TABLE tasks ADD COLUMN done_attempt INTEGER;
+    CREATE TABLE fence_rejections (
+        id       INTEGER PRIMARY KEY,
+        at       REAL    NOT NULL,
+        task_id  INTEGER NOT NULL,
+        run_id   INTEGER NOT NULL,
+        owner    TEXT    NOT NULL,
+        attempt  INTEGER NOT NULL,
+        op       TEXT    NOT NULL
+    );
+    CREATE INDEX fence_rejections_task ON fence_rejections (task_id, attempt);
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

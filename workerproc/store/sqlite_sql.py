@@ -6,11 +6,19 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
+import os
+
 ALIVE = "('pending', 'running')"
 
 # The fence every write after a claim carries (R2, R5).
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL"""
+
+# TEST ONLY: chaos mode's verifier must be able to fail, so its test turns fencing off and
+# expects a violation. Never set this anywhere else: every zombie write would be accepted.
+UNSAFE_NO_FENCING = os.environ.get("LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS") == "1"
+if UNSAFE_NO_FENCING:
+    _FENCE = "id = :task_id AND done_at IS NULL"
 
 # start_run: a new run and its first task.
 INSERT_RUN = """INSERT INTO runs (state, created_at, updated_at) VALUES (:state, :now, :now)"""
@@ -22,7 +30,8 @@ INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created
 # runs' head columns (kept by triggers) make the pick an index walk that skips only runs with a
 # live lease (at most one per busy worker); a takeover keeps its place by available_at.
 CLAIM = f"""
-UPDATE tasks SET lease_owner = :owner, lease_expires_at = :now + :ttl, attempts = attempts + 1
+UPDATE tasks SET lease_owner = :owner, lease_expires_at = :now + :ttl, attempts = attempts + 1,
+    claimed_at = :now
 WHERE id = (
     SELECT (SELECT t.id FROM tasks AS t
             WHERE t.run_id = r.id AND t.done_at IS NULL AND t.available_at <= :now
@@ -57,8 +66,12 @@ RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :tt
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
 
 # ack / drop / advance / finish: the task is done; its lease is cleared.
-TASK_DONE = f"""UPDATE tasks SET done_at = :now, lease_owner = NULL, lease_expires_at = NULL
-    WHERE {_FENCE}"""
+TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, lease_owner = NULL,
+    lease_expires_at = NULL WHERE {_FENCE}"""
+
+# every refused fenced write is kept: evidence that a zombie tried and was turned away
+INSERT_REJECTION = """INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
+    VALUES (:now, :task_id, :run_id, :owner, :attempt, :op)"""
 
 # ack: a run whose last task is acknowledged has succeeded.
 SUCCEED_IF_EMPTY = f"""UPDATE runs SET status = 'succeeded', finished_at = :now, updated_at = :now
@@ -106,9 +119,19 @@ GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
 LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE status = :status
     ORDER BY id DESC LIMIT :limit"""
-GET_TASKS = """SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at
-    FROM tasks WHERE run_id = :run_id ORDER BY id"""
+_TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
+    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt"""
+GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = :run_id ORDER BY id"
+GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = :task_id"
+LIST_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections
+    WHERE id > :after ORDER BY id LIMIT :limit"""
+# integrity (chaos verifier): a finished task committed by an attempt that was superseded
+SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
+    WHERE done_at IS NOT NULL AND done_attempt IS NOT NULL AND done_attempt != attempts"""
+# integrity: a run holding two live leases at once (R1 forbids it)
+OVERLAPPING_LEASES = """SELECT run_id, count(*) FROM tasks
+    WHERE lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
+    GROUP BY run_id HAVING count(*) > 1"""
 RUN_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
 TASK_COUNTS = f"""SELECT
     coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),

@@ -82,6 +82,21 @@ class TaskInfo:
     attempt_base: int
     last_error: str | None
     done_at: float | None
+    claimed_at: float | None = None  # when the latest attempt was claimed
+    done_attempt: int | None = None  # the attempt whose commit finished the task
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A fenced write the database refused: the lease (owner, attempt) was no longer live."""
+
+    id: int
+    at: float
+    task_id: int
+    run_id: int
+    owner: str
+    attempt: int
+    op: str
 
 
 @dataclass(frozen=True)

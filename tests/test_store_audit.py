@@ -1,0 +1,141 @@
+"""The evidence the store keeps for operators and chaos mode: claim times, the committing
+attempt, refused writes, integrity checks; and the forward migration that added them."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+from helpers import FakeClock
+from store_backends import BACKENDS, Backend
+
+from workerproc.store import Commit, Store, open_store
+from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+
+TTL = 10.0
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: object) -> Backend:
+    return BACKENDS[request.param](str(tmp_path))
+
+
+@pytest.fixture
+def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
+    store = backend.open(clock)
+    yield store
+    store.close()
+
+
+class TestEvidence:
+    def test_claim_time_and_committing_attempt_are_kept(self, s: Store, clock: FakeClock):
+        run = s.start_run("t")
+        first = s.claim("a", TTL)
+        assert first is not None
+        clock.advance(TTL + 1)
+        second = s.claim("b", TTL)
+        assert second is not None and second.attempt == 2
+        (task,) = s.get_tasks(run)
+        assert task.claimed_at == clock.now
+        assert s.ack(second)
+        done = s.get_task(task.id)
+        assert done is not None and done.done_attempt == 2 and done.attempts == 2
+
+    def test_every_refused_write_is_recorded_and_nothing_else(self, s: Store, clock: FakeClock):
+        s.start_run("t")
+        zombie = s.claim("a", TTL)
+        assert zombie is not None
+        assert s.renew(zombie, TTL)  # accepted: not evidence of anything
+        clock.advance(TTL + 1)
+        live = s.claim("b", TTL)
+        assert live is not None
+        assert not s.renew(zombie, TTL)
+        assert s.compare_and_set(zombie, 0, {"x": 1}) == "lease_lost"
+        assert s.commit(Commit(zombie, "finish", new_state={"x": 2})).result == "lease_lost"
+        assert not s.ack(zombie)
+        rejections = s.fence_rejections()
+        assert [r.op for r in rejections] == ["renew", "compare_and_set", "finish", "ack"]
+        assert {(r.task_id, r.owner, r.attempt) for r in rejections} == {(zombie.task_id, "a", 1)}
+        assert s.fence_rejections(after=rejections[1].id) == rejections[2:]
+        assert s.ack(live)
+        assert len(s.fence_rejections()) == 4
+
+    def test_integrity_is_clean_after_takeovers(self, s: Store, clock: FakeClock):
+        for _ in range(3):
+            s.start_run("t")
+        for owner in ("a", "b"):
+            lease = s.claim(owner, TTL)
+            assert lease is not None
+        clock.advance(TTL + 1)
+        while (lease := s.claim("c", TTL)) is not None:
+            assert s.ack(lease)
+        assert s.integrity_violations() == []
+
+
+def test_integrity_reports_a_superseded_commit_and_overlapping_leases(db_path: str):
+    store = open_store(db_path)
+    one, two = store.start_run("t"), store.start_run("t")
+    lease = store.claim("a", TTL)
+    assert lease is not None and store.ack(lease)
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    # what a zombie write would leave behind, and what a broken claim would
+    raw.execute("UPDATE tasks SET attempts = 2 WHERE run_id = ?", (one,))
+    raw.execute(
+        "INSERT INTO tasks (run_id, name, available_at, created_at, lease_owner, "
+        "lease_expires_at, attempts) VALUES (?, 't', 0, 0, 'x', 1e12, 1), "
+        "(?, 't', 0, 0, 'y', 1e12, 1)",
+        (two, two),
+    )
+    raw.close()
+    found = store.integrity_violations()
+    assert any("superseded" in v and f"run {one}" in v for v in found)
+    assert any(f"run {two} holds 2 live leases" in v for v in found)
+    store.close()
+
+
+def test_migration_from_v1_keeps_data_and_adds_the_evidence(db_path: str):
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA journal_mode = WAL")
+    raw.executescript(f"BEGIN; {MIGRATIONS[0]} PRAGMA user_version = 1; COMMIT;")
+    raw.execute("INSERT INTO runs (state, created_at, updated_at) VALUES ('{\"n\": 1}', 1, 1)")
+    raw.execute(
+        "INSERT INTO tasks (run_id, name, available_at, created_at) VALUES (1, 'old', 1, 1)"
+    )
+    raw.close()
+    store = open_store(db_path)
+    version = sqlite3.connect(db_path).execute("PRAGMA user_version").fetchone()[0]
+    assert version == SCHEMA_VERSION >= 2
+    run = store.get_run(1)
+    assert run is not None and run.state == {"n": 1}
+    lease = store.claim("w", TTL)
+    assert lease is not None and lease.task == "old"
+    assert store.ack(lease)
+    task = store.get_task(lease.task_id)
+    assert task is not None and task.done_attempt == 1 and task.claimed_at is not None
+    store.close()
+
+
+def test_the_unsafe_test_switch_really_disables_fencing(db_path: str):
+    """The chaos verifier's own test relies on this switch; prove it does what it says."""
+    script = textwrap.dedent(
+        f"""
+        from workerproc.store import open_store
+        now = [1000.0]
+        s = open_store({db_path!r}, clock=lambda: now[0])
+        s.start_run("t")
+        zombie = s.claim("a", 10)
+        now[0] += 11
+        live = s.claim("b", 10)
+        print(s.finish(zombie, 0, {{"by": "zombie"}}))
+        print(len(s.integrity_violations()))
+        """
+    )
+    env = {**os.environ, "LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS": "1"}
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["ok", "1"]
