@@ -61,6 +61,8 @@ def cli() -> None:
     help="recycle a worker after about K tasks (+-10% jitter)",
 )
 @option("--log-format", type=click.Choice(LOG_FORMATS), default="text", help="log line format")
+@option("--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus /metrics")
+@option("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port")
 def start(
     workers: int,
     db: str,
@@ -77,6 +79,8 @@ def start(
     max_worker_memory: float | None,
     max_tasks_per_worker: int | None,
     log_format: str,
+    metrics_port: int | None,
+    metrics_host: str,
 ) -> int:
     """Fork N workers and keep them alive until TERM/INT (graceful) or QUIT (fast)."""
     config = StartConfig(
@@ -95,6 +99,8 @@ def start(
         max_worker_memory=max_worker_memory,
         max_tasks_per_worker=max_tasks_per_worker,
         log_format=log_format,
+        metrics_port=metrics_port,
+        metrics_host=metrics_host,
     ).validate()
     return run_start(config)
 

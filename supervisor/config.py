@@ -42,6 +42,8 @@ class StartConfig:
     max_worker_memory: float | None = None  # MB of RSS
     max_tasks_per_worker: int | None = None
     log_format: str = "text"
+    metrics_port: int | None = None  # serve Prometheus metrics (supervisor/metrics.py)
+    metrics_host: str = "127.0.0.1"
     timing: Timing = field(default_factory=Timing)
 
     def validate(self) -> StartConfig:
@@ -64,6 +66,10 @@ class StartConfig:
                 "--max-tasks-per-worker must be at least 1",
             ),
             (self.log_format in LOG_FORMATS, f"--log-format must be one of {LOG_FORMATS}"),
+            (
+                self.metrics_port is None or 0 <= self.metrics_port <= 65535,
+                "--metrics-port must be between 0 and 65535 (0: any free port)",
+            ),
         ]
         if self.heartbeat_interval is not None:
             checks.append(

@@ -47,6 +47,7 @@ class SignalInbox:
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._previous: dict[int, object] = {}
         self._old_wakeup_fd: int | None = None
+        self.extra_fds: set[int] = set()  # also wake the loop (the metrics endpoint's sockets)
 
     @property
     def fds(self) -> tuple[int, int]:
@@ -70,7 +71,7 @@ class SignalInbox:
         """Sleep until a signal arrives or ``timeout`` seconds pass, then empty the pipe."""
         if not self.queue:
             with contextlib.suppress(InterruptedError):
-                select.select([self._read_fd], [], [], max(0.0, timeout))
+                select.select([self._read_fd, *self.extra_fds], [], [], max(0.0, timeout))
         with contextlib.suppress(BlockingIOError):
             while os.read(self._read_fd, 512):
                 pass

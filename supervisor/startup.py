@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Callable
 
 from workerproc import App
 from workerproc.runner import AppLoadError, WorkerConfig, load_app
 from workerproc.status import StatusBoard
 
-from . import logs
+from . import integrations, logs
 from .arbiter import Arbiter
 from .config import StartConfig
 from .errors import AppImportError
@@ -82,10 +83,13 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         )
     board = StatusBoard(BOARD_CAPACITY)
     holder: dict[str, App] = {"app": app}
+    child_closers: list[Callable[[], None]] = []  # sockets of integrations.install
 
     def child_cleanup() -> None:
         if pidfile is not None:
             pidfile.close_in_child()
+        for close in child_closers:
+            close()
 
     ctx = ForkContext(
         app=app,
@@ -106,7 +110,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         return holder["app"]
 
     pool = Pool(spawner, timing=config.timing, capacity=BOARD_CAPACITY, target=config.workers)
-    return Arbiter(
+    arbiter = Arbiter(
         config=config,
         app=app,
         pool=pool,
@@ -117,6 +121,8 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         pidfile=pidfile,
         steps=default_steps(),
     )
+    child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
+    return arbiter
 
 
 def run_start(config: StartConfig) -> int:

@@ -1,0 +1,264 @@
+"""Prometheus metrics, computed in the supervisor and written in the text format by hand.
+
+Why not prometheus-client: its multiprocess mode expects every process to write its own metric
+files into a shared directory (``PROMETHEUS_MULTIPROC_DIR``) and the scraper to merge them. Our
+workers record nothing of the sort: what operators need is in the database (runs, tasks, leases)
+and in the supervisor itself (which worker exited, why, what it restarted). The client's single
+process registry would add a dependency for a few dozen lines of text format, and its default
+collectors and HTTP server start threads, which the supervisor must never run (it forks).
+
+Two sources:
+- the database, through the shared ``StatsProbe`` (one short session per read, re-read only when
+  a scrape finds the cache older than ``max_age``): runs by status, tasks by state;
+- the arbiter's event bus: worker starts, exits by kind and reason, reloads, chaos faults.
+
+Not exported yet, because the store does not expose them (``workerproc/store/base.py``: ``Stats``
+has no claim, takeover, fence-rejection or duration data) and a number we cannot read from the
+database would be invented: claims (sum of attempts), takeovers, lease losses seen by workers,
+zombie writes rejected, and the task duration histogram. Worker exits with reason
+``lease_lost_and_handler_did_not_stop`` are the lease losses the supervisor can see.
+``histogram()`` below is ready for the durations once the store reports them.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from workerproc import exitcodes as wexit
+from workerproc.status import PHASE_NAMES
+from workerproc.store.types import RUN_STATUSES
+
+from .arbiter import Arbiter
+from .pool import Exit, ExitKind
+from .probe import StatsProbe
+from .signals import name as signal_name
+
+PREFIX = "leasekeeper_"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+TASK_STATES = ("ready", "delayed", "leased", "expired")
+Labels = dict[str, str]
+Sample = tuple[str, Labels, float]  # suffix ("" or _bucket/_sum/_count), labels, value
+
+
+# -- the text format ---------------------------------------------------------------------------
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**53 else repr(value)
+
+
+def family(name: str, kind: str, help_text: str, samples: Iterable[Sample]) -> str:
+    """One metric family: ``# HELP``, ``# TYPE`` and its sample lines."""
+    full = PREFIX + name
+    lines = [f"# HELP {full} {_escape_help(help_text)}", f"# TYPE {full} {kind}"]
+    for suffix, labels, value in samples:
+        body = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels.items())
+        lines.append(
+            f"{full}{suffix}{{{body}}} {_number(value)}"
+            if body
+            else f"{full}{suffix} {_number(value)}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def histogram(bounds: Sequence[float], values: Iterable[float], labels: Labels) -> list[Sample]:
+    """Cumulative ``_bucket`` samples (``le`` ends with +Inf), then ``_sum`` and ``_count``."""
+    counts = [0] * (len(bounds) + 1)
+    total = 0.0
+    n = 0
+    for v in values:
+        n += 1
+        total += v
+        i = next((i for i, b in enumerate(bounds) if v <= b), len(bounds))
+        counts[i] += 1
+    samples: list[Sample] = []
+    running = 0
+    for bound, count in zip([*bounds, math.inf], counts, strict=True):
+        running += count
+        samples.append(("_bucket", {**labels, "le": _number(bound)}, running))
+    samples += [("_sum", labels, total), ("_count", labels, n)]
+    return samples
+
+
+# -- what the supervisor counts ----------------------------------------------------------------
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unknown"
+
+
+def exit_reason(ex: Exit) -> str:
+    """Why a worker exited, as a low-cardinality label value."""
+    worker = ex.worker
+    if worker.expected_death:
+        return "chaos"
+    if ex.kind is ExitKind.RETIRED and worker.retiring:
+        return _slug(worker.retiring)  # stop, reload, memory, scale down, graceful timeout...
+    if ex.signal is not None:
+        return signal_name(ex.signal)
+    return _slug(wexit.describe(ex.code if ex.code is not None else -1))
+
+
+@dataclass
+class Metrics:
+    probe: StatsProbe
+    max_age: float = 1.0  # a scrape re-reads the database when the cache is older than this
+    started_wall: float = field(default_factory=time.time)
+    worker_starts: int = 0
+    exits: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason)
+    reloads: int = 0
+    chaos_faults: Counter[str] = field(default_factory=Counter)
+
+    def install(self, arb: Arbiter) -> None:
+        arb.events.on("worker_started", self._on_started)
+        arb.events.on("worker_exited", self._on_exited)
+        arb.events.on("reloading", self._on_reloading)
+        # Chaos mode reports each injected fault on the bus as ``chaos_fault`` (fault=kill|pause).
+        arb.events.on("chaos_fault", self._on_chaos_fault)
+
+    def _on_started(self, **_: Any) -> None:
+        self.worker_starts += 1
+
+    def _on_exited(self, exit: Exit, **_: Any) -> None:
+        self.exits[(str(exit.kind), exit_reason(exit))] += 1
+
+    def _on_reloading(self, **_: Any) -> None:
+        self.reloads += 1
+
+    def _on_chaos_fault(self, fault: str = "unknown", **_: Any) -> None:
+        self.chaos_faults[_slug(fault)] += 1
+
+    def render(self, arb: Arbiter) -> str:
+        stats = self.probe.at_most(arb, self.max_age)
+        now = arb.clock()
+        out: list[str] = []
+        if stats is not None:
+            runs = {s: stats.runs.get(s, 0) for s in RUN_STATUSES} | dict(stats.runs)
+            out.append(
+                family(
+                    "runs",
+                    "gauge",
+                    "Runs in the database by status.",
+                    [("", {"status": s}, n) for s, n in sorted(runs.items())],
+                )
+            )
+            counts = (stats.ready, stats.delayed, stats.leased, stats.expired)
+            out.append(
+                family(
+                    "tasks",
+                    "gauge",
+                    "Pending tasks: ready to claim, delayed, under a live lease, lease expired.",
+                    [("", {"state": s}, n) for s, n in zip(TASK_STATES, counts, strict=True)],
+                )
+            )
+        age = self.probe.age(now)
+        out.append(
+            family(
+                "store_up",
+                "gauge",
+                "1 if the last database read succeeded.",
+                [("", {}, 1 if self.probe.error is None and age is not None else 0)],
+            )
+        )
+        if age is not None:
+            out.append(
+                family(
+                    "store_read_age_seconds",
+                    "gauge",
+                    "Seconds since the database last answered the supervisor.",
+                    [("", {}, round(age, 3))],
+                )
+            )
+        out.append(
+            family(
+                "store_read_failures_total",
+                "counter",
+                "Database reads by the supervisor that failed.",
+                [("", {}, self.probe.failures)],
+            )
+        )
+        out += self._workers(arb)
+        return "".join(out)
+
+    def _workers(self, arb: Arbiter) -> list[str]:
+        phases: Counter[str] = Counter()
+        for w in arb.pool.workers.values():
+            slot = arb.board.read(w.slot)
+            phases[PHASE_NAMES[slot.phase] if slot and slot.pid == w.pid else "starting"] += 1
+        phase_samples: list[Sample] = [
+            ("", {"phase": p}, phases.get(p, 0)) for p in ("starting", *PHASE_NAMES)
+        ]
+        exits: list[Sample] = [
+            ("", {"kind": kind, "reason": reason}, n)
+            for (kind, reason), n in sorted(self.exits.items())
+        ]
+        faults: list[Sample] = [
+            ("", {"fault": f}, self.chaos_faults.get(f, 0))
+            for f in sorted({"kill", "pause", *self.chaos_faults})
+        ]
+        return [
+            family(
+                "workers_target",
+                "gauge",
+                "Workers the supervisor keeps alive.",
+                [("", {}, arb.pool.target)],
+            ),
+            family(
+                "workers",
+                "gauge",
+                "Worker processes by phase (as each one publishes it).",
+                phase_samples,
+            ),
+            family(
+                "worker_starts_total", "counter", "Workers forked.", [("", {}, self.worker_starts)]
+            ),
+            family(
+                "worker_exits_total",
+                "counter",
+                "Workers reaped, by kind (crashed, retired, recycled, stopped, boot_failure) "
+                "and reason (signal, exit code, or why the supervisor retired it).",
+                exits,
+            ),
+            family(
+                "reloads_total",
+                "counter",
+                "Rolling restarts started by SIGHUP.",
+                [("", {}, self.reloads)],
+            ),
+            family(
+                "chaos_faults_total", "counter", "Faults injected by chaos mode, by kind.", faults
+            ),
+            family(
+                "generation",
+                "gauge",
+                "Worker generation (+1 per reload).",
+                [("", {}, arb.pool.generation)],
+            ),
+            family(
+                "supervisor_start_time_seconds",
+                "gauge",
+                "Unix time the supervisor started.",
+                [("", {}, round(self.started_wall, 3))],
+            ),
+            family(
+                "supervisor_info",
+                "gauge",
+                "The supervisor's pid and phase.",
+                [("", {"pid": str(os.getpid()), "phase": str(arb.phase)}, 1)],
+            ),
+        ]
