@@ -88,6 +88,8 @@ class Arbiter:
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True
     rng: random.Random = field(default_factory=random.Random)  # jitter of max tasks per worker
+    # run when the loop is done, in order; each may change the exit code (chaos: violations)
+    exit_hooks: list[Callable[[Arbiter, int], int]] = field(default_factory=list)
     _wake_at: float = float("inf")
 
     # -- the loop ----------------------------------------------------------------------------
@@ -111,6 +113,8 @@ class Arbiter:
             self.turn()
             if not self.done:
                 self.inbox.wait(max(0.0, self._wake_at - self.clock()))
+        for hook in self.exit_hooks:
+            self.exit_code = hook(self, self.exit_code)
         return self.exit_code
 
     def turn(self) -> None:

@@ -10,7 +10,7 @@ import click
 
 from . import commands
 from .clickutil import SupervisorGroup, option
-from .config import LOG_FORMATS, StartConfig
+from .config import LOG_FORMATS, ChaosConfig, StartConfig
 from .startup import run_start
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -63,6 +63,21 @@ def cli() -> None:
 @option("--log-format", type=click.Choice(LOG_FORMATS), default="text", help="log line format")
 @option("--metrics-port", type=int, default=None, metavar="PORT", help="serve Prometheus /metrics")
 @option("--metrics-host", default="127.0.0.1", metavar="ADDR", help="address for --metrics-port")
+@option("--chaos", is_flag=True, default=False, help="inject faults into our own workers")
+@option(
+    "--chaos-interval", type=float, default=5.0, metavar="S", help="mean seconds between faults"
+)
+@option(
+    "--chaos-faults",
+    default="kill,pause",
+    metavar="LIST",
+    help="faults to inject: kill (SIGKILL), pause (SIGSTOP past the ttl, then SIGCONT)",
+)
+@option("--chaos-seed", type=int, default=None, metavar="N", help="seed (default random, logged)")
+@option("--chaos-report", default=None, metavar="FILE", help="write the JSON report here at exit")
+@option("--chaos-duration", type=float, default=None, metavar="S", help="inject for S seconds")
+@option("--chaos-max-faults", type=int, default=None, metavar="K", help="inject at most K faults")
+@option("--chaos-pause", type=float, default=None, metavar="S", help="pause length (2x ttl)")
 def start(
     workers: int,
     db: str,
@@ -81,6 +96,14 @@ def start(
     log_format: str,
     metrics_port: int | None,
     metrics_host: str,
+    chaos: bool,
+    chaos_interval: float,
+    chaos_faults: str,
+    chaos_seed: int | None,
+    chaos_report: str | None,
+    chaos_duration: float | None,
+    chaos_max_faults: int | None,
+    chaos_pause: float | None,
 ) -> int:
     """Fork N workers and keep them alive until TERM/INT (graceful) or QUIT (fast)."""
     config = StartConfig(
@@ -101,6 +124,17 @@ def start(
         log_format=log_format,
         metrics_port=metrics_port,
         metrics_host=metrics_host,
+        chaos=ChaosConfig(
+            interval=chaos_interval,
+            faults=tuple(f.strip() for f in chaos_faults.split(",") if f.strip()),
+            seed=chaos_seed,
+            report=chaos_report,
+            duration=chaos_duration,
+            max_faults=chaos_max_faults,
+            pause_for=chaos_pause,
+        )
+        if chaos
+        else None,
     ).validate()
     return run_start(config)
 

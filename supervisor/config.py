@@ -25,6 +25,40 @@ class Timing:
     state_every: float = 1.0  # how often the state file (status, health, scale) is rewritten
 
 
+CHAOS_FAULTS = ("kill", "pause")
+
+
+@dataclass
+class ChaosConfig:
+    """--chaos: inject faults into our own workers and verify takeover and fencing."""
+
+    interval: float = 5.0  # mean seconds between faults (each gap is 0.5x-1.5x, seeded)
+    faults: tuple[str, ...] = CHAOS_FAULTS
+    seed: int | None = None  # None: a random seed, logged
+    report: str | None = None  # JSON report path, written at exit
+    duration: float | None = None  # stop injecting after this many seconds (keep verifying)
+    max_faults: int | None = None
+    pause_for: float | None = None  # how long a paused worker stays stopped; default 2x ttl
+
+    def validate(self, lease_ttl: float) -> None:
+        checks = [
+            (self.interval > 0, "--chaos-interval must be greater than 0"),
+            (
+                bool(self.faults) and set(self.faults) <= set(CHAOS_FAULTS),
+                f"--chaos-faults must be a comma-separated subset of {','.join(CHAOS_FAULTS)}",
+            ),
+            (self.duration is None or self.duration > 0, "--chaos-duration must be > 0"),
+            (self.max_faults is None or self.max_faults >= 1, "--chaos-max-faults must be >= 1"),
+            (
+                self.pause_for is None or self.pause_for >= 2 * lease_ttl,
+                "--chaos-pause must be at least 2x --lease-ttl (the zombie must outlive its lease)",
+            ),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message)
+
+
 @dataclass
 class StartConfig:
     app: str
@@ -44,6 +78,7 @@ class StartConfig:
     log_format: str = "text"
     metrics_port: int | None = None  # serve Prometheus metrics (supervisor/metrics.py)
     metrics_host: str = "127.0.0.1"
+    chaos: ChaosConfig | None = None
     timing: Timing = field(default_factory=Timing)
 
     def validate(self) -> StartConfig:
@@ -81,6 +116,8 @@ class StartConfig:
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
+        if self.chaos is not None:
+            self.chaos.validate(self.lease_ttl)
         return self
 
     def max_tasks_for_new_worker(self, rng: random.Random) -> int | None:

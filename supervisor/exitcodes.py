@@ -10,6 +10,7 @@ WORKER_BOOT = 4  # a worker exited with workerproc's BOOT_FAILURE: respawning ca
 PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
+CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast or after --drain)",
@@ -20,4 +21,5 @@ DESCRIPTIONS = {
     PIDFILE_LOCKED: "`start`: another supervisor holds the pidfile",
     NOT_RUNNING: "stop/reload/scale/health: no live supervisor behind the pidfile",
     UNHEALTHY: "health: the supervisor is alive but its main loop is not ticking",
+    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (the report lists it)",
 }

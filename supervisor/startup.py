@@ -15,8 +15,9 @@ from workerproc import App
 from workerproc.runner import AppLoadError, WorkerConfig, load_app
 from workerproc.status import StatusBoard
 
-from . import integrations, logs
+from . import exitcodes, integrations, logs
 from .arbiter import Arbiter
+from .chaos import Chaos
 from .config import StartConfig
 from .errors import AppImportError
 from .forking import ForkContext, fork_worker, other_threads
@@ -122,6 +123,17 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         steps=default_steps(),
     )
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
+    if config.chaos is not None:
+        chaos = Chaos(
+            config.chaos,
+            ttl=config.lease_ttl,
+            poll_interval=config.poll_interval,
+            fast_release=config.fast_release,
+        )
+        chaos.install(arbiter)
+        arbiter.exit_hooks.append(
+            lambda arb, code: chaos.conclude(arb, code, exitcodes.CHAOS_VIOLATION)
+        )
     return arbiter
 
 

@@ -139,3 +139,17 @@ def test_the_unsafe_test_switch_really_disables_fencing(db_path: str):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["ok", "1"]
+
+
+def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):
+    now = [1000.0]
+    store = open_store(db_path, clock=lambda: now[0])
+    run_id = store.start_run("fragile")
+    for _ in range(3):  # three workers die holding it: no handler ever raised
+        assert store.claim("w", 1.0) is not None
+        now[0] += 2
+    assert store.claim("w", 1.0) is None
+    run = store.get_run(run_id)
+    assert run is not None and run.failure_reason == "task_attempts_exhausted"
+    assert run.last_error is not None and "ended without a commit" in run.last_error
+    store.close()

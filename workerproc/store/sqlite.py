@@ -69,7 +69,10 @@ class SQLiteStore(SQLiteBase, Store):
                     {
                         "run_id": run_id,
                         "reason": "task_attempts_exhausted",
-                        "error": error,
+                        # no handler raised: every attempt died, timed out or lost its lease
+                        "error": error
+                        or f"{req.max_attempts} attempts of task {name!r} ended without a "
+                        "commit (the worker died, timed out or lost its lease each time)",
                         "now": now,
                     },
                 )

@@ -1,0 +1,190 @@
+"""Chaos mode's judge: it believes the database, never the workers.
+
+For every fault on a lease holder it records the task, the attempt and the time, then watches the
+store: a claim of that task with a higher attempt is a takeover (``tasks.claimed_at`` times it
+exactly); the faulted attempt committing after the fault, a takeover that never comes within its
+bound, a superseded attempt that committed, or two live leases on one run are violations. A
+paused worker's refused renewals and commits (``fence_rejections``) are counted as zombie writes
+rejected.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from workerproc.store import Store
+
+# A kill with fast release is taken over as soon as a worker is free: a few ms when one is idle,
+# one handler's length when all are busy. The bound leaves room for a busy, loaded machine.
+FAST_RELEASE_BOUND = 2.0
+TTL_PATH_MARGIN = 2.0
+COMMIT_SLACK = 0.05  # the faulted attempt's commit may carry a "now" read just before the fault
+
+
+@dataclass
+class FaultEvent:
+    fault: str  # kill | pause
+    pid: int
+    task_id: int | None  # None: the victim held no lease
+    attempt: int | None
+    t: float  # wall clock, same clock as the store's on this host
+    phase: str  # what the victim was doing: handler | claiming | committing | idle
+    bound_s: float
+    outcome: str = "pending"  # taken_over | finished_before | superseded_before | run_over
+    #                 | not_taken_over | committed_after_fault | no_lease | unresolved
+    taken_over_ms: float | None = None
+    woke_at: float | None = None
+    zombie_rejections: int = 0
+
+    @property
+    def orphaned(self) -> bool:
+        return self.outcome in ("taken_over", "not_taken_over")
+
+    def public(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("bound_s")
+        return out
+
+
+class Verifier:
+    def __init__(self, *, ttl: float, poll_interval: float, fast_release: bool) -> None:
+        self.ttl = ttl
+        self.poll_interval = poll_interval
+        self.fast_release = fast_release
+        self.events: list[FaultEvent] = []
+        self.violations: list[str] = []
+        self.zombie_writes_rejected = 0
+        self.rejections_seen = 0
+        self._after = 0  # last fence_rejections id read
+
+    def bound(self, fault: str) -> float:
+        if fault == "kill" and self.fast_release:
+            return FAST_RELEASE_BOUND
+        return self.ttl + self.poll_interval + TTL_PATH_MARGIN
+
+    def start(self, store: Store) -> None:
+        """Rejections from before chaos began are not ours to count."""
+        old = store.fence_rejections(after=0)
+        self._after = old[-1].id if old else 0
+
+    def record(self, event: FaultEvent) -> None:
+        if event.task_id is None:
+            event.outcome = "no_lease"
+        self.events.append(event)
+
+    def _violate(self, message: str) -> None:
+        if message not in self.violations:
+            self.violations.append(message)
+
+    def observe(self, store: Store, now: float, *, final: bool = False) -> None:
+        for ev in self.events:
+            if ev.outcome == "pending":
+                self._judge(store, ev, now, final)
+        self._count_rejections(store)
+        for message in store.integrity_violations():
+            self._violate(message)
+
+    def _judge(self, store: Store, ev: FaultEvent, now: float, final: bool) -> None:
+        assert ev.task_id is not None and ev.attempt is not None
+        task = store.get_task(ev.task_id)
+        if task is None:
+            ev.outcome = "run_over"
+        elif task.attempts > ev.attempt and task.claimed_at is not None:
+            if task.claimed_at < ev.t:  # already superseded when the fault landed
+                ev.outcome = "superseded_before"
+            else:
+                ev.outcome = "taken_over"
+                ev.taken_over_ms = round((task.claimed_at - ev.t) * 1000, 1)
+                if task.claimed_at - ev.t > ev.bound_s:
+                    self._violate(
+                        f"{ev.fault} of pid {ev.pid}: task {ev.task_id} taken over after "
+                        f"{ev.taken_over_ms:.0f} ms, over its bound of {ev.bound_s:g} s"
+                    )
+        elif task.done_at is not None and task.done_attempt == ev.attempt:
+            if task.done_at <= ev.t + COMMIT_SLACK:
+                ev.outcome = "finished_before"
+            else:
+                ev.outcome = "committed_after_fault"
+                self._violate(
+                    f"{ev.fault} of pid {ev.pid}: task {ev.task_id} attempt {ev.attempt} "
+                    f"committed {task.done_at - ev.t:.2f} s after the fault (a zombie write)"
+                )
+        elif self._run_over(store, task.run_id):
+            ev.outcome = "run_over"
+        elif now - ev.t > ev.bound_s:
+            ev.outcome = "not_taken_over"
+            self._violate(
+                f"{ev.fault} of pid {ev.pid}: task {ev.task_id} attempt {ev.attempt} not "
+                f"taken over within {ev.bound_s:g} s"
+            )
+        elif final:
+            ev.outcome = "unresolved"  # the pool stopped before its bound ran out
+
+    @staticmethod
+    def _run_over(store: Store, run_id: int) -> bool:
+        run = store.get_run(run_id)
+        return run is None or run.terminal
+
+    def _count_rejections(self, store: Store) -> None:
+        paused = {(e.task_id, e.attempt): e for e in self.events if e.fault == "pause"}
+        for rejection in store.fence_rejections(after=self._after):
+            self._after = rejection.id
+            self.rejections_seen += 1
+            ev = paused.get((rejection.task_id, rejection.attempt))
+            if ev is not None and rejection.at >= ev.t:
+                ev.zombie_rejections += 1
+                self.zombie_writes_rejected += 1
+
+    # -- the report ----------------------------------------------------------------------------
+    def takeover_ms(self) -> list[float]:
+        return sorted(e.taken_over_ms for e in self.events if e.taken_over_ms is not None)
+
+    def report(self, **extra: Any) -> dict[str, Any]:
+        latencies = self.takeover_ms()
+        faults = {"kill": 0, "pause": 0}
+        for e in self.events:
+            faults[e.fault] = faults.get(e.fault, 0) + 1
+        return {
+            "faults": faults,
+            "orphaned_leases": sum(e.orphaned for e in self.events),
+            "taken_over": sum(e.outcome == "taken_over" for e in self.events),
+            "not_taken_over": sum(e.outcome == "not_taken_over" for e in self.events),
+            "takeover_ms": {
+                "p50": round(statistics.median(latencies), 1) if latencies else None,
+                "p99": percentile(latencies, 99),
+                "max": latencies[-1] if latencies else None,
+            },
+            "zombie_writes_rejected": self.zombie_writes_rejected,
+            "rejected_writes_total": self.rejections_seen,
+            "violations": list(self.violations),
+            "events": [e.public() for e in self.events],
+            "ok": not self.violations,
+            **extra,
+        }
+
+
+def percentile(ordered: list[float], p: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def histogram(values: list[float], width: int = 40) -> list[str]:
+    """A small text histogram of latencies (ms) on log-ish buckets."""
+    if not values:
+        return ["  (no takeovers)"]
+    edges = [1, 5, 10, 50, 100, 500, 1000, 2000, 5000, 10000, float("inf")]
+    counts = [0] * len(edges)
+    for v in values:
+        counts[next(i for i, e in enumerate(edges) if v <= e)] += 1
+    top = max(counts)
+    lines = []
+    lower = 0.0
+    for edge, n in zip(edges, counts, strict=True):
+        if n:
+            label = f"{lower:g}-{edge:g} ms" if edge != float("inf") else f">{lower:g} ms"
+            lines.append(f"  {label:>14} | {'#' * max(1, round(n / top * width))} {n}")
+        lower = edge
+    return lines

@@ -1,0 +1,123 @@
+"""Chaos mode end to end: a real supervisor attacks its own workers; the verifier proves from the
+database that every orphaned lease was taken over and no zombie wrote, and it can fail."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sv_harness import Supervisor
+
+from supervisor import exitcodes
+from workerproc.store import open_store
+
+pytestmark = pytest.mark.slow
+
+APP = "apps.chaos_app:app"
+REPORT_KEYS = {
+    "faults", "orphaned_leases", "taken_over", "not_taken_over", "takeover_ms",
+    "zombie_writes_rejected", "violations", "events", "ok",
+}  # fmt: skip
+EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
+
+
+@pytest.fixture
+def sv(tmp_path: Path) -> Iterator[Supervisor]:
+    s = Supervisor(tmp_path)
+    yield s
+    s.kill_all()
+
+
+def enqueue(sv: Supervisor, runs: int, steps: int, sleep: float) -> list[int]:
+    store = open_store(sv.db)
+    try:
+        payload = {"n": 0, "steps": steps, "sleep": sleep}
+        return [store.start_run("step", payload, {}) for _ in range(runs)]
+    finally:
+        store.close()
+
+
+def chaos_run(sv: Supervisor, *extra: str, n: int = 4, timeout: float = 120) -> dict[str, Any]:
+    report = str(sv.workdir / "chaos.json")
+    sv.start(
+        "--drain", "--lease-ttl", "0.5", "--poll-interval", "0.2", "--max-attempts", "20",
+        "--chaos", "--chaos-interval", "0.3", "--chaos-seed", "1234",
+        "--chaos-report", report, *extra, n=n, app=APP,
+    )  # fmt: skip
+    code = sv.wait_exit(timeout)
+    with open(report) as f:
+        doc: dict[str, Any] = json.load(f)
+    doc["exit_code"] = code
+    return doc
+
+
+def assert_one_write_per_step(sv: Supervisor, runs: list[int], steps: int) -> None:
+    store = open_store(sv.db)
+    try:
+        for run_id in runs:
+            run = store.get_run(run_id)
+            assert run is not None and run.status == "succeeded", run
+            writes = run.state["writes"]
+            assert [w["step"] for w in writes] == list(range(steps)), writes
+            assert run.revision == steps  # exactly one committed write per step
+        assert store.integrity_violations() == []
+    finally:
+        store.close()
+
+
+def test_chaos_with_fast_release_takes_every_orphan_over_and_no_zombie_writes(sv: Supervisor):
+    runs = enqueue(sv, runs=100, steps=3, sleep=0.03)
+    report = chaos_run(sv)
+    assert report["exit_code"] == 0, sv.text()[-3000:]
+    assert report["ok"] and report["violations"] == []
+    assert set(report) >= REPORT_KEYS
+    assert {"p50", "p99", "max"} <= set(report["takeover_ms"])
+    assert report["faults"]["kill"] >= 1 and report["faults"]["pause"] >= 1
+    assert report["orphaned_leases"] >= 1
+    assert report["taken_over"] == report["orphaned_leases"]
+    assert report["not_taken_over"] == 0
+    assert report["zombie_writes_rejected"] >= 1  # a paused zombie woke and was turned away
+    for event in report["events"]:
+        assert set(event) >= EVENT_KEYS
+    assert_one_write_per_step(sv, runs, 3)
+
+
+def test_chaos_without_fast_release_proves_the_ttl_path(sv: Supervisor):
+    runs = enqueue(sv, runs=120, steps=3, sleep=0.03)
+    report = chaos_run(sv, "--no-fast-release", "--chaos-faults", "kill")
+    assert report["exit_code"] == 0, sv.text()[-3000:]
+    assert report["ok"] and report["faults"]["kill"] >= 1 and report["faults"]["pause"] == 0
+    kills = [e for e in report["events"] if e["outcome"] == "taken_over"]
+    assert kills, report["events"]
+    # without fast release a dead worker's lease is only taken over once it expires
+    assert all(e["taken_over_ms"] >= 100 for e in kills), kills
+    assert report["fast_release"] is False
+    assert_one_write_per_step(sv, runs, 3)
+
+
+def test_the_verifier_reports_a_violation_when_fencing_is_disabled(sv: Supervisor):
+    """Handlers outlive the pause: with the fence off, a woken zombie commits before its
+    successor, and the verifier must say so (and the exit code too)."""
+    os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"] = "1"
+    try:
+        sv.extra_path = None
+        enqueue(sv, runs=6, steps=1, sleep=2.0)
+        report = chaos_run(
+            sv, "--chaos-faults", "pause", "--chaos-max-faults", "3", "--chaos-pause", "1.0", n=3
+        )
+    finally:
+        del os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"]
+    assert report["exit_code"] == exitcodes.CHAOS_VIOLATION
+    assert not report["ok"]
+    assert any("zombie" in v or "superseded" in v for v in report["violations"])
+
+
+def test_chaos_options_are_validated(sv: Supervisor):
+    sv.start("--chaos", "--chaos-faults", "kill,explode", n=1, pidfile=False)
+    assert sv.wait_exit() == exitcodes.USAGE
+    assert "--chaos-faults" in sv.text()
+    assert "Traceback" not in sv.text()
