@@ -9,14 +9,19 @@ collectors and HTTP server start threads, which the supervisor must never run (i
 
 Two sources:
 - the database, through the shared ``StatsProbe`` (one short session per read, re-read only when
-  a scrape finds the cache older than ``max_age``): runs by status, tasks by state;
+  a scrape finds the cache older than ``max_age``): runs by status, tasks by state, and the
+  writes the fence refused (zombie writes rejected, by operation; lease losses);
 - the arbiter's event bus: worker starts, exits by kind and reason, reloads, chaos faults.
 
-Not exported yet, because the store does not expose them (``workerproc/store/base.py``: ``Stats``
-has no claim, takeover, fence-rejection or duration data) and a number we cannot read from the
-database would be invented: claims (sum of attempts), takeovers, lease losses seen by workers,
-zombie writes rejected, and the task duration histogram. Worker exits with reason
-``lease_lost_and_handler_did_not_stop`` are the lease losses the supervisor can see.
+Database-wide numbers (runs, tasks, refused writes) are the same for every supervisor sharing
+one database: aggregate them across hosts with ``max``, never ``sum``. Refused writes are read
+incrementally from ``fence_rejections`` and counted from the start of the table, so those
+counters survive supervisor restarts.
+
+Not exported, because the store has no way to read them yet (``workerproc/store/base.py``: no
+aggregate over ``tasks.attempts``, no record of which claim was a takeover, no query of finished
+tasks' ``claimed_at``/``done_at``) and a number we cannot read from the database would be
+invented: claims (the sum of attempts), takeovers, and the task duration histogram.
 ``histogram()`` below is ready for the durations once the store reports them.
 """
 
@@ -166,6 +171,7 @@ class Metrics:
                     [("", {"state": s}, n) for s, n in zip(TASK_STATES, counts, strict=True)],
                 )
             )
+        out += self._fencing()
         age = self.probe.age(now)
         out.append(
             family(
@@ -194,6 +200,30 @@ class Metrics:
         )
         out += self._workers(arb)
         return "".join(out)
+
+    def _fencing(self) -> list[str]:
+        probe = self.probe
+        by_op: list[Sample] = [("", {"op": op}, n) for op, n in sorted(probe.rejections.items())]
+        return [
+            family(
+                "zombie_writes_rejected_total",
+                "counter",
+                "Writes by a former lease holder that the database refused (fence_rejections).",
+                [("", {}, sum(probe.rejections.values()))],
+            ),
+            family(
+                "fence_rejections_total",
+                "counter",
+                "Refused writes by operation (renew, ack, compare_and_set, finish, advance...).",
+                by_op,
+            ),
+            family(
+                "lease_losses_total",
+                "counter",
+                "Leases (task, attempt) whose holder wrote after losing them, as the database saw.",
+                [("", {}, probe.lost_leases)],
+            ),
+        ]
 
     def _workers(self, arb: Arbiter) -> list[str]:
         phases: Counter[str] = Counter()

@@ -11,7 +11,8 @@ when it is too old.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter, OrderedDict
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workerproc.store import Stats, StoreError
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from .arbiter import Arbiter
 
 STEP_NAME = "probe"
+REJECTIONS_PER_READ = 5000  # a long history is counted over several reads, never in one stall
+LOST_LEASES_REMEMBERED = 4096  # (task, attempt) pairs kept to count each lost lease once
 
 
 @dataclass
@@ -33,6 +36,12 @@ class StatsProbe:
     reads: int = 0
     failures: int = 0  # failed reads in total (a counter for metrics)
     error: str | None = None  # the last failure, while the database keeps failing
+    # Writes the fence refused (``fence_rejections``), read incrementally after ``cursor``:
+    # by operation, and how many distinct leases (task, attempt) they belonged to.
+    cursor: int = 0
+    rejections: Counter[str] = field(default_factory=Counter)
+    lost_leases: int = 0
+    _recent: OrderedDict[tuple[int, int], None] = field(default_factory=OrderedDict)
 
     def want_every(self, seconds: float) -> None:
         """Ask for periodic reads at least this often (several users: the smallest wins)."""
@@ -55,7 +64,9 @@ class StatsProbe:
         now = arb.clock()
         self.read_at = now
         try:
-            stats = arb.gate.stats()
+            with arb.gate.session() as store:  # one short session; closed before any fork
+                stats = store.stats()
+                rejected = store.fence_rejections(self.cursor, REJECTIONS_PER_READ)
         except StoreError as exc:
             self.failures += 1
             if self.error is None:
@@ -71,6 +82,15 @@ class StatsProbe:
             event("store_reachable", "the database answers again")
         self.error = None
         self.stats = stats
+        for r in rejected:
+            self.cursor = max(self.cursor, r.id)
+            self.rejections[r.op] += 1
+            key = (r.task_id, r.attempt)
+            if key not in self._recent:
+                self.lost_leases += 1
+                self._recent[key] = None
+                if len(self._recent) > LOST_LEASES_REMEMBERED:
+                    self._recent.popitem(last=False)
         self.ok_at = arb.clock()
         self.reads += 1
         return True

@@ -1,0 +1,279 @@
+"""The Prometheus endpoint: the text format, the loop-driven HTTP server with real sockets, and
+a real supervisor scraped over HTTP while tasks complete, a zombie write is refused and a worker
+is killed."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import FakeClock, wait_for
+from sv_harness import Supervisor
+
+from supervisor import metrics_http
+from supervisor.errors import SupervisorError
+from supervisor.metrics import exit_reason, family, histogram
+from supervisor.metrics_http import HttpEndpoint, listen
+from supervisor.pool import Exit, ExitKind, Worker
+from workerproc import exitcodes as wexit
+from workerproc.store import open_store
+
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
+LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Prometheus text format -> {(name, labels): value}; fails on any malformed line."""
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            assert re.match(r"^# (HELP|TYPE) \w+ ", line) or not line, line
+            continue
+        m = SAMPLE.match(line)
+        assert m, f"malformed sample line: {line!r}"
+        labels = frozenset(LABEL.findall(m.group(2) or ""))
+        out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(
+    samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str
+) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+# -- the text format -----------------------------------------------------------------------
+def test_family_escapes_labels_and_help() -> None:
+    text = family("x_total", "counter", "a\\b\nc", [("", {"why": 'say "hi"\n'}, 2.0)])
+    assert text == (
+        "# HELP leasekeeper_x_total a\\\\b\\nc\n"
+        "# TYPE leasekeeper_x_total counter\n"
+        'leasekeeper_x_total{why="say \\"hi\\"\\n"} 2\n'
+    )
+    assert parse(text)[("leasekeeper_x_total", frozenset({("why", 'say \\"hi\\"\\n')}))] == 2
+
+
+def test_histogram_buckets_are_cumulative() -> None:
+    samples = histogram([0.1, 1.0], [0.05, 0.5, 0.7, 3.0], {"task": "t"})
+    assert [(s, lab.get("le"), v) for s, lab, v in samples] == [
+        ("_bucket", "0.1", 1),
+        ("_bucket", "1", 3),
+        ("_bucket", "+Inf", 4),
+        ("_sum", None, pytest.approx(4.25)),
+        ("_count", None, 4),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "sig", "kind", "retiring", "expected_death", "reason"),
+    [
+        (None, signal.SIGKILL, ExitKind.CRASHED, None, False, "SIGKILL"),
+        (wexit.TASK_TIMEOUT, None, ExitKind.CRASHED, None, False, "task_timeout"),
+        (
+            wexit.LEASE_STUCK,
+            None,
+            ExitKind.CRASHED,
+            None,
+            False,
+            "lease_lost_and_handler_did_not_stop",
+        ),
+        (wexit.RECYCLE, None, ExitKind.RECYCLED, None, False, "recycled_after_max_tasks"),
+        (0, None, ExitKind.RETIRED, "scale down", False, "scale_down"),
+        (None, signal.SIGKILL, ExitKind.RETIRED, None, True, "chaos"),
+    ],
+)
+def test_exit_reason(
+    code: int | None,
+    sig: int | None,
+    kind: ExitKind,
+    retiring: str | None,
+    expected_death: bool,
+    reason: str,
+) -> None:
+    worker = Worker(1, 0, "o", 0, 0.0, retiring=retiring, expected_death=expected_death)
+    assert exit_reason(Exit(worker, code, sig, 1.0, kind)) == reason
+
+
+# -- the HTTP endpoint, driven like the loop drives it ----------------------------------------
+@pytest.fixture
+def endpoint() -> Iterator[HttpEndpoint]:
+    ep = HttpEndpoint(
+        listen("127.0.0.1", 0),
+        {"/metrics": lambda: ("text/plain", "up 1\n")},
+        wake_fds=set(),
+    )
+    yield ep
+    ep.close()
+
+
+def exchange(ep: HttpEndpoint, *chunks: bytes) -> bytes:
+    """Send ``chunks`` one serve() apart (a client that trickles); return the whole response."""
+    client = socket.create_connection(ep.address, timeout=5)
+    with client:
+        for chunk in chunks:
+            client.sendall(chunk)
+            ep.serve()
+        client.setblocking(False)
+        data = b""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            ep.serve()
+            try:
+                part = client.recv(65536)
+            except BlockingIOError:
+                time.sleep(0.005)
+                continue
+            if not part:
+                return data
+            data += part
+    raise AssertionError(f"no complete response; got {data!r}")
+
+
+def test_get_metrics_in_pieces(endpoint: HttpEndpoint) -> None:
+    response = exchange(endpoint, b"GET /metr", b"ics HTTP/1.1\r\nHost: x\r\n", b"\r\n")
+    head, body = response.split(b"\r\n\r\n", 1)
+    assert head.startswith(b"HTTP/1.1 200 OK") and b"Content-Length: 5" in head
+    assert body == b"up 1\n"
+    assert not endpoint.conns  # closed after the answer
+    assert endpoint.wake_fds == {endpoint.sock.fileno()}
+
+
+@pytest.mark.parametrize(
+    ("request_", "status"),
+    [
+        (b"GET /nope HTTP/1.1\r\n\r\n", b"404"),
+        (b"POST /metrics HTTP/1.1\r\n\r\n", b"405"),
+        (b"garbage\r\n\r\n", b"400"),
+        (b"GET /" + b"x" * (metrics_http.MAX_REQUEST + 10), b"431"),
+    ],
+)
+def test_bad_requests(endpoint: HttpEndpoint, request_: bytes, status: bytes) -> None:
+    assert exchange(endpoint, request_).split(b" ")[1] == status
+
+
+def test_head_has_no_body(endpoint: HttpEndpoint) -> None:
+    response = exchange(endpoint, b"HEAD /metrics HTTP/1.1\r\n\r\n")
+    assert response.endswith(b"\r\n\r\n") and b"Content-Length: 5" in response
+
+
+def test_silent_clients_are_dropped_and_connections_bounded() -> None:
+    clock = FakeClock()
+    wake: set[int] = set()
+    ep = HttpEndpoint(listen("127.0.0.1", 0), {}, wake, clock=clock)
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(metrics_http.MAX_CONNECTIONS + 3):  # connect, say nothing
+            clients.append(socket.create_connection(ep.address, timeout=5))
+            ep.serve()
+        assert len(ep.conns) == metrics_http.MAX_CONNECTIONS  # the extra ones were turned away
+        assert len(wake) == metrics_http.MAX_CONNECTIONS + 1  # every reading client + listener
+        clock.advance(metrics_http.TIMEOUT + 1)
+        ep.serve()
+        assert not ep.conns and wake == {ep.sock.fileno()}
+    finally:
+        for c in clients:
+            c.close()
+        ep.close()
+    assert wake == set()
+
+
+def test_a_port_in_use_is_a_clear_error(endpoint: HttpEndpoint) -> None:
+    with pytest.raises(SupervisorError, match=r"cannot serve metrics on 127\.0\.0\.1"):
+        listen("127.0.0.1", endpoint.address[1])
+
+
+# -- the real supervisor -------------------------------------------------------------------
+@pytest.fixture
+def sv(tmp_path: Path) -> Iterator[Supervisor]:
+    s = Supervisor(tmp_path)
+    try:
+        yield s
+    finally:
+        s.kill_all()
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        return parse(resp.read().decode())
+
+
+@pytest.mark.slow
+def test_scraped_counters_move_with_tasks_zombies_and_kills(sv: Supervisor) -> None:
+    # A zombie to be: a lease taken by an owner that then goes silent past its short ttl.
+    store = open_store(sv.db)
+    try:
+        zombie_run = store.start_run("noop")
+        zombie = store.claim("otherhost:1:1.0:zombie", ttl=0.3)
+        assert zombie is not None and zombie.run_id == zombie_run
+    finally:
+        store.close()
+    sv.start("--metrics-port", "0", n=2)
+    (listening,) = sv.wait_event("metrics_listening")
+    port = int(listening["port"])
+    assert listening["host"] == "127.0.0.1"
+    sv.wait_event("ready")
+
+    first = scrape(port)
+    assert value(first, "leasekeeper_workers_target") == 2
+    assert value(first, "leasekeeper_worker_starts_total") == 2
+    assert value(first, "leasekeeper_store_up") == 1
+    assert value(first, "leasekeeper_zombie_writes_rejected_total") == 0
+
+    runs = [sv.enqueue("chain", {"left": 2}) for _ in range(5)]
+    done = wait_for(
+        lambda: (
+            s if value(s := scrape(port), "leasekeeper_runs", status="succeeded") == 6 else None
+        ),
+        what="6 runs succeeded in /metrics",
+    )  # the 5 chains and the zombie's run, taken over once its lease expired
+    assert value(done, "leasekeeper_tasks", state="leased") == 0
+    assert all(sv.run_status(r) == "succeeded" for r in runs)
+
+    store = open_store(sv.db)
+    try:
+        assert store.ack(zombie) is False  # the zombie wakes up and tries to write
+    finally:
+        store.close()
+    fenced = wait_for(
+        lambda: s if value(s := scrape(port), "leasekeeper_zombie_writes_rejected_total") else None,
+        what="the refused write in /metrics",
+    )
+    assert value(fenced, "leasekeeper_fence_rejections_total", op="ack") == 1
+    assert value(fenced, "leasekeeper_lease_losses_total") == 1
+
+    workers = sv.workers()
+    for pid in workers:  # no metrics socket (listening or accepted) leaked into a worker
+        assert psutil.Process(pid).net_connections(kind="inet") == []
+    psutil.Process(workers[0]).kill()
+    killed = wait_for(
+        lambda: (
+            s
+            if value(
+                s := scrape(port),
+                "leasekeeper_worker_exits_total",
+                kind="crashed",
+                reason="SIGKILL",
+            )
+            else None
+        ),
+        what="the killed worker in /metrics",
+    )
+    wait_for(  # replaced (after the crash-loop backoff: it died young)
+        lambda: value(scrape(port), "leasekeeper_worker_starts_total") == 3,
+        what="a replacement worker in /metrics",
+    )
+    assert value(killed, "leasekeeper_workers_target") == 2
+    with pytest.raises(urllib.error.HTTPError, match="404"):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
+    sv.signal(signal.SIGTERM)
+    assert sv.wait_exit() == 0
