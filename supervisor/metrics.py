@@ -11,7 +11,11 @@ Two sources:
 - the database, through the shared ``StatsProbe`` (one short session per read, re-read only when
   a scrape finds the cache older than ``max_age``): runs by status, tasks by state, and the
   writes the fence refused (zombie writes rejected, by operation; lease losses);
-- the arbiter's event bus: worker starts, exits by kind and reason, reloads, chaos faults.
+- the arbiter's event bus: worker starts, exits by kind and reason, reloads;
+- the supervisor's lifecycle log events (``logs.event``, the stream whose ``event`` names are
+  stable for scripts): chaos faults (``chaos_fault``) and leases fast-released after a worker
+  died (``leases_released``). A handler on the ``supervisor`` logger counts them (``logs.setup``
+  keeps that logger at INFO, where these events are logged), so chaos mode needs no hook.
 
 Database-wide numbers (runs, tasks, refused writes) are the same for every supervisor sharing
 one database: aggregate them across hosts with ``max``, never ``sum``. Refused writes are read
@@ -27,6 +31,7 @@ invented: claims (the sum of attempts), takeovers, and the task duration histogr
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -41,6 +46,7 @@ from workerproc.status import PHASE_NAMES
 from workerproc.store.types import RUN_STATUSES
 
 from .arbiter import Arbiter
+from .logs import LOGGER_NAME
 from .pool import Exit, ExitKind
 from .probe import StatsProbe
 from .signals import name as signal_name
@@ -128,13 +134,13 @@ class Metrics:
     exits: Counter[tuple[str, str]] = field(default_factory=Counter)  # (kind, reason)
     reloads: int = 0
     chaos_faults: Counter[str] = field(default_factory=Counter)
+    leases_released: int = 0
 
     def install(self, arb: Arbiter) -> None:
         arb.events.on("worker_started", self._on_started)
         arb.events.on("worker_exited", self._on_exited)
         arb.events.on("reloading", self._on_reloading)
-        # Chaos mode reports each injected fault on the bus as ``chaos_fault`` (fault=kill|pause).
-        arb.events.on("chaos_fault", self._on_chaos_fault)
+        logging.getLogger(LOGGER_NAME).addHandler(EventCounter(self))
 
     def _on_started(self, **_: Any) -> None:
         self.worker_starts += 1
@@ -145,8 +151,11 @@ class Metrics:
     def _on_reloading(self, **_: Any) -> None:
         self.reloads += 1
 
-    def _on_chaos_fault(self, fault: str = "unknown", **_: Any) -> None:
-        self.chaos_faults[_slug(fault)] += 1
+    def on_log_event(self, name: str, fields: dict[str, Any]) -> None:
+        if name == "chaos_fault":
+            self.chaos_faults[_slug(str(fields.get("fault", "unknown")))] += 1
+        elif name == "leases_released":
+            self.leases_released += int(fields.get("count", 0))
 
     def render(self, arb: Arbiter) -> str:
         stats = self.probe.at_most(arb, self.max_age)
@@ -265,6 +274,12 @@ class Metrics:
                 exits,
             ),
             family(
+                "leases_released_total",
+                "counter",
+                "Leases of dead workers expired at once by the supervisor (fast release).",
+                [("", {}, self.leases_released)],
+            ),
+            family(
                 "reloads_total",
                 "counter",
                 "Rolling restarts started by SIGHUP.",
@@ -292,3 +307,16 @@ class Metrics:
                 [("", {"pid": str(os.getpid()), "phase": str(arb.phase)}, 1)],
             ),
         ]
+
+
+class EventCounter(logging.Handler):
+    """Feeds the supervisor's lifecycle log events (name and fields) to ``Metrics``."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__(logging.INFO)
+        self.metrics = metrics
+
+    def emit(self, record: logging.LogRecord) -> None:
+        name = getattr(record, "event", None)
+        if name in ("chaos_fault", "leases_released"):
+            self.metrics.on_log_event(name, dict(getattr(record, "fields", {})))

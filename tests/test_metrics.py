@@ -4,6 +4,7 @@ is killed."""
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import socket
@@ -17,12 +18,14 @@ import psutil
 import pytest
 from helpers import FakeClock, wait_for
 from sv_harness import Supervisor
+from test_notify import FlakyGate, fake_arbiter
 
-from supervisor import metrics_http
+from supervisor import logs, metrics_http
 from supervisor.errors import SupervisorError
-from supervisor.metrics import exit_reason, family, histogram
+from supervisor.metrics import Metrics, exit_reason, family, histogram
 from supervisor.metrics_http import HttpEndpoint, listen
 from supervisor.pool import Exit, ExitKind, Worker
+from supervisor.probe import StatsProbe
 from workerproc import exitcodes as wexit
 from workerproc.store import open_store
 
@@ -100,6 +103,39 @@ def test_exit_reason(
 ) -> None:
     worker = Worker(1, 0, "o", 0, 0.0, retiring=retiring, expected_death=expected_death)
     assert exit_reason(Exit(worker, code, sig, 1.0, kind)) == reason
+
+
+@pytest.fixture
+def supervisor_logger() -> Iterator[logging.Logger]:
+    """The supervisor's logger at INFO (as ``logs.setup`` leaves it); our handlers removed after."""
+    logger = logging.getLogger(logs.LOGGER_NAME)
+    level, handlers = logger.level, list(logger.handlers)
+    logger.setLevel(logging.INFO)
+    yield logger
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
+
+
+def test_render_counts_bus_and_log_events(
+    clock: FakeClock, supervisor_logger: logging.Logger
+) -> None:
+    arb = fake_arbiter(clock, FlakyGate())
+    metrics = Metrics(StatsProbe())
+    metrics.install(arb)
+    worker = Worker(7, 0, "o", 0, 0.0)
+    arb.events.emit("worker_started", worker=worker)
+    arb.events.emit("worker_exited", exit=Exit(worker, None, signal.SIGKILL, 1.0, ExitKind.CRASHED))
+    logs.event("chaos_fault", "chaos: SIGSTOP pid 7", fault="pause", pid=7)
+    logs.event("leases_released", "released 2 lease(s)", owner="o", count=2)
+    samples = parse(metrics.render(arb))
+    assert value(samples, "leasekeeper_runs", status="succeeded") == 3
+    assert value(samples, "leasekeeper_tasks", state="ready") == 1
+    assert value(samples, "leasekeeper_worker_starts_total") == 1
+    assert value(samples, "leasekeeper_worker_exits_total", kind="crashed", reason="SIGKILL") == 1
+    assert value(samples, "leasekeeper_chaos_faults_total", fault="pause") == 1
+    assert value(samples, "leasekeeper_chaos_faults_total", fault="kill") == 0
+    assert value(samples, "leasekeeper_leases_released_total") == 2
+    assert value(samples, "leasekeeper_store_up") == 1
 
 
 # -- the HTTP endpoint, driven like the loop drives it ----------------------------------------
