@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import psutil
+
 from workerproc.status import HANDLER, PHASE_NAMES
 from workerproc.store import StoreError
 
@@ -38,6 +40,20 @@ if TYPE_CHECKING:
 
 SUMMARY_EVERY = 60.0
 OBSERVE_EVERY = 0.05
+
+
+def wait_settled(pid: int, fault: str, timeout: float = 0.5) -> bool:
+    """True once ``pid`` is stopped (pause) or gone (kill); False if that took too long."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            return True
+        if status in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+            return True
+        time.sleep(0.0005)
+    return False
 
 
 class Chaos:
@@ -143,7 +159,9 @@ class Chaos:
         if not sent:  # already gone: normal
             return False
         self.injected += 1
-        # the victim cannot change its slot any more (stopped or dead): its phase is exact
+        # kill() returns before the signal takes effect: wait until the victim cannot run any
+        # more, so the phase read from its slot is the one it is frozen (or died) in
+        settled = wait_settled(victim.pid, fault)
         state = arb.board.read(victim.slot)
         mine = state is not None and state.pid == victim.pid
         phase = PHASE_NAMES[state.phase] if mine and state else "starting"
@@ -155,7 +173,7 @@ class Chaos:
             task_id=task_id,
             attempt=attempt,
             t=self.wall(),
-            phase=phase,
+            phase=phase if settled else f"{phase}?",
             bound_s=self.verifier.bound(fault),
         )
         self.verifier.record(ev)

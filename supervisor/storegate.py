@@ -12,18 +12,26 @@ from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
 from workerproc.store import Stats, Store, open_store
+from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
 
 from .errors import SupervisorError
 
+# Inside the loop a step must not block on the write lock for long: signals, reaping, chaos
+# resumes and the watchdog wait behind it. A step that finds the database busy (a backup, a
+# writer paused inside a transaction) gives up quickly and retries on a later turn.
+LOOP_BUSY_TIMEOUT = 0.5
+
 
 class StoreGate:
-    def __init__(self, db: str) -> None:
+    def __init__(self, db: str, busy_timeout: float = LOOP_BUSY_TIMEOUT) -> None:
         self.db = db
+        self.busy_timeout = busy_timeout
         self.open_count = 0
 
     @contextlib.contextmanager
-    def session(self) -> Iterator[Store]:
-        store = open_store(self.db)
+    def session(self, busy_timeout: float | None = None) -> Iterator[Store]:
+        timeout = self.busy_timeout if busy_timeout is None else busy_timeout
+        store = open_store(self.db, busy_timeout=timeout)
         self.open_count += 1
         try:
             yield store
@@ -41,8 +49,9 @@ class StoreGate:
             return {owner: store.release_owner(owner) for owner in owners}
 
     def release_dead_owners(self) -> dict[str, int]:
-        """Leases of owners on this host whose process is gone (a restarted supervisor)."""
-        with self.session() as store:
+        """Leases of owners on this host whose process is gone (a restarted supervisor).
+        Runs once at start-up, before any fork: it may wait the store's full busy timeout."""
+        with self.session(busy_timeout=DEFAULT_BUSY_TIMEOUT) as store:
             owners = sorted({lease.owner for lease in store.stats().leases})
             dead = [o for o in owners if owner_is_dead(o)]
             released = {owner: store.release_owner(owner) for owner in dead}

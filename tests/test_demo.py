@@ -1,0 +1,35 @@
+"""The README's first command stays true: the demo runs the whole story on a small scale."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workerproc.store import open_store
+
+pytestmark = pytest.mark.slow
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def test_demo_processes_everything_under_chaos_and_charges_nothing_twice(tmp_path: Path):
+    db = tmp_path / "demo.db"
+    cmd = [sys.executable, "demo.py", "--runs", "40", "--workers", "4", "--ttl", "0.5",
+           "--interval", "0.3", "--db", str(db)]  # fmt: skip
+    out = subprocess.run(cmd, cwd=SCRIPTS, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "tokens charged twice     0" in out.stdout
+    report = json.loads((tmp_path / "demo-chaos.json").read_text())
+    assert report["ok"] and sum(report["faults"].values()) >= 1
+    store = open_store(str(db))
+    runs = store.list_runs(limit=100)
+    store.close()
+    assert len(runs) == 40 and all(r.terminal for r in runs)
+    # chaos this dense may spend all 5 attempts of an unlucky step: that, and only that
+    exhausted = "task_attempts_exhausted"
+    assert all(r.status == "succeeded" or r.failure_reason == exhausted for r in runs)
+    assert sum(r.status == "succeeded" for r in runs) >= 30
