@@ -26,3 +26,9 @@ def hold(ctx: TaskContext) -> float:
     started = time.time()
     time.sleep(float(ctx.payload))
     return started
+
+
+@app.task
+def bench(ctx: TaskContext) -> None:
+    """The no-op task bench_store's bulk loader enqueues."""
+    return None
