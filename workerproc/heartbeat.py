@@ -62,6 +62,7 @@ class Heartbeat:
         self._renewing = False
         self._closed = False
         self.renewals = 0
+        self.idle_wait = min(1.0, interval / 2)
         self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
 
     # -- called from the main thread -----------------------------------------------------------
@@ -75,9 +76,8 @@ class Heartbeat:
         """Keep ``lease`` alive; ``lease_start`` is the monotonic time the claim (or start
         renewal) began, so ``lease_start + ttl`` is a safe local deadline."""
         now = time.monotonic()
-        with self._cond:
+        with self._cond:  # no notify: an idle heartbeat looks again within interval / 2
             self._tracked = _Tracked(lease, lease_start + self.ttl, now + self.interval, now)
-            self._cond.notify_all()
 
     def untrack(self, timeout: float = 30.0) -> bool:
         """Stop renewing; waits for an in-flight renewal (single-flight) so that no renewal
@@ -86,7 +86,6 @@ class Heartbeat:
             # Clear first: no new renewal can start for it, so the wait cannot starve behind a
             # stream of slow renewals (the lock is not fair).
             tracked, self._tracked = self._tracked, None
-            self._cond.notify_all()
             self._cond.wait_for(lambda: not self._renewing, timeout=timeout)
         return bool(tracked and tracked.lost)
 
@@ -135,8 +134,8 @@ class Heartbeat:
                     if wait <= 0:
                         break
                     self._cond.wait(wait)
-                else:
-                    self._cond.wait(1.0)
+                else:  # idle: track() sends no wake-up (it is on every task's path)
+                    self._cond.wait(self.idle_wait)
             if self._closed:
                 return False
             assert t is not None

@@ -367,7 +367,8 @@ class Worker:
         started = time.monotonic()
         outcome = self._safe_commit(commit, request)
         self._lease_start = started
-        self._publish(IDLE)
+        if outcome is None or outcome[1] is None:
+            self._publish(IDLE)
         if outcome is None:
             return None
         result, next_lease = outcome

@@ -77,7 +77,7 @@ class SQLiteStore(SQLiteBase, Store):
                     },
                 )
                 continue
-            state, revision = c.execute(q.MARK_RUNNING, {"run_id": run_id, "now": now}).fetchone()
+            state, revision = c.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
             return Lease(
                 task_id=task_id,
                 run_id=run_id,
@@ -137,12 +137,10 @@ class SQLiteStore(SQLiteBase, Store):
         state = dumps(new_state, "state")
 
         def tx(c: sqlite3.Connection, now: float) -> CasResult:
-            fence = self._fence(lease, now)
-            if c.execute(q.CHECK_FENCE, fence).fetchone() is None:
-                self._rejected(c, fence, "compare_and_set")
-                return CasResult.LEASE_LOST
-            moved = c.execute(q.CAS_STATE, {**fence, "state": state, "revision": expected_revision})
-            return CasResult.OK if moved.rowcount else CasResult.CONFLICT
+            params = {**self._fence(lease, now), "state": state, "revision": expected_revision}
+            if c.execute(q.CAS_STATE, params).rowcount == 0:
+                return self._refused(c, params, "compare_and_set")
+            return CasResult.OK
 
         return self._write(tx)
 
@@ -175,10 +173,18 @@ class SQLiteStore(SQLiteBase, Store):
 
     def _apply(self, c: sqlite3.Connection, now: float, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}
+        kind = commit.kind
+        if kind in ("finish", "advance"):  # the hot path: the fence rides in the CAS
+            cas = q.CAS_FINISH if kind == "finish" else q.CAS_STATE
+            if c.execute(cas, params).rowcount == 0:
+                return self._refused(c, params, kind)
+            c.execute(q.TASK_DONE, params)
+            if kind == "advance":
+                c.execute(q.CAS_NEXT_TASK, params)
+            return CasResult.OK
         if c.execute(q.CHECK_FENCE, params).fetchone() is None:
             self._rejected(c, params, commit.kind)
             return CasResult.LEASE_LOST
-        kind = commit.kind
         if kind == "release":
             c.execute(q.RELEASE, params)
             if commit.error is not None:
@@ -192,13 +198,14 @@ class SQLiteStore(SQLiteBase, Store):
                 return CasResult.CONFLICT
             c.execute(q.TASK_FAILED, params)
             return CasResult.OK
-        cas = q.CAS_FINISH if kind == "finish" else q.CAS_STATE
-        if c.execute(cas, params).rowcount == 0:
-            return CasResult.CONFLICT
-        c.execute(q.TASK_DONE, params)
-        if kind == "advance":
-            c.execute(q.CAS_NEXT_TASK, params)
-        return CasResult.OK
+        raise ValueError(f"unknown commit kind {kind!r}")
+
+    def _refused(self, c: sqlite3.Connection, params: Params, op: str) -> CasResult:
+        """A fenced CAS changed nothing: a lost lease (recorded) or a moved run."""
+        if c.execute(q.CHECK_FENCE, params).fetchone() is None:
+            self._rejected(c, params, op)
+            return CasResult.LEASE_LOST
+        return CasResult.CONFLICT
 
     # -- operators -----------------------------------------------------------------------------
     def _run_status(self, c: sqlite3.Connection, run_id: int) -> str:

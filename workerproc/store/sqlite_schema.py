@@ -25,6 +25,23 @@ _READY_AT = """
     WHERE id = {run};
 """
 
+# v3: the same, and a run whose task just got a live lease is 'running' (so a claim needs no
+# second UPDATE of the run)
+_READY_AT_V3 = """
+    UPDATE runs SET (head_at, head_created, head_id, ready_at) = (
+        SELECT h.available_at, h.created_at, h.id,
+               max(h.available_at, coalesce(l.until, h.available_at))
+        FROM (SELECT available_at, created_at, id FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL
+              ORDER BY available_at, created_at, id LIMIT 1) AS h,
+             (SELECT max(lease_expires_at) AS until FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
+        WHERE runs.status IN ('pending', 'running')),
+        status = CASE WHEN runs.status = 'pending' AND NEW.lease_owner IS NOT NULL
+                      AND NEW.done_at IS NULL THEN 'running' ELSE runs.status END
+    WHERE id = NEW.run_id;
+"""
+
 MIGRATIONS: list[str] = [
     # 1: runs, tasks, the claim indexes and the ready_at triggers
     f"""
@@ -103,6 +120,19 @@ MIGRATIONS: list[str] = [
         op       TEXT    NOT NULL
     );
     CREATE INDEX fence_rejections_task ON fence_rejections (task_id, attempt);
+    """,
+    # 3: fewer writes per task (the per-task write transaction is the throughput limit). A task
+    # of a finished run no longer recomputes the run's claim columns (the status change cleared
+    # them); a claim marks its run running in the same trigger; release_owner and the lease
+    # list walk the small partial index of leased tasks, so tasks_owner goes.
+    f"""
+    DROP INDEX tasks_owner;
+    DROP TRIGGER tasks_ready_update;
+    CREATE TRIGGER tasks_ready_update
+        AFTER UPDATE OF available_at, lease_owner, lease_expires_at, done_at ON tasks
+        WHEN (SELECT status FROM runs WHERE id = NEW.run_id) IN ('pending', 'running') BEGIN
+        {_READY_AT_V3}
+    END;
     """,
 ]
 

@@ -47,9 +47,8 @@ WHERE id = (
 RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at
 """
 
-# claim: the run of a fresh lease is running now; hand its state to the handler.
-MARK_RUNNING = """UPDATE runs SET status = 'running', updated_at = :now WHERE id = :run_id
-    RETURNING state, revision"""
+# claim: hand the run's state to the handler (the claim's trigger marked the run running).
+RUN_STATE = "SELECT state, revision FROM runs WHERE id = :run_id"  # the trigger marked it running
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
 DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
@@ -89,11 +88,15 @@ TASK_FAILED = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
     last_error = coalesce(:error, last_error) WHERE {_FENCE}"""
 
 # compare_and_set (R5): the state moves only at the expected revision of a live run.
+# The fence rides along (EXISTS): one statement on the happy path; only when it changes nothing
+# does CHECK_FENCE tell a lost lease from a conflict.
 CAS_STATE = f"""UPDATE runs SET state = :state, revision = revision + 1, updated_at = :now
-    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}"""
+    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}
+      AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
 CAS_FINISH = f"""UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
     result = :result, finished_at = :now, updated_at = :now
-    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}"""
+    WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}
+      AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
 CAS_NEXT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
     VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
 
