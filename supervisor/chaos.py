@@ -30,6 +30,7 @@ import psutil
 from workerproc.status import HANDLER, PHASE_NAMES
 from workerproc.store import StoreError
 
+from .arbiter import Step
 from .config import ChaosConfig
 from .logs import event
 from .verifier import FaultEvent, Verifier, histogram
@@ -82,8 +83,6 @@ class Chaos:
         self.injected = 0
 
     def install(self, arb: Arbiter) -> None:
-        from .arbiter import Step  # noqa: PLC0415 - arbiter imports config; keep chaos optional
-
         arb.add_step(Step("chaos", self.step), before="maintain")
         arb.events.on("stopping", lambda **_: self.resume_all(arb))
         event(
