@@ -2,9 +2,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from helpers import FakeClock
+from store_backends import BACKENDS, Backend
+from sv_harness import Supervisor
 
 from workerproc.store import Store, open_store
 
@@ -24,3 +27,27 @@ def store(db_path: str, clock: FakeClock) -> Iterator[Store]:
     s = open_store(db_path, clock=clock)
     yield s
     s.close()
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Backend:
+    """Each backend in turn (the protocol suites run against every one)."""
+    return BACKENDS[request.param](os.fspath(tmp_path))
+
+
+@pytest.fixture
+def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
+    """A store on the current backend, with the fake clock."""
+    store = backend.open(clock)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def sv(tmp_path: os.PathLike[str]) -> Iterator[Supervisor]:
+    """A real supervisor process in its own session; killed (with its workers) afterwards."""
+    supervisor = Supervisor(Path(tmp_path))
+    try:
+        yield supervisor
+    finally:
+        supervisor.kill_all()

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,13 +21,6 @@ REPORT_KEYS = {
     "zombie_writes_rejected", "violations", "events", "ok",
 }  # fmt: skip
 EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
-
-
-@pytest.fixture
-def sv(tmp_path: Path) -> Iterator[Supervisor]:
-    s = Supervisor(tmp_path)
-    yield s
-    s.kill_all()
 
 
 def enqueue(sv: Supervisor, runs: int, steps: int, sleep: float) -> list[int]:

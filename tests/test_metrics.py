@@ -12,7 +12,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import psutil
 import pytest
@@ -227,13 +226,6 @@ def test_a_port_in_use_is_a_clear_error(endpoint: HttpEndpoint) -> None:
 
 
 # -- the real supervisor -------------------------------------------------------------------
-@pytest.fixture
-def sv(tmp_path: Path) -> Iterator[Supervisor]:
-    s = Supervisor(tmp_path)
-    try:
-        yield s
-    finally:
-        s.kill_all()
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:

@@ -10,7 +10,6 @@ import secrets
 import signal
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -212,13 +211,6 @@ def test_lifecycle_events_map_to_notify_messages(clock: FakeClock) -> None:
 
 
 # -- the real supervisor -------------------------------------------------------------------
-@pytest.fixture
-def sv(tmp_path: Path) -> Iterator[Supervisor]:
-    s = Supervisor(tmp_path)
-    try:
-        yield s
-    finally:
-        s.kill_all()
 
 
 @pytest.mark.slow

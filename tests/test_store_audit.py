@@ -8,28 +8,13 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
-import pytest
 from helpers import FakeClock
-from store_backends import BACKENDS, Backend
 
 from workerproc.store import Commit, Store, open_store
 from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 TTL = 10.0
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: object) -> Backend:
-    return BACKENDS[request.param](str(tmp_path))
-
-
-@pytest.fixture
-def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
-    store = backend.open(clock)
-    yield store
-    store.close()
 
 
 class TestEvidence:

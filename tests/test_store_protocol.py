@@ -9,27 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
-import pytest
 from helpers import FakeClock
-from store_backends import BACKENDS, Backend
+from store_backends import Backend
 
 from workerproc.store import CasResult, Lease, Store
 
 TTL = 60.0
-
-
-@pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: object) -> Backend:
-    return BACKENDS[request.param](str(tmp_path))
-
-
-@pytest.fixture
-def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
-    store = backend.open(clock)
-    yield store
-    store.close()
 
 
 def claim(s: Store, owner: str = "w1", ttl: float = TTL, **kw: int) -> Lease:

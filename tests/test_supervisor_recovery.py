@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -22,15 +21,6 @@ from supervisor import exitcodes
 from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def sv(tmp_path: Path) -> Iterator[Supervisor]:
-    s = Supervisor(tmp_path)
-    try:
-        yield s
-    finally:
-        s.kill_all()
 
 
 def _kill_holder_and_time_takeover(sv: Supervisor) -> float:

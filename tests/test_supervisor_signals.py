@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,6 @@ from sv_harness import Supervisor, env_with_tests, gone, marker_lines
 from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def sv(tmp_path: Path) -> Iterator[Supervisor]:
-    s = Supervisor(tmp_path)
-    try:
-        yield s
-    finally:
-        s.kill_all()
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -12,8 +12,7 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 
 from __future__ import annotations
 
-_READY_AT = """
-    UPDATE runs SET (head_at, head_created, head_id, ready_at) = (
+_HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
                max(h.available_at, coalesce(l.until, h.available_at))
         FROM (SELECT available_at, created_at, id FROM tasks
@@ -21,22 +20,17 @@ _READY_AT = """
               ORDER BY available_at, created_at, id LIMIT 1) AS h,
              (SELECT max(lease_expires_at) AS until FROM tasks
               WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
-        WHERE runs.status IN ('pending', 'running'))
-    WHERE id = {run};
+        WHERE runs.status IN ('pending', 'running'))"""
+
+_READY_AT = f"""
+    UPDATE runs SET {_HEAD_AND_READY}
+    WHERE id = {{run}};
 """
 
 # v3: the same, and a run whose task just got a live lease is 'running' (so a claim needs no
 # second UPDATE of the run)
-_READY_AT_V3 = """
-    UPDATE runs SET (head_at, head_created, head_id, ready_at) = (
-        SELECT h.available_at, h.created_at, h.id,
-               max(h.available_at, coalesce(l.until, h.available_at))
-        FROM (SELECT available_at, created_at, id FROM tasks
-              WHERE run_id = runs.id AND done_at IS NULL
-              ORDER BY available_at, created_at, id LIMIT 1) AS h,
-             (SELECT max(lease_expires_at) AS until FROM tasks
-              WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
-        WHERE runs.status IN ('pending', 'running')),
+_READY_AT_V3 = f"""
+    UPDATE runs SET {_HEAD_AND_READY},
         status = CASE WHEN runs.status = 'pending' AND NEW.lease_owner IS NOT NULL
                       AND NEW.done_at IS NULL THEN 'running' ELSE runs.status END
     WHERE id = NEW.run_id;
