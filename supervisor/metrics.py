@@ -22,11 +22,10 @@ one database: aggregate them across hosts with ``max``, never ``sum``. Refused w
 incrementally from ``fence_rejections`` and counted from the start of the table, so those
 counters survive supervisor restarts.
 
-Not exported, because the store has no way to read them yet (``workerproc/store/base.py``: no
-aggregate over ``tasks.attempts``, no record of which claim was a takeover, no query of finished
-tasks' ``claimed_at``/``done_at``) and a number we cannot read from the database would be
-invented: claims (the sum of attempts), takeovers, and the task duration histogram.
-``histogram()`` below is ready for the durations once the store reports them.
+Claims, takeovers and the task duration histogram come from the workers themselves: each counts
+into its shared-memory status slot after every task (no database write), the supervisor sums the
+live slots and banks a reaped worker's last counts. They cover this supervisor's workers since it
+started (sum them across hosts).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workerproc import exitcodes as wexit
-from workerproc.status import PHASE_NAMES
+from workerproc.status import DURATION_BOUNDS, PHASE_NAMES, Counters, StatusBoard
 from workerproc.store.types import RUN_STATUSES
 
 from .arbiter import Arbiter
@@ -108,6 +107,18 @@ def histogram(bounds: Sequence[float], values: Iterable[float], labels: Labels) 
     return samples
 
 
+def histogram_counts(
+    bounds: Sequence[float], counts: Sequence[int], total: float, labels: Labels
+) -> list[Sample]:
+    """Like ``histogram`` from per-bucket counts already made (the workers bucket their own)."""
+    samples: list[Sample] = []
+    running = 0
+    for bound, count in zip([*bounds, math.inf], counts, strict=True):
+        running += count
+        samples.append(("_bucket", {**labels, "le": _number(bound)}, running))
+    return [*samples, ("_sum", labels, total), ("_count", labels, running)]
+
+
 # -- what the supervisor counts ----------------------------------------------------------------
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "unknown"
@@ -135,8 +146,11 @@ class Metrics:
     reloads: int = 0
     chaos_faults: Counter[str] = field(default_factory=Counter)
     leases_released: int = 0
+    banked: Counters = field(default_factory=Counters)  # what reaped workers had counted
+    board: StatusBoard | None = None
 
     def install(self, arb: Arbiter) -> None:
+        self.board = arb.board
         arb.events.on("worker_started", self._on_started)
         arb.events.on("worker_exited", self._on_exited)
         arb.events.on("reloading", self._on_reloading)
@@ -147,6 +161,20 @@ class Metrics:
 
     def _on_exited(self, exit: Exit, **_: Any) -> None:
         self.exits[(str(exit.kind), exit_reason(exit))] += 1
+        if self.board is not None:  # its slot keeps its last counters until a new worker starts
+            counted = self.board.slot(exit.worker.slot).read_counters(exit.worker.pid)
+            if counted is not None:
+                self.banked.add(counted)
+
+    def work(self, arb: Arbiter) -> Counters:
+        """Claims, takeovers and handler times: reaped workers' totals plus the live ones'."""
+        total = Counters()
+        total.add(self.banked)
+        for w in arb.pool.workers.values():
+            counted = arb.board.slot(w.slot).read_counters(w.pid)
+            if counted is not None:
+                total.add(counted)
+        return total
 
     def _on_reloading(self, **_: Any) -> None:
         self.reloads += 1
@@ -250,7 +278,26 @@ class Metrics:
             ("", {"fault": f}, self.chaos_faults.get(f, 0))
             for f in sorted({"kill", "pause", *self.chaos_faults})
         ]
+        work = self.work(arb)
         return [
+            family(
+                "claims_total",
+                "counter",
+                "Leases handed to this supervisor's workers (each claim, takeovers included).",
+                [("", {}, work.claims)],
+            ),
+            family(
+                "takeovers_total",
+                "counter",
+                "Claims of a task whose previous lease had expired or was released as dead.",
+                [("", {}, work.takeovers)],
+            ),
+            family(
+                "task_duration_seconds",
+                "histogram",
+                "Time in handlers, per execution (failed and interrupted ones included).",
+                histogram_counts(DURATION_BOUNDS, work.buckets, work.seconds, {}),
+            ),
             family(
                 "workers_target",
                 "gauge",

@@ -48,7 +48,6 @@ def handle_signals(arb: Arbiter) -> None:
 def reap(arb: Arbiter) -> None:
     for ex in arb.pool.reap():
         arb.state_dirty = True
-        arb.board.slot(ex.worker.slot).clear()
         level = logging.INFO if ex.kind is not ExitKind.CRASHED else WARN
         fields: dict[str, Any] = {
             "worker": ex.worker.pid,
@@ -57,7 +56,8 @@ def reap(arb: Arbiter) -> None:
         }
         fields.update(code=ex.code, signal=signal_name(ex.signal) if ex.signal else None)
         event("worker_exited", f"{ex.describe()}: {ex.kind}", level=level, **fields)
-        arb.events.emit("worker_exited", exit=ex)
+        arb.events.emit("worker_exited", exit=ex)  # subscribers may read its slot (metrics)
+        arb.board.slot(ex.worker.slot).clear()
         if _should_release(arb, ex):
             arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.lease_ttl
         if ex.backoff:

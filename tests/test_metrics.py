@@ -266,6 +266,11 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv: Supervisor) -> N
     )  # the 5 chains and the zombie's run, taken over once its lease expired
     assert value(done, "leasekeeper_tasks", state="leased") == 0
     assert all(sv.run_status(r) == "succeeded" for r in runs)
+    # counted by the workers: 5 chains of 3 tasks, and the zombie's task taken over
+    assert value(done, "leasekeeper_claims_total") >= 16
+    assert value(done, "leasekeeper_takeovers_total") == 1
+    assert value(done, "leasekeeper_task_duration_seconds_count") >= 16
+    assert value(done, "leasekeeper_task_duration_seconds_bucket", le="+Inf") >= 16
 
     store = open_store(sv.db)
     try:
@@ -296,6 +301,9 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv: Supervisor) -> N
         ),
         what="the killed worker in /metrics",
     )
+    # a reaped worker's counts are banked, not lost with it
+    assert value(killed, "leasekeeper_claims_total") >= value(done, "leasekeeper_claims_total")
+    assert value(killed, "leasekeeper_task_duration_seconds_count") >= 16
     wait_for(  # replaced (after the crash-loop backoff: it died young)
         lambda: value(scrape(port), "leasekeeper_worker_starts_total") == 3,
         what="a replacement worker in /metrics",

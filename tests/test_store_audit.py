@@ -138,3 +138,23 @@ def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):
     assert run is not None and run.failure_reason == "task_attempts_exhausted"
     assert run.last_error is not None and "ended without a commit" in run.last_error
     store.close()
+
+
+class TestTakeoverFlag:
+    def test_a_claim_says_whether_it_took_a_lease_over(self, s: Store, clock: FakeClock):
+        s.start_run("t")
+        first = s.claim("a", TTL)
+        assert first is not None and not first.takeover
+        clock.advance(TTL + 1)
+        second = s.claim("b", TTL)  # a's lease expired on the task
+        assert second is not None and second.takeover
+        assert s.release(second)
+        third = s.claim("c", TTL)  # handed back cleanly: a retry, not a takeover
+        assert third is not None and not third.takeover
+
+    def test_release_owner_makes_the_next_claim_a_takeover(self, s: Store, clock: FakeClock):
+        s.start_run("t")
+        assert s.claim("dead", TTL) is not None
+        assert s.release_owner("dead") == 1
+        lease = s.claim("alive", TTL)
+        assert lease is not None and lease.takeover

@@ -15,6 +15,7 @@ from workerproc import App, exitcodes
 from workerproc.app import LeaseLost, TaskContext
 from workerproc.heartbeat import Heartbeat
 from workerproc.runner import install_signals
+from workerproc.status import DURATION_BOUNDS, Counters, StatusBoard
 from workerproc.store import Lease, Store, StoreUnavailable, open_store
 from workerproc.waker import Waker
 from workerproc.worker import INTERRUPT, Worker, WorkerConfig
@@ -165,3 +166,41 @@ def test_interrupt_outside_the_handler_is_ignored(worker_signals):
     os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
     time.sleep(0.01)
     assert worker._interrupt is LeaseLost
+
+
+def test_status_slot_counters_round_trip_and_belong_to_one_pid():
+    board = StatusBoard(2)
+    counted = Counters(claims=3, takeovers=1)
+    counted.task_done(0.003)
+    counted.task_done(0.2)
+    counted.task_done(1e6)  # past the last bound: the +Inf bucket
+    board.slot(1).publish_counters(4242, counted)
+    got = board.slot(1).read_counters(4242)
+    assert got == counted and got.done == 3 and got.buckets[-1] == 1
+    assert got.buckets[0] == 1 and sum(got.buckets) == 3
+    assert len(got.buckets) == len(DURATION_BOUNDS) + 1
+    assert board.slot(1).read_counters(4243) is None  # another pid's slot
+    assert board.slot(0).read_counters(4242) is None
+    board.slot(1).clear()
+    assert board.slot(1).read_counters(4242) is None
+
+
+def test_worker_counts_claims_and_handler_time_into_its_slot(db_path: str):
+    store = open_store(db_path)
+    for _ in range(5):
+        store.start_run("noop")
+    app = App()
+    app.task("noop")(lambda ctx: None)
+    board = StatusBoard(1)
+
+    class Once(Worker):
+        def _idle(self) -> None:
+            self.stop_signal = signal.SIGTERM
+
+    worker = Once(store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: store,
+                  slot=board.slot(0))  # fmt: skip
+    assert worker.run() == exitcodes.OK
+    counted = board.slot(0).read_counters(os.getpid())
+    assert counted is not None and counted.claims == 5 and counted.done == 5
+    assert counted.takeovers == 0 and sum(counted.buckets) == 5
+    store.close()

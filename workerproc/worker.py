@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from . import exitcodes
 from .app import App, Handler, LeaseLost, TaskContext
 from .heartbeat import Heartbeat
-from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, StatusSlot
+from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import (
     CasResult,
     ClaimRequest,
@@ -104,6 +104,7 @@ class Worker:
         self.parent_pid = parent_pid
         self.pid = os.getpid()
         self.tasks_done = 0
+        self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self.stop_signal: int | None = None  # TERM/INT: finish the current task, then stop
         self.quit = False  # QUIT: abandon the current task now
         self._exit_code: int | None = None  # set by the heartbeat side for the main loop
@@ -251,6 +252,15 @@ class Worker:
             return exitcodes.PARENT_DIED
         return None
 
+    def _count(self, lease: Lease | None) -> None:
+        if lease is not None:
+            self.counters.claims += 1
+            self.counters.takeovers += lease.takeover
+
+    def _publish_counters(self) -> None:
+        if self.slot is not None:
+            self.slot.publish_counters(self.pid, self.counters)
+
     def _publish(self, phase: int, lease: Lease | None = None) -> None:
         if self.slot is not None:
             self.slot.publish(self.pid, phase, lease.task_id if lease else 0,
@@ -270,6 +280,7 @@ class Worker:
             lease = None
         self._lease_start = started
         self._publish(IDLE)
+        self._count(lease)
         return lease
 
     def _idle(self) -> None:
@@ -322,6 +333,7 @@ class Worker:
         ctx = TaskContext(lease, self._lost)
         self.heartbeat.track(lease, self._lease_start)
         self._publish(HANDLER, lease)
+        started = time.monotonic()
         try:
             value = self._call(handler, ctx)
         except LeaseLost:
@@ -332,6 +344,7 @@ class Worker:
             return self._failure(lease, exc)
         finally:
             self.heartbeat.untrack()
+            self.counters.task_done(time.monotonic() - started)
             self._publish(COMMITTING, lease)
         if ctx.commit is not None:
             return ctx.commit
@@ -370,8 +383,11 @@ class Worker:
         if outcome is None or outcome[1] is None:
             self._publish(IDLE)
         if outcome is None:
+            self._publish_counters()
             return None
         result, next_lease = outcome
+        self._count(next_lease)
+        self._publish_counters()
         if result is CasResult.LEASE_LOST:
             log.warning("task %s attempt %s: commit refused, lease lost; result discarded",
                         lease.task_id, lease.attempt)  # fmt: skip

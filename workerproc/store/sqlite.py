@@ -61,7 +61,7 @@ class SQLiteStore(SQLiteBase, Store):
             row = c.execute(q.CLAIM, params).fetchone()
             if row is None:
                 return None
-            task_id, run_id, name, payload, attempts, base, expires_at = row
+            task_id, run_id, name, payload, attempts, base, expires_at, takeover = row
             if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
                 (error,) = c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id}).fetchone()
                 c.execute(
@@ -90,6 +90,7 @@ class SQLiteStore(SQLiteBase, Store):
                 state=_loads(state),
                 revision=revision,
                 tries=attempts - base,
+                takeover=bool(takeover),
             )
 
     @staticmethod

@@ -128,6 +128,11 @@ MIGRATIONS: list[str] = [
         {_READY_AT_V3}
     END;
     """,
+    # 4: a claim keeps who held the task before (set only when that lease was still on it:
+    # expired, or released as dead), so a worker knows it took the task over.
+    """
+    ALTER TABLE tasks ADD COLUMN prev_owner TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -30,8 +30,8 @@ INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created
 # runs' head columns (kept by triggers) make the pick an index walk that skips only runs with a
 # live lease (at most one per busy worker); a takeover keeps its place by available_at.
 CLAIM = f"""
-UPDATE tasks SET lease_owner = :owner, lease_expires_at = :now + :ttl, attempts = attempts + 1,
-    claimed_at = :now
+UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
+    attempts = attempts + 1, claimed_at = :now
 WHERE id = (
     SELECT (SELECT t.id FROM tasks AS t
             WHERE t.run_id = r.id AND t.done_at IS NULL AND t.available_at <= :now
@@ -44,7 +44,8 @@ WHERE id = (
                         AND a.lease_expires_at > :now)
     ORDER BY r.head_at, r.head_created, r.head_id
     LIMIT 1)
-RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+    prev_owner IS NOT NULL
 """
 
 # claim: hand the run's state to the handler (the claim's trigger marked the run running).

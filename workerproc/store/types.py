@@ -35,6 +35,7 @@ class Lease:
     state: JSON = field(default=None)
     revision: int = 0
     tries: int = 1  # attempts since the run was last retried: what max_attempts bounds (R6)
+    takeover: bool = False  # the previous holder's lease expired (or was released as dead)
 
     @property
     def fence(self) -> tuple[int, str, int]:
