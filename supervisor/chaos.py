@@ -176,6 +176,7 @@ class Chaos:
             bound_s=self.verifier.bound(fault),
         )
         self.verifier.record(ev)
+        arb.events.emit("chaos_fault", fault=fault, pid=victim.pid, task_id=task_id, phase=phase)
         if fault == "pause":
             self.paused[victim.pid] = (victim, arb.clock() + self.pause_for, ev)
         event(

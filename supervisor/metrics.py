@@ -11,11 +11,9 @@ Two sources:
 - the database, through the shared ``StatsProbe`` (one short session per read, re-read only when
   a scrape finds the cache older than ``max_age``): runs by status, tasks by state, and the
   writes the fence refused (zombie writes rejected, by operation; lease losses);
-- the arbiter's event bus: worker starts, exits by kind and reason, reloads;
-- the supervisor's lifecycle log events (``logs.event``, the stream whose ``event`` names are
-  stable for scripts): chaos faults (``chaos_fault``) and leases fast-released after a worker
-  died (``leases_released``). A handler on the ``supervisor`` logger counts them (``logs.setup``
-  keeps that logger at INFO, where these events are logged), so chaos mode needs no hook.
+- the arbiter's event bus: worker starts, exits by kind and reason, reloads, chaos faults
+  (``chaos_fault``) and leases fast-released after a worker died (``leases_released``);
+- the workers' shared-memory status slots: claims, takeovers, handler times (below).
 
 Database-wide numbers (runs, tasks, refused writes) are the same for every supervisor sharing
 one database: aggregate them across hosts with ``max``, never ``sum``. Refused writes are read
@@ -30,7 +28,6 @@ started (sum them across hosts).
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import re
@@ -45,7 +42,6 @@ from workerproc.status import DURATION_BOUNDS, PHASE_NAMES, Counters, StatusBoar
 from workerproc.store.types import RUN_STATUSES
 
 from .arbiter import Arbiter
-from .logs import LOGGER_NAME
 from .pool import Exit, ExitKind
 from .probe import StatsProbe
 from .signals import name as signal_name
@@ -154,7 +150,8 @@ class Metrics:
         arb.events.on("worker_started", self._on_started)
         arb.events.on("worker_exited", self._on_exited)
         arb.events.on("reloading", self._on_reloading)
-        logging.getLogger(LOGGER_NAME).addHandler(EventCounter(self))
+        arb.events.on("chaos_fault", self._on_chaos_fault)
+        arb.events.on("leases_released", self._on_leases_released)
 
     def _on_started(self, **_: Any) -> None:
         self.worker_starts += 1
@@ -179,11 +176,11 @@ class Metrics:
     def _on_reloading(self, **_: Any) -> None:
         self.reloads += 1
 
-    def on_log_event(self, name: str, fields: dict[str, Any]) -> None:
-        if name == "chaos_fault":
-            self.chaos_faults[_slug(str(fields.get("fault", "unknown")))] += 1
-        elif name == "leases_released":
-            self.leases_released += int(fields.get("count", 0))
+    def _on_chaos_fault(self, fault: str, **_: Any) -> None:
+        self.chaos_faults[_slug(fault)] += 1
+
+    def _on_leases_released(self, count: int, **_: Any) -> None:
+        self.leases_released += count
 
     def render(self, arb: Arbiter) -> str:
         stats = self.probe.at_most(arb, self.max_age)
@@ -354,16 +351,3 @@ class Metrics:
                 [("", {"pid": str(os.getpid()), "phase": str(arb.phase)}, 1)],
             ),
         ]
-
-
-class EventCounter(logging.Handler):
-    """Feeds the supervisor's lifecycle log events (name and fields) to ``Metrics``."""
-
-    def __init__(self, metrics: Metrics) -> None:
-        super().__init__(logging.INFO)
-        self.metrics = metrics
-
-    def emit(self, record: logging.LogRecord) -> None:
-        name = getattr(record, "event", None)
-        if name in ("chaos_fault", "leases_released"):
-            self.metrics.on_log_event(name, dict(getattr(record, "fields", {})))

@@ -103,6 +103,7 @@ def release(arb: Arbiter) -> None:
     for owner, count in released.items():
         arb.pending_release.pop(owner, None)
         if count:
+            arb.events.emit("leases_released", owner=owner, count=count)
             event(
                 "leases_released",
                 f"released {count} lease(s) of dead worker {owner}",

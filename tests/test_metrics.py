@@ -4,7 +4,6 @@ is killed."""
 
 from __future__ import annotations
 
-import logging
 import re
 import signal
 import socket
@@ -19,7 +18,7 @@ from helpers import FakeClock, wait_for
 from sv_harness import Supervisor
 from test_notify import FlakyGate, fake_arbiter
 
-from supervisor import logs, metrics_http
+from supervisor import metrics_http
 from supervisor.errors import SupervisorError
 from supervisor.metrics import Metrics, exit_reason, family, histogram
 from supervisor.metrics_http import HttpEndpoint, listen
@@ -104,28 +103,15 @@ def test_exit_reason(
     assert exit_reason(Exit(worker, code, sig, 1.0, kind)) == reason
 
 
-@pytest.fixture
-def supervisor_logger() -> Iterator[logging.Logger]:
-    """The supervisor's logger at INFO (as ``logs.setup`` leaves it); our handlers removed after."""
-    logger = logging.getLogger(logs.LOGGER_NAME)
-    level, handlers = logger.level, list(logger.handlers)
-    logger.setLevel(logging.INFO)
-    yield logger
-    logger.setLevel(level)
-    logger.handlers[:] = handlers
-
-
-def test_render_counts_bus_and_log_events(
-    clock: FakeClock, supervisor_logger: logging.Logger
-) -> None:
+def test_render_counts_bus_events(clock: FakeClock) -> None:
     arb = fake_arbiter(clock, FlakyGate())
     metrics = Metrics(StatsProbe())
     metrics.install(arb)
     worker = Worker(7, 0, "o", 0, 0.0)
     arb.events.emit("worker_started", worker=worker)
     arb.events.emit("worker_exited", exit=Exit(worker, None, signal.SIGKILL, 1.0, ExitKind.CRASHED))
-    logs.event("chaos_fault", "chaos: SIGSTOP pid 7", fault="pause", pid=7)
-    logs.event("leases_released", "released 2 lease(s)", owner="o", count=2)
+    arb.events.emit("chaos_fault", fault="pause", pid=7, task_id=3, phase="handler")
+    arb.events.emit("leases_released", owner="o", count=2)
     samples = parse(metrics.render(arb))
     assert value(samples, "leasekeeper_runs", status="succeeded") == 3
     assert value(samples, "leasekeeper_tasks", state="ready") == 1
