@@ -54,6 +54,7 @@ class SlowRenewals:
 
 
 def make_heartbeat(store: Any, lost: list[str], **kw: Any) -> Heartbeat:
+    kw.setdefault("on_stuck", None)
     return Heartbeat(
         lambda: store,
         ttl=kw.pop("ttl", 10.0),
@@ -203,4 +204,112 @@ def test_worker_counts_claims_and_handler_time_into_its_slot(db_path: str):
     counted = board.slot(0).read_counters(os.getpid())
     assert counted is not None and counted.claims == 5 and counted.done == 5
     assert counted.takeovers == 0 and sum(counted.buckets) == 5
+    store.close()
+
+
+class ScriptedRenewals:
+    """Refuses renewals of the leases in ``refuse``; records every renewal with its time."""
+
+    def __init__(self, refuse: set[int]) -> None:
+        self.refuse = refuse
+        self.calls: list[tuple[int, float]] = []
+
+    def renew_until(self, lease: Lease, ttl: float) -> float | None:
+        self.calls.append((lease.task_id, time.monotonic()))
+        return None if lease.task_id in self.refuse else time.time() + ttl
+
+    def close(self) -> None:
+        pass
+
+
+def test_after_a_lost_lease_the_next_lease_is_renewed_on_time():
+    """A lost lease must not put the heartbeat to sleep for a ttl (the next task would lapse)."""
+    store = ScriptedRenewals(refuse={1})
+    lost: list[str] = []
+    hb = make_heartbeat(store, lost, ttl=3.0, interval=0.2, on_stuck=lambda lease: None)
+    hb.start()
+    first = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
+    hb.track(first, time.monotonic())
+    wait_for(lambda: lost, timeout=10, what="the first lease lost")
+    hb.untrack()
+    second = Lease(2, 2, "t", None, 1, "me", 0.0, 0.0)
+    tracked_at = time.monotonic()
+    hb.track(second, tracked_at)
+    when = wait_for(lambda: next((t for i, t in store.calls if i == 2), None), timeout=10)
+    hb.close()
+    assert when - tracked_at < 1.5  # one interval (0.2 s) plus slack, never the 3 s ttl
+
+
+def test_untrack_waits_while_the_timeout_path_ends_the_process():
+    """on_timeout exits the process; until it does, the main thread must not commit and claim
+    the next task (it would be killed inside it)."""
+    finished: list[float] = []
+    exiting = threading.Event()
+
+    def slow_exit(lease: Lease) -> None:
+        exiting.set()
+        time.sleep(0.5)  # the real one releases the lease, then os._exit()s
+        finished.append(time.monotonic())
+
+    hb = Heartbeat(
+        lambda: ScriptedRenewals(set()),
+        ttl=10.0,
+        interval=1.0,
+        on_lost=lambda lease, why: None,
+        on_timeout=slow_exit,
+        on_death=lambda exc: None,
+        task_timeout=0.1,
+    )
+    hb.start()
+    hb.track(LEASE, time.monotonic())
+    assert exiting.wait(10)  # the timeout fired and the exit path is under way
+    hb.untrack()
+    returned = time.monotonic()
+    hb.close()
+    assert finished and returned >= finished[0]
+
+
+def test_a_committed_lease_is_never_released_again_on_exit(db_path: str):
+    """QUIT while a handler finishes: its commit lands, and nothing is refused afterwards."""
+    store = open_store(db_path)
+    store.start_run("noop")
+    app = App()
+    holder: list[Worker] = []
+
+    def handler(ctx: TaskContext) -> None:
+        holder[0].quit = True  # QUIT recorded while the handler ran
+
+    app.task("noop")(handler)
+    worker = Worker(
+        store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: open_store(db_path)
+    )
+    holder.append(worker)
+    assert worker.run() == exitcodes.OK
+    assert store.stats().runs == {"succeeded": 1}
+    assert store.fence_rejections() == []  # no false evidence of a zombie
+    store.close()
+
+
+def test_a_store_error_while_settling_a_conflict_does_not_stop_the_worker(db_path: str):
+    store = open_store(db_path)
+    run_id = store.start_run("noop")
+    other = open_store(db_path)
+    app = App()
+
+    def handler(ctx: TaskContext) -> None:
+        other.cancel_run(run_id)  # the run moves under the handler: its commit is a conflict
+
+    app.task("noop")(handler)
+
+    def broken_get_run(run_id: int) -> None:
+        raise StoreUnavailable("database is locked")
+
+    class Once(Worker):
+        def _idle(self) -> None:
+            self.stop_signal = signal.SIGTERM
+
+    store.get_run = broken_get_run  # type: ignore[method-assign]
+    worker = Once(store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: other)
+    assert worker.run() == exitcodes.OK
+    other.close()
     store.close()

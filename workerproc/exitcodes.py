@@ -9,6 +9,7 @@ HEARTBEAT_DIED = 71  # the heartbeat thread died; without it leases would silent
 PARENT_DIED = 72  # the supervisor is gone; an orphan must not keep claiming
 RECYCLE = 73  # reached max_tasks (with jitter): a planned, graceful replacement
 LEASE_STUCK = 74  # a lease was lost and the handler would not stop: the process gives up
+STORE_ERROR = 75  # an unexpected store error after boot: a crash, replace me
 
 DESCRIPTIONS = {
     OK: "stopped",
@@ -18,6 +19,7 @@ DESCRIPTIONS = {
     PARENT_DIED: "parent died",
     RECYCLE: "recycled after max tasks",
     LEASE_STUCK: "lease lost and handler did not stop",
+    STORE_ERROR: "store error after boot",
 }
 
 

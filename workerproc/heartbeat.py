@@ -120,21 +120,24 @@ class Heartbeat:
                     wait = t.lost_at + self.ttl - time.monotonic()
                     if wait <= 0:
                         on_stuck, self._on_stuck = self._on_stuck, None
+                        self._renewing = True  # untrack() must wait: the process is going
                         self._cond.release()
                         try:
                             on_stuck(t.lease)
                         finally:
                             self._cond.acquire()
                         continue
-                    self._cond.wait(wait)
+                    # track()/untrack() send no wake-up (they are on every task's path), so
+                    # no wait here outlasts idle_wait: the next lease is looked at soon
+                    self._cond.wait(min(wait, self.idle_wait))
                 elif t is not None and not t.lost and not t.timed_out:
                     wait = t.next_due - time.monotonic()
                     if self.task_timeout is not None:
                         wait = min(wait, t.started + self.task_timeout - time.monotonic())
                     if wait <= 0:
                         break
-                    self._cond.wait(wait)
-                else:  # idle: track() sends no wake-up (it is on every task's path)
+                    self._cond.wait(min(wait, self.idle_wait))
+                else:
                     self._cond.wait(self.idle_wait)
             if self._closed:
                 return False
@@ -143,11 +146,19 @@ class Heartbeat:
             if self.task_timeout is not None and now >= t.started + self.task_timeout:
                 t.timed_out = True  # stop renewing: the lease will lapse
                 timed_out = True
+                # on_timeout ends the process: untrack() must not return meanwhile, or the
+                # main thread would commit, claim the next task and be killed inside it
+                self._renewing = True
             else:
                 timed_out = False
                 self._renewing = True
         if timed_out:
-            self._on_timeout(t.lease)
+            try:
+                self._on_timeout(t.lease)  # in the worker it ends the process
+            finally:
+                with self._cond:
+                    self._renewing = False
+                    self._cond.notify_all()
             return True
         try:
             self._renew(store, t)

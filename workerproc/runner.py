@@ -18,7 +18,7 @@ from . import exitcodes
 from .app import App
 from .identity import make_owner
 from .status import StatusSlot
-from .store import Store, StoreError, open_store
+from .store import Store, StoreCorrupt, StoreError, open_store
 from .waker import Waker
 from .worker import INTERRUPT, Worker, WorkerConfig
 
@@ -123,9 +123,12 @@ def run_worker(
     log.info("worker %s started (owner %s)", os.getpid(), owner)
     try:
         return worker.run()
-    except StoreError as exc:
-        log.error("worker stopping: %s", exc)
+    except StoreCorrupt as exc:  # restarting cannot help: stop the pool (the supervisor does)
+        log.error("worker stopping, the database is corrupt: %s", exc)
         return exitcodes.BOOT_FAILURE
+    except StoreError as exc:  # anything else after boot is a crash: the supervisor restarts
+        log.error("worker crashed on a store error: %s", exc)
+        return exitcodes.STORE_ERROR
     finally:
         _close(store)
         signal.set_wakeup_fd(-1)

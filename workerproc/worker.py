@@ -109,6 +109,7 @@ class Worker:
         self.quit = False  # QUIT: abandon the current task now
         self._exit_code: int | None = None  # set by the heartbeat side for the main loop
         self._lost = threading.Event()
+        self._running: Lease | None = None  # the lease whose handler runs now
         self._in_handler = False
         self._interrupt: type[BaseException] | None = None
         self._lease_start = 0.0
@@ -155,6 +156,8 @@ class Worker:
     # -- heartbeat callbacks (heartbeat thread) -------------------------------------------------
     def _on_lost(self, lease: Lease, why: str) -> None:
         log.warning("task %s attempt %s: lease lost (%s)", lease.task_id, lease.attempt, why)
+        if lease is not self._running:
+            return  # a late word about a task already behind us: never interrupt the next
         self._lost.set()
         self._interrupt_main(LeaseLost)
 
@@ -226,14 +229,15 @@ class Worker:
                     if lease is None:
                         self._idle()
                         continue
-                commit = self._execute(lease)
+                current, lease = lease, None  # from here on its commit owns it, not `finally`
+                commit = self._execute(current)
                 self.tasks_done += 1
                 if self.quit:
                     self._safe_commit(commit, None)
                     return exitcodes.OK
                 recycle = self._max_tasks is not None and self.tasks_done >= self._max_tasks
                 want_next = self.stop_signal is None and not recycle and self._exit_code is None
-                lease = self._commit(lease, commit, want_next)
+                lease = self._commit(current, commit, want_next)
                 if recycle:
                     return exitcodes.RECYCLE
         finally:
@@ -334,6 +338,7 @@ class Worker:
         self.heartbeat.track(lease, self._lease_start)
         self._publish(HANDLER, lease)
         started = time.monotonic()
+        self._running = lease
         try:
             value = self._call(handler, ctx)
         except LeaseLost:
@@ -344,6 +349,7 @@ class Worker:
             return self._failure(lease, exc)
         finally:
             self.heartbeat.untrack()
+            self._running = None
             self.counters.task_done(time.monotonic() - started)
             self._publish(COMMITTING, lease)
         if ctx.commit is not None:
@@ -423,7 +429,11 @@ class Worker:
     def _resolve_conflict(self, commit: Commit) -> None:
         """Someone else moved the run (an operator cancelled it, say): drop the task if the run
         is over, else give it back for another attempt."""
-        run = self.store.get_run(commit.lease.run_id)
+        try:
+            run = self.store.get_run(commit.lease.run_id)
+        except StoreError as exc:  # the lease lapses and the task is retried: no harm
+            log.warning("cannot read run %s to settle a conflict: %s", commit.lease.run_id, exc)
+            return
         terminal = run is None or run.terminal
         log.info("run %s moved under task %s: %s", commit.lease.run_id, commit.lease.task_id,
                  "dropping it" if terminal else "releasing it")  # fmt: skip
