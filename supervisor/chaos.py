@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
-from workerproc.status import HANDLER, PHASE_NAMES
+from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
 from .arbiter import Step
@@ -163,7 +163,7 @@ class Chaos:
         settled = wait_settled(victim.pid, fault)
         state = arb.board.read(victim.slot)
         mine = state is not None and state.pid == victim.pid
-        phase = PHASE_NAMES[state.phase] if mine and state else "starting"
+        phase = state.phase_name if mine and state else "starting"
         task_id = state.task_id if mine and state and state.task_id else None
         attempt = state.attempt if mine and state and state.task_id else None
         ev = FaultEvent(

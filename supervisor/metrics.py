@@ -263,7 +263,7 @@ class Metrics:
         phases: Counter[str] = Counter()
         for w in arb.pool.workers.values():
             slot = arb.board.read(w.slot)
-            phases[PHASE_NAMES[slot.phase] if slot and slot.pid == w.pid else "starting"] += 1
+            phases[slot.phase_name if slot and slot.pid == w.pid else "starting"] += 1
         phase_samples: list[Sample] = [
             ("", {"phase": p}, phases.get(p, 0)) for p in ("starting", *PHASE_NAMES)
         ]

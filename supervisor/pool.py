@@ -105,9 +105,6 @@ class Pool:
     def active(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.active]
 
-    def by_slot(self, slot: int) -> Worker | None:
-        return next((w for w in self.workers.values() if w.slot == slot), None)
-
     def _free_slot(self) -> int | None:
         used = {w.slot for w in self.workers.values()}
         return next((i for i in range(self.capacity) if i not in used), None)

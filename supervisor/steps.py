@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from workerproc import exitcodes as wexit
-from workerproc.status import HANDLER, PHASE_NAMES
+from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
 from . import exitcodes
@@ -243,7 +243,14 @@ def drain(arb: Arbiter) -> None:
     if not arb.due("drain", arb.config.timing.drain_check):
         return
     try:
-        stats = arb.gate.stats()
+        with arb.gate.session() as store:
+            # One index lookup says whether any work is left (a run's ready_at is NULL only
+            # when it is over or has no pending task); the full counts, a scan of every run,
+            # only for the progress line and the final message.
+            left = store.next_ready_at() is not None
+            if left and (arb.progress is None or not arb.progress.enabled):
+                return
+            stats = store.stats()
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
         return
@@ -289,7 +296,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
                 "generation": w.generation,
                 "started_at": round(w.started_at + offset, 3),
                 "retiring": w.retiring,
-                "phase": PHASE_NAMES[slot.phase] if mine and slot else "starting",
+                "phase": slot.phase_name if mine and slot else "starting",
                 "task_id": slot.task_id if mine and slot and slot.task_id else None,
                 "attempt": slot.attempt if mine and slot and slot.attempt else None,
             }

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from workerproc.store import Clock, Store, open_store
+from workerproc.store import Clock, Lease, Store, open_store
 
 
 class Backend(abc.ABC):
@@ -69,3 +69,19 @@ BACKENDS: dict[str, Callable[[str], Backend]] = {
     "sqlite": SQLiteBackend,
     # "postgres": PostgresBackend,  # one line here runs every protocol test on PostgreSQL
 }
+
+
+# -- helpers the protocol suites share ----------------------------------------------------------
+TTL = 60.0
+
+
+def claim(s: Store, owner: str = "w1", ttl: float = TTL, **kw: int) -> Lease:
+    """Claim, asserting there was something to claim."""
+    lease = s.claim(owner, ttl, **kw)
+    assert lease is not None, "expected a claimable task"
+    return lease
+
+
+def snapshot(s: Store, *run_ids: int) -> list[object]:
+    """Everything the store says about ``run_ids``: to show that nothing changed."""
+    return [(s.get_run(r), s.get_tasks(r)) for r in run_ids]

@@ -11,21 +11,9 @@ import threading
 import time
 
 from helpers import FakeClock
-from store_backends import Backend
+from store_backends import TTL, Backend, claim, snapshot
 
 from workerproc.store import CasResult, Lease, Store
-
-TTL = 60.0
-
-
-def claim(s: Store, owner: str = "w1", ttl: float = TTL, **kw: int) -> Lease:
-    lease = s.claim(owner, ttl, **kw)
-    assert lease is not None, "expected a claimable task"
-    return lease
-
-
-def snapshot(s: Store, *run_ids: int) -> list[object]:
-    return [(s.get_run(r), s.get_tasks(r)) for r in run_ids]
 
 
 class TestLeaseProtocol:

@@ -16,7 +16,6 @@ from typing import NamedTuple
 
 IDLE, CLAIMING, HANDLER, COMMITTING, STOPPING = range(5)
 PHASE_NAMES = ("idle", "claiming", "handler", "committing", "stopping")
-IN_STORE = (CLAIMING, COMMITTING)
 
 _SLOT = struct.Struct("<QqiiqqQ")  # seq, pid, phase, pad, task_id, attempt, since (ns)
 

@@ -114,6 +114,7 @@ class Worker:
         self._interrupt: type[BaseException] | None = None
         self._lease_start = 0.0
         self._max_tasks = config.max_tasks
+        self._open_store = open_store  # for the heartbeat thread (and its timeout release)
         self.heartbeat = Heartbeat(
             open_store,
             ttl=config.lease_ttl,
@@ -141,10 +142,6 @@ class Worker:
             exc, self._interrupt = self._interrupt, None
             raise exc()
 
-    def request_stop(self) -> None:
-        self.stop_signal = signal.SIGTERM
-        self.waker.wake()
-
     def _absorb(self, signals: set[int]) -> None:
         """Signals seen on the wakeup fd: a belt to the Python handlers' braces, since a handler
         that raises (the interrupt) can delay another signal's Python-level handler."""
@@ -168,7 +165,13 @@ class Worker:
         )  # fmt: skip
         error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
         try:  # fenced: a no-op if the main thread committed first
-            self.heartbeat_store_release(lease, error)
+            store = self._open_store()  # this thread's own connection, never the main one
+            try:
+                store.release(lease, self._backoff(lease.tries), error=error)
+            finally:
+                store.close()
+        except StoreError as exc:
+            log.error("could not record the timeout: %s", exc)
         finally:
             # A hung Python call cannot be cancelled safely: the process goes, its parent
             # replaces it. Nothing half-written survives: every write is one transaction.
@@ -180,15 +183,6 @@ class Worker:
             lease.task_id, lease.attempt,
         )  # fmt: skip
         os._exit(exitcodes.LEASE_STUCK)
-
-    def heartbeat_store_release(self, lease: Lease, error: str) -> None:
-        store = self.heartbeat_store_factory()
-        try:
-            store.release(lease, self._backoff(lease.tries), error=error)
-        except StoreError as exc:
-            log.error("could not record the timeout: %s", exc)
-        finally:
-            store.close()
 
     def _on_heartbeat_death(self, exc: BaseException) -> None:
         self._exit_code = exitcodes.HEARTBEAT_DIED
@@ -207,10 +201,6 @@ class Worker:
             and signal.getsignal(INTERRUPT) == self.on_interrupt_signal
         ):
             signal.pthread_kill(main, INTERRUPT)
-
-    @property
-    def heartbeat_store_factory(self) -> Callable[[], Store]:
-        return self.heartbeat._open_store
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> int:
