@@ -14,7 +14,7 @@ from workerproc.store import RunNotFound
 from . import control, ops, render
 from .clickutil import db_option, json_option, option, pidfile_option
 from .errors import NotRunning, SupervisorError
-from .pidfile import live_pid, read_state
+from .loop.pidfile import live_pid, read_state
 
 
 @click.command()

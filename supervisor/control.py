@@ -13,7 +13,7 @@ import psutil
 
 from . import exitcodes
 from .errors import ConfigError, NotRunning, SupervisorError
-from .pidfile import live_pid, read_state, state_age
+from .loop.pidfile import live_pid, read_state, state_age
 
 
 def send(pidfile: str, signum: int) -> int:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, MutableMapping
 
-from .arbiter import Arbiter, Step
 from .logs import event
+from .loop.arbiter import Arbiter, Step
 from .metrics import CONTENT_TYPE, Metrics
 from .metrics_http import HttpEndpoint, listen
 from .notify import ENV_WEDGE, SystemdNotify, wedge_step

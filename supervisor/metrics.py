@@ -41,10 +41,10 @@ from workerproc import exitcodes as wexit
 from workerproc.status import DURATION_BOUNDS, PHASE_NAMES, Counters, StatusBoard
 from workerproc.store.types import RUN_STATUSES
 
-from .arbiter import Arbiter
-from .pool import Exit, ExitKind
+from .loop.arbiter import Arbiter
+from .loop.pool import Exit, ExitKind
+from .loop.signals import name as signal_name
 from .probe import StatsProbe
-from .signals import name as signal_name
 
 PREFIX = "leasekeeper_"
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

@@ -18,7 +18,7 @@ from supervisor import exitcodes
 from supervisor.cli import cli
 from supervisor.control import parse_scale, scale_target
 from supervisor.errors import ConfigError
-from supervisor.pidfile import state_path
+from supervisor.loop.pidfile import state_path
 from workerproc.store import open_store
 
 

@@ -20,9 +20,9 @@ from test_notify import FlakyGate, fake_arbiter
 
 from supervisor import metrics_http
 from supervisor.errors import SupervisorError
+from supervisor.loop.pool import Exit, ExitKind, Worker
 from supervisor.metrics import Metrics, exit_reason, family, histogram
 from supervisor.metrics_http import HttpEndpoint, listen
-from supervisor.pool import Exit, ExitKind, Worker
 from supervisor.probe import StatsProbe
 from workerproc import exitcodes as wexit
 from workerproc.store import open_store

@@ -16,8 +16,10 @@ import pytest
 from helpers import FakeClock, wait_for
 from sv_harness import Supervisor
 
-from supervisor.arbiter import Arbiter
 from supervisor.config import StartConfig
+from supervisor.loop.arbiter import Arbiter
+from supervisor.loop.pool import Pool
+from supervisor.loop.signals import SignalInbox
 from supervisor.notify import (
     ENV_SOCKET,
     ENV_WATCHDOG_PID,
@@ -28,9 +30,7 @@ from supervisor.notify import (
     socket_address,
     watchdog_interval,
 )
-from supervisor.pool import Pool
 from supervisor.probe import StatsProbe
-from supervisor.signals import SignalInbox
 from workerproc import App
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable

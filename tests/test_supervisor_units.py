@@ -19,13 +19,13 @@ import pytest
 from helpers import FakeClock
 
 from supervisor import exitcodes, logs
-from supervisor.arbiter import Arbiter, Phase, Step
 from supervisor.config import StartConfig, Timing
 from supervisor.errors import ConfigError, NotRunning, PidfileLocked
-from supervisor.pidfile import Pidfile, live_pid, read_state
-from supervisor.pool import ExitKind, Pool, Worker, classify
-from supervisor.signals import SignalInbox, blocked
-from supervisor.steps import default_steps
+from supervisor.loop.arbiter import Arbiter, Phase, Step
+from supervisor.loop.pidfile import Pidfile, live_pid, read_state
+from supervisor.loop.pool import ExitKind, Pool, Worker, classify
+from supervisor.loop.signals import SignalInbox, blocked
+from supervisor.loop.steps import default_steps
 from workerproc import App
 from workerproc import exitcodes as wexit
 from workerproc.status import HANDLER, IDLE, StatusBoard
@@ -382,7 +382,7 @@ def test_pidfile_lock_refusal_stale_and_reused_pid(tmp_path: Path) -> None:
         [sys.executable, "-c", f"""
 import sys, time
 sys.path.insert(0, {os.getcwd()!r})
-from supervisor.pidfile import Pidfile
+from supervisor.loop.pidfile import Pidfile
 p = Pidfile({path!r}); p.acquire(); print("held", flush=True); time.sleep(60)
 """],
         stdout=subprocess.PIPE,

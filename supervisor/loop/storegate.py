@@ -14,7 +14,7 @@ from workerproc.identity import owner_is_dead
 from workerproc.store import Stats, Store, open_store
 from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
 
-from .errors import SupervisorError
+from ..errors import SupervisorError
 
 # Inside the loop a step must not block on the write lock for long: signals, reaping, chaos
 # resumes and the watchdog wait behind it. A step that finds the database busy (a backup, a

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from workerproc import exitcodes as wexit
 
-from .config import Timing
+from ..config import Timing
 from .signals import name as signal_name
 
 Clock = Callable[[], float]

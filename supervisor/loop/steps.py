@@ -15,10 +15,10 @@ from workerproc import exitcodes as wexit
 from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
-from . import exitcodes
+from .. import exitcodes
+from ..errors import SupervisorError
+from ..logs import drain_progress, event
 from .arbiter import Arbiter, Phase, Step
-from .errors import SupervisorError
-from .logs import drain_progress, event
 from .pool import Exit, ExitKind, Worker
 from .signals import name as signal_name
 

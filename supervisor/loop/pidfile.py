@@ -24,7 +24,7 @@ from typing import Any
 import filelock
 import psutil
 
-from .errors import NotRunning, PidfileLocked, SupervisorError
+from ..errors import NotRunning, PidfileLocked, SupervisorError
 
 
 def state_path(pidfile: str) -> str:

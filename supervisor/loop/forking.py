@@ -27,7 +27,7 @@ from workerproc.identity import make_owner
 from workerproc.runner import WorkerConfig, run_worker
 from workerproc.status import StatusBoard
 
-from .errors import SupervisorError
+from ..errors import SupervisorError
 from .signals import SignalInbox, blocked
 
 

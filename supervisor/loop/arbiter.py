@@ -22,9 +22,9 @@ from typing import Any
 from workerproc import App
 from workerproc.status import StatusBoard
 
-from . import exitcodes
-from .config import StartConfig
-from .logs import Progress, event
+from .. import exitcodes
+from ..config import StartConfig
+from ..logs import Progress, event
 from .pidfile import Pidfile
 from .pool import Pool, Worker
 from .signals import SignalInbox
