@@ -18,12 +18,12 @@ from helpers import FakeClock, wait_for
 from sv_harness import Supervisor
 from test_notify import FlakyGate, fake_arbiter
 
-from supervisor import metrics_http
 from supervisor.errors import SupervisorError
+from supervisor.integrations import http as metrics_http
+from supervisor.integrations.http import HttpEndpoint, listen
+from supervisor.integrations.metrics import Metrics, exit_reason, family, histogram
+from supervisor.integrations.probe import StatsProbe
 from supervisor.loop.pool import Exit, ExitKind, Worker
-from supervisor.metrics import Metrics, exit_reason, family, histogram
-from supervisor.metrics_http import HttpEndpoint, listen
-from supervisor.probe import StatsProbe
 from workerproc import exitcodes as wexit
 from workerproc.store import open_store
 

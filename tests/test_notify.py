@@ -17,10 +17,7 @@ from helpers import FakeClock, wait_for
 from sv_harness import Supervisor
 
 from supervisor.config import StartConfig
-from supervisor.loop.arbiter import Arbiter
-from supervisor.loop.pool import Pool
-from supervisor.loop.signals import SignalInbox
-from supervisor.notify import (
+from supervisor.integrations.notify import (
     ENV_SOCKET,
     ENV_WATCHDOG_PID,
     ENV_WATCHDOG_USEC,
@@ -30,7 +27,10 @@ from supervisor.notify import (
     socket_address,
     watchdog_interval,
 )
-from supervisor.probe import StatsProbe
+from supervisor.integrations.probe import StatsProbe
+from supervisor.loop.arbiter import Arbiter
+from supervisor.loop.pool import Pool
+from supervisor.loop.signals import SignalInbox
 from workerproc import App
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable

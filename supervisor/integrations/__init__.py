@@ -7,10 +7,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, MutableMapping
 
-from .logs import event
-from .loop.arbiter import Arbiter, Step
+from ..logs import event
+from ..loop.arbiter import Arbiter, Step
+from .http import HttpEndpoint, listen
 from .metrics import CONTENT_TYPE, Metrics
-from .metrics_http import HttpEndpoint, listen
 from .notify import ENV_WEDGE, SystemdNotify, wedge_step
 from .probe import StatsProbe
 

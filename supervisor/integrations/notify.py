@@ -33,8 +33,8 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .logs import event
-from .loop.arbiter import Arbiter, Step
+from ..logs import event
+from ..loop.arbiter import Arbiter, Step
 from .probe import StatsProbe
 
 ENV_SOCKET = "NOTIFY_SOCKET"

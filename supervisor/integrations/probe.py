@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from workerproc.store import Stats, StoreError
 
-from .logs import event
+from ..logs import event
 
 if TYPE_CHECKING:
-    from .loop.arbiter import Arbiter
+    from ..loop.arbiter import Arbiter
 
 STEP_NAME = "probe"
 REJECTIONS_PER_READ = 5000  # a long history is counted over several reads, never in one stall

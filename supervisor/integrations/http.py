@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import SupervisorError
+from ..errors import SupervisorError
 
 MAX_REQUEST = 8192
 MAX_CONNECTIONS = 16

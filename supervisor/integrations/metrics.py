@@ -41,9 +41,9 @@ from workerproc import exitcodes as wexit
 from workerproc.status import DURATION_BOUNDS, PHASE_NAMES, Counters, StatusBoard
 from workerproc.store.types import RUN_STATUSES
 
-from .loop.arbiter import Arbiter
-from .loop.pool import Exit, ExitKind
-from .loop.signals import name as signal_name
+from ..loop.arbiter import Arbiter
+from ..loop.pool import Exit, ExitKind
+from ..loop.signals import name as signal_name
 from .probe import StatsProbe
 
 PREFIX = "leasekeeper_"
