@@ -30,14 +30,14 @@ import psutil
 from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
-from .config import ChaosConfig
-from .logs import event
-from .loop.arbiter import Step
+from ..config import ChaosConfig
+from ..logs import event
+from ..loop.arbiter import Step
 from .verifier import FaultEvent, Verifier, histogram
 
 if TYPE_CHECKING:
-    from .loop.arbiter import Arbiter
-    from .loop.pool import Worker
+    from ..loop.arbiter import Arbiter
+    from ..loop.pool import Worker
 
 SUMMARY_EVERY = 60.0
 OBSERVE_EVERY = 0.05
