@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from supervisor import exitcodes
-from supervisor.cli import cli
-from supervisor.control import parse_scale, scale_target
+from supervisor.commands.cli import cli
+from supervisor.commands.remote import parse_scale, scale_target
 from supervisor.errors import ConfigError
 from supervisor.loop.pidfile import state_path
 from workerproc.store import open_store

@@ -13,9 +13,9 @@ import pytest
 from click.testing import CliRunner, Result
 from sv_harness import env_with_tests
 
-from supervisor import cli as cli_module
 from supervisor import exitcodes
-from supervisor.cli import cli, start
+from supervisor.commands import cli as cli_module
+from supervisor.commands.cli import cli, start
 from supervisor.config import StartConfig
 
 

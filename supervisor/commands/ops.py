@@ -15,7 +15,7 @@ from workerproc.identity import parse_owner
 from workerproc.store import RunNotFound, Store, StoreError, open_store
 from workerproc.store.types import JSON, RUN_STATUSES
 
-from .errors import ConfigError, SupervisorError
+from ..errors import ConfigError, SupervisorError
 
 
 def parse_json(text: str, what: str) -> JSON:

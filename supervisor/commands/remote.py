@@ -11,9 +11,9 @@ from typing import Any
 
 import psutil
 
-from . import exitcodes
-from .errors import ConfigError, NotRunning, SupervisorError
-from .loop.pidfile import live_pid, read_state, state_age
+from .. import exitcodes
+from ..errors import ConfigError, NotRunning, SupervisorError
+from ..loop.pidfile import live_pid, read_state, state_age
 
 
 def send(pidfile: str, signum: int) -> int:

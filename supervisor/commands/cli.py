@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import click
 
-from . import commands
+from ..config import LOG_FORMATS, ChaosConfig, StartConfig
+from . import control, database
 from .clickutil import SupervisorGroup, option
-from .config import LOG_FORMATS, ChaosConfig, StartConfig
-from .startup import run_start
+from .start import run_start
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -139,7 +139,7 @@ def start(
     return run_start(config)
 
 
-for command in commands.ALL:
+for command in database.ALL + control.ALL:
     cli.add_command(command)
 
 

@@ -15,18 +15,18 @@ from workerproc import App
 from workerproc.runner import AppLoadError, WorkerConfig, load_app
 from workerproc.status import StatusBoard
 
-from . import exitcodes, integrations, logs
-from .chaos import Chaos
-from .config import StartConfig
-from .errors import AppImportError
-from .logs import event
-from .loop.arbiter import Arbiter
-from .loop.forking import ForkContext, fork_worker, other_threads
-from .loop.pidfile import Pidfile
-from .loop.pool import Pool
-from .loop.signals import SignalInbox
-from .loop.steps import default_steps
-from .loop.storegate import StoreGate
+from .. import exitcodes, integrations, logs
+from ..chaos import Chaos
+from ..config import StartConfig
+from ..errors import AppImportError
+from ..logs import event
+from ..loop.arbiter import Arbiter
+from ..loop.forking import ForkContext, fork_worker, other_threads
+from ..loop.pidfile import Pidfile
+from ..loop.pool import Pool
+from ..loop.signals import SignalInbox
+from ..loop.steps import default_steps
+from ..loop.storegate import StoreGate
 
 OUR_PACKAGES = ("workerproc", "supervisor")
 BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (TTIN stops there)

@@ -11,8 +11,8 @@ import click
 from workerproc.runner import AppLoadError
 from workerproc.store import StoreError
 
-from . import exitcodes
-from .errors import SupervisorError
+from .. import exitcodes
+from ..errors import SupervisorError
 
 F = TypeVar("F", bound=Callable[..., Any])
 ENV_PREFIX = "SUPERVISOR_"

@@ -1,0 +1,57 @@
+"""Operator commands on the running supervisor, through its pidfile: stop, reload, scale,
+health."""
+
+from __future__ import annotations
+
+import signal
+
+import click
+
+from ..errors import SupervisorError
+from . import remote
+from .clickutil import pidfile_option
+
+
+@click.command()
+@pidfile_option
+@click.option("--fast", is_flag=True, help="QUIT: kill workers now (their tasks run again)")
+@click.option("--wait", is_flag=True, help="wait until the supervisor has exited")
+@click.option("--timeout", type=float, default=60.0, show_default=True, metavar="S")
+def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
+    """Stop the supervisor: TERM (graceful drain) or, with --fast, QUIT."""
+    pid = remote.send(pidfile, signal.SIGQUIT if fast else signal.SIGTERM)
+    click.echo(f"sent {'QUIT' if fast else 'TERM'} to supervisor {pid}")
+    if wait and not remote.wait_gone(pid, timeout):
+        raise SupervisorError(f"supervisor {pid} still running after {timeout:g}s")
+
+
+@click.command()
+@pidfile_option
+def reload(pidfile: str) -> None:
+    """HUP: re-import the app and replace workers one at a time."""
+    pid = remote.send(pidfile, signal.SIGHUP)
+    click.echo(f"sent HUP to supervisor {pid}")
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@click.argument("count", metavar="N|+K|-K")
+@pidfile_option
+@click.option("--timeout", type=float, default=10.0, show_default=True, metavar="S")
+def scale(count: str, pidfile: str, timeout: float) -> None:
+    """Set the number of workers (TTIN/TTOU, one confirmed step at a time)."""
+    result = remote.scale(pidfile, count, timeout)
+    click.echo(f"workers: {result.before} -> {result.after}")
+
+
+@click.command()
+@pidfile_option
+@click.option("--max-age", type=float, default=10.0, show_default=True, metavar="S",
+              help="unhealthy when the main loop has not ticked for this long")  # fmt: skip
+def health(pidfile: str, max_age: float) -> int:
+    """Exit 0 when the supervisor is alive and its main loop is ticking."""
+    code, message = remote.health(pidfile, max_age)
+    click.echo(message, err=code != 0)
+    return code
+
+
+ALL = [stop, reload, scale, health]
