@@ -1,4 +1,5 @@
-"""Exit codes of the ``supervisor`` command. The README's table is generated from DESCRIPTIONS."""
+"""Exit codes of the ``supervisor`` command; the README's table is generated from DESCRIPTIONS
+(``supervisor/commands/reference.py``)."""
 
 from __future__ import annotations
 
@@ -13,13 +14,17 @@ UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
 
 DESCRIPTIONS = {
-    OK: "success; `start`: stopped on request (graceful, fast or after --drain)",
-    ERROR: "the command failed (database missing or corrupt, unknown run, refused operation)",
-    USAGE: "bad option or value (e.g. `-n 0`, invalid JSON)",
-    APP_LOAD: "`start`: the --app cannot be imported",
-    WORKER_BOOT: "`start`: a worker could not boot (exit code 3); the supervisor stopped",
+    OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
+    ERROR: "the command failed: database missing or corrupt, unknown run, refused operation",
+    USAGE: "bad option or value (`-n 0`, `--lease-ttl inf`, invalid JSON, a non-numeric run id)",
+    APP_LOAD: "`start`: the `--app` cannot be imported (or its import started threads: the parent "
+    "must fork from one thread)",
+    WORKER_BOOT: "`start`: a worker could not boot (worker exit code 3); the supervisor stopped",
     PIDFILE_LOCKED: "`start`: another supervisor holds the pidfile",
-    NOT_RUNNING: "stop/reload/scale/health: no live supervisor behind the pidfile",
-    UNHEALTHY: "health: the supervisor is alive but its main loop is not ticking",
-    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (the report lists it)",
+    NOT_RUNNING: "`stop`/`reload`/`scale`/`health`: no live supervisor behind the pidfile "
+    "(missing or stale)",
+    UNHEALTHY: "`health`: the supervisor is alive but its main loop has not ticked within "
+    "`--max-age`",
+    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (listed in the report and on "
+    "stderr)",
 }

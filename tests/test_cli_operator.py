@@ -64,8 +64,8 @@ def test_enqueue_creates_a_new_database_but_not_its_directory(tmp_path: Path) ->
     [
         (["--payload", "{not json"], "--payload is not valid JSON"),
         (["--state", "[1,"], "--state is not valid JSON"),
-        (["--delay", "-5"], "--delay must be 0 or more"),
-        (["--delay", "soon"], "'soon' is not a valid float"),
+        (["--delay", "-5"], "--delay must be a number from 0 to"),
+        (["--delay", "soon"], "--delay: 'soon' is not a number"),
     ],
 )
 def test_enqueue_bad_input(db: str, args: list[str], words: str) -> None:
@@ -160,7 +160,7 @@ def test_show_a_run_and_its_tasks(db: str) -> None:
 def test_unknown_or_malformed_run_id(db: str, command: str) -> None:
     assert "no run with id 99" in error_line(invoke(command, "99", "--db", db), exitcodes.ERROR)
     line = error_line(invoke(command, "abc", "--db", db), exitcodes.USAGE)
-    assert "'abc' is not a valid integer" in line
+    assert "RUN: 'abc' is not a whole number" in line
 
 
 def test_retry_a_failed_run_and_refuse_a_pending_one(db: str) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import StartConfig, Timing
+from workerproc.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -30,7 +31,9 @@ ENV_FILE = DEPLOY / "systemd" / "leasekeeper.env"
 SUPERVISORD_CONF = DEPLOY / "supervisord" / "leasekeeper.conf"
 DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 K8S = DEPLOY / "container" / "k8s.yaml"
-GRACE = StartConfig(app="m:a", db="x").graceful_timeout  # the default --graceful-timeout
+GRACE = StartConfig(
+    WorkerConfig(db="x", app="m:a")
+).graceful_timeout  # the default --graceful-timeout
 FAST_STOP = Timing().fast_stop_grace
 
 

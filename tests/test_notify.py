@@ -32,6 +32,7 @@ from supervisor.loop.arbiter import Arbiter
 from supervisor.loop.pool import Pool
 from supervisor.loop.signals import SignalInbox
 from workerproc import App
+from workerproc.config import WorkerConfig
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
 
@@ -154,7 +155,7 @@ def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:
         raise AssertionError("no fork in this test")
 
     return Arbiter(
-        config=StartConfig(app="m:app", db="x.db", workers=2).validate(),
+        config=StartConfig(WorkerConfig(db="x.db", app="m:app"), workers=2).validate(),
         app=App(),
         pool=Pool(spawner, clock=clock, target=2),
         inbox=SignalInbox(),

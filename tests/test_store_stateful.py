@@ -48,7 +48,7 @@ class MTask:
 class MRun:
     id: int
     status: str = "pending"
-    state: object = None
+    state: object = field(default_factory=dict)  # a run starts with {}
     revision: int = 0
     tasks: list[MTask] = field(default_factory=list)
 

@@ -3,6 +3,7 @@ fake clock, the loop's steps against a fake pool, signals, config, pidfile and l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -28,6 +29,7 @@ from supervisor.loop.signals import SignalInbox, blocked
 from supervisor.loop.steps import default_steps
 from workerproc import App
 from workerproc import exitcodes as wexit
+from workerproc.config import WorkerConfig
 from workerproc.status import HANDLER, IDLE, StatusBoard
 from workerproc.store import StoreUnavailable
 
@@ -89,7 +91,7 @@ def make_pool(clock: FakeClock, procs: FakeProcs, target: int = 2) -> Pool:
 
 
 def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
-    cfg = StartConfig(app="m:app", db="x.db", **config).validate()
+    cfg = StartConfig(WorkerConfig(db="x.db", app="m:app"), **config).validate()
     return Arbiter(
         config=cfg,
         app=App(),
@@ -325,7 +327,7 @@ def test_add_step_hook_runs_in_order(clock: FakeClock) -> None:
 
 
 def test_max_tasks_jitter_stays_within_ten_percent() -> None:
-    cfg = StartConfig(app="m:a", db="x", max_tasks_per_worker=100).validate()
+    cfg = StartConfig(WorkerConfig(db="x", app="m:a"), max_tasks_per_worker=100).validate()
     values = {cfg.max_tasks_for_new_worker(random.Random(i)) for i in range(200)}
     assert min(values) >= 90 and max(values) <= 110 and len(values) > 5  # type: ignore[operator]
 
@@ -348,8 +350,12 @@ def test_max_tasks_jitter_stays_within_ten_percent() -> None:
     ],
 )
 def test_config_validate_names_the_option(field: str, value: Any, words: str) -> None:
-    config = StartConfig(app="m:app", db="x.db")
-    setattr(config, field, value)
+    worker = WorkerConfig(db="x.db", app="m:app")
+    if field in {f.name for f in dataclasses.fields(WorkerConfig)}:
+        worker = dataclasses.replace(worker, **{field: value})
+    config = StartConfig(worker)
+    if worker == WorkerConfig(db="x.db", app="m:app"):
+        setattr(config, field, value)
     with pytest.raises(ConfigError, match=words):
         config.validate()
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, overload
 
 from .store import Commit, Lease
-from .store.codec import dumps
+from .store.codec import MAX_PAYLOAD, dumps
 from .store.types import JSON
 
 Handler = Callable[["TaskContext"], Any]
@@ -78,7 +78,7 @@ class TaskContext:
     def advance(self, new_state: JSON, next: str, payload: JSON = None, delay: float = 0) -> None:
         """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds)."""
         dumps(new_state, "state")  # reject a bad value here, at the call that made it
-        dumps(payload, "payload")
+        dumps(payload, "payload", MAX_PAYLOAD)
         if not next:
             raise ValueError("advance needs the name of the next task")
         self._record(

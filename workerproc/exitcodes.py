@@ -23,5 +23,19 @@ DESCRIPTIONS = {
 }
 
 
+# The README's table of worker exit codes (generated from this).
+MEANINGS = {
+    OK: "stopped on request",
+    BOOT_FAILURE: "cannot boot (store unreachable, invalid configuration, corrupt database): the "
+    "supervisor stops rather than respawn",
+    TASK_TIMEOUT: "a handler outlived `--task-timeout`",
+    HEARTBEAT_DIED: "the heartbeat thread died",
+    PARENT_DIED: "the parent (supervisor) is gone",
+    RECYCLE: "recycled after `--max-tasks` tasks",
+    LEASE_STUCK: "a handler ignored `LeaseLost` for a whole ttl after its lease was taken over",
+    STORE_ERROR: "an unexpected store error after boot (a crash: the supervisor restarts it)",
+}
+
+
 def describe(code: int) -> str:
     return DESCRIPTIONS.get(code, f"exit code {code}")

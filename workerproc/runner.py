@@ -16,11 +16,12 @@ from typing import Any
 
 from . import exitcodes
 from .app import App
+from .config import WorkerConfig
 from .identity import make_owner
 from .status import StatusSlot
 from .store import Store, StoreCorrupt, StoreError, open_store
 from .waker import Waker
-from .worker import INTERRUPT, Worker, WorkerConfig
+from .worker import INTERRUPT, Worker
 
 __all__ = ["AppLoadError", "WorkerConfig", "load_app", "run_worker"]
 

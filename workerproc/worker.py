@@ -12,10 +12,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from . import exitcodes
 from .app import App, Handler, LeaseLost, TaskContext
+from .config import WorkerConfig
 from .heartbeat import Heartbeat
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import (
@@ -39,40 +39,6 @@ log = logging.getLogger("workerproc.worker")
 FRESH_CLAIM = 0.05
 CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
 INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the handler
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    db: str
-    lease_ttl: float = 60.0
-    poll_interval: float = 1.0
-    max_attempts: int = 3
-    task_timeout: float | None = None
-    max_tasks: int | None = None
-    heartbeat_interval: float | None = None
-    retry_backoff: float = 1.0  # first retry delay; doubles per attempt, with jitter
-    retry_backoff_max: float = 300.0
-
-    def validate(self) -> None:
-        checks = [
-            (self.lease_ttl > 0, "lease ttl must be > 0"),
-            (self.poll_interval > 0, "poll interval must be > 0"),
-            (self.max_attempts >= 1, "max attempts must be >= 1"),
-            (self.task_timeout is None or self.task_timeout > 0, "task timeout must be > 0"),
-            (self.max_tasks is None or self.max_tasks >= 1, "max tasks must be >= 1"),
-            (
-                self.heartbeat_interval is None or 0 < self.heartbeat_interval < self.lease_ttl,
-                "heartbeat interval must be > 0 and below the lease ttl",
-            ),
-            (self.retry_backoff >= 0, "retry backoff must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def interval(self) -> float:
-        return self.heartbeat_interval or self.lease_ttl / 3
 
 
 class _Abort(BaseException):

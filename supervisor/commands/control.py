@@ -7,16 +7,20 @@ import signal
 
 import click
 
+from workerproc.config import DAY
+
 from ..errors import SupervisorError
 from . import remote
-from .clickutil import pidfile_option
+from .clickutil import Number, pidfile_option
+
+SECONDS = Number(float, 0.1, DAY)  # every wait of these commands: a tenth of a second to a day
 
 
 @click.command()
 @pidfile_option
 @click.option("--fast", is_flag=True, help="QUIT: kill workers now (their tasks run again)")
 @click.option("--wait", is_flag=True, help="wait until the supervisor has exited")
-@click.option("--timeout", type=float, default=60.0, show_default=True, metavar="S")
+@click.option("--timeout", type=SECONDS, default=60.0, show_default=True, metavar="S")
 def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
     """Stop the supervisor: TERM (graceful drain) or, with --fast, QUIT."""
     pid = remote.send(pidfile, signal.SIGQUIT if fast else signal.SIGTERM)
@@ -36,7 +40,7 @@ def reload(pidfile: str) -> None:
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("count", metavar="N|+K|-K")
 @pidfile_option
-@click.option("--timeout", type=float, default=10.0, show_default=True, metavar="S")
+@click.option("--timeout", type=SECONDS, default=10.0, show_default=True, metavar="S")
 def scale(count: str, pidfile: str, timeout: float) -> None:
     """Set the number of workers (TTIN/TTOU, one confirmed step at a time)."""
     result = remote.scale(pidfile, count, timeout)
@@ -45,8 +49,14 @@ def scale(count: str, pidfile: str, timeout: float) -> None:
 
 @click.command()
 @pidfile_option
-@click.option("--max-age", type=float, default=10.0, show_default=True, metavar="S",
-              help="unhealthy when the main loop has not ticked for this long")  # fmt: skip
+@click.option(
+    "--max-age",
+    type=SECONDS,
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="unhealthy when the main loop has not ticked for this long",
+)
 def health(pidfile: str, max_age: float) -> int:
     """Exit 0 when the supervisor is alive and its main loop is ticking."""
     code, message = remote.health(pidfile, max_age)

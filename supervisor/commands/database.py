@@ -7,23 +7,31 @@ from typing import Any
 
 import click
 
+from workerproc.config import DAY
 from workerproc.store import RunNotFound
+from workerproc.store.codec import MAX_PAYLOAD
 
-from ..errors import NotRunning, SupervisorError
+from ..errors import NotRunning
 from ..loop.pidfile import live_pid, read_state
 from . import ops, render
-from .clickutil import db_option, json_option, option
+from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 
 @click.command()
 @click.argument("task")
 @db_option
 @option("--payload", default="null", metavar="JSON", help="the first task's payload (JSON)")
-@option("--state", "state_json", default="null", metavar="JSON", help="the run's initial state")
-@option("--delay", type=float, default=0.0, metavar="S", help="start no sooner than S seconds")
+@option("--state", "state_json", default="{}", metavar="JSON", help="the run's initial state")
+@option(
+    "--delay",
+    type=Number(float, 0, 365 * DAY),
+    default=0.0,
+    metavar="S",
+    help="start no sooner than S seconds",
+)
 def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> None:
     """Start a run whose first task is TASK; print its id."""
-    data = ops.parse_json(payload, "--payload")
+    data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = ops.parse_json(state_json, "--state")
     with ops.store_for(db, create=True) as store:
         click.echo(ops.enqueue(store, task, data, state, delay))
@@ -85,13 +93,17 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @click.command()
 @db_option
 @option("--status", "status_", default=None, metavar="S", help="only runs with this status")
-@option("--limit", type=int, default=50, metavar="K", help="at most K runs, newest first")
+@option(
+    "--limit",
+    type=Number(int, 1, 100_000),
+    default=50,
+    metavar="K",
+    help="at most K runs, newest first",
+)
 @json_option
 def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
     ops.check_status(status_)
-    if limit < 1:
-        raise SupervisorError("--limit must be at least 1", 2)
     with ops.store_for(db) as store:
         found = store.list_runs(status_, limit)
     if as_json:
@@ -105,7 +117,7 @@ def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
@@ -136,7 +148,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 def retry(run_id: int, db: str) -> None:
     """Queue a failed or cancelled run again (its attempts start over)."""
@@ -146,7 +158,7 @@ def retry(run_id: int, db: str) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 def cancel(run_id: int, db: str) -> None:
     """Cancel a run that has not finished; a worker holding its task drops it."""

@@ -7,6 +7,7 @@ workers of a previous supervisor on this host; only then the first fork.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from collections.abc import Callable
@@ -59,21 +60,14 @@ def reimport_app(spec: str) -> App:
 
 
 def worker_config(config: StartConfig, max_tasks: int | None) -> WorkerConfig:
-    return WorkerConfig(
-        db=config.db,
-        lease_ttl=config.lease_ttl,
-        poll_interval=config.poll_interval,
-        max_attempts=config.max_attempts,
-        task_timeout=config.task_timeout,
-        max_tasks=max_tasks,
-        heartbeat_interval=config.heartbeat_interval,
-    )
+    """What one new worker gets: the pool's worker options and its own task budget."""
+    return dataclasses.replace(config.worker, max_tasks=max_tasks)
 
 
 def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> Arbiter:
     """Everything the loop needs, wired; nothing forked yet."""
-    app = import_app(config.app)
-    gate = StoreGate(config.db)
+    app = import_app(config.worker.app)
+    gate = StoreGate(config.worker.db)
     released = gate.release_dead_owners()  # also proves the database opens, before any fork
     for owner, count in released.items():
         event(
@@ -107,7 +101,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         return fork_worker(ctx, slot, max_tasks)
 
     def reload_app() -> App:
-        holder["app"] = reimport_app(config.app)
+        holder["app"] = reimport_app(config.worker.app)
         return holder["app"]
 
     pool = Pool(spawner, timing=config.timing, capacity=BOARD_CAPACITY, target=config.workers)
@@ -123,11 +117,11 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         steps=default_steps(),
     )
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
-    if config.chaos is not None:
+    if config.chaos.enabled:
         chaos = Chaos(
             config.chaos,
-            ttl=config.lease_ttl,
-            poll_interval=config.poll_interval,
+            ttl=config.worker.lease_ttl,
+            poll_interval=config.worker.poll_interval,
             fast_release=config.fast_release,
         )
         chaos.install(arbiter)

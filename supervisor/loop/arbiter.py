@@ -103,11 +103,11 @@ class Arbiter:
         self.started_at = self.clock()
         event(
             "supervisor_started",
-            f"supervisor started: {self.config.workers} workers, app {self.config.app}, "
-            f"db {self.config.db}",
+            f"supervisor started: {self.config.workers} workers, app {self.config.worker.app}, "
+            f"db {self.config.worker.db}",
             workers=self.config.workers,
-            app=self.config.app,
-            db=self.config.db,
+            app=self.config.worker.app,
+            db=self.config.worker.db,
         )
         while not self.done:
             self.turn()

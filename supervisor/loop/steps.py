@@ -59,7 +59,7 @@ def reap(arb: Arbiter) -> None:
         arb.events.emit("worker_exited", exit=ex)  # subscribers may read its slot (metrics)
         arb.board.slot(ex.worker.slot).clear()
         if _should_release(arb, ex):
-            arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.lease_ttl
+            arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.worker.lease_ttl
         if ex.backoff:
             event(
                 "restart_backoff",
@@ -307,8 +307,8 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "phase": str(arb.phase),
         "target": arb.pool.target,
         "generation": arb.pool.generation,
-        "db": arb.config.db,
-        "app": arb.config.app,
+        "db": arb.config.worker.db,
+        "app": arb.config.worker.app,
         "workers": workers,
     }
 
@@ -328,7 +328,7 @@ def finish(arb: Arbiter) -> None:
             return
         event("unreaped", f"{len(killed)} killed workers did not exit; giving up", level=WARN)
         for w in killed:
-            arb.pending_release[w.owner] = arb.clock() + arb.config.lease_ttl
+            arb.pending_release[w.owner] = arb.clock() + arb.config.worker.lease_ttl
         release(arb)
     arb.phase = Phase.DONE
 

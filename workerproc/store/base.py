@@ -58,7 +58,8 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def start_run(
         self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
-    ) -> int: ...
+    ) -> int:
+        """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None)."""
 
     # -- the lease protocol (pinned) ---------------------------------------------------------
     @abc.abstractmethod

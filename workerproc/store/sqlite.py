@@ -8,7 +8,7 @@ from typing import Any
 
 from . import sqlite_sql as q
 from .base import Commit, Store
-from .codec import dumps
+from .codec import MAX_PAYLOAD, dumps
 from .codec import loads as _loads
 from .errors import InvalidPayload, RunNotFound
 from .sqlite_base import Params, SQLiteBase
@@ -36,8 +36,8 @@ class SQLiteStore(SQLiteBase, Store):
         if not task:
             raise InvalidPayload("task name must not be empty")
         params = {
-            "state": dumps(state, "state"),
-            "payload": dumps(payload, "payload"),
+            "state": dumps({} if state is None else state, "state"),
+            "payload": dumps(payload, "payload", MAX_PAYLOAD),
             "name": task,
             "delay": max(0.0, float(delay)),
         }
@@ -78,16 +78,23 @@ class SQLiteStore(SQLiteBase, Store):
                 )
                 continue
             state, revision = c.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
+            try:
+                decoded = _loads(payload, "its payload"), _loads(state, "its run's state")
+            except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
+                c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
+                c.execute(q.FAIL_RUN, {"run_id": run_id, "reason": "undecodable_payload",
+                                       "error": f"task {task_id}: {exc}", "now": now})  # fmt: skip
+                continue
             return Lease(
                 task_id=task_id,
                 run_id=run_id,
                 task=name,
-                payload=_loads(payload),
+                payload=decoded[0],
                 attempt=attempts,
                 owner=req.owner,
                 expires_at=float(expires_at),
                 claimed_at=now,
-                state=_loads(state),
+                state=decoded[1],
                 revision=revision,
                 tries=attempts - base,
                 takeover=bool(takeover),
@@ -167,7 +174,7 @@ class SQLiteStore(SQLiteBase, Store):
             if not commit.next_task:
                 raise InvalidPayload("advance needs the name of the next task")
             params["name"] = commit.next_task
-            params["payload"] = dumps(commit.next_payload, "payload")
+            params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
         if commit.kind == "fail":
             params["reason"] = commit.reason or "failed"
         return params
