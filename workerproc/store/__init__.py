@@ -15,11 +15,13 @@ from .errors import (
 )
 from .sqlite import SQLiteStore
 from .types import (
+    BatchOutcome,
     CasResult,
     ClaimRequest,
     CommitOutcome,
     Lease,
     OwnerLease,
+    QueueCounts,
     Rejection,
     Run,
     Stats,
@@ -27,6 +29,7 @@ from .types import (
 )
 
 __all__ = [
+    "BatchOutcome",
     "CasResult",
     "ClaimRequest",
     "Clock",
@@ -35,6 +38,7 @@ __all__ = [
     "InvalidPayload",
     "Lease",
     "OwnerLease",
+    "QueueCounts",
     "Rejection",
     "Run",
     "RunNotFound",

@@ -11,6 +11,7 @@ worker that claims it). They are checked where values enter: ``start_run``, ``ad
 from __future__ import annotations
 
 import json
+import re
 
 from .errors import InvalidPayload
 from .types import JSON
@@ -73,3 +74,21 @@ def parse(text: str, what: str, limit: int = MAX_STATE) -> JSON:
         raise InvalidPayload(f"{what} is not valid JSON: {exc}") from None
     check_depth(value, what)
     return value
+
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+PRIORITY_RANGE = (-1000, 1000)
+MAX_KEY = 255
+
+
+def check_run_options(queue: str, priority: int, key: str | None) -> None:
+    """A run's queue, priority and idempotency key, as the schema allows them."""
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+        raise InvalidPayload(
+            f"queue must be 1-64 characters of letters, digits and _.:- (got {queue!r})"
+        )
+    low, high = PRIORITY_RANGE
+    if not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high:
+        raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY):
+        raise InvalidPayload(f"key must be a string of 1 to {MAX_KEY} characters")

@@ -49,7 +49,7 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+def translate(exc: sqlite3.Error, path: str) -> StoreError:
     text = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in text or "malformed" in text or "corrupt" in text
@@ -122,7 +122,7 @@ class SQLiteBase:
         try:
             conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, cached_statements=64)
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
+            raise translate(exc, self.path) from None
 
         def configure() -> None:  # reads the schema: busy while another process migrates
             conn.execute("PRAGMA busy_timeout = 0")  # we retry ourselves, fairly (see above)
@@ -149,7 +149,7 @@ class SQLiteBase:
                 return fn()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise _translate(exc, self.path) from None
+                    raise translate(exc, self.path) from None
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
@@ -160,7 +160,7 @@ class SQLiteBase:
                     time.sleep(sleep * (0.5 + random.random()))
                     sleep = min(sleep * 2, _MAX_SLEEP)
             except sqlite3.Error as exc:
-                raise _translate(exc, self.path) from None
+                raise translate(exc, self.path) from None
 
     def _write(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
         """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``."""
@@ -173,7 +173,7 @@ class SQLiteBase:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from None
+                raise translate(exc, self.path) from None
             raise
         return result
 

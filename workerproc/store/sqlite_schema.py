@@ -133,6 +133,23 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE tasks ADD COLUMN prev_owner TEXT;
     """,
+    # 5: queues, priorities and idempotency keys (the producer side). A run belongs to one
+    # queue and has a priority; claims walk each served queue's runs by priority (highest
+    # first), then in head order, so the claim index leads with both. A run's key is unique
+    # while the run exists: a second start with the same key finds the first run.
+    """
+    ALTER TABLE runs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
+        CHECK (length(queue) BETWEEN 1 AND 64);
+    ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
+        CHECK (priority BETWEEN -1000 AND 1000);
+    ALTER TABLE runs ADD COLUMN key TEXT CHECK (key IS NULL OR length(key) BETWEEN 1 AND 255);
+    CREATE UNIQUE INDEX runs_key ON runs (key) WHERE key IS NOT NULL;
+    DROP INDEX runs_head;
+    CREATE INDEX runs_claim ON runs (queue, priority DESC, head_at, head_created, head_id)
+        WHERE head_at IS NOT NULL;
+    DROP INDEX runs_ready;
+    CREATE INDEX runs_ready ON runs (queue, ready_at) WHERE ready_at IS NOT NULL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -44,11 +44,14 @@ class Lease:
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """What a worker asks for when it fuses "commit this task" with "claim the next"."""
+    """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
+    up to ``limit`` leases, from ``queues`` (None: every queue)."""
 
     owner: str
     ttl: float
     max_attempts: int = 3
+    limit: int = 1
+    queues: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,9 @@ class Run:
     created_at: float
     updated_at: float
     finished_at: float | None
+    queue: str = "default"
+    priority: int = 0
+    key: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -113,6 +119,17 @@ class OwnerLease:
 
 
 @dataclass(frozen=True)
+class QueueCounts:
+    """One queue's pending tasks (by state) and runs (by status)."""
+
+    ready: int = 0
+    delayed: int = 0
+    leased: int = 0
+    expired: int = 0
+    runs: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Stats:
     now: float
     runs: dict[str, int]
@@ -121,6 +138,7 @@ class Stats:
     leased: int
     expired: int
     leases: list[OwnerLease]
+    queues: dict[str, QueueCounts] = field(default_factory=dict)
 
     @property
     def pending_work(self) -> int:
@@ -134,3 +152,11 @@ class CommitOutcome:
 
     result: CasResult
     next_lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What a batched commit answers: one result per commit, in order, and the new leases."""
+
+    results: tuple[CasResult, ...]
+    leases: tuple[Lease, ...] = ()
