@@ -4,7 +4,6 @@ database that every orphaned lease was taken over and no zombie wrote, and it ca
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
@@ -32,12 +31,14 @@ def enqueue(sv: Supervisor, runs: int, steps: int, sleep: float) -> list[int]:
         store.close()
 
 
-def chaos_run(sv: Supervisor, *extra: str, n: int = 4, timeout: float = 120) -> dict[str, Any]:
+def chaos_run(
+    sv: Supervisor, *extra: str, n: int = 4, app: str = APP, timeout: float = 120
+) -> dict[str, Any]:
     report = str(sv.workdir / "chaos.json")
     sv.start(
         "--drain", "--lease-ttl", "0.5", "--poll-interval", "0.2", "--max-attempts", "20",
         "--chaos", "--chaos-interval", "0.3", "--chaos-seed", "1234",
-        "--chaos-report", report, *extra, n=n, app=APP,
+        "--chaos-report", report, *extra, n=n, app=app,
     )  # fmt: skip
     code = sv.wait_exit(timeout)
     with open(report) as f:
@@ -91,17 +92,15 @@ def test_chaos_without_fast_release_proves_the_ttl_path(sv: Supervisor):
 
 
 def test_the_verifier_reports_a_violation_when_fencing_is_disabled(sv: Supervisor):
-    """Handlers outlive the pause: with the fence off, a woken zombie commits before its
-    successor, and the verifier must say so (and the exit code too)."""
-    os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"] = "1"
-    try:
-        sv.extra_path = None
-        enqueue(sv, runs=6, steps=1, sleep=2.0)
-        report = chaos_run(
-            sv, "--chaos-faults", "pause", "--chaos-max-faults", "3", "--chaos-pause", "1.0", n=3
-        )
-    finally:
-        del os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"]
+    """Handlers outlive the pause: with the fence broken (by the test app, tests/unfenced.py), a
+    woken zombie commits before its successor, and the verifier must say so (and the exit code
+    too)."""
+    enqueue(sv, runs=6, steps=1, sleep=2.0)
+    report = chaos_run(
+        sv,
+        "--chaos-faults", "pause", "--chaos-max-faults", "3", "--chaos-pause", "1.0",
+        n=3, app="apps.chaos_unfenced:app",
+    )  # fmt: skip
     assert report["exit_code"] == exitcodes.CHAOS_VIOLATION
     assert not report["ok"]
     assert any("zombie" in v or "superseded" in v for v in report["violations"])

@@ -6,19 +6,11 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
-import os
-
 ALIVE = "('pending', 'running')"
 
 # The fence every write after a claim carries (R2, R5).
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL"""
-
-# TEST ONLY: chaos mode's verifier must be able to fail, so its test turns fencing off and
-# expects a violation. Never set this anywhere else: every zombie write would be accepted.
-UNSAFE_NO_FENCING = os.environ.get("LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS") == "1"
-if UNSAFE_NO_FENCING:
-    _FENCE = "id = :task_id AND done_at IS NULL"
 
 # start_run: a new run and its first task.
 INSERT_RUN = """INSERT INTO runs (state, created_at, updated_at) VALUES (:state, :now, :now)"""
