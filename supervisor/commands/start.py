@@ -129,6 +129,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
             ttl=config.lease_ttl,
             poll_interval=config.poll_interval,
             fast_release=config.fast_release,
+            max_attempts=config.max_attempts,
         )
         chaos.install(arbiter)
         arbiter.exit_hooks.append(

@@ -221,4 +221,3 @@ def status_line(arb: Arbiter, probe: StatsProbe) -> str:
     if probe.error:
         queue += f" (stale: {probe.error})"
     return f"{head}; {queue}"
-
