@@ -123,7 +123,7 @@ class Chaos:
         try:
             with arb.gate.session() as store:
                 fn(store)
-        except StoreError as exc:  # a stalled writer (a pause inside the store) is expected
+        except StoreError as exc:  # a busy database delays the verdict, it does not change it
             event("chaos_observe_failed", f"chaos: cannot read the store now: {exc}")
 
     # -- faults --------------------------------------------------------------------------------
@@ -140,22 +140,23 @@ class Chaos:
         victim = self.rng.choice(eligible)
         if not arb.pool.send(victim, signal.SIGSTOP):
             return Outcome.NO_VICTIM  # already gone: normal
-        # kill() returns before the signal takes effect: wait until the victim cannot run any
+        # kill(2) returns before the signal takes effect: wait until the victim cannot run any
         # more, so what its slot and the database say cannot change under us
         frozen = wait_settled(victim.pid, gone=False)
+        frozen_at = self.wall()
         why = self.targets.judge_frozen(arb, victim, fault) if frozen else "unsettled"
         if why is not None:
             arb.pool.send(victim, signal.SIGCONT)
             return self._spare(Spare("skipped", why), fault, victim)
         if redirected:
             self._spare(Spare("redirected", "last_attempt"), fault, victim)
-        self._strike(arb, fault, victim)
+        self._strike(arb, fault, victim, frozen_at)
         return Outcome.STRUCK
 
-    def _strike(self, arb: Arbiter, fault: str, victim: Worker) -> None:
-        """``victim`` is frozen and may be struck: keep it stopped (pause) or SIGKILL it."""
+    def _strike(self, arb: Arbiter, fault: str, victim: Worker, t: float) -> None:
+        """``victim`` is frozen and may be struck: keep it stopped (pause: it took effect at
+        ``t``, when it froze) or SIGKILL it."""
         state = arb.board.read(victim.slot)  # frozen: this is what it was doing
-        t = self.wall()  # a pause took effect when it froze
         settled = True
         if fault == "kill":
             arb.pool.kill_on_purpose(victim)
