@@ -9,19 +9,19 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers import FakeClock, wait_for
-from sv_harness import Supervisor
+from sv_harness import TESTS, Supervisor
 
 from supervisor.config import StartConfig
 from supervisor.integrations.notify import (
     ENV_SOCKET,
     ENV_WATCHDOG_PID,
     ENV_WATCHDOG_USEC,
-    ENV_WEDGE,
     Notifier,
     SystemdNotify,
     socket_address,
@@ -222,7 +222,7 @@ def test_notify_lifecycle_watchdog_and_wedge(
     wedge = tmp_path / "wedge"
     monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "notify.sock"))
     monkeypatch.setenv(ENV_WATCHDOG_USEC, "400000")  # WatchdogSec=0.4: a ping every 0.2 s
-    monkeypatch.setenv(ENV_WEDGE, str(wedge))
+    sv.command = [sys.executable, str(TESTS / "wedged_supervisor.py"), str(wedge)]
     try:
         sv.start(n=2)
         listener.wait("READY")

@@ -169,8 +169,17 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
 def test_interrupt_outside_the_handler_is_ignored(worker_signals):
     worker, _ = worker_signals
     worker._interrupt = LeaseLost
+    handled = threading.Event()
+
+    def spy(signum: int, frame: object) -> None:  # the worker's own handler, then a mark
+        try:
+            worker.on_interrupt_signal(signum, frame)
+        finally:
+            handled.set()
+
+    signal.signal(INTERRUPT, spy)
     os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
-    time.sleep(0.01)
+    wait_for(handled.is_set, timeout=10, what="the interrupt handler to run")
     assert worker._interrupt is LeaseLost
 
 

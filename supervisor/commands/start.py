@@ -123,6 +123,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
             ttl=config.worker.lease_ttl,
             poll_interval=config.worker.poll_interval,
             fast_release=config.fast_release,
+            max_attempts=config.worker.max_attempts,
         )
         chaos.install(arbiter)
         arbiter.exit_hooks.append(

@@ -18,9 +18,6 @@ The protocol is one datagram of ``KEY=VALUE`` lines sent to the AF_UNIX socket n
 The socket is opened per message and closed at once: nothing survives into a forked worker. The
 variables are removed from our environment once read (like ``sd_notify(unset_environment=1)``)
 so workers and the programs they start never talk to systemd in our name.
-
-``LEASEKEEPER_TEST_WEDGE_FILE`` is a test-only hook: while that file exists the loop blocks in a
-step, as a deadlocked supervisor would, so a test can prove that the watchdog goes quiet.
 """
 
 from __future__ import annotations
@@ -40,10 +37,8 @@ from .probe import StatsProbe
 ENV_SOCKET = "NOTIFY_SOCKET"
 ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
 ENV_WATCHDOG_PID = "WATCHDOG_PID"
-ENV_WEDGE = "LEASEKEEPER_TEST_WEDGE_FILE"
 STATUS_EVERY = 5.0  # STATUS= refresh (and the probe's read interval when nothing needs faster)
 SEND_TIMEOUT = 1.0  # a full socket buffer must never block the loop for long
-WEDGE_LIMIT = 300.0  # the test hook gives up after this long even if the file stays
 
 
 def socket_address(value: str) -> str | None:
@@ -226,18 +221,3 @@ def status_line(arb: Arbiter, probe: StatsProbe) -> str:
     if probe.error:
         queue += f" (stale: {probe.error})"
     return f"{head}; {queue}"
-
-
-def wedge_step(path: str) -> Step:
-    """Test-only: block the main loop while ``path`` exists, as a deadlocked supervisor would."""
-
-    def run(arb: Arbiter) -> None:
-        if not os.path.exists(path):
-            return
-        event("test_wedged", f"test hook: main loop blocked while {path} exists")
-        deadline = time.monotonic() + WEDGE_LIMIT
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        event("test_unwedged", "test hook: main loop runs again")
-
-    return Step("test_wedge", run)

@@ -26,9 +26,9 @@ WARN = logging.WARNING
 
 
 def handle_signals(arb: Arbiter) -> None:
+    """Act on every action signal recorded since the last turn, in arrival order (SIGCHLD is
+    only a flag that woke the loop: the reap step runs on every turn anyway)."""
     for signum in arb.inbox.pop_all():
-        if signum == signal.SIGCHLD:
-            continue  # the reap step runs on every turn anyway
         event("signal", f"received {signal_name(signum)}", signal=signal_name(signum))
         if signum in (signal.SIGTERM, signal.SIGINT):
             if arb.stopping:

@@ -6,19 +6,11 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
-import os
-
 ALIVE = "('pending', 'running')"
 
 # The fence every write after a claim carries (R2, R5).
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL"""
-
-# TEST ONLY: chaos mode's verifier must be able to fail, so its test turns fencing off and
-# expects a violation. Never set this anywhere else: every zombie write would be accepted.
-UNSAFE_NO_FENCING = os.environ.get("LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS") == "1"
-if UNSAFE_NO_FENCING:
-    _FENCE = "id = :task_id AND done_at IS NULL"
 
 # start_run: a new run and its first task. With a key, a run with that key already there
 # makes the insert a no-op (and FIND_BY_KEY answers its id).
@@ -95,12 +87,12 @@ RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :tt
     WHERE {_FENCE} RETURNING lease_expires_at"""
 
 # renew_many (R3 per lease): one statement renews every lease of one owner that is still live;
-# each matches its own (task id, attempt) from the JSON array of pairs.
-RENEW_MANY = """UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
-    WHERE (id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                             FROM json_each(:pairs))
-      AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL
-    RETURNING id, lease_expires_at"""
+# each matches its own (task id, attempt) from the JSON array of pairs: the fence, per lease.
+_FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                         FROM json_each(:pairs))
+      AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
+    WHERE {_FENCE_EACH} RETURNING id, lease_expires_at"""
 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
