@@ -13,6 +13,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from workerproc.store import Clock, Lease, Store, open_store
 
@@ -32,6 +33,22 @@ class Backend(abc.ABC):
     @contextmanager
     def hold_write_lock(self) -> Iterator[None]:
         """Hold the database's write lock from another connection while the block runs."""
+
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """What another process passes to ``open_store`` to reach this database."""
+
+    @abc.abstractmethod
+    def app_connection(self) -> Any:
+        """An application's own DB-API connection to this database, as a caller of
+        transactional enqueue holds it (a ``sqlite3.Connection`` here), outside any
+        transaction."""
+
+    @abc.abstractmethod
+    def app_table(self, conn: Any) -> None:
+        """Create the application's own table ``orders(id INTEGER PRIMARY KEY, item TEXT)``
+        on ``conn`` (committed), for the transactional enqueue tests."""
 
 
 class SQLiteBackend(Backend):
@@ -63,6 +80,17 @@ class SQLiteBackend(Backend):
             conn.execute("ROLLBACK")
         finally:
             conn.close()
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def app_connection(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10)  # Python's default: implicit BEGIN on DML
+
+    def app_table(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.commit()
 
 
 BACKENDS: dict[str, Callable[[str], Backend]] = {
