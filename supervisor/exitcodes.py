@@ -11,6 +11,8 @@ PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
+STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
+STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast or after --drain)",
@@ -22,4 +24,6 @@ DESCRIPTIONS = {
     NOT_RUNNING: "stop/reload/scale/health: no live supervisor behind the pidfile",
     UNHEALTHY: "health: the supervisor is alive but its main loop is not ticking",
     CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (the report lists it)",
+    STATE_UNWRITABLE: "health: the main loop runs but cannot write its state file (disk full?)",
+    STALLED: "health: work is ready and workers are free, but nothing was claimed for too long",
 }

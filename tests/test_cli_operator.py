@@ -232,5 +232,24 @@ def test_health_alive_ticking_or_silent(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "healthy" in result.stdout
     state["tick"] = time.time() - 60
     Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    os.utime(state_path(str(pidfile)), (state["tick"], state["tick"]))  # nobody touched it
     result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
     assert result.exit_code == exitcodes.UNHEALTHY and "silent" in result.stderr
+
+
+def test_health_tells_an_unwritable_state_file_and_a_stalled_pool_apart(tmp_path: Path) -> None:
+    pidfile = tmp_path / "s.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    state: dict[str, object] = {"pid": os.getpid(), "tick": time.time() - 60, "target": 2}
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))  # old content, fresh mtime
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
+    assert result.exit_code == exitcodes.STATE_UNWRITABLE, result.output
+    assert "cannot write its state file" in result.stderr
+
+    now = time.time()
+    state.update(tick=now, progress={"stalled_since": now - 30, "free": 2})
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "20")
+    assert result.exit_code == exitcodes.STALLED and "2 workers are free" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "40")
+    assert result.exit_code == 0, result.output

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import signal
 import sys
@@ -31,6 +30,7 @@ from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
 from ..config import ChaosConfig
+from ..files import PUBLIC, write_atomic
 from ..logs import event
 from ..loop.arbiter import Step
 from .verifier import FaultEvent, Verifier, histogram
@@ -229,11 +229,12 @@ class Chaos:
             pause_s=self.pause_for,
             duration_s=round(arb.clock() - (self.started or arb.clock()), 2),
         )
-        if self.config.report:
-            tmp = f"{self.config.report}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=2)
-            os.replace(tmp, self.config.report)
+        if self.config.report:  # mode 0644, through a random temporary name (never a symlink)
+            try:
+                write_atomic(self.config.report, json.dumps(report, indent=2), PUBLIC)
+            except OSError as exc:
+                msg = f"cannot write the chaos report {self.config.report}: {exc.strerror or exc}"
+                event("chaos_report_failed", msg, level=logging.ERROR)
         self._print(report)
         if not report["ok"]:
             for v in report["violations"]:

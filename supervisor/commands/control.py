@@ -47,9 +47,12 @@ def scale(count: str, pidfile: str, timeout: float) -> None:
 @pidfile_option
 @click.option("--max-age", type=float, default=10.0, show_default=True, metavar="S",
               help="unhealthy when the main loop has not ticked for this long")  # fmt: skip
-def health(pidfile: str, max_age: float) -> int:
-    """Exit 0 when the supervisor is alive and its main loop is ticking."""
-    code, message = remote.health(pidfile, max_age)
+@click.option("--max-stall", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
+              metavar="S", help="unhealthy when work is ready, workers are free and nothing "
+              "was claimed for this long")  # fmt: skip
+def health(pidfile: str, max_age: float, max_stall: float) -> int:
+    """Exit 0 when the supervisor is alive, its main loop ticks and its pool makes progress."""
+    code, message = remote.health(pidfile, max_age, max_stall)
     click.echo(message, err=code != 0)
     return code
 
