@@ -245,6 +245,11 @@ def test_health_tells_an_unwritable_state_file_and_a_stalled_pool_apart(tmp_path
     result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
     assert result.exit_code == exitcodes.STATE_UNWRITABLE, result.output
     assert "cannot write its state file" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == 0 and "cannot write its state file" in result.stderr
+    os.utime(state_path(str(pidfile)), (time.time() - 60, time.time() - 60))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == exitcodes.UNHEALTHY  # silent: a restart can help
 
     now = time.time()
     state.update(tick=now, progress={"stalled_since": now - 30, "free": 2})

@@ -7,6 +7,7 @@ import signal
 
 import click
 
+from .. import exitcodes
 from ..errors import SupervisorError
 from . import remote
 from .clickutil import pidfile_option
@@ -50,10 +51,14 @@ def scale(count: str, pidfile: str, timeout: float) -> None:
 @click.option("--max-stall", type=click.FloatRange(1, 86400), default=60.0, show_default=True,
               metavar="S", help="unhealthy when work is ready, workers are free and nothing "
               "was claimed for this long")  # fmt: skip
-def health(pidfile: str, max_age: float, max_stall: float) -> int:
+@click.option("--liveness", is_flag=True, help="fail only when a restart could help (no "
+              "supervisor, or its loop is silent); report other problems but exit 0")  # fmt: skip
+def health(pidfile: str, max_age: float, max_stall: float, liveness: bool) -> int:
     """Exit 0 when the supervisor is alive, its main loop ticks and its pool makes progress."""
     code, message = remote.health(pidfile, max_age, max_stall)
     click.echo(message, err=code != 0)
+    if liveness and code in (exitcodes.STATE_UNWRITABLE, exitcodes.STALLED):
+        return exitcodes.OK  # a full disk or a read-only database survives a restart
     return code
 
 

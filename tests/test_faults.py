@@ -1,0 +1,84 @@
+"""Issue 11: faults a running pool must survive, with a real supervisor, real files and a real
+filesystem: a full disk under the state file, the database deleted or replaced, made read-only
+and writable again, and a worker that exits 0 while it holds a lease."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers import wait_for
+from sv_harness import Supervisor
+
+from supervisor import exitcodes
+from supervisor.commands import remote
+
+pytestmark = pytest.mark.slow
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(list(cmd), capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 512 KB tmpfs we can fill: a real "No space left on device"."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    try:
+        done = _run("mount", "-t", "tmpfs", "-o", "size=512k,mode=0755", "tmpfs", str(mnt))
+    except OSError as exc:
+        pytest.skip(f"SKIPPED LOUDLY: cannot run mount ({exc}); needs root with CAP_SYS_ADMIN")
+    if done.returncode != 0:
+        pytest.skip(f"SKIPPED LOUDLY: cannot mount a tmpfs to fill: {done.stderr.decode()}")
+    try:
+        yield mnt
+    finally:
+        _run("umount", "-l", str(mnt))
+
+
+def fill(directory: Path) -> Path:
+    """Write until the filesystem is full; return the file that filled it."""
+    path = directory / "filler"
+    with open(path, "wb", buffering=0) as fh:
+        for size in (65536, 4096, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    fh.write(b"\0" * size)
+    with pytest.raises(OSError) as full:
+        (directory / "probe").write_bytes(b"x" * 4096)
+    assert full.value.errno == errno.ENOSPC
+    return path
+
+
+# -- item 3: disk full under the state file ---------------------------------------------------
+def test_a_full_disk_is_cannot_write_the_state_not_a_silent_loop(
+    sv: Supervisor, small_fs: Path
+) -> None:
+    sv.pidfile = str(small_fs / "sv.pid")
+    sv.start(n=1)
+    sv.wait_event("ready")
+    assert remote.health(sv.pidfile, max_age=2.0)[0] == exitcodes.OK
+    filler = fill(small_fs)
+    code, message = wait_for(
+        lambda: (h := remote.health(sv.pidfile, max_age=2.0))[0] != exitcodes.OK and h,
+        timeout=30,
+        what="health to notice the stale state file",
+    )
+    assert code == exitcodes.STATE_UNWRITABLE, message
+    assert "cannot write its state file" in message
+    wait_for(lambda: len(sv.events("state_write_failed")) >= 1, what="the failure logged")
+    os.remove(filler)
+    wait_for(lambda: remote.health(sv.pidfile, max_age=2.0)[0] == exitcodes.OK,
+             timeout=30, what="health to recover")  # fmt: skip
+    wait_for(lambda: sv.events("state_write_recovered"), what="the recovery logged")
+    # logged once each, not once a second
+    assert len(sv.events("state_write_failed")) == 1
+    assert len(sv.events("state_write_recovered")) == 1
+    sv.signal(15)
+    assert sv.wait_exit() == 0
