@@ -82,3 +82,19 @@ def test_a_full_disk_is_cannot_write_the_state_not_a_silent_loop(
     assert len(sv.events("state_write_recovered")) == 1
     sv.signal(15)
     assert sv.wait_exit() == 0
+
+
+# -- item 5: exit 0 while holding a lease -----------------------------------------------------
+def test_a_worker_that_exits_0_holding_a_lease_is_a_crash_and_its_lease_is_released(
+    sv: Supervisor,
+) -> None:
+    run = sv.enqueue("exit0_once")
+    sv.start("--lease-ttl", "60", n=1)
+    # a released lease is claimed again at once; without the release this waits the 60 s ttl
+    wait_for(lambda: sv.run_status(run) == "succeeded", timeout=20, what="the takeover")
+    (first,) = [e for e in sv.events("worker_exited") if e.get("code") == 0]
+    assert first["kind"] == "crashed" and first["leases"] == 1
+    assert first["level"] == "warning" and "holding 1 lease(s)" in first["msg"]
+    assert [e["count"] for e in sv.events("leases_released")] == [1]
+    sv.signal(15)
+    assert sv.wait_exit() == 0

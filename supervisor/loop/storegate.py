@@ -8,6 +8,7 @@ lets the fork path assert that nothing is open.
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
@@ -47,6 +48,13 @@ class StoreGate:
         """Expire the leases of dead owners; return how many each held."""
         with self.session() as store:
             return {owner: store.release_owner(owner) for owner in owners}
+
+    def lease_counts(self, owners: list[str]) -> dict[str, int]:
+        """How many live leases each owner holds; nothing is written."""
+        with self.session() as store:
+            stats = store.stats()
+        held = Counter(lease.owner for lease in stats.leases if lease.expires_at > stats.now)
+        return {owner: held.get(owner, 0) for owner in owners}
 
     def release_dead_owners(self) -> dict[str, int]:
         """Leases of owners on this host whose process is gone (a restarted supervisor).
