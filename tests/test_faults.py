@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 from helpers import wait_for
 from sv_harness import Supervisor
+from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
 from supervisor.commands import remote
+from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
 
@@ -98,3 +100,38 @@ def test_a_worker_that_exits_0_holding_a_lease_is_a_crash_and_its_lease_is_relea
     assert [e["count"] for e in sv.events("leases_released")] == [1]
     sv.signal(15)
     assert sv.wait_exit() == 0
+
+
+# -- item 2: the database file deleted or replaced under a running pool ------------------------
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_file_deleted_or_replaced_stops_the_pool(sv: Supervisor, how: str) -> None:
+    for _ in range(200):
+        sv.enqueue("sleep", {"s": 0.05})
+    sv.start("--drain", n=2)
+    sv.wait_event("ready")
+    wait_for(lambda: sv.stats().runs.get("succeeded", 0) >= 3, what="some progress")
+    if how == "deleted":
+        os.remove(sv.db)
+    else:
+        other = sv.workdir / "other.db"
+        open_store(str(other)).close()
+        os.replace(other, sv.db)
+    assert sv.wait_exit() == exitcodes.ERROR  # never "drain finished", never exit 0
+    (gone,) = sv.events("database_gone")
+    assert how in gone["msg"] and gone["level"] == "error"
+    assert not sv.events("drain_finished")
+    if how == "deleted":
+        assert not os.path.exists(sv.db)  # the supervisor never made a new, empty one
+
+
+def test_enqueue_refuses_to_create_a_database_whose_log_is_still_there(tmp_path: Path) -> None:
+    db = str(tmp_path / "lk.db")
+    holder = open_store(db)  # a pool's connection: it keeps lk.db-wal
+    try:
+        holder.start_run("noop")
+        os.remove(db)
+        line = error_line(invoke("enqueue", "noop", "--db", db), exitcodes.ERROR)
+        assert "write-ahead log" in line and "refusing to create" in line
+        assert not os.path.exists(db)
+    finally:
+        holder.close()

@@ -16,6 +16,7 @@ from workerproc.store import RunNotFound, Store, StoreError, open_store
 from workerproc.store.types import JSON, RUN_STATUSES
 
 from ..errors import ConfigError, SupervisorError
+from ..loop.storegate import db_file
 
 
 def parse_json(text: str, what: str) -> JSON:
@@ -23,15 +24,6 @@ def parse_json(text: str, what: str) -> JSON:
         return json.loads(text)
     except ValueError as exc:
         raise ConfigError(f"{what} is not valid JSON: {exc}") from None
-
-
-def db_file(db: str) -> str | None:
-    """The file behind a path or sqlite:/// URL (None for other schemes)."""
-    if "://" not in db:
-        return db
-    if db.startswith("sqlite:///"):
-        return db[len("sqlite://") :].split("?", 1)[0]
-    return None
 
 
 @contextlib.contextmanager

@@ -20,8 +20,9 @@ from ..chaos import Chaos
 from ..config import StartConfig
 from ..errors import AppImportError
 from ..logs import event
-from ..loop.arbiter import Arbiter
+from ..loop.arbiter import Arbiter, Step
 from ..loop.forking import ForkContext, fork_worker, other_threads
+from ..loop.guard import DbGuard
 from ..loop.pidfile import Pidfile
 from ..loop.pool import Pool
 from ..loop.signals import SignalInbox
@@ -82,6 +83,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
             owner=owner,
             count=count,
         )
+    gate.pin()  # from here on the path must keep naming this file (loop.guard)
     board = StatusBoard(BOARD_CAPACITY)
     holder: dict[str, App] = {"app": app}
     child_closers: list[Callable[[], None]] = []  # sockets of integrations.install
@@ -122,6 +124,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         pidfile=pidfile,
         steps=default_steps(),
     )
+    arbiter.add_step(Step("dbguard", DbGuard().step), before="reap")
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
     if config.chaos is not None:
         chaos = Chaos(

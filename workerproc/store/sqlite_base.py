@@ -15,6 +15,7 @@ import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -79,6 +80,8 @@ class SQLiteBase:
         self.url = f"sqlite:///{os.path.abspath(path)}?synchronous={synchronous.lower()}"
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
+        absolute = "/" + os.path.abspath(path).lstrip("/")  # "//x" would read as a URI host
+        self._uri = f"file:{urllib.parse.quote(absolute)}?mode=rw"
         self._clock: Clock = clock or time.time
         self._local = threading.local()
         self._pid = os.getpid()
@@ -96,6 +99,14 @@ class SQLiteBase:
         # second store opened in a process that already has a connection (the heartbeat's)
         # would strip the first connection's WAL lock, and another process closing last
         # could then checkpoint and delete the WAL under it: its later commits would be lost.
+        if not os.path.lexists(self.path) and os.path.exists(self.path + "-wal"):
+            # A new file beside an old write-ahead log would replay that log into it (or be
+            # mistaken for the database a running pool lost): refuse, never guess.
+            raise StoreUnavailable(
+                f"{self.path} is missing but its write-ahead log {self.path}-wal is still there "
+                "(deleted while in use?): refusing to create a new database; restore the file, "
+                f"or remove {self.path}-wal and {self.path}-shm to start empty"
+            )
         try:  # owner-only: -wal and -shm inherit the database file's mode
             os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
         except FileExistsError:
@@ -120,7 +131,10 @@ class SQLiteBase:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, cached_statements=64)
+            # mode=rw: the file exists (_create_file); a connection opened later (another
+            # thread, a reconnect) must never create an empty one where it was deleted
+            conn = sqlite3.connect(self._uri, timeout=0, isolation_level=None,
+                                   cached_statements=64, uri=True)  # fmt: skip
         except sqlite3.Error as exc:
             raise _translate(exc, self.path) from None
 
