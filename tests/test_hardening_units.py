@@ -3,14 +3,25 @@ is a crash, the database file's identity, the stall watch, and corruption seen b
 
 from __future__ import annotations
 
+import logging
+import os
+import random
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
-from helpers import wait_for
+import pytest
+from helpers import FakeClock, wait_for
+from test_supervisor_units import FakeProcs, exited, make_arbiter
 
+from supervisor import exitcodes
+from supervisor.loop.guard import DbGuard
+from supervisor.loop.storegate import StoreGate
+from workerproc import exitcodes as wexit
 from workerproc.identity import make_owner, owner_is_dead
+from workerproc.store import StoreCorrupt, StoreUnavailable, open_store
 
 
 # -- item 4: a zombie is dead ------------------------------------------------------------------
@@ -30,3 +41,63 @@ def test_a_zombie_owner_is_dead() -> None:
         child.kill()
         child.wait()
     assert owner_is_dead(owner)  # reaped: gone for good
+
+
+# -- item 7: corruption met by a worker or by the supervisor's own sessions ----------------------
+def test_a_worker_that_met_corruption_stops_the_supervisor_with_exit_1(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=2)
+    arb.turn()
+    victim = next(iter(arb.pool.workers.values()))
+    procs.exits = [(victim.pid, exited(wexit.STORE_CORRUPT))]
+    with caplog.at_level(logging.INFO, logger="supervisor"):
+        arb.turn()
+    assert arb.stopping and arb.exit_code == exitcodes.ERROR
+    (line,) = [
+        r.getMessage() for r in caplog.records if getattr(r, "event", "") == "database_corrupt"
+    ]
+    assert "restore the database from a backup" in line
+
+
+def test_corruption_met_by_a_supervisor_session_stops_it(tmp_path: Path, clock: FakeClock) -> None:
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        for _ in range(100):
+            store.start_run("noop", {"pad": "x" * 200})
+    with open(db, "r+b") as fh:  # garbage in page 2
+        fh.seek(4096)
+        fh.write(random.Random(2).randbytes(4096))
+    arb = make_arbiter(clock, FakeProcs(), workers=1)
+    arb.gate = gate = StoreGate(db)
+    with pytest.raises(StoreCorrupt), gate.session() as store:
+        store.claim("someone", 5.0)
+    DbGuard().step(arb)
+    assert arb.stopping and arb.exit_code == exitcodes.ERROR
+
+
+# -- item 2: the file the gate serves --------------------------------------------------------
+def test_the_gate_notices_a_deleted_or_replaced_file_and_never_opens_the_path(
+    tmp_path: Path, clock: FakeClock
+) -> None:
+    db = str(tmp_path / "lk.db")
+    gate = StoreGate(db)
+    with gate.session() as store:
+        store.start_run("noop")
+    gate.pin()
+    assert gate.file_problem() is None
+    worker = open_store(db)  # a worker's connection keeps the deleted inode from reuse
+    worker.start_run("noop")
+    os.remove(db)
+    assert "deleted" in (gate.file_problem() or "")
+    with pytest.raises(StoreUnavailable, match="deleted"), gate.session():
+        pass
+    assert not os.path.exists(db)  # the session did not create a new, empty one
+    Path(db).write_bytes(b"")  # someone made a new file there (enqueue would refuse: the -wal)
+    assert "replaced" in (gate.file_problem() or "")
+    worker.close()
+    arb = make_arbiter(clock, FakeProcs(), workers=1)
+    arb.gate = gate
+    DbGuard().step(arb)
+    assert arb.stopping and arb.exit_code == exitcodes.ERROR

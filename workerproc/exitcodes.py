@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 OK = 0  # stopped on request (graceful drain finished)
-BOOT_FAILURE = 3  # cannot even boot (store unreachable, app unusable): do not respawn, stop
+BOOT_FAILURE = 3  # cannot even boot (store unreachable, config invalid): do not respawn, stop
 TASK_TIMEOUT = 70  # a handler outlived task_timeout; its lease is left to expire: replace me
 HEARTBEAT_DIED = 71  # the heartbeat thread died; without it leases would silently lapse
 PARENT_DIED = 72  # the supervisor is gone; an orphan must not keep claiming
 RECYCLE = 73  # reached max_tasks (with jitter): a planned, graceful replacement
 LEASE_STUCK = 74  # a lease was lost and the handler would not stop: the process gives up
 STORE_ERROR = 75  # an unexpected store error after boot: a crash, replace me
+STORE_CORRUPT = 76  # the database is corrupt ("malformed"): replacing me cannot help
 
 DESCRIPTIONS = {
     OK: "stopped",
@@ -20,6 +21,7 @@ DESCRIPTIONS = {
     RECYCLE: "recycled after max tasks",
     LEASE_STUCK: "lease lost and handler did not stop",
     STORE_ERROR: "store error after boot",
+    STORE_CORRUPT: "the database is corrupt",
 }
 
 

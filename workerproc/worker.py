@@ -291,6 +291,8 @@ class Worker:
             due = self.store.next_ready_at()
             if due is not None and (wait := due - self.store.now()) > 0:
                 deadline = min(deadline, time.monotonic() + wait)
+        except StoreCorrupt:
+            raise
         except StoreError as exc:
             log.warning("idle check failed: %s", exc)
             token = -1
@@ -306,6 +308,8 @@ class Worker:
                     due = self.store.next_ready_at()
                     if due is not None and due <= self.store.now():
                         return
+            except StoreCorrupt:
+                raise  # never waited out: the worker exits STORE_CORRUPT
             except StoreError:
                 continue  # the database is busy or gone: wait out the interval, then claim
 

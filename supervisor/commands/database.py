@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from workerproc.store import RunNotFound
+from workerproc.store import RunNotFound, StoreCorrupt
 
 from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
@@ -157,4 +157,28 @@ def cancel(run_id: int, db: str) -> None:
     click.echo(f"run {run_id} cancelled")
 
 
-ALL = [enqueue, status, runs, show, retry, cancel]
+@click.command()
+@db_option
+@option("--quick", is_flag=True, help="quick_check: every page, without comparing indexes to rows")
+def check(db: str, quick: bool) -> None:
+    """Check the database: SQLite's integrity check, then the lease invariants."""
+    pragma = "quick_check" if quick else "integrity_check"
+    try:
+        with ops.store_for(db) as store:
+            damage = store.check_integrity(quick=quick)
+            violations = [] if damage else store.integrity_violations()
+    except StoreCorrupt as exc:  # too damaged to open
+        damage, violations = [str(exc)], []
+    for line in damage + violations:
+        click.echo(line)
+    if damage:
+        raise SupervisorError(
+            f"{db} is corrupt ({pragma}: {len(damage)} problem(s) above): stop every pool on it "
+            "and restore it from a backup"
+        )
+    if violations:
+        raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
+    click.echo(f"ok: {pragma} found no damage and the lease invariants hold")
+
+
+ALL = [enqueue, status, runs, show, retry, cancel, check]

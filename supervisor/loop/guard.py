@@ -5,6 +5,8 @@ opened, or turned out corrupt.
   at the same path (``enqueue`` creates one) would never be served. At start the gate pins the
   file's device and inode; every turn one ``stat`` compares. On a mismatch the supervisor logs
   ``database_gone`` and stops (exit 1); its own sessions refuse to open the path from then on.
+  (While workers hold the deleted file open its inode cannot be reused, so a new file at the
+  path always has another identity.)
 - **Corrupt.** Any session of the supervisor that met "database disk image is malformed" (the
   store's ``StoreCorrupt``) stops it the same way with ``database_corrupt``; a worker that meets
   it exits with ``STORE_CORRUPT`` and the reap step does the same.

@@ -19,6 +19,7 @@ from .. import exitcodes
 from ..errors import SupervisorError
 from ..logs import drain_progress, event
 from .arbiter import Arbiter, Phase, Step
+from .guard import stop_corrupt
 from .pool import Exit, ExitKind, Worker
 from .signals import name as signal_name
 
@@ -74,6 +75,8 @@ def reap(arb: Arbiter) -> None:
                 streak=arb.pool.crash_streak,
                 backoff=round(ex.backoff, 3),
             )
+        if ex.code == wexit.STORE_CORRUPT:
+            stop_corrupt(arb, f"worker {ex.worker.pid}", "it met a malformed database")
         if ex.kind is ExitKind.BOOT_FAILURE:
             event(
                 "boot_failure",

@@ -96,6 +96,14 @@ class StoreGate:
         with self.session() as store:
             return {owner: store.release_owner(owner) for owner in owners}
 
+    def quick_check(self) -> list[str]:
+        """The store's quick integrity check (every page read once), before any fork."""
+        try:
+            with self.session(busy_timeout=DEFAULT_BUSY_TIMEOUT) as store:
+                return store.check_integrity(quick=True, limit=10)
+        except StoreCorrupt as exc:  # too damaged to open
+            return [str(exc)]
+
     def lease_counts(self, owners: list[str]) -> dict[str, int]:
         """How many live leases each owner holds; nothing is written."""
         with self.session() as store:

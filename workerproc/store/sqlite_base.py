@@ -229,6 +229,26 @@ class SQLiteBase:
                     conn.execute("ROLLBACK")
                 raise
 
+    def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
+        pragma = "quick_check" if quick else "integrity_check"
+        limit = max(1, int(limit))
+
+        def read(c: sqlite3.Connection) -> list[str]:
+            rows = c.execute(f"PRAGMA {pragma}({limit})").fetchall()
+            found = [line for r in rows for line in str(r[0]).splitlines()]
+            found = [f for f in found if f not in ("ok", "*** in database main ***")]
+            if not quick and len(found) < limit:
+                found += [
+                    f"row {rowid} of {table} points at a missing row of {parent}"
+                    for table, rowid, parent, _fk in c.execute("PRAGMA foreign_key_check")
+                ]
+            return found[:limit]
+
+        try:
+            return self._read(read)
+        except StoreCorrupt as exc:  # too damaged to even walk: that is the finding
+            return [str(exc)]
+
     def now(self) -> float:
         return self._clock()
 
