@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
 from supervisor.commands import remote
-from workerproc.store import open_store
+from workerproc.store import StoreUnavailable, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -135,3 +136,81 @@ def test_enqueue_refuses_to_create_a_database_whose_log_is_still_there(tmp_path:
         assert not os.path.exists(db)
     finally:
         holder.close()
+
+
+# -- item 1: read-only, then writable again ---------------------------------------------------
+def chattr(flag: str, *paths: Path | str) -> None:
+    done = _run("chattr", flag, *(str(p) for p in paths))
+    assert done.returncode == 0, done.stderr.decode()
+
+
+@pytest.fixture
+def immutable_ok(tmp_path: Path) -> None:
+    """chattr +i needs root (CAP_LINUX_IMMUTABLE) and a file system that supports it."""
+    probe = tmp_path / "chattr-probe"
+    probe.write_text("x")
+    try:
+        done = _run("chattr", "+i", str(probe))
+    except OSError as exc:
+        pytest.skip(f"SKIPPED LOUDLY: no chattr here ({exc})")
+    if done.returncode != 0:
+        pytest.skip(f"SKIPPED LOUDLY: chattr +i does not work here: {done.stderr.decode()}")
+    chattr("-i", probe)
+
+
+def test_a_store_that_fell_back_to_read_only_writes_again_once_it_can(
+    tmp_path: Path, immutable_ok: None
+) -> None:
+    db = tmp_path / "lk.db"
+    open_store(str(db)).close()
+    chattr("+i", db)
+    try:
+        store = open_store(str(db))  # SQLite opens an immutable file read-only, silently
+        with pytest.raises(StoreUnavailable, match="readonly"):
+            store.start_run("noop")
+    finally:
+        chattr("-i", db)
+    try:
+        assert store.start_run("noop") == 1  # reconnected read-write
+    finally:
+        store.close()
+
+
+def test_a_read_only_database_stalls_health_and_the_pool_recovers_by_itself(
+    sv: Supervisor, immutable_ok: None
+) -> None:
+    dbdir = sv.workdir / "db"
+    dbdir.mkdir()
+    sv.db = str(dbdir / "lk.db")  # the pidfile stays writable, in workdir
+    runs = [sv.enqueue("sleep", {"s": 0.02}) for _ in range(300)]
+    sv.start("--lease-ttl", "4", "--max-attempts", "20", n=2)
+    wait_for(lambda: sv.stats().runs.get("succeeded", 0) >= 10, what="some progress")
+    files = sorted(dbdir.iterdir())
+    chattr("+i", *files, dbdir)
+    try:
+        # Workers die of SIGBUS on the -shm mapping sooner or later; kill the rest the same way
+        # so that every replacement opens the database while it is read-only.
+        old = sv.workers()
+        for pid in old:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: len(new := set(sv.workers()) - set(old)) == 2 and new, timeout=30,
+                 what="two replacements")  # fmt: skip
+        code, message = wait_for(
+            lambda: (h := remote.health(sv.pidfile, 10.0, max_stall=2.0))[0] != exitcodes.OK and h,
+            timeout=60,
+            what="health to see the stall",
+        )
+        assert code == exitcodes.STALLED, message
+        stuck = sv.stats().runs.get("succeeded", 0)
+    finally:
+        chattr("-i", dbdir, *files)
+    # recovers by itself: no reload, no restart of the supervisor
+    wait_for(lambda: sv.stats().runs.get("succeeded", 0) > stuck + 20, timeout=30,
+             what="progress within seconds of the fault clearing")  # fmt: skip
+    wait_for(lambda: sv.stats().runs.get("succeeded", 0) == len(runs), timeout=60,
+             what="every run done")  # fmt: skip
+    wait_for(lambda: remote.health(sv.pidfile, 10.0, max_stall=2.0)[0] == exitcodes.OK,
+             timeout=30, what="health to clear")  # fmt: skip
+    sv.signal(15)
+    assert sv.wait_exit() == 0

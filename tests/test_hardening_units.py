@@ -9,18 +9,23 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 from helpers import FakeClock, wait_for
-from test_supervisor_units import FakeProcs, exited, make_arbiter
+from test_supervisor_units import FakeGate, FakeProcs, exited, make_arbiter
 
 from supervisor import exitcodes
+from supervisor.loop.arbiter import Arbiter, Step
 from supervisor.loop.guard import DbGuard
+from supervisor.loop.progress import StallWatch
+from supervisor.loop.steps import snapshot
 from supervisor.loop.storegate import StoreGate
 from workerproc import exitcodes as wexit
 from workerproc.identity import make_owner, owner_is_dead
+from workerproc.status import HANDLER, IDLE, Counters
 from workerproc.store import StoreCorrupt, StoreUnavailable, open_store
 
 
@@ -101,3 +106,80 @@ def test_the_gate_notices_a_deleted_or_replaced_file_and_never_opens_the_path(
     arb.gate = gate
     DbGuard().step(arb)
     assert arb.stopping and arb.exit_code == exitcodes.ERROR
+
+
+# -- item 1: the stall watch -------------------------------------------------------------------
+class ReadyGate(FakeGate):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ready: bool | None = True  # None: the database does not answer
+        self.reads = 0
+
+    def ready_now(self) -> bool:
+        self.reads += 1
+        if self.ready is None:
+            raise StoreUnavailable("database is locked")
+        return self.ready
+
+
+def watched(clock: FakeClock, workers: int = 2) -> tuple[Arbiter, ReadyGate]:
+    arb = make_arbiter(clock, FakeProcs(), workers=workers)
+    arb.gate = gate = ReadyGate()  # type: ignore[assignment]
+    arb.add_step(Step("progress", StallWatch(every=1.0).step), before="publish")
+    arb.turn()
+    return arb, gate
+
+
+def publish(arb: Arbiter, phase: int, claims: int | None = None) -> None:
+    for w in arb.pool.workers.values():
+        slot = arb.board.slot(w.slot)
+        slot.publish(w.pid, phase)
+        if claims is not None:
+            slot.publish_counters(w.pid, Counters(claims=claims))
+
+
+def stalled_since(arb: Arbiter) -> object:
+    return snapshot(arb)["progress"]["stalled_since"]
+
+
+def test_free_workers_ready_work_and_no_claims_is_a_stall_until_a_claim(clock: FakeClock) -> None:
+    arb, _ = watched(clock)
+    publish(arb, IDLE, claims=5)
+    clock.advance(1)
+    arb.turn()  # the claims moved since the first look (0 -> 5): progress
+    assert stalled_since(arb) is None
+    for _ in range(3):
+        clock.advance(1)
+        arb.turn()
+    since = stalled_since(arb)
+    assert isinstance(since, float) and time.time() - since == pytest.approx(2, abs=0.5)
+    assert snapshot(arb)["progress"]["free"] == 2
+    publish(arb, IDLE, claims=6)
+    clock.advance(1)
+    arb.turn()
+    assert stalled_since(arb) is None
+
+
+def test_busy_workers_idle_queues_and_a_silent_database_are_not_stalls(clock: FakeClock) -> None:
+    arb, gate = watched(clock)
+    publish(arb, HANDLER, claims=1)  # long handlers: never a stall, and no database read
+    reads = gate.reads
+    for _ in range(5):
+        clock.advance(1)
+        arb.turn()
+    assert stalled_since(arb) is None and gate.reads == reads
+    publish(arb, IDLE)
+    gate.ready = False  # nothing to do: idle, not stalled
+    for _ in range(3):
+        clock.advance(1)
+        arb.turn()
+    assert stalled_since(arb) is None and gate.reads > reads
+    gate.ready = True
+    clock.advance(1)
+    arb.turn()
+    since = stalled_since(arb)
+    assert since is not None
+    gate.ready = None  # unknown: keep what we knew
+    clock.advance(1)
+    arb.turn()
+    assert stalled_since(arb) == since

@@ -26,6 +26,7 @@ from ..loop.forking import ForkContext, fork_worker, other_threads
 from ..loop.guard import RESTORE, DbGuard
 from ..loop.pidfile import Pidfile
 from ..loop.pool import Pool
+from ..loop.progress import StallWatch
 from ..loop.signals import SignalInbox
 from ..loop.steps import default_steps
 from ..loop.storegate import StoreGate
@@ -158,6 +159,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         steps=default_steps(),
     )
     arbiter.add_step(Step("dbguard", DbGuard().step), before="reap")
+    arbiter.add_step(Step("progress", StallWatch().step), before="publish")
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
     if config.chaos is not None:
         chaos = Chaos(

@@ -344,6 +344,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "db": arb.config.db,
         "app": arb.config.app,
         "workers": workers,
+        **arb.extra_state,
     }
 
 

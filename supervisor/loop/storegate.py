@@ -104,6 +104,12 @@ class StoreGate:
         except StoreCorrupt as exc:  # too damaged to open
             return [str(exc)]
 
+    def ready_now(self) -> bool:
+        """Is some task claimable right now? One index lookup, no write."""
+        with self.session() as store:
+            at = store.next_ready_at()
+            return at is not None and at <= store.now()
+
     def lease_counts(self, owners: list[str]) -> dict[str, int]:
         """How many live leases each owner holds; nothing is written."""
         with self.session() as store:

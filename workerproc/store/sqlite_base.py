@@ -10,6 +10,7 @@ small machine; blocking on a file lock makes a convoy behind woken waiters not y
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
@@ -26,6 +27,7 @@ from .errors import (
     SchemaTooNew,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
     StoreUnavailable,
 )
 from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
@@ -50,12 +52,21 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
+def _is_readonly(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (int(code) & 0xFF) == 8  # SQLITE_READONLY and its extended codes
+    return "readonly" in str(exc)
+
+
 def _translate(exc: sqlite3.Error, path: str) -> StoreError:
     text = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in text or "malformed" in text or "corrupt" in text
     ):
         return StoreCorrupt(f"{path}: not a leasekeeper database or corrupt ({text})")
+    if _is_readonly(exc):
+        return StoreReadOnly(f"{path}: cannot write the database ({text})")
     if "unable to open" in text or "readonly" in text or "disk I/O" in text:
         return StoreUnavailable(f"{path}: cannot open or write the database ({text})")
     return StoreError(f"{path}: {text}")
@@ -163,7 +174,7 @@ class SQLiteBase:
                 return fn()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise _translate(exc, self.path) from None
+                    raise self._failed(exc) from None
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
@@ -174,7 +185,20 @@ class SQLiteBase:
                     time.sleep(sleep * (0.5 + random.random()))
                     sleep = min(sleep * 2, _MAX_SLEEP)
             except sqlite3.Error as exc:
-                raise _translate(exc, self.path) from None
+                raise self._failed(exc) from None
+
+    def _failed(self, exc: sqlite3.Error) -> StoreError:
+        """Translate ``exc``. A connection that cannot write is dropped: when SQLite cannot open
+        a file read-write (an immutable or read-only file system, a full disk at open) it opens
+        it read-only *silently* and stays so after the fault clears. The next call of this
+        thread reconnects, read-write again once it can."""
+        if _is_readonly(exc):
+            conn = getattr(self._local, "conn", None)
+            self._local.conn = None
+            if conn is not None and self._pid == os.getpid():
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+        return _translate(exc, self.path)
 
     def _write(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
         """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``."""
@@ -187,7 +211,7 @@ class SQLiteBase:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from None
+                raise self._failed(exc) from None
             raise
         return result
 
