@@ -54,7 +54,9 @@ def test_enqueue_prints_the_run_id_and_stores_payload_state_delay(db: str) -> No
 
 
 def test_enqueue_creates_a_new_database_but_not_its_directory(tmp_path: Path) -> None:
-    assert invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stdout.strip() == "1"
+    result = invoke("enqueue", "t", "--db", str(tmp_path / "new.db"))
+    assert result.stdout.strip() == "1" and "created a new database" in result.stderr
+    assert "created" not in invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stderr
     line = error_line(invoke("enqueue", "t", "--db", str(tmp_path / "no" / "x.db")), 1)
     assert "does not exist" in line
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
@@ -11,6 +12,7 @@ from workerproc.store import RunNotFound, StoreCorrupt
 
 from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
+from ..loop.storegate import db_file
 from . import ops, render
 from .clickutil import db_option, json_option, option
 
@@ -25,8 +27,12 @@ def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> 
     """Start a run whose first task is TASK; print its id."""
     data = ops.parse_json(payload, "--payload")
     state = ops.parse_json(state_json, "--state")
-    with ops.store_for(db, create=True) as store:
+    path = db_file(db)
+    new = path is not None and not os.path.lexists(path)
+    with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
         click.echo(ops.enqueue(store, task, data, state, delay))
+    if new:  # never silently: a typo, or a pool's database that vanished, shows here
+        click.echo(f"created a new database {path}", err=True)
 
 
 @click.command()
