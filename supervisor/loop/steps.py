@@ -85,7 +85,7 @@ def reap(arb: Arbiter) -> None:
                 level=logging.ERROR,
             )
             arb.stop("a worker could not boot", exitcodes.WORKER_BOOT)
-    if arb.pending_release:
+    if arb.pending_release and not exits:  # retry earlier failures (_settle_leases did, else)
         release(arb)
 
 
