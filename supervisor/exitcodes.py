@@ -12,10 +12,13 @@ PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
+STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
+STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
-    ERROR: "the command failed: database missing or corrupt, unknown run, refused operation",
+    ERROR: "the command failed: database missing or corrupt, unknown run, refused operation; "
+    "`start`: the database is corrupt or its file was deleted or replaced under the pool",
     USAGE: "bad option or value (`-n 0`, `--lease-ttl inf`, invalid JSON, a non-numeric run id)",
     APP_LOAD: "`start`: the `--app` cannot be imported (or its import started threads: the parent "
     "must fork from one thread)",
@@ -27,4 +30,8 @@ DESCRIPTIONS = {
     "`--max-age`",
     CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (listed in the report and on "
     "stderr)",
+    STATE_UNWRITABLE: "`health`: the main loop runs but cannot write its state file (disk full "
+    "or read-only)",
+    STALLED: "`health`: work is ready and workers are free, but nothing was claimed for "
+    "`--max-stall`",
 }

@@ -54,7 +54,9 @@ def test_enqueue_prints_the_run_id_and_stores_payload_state_delay(db: str) -> No
 
 
 def test_enqueue_creates_a_new_database_but_not_its_directory(tmp_path: Path) -> None:
-    assert invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stdout.strip() == "1"
+    result = invoke("enqueue", "t", "--db", str(tmp_path / "new.db"))
+    assert result.stdout.strip() == "1" and "created a new database" in result.stderr
+    assert "created" not in invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stderr
     line = error_line(invoke("enqueue", "t", "--db", str(tmp_path / "no" / "x.db")), 1)
     assert "does not exist" in line
 
@@ -232,5 +234,29 @@ def test_health_alive_ticking_or_silent(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "healthy" in result.stdout
     state["tick"] = time.time() - 60
     Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    os.utime(state_path(str(pidfile)), (state["tick"], state["tick"]))  # nobody touched it
     result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
     assert result.exit_code == exitcodes.UNHEALTHY and "silent" in result.stderr
+
+
+def test_health_tells_an_unwritable_state_file_and_a_stalled_pool_apart(tmp_path: Path) -> None:
+    pidfile = tmp_path / "s.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    state: dict[str, object] = {"pid": os.getpid(), "tick": time.time() - 60, "target": 2}
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))  # old content, fresh mtime
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
+    assert result.exit_code == exitcodes.STATE_UNWRITABLE, result.output
+    assert "cannot write its state file" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == 0 and "cannot write its state file" in result.stderr
+    os.utime(state_path(str(pidfile)), (time.time() - 60, time.time() - 60))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == exitcodes.UNHEALTHY  # silent: a restart can help
+
+    now = time.time()
+    state.update(tick=now, progress={"stalled_since": now - 30, "free": 2})
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "20")
+    assert result.exit_code == exitcodes.STALLED and "2 workers are free" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "40")
+    assert result.exit_code == 0, result.output

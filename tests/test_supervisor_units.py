@@ -65,14 +65,22 @@ class FakeProcs:
 
 class FakeGate:
     def __init__(self) -> None:
-        self.released: list[str] = []
+        self.released: list[str] = []  # owners whose leases were released
+        self.counted: list[str] = []  # owners whose leases were only counted
+        self.held: dict[str, int] = {}  # live leases per owner (none unless a test says so)
         self.fail = False
 
     def release_owners(self, owners: list[str]) -> dict[str, int]:
         if self.fail:
             raise StoreUnavailable("database is locked")
         self.released += owners
-        return {o: 1 for o in owners}
+        return {o: self.held.pop(o, 0) for o in owners}
+
+    def lease_counts(self, owners: list[str]) -> dict[str, int]:
+        if self.fail:
+            raise StoreUnavailable("database is locked")
+        self.counted += owners
+        return {o: self.held.get(o, 0) for o in owners}
 
     def stats(self) -> Any:
         raise AssertionError("not used")
@@ -196,23 +204,48 @@ def test_maintain_spawns_to_target_and_respects_backoff(clock: FakeClock) -> Non
     assert len(procs.spawned) == 4 and len(arb.pool.active()) == 3
 
 
-def test_fast_release_only_for_unclean_exits_and_off_with_no_fast_release(
+def test_every_exit_is_released_and_one_that_left_a_lease_is_a_crash(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=3)
+    arb.turn()
+    a, b, c = list(arb.pool.workers.values())
+    arb.gate.held[b.owner] = 1  # type: ignore[attr-defined]
+    clock.advance(10)  # long-lived: a crash, but no crash-loop backoff
+    procs.exits = [(a.pid, exited(wexit.OK)), (b.pid, exited(wexit.OK)),
+                   (c.pid, killed(signal.SIGKILL))]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="supervisor"):
+        arb.turn()
+    assert arb.gate.released == [a.owner, b.owner, c.owner]  # type: ignore[attr-defined]
+    kinds = {r.fields["worker"]: r.fields["kind"] for r in caplog.records  # type: ignore[attr-defined]
+             if getattr(r, "event", "") == "worker_exited"}  # fmt: skip
+    assert kinds == {a.pid: "stopped", b.pid: "crashed", c.pid: "crashed"}
+    (line,) = [r.getMessage() for r in caplog.records if str(b.pid) in r.getMessage()
+               and getattr(r, "event", "") == "worker_exited"]  # fmt: skip
+    assert "exited with code 0" in line and "holding 1 lease(s): crashed" in line
+    assert len(procs.spawned) == 6  # replaced at once
+
+
+def test_no_fast_release_counts_a_dead_workers_leases_but_leaves_them_to_the_ttl(
     clock: FakeClock,
 ) -> None:
     procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=2)
+    arb = make_arbiter(clock, procs, workers=2, fast_release=False)
     arb.turn()
     a, b = list(arb.pool.workers.values())
+    arb.gate.held[a.owner] = 2  # type: ignore[attr-defined]
     procs.exits = [(a.pid, exited(wexit.OK)), (b.pid, killed(signal.SIGKILL))]
     arb.turn()
-    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
-
-    arb2 = make_arbiter(clock, procs, workers=1, fast_release=False)
-    arb2.turn()
-    (c,) = arb2.pool.workers.values()
+    assert arb.gate.released == []  # type: ignore[attr-defined]
+    assert arb.gate.counted == [a.owner, b.owner]  # type: ignore[attr-defined]
+    assert arb.pool.crash_streak == 2  # an early exit 0 holding leases is a boot crash too
+    clock.advance(5)
+    arb.turn()
+    arb.pool.kill_now(c := next(iter(arb.pool.workers.values())), "fast stop")
     procs.exits = [(c.pid, killed(signal.SIGKILL))]
-    arb2.turn()
-    assert arb2.gate.released == []  # type: ignore[attr-defined]
+    arb.turn()
+    assert arb.gate.released == [c.owner]  # type: ignore[attr-defined]  # we killed it
 
 
 def test_failed_release_is_retried(clock: FakeClock) -> None:
@@ -284,13 +317,13 @@ def test_graceful_stop_escalates_to_kill_then_finishes(clock: FakeClock) -> None
     procs.exits = [(a.pid, exited(0))]
     clock.advance(1)
     arb.turn()
-    assert arb.gate.released == []  # type: ignore[attr-defined]  # clean exit
+    assert arb.gate.released == [a.owner]  # type: ignore[attr-defined]  # it held none
     clock.advance(5)
     arb.turn()
     assert (b.pid, signal.SIGKILL) in procs.sent
     procs.exits = [(b.pid, killed(signal.SIGKILL))]
     arb.turn()
-    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
+    assert arb.gate.released == [a.owner, b.owner]  # type: ignore[attr-defined]
     assert arb.phase is Phase.DONE and arb.exit_code == 0
 
 
@@ -408,7 +441,9 @@ p = Pidfile({path!r}); p.acquire(); print("held", flush=True); time.sleep(60)
     mine.acquire()  # the kernel dropped the dead holder's lock
     assert live_pid(path) == os.getpid()
     mine.write_state({"tick": time.time(), "target": 3})
-    assert read_state(path) == {"tick": pytest.approx(time.time(), abs=5), "target": 3}
+    state = read_state(path)
+    assert state is not None and state["target"] == 3 and state["pid"] == os.getpid()
+    assert state["tick"] == pytest.approx(time.time(), abs=5)
     mine.release()
     assert not os.path.exists(path)
 

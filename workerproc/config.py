@@ -14,7 +14,12 @@ DAY = 86_400.0
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    db: str = opt(flag="--db", metavar="PATH|URL", help="database file or URL (sqlite:///…)")
+    db: str = opt(
+        flag="--db",
+        metavar="PATH|URL",
+        help="database file or URL (sqlite:///…); created if missing, unless its -wal is still "
+        "there",
+    )
     app: str = opt(flag="--app", metavar="MODULE:ATTR", help="the workerproc.App to run")
     lease_ttl: float = opt(
         60.0, flag="--lease-ttl", metavar="S", low=0.5, high=DAY, help="lease time to live"

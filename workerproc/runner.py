@@ -105,6 +105,9 @@ def run_worker(
     waker = Waker()
     try:
         store = open_store(config.db, **options)
+    except StoreCorrupt as exc:
+        log.error("worker cannot use the store, the database is corrupt: %s", exc)
+        return exitcodes.STORE_CORRUPT
     except StoreError as exc:
         log.error("worker cannot open the store: %s", exc)
         return exitcodes.BOOT_FAILURE
@@ -126,7 +129,7 @@ def run_worker(
         return worker.run()
     except StoreCorrupt as exc:  # restarting cannot help: stop the pool (the supervisor does)
         log.error("worker stopping, the database is corrupt: %s", exc)
-        return exitcodes.BOOT_FAILURE
+        return exitcodes.STORE_CORRUPT
     except StoreError as exc:  # anything else after boot is a crash: the supervisor restarts
         log.error("worker crashed on a store error: %s", exc)
         return exitcodes.STORE_ERROR

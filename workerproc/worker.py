@@ -27,6 +27,7 @@ from .store import (
     Store,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
 )
 from .store.codec import dumps
 from .waker import Waker
@@ -39,6 +40,11 @@ log = logging.getLogger("workerproc.worker")
 FRESH_CLAIM = 0.05
 CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
 INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the handler
+# A process that opened the database while it could not be written keeps a read-only view of
+# it (SQLite's shared-memory index is per process) until all its connections close, the
+# heartbeat's too: past this long the worker exits (STORE_ERROR) and a new process reopens it.
+# At least the supervisor's crash window, so replacements never escalate its backoff.
+READONLY_EXIT = 5.0
 
 
 class _Abort(BaseException):
@@ -79,6 +85,7 @@ class Worker:
         self._in_handler = False
         self._interrupt: type[BaseException] | None = None
         self._lease_start = 0.0
+        self._readonly_since: float | None = None  # claims failing on a read-only database
         self._max_tasks = config.max_tasks
         self._open_store = open_store  # for the heartbeat thread (and its timeout release)
         self.heartbeat = Heartbeat(
@@ -235,9 +242,19 @@ class Worker:
             )
         except StoreCorrupt:
             raise
+        except StoreReadOnly as exc:
+            since = self._readonly_since = self._readonly_since or started
+            if started - since >= READONLY_EXIT:
+                log.error("the database stayed read-only for %.0fs: exiting so that a new "
+                          "process reopens it", started - since)  # fmt: skip
+                raise
+            log.warning("claim failed, will retry: %s", exc)
+            lease = None
         except StoreError as exc:
             log.warning("claim failed, will retry: %s", exc)
             lease = None
+        else:
+            self._readonly_since = None
         self._lease_start = started
         self._publish(IDLE)
         self._count(lease)
@@ -257,6 +274,8 @@ class Worker:
             due = self.store.next_ready_at()
             if due is not None and (wait := due - self.store.now()) > 0:
                 deadline = min(deadline, time.monotonic() + wait)
+        except StoreCorrupt:
+            raise
         except StoreError as exc:
             log.warning("idle check failed: %s", exc)
             token = -1
@@ -272,6 +291,8 @@ class Worker:
                     due = self.store.next_ready_at()
                     if due is not None and due <= self.store.now():
                         return
+            except StoreCorrupt:
+                raise  # never waited out: the worker exits STORE_CORRUPT
             except StoreError:
                 continue  # the database is busy or gone: wait out the interval, then claim
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import sys
 from typing import Any
 
+from ..files import PUBLIC, write_atomic
 from ..logs import event
-
-REPORT_MODE = 0o644
 
 
 def summary_line(r: dict[str, Any]) -> str:
@@ -25,21 +22,15 @@ def summary_line(r: dict[str, Any]) -> str:
 
 
 def write(path: str, report: dict[str, Any]) -> None:
-    """Write ``report`` to ``path`` atomically: a fresh temporary file (never a symlink, an
-    explicit mode), then a rename. A failure is logged, never raised: the text report on stderr
+    """Write ``report`` to ``path`` atomically with an explicit mode, never through a symlink
+    (``files.write_atomic``). A failure is logged, never raised: the text report on stderr
     still says everything."""
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # a leftover of a crashed run with our pid; never followed
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, REPORT_MODE)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(report, indent=2), PUBLIC)
     except OSError as exc:
         event(
             "chaos_report_failed",
-            f"chaos: cannot write the report to {path}: {exc}",
+            f"chaos: cannot write the report to {path}: {exc.strerror or exc}",
             level=logging.ERROR,
         )
 

@@ -9,6 +9,7 @@ import click
 
 from workerproc.config import DAY
 
+from .. import exitcodes
 from ..errors import SupervisorError
 from . import remote
 from .clickutil import Number, pidfile_option
@@ -57,10 +58,26 @@ def scale(count: str, pidfile: str, timeout: float) -> None:
     metavar="S",
     help="unhealthy when the main loop has not ticked for this long",
 )
-def health(pidfile: str, max_age: float) -> int:
-    """Exit 0 when the supervisor is alive and its main loop is ticking."""
-    code, message = remote.health(pidfile, max_age)
+@click.option(
+    "--max-stall",
+    type=SECONDS,
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="unhealthy when work is ready, workers are free and nothing was claimed for this long",
+)
+@click.option(
+    "--liveness",
+    is_flag=True,
+    help="fail only when a restart could help (no supervisor, or its loop is silent); report "
+    "other problems but exit 0",
+)
+def health(pidfile: str, max_age: float, max_stall: float, liveness: bool) -> int:
+    """Exit 0 when the supervisor is alive, its main loop ticks and its pool makes progress."""
+    code, message = remote.health(pidfile, max_age, max_stall)
     click.echo(message, err=code != 0)
+    if liveness and code in (exitcodes.STATE_UNWRITABLE, exitcodes.STALLED):
+        return exitcodes.OK  # a full disk or a read-only database survives a restart
     return code
 
 

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
 
 from workerproc.config import DAY
-from workerproc.store import RunNotFound
+from workerproc.store import RunNotFound, StoreCorrupt
 from workerproc.store.codec import MAX_PAYLOAD
 
-from ..errors import NotRunning
+from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
+from ..loop.storegate import db_file
 from . import ops, render
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
@@ -33,8 +35,12 @@ def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> 
     """Start a run whose first task is TASK; print its id."""
     data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = ops.parse_json(state_json, "--state")
-    with ops.store_for(db, create=True) as store:
+    path = db_file(db)
+    new = path is not None and not os.path.lexists(path)
+    with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
         click.echo(ops.enqueue(store, task, data, state, delay))
+    if new:  # never silently: a typo, or a pool's database that vanished, shows here
+        click.echo(f"created a new database {path}", err=True)
 
 
 @click.command()
@@ -169,4 +175,28 @@ def cancel(run_id: int, db: str) -> None:
     click.echo(f"run {run_id} cancelled")
 
 
-ALL = [enqueue, status, runs, show, retry, cancel]
+@click.command()
+@db_option
+@option("--quick", is_flag=True, help="quick_check: every page, without comparing indexes to rows")
+def check(db: str, quick: bool) -> None:
+    """Check the database: SQLite's integrity check, then the lease invariants."""
+    pragma = "quick_check" if quick else "integrity_check"
+    try:
+        with ops.store_for(db) as store:
+            damage = store.check_integrity(quick=quick)
+            violations = [] if damage else store.integrity_violations()
+    except StoreCorrupt as exc:  # too damaged to open
+        damage, violations = [str(exc)], []
+    for line in damage + violations:
+        click.echo(line)
+    if damage:
+        raise SupervisorError(
+            f"{db} is corrupt ({pragma}: {len(damage)} problem(s) above): stop every pool on it "
+            "and restore it from a backup"
+        )
+    if violations:
+        raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
+    click.echo(f"ok: {pragma} found no damage and the lease invariants hold")
+
+
+ALL = [enqueue, status, runs, show, retry, cancel, check]

@@ -16,6 +16,7 @@ from workerproc.store.codec import MAX_STATE
 from workerproc.store.types import JSON, RUN_STATUSES
 
 from ..errors import ConfigError, SupervisorError
+from ..loop.storegate import db_file
 
 
 def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
@@ -24,15 +25,6 @@ def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
         return codec.parse(text, what, limit)
     except InvalidPayload as exc:
         raise ConfigError(str(exc)) from None
-
-
-def db_file(db: str) -> str | None:
-    """The file behind a path or sqlite:/// URL (None for other schemes)."""
-    if "://" not in db:
-        return db
-    if db.startswith("sqlite:///"):
-        return db[len("sqlite://") :].split("?", 1)[0]
-    return None
 
 
 @contextlib.contextmanager

@@ -87,6 +87,7 @@ class Arbiter:
     pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True
+    extra_state: dict[str, Any] = field(default_factory=dict)  # more keys for the state file
     rng: random.Random = field(default_factory=random.Random)  # jitter of max tasks per worker
     # run when the loop is done, in order; each may change the exit code (chaos: violations)
     exit_hooks: list[Callable[[Arbiter, int], int]] = field(default_factory=list)

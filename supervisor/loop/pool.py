@@ -8,6 +8,7 @@ backoff decision is testable without processes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import os
 import signal
@@ -203,6 +204,13 @@ class Pool:
         elif ran_for >= self.timing.crash_window:
             self.crash_streak = 0
         return Exit(worker, code, killed_by, ran_for, kind, backoff)
+
+    def as_crash(self, ex: Exit) -> Exit:
+        """``ex`` reclassified as a crash (a worker that exited 0 still holding a lease, say),
+        with the crash-loop backoff a crash that early earns."""
+        early = ex.ran_for < self.timing.crash_window
+        backoff = self._crashed_early(self.clock()) if early else 0.0
+        return dataclasses.replace(ex, kind=ExitKind.CRASHED, backoff=backoff)
 
     def forget(self, pid: int) -> None:
         with contextlib.suppress(KeyError):

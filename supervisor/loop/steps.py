@@ -19,6 +19,7 @@ from .. import exitcodes
 from ..errors import SupervisorError
 from ..logs import drain_progress, event
 from .arbiter import Arbiter, Phase, Step
+from .guard import stop_corrupt
 from .pool import Exit, ExitKind, Worker
 from .signals import name as signal_name
 
@@ -46,8 +47,12 @@ def handle_signals(arb: Arbiter) -> None:
 
 
 def reap(arb: Arbiter) -> None:
-    for ex in arb.pool.reap():
+    exits = arb.pool.reap()
+    held = _settle_leases(arb, exits) if exits else {}
+    for reaped in exits:
         arb.state_dirty = True
+        leases = held.get(reaped.worker.owner)
+        ex = arb.pool.as_crash(reaped) if leases and _clean(reaped) else reaped
         level = logging.INFO if ex.kind is not ExitKind.CRASHED else WARN
         fields: dict[str, Any] = {
             "worker": ex.worker.pid,
@@ -55,11 +60,12 @@ def reap(arb: Arbiter) -> None:
             "kind": str(ex.kind),
         }
         fields.update(code=ex.code, signal=signal_name(ex.signal) if ex.signal else None)
-        event("worker_exited", f"{ex.describe()}: {ex.kind}", level=level, **fields)
+        holding = f" holding {leases} lease(s)" if leases else ""
+        if leases:
+            fields["leases"] = leases
+        event("worker_exited", f"{ex.describe()}{holding}: {ex.kind}", level=level, **fields)
         arb.events.emit("worker_exited", exit=ex)  # subscribers may read its slot (metrics)
         arb.board.slot(ex.worker.slot).clear()
-        if _should_release(arb, ex):
-            arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.worker.lease_ttl
         if ex.backoff:
             event(
                 "restart_backoff",
@@ -69,6 +75,8 @@ def reap(arb: Arbiter) -> None:
                 streak=arb.pool.crash_streak,
                 backoff=round(ex.backoff, 3),
             )
+        if ex.code == wexit.STORE_CORRUPT:
+            stop_corrupt(arb, f"worker {ex.worker.pid}", "it met a malformed database")
         if ex.kind is ExitKind.BOOT_FAILURE:
             event(
                 "boot_failure",
@@ -77,19 +85,44 @@ def reap(arb: Arbiter) -> None:
                 level=logging.ERROR,
             )
             arb.stop("a worker could not boot", exitcodes.WORKER_BOOT)
-    if arb.pending_release:
+    if arb.pending_release and not exits:  # retry earlier failures (_settle_leases did, else)
         release(arb)
 
 
-def _should_release(arb: Arbiter, ex: Exit) -> bool:
-    if ex.code in (wexit.OK, wexit.RECYCLE):
-        return False  # a clean exit committed or released everything it held
-    return arb.config.fast_release or ex.worker.killed
+def _clean(ex: Exit) -> bool:
+    """It exited by itself with a code that says "all done" (0, recycled, retired on request).
+    One that still held a lease left work behind: that is a crash, whatever its code says."""
+    return ex.signal is None and ex.kind not in (ExitKind.CRASHED, ExitKind.BOOT_FAILURE)
 
 
-def release(arb: Arbiter) -> None:
-    """Fast release: expire the leases of reaped workers at once (they are known dead)."""
+def _settle_leases(arb: Arbiter, exits: list[Exit]) -> dict[str, int]:
+    """How many leases each reaped worker still held, from the database (never from its exit
+    code: a worker that called ``os._exit(0)`` in a handler held one). With fast release (or a
+    worker we killed) they are released now; with ``--no-fast-release`` they are only counted
+    and left to expire, which is what that switch exists to prove. Unknown owners (the database
+    did not answer) are missing from the answer; their release is retried."""
+    give_up = arb.clock() + arb.config.worker.lease_ttl
+    counted: list[str] = []
+    for ex in exits:
+        if arb.config.fast_release or ex.worker.killed:
+            arb.pending_release[ex.worker.owner] = give_up
+        else:
+            counted.append(ex.worker.owner)
+    held = release(arb)
+    if counted:
+        try:
+            held.update(arb.gate.lease_counts(counted))
+        except StoreError as exc:
+            event("lease_count_failed", f"cannot count a dead worker's leases: {exc}", level=WARN)
+    return held
+
+
+def release(arb: Arbiter) -> dict[str, int]:
+    """Fast release: expire the leases of reaped workers at once (they are known dead).
+    Returns how many each owner held (empty when the database did not answer)."""
     owners = list(arb.pending_release)
+    if not owners:
+        return {}
     try:
         released = arb.gate.release_owners(owners)
     except StoreError as exc:
@@ -99,7 +132,7 @@ def release(arb: Arbiter) -> None:
                 del arb.pending_release[owner]
         event("release_failed", f"could not release leases, will retry: {exc}", level=WARN)
         arb.wake_at(now + 0.5)
-        return
+        return {}
     for owner, count in released.items():
         arb.pending_release.pop(owner, None)
         if count:
@@ -110,6 +143,7 @@ def release(arb: Arbiter) -> None:
                 owner=owner,
                 count=count,
             )
+    return released
 
 
 def enforce_deadlines(arb: Arbiter) -> None:
@@ -310,6 +344,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "db": arb.config.worker.db,
         "app": arb.config.worker.app,
         "workers": workers,
+        **arb.extra_state,
     }
 
 

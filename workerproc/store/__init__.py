@@ -11,6 +11,7 @@ from .errors import (
     SchemaTooNew,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
     StoreUnavailable,
 )
 from .sqlite import SQLiteStore
@@ -47,6 +48,7 @@ __all__ = [
     "Store",
     "StoreCorrupt",
     "StoreError",
+    "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
     "open_store",

@@ -250,6 +250,13 @@ class Store(abc.ABC):
         attempt, or a run holding two live leases at once. Empty when all is well."""
 
     @abc.abstractmethod
+    def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """What the database engine finds wrong with its own storage: damaged pages, broken
+        indexes, missing rows (SQLite: ``PRAGMA integrity_check``, or ``quick_check`` when
+        ``quick``, which skips comparing indexes with their tables). At most ``limit`` lines,
+        each for people; empty when sound. Corruption is reported, never raised."""
+
+    @abc.abstractmethod
     def list_runs(
         self, status: str | None = None, limit: int = 100, *, queue: str | None = None
     ) -> list[Run]: ...
