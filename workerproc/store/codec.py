@@ -19,6 +19,7 @@ from .types import JSON
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
 MAX_STATE = 8 << 20  # 8 MiB
+MAX_DELAY = 365 * 86_400.0  # a year: a run that is never due is a mistake, not a schedule
 
 
 def check_depth(value: JSON, what: str, limit: int = MAX_DEPTH) -> None:

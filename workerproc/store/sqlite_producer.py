@@ -6,86 +6,32 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from . import sqlite_sql as q
 from .base import DEFAULT_QUEUE
-from .codec import MAX_PAYLOAD, check_run_options, dumps
-from .errors import InvalidPayload, StoreError
+from .errors import StoreError
+from .newrun import NewRun
 from .sqlite_base import SQLiteBase, translate
 from .types import JSON
 
-START_FIELDS = frozenset({"task", "payload", "state", "delay", "key", "queue", "priority"})
-MAX_DELAY = 365 * 86_400.0  # a year: a run that is never due is a mistake, not a schedule
 
-
-@dataclass(frozen=True)
-class NewRun:
-    """One run to start, checked and encoded before any transaction begins."""
-
-    task: str
-    payload: str
-    state: str
-    delay: float
-    key: str | None
-    queue: str
-    priority: int
-
-    @classmethod
-    def make(
-        cls,
-        task: str,
-        payload: JSON = None,
-        state: JSON = None,
-        delay: float = 0,
-        key: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
-    ) -> NewRun:
-        if not isinstance(task, str) or not task:
-            raise InvalidPayload("task name must be a non-empty string")
-        check_run_options(queue, priority, key)
-        try:
-            seconds = float(delay)
-        except (TypeError, ValueError):
-            raise InvalidPayload(f"delay must be a number of seconds (got {delay!r})") from None
-        if not 0 <= seconds <= MAX_DELAY:  # also refuses nan and inf
-            raise InvalidPayload(f"delay must be from 0 to {MAX_DELAY:g} seconds (got {delay!r})")
-        return cls(
-            task,
-            dumps(payload, "payload", MAX_PAYLOAD),
-            dumps({} if state is None else state, "state"),
-            seconds,
-            key,
-            queue,
-            priority,
-        )
-
-    @classmethod
-    def from_item(cls, item: Mapping[str, Any]) -> NewRun:
-        unknown = set(item) - START_FIELDS
-        if unknown or "task" not in item:
-            what = f"unknown fields {sorted(unknown)}" if unknown else "no 'task'"
-            raise InvalidPayload(f"a start_runs item has {what}")
-        return cls.make(**item)
-
-    def insert(self, c: sqlite3.Connection, now: float) -> int:
-        """Insert the run and its first task; with a key already taken, the first run's id."""
-        params = {
-            "state": self.state,
-            "queue": self.queue,
-            "priority": self.priority,
-            "key": self.key,
-            "now": now,
-        }
-        row = c.execute(q.INSERT_RUN, params).fetchone()
-        if row is None:  # the key names a run already there: create nothing
-            (run_id,) = c.execute(q.FIND_BY_KEY, {"key": self.key}).fetchone()
-            return int(run_id)
-        task = {"run_id": row[0], "name": self.task, "payload": self.payload}
-        c.execute(q.INSERT_TASK, {**task, "now": now, "delay": self.delay})
-        return int(row[0])
+def insert(run: NewRun, c: sqlite3.Connection, now: float) -> int:
+    """Insert the run and its first task; with a key already taken, the first run's id."""
+    params = {
+        "state": run.state,
+        "queue": run.queue,
+        "priority": run.priority,
+        "key": run.key,
+        "now": now,
+    }
+    row = c.execute(q.INSERT_RUN, params).fetchone()
+    if row is None:  # the key names a run already there: create nothing
+        (run_id,) = c.execute(q.FIND_BY_KEY, {"key": run.key}).fetchone()
+        return int(run_id)
+    task = {"run_id": row[0], "name": run.task, "payload": run.payload}
+    c.execute(q.INSERT_TASK, {**task, "now": now, "delay": run.delay})
+    return int(row[0])
 
 
 class SQLiteProducer(SQLiteBase):
@@ -111,11 +57,11 @@ class SQLiteProducer(SQLiteBase):
 
     def _start(self, runs: list[NewRun], tx: Any) -> list[int]:
         if tx is None:
-            return self._write(lambda c, now: [r.insert(c, now) for r in runs])
+            return self._write(lambda c, now: [insert(r, c, now) for r in runs])
         conn = self._callers(tx)
         now = self._clock()
         try:
-            return [r.insert(conn, now) for r in runs]
+            return [insert(r, conn, now) for r in runs]
         except sqlite3.Error as exc:  # the caller's transaction decides what happens next
             raise translate(exc, self.path) from None
 
