@@ -10,6 +10,7 @@ PARENT_DIED = 72  # the supervisor is gone; an orphan must not keep claiming
 RECYCLE = 73  # reached max_tasks (with jitter): a planned, graceful replacement
 LEASE_STUCK = 74  # a lease was lost and the handler would not stop: the process gives up
 STORE_ERROR = 75  # an unexpected store error after boot: a crash, replace me
+APP_IMPORT = 76  # a supervisor's worker could not import the app itself (after a reload)
 
 DESCRIPTIONS = {
     OK: "stopped",
@@ -20,6 +21,7 @@ DESCRIPTIONS = {
     RECYCLE: "recycled after max tasks",
     LEASE_STUCK: "lease lost and handler did not stop",
     STORE_ERROR: "store error after boot",
+    APP_IMPORT: "cannot import the app",
 }
 
 
