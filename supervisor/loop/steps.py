@@ -26,6 +26,7 @@ WARN = logging.WARNING
 
 
 def handle_signals(arb: Arbiter) -> None:
+    hup = False
     for signum in arb.inbox.pop_all():
         if signum == signal.SIGCHLD:
             continue  # the reap step runs on every turn anyway
@@ -38,11 +39,13 @@ def handle_signals(arb: Arbiter) -> None:
         elif signum == signal.SIGQUIT:
             arb.fast_stop("SIGQUIT")
         elif signum == signal.SIGHUP:
-            arb.reload()
+            hup = True  # several HUPs read together are one reload
         elif signum == signal.SIGTTIN:
             arb.scale(+1)
         elif signum == signal.SIGTTOU:
             arb.scale(-1)
+    if hup:
+        arb.reload()
 
 
 def reap(arb: Arbiter) -> None:
@@ -69,7 +72,8 @@ def reap(arb: Arbiter) -> None:
                 streak=arb.pool.crash_streak,
                 backoff=round(ex.backoff, 3),
             )
-        if ex.kind is ExitKind.BOOT_FAILURE:
+        failed_reload = arb.reloads.worker_exited(arb, ex)
+        if ex.kind is ExitKind.BOOT_FAILURE and not failed_reload:
             event(
                 "boot_failure",
                 f"worker {ex.worker.pid} could not boot (exit code {wexit.BOOT_FAILURE}; its log "
@@ -147,20 +151,30 @@ def check_memory(arb: Arbiter) -> None:
             arb.pool.retire(worker, "memory")
 
 
+def reload_probe(arb: Arbiter) -> None:
+    arb.reloads.step(arb)
+
+
 def roll(arb: Arbiter) -> None:
     """HUP: add one new-generation worker, wait until it is up, retire one old; repeat."""
     if not arb.rolling or arb.stopping:
         return
     pool = arb.pool
-    old = [w for w in pool.active() if w.generation < pool.generation]
-    if not old:
-        arb.rolling = False
-        event("reloaded", f"reload finished: {len(pool.active())} workers on the new app")
-        arb.events.emit("ready", reload=True)
-        return
-    fresh = [w for w in pool.active() if w.generation == pool.generation]
-    if any(not arb.is_up(w) for w in fresh):
+    generation = pool.generation
+    fresh = [w for w in pool.active() if w.generation == generation]
+    old = [w for w in pool.active() if w.generation != generation]
+    starting = [w for w in fresh if not arb.is_up(w)]
+    limit = arb.config.timing.reload_boot_timeout
+    for worker in starting:
+        if arb.clock() - worker.started_at > limit:
+            why = f"worker {worker.pid} of generation {generation} did not claim within {limit:g}s"
+            arb.reloads.fail(arb, why)
+            return
+    if starting:
         arb.wake_at(arb.clock() + 0.05)
+        return
+    if not old and len(fresh) >= pool.target:
+        arb.reloads.finish(arb)
         return
     if len(pool.active()) <= pool.target:
         wait = pool.backoff_remaining()  # a new app that crashes at boot must not spin
@@ -310,6 +324,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "db": arb.config.db,
         "app": arb.config.app,
         "workers": workers,
+        "reload": arb.reloads.snapshot(arb),
     }
 
 
@@ -337,6 +352,7 @@ def default_steps() -> list[Step]:
     return [
         Step("signals", handle_signals),
         Step("reap", reap),
+        Step("reload", reload_probe),
         Step("deadlines", enforce_deadlines),
         Step("memory", check_memory),
         Step("roll", roll),
