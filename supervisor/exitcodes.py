@@ -11,6 +11,7 @@ PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
+RELOAD_FAILED = 9  # reload --wait: the reload failed; the old workers keep serving
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast or after --drain)",
@@ -22,4 +23,6 @@ DESCRIPTIONS = {
     NOT_RUNNING: "stop/reload/scale/health: no live supervisor behind the pidfile",
     UNHEALTHY: "health: the supervisor is alive but its main loop is not ticking",
     CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (the report lists it)",
+    RELOAD_FAILED: "`reload --wait`: the reload failed (the new code does not import or its "
+    "workers cannot boot); the old workers keep serving",
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -41,6 +42,19 @@ pidfile_option = option(
     "--pidfile", required=True, metavar="FILE", help="the pidfile of the running supervisor"
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+
+
+class Seconds(click.FloatRange):
+    """A finite number of seconds within [lo, hi] (``FloatRange`` alone lets ``nan`` through)."""
+
+    def __init__(self, lo: float, hi: float) -> None:
+        super().__init__(lo, hi)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{value!r} is not a finite number of seconds", param, ctx)
+        return rv
 
 
 def fail(message: str, code: int) -> None:
