@@ -200,7 +200,7 @@ class Checks:
     def reload_good(self) -> str:
         self.ensure_active()
         before = self.active_pids()
-        self.write_app("v2")
+        self.write_app("v2-reloaded")
         started = time.monotonic()
         proc = self.c.sh(f"systemctl reload {UNIT}", 200)
         took = time.monotonic() - started
@@ -217,7 +217,7 @@ class Checks:
             raise CheckFailed("old workers still active after the reload")
         (run,) = self.probe("enqueue", "version", "1", "null")
         result = self.all_succeeded([run], 60)[str(run)]["result"]
-        if result != {"version": "v2"}:
+        if result != {"version": "v2-reloaded"}:
             raise CheckFailed(f"a run after the reload returned {result}")
         notes = self.messages("RELOADING=1")
         if not notes or "MONOTONIC_USEC=" not in notes[-1]:
@@ -230,7 +230,7 @@ class Checks:
     def reload_failing(self) -> str:
         self.ensure_active()
         before = sorted(self.active_pids())
-        self.write_app("v3", broken=True)
+        self.write_app("v3-broken", broken=True)
         proc = self.c.sh(f"systemctl reload {UNIT}", 200)
         if proc.returncode == 0:
             raise CheckFailed("systemctl reload returned 0 on a syntax error")
@@ -247,9 +247,9 @@ class Checks:
         line = next(iter(self.messages("supervisor: error: reload")), "")
         (run,) = self.probe("enqueue", "version", "1", "null")
         result = self.all_succeeded([run], 60)[str(run)]["result"]
-        if result != {"version": "v2"}:
+        if result != {"version": "v2-reloaded"}:
             raise CheckFailed(f"the old workers answered {result}")
-        self.write_app("v3")
+        self.write_app("v3-fixed")
         fixed = self.c.sh(f"systemctl reload {UNIT}", 200)
         after = self.show("StatusText")["StatusText"]
         if fixed.returncode != 0 or after.startswith("reload failed"):
@@ -257,7 +257,7 @@ class Checks:
         return (
             f"systemctl reload exited {proc.returncode} ({proc.stderr.strip().splitlines()[0]}); "
             f"ExecReload said {line!r}; STATUS={status['StatusText'][:90]!r}…; health 0; "
-            f"old workers {before} kept serving v2; the next good reload returned 0"
+            f"old workers {before} kept serving v2-reloaded; the next good reload returned 0"
         )
 
     def watchdog(self) -> str:

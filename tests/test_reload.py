@@ -72,6 +72,10 @@ def second_import_fails(imports_log: Path, how: str) -> str:
 
 
 class Setup:
+    """The app module, rewritten per version. Versions differ in length on purpose: a .pyc is
+    trusted when the source's size and mtime (in seconds) match, and a rewrite within the same
+    second must not look unchanged."""
+
     def __init__(self, sv: Supervisor, tmp_path: Path) -> None:
         self.sv = sv
         self.code = tmp_path / "code"
@@ -133,7 +137,7 @@ def test_a_good_reload_waits_for_every_worker_and_ready(
     s.write("v1")
     sv.start(n=2, app=f"{MODULE}:app")
     listener.wait("READY")
-    s.write("v2")
+    s.write("v2-new")
     hup = time.monotonic()
     done = s.cli(*s.reload_cmd())
     assert done.returncode == 0, done.stderr
@@ -145,10 +149,10 @@ def test_a_good_reload_waits_for_every_worker_and_ready(
     assert s.active_generations() == {1}
     state = read_state(sv.pidfile)
     assert state is not None and state["reload"]["status"] == "done"
-    assert s.run_version() == {"version": "v2"}
+    assert s.run_version() == {"version": "v2-new"}
     # the new code ran in the probe and the new workers, never in the supervisor itself
     assert s.importers("v1") == [sv.pid]
-    assert sv.pid not in s.importers("v2") and len(s.importers("v2")) >= 3
+    assert sv.pid not in s.importers("v2-new") and len(s.importers("v2-new")) >= 3
 
 
 def test_a_slow_import_never_blocks_the_loop(
@@ -160,7 +164,7 @@ def test_a_slow_import_never_blocks_the_loop(
     s.write("v1")
     sv.start(n=2, app=f"{MODULE}:app")
     listener.wait("READY")
-    s.write("v2", slow_until(release))
+    s.write("v2-new", slow_until(release))
     hup = time.monotonic()
     gave_up = s.cli(*s.reload_cmd(timeout=1))
     assert gave_up.returncode == exitcodes.ERROR
@@ -231,13 +235,13 @@ def test_a_syntax_error_fails_the_reload_and_keeps_the_old_workers(
     assert set(sv.workers()) == before
     assert s.run_version() == {"version": "v1"}
 
-    s.write("v3")
+    s.write("v3-fixed")
     fixed = s.cli(*s.reload_cmd())
     assert fixed.returncode == 0, fixed.stderr
     assert not statuses_since(listener, "READY", hup)[-1].startswith("reload failed")
     status = s.cli("status", "--db", sv.db, "--pidfile", sv.pidfile)
     assert "reload 2 done" in status.stdout and "failed" not in status.stdout.split("\n")[1]
-    assert s.run_version() == {"version": "v3"}
+    assert s.run_version() == {"version": "v3-fixed"}
 
 
 @pytest.mark.parametrize(
@@ -251,13 +255,13 @@ def test_new_workers_that_cannot_boot_fail_the_reload_not_the_pool(
     sv.start(n=2, app=f"{MODULE}:app")
     listener.wait("READY")
     before = set(sv.workers())
-    s.write("v2", second_import_fails(s.imports, how))
+    s.write("v2-new", second_import_fails(s.imports, how))
     hup = time.monotonic()
     failed = s.cli(*s.reload_cmd())
     assert failed.returncode == exitcodes.RELOAD_FAILED, failed.stdout + failed.stderr
     (line,) = failed.stderr.splitlines()
     assert f"exited with code {code}" in line and "cannot boot on the new code" in line
-    assert len(s.importers("v2")) == 2  # the probe passed; the first new worker failed
+    assert len(s.importers("v2-new")) == 2  # the probe passed; the first new worker failed
     (ready,) = statuses_since(listener, "READY", hup)
     assert ready.startswith("reload failed: worker ")
     assert sv.proc is not None and sv.proc.poll() is None  # a boot failure at start would stop
