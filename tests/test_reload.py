@@ -143,8 +143,8 @@ def test_a_good_reload_waits_for_every_worker_and_ready(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "reload 1 done: 2 workers on generation 1"
     # READY=1 was sent before the command returned: it is already in the socket's queue
-    after = [next(iter(f)) for t, f in listener.poll() if t >= hup and "STATUS" in f]
-    assert after[0] == "RELOADING" and after[-1] == "READY", after
+    after = [k for t, f in listener.poll() if t >= hup for k in f if k in ("RELOADING", "READY")]
+    assert after == ["RELOADING", "READY"], after
     assert listener.with_key("RELOADING", hup)[0]["MONOTONIC_USEC"].isdigit()
     assert s.active_generations() == {1}
     state = read_state(sv.pidfile)
@@ -166,10 +166,10 @@ def test_a_slow_import_never_blocks_the_loop(
     listener.wait("READY")
     s.write("v2-new", slow_until(release))
     hup = time.monotonic()
-    gave_up = s.cli(*s.reload_cmd(timeout=1))
+    gave_up = s.cli(*s.reload_cmd(timeout=3))
     assert gave_up.returncode == exitcodes.ERROR
     assert gave_up.stderr.count("\n") == 1, gave_up.stderr
-    assert "did not finish within 1s (still importing the new code); it goes on" in gave_up.stderr
+    assert "did not finish within 3s (still importing the new code); it goes on" in gave_up.stderr
 
     listener.wait("RELOADING", since=hup)
     reloading_at = next(t for t, f in listener.poll() if t >= hup and "RELOADING" in f)
@@ -240,7 +240,8 @@ def test_a_syntax_error_fails_the_reload_and_keeps_the_old_workers(
     assert fixed.returncode == 0, fixed.stderr
     assert not statuses_since(listener, "READY", hup)[-1].startswith("reload failed")
     status = s.cli("status", "--db", sv.db, "--pidfile", sv.pidfile)
-    assert "reload 2 done" in status.stdout and "failed" not in status.stdout.split("\n")[1]
+    (reload_line,) = [ln for ln in status.stdout.splitlines() if ln.startswith("reload ")]
+    assert reload_line.startswith("reload 2 done at ")
     assert s.run_version() == {"version": "v3-fixed"}
 
 
