@@ -35,6 +35,9 @@ class Timing:
     memory_check: float = 1.0  # how often RSS is compared with --max-worker-memory
     fast_stop_grace: float = 2.0  # QUIT/second TERM: wait this long for SIGKILLed workers
     state_every: float = 1.0  # how often the state file (status, health, scale) is rewritten
+    reload_import_timeout: float = 120.0  # HUP: the import probe is killed past this (failed)
+    reload_boot_timeout: float = 120.0  # HUP: a new worker not claiming after this fails it
+    reload_crash_limit: int = 3  # HUP: new workers dying at start, in a row, that fail it
 
 
 @dataclass

@@ -14,6 +14,7 @@ UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
 STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
 STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
+RELOAD_FAILED = 11  # reload --wait: the reload failed; the old workers keep serving
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
@@ -34,4 +35,6 @@ DESCRIPTIONS = {
     "or read-only)",
     STALLED: "`health`: work is ready and workers are free, but nothing was claimed for "
     "`--max-stall`",
+    RELOAD_FAILED: "`reload --wait`: the reload failed (the new code does not import or its "
+    "workers cannot boot); the old workers keep serving",
 }

@@ -192,7 +192,8 @@ def _dead_pid() -> int:
 
 
 @pytest.mark.parametrize(
-    "args", [["stop"], ["stop", "--fast"], ["reload"], ["scale", "+1"], ["health"]]
+    "args",
+    [["stop"], ["stop", "--fast"], ["reload"], ["reload", "--wait"], ["scale", "+1"], ["health"]],
 )
 def test_no_supervisor_behind_the_pidfile(tmp_path: Path, args: list[str]) -> None:
     pidfile = tmp_path / "s.pid"
@@ -212,6 +213,12 @@ def test_pidfile_is_required_for_signals() -> None:
 def test_scale_rejects_bad_counts_before_signalling(tmp_path: Path, spec: str) -> None:
     result = invoke("scale", spec, "--pidfile", str(tmp_path / "s.pid"))
     assert "scale" in error_line(result, exitcodes.USAGE)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "soon"])
+def test_reload_timeout_has_a_range(tmp_path: Path, value: str) -> None:
+    result = invoke("reload", "--wait", "--timeout", value, "--pidfile", str(tmp_path / "s.pid"))
+    assert "--timeout" in error_line(result, exitcodes.USAGE)
 
 
 def test_scale_arithmetic() -> None:

@@ -107,7 +107,12 @@ def test_unit_settings_the_issue_pins() -> None:
     one = {k: v[-1] for k, v in service.items()}
     assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
     assert int(one["WatchdogSec"]) >= 10
-    assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # systemctl reload waits for the roll and fails when it failed (issue 10), within the
+    # TimeoutStartSec= that systemd applies to ExecReload=
+    reload = shlex.split(one["ExecReload"])
+    assert reload[:4] == ["/opt/leasekeeper/bin/supervisor", "reload", "--wait", "--timeout"]
+    assert float(reload[4]) < int(one["TimeoutStartSec"])
+    assert one["Environment"] == "SUPERVISOR_PIDFILE=/run/leasekeeper/supervisor.pid"
     assert one["KillMode"] == "mixed"
     assert one["Restart"] == "on-failure"
     assert one["StateDirectory"] == "leasekeeper"

@@ -161,7 +161,6 @@ def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:
         inbox=SignalInbox(),
         gate=gate,  # type: ignore[arg-type]
         board=StatusBoard(4),
-        reload_app=App,
         clock=clock,
     )
 

@@ -107,7 +107,6 @@ def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
         inbox=SignalInbox(),
         gate=FakeGate(),  # type: ignore[arg-type]
         board=StatusBoard(8),
-        reload_app=App,
         clock=clock,
         steps=default_steps(),
     )
@@ -277,32 +276,6 @@ def test_scale_down_retires_an_idle_worker_first(clock: FakeClock) -> None:
         arb.inbox.queue.append(signal.SIGTTOU)
         arb.turn()
     assert arb.pool.target == 1
-
-
-def test_hup_rolls_one_worker_at_a_time(clock: FakeClock) -> None:
-    procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=2)
-    arb.turn()
-    old = sorted(arb.pool.workers.values(), key=lambda w: w.pid)
-    arb.inbox.queue.append(signal.SIGHUP)
-    arb.turn()
-    assert len(procs.spawned) == 3  # a surge worker first, nobody retired yet
-    assert all(w.active for w in old)
-    arb.turn()
-    assert not procs.sent  # the new worker is not up yet
-    surge = arb.pool.workers[procs.spawned[-1][0]]
-    arb.board.slot(surge.slot).publish(surge.pid, IDLE)
-    arb.turn()
-    assert len([w for w in old if not w.active]) == 1  # one old retired, N stays 2
-    assert len(arb.pool.active()) == 2
-    for _ in range(4):
-        for w in arb.pool.workers.values():
-            if w.generation == 1:
-                arb.board.slot(w.slot).publish(w.pid, IDLE)
-        arb.turn()
-    assert not arb.rolling
-    assert {w.generation for w in arb.pool.active()} == {1}
-    assert len(arb.pool.active()) == 2
 
 
 def test_graceful_stop_escalates_to_kill_then_finishes(clock: FakeClock) -> None:
@@ -517,21 +490,3 @@ def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
     arb.turn()
     assert arb.pool.backoff_remaining() == 0 and len(procs.spawned) == 2  # replaced at once
     assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
-
-
-def test_a_rolling_restart_whose_new_workers_crash_backs_off(clock: FakeClock) -> None:
-    procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=1)
-    arb.turn()
-    (old,) = arb.pool.workers.values()
-    arb.inbox.queue.append(signal.SIGHUP)
-    arb.turn()
-    surge = arb.pool.workers[procs.spawned[-1][0]]
-    procs.exits = [(surge.pid, exited(1))]  # the new code dies at boot
-    clock.advance(0.1)
-    arb.turn()
-    assert len(procs.spawned) == 2 and arb.pool.backoff_remaining() == 0.5
-    assert old.active  # the old worker keeps serving
-    clock.advance(0.5)
-    arb.turn()
-    assert len(procs.spawned) == 3

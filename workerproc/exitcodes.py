@@ -11,6 +11,7 @@ RECYCLE = 73  # reached max_tasks (with jitter): a planned, graceful replacement
 LEASE_STUCK = 74  # a lease was lost and the handler would not stop: the process gives up
 STORE_ERROR = 75  # an unexpected store error after boot: a crash, replace me
 STORE_CORRUPT = 76  # the database is corrupt ("malformed"): replacing me cannot help
+APP_IMPORT = 77  # a supervisor's worker could not import the app itself (after a reload)
 
 DESCRIPTIONS = {
     OK: "stopped",
@@ -22,6 +23,7 @@ DESCRIPTIONS = {
     LEASE_STUCK: "lease lost and handler did not stop",
     STORE_ERROR: "store error after boot",
     STORE_CORRUPT: "the database is corrupt",
+    APP_IMPORT: "cannot import the app",
 }
 
 
@@ -40,6 +42,8 @@ MEANINGS = {
     "once it can)",
     STORE_CORRUPT: 'the database is corrupt ("database disk image is malformed", at boot or '
     "later): the supervisor stops with exit code 1",
+    APP_IMPORT: "a worker of a reloaded pool could not import the app (the reload fails; the old "
+    "workers keep serving)",
 }
 
 

@@ -23,7 +23,7 @@ from .store import Store, StoreCorrupt, StoreError, open_store
 from .waker import Waker
 from .worker import INTERRUPT, Worker
 
-__all__ = ["AppLoadError", "WorkerConfig", "load_app", "run_worker"]
+__all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_worker"]
 
 log = logging.getLogger("workerproc")
 

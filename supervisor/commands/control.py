@@ -32,10 +32,29 @@ def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
 
 @click.command()
 @pidfile_option
-def reload(pidfile: str) -> None:
-    """HUP: re-import the app and replace workers one at a time."""
-    pid = remote.send(pidfile, signal.SIGHUP)
-    click.echo(f"sent HUP to supervisor {pid}")
+@click.option(
+    "--wait",
+    is_flag=True,
+    help="wait until every worker runs the new code (exit 11 when the reload failed)",
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="with --wait: give up after S seconds (exit 1; the reload goes on)",
+)
+def reload(pidfile: str, wait: bool, timeout: float) -> None:
+    """HUP: import the app afresh and replace the workers one at a time."""
+    if not wait:
+        pid = remote.send(pidfile, signal.SIGHUP)
+        click.echo(f"sent HUP to supervisor {pid}")
+        return
+    result = remote.reload(pidfile, timeout)
+    click.echo(
+        f"reload {result.id} done: {result.workers} workers on generation {result.generation}"
+    )
 
 
 @click.command(context_settings={"ignore_unknown_options": True})

@@ -65,7 +65,9 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         doc["supervisor"] = (
             None
             if state is None
-            else {k: state.get(k) for k in ("pid", "phase", "target", "generation", "tick")}
+            else {
+                k: state.get(k) for k in ("pid", "phase", "target", "generation", "tick", "reload")
+            }
         )
         click.echo(render.to_json(doc))
         return
@@ -76,6 +78,8 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
             f"supervisor {state.get('pid')}: {state.get('phase')}, "
             f"{len(workers)} workers (target {state.get('target')})"
         )
+        if line := render.reload_line(state.get("reload")):
+            click.echo(line)
         rows = [
             [w["pid"], w["slot"], w["phase"], w["rss_mb"], w["task_id"], w["run_id"],
              w["attempt"], render.relative(w["lease_expires_at"], stats.now)]

@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 
 from .. import exitcodes
-from ..errors import ConfigError, NotRunning, SupervisorError
+from ..errors import ConfigError, NotRunning, ReloadFailed, SupervisorError
 from ..loop.pidfile import (
     live_pid,
     read_state,
@@ -101,6 +101,67 @@ def scale(pidfile: str, spec: str, timeout: float = 10.0) -> ScaleResult:
                 )
             time.sleep(0.02)
     return ScaleResult(before, target)
+
+
+@dataclass(frozen=True)
+class ReloadResult:
+    id: int
+    generation: int
+    workers: int
+
+
+def reload(pidfile: str, timeout: float) -> ReloadResult:
+    """HUP, then wait until a reload the supervisor began after our signal is done or failed.
+
+    The supervisor stamps each reload with the monotonic clock of the moment it read the HUP;
+    CLOCK_MONOTONIC is one clock for every process of the machine, so "requested after we sent"
+    is exact even when signals coalesce or another reload was under way (a HUP during a reload
+    starts it over, so the reload we wait for saw the code as it was when we signalled).
+    """
+    sent = time.monotonic()
+    pid = send(pidfile, signal.SIGHUP)
+    deadline = sent + timeout
+    seen: dict[str, Any] | None = None
+    while True:
+        state = read_state(pidfile)
+        record = state.get("reload") if state and state.get("pid") == pid else None
+        if isinstance(record, dict) and float(record.get("requested_monotonic", -1.0)) >= sent:
+            seen = record
+            if record.get("status") == "done":
+                return ReloadResult(
+                    int(record["id"]),
+                    int(record.get("generation") or 0),
+                    int(record.get("workers_on_generation") or 0),
+                )
+            if record.get("status") == "failed":
+                raise ReloadFailed(
+                    f"reload {record.get('id')} failed: {record.get('error')} "
+                    "(the old workers keep serving)"
+                )
+        try:
+            alive = live_pid(pidfile) == pid
+        except NotRunning:
+            alive = False
+        if not alive:
+            raise NotRunning(f"supervisor {pid} exited before the reload finished")
+        if time.monotonic() >= deadline:
+            raise SupervisorError(_reload_timeout(pid, timeout, seen, state))
+        time.sleep(0.05)
+
+
+def _reload_timeout(
+    pid: int, timeout: float, seen: dict[str, Any] | None, state: dict[str, Any] | None
+) -> str:
+    if seen is None:
+        return f"supervisor {pid} did not start the reload within {timeout:g}s"
+    target = state.get("target") if state else "?"
+    progress = (
+        "still importing the new code"
+        if seen.get("status") == "importing"
+        else f"{seen.get('workers_on_generation')}/{target} workers on generation "
+        f"{seen.get('generation')}"
+    )
+    return f"reload {seen.get('id')} did not finish within {timeout:g}s ({progress}); it goes on"
 
 
 def health(pidfile: str, max_age: float, max_stall: float = 60.0) -> tuple[int, str]:

@@ -8,9 +8,7 @@ workers of a previous supervisor on this host; only then the first fork.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import os
-import sys
 from collections.abc import Callable
 
 from workerproc import App
@@ -23,16 +21,16 @@ from ..config import StartConfig
 from ..errors import AppImportError, SupervisorError
 from ..logs import event
 from ..loop.arbiter import Arbiter, Step
-from ..loop.forking import ForkContext, fork_worker, other_threads
+from ..loop.forking import ForkContext, fork_probe, fork_worker, other_threads
 from ..loop.guard import RESTORE, DbGuard
 from ..loop.pidfile import Pidfile
-from ..loop.pool import Pool
+from ..loop.pool import Pool, imports_app
 from ..loop.progress import StallWatch
+from ..loop.reload import Reloads
 from ..loop.signals import SignalInbox
 from ..loop.steps import default_steps
 from ..loop.storegate import StoreGate
 
-OUR_PACKAGES = ("workerproc", "supervisor")
 BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (TTIN stops there)
 
 
@@ -47,19 +45,6 @@ def import_app(spec: str) -> App:
             "its workers from a single thread; start threads inside tasks or lazily instead"
         )
     return app
-
-
-def reimport_app(spec: str) -> App:
-    """HUP: forget the app's package so the import reads the code on disk again."""
-    module = spec.partition(":")[0]
-    top = module.split(".")[0]
-    if top in OUR_PACKAGES:  # never re-import ourselves: App would become another class
-        top = module
-    for name in list(sys.modules):
-        if name == top or name.startswith(top + "."):
-            del sys.modules[name]
-    importlib.invalidate_caches()
-    return import_app(spec)
 
 
 def worker_config(config: StartConfig, max_tasks: int | None) -> WorkerConfig:
@@ -113,7 +98,6 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         )
     gate.pin()  # from here on the path must keep naming this file (loop.guard)
     board = StatusBoard(BOARD_CAPACITY)
-    holder: dict[str, App] = {"app": app}
     child_closers: list[Callable[[], None]] = []  # sockets of integrations.install
 
     def child_cleanup() -> None:
@@ -129,16 +113,12 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         inbox=inbox,
         before_fork=gate.assert_closed,
         child_cleanup=child_cleanup,
+        app_spec=config.worker.app,
     )
 
     def spawner(slot: int, max_tasks: int | None) -> tuple[int, str]:
         board.slot(slot).clear()
-        ctx.app = holder["app"]
-        return fork_worker(ctx, slot, max_tasks)
-
-    def reload_app() -> App:
-        holder["app"] = reimport_app(config.worker.app)
-        return holder["app"]
+        return fork_worker(ctx, slot, max_tasks, fresh_import=imports_app(pool.generation))
 
     pool = Pool(spawner, timing=config.timing, capacity=BOARD_CAPACITY, target=config.workers)
     arbiter = Arbiter(
@@ -148,7 +128,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         inbox=inbox,
         gate=gate,
         board=board,
-        reload_app=reload_app,
+        reloads=Reloads(start_probe=lambda: fork_probe(ctx)),
         pidfile=pidfile,
         steps=default_steps(),
     )

@@ -5,8 +5,12 @@ The protocol is one datagram of ``KEY=VALUE`` lines sent to the AF_UNIX socket n
 
 - ``READY=1`` (with ``MAINPID=`` and a ``STATUS=``) on the arbiter's ``ready`` event: every one of
   the N workers entered its claim loop;
-- ``RELOADING=1`` (with ``MONOTONIC_USEC=``) on ``reloading`` (SIGHUP), then ``READY=1`` when the
-  rolling restart finished (the ``ready`` event again, ``reload=True``);
+- ``RELOADING=1`` (with ``MONOTONIC_USEC=``) on ``reloading``, as soon as the loop reads the
+  SIGHUP and before the new code is imported, then ``READY=1`` when every worker runs the new
+  generation (the ``ready`` event again, ``reload=True``), or ``READY=1`` with
+  ``STATUS=reload failed: …`` on ``reload_failed``: the service is up on its old workers, and
+  systemd leaves its reloading state only on READY (``supervisor reload --wait``, the unit's
+  ``ExecReload=``, carries the failure to ``systemctl reload``);
 - ``STOPPING=1`` on ``stopping`` (graceful or fast);
 - ``STATUS=`` with workers and queue counts when it changes, at most every ``STATUS_EVERY`` s,
   from the cached probe (no database round trip of its own);
@@ -128,6 +132,7 @@ class SystemdNotify:
         self._arb = arb
         arb.events.on("ready", self.on_ready)
         arb.events.on("reloading", self.on_reloading)
+        arb.events.on("reload_failed", self.on_reload_failed)
         arb.events.on("stopping", self.on_stopping)
         arb.add_step(Step("notify", self.step), before="finish")
         if self.watchdog_every is not None:
@@ -146,6 +151,9 @@ class SystemdNotify:
     def on_reloading(self, **_: Any) -> None:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={usec}", self._status_field())
+
+    def on_reload_failed(self, **_: Any) -> None:
+        self.notifier.send("READY=1", self._status_field())
 
     def on_stopping(self, why: str = "", fast: bool = False, **_: Any) -> None:
         self.notifier.send("STOPPING=1", self._status_field())
@@ -203,12 +211,19 @@ def status_line(arb: Arbiter, probe: StatsProbe) -> str:
     pool = arb.pool
     active = pool.active()
     up = sum(1 for w in active if arb.is_up(w))
+    reloads = arb.reloads
+    current = reloads.current
     if arb.stopping:
         head = f"{arb.phase}: {len(pool.workers)} workers finishing"
-    elif arb.rolling:
-        head = f"reloading: {up}/{pool.target} workers up, generation {pool.generation}"
+    elif reloads.in_progress and current is not None and current.generation is None:
+        head = f"reloading: importing the new code; {up}/{pool.target} workers up"
+    elif reloads.in_progress:
+        on_new = sum(1 for w in active if w.generation == pool.generation and arb.is_up(w))
+        head = f"reloading: {on_new}/{pool.target} workers on generation {pool.generation}"
     else:
         head = f"{up}/{pool.target} workers up"
+    if reloads.failure and not arb.stopping:
+        head = f"reload failed: {reloads.failure}; {head}"
     stats = probe.stats
     if stats is None:
         return f"{head}; queue not read yet"

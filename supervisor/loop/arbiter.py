@@ -4,8 +4,9 @@ earliest moment some step asked to be woken.
 The arbiter holds the shared state (phase, pool, exit code) and the actions steps take (stop,
 fast stop, reload, scale). The steps themselves live in ``steps.py``. Later features plug in
 without touching the loop: ``add_step`` inserts a step (chaos faults, watchdog pings, metrics),
-and ``events.on`` subscribes to lifecycle events (``ready``, ``reloading``, ``stopping``,
-``worker_started``, ``worker_exited``, ``tick``).
+and ``events.on`` subscribes to lifecycle events (``ready``, ``reloading``, ``reload_failed``,
+``stopping``, ``worker_started``, ``worker_exited``, ``tick``). The reload state machine lives in
+``reload.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ..config import StartConfig
 from ..logs import Progress, event
 from .pidfile import Pidfile
 from .pool import Pool, Worker
+from .reload import Reloads
 from .signals import SignalInbox
 from .storegate import StoreGate
 
@@ -72,7 +74,7 @@ class Arbiter:
     inbox: SignalInbox
     gate: StoreGate
     board: StatusBoard
-    reload_app: Callable[[], App]
+    reloads: Reloads = field(default_factory=Reloads)
     pidfile: Pidfile | None = None
     progress: Progress | None = None
     clock: Callable[[], float] = time.monotonic
@@ -80,7 +82,6 @@ class Arbiter:
     exit_code: int = exitcodes.OK
     steps: list[Step] = field(default_factory=list)
     events: Events = field(default_factory=Events)
-    rolling: bool = False  # a HUP rolling restart is in progress
     ready_announced: bool = False
     stop_started_at: float | None = None
     started_at: float = 0.0
@@ -158,7 +159,7 @@ class Arbiter:
             return
         self.phase = Phase.STOPPING
         self.stop_started_at = self.clock()
-        self.rolling = False
+        self.reloads.abandon(self)
         event(
             "stopping",
             f"graceful stop ({why}): {len(self.pool.workers)} workers finish their tasks, "
@@ -176,7 +177,7 @@ class Arbiter:
             return
         self.phase = Phase.FAST_STOPPING
         self.stop_started_at = self.clock()
-        self.rolling = False
+        self.reloads.abandon(self)
         event("fast_stop", f"fast stop ({why}): killing {len(self.pool.workers)} workers", why=why)
         self.events.emit("stopping", why=why, fast=True)
         for worker in list(self.pool.workers.values()):
@@ -184,27 +185,8 @@ class Arbiter:
         self.state_dirty = True
 
     def reload(self) -> None:
-        """HUP: re-import the app, then roll the workers one at a time (see steps.roll)."""
-        if self.stopping:
-            return
-        try:
-            self.app = self.reload_app()
-        except Exception as exc:
-            event(
-                "reload_failed",
-                f"reload failed, keeping the running workers: {exc}",
-                level=logging.ERROR,
-            )
-            return
-        self.pool.generation += 1
-        self.rolling = True
-        self.events.emit("reloading", generation=self.pool.generation)
-        event(
-            "reloading",
-            f"reloading: app re-imported, rolling {len(self.pool.active())} workers "
-            f"to generation {self.pool.generation}",
-            generation=self.pool.generation,
-        )
+        """HUP: RELOADING at once, then an import probe and a rolling restart (see reload.py)."""
+        self.reloads.request(self)
 
     def scale(self, delta: int) -> None:
         if self.stopping:
@@ -221,6 +203,11 @@ class Arbiter:
         self.state_dirty = True
 
     # -- views -------------------------------------------------------------------------------
+    @property
+    def rolling(self) -> bool:
+        """A HUP rolling restart is replacing workers."""
+        return self.reloads.rolling
+
     def is_up(self, worker: Worker) -> bool:
         """The worker has entered its claim loop (it published its phase)."""
         state = self.board.read(worker.slot)

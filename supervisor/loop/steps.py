@@ -29,6 +29,7 @@ WARN = logging.WARNING
 def handle_signals(arb: Arbiter) -> None:
     """Act on every action signal recorded since the last turn, in arrival order (SIGCHLD is
     only a flag that woke the loop: the reap step runs on every turn anyway)."""
+    hup = False
     for signum in arb.inbox.pop_all():
         event("signal", f"received {signal_name(signum)}", signal=signal_name(signum))
         if signum in (signal.SIGTERM, signal.SIGINT):
@@ -39,11 +40,13 @@ def handle_signals(arb: Arbiter) -> None:
         elif signum == signal.SIGQUIT:
             arb.fast_stop("SIGQUIT")
         elif signum == signal.SIGHUP:
-            arb.reload()
+            hup = True  # several HUPs read together are one reload
         elif signum == signal.SIGTTIN:
             arb.scale(+1)
         elif signum == signal.SIGTTOU:
             arb.scale(-1)
+    if hup:
+        arb.reload()
 
 
 def reap(arb: Arbiter) -> None:
@@ -77,7 +80,8 @@ def reap(arb: Arbiter) -> None:
             )
         if ex.code == wexit.STORE_CORRUPT:
             stop_corrupt(arb, f"worker {ex.worker.pid}", "it met a malformed database")
-        if ex.kind is ExitKind.BOOT_FAILURE:
+        failed_reload = arb.reloads.worker_exited(arb, ex)
+        if ex.kind is ExitKind.BOOT_FAILURE and not failed_reload:
             event(
                 "boot_failure",
                 f"worker {ex.worker.pid} could not boot (exit code {wexit.BOOT_FAILURE}; its log "
@@ -181,20 +185,30 @@ def check_memory(arb: Arbiter) -> None:
             arb.pool.retire(worker, "memory")
 
 
+def reload_probe(arb: Arbiter) -> None:
+    arb.reloads.step(arb)
+
+
 def roll(arb: Arbiter) -> None:
     """HUP: add one new-generation worker, wait until it is up, retire one old; repeat."""
     if not arb.rolling or arb.stopping:
         return
     pool = arb.pool
-    old = [w for w in pool.active() if w.generation < pool.generation]
-    if not old:
-        arb.rolling = False
-        event("reloaded", f"reload finished: {len(pool.active())} workers on the new app")
-        arb.events.emit("ready", reload=True)
-        return
-    fresh = [w for w in pool.active() if w.generation == pool.generation]
-    if any(not arb.is_up(w) for w in fresh):
+    generation = pool.generation
+    fresh = [w for w in pool.active() if w.generation == generation]
+    old = [w for w in pool.active() if w.generation != generation]
+    starting = [w for w in fresh if not arb.is_up(w)]
+    limit = arb.config.timing.reload_boot_timeout
+    for worker in starting:
+        if arb.clock() - worker.started_at > limit:
+            why = f"worker {worker.pid} of generation {generation} did not claim within {limit:g}s"
+            arb.reloads.fail(arb, why)
+            return
+    if starting:
         arb.wake_at(arb.clock() + 0.05)
+        return
+    if not old and len(fresh) >= pool.target:
+        arb.reloads.finish(arb)
         return
     if len(pool.active()) <= pool.target:
         wait = pool.backoff_remaining()  # a new app that crashes at boot must not spin
@@ -345,6 +359,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "app": arb.config.worker.app,
         "workers": workers,
         **arb.extra_state,
+        "reload": arb.reloads.snapshot(arb),
     }
 
 
@@ -372,6 +387,7 @@ def default_steps() -> list[Step]:
     return [
         Step("signals", handle_signals),
         Step("reap", reap),
+        Step("reload", reload_probe),
         Step("deadlines", enforce_deadlines),
         Step("memory", check_memory),
         Step("roll", roll),
