@@ -11,7 +11,8 @@ from .base import Commit, Store
 from .codec import dumps
 from .codec import loads as _loads
 from .errors import InvalidPayload, RunNotFound
-from .sqlite_base import Params, SQLiteBase
+from .sqlite_base import Params
+from .sqlite_views import SQLiteViews
 from .types import (
     JSON,
     CasResult,
@@ -28,7 +29,7 @@ from .types import (
 __all__ = ["SQLiteStore", "dumps"]
 
 
-class SQLiteStore(SQLiteBase, Store):
+class SQLiteStore(SQLiteViews, Store):
     # -- producers -----------------------------------------------------------------------------
     def start_run(
         self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
@@ -63,6 +64,7 @@ class SQLiteStore(SQLiteBase, Store):
                 return None
             task_id, run_id, name, payload, attempts, base, expires_at, takeover = row
             if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+                self._attempt_ended(c, {"task_id": task_id, "now": now}, "exhausted")
                 (error,) = c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id}).fetchone()
                 c.execute(
                     q.FAIL_RUN,
@@ -187,6 +189,7 @@ class SQLiteStore(SQLiteBase, Store):
             self._rejected(c, params, commit.kind)
             return CasResult.LEASE_LOST
         if kind == "release":
+            self._attempt_ended(c, params, "released", commit.error)
             c.execute(q.RELEASE, params)
             if commit.error is not None:
                 c.execute(q.RUN_ERROR, params)
@@ -197,6 +200,7 @@ class SQLiteStore(SQLiteBase, Store):
         if kind == "fail":
             if c.execute(q.FAIL_RUN, params).rowcount == 0:
                 return CasResult.CONFLICT
+            self._attempt_ended(c, params, "failed", commit.error)
             c.execute(q.TASK_FAILED, params)
             return CasResult.OK
         raise ValueError(f"unknown commit kind {kind!r}")
@@ -238,6 +242,7 @@ class SQLiteStore(SQLiteBase, Store):
             if c.execute(q.PENDING_TASKS, params).fetchone()[0] == 0:
                 return False
             c.execute(q.RETRY_RUN, params)
+            self._attempts_dropped_by_retry(c, params)
             c.execute(q.RETRY_TASKS, params)
             return True
 
@@ -249,14 +254,6 @@ class SQLiteStore(SQLiteBase, Store):
         )
 
     # -- reads ---------------------------------------------------------------------------------
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> Run:
-        rid, status, state, revision, result, reason, error, created, updated, finished = row
-        return Run(
-            rid, status, _loads(state), revision, _loads(result), reason, error,
-            created, updated, finished,
-        )  # fmt: skip
-
     def get_run(self, run_id: int) -> Run | None:
         row = self._read(lambda c: c.execute(q.GET_RUN, {"run_id": run_id}).fetchone())
         return None if row is None else self._run(row)
