@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from ..config import LOG_FORMATS, ChaosConfig, StartConfig
-from . import control, database
+from . import control, database, web
 from .clickutil import SupervisorGroup, option
 from .start import run_start
 
@@ -139,7 +139,7 @@ def start(
     return run_start(config)
 
 
-for command in database.ALL + control.ALL:
+for command in database.ALL + control.ALL + web.ALL:
     cli.add_command(command)
 
 

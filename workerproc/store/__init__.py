@@ -15,9 +15,11 @@ from .errors import (
 )
 from .sqlite import SQLiteStore
 from .types import (
+    AttemptEnd,
     CasResult,
     ClaimRequest,
     CommitOutcome,
+    FinishedBucket,
     Lease,
     OwnerLease,
     Rejection,
@@ -27,11 +29,13 @@ from .types import (
 )
 
 __all__ = [
+    "AttemptEnd",
     "CasResult",
     "ClaimRequest",
     "Clock",
     "Commit",
     "CommitOutcome",
+    "FinishedBucket",
     "InvalidPayload",
     "Lease",
     "OwnerLease",
