@@ -11,6 +11,7 @@ from typing import Any
 
 from workerproc.store import FinishedBucket
 
+from ..commands.render import short
 from .timeline import TaskTimeline
 
 WIDTH = 720
@@ -138,7 +139,7 @@ def run_timeline(timelines: Sequence[TaskTimeline], start: float, end: float) ->
     y = 4.0
     for tl in timelines:
         for a in tl.attempts:
-            labels.append((0, y + 12, f"{tl.task.name} #{a.number}"))
+            labels.append((0, y + 12, f"{short(tl.task.name, 12)} ({tl.task.id}) #{a.number}"))
             if a.claimed_at is not None:
                 stop = a.ended_at if a.ended_at is not None else end
                 x0 = x(a.claimed_at)

@@ -6,6 +6,7 @@ forks, and must hold no thread)."""
 from __future__ import annotations
 
 import errno
+import signal
 import socket
 import sys
 
@@ -62,6 +63,11 @@ def serve(config: WebConfig, store: Store) -> int:
             timeout_graceful_shutdown=5,
         )
     )
+    # uvicorn shuts down gracefully on TERM/INT, restores the handlers it found and raises the
+    # signal again: ours only asks it to stop (a signal before it started counts too), so a
+    # stop on request exits 0, as every other supervisor command does.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
     mode = ", read-only" if config.read_only else ""
     auth = ", token required" if config.token else ""
     print(f"dashboard on {url_of(sock)} ({config.db}{mode}{auth})", flush=True)

@@ -25,6 +25,7 @@
   function poll(el) {
     var every = Math.max(0.2, parseFloat(el.dataset.every || "2")) * 1000;
     var failures = 0;
+    var last = null;
     function again(delay) {
       window.setTimeout(run, delay);
     }
@@ -40,10 +41,13 @@
         })
         .then(function (html) {
           failures = 0;
-          el.innerHTML = html;
+          if (html !== last) {  // unchanged parts keep their nodes: a click is never eaten
+            last = html;
+            el.innerHTML = html;
+            drawn(el);
+            tick();
+          }
           el.classList.remove("stale");
-          drawn(el);
-          tick();
           again(every);
         })
         .catch(function () {
