@@ -159,7 +159,7 @@ class Pages:
                            done=done if done in ("retried", "cancelled") else None)  # fmt: skip
 
     def leases(self, request: Request) -> Response:
-        return self.render(request, "leases.html", stats=self.store.stats())
+        return self.render(request, "leases.html", stats=self.stats())
 
     def chaos(self, request: Request) -> Response:
         path = self.config.chaos_report
