@@ -166,6 +166,8 @@ class TestActions:
         gone = c.post("/runs/424242/retry", content=f"csrf={token}", headers=form)
         assert gone.status_code == 404
         assert c.post(f"/runs/{run_id}/retry", content=f"csrf={token}").status_code == 415
+        huge = c.post(f"/runs/{run_id}/retry", content="csrf=" + "0" * 100_000, headers=form)
+        assert huge.status_code == 413
 
     def test_read_only_serves_no_action_and_draws_no_form(self, s: Store) -> None:
         run_id = s.start_run("t")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from http.cookies import SimpleCookie
+from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
 from starlette.datastructures import URL, Headers, MutableHeaders
@@ -73,7 +73,7 @@ def cookies_of(headers: Headers) -> dict[str, str]:
     jar: SimpleCookie = SimpleCookie()
     try:
         jar.load(headers.get("cookie", ""))
-    except Exception:  # a malformed Cookie header is no cookie at all
+    except CookieError:  # a malformed Cookie header is no cookie at all
         return {}
     return {key: morsel.value for key, morsel in jar.items()}
 
