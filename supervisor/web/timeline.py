@@ -111,6 +111,6 @@ def _attempt(
         expires = task.lease_expires_at
         live = expires is not None and expires > now
         return Attempt(task.id, n, "holding" if live else "expired", task.lease_owner,
-                       task.claimed_at, None if live else expires, task.last_error,
-                       expires_at=expires, refused=zombie)  # fmt: skip
+                       task.claimed_at, None if live else expires, expires_at=expires,
+                       refused=zombie)  # fmt: skip
     return Attempt(task.id, n, "unknown", refused=zombie)
