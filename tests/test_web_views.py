@@ -240,6 +240,16 @@ class TestChaosPage:
         assert "2 takeovers (ms)" in html and "seed 7" in html
 
 
+def test_the_chaos_page_follows_the_report_file(s: Store, tmp_path: Path) -> None:
+    path = tmp_path / "chaos.json"
+    c = client(s, chaos_report=str(path))
+    assert "no report yet" in c.get("/chaos").text
+    path.write_text(json.dumps({"ok": True, "violations": [], "events": [], "seed": 1}))
+    assert "seed 1" in c.get("/chaos").text
+    path.write_text(json.dumps({"ok": True, "violations": [], "events": [], "seed": 22}))
+    assert "seed 22" in c.get("/chaos").text  # parsed again: the file changed
+
+
 def test_reads_never_need_the_write_lock(backend: Backend, clock: FakeClock) -> None:
     """Every page renders while another connection holds the write lock; a read that needed it
     would wait out the busy timeout and answer 503."""

@@ -36,6 +36,24 @@ class ChaosReport:
                 if isinstance(e.get("taken_over_ms"), (int, float))]  # fmt: skip
 
 
+class ReportFile:
+    """The report at ``path``, parsed again only when the file changed (pages poll it)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._seen: tuple[tuple[int, int, int], ChaosReport] | None = None
+
+    def read(self) -> ChaosReport:
+        try:
+            st = os.stat(self.path)
+            key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            return load(self.path)
+        if self._seen is None or self._seen[0] != key:
+            self._seen = (key, load(self.path))
+        return self._seen[1]
+
+
 def load(path: str) -> ChaosReport:
     try:
         with open(path, "rb") as fh:

@@ -71,6 +71,7 @@ class Pages:
         self.templates = templates
         self.keys = keys
         self.cache = _Cache()
+        self.report = chaos.ReportFile(config.chaos_report) if config.chaos_report else None
 
     # -- rendering -------------------------------------------------------------------------------
     def render(self, request: Request, name: str, **ctx: Any) -> Response:
@@ -162,8 +163,7 @@ class Pages:
         return self.render(request, "leases.html", stats=self.stats())
 
     def chaos(self, request: Request) -> Response:
-        path = self.config.chaos_report
-        report = chaos.load(path) if path else None
+        report = self.report.read() if self.report else None
         ctx: dict[str, Any] = {"report": report}
         if report is not None and report.problem is None:
             ctx["faults"] = charts.faults(report.events)
