@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..config import start_config, start_options
-from . import control, database
+from . import control, database, web
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -30,7 +30,7 @@ def start(**values: Any) -> int:
     return run_start(start_config(values))
 
 
-for command in database.ALL + control.ALL:
+for command in database.ALL + control.ALL + web.ALL:
     cli.add_command(command)
 
 

@@ -16,10 +16,12 @@ from .errors import (
 )
 from .sqlite import SQLiteStore
 from .types import (
+    AttemptEnd,
     BatchOutcome,
     CasResult,
     ClaimRequest,
     CommitOutcome,
+    FinishedBucket,
     Lease,
     OwnerLease,
     QueueCounts,
@@ -30,12 +32,14 @@ from .types import (
 )
 
 __all__ = [
+    "AttemptEnd",
     "BatchOutcome",
     "CasResult",
     "ClaimRequest",
     "Clock",
     "Commit",
     "CommitOutcome",
+    "FinishedBucket",
     "InvalidPayload",
     "Lease",
     "OwnerLease",

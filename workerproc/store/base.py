@@ -11,10 +11,12 @@ from typing import Any, Literal, overload
 from .errors import RunNotFound
 from .types import (
     JSON,
+    AttemptEnd,
     BatchOutcome,
     CasResult,
     ClaimRequest,
     CommitOutcome,
+    FinishedBucket,
     Lease,
     Rejection,
     Run,
@@ -263,6 +265,38 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def stats(self) -> Stats: ...
+
+    # -- what the dashboard reads (never takes the write lock) ---------------------------------
+    @abc.abstractmethod
+    def runs_page(
+        self,
+        status: str | None = None,
+        task: str | None = None,
+        *,
+        before: int | None = None,
+        after: int | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """One keyset page of runs, newest first: ids below ``before`` (or above ``after``)."""
+
+    @abc.abstractmethod
+    def task_names(self, limit: int = 100) -> list[str]:
+        """The distinct names of runs' first tasks (what ``runs_page(task=...)`` filters on)."""
+
+    @abc.abstractmethod
+    def attempt_history(self, run_id: int) -> list[AttemptEnd]:
+        """The attempts of a run's tasks that ended without a commit, oldest first."""
+
+    @abc.abstractmethod
+    def run_rejections(self, run_id: int) -> list[Rejection]:
+        """The writes the fence refused for this run's tasks, oldest first."""
+
+    @abc.abstractmethod
+    def finished_since(
+        self, since: float, bucket: float, *, newest: int = 100_000
+    ) -> list[FinishedBucket]:
+        """Runs finished since ``since`` per ``bucket`` seconds (only non-empty buckets),
+        looking at the ``newest`` runs only: a bounded read, whatever the table's size."""
 
     # -- cheap reads for idle workers (never take the write lock) -----------------------------
     @abc.abstractmethod

@@ -16,12 +16,13 @@ from .errors import InvalidPayload, RunNotFound
 from .sqlite_base import Params
 from .sqlite_producer import SQLiteProducer
 from .sqlite_reads import SQLiteReads
+from .sqlite_views import SQLiteViews
 from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
 
 __all__ = ["SQLiteStore"]
 
 
-class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
+class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
     # -- claims (R1, R6) -----------------------------------------------------------------------
     def _claim(self, c: sqlite3.Connection, now: float, req: ClaimRequest) -> list[Lease]:
         """Up to ``req.limit`` leases, each of a different run. Each turn either hands out
@@ -46,6 +47,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
     ) -> Lease | None:
         task_id, run_id, name, payload, attempts, base, expires_at, takeover = row
         if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+            self._attempt_ended(c, {"task_id": task_id, "now": now}, "exhausted")
             (error,) = c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id}).fetchone()
             # no handler raised: every attempt died, timed out or lost its lease
             error = error or (
@@ -58,6 +60,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
         try:
             decoded = loads(payload, "its payload"), loads(state, "its run's state")
         except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
+            self._attempt_ended(c, {"task_id": task_id, "now": now}, "failed", str(exc))
             c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
             self._fail(c, now, run_id, "undecodable_payload", f"task {task_id}: {exc}")
             return None
@@ -201,6 +204,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
             self._rejected(c, params, commit.kind)
             return CasResult.LEASE_LOST
         if kind == "release":
+            self._attempt_ended(c, params, "released", commit.error)
             c.execute(q.RELEASE, params)
             if commit.error is not None:
                 c.execute(q.RUN_ERROR, params)
@@ -211,6 +215,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
         if kind == "fail":
             if c.execute(q.FAIL_RUN, params).rowcount == 0:
                 return CasResult.CONFLICT
+            self._attempt_ended(c, params, "failed", commit.error)
             c.execute(q.TASK_FAILED, params)
             return CasResult.OK
         raise ValueError(f"unknown commit kind {kind!r}")
@@ -252,6 +257,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, Store):
             if c.execute(q.PENDING_TASKS, params).fetchone()[0] == 0:
                 return False
             c.execute(q.RETRY_RUN, params)
+            self._attempts_dropped_by_retry(c, params)
             c.execute(q.RETRY_TASKS, params)
             return True
 

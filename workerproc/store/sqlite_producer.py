@@ -20,6 +20,7 @@ def insert(run: NewRun, c: sqlite3.Connection, now: float) -> int:
     """Insert the run and its first task; with a key already taken, the first run's id."""
     params = {
         "state": run.state,
+        "name": run.task,
         "queue": run.queue,
         "priority": run.priority,
         "key": run.key,

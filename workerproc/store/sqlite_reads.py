@@ -18,11 +18,11 @@ class SQLiteReads(SQLiteBase):
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:
         rid, status, state, revision, result, reason, error, created, updated, finished = row[:10]
-        queue, priority, key = row[10:]
+        queue, priority, key, task = row[10:]
         return Run(
             rid, status, loads(state, f"run {rid}'s state"), revision,
             loads(result, f"run {rid}'s result"), reason, error, created, updated, finished,
-            queue, priority, key,
+            queue, priority, key, task,
         )  # fmt: skip
 
     def get_run(self, run_id: int) -> Run | None:

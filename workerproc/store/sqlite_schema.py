@@ -150,6 +150,42 @@ MIGRATIONS: list[str] = [
     DROP INDEX runs_ready;
     CREATE INDEX runs_ready ON runs (queue, ready_at) WHERE ready_at IS NOT NULL;
     """,
+    # 6: what operators read (the dashboard). runs.task names a run's first task, set once by
+    # start_run and indexed for the runs filter (its value never changes, so only the insert
+    # writes that index). tasks.done_owner keeps who committed, set by the UPDATE that already
+    # marks a task done. task_attempts keeps every attempt that ended without a commit: the
+    # store writes a row on a release, a failure and an exhausted claim; the trigger writes one
+    # on a takeover. Its WHEN is false for the claim of an unowned task, so the happy path
+    # (claim, commit) gains no statement and no index write.
+    """
+    ALTER TABLE runs ADD COLUMN task TEXT;
+    UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
+    CREATE INDEX runs_task ON runs (task, id);
+    ALTER TABLE tasks ADD COLUMN done_owner TEXT;
+    CREATE TABLE task_attempts (
+        id          INTEGER PRIMARY KEY,
+        run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        task_id     INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        owner       TEXT    NOT NULL,
+        claimed_at  REAL,
+        ended_at    REAL,
+        outcome     TEXT    NOT NULL
+                    CHECK (outcome IN ('released', 'failed', 'taken_over', 'exhausted')),
+        error       TEXT,
+        taken_by    TEXT
+    );
+    CREATE INDEX task_attempts_run ON task_attempts (run_id, task_id, attempt);
+    -- a claim of a task whose lease was still on it (expired, or released as dead): the
+    -- previous attempt was taken over; it held from its claim until its lease ran out
+    CREATE TRIGGER tasks_takeover AFTER UPDATE OF attempts ON tasks
+        WHEN OLD.lease_owner IS NOT NULL AND NEW.attempts > OLD.attempts BEGIN
+        INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at,
+                                   outcome, taken_by)
+        VALUES (NEW.run_id, NEW.id, OLD.attempts, OLD.lease_owner, OLD.claimed_at,
+                OLD.lease_expires_at, 'taken_over', NEW.lease_owner);
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

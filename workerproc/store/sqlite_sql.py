@@ -14,8 +14,8 @@ _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
 
 # start_run: a new run and its first task. With a key, a run with that key already there
 # makes the insert a no-op (and FIND_BY_KEY answers its id).
-INSERT_RUN = """INSERT INTO runs (state, queue, priority, key, created_at, updated_at)
-    VALUES (:state, :queue, :priority, :key, :now, :now)
+INSERT_RUN = """INSERT INTO runs (state, task, queue, priority, key, created_at, updated_at)
+    VALUES (:state, :name, :queue, :priority, :key, :now, :now)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
@@ -97,9 +97,9 @@ RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
 
-# ack / drop / advance / finish: the task is done; its lease is cleared.
-TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, lease_owner = NULL,
-    lease_expires_at = NULL WHERE {_FENCE}"""
+# ack / drop / advance / finish: the task is done; its lease is cleared (who held it stays).
+TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, done_owner = lease_owner,
+    lease_owner = NULL, lease_expires_at = NULL WHERE {_FENCE}"""
 
 # every refused fenced write is kept: evidence that a zombie tried and was turned away
 INSERT_REJECTION = """INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
@@ -157,7 +157,7 @@ RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
 
 # reads
 _RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
-    created_at, updated_at, finished_at, queue, priority, key"""
+    created_at, updated_at, finished_at, queue, priority, key, task"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
 # newest first; a filter by status walks runs_status, by queue alone the rowid order
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
@@ -166,7 +166,8 @@ LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
 LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue
     ORDER BY id DESC LIMIT :limit"""
 _TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt"""
+    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
+    done_owner"""
 GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = :run_id ORDER BY id"
 GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = :task_id"
 LIST_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections

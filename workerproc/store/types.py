@@ -69,6 +69,7 @@ class Run:
     queue: str = "default"
     priority: int = 0
     key: str | None = None
+    task: str | None = None  # the name of the run's first task (None: before schema v6)
 
     @property
     def terminal(self) -> bool:
@@ -91,6 +92,7 @@ class TaskInfo:
     done_at: float | None
     claimed_at: float | None = None  # when the latest attempt was claimed
     done_attempt: int | None = None  # the attempt whose commit finished the task
+    done_owner: str | None = None  # the owner whose commit finished the task
 
 
 @dataclass(frozen=True)
@@ -160,3 +162,34 @@ class BatchOutcome:
 
     results: tuple[CasResult, ...]
     leases: tuple[Lease, ...] = ()
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """An attempt that ended without a commit (a committed one is on its task: ``done_*``).
+
+    ``outcome``: ``released`` (given back, with ``error`` if its handler raised), ``failed``
+    (its handler failed the run), ``taken_over`` (its lease ran out or was released as dead,
+    and ``taken_by`` claimed the task; ``ended_at`` is when the lease ended), ``exhausted`` (the
+    claim that would have exceeded max_attempts failed the run instead).
+    """
+
+    task_id: int
+    attempt: int
+    owner: str
+    claimed_at: float | None
+    ended_at: float | None
+    outcome: str
+    error: str | None = None
+    taken_by: str | None = None
+
+
+@dataclass(frozen=True)
+class FinishedBucket:
+    """Runs that finished within ``[start, start + seconds)``, by outcome."""
+
+    start: float
+    seconds: float
+    succeeded: int
+    failed: int
+    cancelled: int
