@@ -133,14 +133,6 @@ class StartConfig:
         metavar="FILE",
         help="refuse a second supervisor; enables stop/reload/scale/health",
     )
-    graceful_timeout: float = opt(
-        30.0,
-        flag="--graceful-timeout",
-        metavar="S",
-        low=0.0,
-        high=DAY,
-        help="how long a stopping worker may finish its task before SIGKILL",
-    )
     fast_release: bool = opt(
         True,
         flag="--fast-release/--no-fast-release",

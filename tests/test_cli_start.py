@@ -52,7 +52,7 @@ def test_defaults_and_flags(captured: list[StartConfig]) -> None:
     (config,) = captured
     w = config.worker
     assert (config.workers, w.lease_ttl, w.poll_interval, w.max_attempts) == (1, 60.0, 1.0, 3)
-    assert config.graceful_timeout == 30.0 and config.fast_release and not config.drain
+    assert w.graceful_timeout == 30.0 and config.fast_release and not config.drain
     assert w.task_timeout is None and config.pidfile is None and config.log_format == "text"
 
     args = ["start", "-n", "4", "--db", "x.db", "--app", "m:app", "--lease-ttl", "5"]
@@ -66,7 +66,7 @@ def test_defaults_and_flags(captured: list[StartConfig]) -> None:
     assert (c.workers, w.lease_ttl, w.poll_interval, w.max_attempts, w.task_timeout) == (
         4, 5.0, 0.5, 7, 9.0,
     )  # fmt: skip
-    assert c.drain and c.pidfile == "p" and c.graceful_timeout == 3.0 and not c.fast_release
+    assert c.drain and c.pidfile == "p" and c.worker.graceful_timeout == 3.0 and not c.fast_release
     assert (c.max_worker_memory, c.max_tasks_per_worker, c.log_format) == (256.0, 100, "json")
     assert c.worker.heartbeat_interval == 1.0
 
@@ -84,6 +84,8 @@ def env_value(d: options.Declared) -> tuple[str, object]:
         assert value is not None
         value = d.kind(value)
         return str(value), value
+    if d.kind is tuple:
+        return f"from-env-{d.field},two", (f"from-env-{d.field}", "two")
     return f"from-env-{d.field}", f"from-env-{d.field}"
 
 

@@ -36,12 +36,13 @@ def garbage_in_page_2(path: str) -> None:
 
 
 def scribble_random_pages(path: str, pages: int = 5, seed: int = 7) -> None:
-    """Overwrite part of a few seeded random pages (never page 1, the header)."""
+    """Overwrite part of a few seeded random pages of the second half of the file: data and
+    index pages (the schema lives in the first pages; damage there is the other case)."""
     rng = random.Random(seed)
     count = os.path.getsize(path) // PAGE
     with open(path, "r+b") as fh:
-        for page in rng.sample(range(2, count + 1), pages):
-            fh.seek((page - 1) * PAGE + 100)
+        for page in rng.sample(range(count // 2 + 1, count + 1), pages):
+            fh.seek((page - 1) * PAGE)  # from the b-tree page header on
             fh.write(rng.randbytes(512))
 
 

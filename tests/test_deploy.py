@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from supervisor.config import StartConfig, Timing
+from supervisor.config import Timing
 from workerproc.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,9 +31,7 @@ ENV_FILE = DEPLOY / "systemd" / "leasekeeper.env"
 SUPERVISORD_CONF = DEPLOY / "supervisord" / "leasekeeper.conf"
 DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 K8S = DEPLOY / "container" / "k8s.yaml"
-GRACE = StartConfig(
-    WorkerConfig(db="x", app="m:a")
-).graceful_timeout  # the default --graceful-timeout
+GRACE = WorkerConfig(db="x", app="m:a").graceful_timeout  # the default --graceful-timeout
 FAST_STOP = Timing().fast_stop_grace
 
 

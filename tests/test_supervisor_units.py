@@ -99,7 +99,10 @@ def make_pool(clock: FakeClock, procs: FakeProcs, target: int = 2) -> Pool:
 
 
 def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
-    cfg = StartConfig(WorkerConfig(db="x.db", app="m:app"), **config).validate()
+    worker_fields = {f.name for f in dataclasses.fields(WorkerConfig)}
+    mine = {k: v for k, v in config.items() if k in worker_fields}
+    rest = {k: v for k, v in config.items() if k not in worker_fields}
+    cfg = StartConfig(WorkerConfig(db="x.db", app="m:app", **mine), **rest).validate()
     return Arbiter(
         config=cfg,
         app=App(),

@@ -15,11 +15,11 @@ from workerproc import App, exitcodes
 from workerproc.app import LeaseLost, TaskContext
 from workerproc.config import WorkerConfig
 from workerproc.heartbeat import Heartbeat
-from workerproc.runner import install_signals
+from workerproc.signals import INTERRUPT, Waker
+from workerproc.slots import Execution, Mode
 from workerproc.status import DURATION_BOUNDS, Counters, StatusBoard
 from workerproc.store import Lease, Store, StoreUnavailable, open_store
-from workerproc.waker import Waker
-from workerproc.worker import INTERRUPT, Worker
+from workerproc.worker import Worker
 
 LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
 
@@ -39,7 +39,7 @@ class SlowRenewals:
         self.calls: list[tuple[float, float]] = []
         self.lock = threading.Lock()
 
-    def renew_until(self, lease: Lease, ttl: float) -> float | None:
+    def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
         with self.lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
@@ -48,7 +48,7 @@ class SlowRenewals:
             time.sleep(self.duration)
             if len(self.calls) < self.fail_first:
                 raise StoreUnavailable("database is locked")
-            return time.time() + ttl
+            return [time.time() + ttl for _ in leases]
         finally:
             self.calls.append((start, time.monotonic()))
             with self.lock:
@@ -65,7 +65,7 @@ def make_heartbeat(store: Any, lost: list[str], **kw: Any) -> Heartbeat:
         ttl=kw.pop("ttl", 10.0),
         interval=kw.pop("interval", 0.02),
         on_lost=lambda lease, why: lost.append(why),
-        on_timeout=lambda lease: lost.append("timeout"),
+        on_timeout=lambda lease, store: lost.append("timeout"),
         on_death=lambda exc: lost.append(f"death {exc!r}"),
         **kw,
     )
@@ -78,7 +78,7 @@ def test_r4_heartbeat_is_single_flight():
     hb.start()
     hb.track(LEASE, time.monotonic())
     wait_for(lambda: len(store.calls) >= 4, timeout=10, what="four renewals")
-    hb.untrack()
+    hb.untrack([LEASE])
     hb.close()
     assert store.max_active == 1
     for (_, end), (start, _) in zip(store.calls, store.calls[1:], strict=False):
@@ -134,7 +134,7 @@ def worker_signals(db_path: str):
     worker = Worker(store, App(), wconfig(db_path), owner="w", open_store=lambda: store,
                     waker=waker)  # fmt: skip
     old_fd = signal.set_wakeup_fd(-1)
-    install_signals(worker, waker)
+    worker.signals.install(waker)
     yield worker, waker
     signal.set_wakeup_fd(old_fd)
     for sig, handler in saved.items():
@@ -147,40 +147,40 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
     """The heartbeat's interrupt raises LeaseLost from a signal handler; a TERM landing at the
     same moment must still stop the worker (Python handler or the wakeup fd, either way)."""
     worker, waker = worker_signals
-    ctx = TaskContext(LEASE, threading.Event())
     both = {INTERRUPT, signal.SIGTERM}
+
+    def handler(_: TaskContext) -> None:
+        worker.signals.interrupt = LeaseLost  # what the heartbeat thread sets on a lost lease
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both land inside the handler
+        time.sleep(1)
+
     for _ in range(50):
-        worker.stop_signal = None
+        worker.signals.stop = None
         signal.pthread_sigmask(signal.SIG_BLOCK, both)
         os.kill(os.getpid(), INTERRUPT)
         os.kill(os.getpid(), signal.SIGTERM)
-
-        def handler(_: TaskContext) -> None:
-            worker._interrupt = LeaseLost  # what the heartbeat thread sets on a lost lease
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both land inside the handler
-            time.sleep(1)
-
-        with pytest.raises(LeaseLost):
-            worker._call(handler, ctx)
-        worker._absorb(waker.drain())
-        assert worker.stop_signal == signal.SIGTERM
+        ex = Execution(LEASE, handler, Mode.INLINE)
+        worker._run_inline(ex)
+        assert ex.commit is None  # LeaseLost: whatever it would have written is discarded
+        worker.signals.absorb(waker.drain())
+        assert worker.signals.stop == signal.SIGTERM
 
 
 def test_interrupt_outside_the_handler_is_ignored(worker_signals):
     worker, _ = worker_signals
-    worker._interrupt = LeaseLost
+    worker.signals.interrupt = LeaseLost
     handled = threading.Event()
 
-    def spy(signum: int, frame: object) -> None:  # the worker's own handler, then a mark
+    def spy(signum: int, frame: Any) -> None:  # the worker's own handler, then a mark
         try:
-            worker.on_interrupt_signal(signum, frame)
+            worker.signals.on_interrupt(signum, frame)
         finally:
             handled.set()
 
     signal.signal(INTERRUPT, spy)
     os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
     wait_for(handled.is_set, timeout=10, what="the interrupt handler to run")
-    assert worker._interrupt is LeaseLost
+    assert worker.signals.interrupt is LeaseLost
 
 
 def test_status_slot_counters_round_trip_and_belong_to_one_pid():
@@ -209,8 +209,8 @@ def test_worker_counts_claims_and_handler_time_into_its_slot(db_path: str):
     board = StatusBoard(1)
 
     class Once(Worker):
-        def _idle(self) -> None:
-            self.stop_signal = signal.SIGTERM
+        def _wait(self, want: int) -> None:
+            self.signals.stop = signal.SIGTERM
 
     worker = Once(store, app, wconfig(db_path), owner="w", open_store=lambda: store,
                   slot=board.slot(0))  # fmt: skip
@@ -228,9 +228,10 @@ class ScriptedRenewals:
         self.refuse = refuse
         self.calls: list[tuple[int, float]] = []
 
-    def renew_until(self, lease: Lease, ttl: float) -> float | None:
-        self.calls.append((lease.task_id, time.monotonic()))
-        return None if lease.task_id in self.refuse else time.time() + ttl
+    def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
+        now = time.monotonic()
+        self.calls += [(lease.task_id, now) for lease in leases]
+        return [None if lease.task_id in self.refuse else time.time() + ttl for lease in leases]
 
     def close(self) -> None:
         pass
@@ -245,7 +246,7 @@ def test_after_a_lost_lease_the_next_lease_is_renewed_on_time():
     first = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
     hb.track(first, time.monotonic())
     wait_for(lambda: lost, timeout=10, what="the first lease lost")
-    hb.untrack()
+    hb.untrack([LEASE])
     second = Lease(2, 2, "t", None, 1, "me", 0.0, 0.0)
     tracked_at = time.monotonic()
     hb.track(second, tracked_at)
@@ -260,7 +261,7 @@ def test_untrack_waits_while_the_timeout_path_ends_the_process():
     finished: list[float] = []
     exiting = threading.Event()
 
-    def slow_exit(lease: Lease) -> None:
+    def slow_exit(lease: Lease, store: Any) -> None:
         exiting.set()
         time.sleep(0.5)  # the real one releases the lease, then os._exit()s
         finished.append(time.monotonic())
@@ -276,8 +277,9 @@ def test_untrack_waits_while_the_timeout_path_ends_the_process():
     )
     hb.start()
     hb.track(LEASE, time.monotonic())
+    hb.started(LEASE)  # the task timeout counts from the handler's start
     assert exiting.wait(10)  # the timeout fired and the exit path is under way
-    hb.untrack()
+    hb.untrack([LEASE])
     returned = time.monotonic()
     hb.close()
     assert finished and returned >= finished[0]
@@ -291,7 +293,7 @@ def test_a_committed_lease_is_never_released_again_on_exit(db_path: str):
     holder: list[Worker] = []
 
     def handler(ctx: TaskContext) -> None:
-        holder[0].quit = True  # QUIT recorded while the handler ran
+        holder[0].signals.quit = True  # QUIT recorded while the handler ran
 
     app.task("noop")(handler)
     worker = Worker(
@@ -323,8 +325,8 @@ def test_a_store_error_while_settling_a_conflict_does_not_stop_the_worker(db_pat
         raise StoreUnavailable("database is locked")
 
     class Once(Worker):
-        def _idle(self) -> None:
-            self.stop_signal = signal.SIGTERM
+        def _wait(self, want: int) -> None:
+            self.signals.stop = signal.SIGTERM
 
     store.get_run = broken_get_run  # type: ignore[method-assign]
     worker = Once(store, app, wconfig(db_path), owner="w", open_store=lambda: other)

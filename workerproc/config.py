@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 from . import options
 from .options import opt
+from .store import InvalidPayload
+from .store.codec import check_run_options
 
 DAY = 86_400.0
 
@@ -74,6 +76,41 @@ class WorkerConfig:
         high=7 * DAY,
         help="the longest retry delay",
     )
+    concurrency: int = opt(
+        1,
+        flag="--concurrency",
+        metavar="C",
+        low=1,
+        high=1024,
+        help="slots per worker process: handlers running at once (plain ones on threads, "
+        "async ones on an event loop; 1: one at a time on the main thread)",
+    )
+    prefetch: int | None = opt(
+        None,
+        flag="--prefetch",
+        metavar="K",
+        low=0,
+        high=1000,
+        shown_default="adaptive",
+        help="tasks a worker may claim beyond its free slots (adaptive: up to 8, only while "
+        "its recent handlers finished within 5 ms)",
+    )
+    queues: tuple[str, ...] | None = opt(
+        None,
+        flag="--queues",
+        metavar="LIST",
+        shown_default="all",
+        help="claim only from these queues (comma-separated)",
+    )
+    graceful_timeout: float = opt(
+        30.0,
+        flag="--graceful-timeout",
+        metavar="S",
+        low=0.0,
+        high=DAY,
+        help="how long a stopping worker may finish its running tasks (then the supervisor "
+        "SIGKILLs it; a worker that must exit gives up on its other slots)",
+    )
     max_tasks: int | None = opt(
         None,
         flag="--max-tasks",
@@ -94,6 +131,14 @@ class WorkerConfig:
             raise ValueError("--heartbeat-interval must be below --lease-ttl")
         if self.retry_backoff > self.retry_backoff_max:
             raise ValueError("--retry-backoff must not exceed --retry-backoff-max")
+        if self.queues is not None:
+            if not self.queues:
+                raise ValueError("--queues must name at least one queue")
+            for name in self.queues:
+                try:
+                    check_run_options(name, 0, None)
+                except InvalidPayload as exc:
+                    raise ValueError(f"--queues: {exc}") from None
         return self
 
     @property

@@ -1,13 +1,18 @@
-"""The heartbeat thread (R4): renews the lease of the task the main thread is running.
+"""The heartbeat thread (R4): renews every lease the worker holds, in one statement per tick.
 
-- Own connection: the thread opens its own store (never shares the main thread's).
-- Single-flight by construction: one thread renews, one renewal at a time, every ``interval``.
-- A renewal answered False means the lease is lost: ``on_lost`` fires once.
-- A renewal that *errors* (database busy or locked) is retried and is not a loss, until the local
-  lease deadline passes. The deadline is measured on the monotonic clock from the start of the
-  last successful renewal (or claim) plus the ttl: conservative, since the store computed the
-  expiry from a "now" read after that start.
-- ``task_timeout``: past it the heartbeat stops renewing and calls ``on_timeout``.
+- Own connection: the thread opens its own store (never shares the conductor's).
+- Single flight per worker: one thread, one renewal statement at a time. When the oldest lease
+  is due (``interval`` after its last renewal), every lease still held is renewed at once, each
+  fenced on its own (``renew_many``); a refused one is lost alone (``on_lost``) and the others
+  go on.
+- A lease is held from its claim to the commit that ends it (``track`` ... ``untrack``), so a
+  prefetched task waiting for a slot and a finished one waiting for its batch stay alive too.
+- A renewal that *errors* (database busy or locked) is retried soon and is not a loss, until the
+  lease's local deadline passes: the monotonic start of its last successful renewal (or claim)
+  plus the ttl, conservative since the store computed the expiry from a "now" read after it.
+- ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
+  ``on_timeout`` fires. A lost lease whose handler has not finished a whole ttl later fires
+  ``on_stuck`` (the handler ignored ``LeaseLost``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .store import Lease, Store, StoreError
@@ -23,16 +28,17 @@ from .store import Lease, Store, StoreError
 log = logging.getLogger("workerproc.heartbeat")
 
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
+MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
 
 
 @dataclass
-class _Tracked:
+class Held:
     lease: Lease
     deadline: float  # monotonic: the lease may be gone after this
-    next_due: float
-    started: float
-    lost: bool = False
-    lost_at: float = 0.0
+    due: float  # monotonic: renew it by then
+    started: float | None = None  # the handler started (task_timeout counts from here)
+    finished: bool = False  # the handler returned: no timeout, no stuck check
+    lost_at: float | None = None
     timed_out: bool = False
 
 
@@ -44,7 +50,7 @@ class Heartbeat:
         ttl: float,
         interval: float,
         on_lost: Callable[[Lease, str], None],
-        on_timeout: Callable[[Lease], None],
+        on_timeout: Callable[[Lease, Store], None],
         on_death: Callable[[BaseException], None],
         on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
@@ -58,14 +64,16 @@ class Heartbeat:
         self._on_death = on_death
         self._on_stuck = on_stuck
         self._cond = threading.Condition()
-        self._tracked: _Tracked | None = None
-        self._renewing = False
+        self._held: dict[int, Held] = {}  # task id -> what we know of its lease
+        self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
         self._closed = False
-        self.renewals = 0
-        self.idle_wait = min(1.0, interval / 2)
+        self._urgent = False  # renew now (a stale lease is about to start)
+        self._chore: tuple[float, Callable[[Store], None]] | None = None
+        self.renewals = 0  # statements sent
+        self.idle_wait = min(MAX_WAIT, interval / 2)
         self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
 
-    # -- called from the main thread -----------------------------------------------------------
+    # -- called from the conductor --------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
 
@@ -73,21 +81,68 @@ class Heartbeat:
         return self._thread.is_alive()
 
     def track(self, lease: Lease, lease_start: float) -> None:
-        """Keep ``lease`` alive; ``lease_start`` is the monotonic time the claim (or start
-        renewal) began, so ``lease_start + ttl`` is a safe local deadline."""
-        now = time.monotonic()
-        with self._cond:  # no notify: an idle heartbeat looks again within interval / 2
-            self._tracked = _Tracked(lease, lease_start + self.ttl, now + self.interval, now)
-
-    def untrack(self, timeout: float = 30.0) -> bool:
-        """Stop renewing; waits for an in-flight renewal (single-flight) so that no renewal
-        races the commit that follows. Returns whether the lease was seen lost."""
+        """Keep ``lease`` alive from its claim; ``lease_start`` is the monotonic time the claim
+        began, so ``lease_start + ttl`` is a safe local deadline. No wake-up: the thread looks
+        again within ``idle_wait``, far inside the first renewal's due time."""
         with self._cond:
-            # Clear first: no new renewal can start for it, so the wait cannot starve behind a
-            # stream of slow renewals (the lock is not fair).
-            tracked, self._tracked = self._tracked, None
-            self._cond.wait_for(lambda: not self._renewing, timeout=timeout)
-        return bool(tracked and tracked.lost)
+            held = Held(lease, lease_start + self.ttl, lease_start + self.interval)
+            self._held[lease.task_id] = held
+
+    def started(self, lease: Lease, *, renew: bool = False) -> None:
+        """The handler of ``lease`` starts now: its task timeout counts from here. ``renew``:
+        the lease waited since its claim, renew it at once (R4's start renewal)."""
+        with self._cond:
+            held = self._held.get(lease.task_id)
+            if held is not None:
+                held.started = time.monotonic()
+            if renew:
+                self._urgent = True
+                self._cond.notify_all()
+
+    def finished(self, lease: Lease) -> None:
+        """The handler of ``lease`` returned: keep renewing until its commit, check nothing."""
+        with self._cond:
+            held = self._held.get(lease.task_id)
+            if held is not None:
+                held.finished = True
+
+    def after(self, at: float, chore: Callable[[Store], None]) -> None:
+        """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
+        (one pending chore at most): work the conductor cannot do while it runs an inline
+        handler, like handing back the tasks prefetched behind it."""
+        with self._cond:
+            self._chore = (at, chore)
+            self._cond.notify_all()
+
+    def cancel_chore(self) -> None:
+        with self._cond:
+            self._chore = None
+
+    def forget(self, leases: Iterable[Lease]) -> None:
+        """Stop renewing ``leases`` without waiting: for this thread's own chores and
+        callbacks (it cannot race itself)."""
+        with self._cond:
+            for lease in leases:
+                self._held.pop(lease.task_id, None)
+
+    def is_lost(self, lease: Lease) -> bool:
+        with self._cond:
+            held = self._held.get(lease.task_id)
+            return held is not None and held.lost_at is not None
+
+    def untrack(self, leases: Iterable[Lease], timeout: float = 30.0) -> set[int]:
+        """Stop renewing ``leases`` before their commit; waits for an in-flight renewal (single
+        flight) so that none races the commit. Returns the task ids seen lost."""
+        lost: set[int] = set()
+        with self._cond:
+            # Forget first: no new renewal can start for them, so the wait cannot starve
+            # behind a stream of renewals (the lock is not fair).
+            for lease in leases:
+                held = self._held.pop(lease.task_id, None)
+                if held is not None and held.lost_at is not None:
+                    lost.add(lease.task_id)
+            self._cond.wait_for(lambda: not self._busy, timeout=timeout)
+        return lost
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -96,7 +151,7 @@ class Heartbeat:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    # -- the thread ----------------------------------------------------------------------------
+    # -- the thread ------------------------------------------------------------------------------
     def _main(self) -> None:
         store: Store | None = None
         try:
@@ -110,84 +165,98 @@ class Heartbeat:
             if store is not None:
                 store.close()
 
+    def _next(self, now: float) -> tuple[float, list[Held], list[Held], list[Held]]:
+        """When to act next, and what is due now: renewals, timeouts, stuck handlers."""
+        wake = now + self.idle_wait
+        if self._chore is not None:
+            wake = min(wake, self._chore[0])
+        due, timeouts, stuck = [], [], []
+        for held in self._held.values():
+            if held.lost_at is not None:
+                if held.started is not None and not held.finished and self._on_stuck:
+                    at = held.lost_at + self.ttl
+                    if at <= now:
+                        stuck.append(held)
+                    wake = min(wake, at)
+                continue
+            if held.timed_out:
+                continue
+            if self.task_timeout is not None and held.started is not None and not held.finished:
+                at = held.started + self.task_timeout
+                if at <= now:
+                    timeouts.append(held)
+                    continue
+                wake = min(wake, at)
+            if held.due <= now or self._urgent:
+                due.append(held)
+            wake = min(wake, held.due)
+        return wake, due, timeouts, stuck
+
     def _step(self, store: Store) -> bool:
         with self._cond:
-            while not self._closed:
-                t = self._tracked
-                if t is not None and t.lost and self._on_stuck is not None:
-                    # The handler was told (LeaseLost) but has not returned: give it one ttl
-                    # to finish what is in flight, then the process goes (its work is void).
-                    wait = t.lost_at + self.ttl - time.monotonic()
-                    if wait <= 0:
-                        on_stuck, self._on_stuck = self._on_stuck, None
-                        self._renewing = True  # untrack() must wait: the process is going
-                        self._cond.release()
-                        try:
-                            on_stuck(t.lease)
-                        finally:
-                            self._cond.acquire()
-                        continue
-                    # track()/untrack() send no wake-up (they are on every task's path), so
-                    # no wait here outlasts idle_wait: the next lease is looked at soon
-                    self._cond.wait(min(wait, self.idle_wait))
-                elif t is not None and not t.lost and not t.timed_out:
-                    wait = t.next_due - time.monotonic()
-                    if self.task_timeout is not None:
-                        wait = min(wait, t.started + self.task_timeout - time.monotonic())
-                    if wait <= 0:
-                        break
-                    self._cond.wait(min(wait, self.idle_wait))
-                else:
-                    self._cond.wait(self.idle_wait)
-            if self._closed:
-                return False
-            assert t is not None
-            now = time.monotonic()
-            if self.task_timeout is not None and now >= t.started + self.task_timeout:
-                t.timed_out = True  # stop renewing: the lease will lapse
-                timed_out = True
-                # on_timeout ends the process: untrack() must not return meanwhile, or the
-                # main thread would commit, claim the next task and be killed inside it
-                self._renewing = True
-            else:
-                timed_out = False
-                self._renewing = True
-        if timed_out:
-            try:
-                self._on_timeout(t.lease)  # in the worker it ends the process
-            finally:
-                with self._cond:
-                    self._renewing = False
-                    self._cond.notify_all()
-            return True
+            while True:
+                if self._closed:
+                    return False
+                now = time.monotonic()
+                wake, due, timeouts, stuck = self._next(now)
+                chore = self._chore if self._chore is not None and self._chore[0] <= now else None
+                if due or timeouts or stuck or chore:
+                    break
+                self._urgent = False  # nothing to renew now
+                self._cond.wait(max(0.0, min(wake - now, self.idle_wait)))
+            self._urgent = False
+            for held in timeouts:
+                held.timed_out = True  # stop renewing: the lease will lapse or be released
+            if stuck and self._on_stuck is not None:
+                for held in stuck:
+                    held.finished = True  # fire once
+            if chore is not None:
+                self._chore = None
+            self._busy = True  # untrack() waits: no renewal races a commit
         try:
-            self._renew(store, t)
+            if chore is not None:
+                chore[1](store)
+            for held in timeouts:
+                self._on_timeout(held.lease, store)
+            for held in stuck:
+                assert self._on_stuck is not None
+                self._on_stuck(held.lease)
+            if due:
+                self._renew(store, due)
         finally:
             with self._cond:
-                self._renewing = False
+                self._busy = False
                 self._cond.notify_all()
         return True
 
-    def _renew(self, store: Store, t: _Tracked) -> None:
-        # Past the local deadline (a pause, say) we still ask the database: it decides (R5), and
-        # a refusal is recorded there as evidence that a zombie tried and was turned away.
+    def _renew(self, store: Store, due: list[Held]) -> None:
+        # Renew every live lease still held, not only the due ones: one statement per tick.
+        # Past a local deadline we still ask the database: it decides (R5), and a refusal is
+        # recorded there as evidence that a zombie tried and was turned away.
+        with self._cond:
+            batch = [h for h in self._held.values() if h.lost_at is None and not h.timed_out]
         started = time.monotonic()
         try:
-            expires = store.renew_until(t.lease, self.ttl)
+            expiries = store.renew_many([h.lease for h in batch], self.ttl)
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
             log.warning("lease renewal failed, retrying: %s", exc)
-            t.next_due = time.monotonic() + min(RETRY_INTERVAL, self.interval)
-            if time.monotonic() >= t.deadline:
-                self._lose(t, "the local lease deadline passed while the database was busy")
-            return
-        if expires is None:
-            self._lose(t, "the store refused the renewal")
+            now = time.monotonic()
+            for held in batch:
+                held.due = now + min(RETRY_INTERVAL, self.interval)
+                if now >= held.deadline:
+                    self._lose(held, "the local lease deadline passed while the database was busy")
             return
         self.renewals += 1
-        t.deadline = started + self.ttl
-        t.next_due = started + self.interval
+        for held, expiry in zip(batch, expiries, strict=True):
+            if expiry is None:
+                self._lose(held, "the store refused the renewal")
+            else:
+                held.deadline = started + self.ttl
+                held.due = started + self.interval
 
-    def _lose(self, t: _Tracked, why: str) -> None:
-        t.lost = True
-        t.lost_at = time.monotonic()
-        self._on_lost(t.lease, why)
+    def _lose(self, held: Held, why: str) -> None:
+        with self._cond:
+            if held.lost_at is not None:
+                return
+            held.lost_at = time.monotonic()
+        self._on_lost(held.lease, why)

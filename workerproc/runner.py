@@ -18,17 +18,15 @@ from . import exitcodes
 from .app import App
 from .config import WorkerConfig
 from .identity import make_owner
+from .signals import Waker
 from .status import StatusSlot
 from .store import Store, StoreCorrupt, StoreError, open_store
-from .waker import Waker
-from .worker import INTERRUPT, Worker
+from .worker import Worker
 
 __all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_worker"]
 
 log = logging.getLogger("workerproc")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
-PARENT_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD, signal.SIGUSR2)
 PR_SET_PDEATHSIG = 1
 
 
@@ -65,19 +63,6 @@ def exit_with_parent(parent_pid: int) -> bool:
         except (OSError, AttributeError):
             pass  # the getppid() check in the loop remains
     return os.getppid() == parent_pid
-
-
-def install_signals(worker: Worker, waker: Waker) -> None:
-    """The worker's own handlers, then unblock what the supervisor blocked across fork."""
-    signal.signal(signal.SIGTERM, worker.on_stop_signal)
-    signal.signal(signal.SIGINT, worker.on_stop_signal)
-    signal.signal(signal.SIGQUIT, worker.on_quit_signal)
-    signal.signal(INTERRUPT, worker.on_interrupt_signal)
-    for sig in (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGUSR2):
-        signal.signal(sig, signal.SIG_IGN)  # the supervisor's business, not ours
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    signal.set_wakeup_fd(waker.wfd, warn_on_full_buffer=False)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {*STOP_SIGNALS, *PARENT_SIGNALS, INTERRUPT})
 
 
 def run_worker(
@@ -123,7 +108,7 @@ def run_worker(
         slot=slot,
         parent_pid=parent_pid,
     )
-    install_signals(worker, waker)
+    worker.signals.install(waker)
     log.info("worker %s started (owner %s)", os.getpid(), owner)
     try:
         return worker.run()

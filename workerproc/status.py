@@ -17,7 +17,7 @@ from typing import NamedTuple
 IDLE, CLAIMING, HANDLER, COMMITTING, STOPPING = range(5)
 PHASE_NAMES = ("idle", "claiming", "handler", "committing", "stopping")
 
-_SLOT = struct.Struct("<QqiiqqQ")  # seq, pid, phase, pad, task_id, attempt, since (ns)
+_SLOT = struct.Struct("<QqiiqqQ")  # seq, pid, phase, busy slots, task_id, attempt, since (ns)
 
 # What each worker counts, for the supervisor's metrics: no database write per task.
 DURATION_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -52,9 +52,10 @@ class Counters:
 class SlotState(NamedTuple):
     pid: int
     phase: int
-    task_id: int
+    task_id: int  # one task the worker runs (0: none)
     attempt: int
     since: float
+    busy: int = 0  # handlers running now (its busy slots)
 
     @property
     def phase_name(self) -> str:
@@ -69,23 +70,27 @@ class StatusSlot:
         self._seq = 0
         self._counters_seq = 0
 
-    def publish(self, pid: int, phase: int, task_id: int = 0, attempt: int = 0) -> None:
+    def publish(
+        self, pid: int, phase: int, task_id: int = 0, attempt: int = 0, busy: int = 0
+    ) -> None:
         self._seq += 1  # odd: writing
         struct.pack_into("<Q", self._buf, self._offset, self._seq)
         _SLOT.pack_into(
-            self._buf, self._offset, self._seq, pid, phase, 0, task_id, attempt, time.time_ns()
+            self._buf, self._offset, self._seq, pid, phase, busy, task_id, attempt, time.time_ns()
         )
         self._seq += 1
         struct.pack_into("<Q", self._buf, self._offset, self._seq)
 
     def read(self) -> SlotState | None:
         for _ in range(100):
-            seq, pid, phase, _pad, task_id, attempt, since = _SLOT.unpack_from(
+            seq, pid, phase, busy, task_id, attempt, since = _SLOT.unpack_from(
                 self._buf, self._offset
             )
             (again,) = struct.unpack_from("<Q", self._buf, self._offset)
             if seq % 2 == 0 and seq == again:
-                return None if pid == 0 else SlotState(pid, phase, task_id, attempt, since / 1e9)
+                return (
+                    None if pid == 0 else SlotState(pid, phase, task_id, attempt, since / 1e9, busy)
+                )
         return None
 
     def clear(self) -> None:

@@ -1,59 +1,45 @@
-"""The claim loop (R7): claim, renew at start (R4), run the handler, commit fenced (R5), and claim
-again in the same transaction (drain). Idle workers sleep on a self-pipe and poll a cheap change
-token, never the write lock."""
+"""The conductor (R7): one loop per worker process that keeps its slots busy.
+
+Each turn it collects the handlers that finished, starts waiting leases on free slots, and, in
+ONE store transaction, writes every finished slot's last word (each fenced on its own) and
+claims for the free slots. Under low load a free slot claims at once; under high load batches
+form by themselves while the previous transaction runs. Short handlers earn a prefetch: up to
+K leases beyond the free slots, handed back unstarted (no attempt spent) as soon as the slots
+turn out slow. Idle, it sleeps on a self-pipe and polls a cheap change token, never the write
+lock. One heartbeat thread renews every lease the worker holds.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
 import signal
 import threading
 import time
-import traceback
+from collections import deque
 from collections.abc import Callable
 
 from . import exitcodes
-from .app import App, Handler, LeaseLost, TaskContext
+from .app import App, LeaseLost
 from .config import WorkerConfig
+from .exchange import Exchanger, refused
 from .heartbeat import Heartbeat
+from .signals import INTERRUPT, Signals, Waker
+from .slots import AsyncSlots, Execution, Mode, Stopped, ThreadSlots, conclude, mode_for
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
-from .store import (
-    CasResult,
-    ClaimRequest,
-    Commit,
-    InvalidPayload,
-    Lease,
-    Store,
-    StoreCorrupt,
-    StoreError,
-    StoreReadOnly,
-)
-from .store.codec import dumps
-from .waker import Waker
+from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreCorrupt, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-# R4: a claim younger than this needs no start renewal. The claim itself granted a full ttl a
-# moment ago; renewing again would only cost a write transaction per task and confirm nothing
-# new. Older leases (the worker waited between claim and start) are renewed before the handler.
-FRESH_CLAIM = 0.05
+FRESH_CLAIM = 0.05  # R4: a lease claimed this recently starts without a start renewal
 CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
-INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the handler
-# A process that opened the database while it could not be written keeps a read-only view of
-# it (SQLite's shared-memory index is per process) until all its connections close, the
-# heartbeat's too: past this long the worker exits (STORE_ERROR) and a new process reopens it.
-# At least the supervisor's crash window, so replacements never escalate its backoff.
-READONLY_EXIT = 5.0
-
-
-class _Abort(BaseException):
-    """QUIT arrived while a handler ran: abandon it (the lease is released, nothing written)."""
-
-
-def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    tb = "".join(traceback.format_exception(exc, limit=-5))
-    return f"{type(exc).__name__}: {exc}\n{tb}"[:limit]
+FAST = 0.005  # a handler this quick makes prefetching worthwhile
+ADAPTIVE_PREFETCH = 8  # the adaptive prefetch, while the recent handlers were all fast
+RECENT = 16  # handler durations the adaptive prefetch looks at
+SLOW_BEHIND = 0.02  # a prefetched lease waits at most this long behind slow slots
+BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
 
 
 class Worker:
@@ -72,22 +58,29 @@ class Worker:
         config.validate()
         self.store, self.app, self.config, self.owner = store, app, config, owner
         self.waker = waker or Waker()
+        self.signals = Signals()
         self.slot = slot
         self.parent_pid = parent_pid
         self.pid = os.getpid()
+        self.capacity = config.concurrency
         self.tasks_done = 0
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
-        self.stop_signal: int | None = None  # TERM/INT: finish the current task, then stop
-        self.quit = False  # QUIT: abandon the current task now
-        self._exit_code: int | None = None  # set by the heartbeat side for the main loop
-        self._lost = threading.Event()
-        self._running: Lease | None = None  # the lease whose handler runs now
-        self._in_handler = False
-        self._interrupt: type[BaseException] | None = None
-        self._lease_start = 0.0
-        self._readonly_since: float | None = None  # claims failing on a read-only database
-        self._max_tasks = config.max_tasks
-        self._open_store = open_store  # for the heartbeat thread (and its timeout release)
+        self._lock = threading.Lock()  # running, prefetched and completed, across threads
+        self.running: dict[int, Execution] = {}  # task id -> a handler running now
+        self.prefetched: deque[Lease] = deque()  # claimed, waiting for a slot
+        self._completed: deque[Execution] = deque()  # ended, not collected yet
+        self.finished: list[Commit] = []  # last words to write in the next exchange
+        self._claimed: dict[int, float] = {}  # task id -> monotonic start of its claim
+        self._recent: deque[float] = deque(maxlen=RECENT)
+        self._exit_code: int | None = None  # set by the heartbeat side: exit now
+        self._drain_code: int | None = None  # stop claiming, finish the slots, exit this
+        self._drain_until: float | None = None  # ... or give up on them then
+        self._maybe_ready = True  # the last claim got all it asked for (or something changed)
+        self._exchanger = Exchanger(store, config.lease_ttl)
+        self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
+                                     config.queues)  # fmt: skip
+        self._threads = ThreadSlots(self.capacity, config, self._ended)
+        self._aio = AsyncSlots(config, self._ended)
         self.heartbeat = Heartbeat(
             open_store,
             ttl=config.lease_ttl,
@@ -98,116 +91,32 @@ class Worker:
             on_stuck=self._on_stuck,
             task_timeout=config.task_timeout,
         )
-        self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts)
-
-    # -- signals (handlers only record; the C-level wakeup fd wakes the loop) -------------------
-    def on_stop_signal(self, signum: int, _frame: object = None) -> None:
-        self.stop_signal = signum
-
-    def on_quit_signal(self, _signum: int, _frame: object = None) -> None:
-        self.quit = True
-        if self._in_handler:
-            raise _Abort()
-
-    def on_interrupt_signal(self, _signum: int, _frame: object = None) -> None:
-        # Raise only inside the handler, never in the worker's own bookkeeping.
-        if self._in_handler and self._interrupt is not None:
-            exc, self._interrupt = self._interrupt, None
-            raise exc()
-
-    def _absorb(self, signals: set[int]) -> None:
-        """Signals seen on the wakeup fd: a belt to the Python handlers' braces, since a handler
-        that raises (the interrupt) can delay another signal's Python-level handler."""
-        if signal.SIGTERM in signals or signal.SIGINT in signals:
-            self.stop_signal = self.stop_signal or signal.SIGTERM
-        if signal.SIGQUIT in signals:
-            self.quit = True
-
-    # -- heartbeat callbacks (heartbeat thread) -------------------------------------------------
-    def _on_lost(self, lease: Lease, why: str) -> None:
-        log.warning("task %s attempt %s: lease lost (%s)", lease.task_id, lease.attempt, why)
-        if lease is not self._running:
-            return  # a late word about a task already behind us: never interrupt the next
-        self._lost.set()
-        self._interrupt_main(LeaseLost)
-
-    def _on_timeout(self, lease: Lease) -> None:
-        log.error(
-            "task %s attempt %s outlived task_timeout (%gs): releasing it and exiting",
-            lease.task_id, lease.attempt, self.config.task_timeout,
-        )  # fmt: skip
-        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
-        try:  # fenced: a no-op if the main thread committed first
-            store = self._open_store()  # this thread's own connection, never the main one
-            try:
-                store.release(lease, self._backoff(lease.tries), error=error)
-            finally:
-                store.close()
-        except StoreError as exc:
-            log.error("could not record the timeout: %s", exc)
-        finally:
-            # A hung Python call cannot be cancelled safely: the process goes, its parent
-            # replaces it. Nothing half-written survives: every write is one transaction.
-            os._exit(exitcodes.TASK_TIMEOUT)
-
-    def _on_stuck(self, lease: Lease) -> None:
-        log.error(
-            "task %s attempt %s: the handler ignored LeaseLost for a whole ttl; exiting",
-            lease.task_id, lease.attempt,
-        )  # fmt: skip
-        os._exit(exitcodes.LEASE_STUCK)
-
-    def _on_heartbeat_death(self, exc: BaseException) -> None:
-        self._exit_code = exitcodes.HEARTBEAT_DIED
-        self._lost.set()
-        self._interrupt_main(LeaseLost)
-
-    def _interrupt_main(self, exc: type[BaseException]) -> None:
-        self._interrupt = exc
-        self.waker.wake()
-        main = threading.main_thread().ident
-        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
-        # would kill a process that embeds a Worker without it.
-        if (
-            main is not None
-            and threading.current_thread() is not threading.main_thread()
-            and signal.getsignal(INTERRUPT) == self.on_interrupt_signal
-        ):
-            signal.pthread_kill(main, INTERRUPT)
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> int:
         self.heartbeat.start()
-        lease: Lease | None = None
         try:
             while True:
-                self._absorb(self.waker.drain())
+                self.signals.absorb(self.waker.drain())
                 code = self._health()
                 if code is not None:
                     return code
-                if self.stop_signal is not None or self.quit:
+                if self.signals.quit:
+                    self._abandon()
                     return exitcodes.OK
-                if lease is None:
-                    lease = self._claim()
-                    if lease is None:
-                        self._idle()
-                        continue
-                current, lease = lease, None  # from here on its commit owns it, not `finally`
-                commit = self._execute(current)
-                self.tasks_done += 1
-                if self.quit:
-                    self._safe_commit(commit, None)
-                    return exitcodes.OK
-                recycle = self._max_tasks is not None and self.tasks_done >= self._max_tasks
-                want_next = self.stop_signal is None and not recycle and self._exit_code is None
-                lease = self._commit(current, commit, want_next)
-                if recycle:
-                    return exitcodes.RECYCLE
+                self._collect()
+                self._start_waiting()
+                handbacks = self._handbacks()
+                want = self._want()
+                if self.finished or handbacks or (want and self._maybe_ready):
+                    self._exchange(handbacks, want)
+                    continue
+                code = self._drained()
+                if code is not None:
+                    return code
+                self._wait(want)
         finally:
-            if lease is not None:  # claimed in a fused commit, never started: hand it back
-                self._safe_commit(Commit(lease, "release"), None)
-            self._publish(STOPPING)
-            self.heartbeat.close()
+            self._shutdown()
 
     def _health(self) -> int | None:
         if self._exit_code is not None:
@@ -219,59 +128,228 @@ class Worker:
             return exitcodes.PARENT_DIED
         return None
 
-    def _count(self, lease: Lease | None) -> None:
-        if lease is not None:
-            self.counters.claims += 1
-            self.counters.takeovers += lease.takeover
+    def _accepting(self) -> bool:
+        return self.signals.stop is None and self._drain_code is None
 
-    def _publish_counters(self) -> None:
-        if self.slot is not None:
-            self.slot.publish_counters(self.pid, self.counters)
+    def _prefetch(self) -> int:
+        if self.config.prefetch is not None:
+            return self.config.prefetch
+        fast = len(self._recent) == RECENT and max(self._recent) <= FAST
+        return ADAPTIVE_PREFETCH if fast else 0
 
-    def _publish(self, phase: int, lease: Lease | None = None) -> None:
-        if self.slot is not None:
-            self.slot.publish(self.pid, phase, lease.task_id if lease else 0,
-                              lease.attempt if lease else 0)  # fmt: skip
+    def _want(self) -> int:
+        """How many leases to claim now: the free slots, plus the prefetch."""
+        if not self._accepting():
+            return 0
+        return max(0, self.capacity + self._prefetch() - len(self.running) - len(self.prefetched))
 
-    def _claim(self) -> Lease | None:
-        self._publish(CLAIMING)
+    def _drained(self) -> int | None:
+        """Not accepting work and nothing left to do: the exit code."""
+        if self._accepting():
+            return None
+        code = exitcodes.OK if self._drain_code is None else self._drain_code
+        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+            log.error("slots still busy after --graceful-timeout: exiting without them")
+            return code
+        live = [ex for ex in self.running.values() if ex.stopped is not Stopped.ABANDONED]
+        return None if live or self.prefetched or self.finished else code
+
+    def drain(self, code: int, why: str) -> None:
+        """Stop claiming; exit with ``code`` once the running tasks finished (bounded)."""
+        if self._drain_code is None:
+            log.info("worker %s: %s; finishing its running tasks, then exiting", self.pid, why)
+            self._drain_code = code
+            self._drain_until = time.monotonic() + self.config.graceful_timeout
+        self.waker.wake()
+
+    # -- slots ------------------------------------------------------------------------------------
+    def _ended(self, ex: Execution) -> None:
+        """A handler ended (any thread): the conductor collects it on its next turn."""
+        with self._lock:
+            self._completed.append(ex)
+        self.waker.wake()
+
+    def _collect(self) -> None:
+        with self._lock:
+            ended = list(self._completed)
+            self._completed.clear()
+            for ex in ended:
+                self.running.pop(ex.lease.task_id, None)
+        for ex in ended:
+            self.heartbeat.finished(ex.lease)
+            self.counters.task_done(ex.seconds)
+            self._recent.append(ex.seconds)
+            self.tasks_done += 1
+            if ex.stopped is Stopped.ABANDONED:
+                continue  # timed out on a thread: its lease was released already
+            if ex.commit is not None:
+                self.finished.append(ex.commit)
+            else:
+                self.heartbeat.untrack([ex.lease])
+                self._claimed.pop(ex.lease.task_id, None)
+        limit = self.config.max_tasks
+        if limit is not None and self.tasks_done >= limit:
+            self.drain(exitcodes.RECYCLE, f"recycling after {self.tasks_done} tasks")
+
+    def _start_waiting(self) -> None:
+        while len(self.running) < self.capacity and self._accepting():
+            with self._lock:
+                if not self.prefetched:
+                    return
+                lease = self.prefetched.popleft()
+            self._start(lease)
+
+    def _start(self, lease: Lease) -> None:
+        handler = self.app.handlers.get(lease.task)
+        if handler is None:
+            error = f"UnknownTask: no handler named {lease.task!r} in this app"
+            self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
+            return
+        claimed = self._claimed.get(lease.task_id, 0.0)
+        if time.monotonic() - claimed > FRESH_CLAIM and not self._start_renewal(lease):
+            return
+        ex = Execution(lease, handler, mode_for(handler, self.capacity))
+        with self._lock:
+            self.running[lease.task_id] = ex
+        self.heartbeat.started(lease)
+        self._publish()
+        if ex.mode is Mode.INLINE:
+            self._run_inline(ex)
+        elif ex.mode is Mode.THREAD:
+            self._threads.submit(ex)
+        else:
+            self._aio.submit(ex)
+
+    def _start_renewal(self, lease: Lease) -> bool:
+        """R4: a lease that waited since its claim is renewed before its handler starts."""
         started = time.monotonic()
         try:
-            lease = self.store.claim(
-                self.owner, self.config.lease_ttl, max_attempts=self.config.max_attempts
-            )
+            (expires,) = self.store.renew_many([lease], self.config.lease_ttl)
         except StoreCorrupt:
             raise
-        except StoreReadOnly as exc:
-            since = self._readonly_since = self._readonly_since or started
-            if started - since >= READONLY_EXIT:
-                log.error("the database stayed read-only for %.0fs: exiting so that a new "
-                          "process reopens it", started - since)  # fmt: skip
-                raise
-            log.warning("claim failed, will retry: %s", exc)
-            lease = None
-        except StoreError as exc:
-            log.warning("claim failed, will retry: %s", exc)
-            lease = None
-        else:
-            self._readonly_since = None
-        self._lease_start = started
-        self._publish(IDLE)
-        self._count(lease)
-        return lease
+        except StoreError as exc:  # busy: the heartbeat keeps trying; the commit decides
+            log.warning("start renewal failed: %s", exc)
+            return True
+        if expires is None:  # lost while it waited: someone else has it now
+            self.heartbeat.untrack([lease])
+            return False
+        self._claimed[lease.task_id] = started
+        return True
 
-    def _idle(self) -> None:
-        """Sleep until work may be claimable: a change by another connection, the next delayed
-        task or expiring lease, or the poll interval (R7) — whichever comes first.
+    def _run_inline(self, ex: Execution) -> None:
+        """One slot, a plain handler: on the main thread, interruptible by LeaseLost and QUIT.
+        The leases prefetched behind it go back if it turns out slow (the heartbeat thread
+        does it: this thread is busy)."""
+        if self.prefetched:
+            self.heartbeat.after(time.monotonic() + SLOW_BEHIND, self._hand_back_behind)
+        value: object = None
+        raised: BaseException | None = None
+        self.signals.interrupt = None
+        try:
+            self.signals.in_handler = True
+            value = ex.handler(ex.ctx)
+        except BaseException as exc:  # a handler's error, whatever its kind
+            self.signals.in_handler = False
+            raised = exc
+        finally:
+            self.signals.in_handler = False
+        self.heartbeat.cancel_chore()
+        ex.seconds = time.monotonic() - ex.started
+        ex.commit = conclude(ex, value, raised, self.config)
+        self._ended(ex)
+        self._collect()
 
-        A claim just answered "nothing", so a due time already past (a claim that failed, or a
-        race with another worker) never cuts the wait short: that would spin on the write lock.
-        """
-        interval = self.config.poll_interval * random.uniform(0.9, 1.1)  # jitter: no herd
-        deadline = time.monotonic() + interval
+    def _hand_back_behind(self, store: Store) -> None:
+        """Heartbeat thread: the inline handler turned out slow; give back what waits."""
+        with self._lock:
+            leases, self.prefetched = list(self.prefetched), deque()
+        if not leases:
+            return
+        self.heartbeat.forget(leases)
+        try:
+            store.commit_many([Commit(lease, "handback") for lease in leases])
+        except StoreError as exc:  # they lapse after the ttl: no harm but a delay
+            log.warning("could not hand back %d prefetched tasks: %s", len(leases), exc)
+
+    def _handbacks(self) -> list[Commit]:
+        """Prefetched leases go back unstarted when the worker stops taking work, or when the
+        slots they wait behind all turned out slow."""
+        if not self.prefetched:
+            return []
+        if self._accepting() and len(self.running) < self.capacity:
+            return []
+        if self._accepting():
+            youngest = max(ex.started for ex in self.running.values())
+            if time.monotonic() - youngest < SLOW_BEHIND:
+                return []
+        with self._lock:
+            leases, self.prefetched = list(self.prefetched), deque()
+        return [Commit(lease, "handback") for lease in leases]
+
+    # -- the store conversation -------------------------------------------------------------------
+    def _exchange(self, handbacks: list[Commit], want: int) -> None:
+        commits, self.finished = [*self.finished, *handbacks], []
+        self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
+        for c in commits:
+            self._claimed.pop(c.lease.task_id, None)
+        claim = dataclasses.replace(self._request, limit=want) if want else None
+        self._publish(COMMITTING if commits else CLAIMING)
+        started = time.monotonic()
+        out = self._exchanger.exchange(commits, claim)
+        for commit, result in zip(commits, out.results, strict=False):
+            refused(commit, result)
+            if result is CasResult.CONFLICT and commit.kind in ("finish", "advance", "fail"):
+                settled = self._exchanger.settle(commit)
+                if settled is not None:
+                    self.finished.append(settled)
+                    self.heartbeat.track(commit.lease, started)
+        for lease in out.leases:
+            self.heartbeat.track(lease, started)
+            self._claimed[lease.task_id] = started
+            self.counters.claims += 1
+            self.counters.takeovers += lease.takeover
+        with self._lock:
+            self.prefetched.extend(out.leases)
+        if want:
+            self._maybe_ready = len(out.leases) >= want
+        self._publish()
+        self._publish_counters()
+
+    def _abandon(self) -> None:
+        """QUIT: give every lease back at once; handlers on threads die with the process."""
+        with self._lock:
+            running, waiting = list(self.running.values()), list(self.prefetched)
+            self.running.clear()
+            self.prefetched.clear()
+        for ex in running:
+            if ex.mode is Mode.ASYNC:
+                self._aio.cancel(ex, Stopped.QUIT)
+        error = "WorkerStopped: QUIT while the task ran"
+        commits = [*self.finished, *(Commit(ex.lease, "release", error=error) for ex in running)]
+        commits += [Commit(lease, "handback") for lease in waiting]
+        self.finished = []
+        if commits:
+            self.heartbeat.untrack([c.lease for c in commits])
+            self._exchanger.exchange(commits, None)
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def _wait(self, want: int) -> None:
+        """Sleep until a handler ends, a signal comes, or work may be claimable: a change by
+        another connection, the next delayed task or expiring lease, or the poll interval
+        (R7). A claim just answered "nothing", so a due time already past never cuts the
+        wait short: that would spin on the write lock."""
+        now = time.monotonic()
+        deadline = now + (BUSY_WAIT if self.running else self.config.poll_interval)
+        if self.prefetched and len(self.running) >= self.capacity:  # a hand-back may be due
+            deadline = min(deadline, max(e.started for e in self.running.values()) + SLOW_BEHIND)
+        if not want:
+            self.signals.absorb(self.waker.wait(max(0.0, deadline - now)))
+            return
+        if not self.running:
+            deadline = now + self.config.poll_interval * random.uniform(0.9, 1.1)  # no herd
         try:
             token = self.store.change_token()
-            due = self.store.next_ready_at()
+            due = self.store.next_ready_at(self.config.queues)
             if due is not None and (wait := due - self.store.now()) > 0:
                 deadline = min(deadline, time.monotonic() + wait)
         except StoreCorrupt:
@@ -279,139 +357,131 @@ class Worker:
         except StoreError as exc:
             log.warning("idle check failed: %s", exc)
             token = -1
-        while self.stop_signal is None and not self.quit and self._exit_code is None:
+        while not self.signals.asked and self._exit_code is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
+                break
+            woke = self.waker.wait(min(CHANGE_CHECK, remaining))
+            self.signals.absorb(woke)
+            if self._completed or woke:
                 return
-            self._absorb(self.waker.wait(min(CHANGE_CHECK, remaining)))
             try:
                 current = self.store.change_token()
                 if current != token:
                     token = current
-                    due = self.store.next_ready_at()
+                    due = self.store.next_ready_at(self.config.queues)
                     if due is not None and due <= self.store.now():
-                        return
+                        break
             except StoreCorrupt:
                 raise  # never waited out: the worker exits STORE_CORRUPT
             except StoreError:
                 continue  # the database is busy or gone: wait out the interval, then claim
+        self._maybe_ready = True
 
-    def _execute(self, lease: Lease) -> Commit | None:
-        """Run one task; return what to write under its lease, or None to discard."""
-        handler = self.app.handlers.get(lease.task)
-        if handler is None:
-            error = f"UnknownTask: no handler named {lease.task!r} in this app"
-            return Commit(lease, "fail", reason="unknown_task", error=error)
-        self._lost.clear()
-        if time.monotonic() - self._lease_start > FRESH_CLAIM:  # R4: the start renewal
-            started = time.monotonic()
-            try:
-                if self.store.renew_until(lease, self.config.lease_ttl) is None:
-                    return None  # lost while it waited: someone else has it now
-                self._lease_start = started
-            except StoreError as exc:  # busy: the heartbeat keeps trying; the commit decides
-                log.warning("start renewal failed: %s", exc)
-        ctx = TaskContext(lease, self._lost)
-        self.heartbeat.track(lease, self._lease_start)
-        self._publish(HANDLER, lease)
-        started = time.monotonic()
-        self._running = lease
-        try:
-            value = self._call(handler, ctx)
-        except LeaseLost:
-            return None
-        except _Abort:
-            return Commit(lease, "release", error="WorkerStopped: QUIT while the task ran")
-        except (Exception, SystemExit) as exc:
-            return self._failure(lease, exc)
-        finally:
-            self.heartbeat.untrack()
-            self._running = None
-            self.counters.task_done(time.monotonic() - started)
-            self._publish(COMMITTING, lease)
-        if ctx.commit is not None:
-            return ctx.commit
-        try:
-            dumps(value, "the handler's return value")
-        except InvalidPayload as exc:
-            return self._failure(lease, exc)
-        return Commit(lease, "finish", expected_revision=lease.revision, new_state=lease.state,
-                      result=value)  # fmt: skip
+    # -- heartbeat callbacks (heartbeat thread) ---------------------------------------------------
+    def _find(self, lease: Lease) -> Execution | None:
+        with self._lock:
+            ex = self.running.get(lease.task_id)
+            waiting = ex is None and lease in self.prefetched
+            if waiting:
+                self.prefetched.remove(lease)  # lost while it waited: never start it
+        if waiting:
+            self.heartbeat.forget([lease])
+        return ex if ex is not None and ex.lease.attempt == lease.attempt else None
 
-    def _call(self, handler: Handler, ctx: TaskContext) -> object:
-        self._interrupt = None
-        self._in_handler = True
-        try:
-            return handler(ctx)
-        finally:
-            self._in_handler = False
+    def _on_lost(self, lease: Lease, why: str) -> None:
+        log.warning("task %s attempt %s: lease lost (%s)", lease.task_id, lease.attempt, why)
+        ex = self._find(lease)
+        if ex is None:
+            return  # a late word about a task already behind us: never interrupt the next
+        ex.lost.set()  # a thread's next ctx call raises LeaseLost
+        if ex.mode is Mode.ASYNC:
+            self._aio.cancel(ex, Stopped.LOST)
+        elif ex.mode is Mode.INLINE:
+            self._interrupt_main(LeaseLost)
 
-    def _backoff(self, tries: int) -> float:
-        base: float = self.config.retry_backoff * 2.0 ** max(0, tries - 1)
-        return min(self.config.retry_backoff_max, base) * random.uniform(0.75, 1.25)
-
-    def _failure(self, lease: Lease, exc: BaseException) -> Commit:
-        error = describe_error(exc)
-        log.warning("task %s (%s) attempt %s failed: %s: %s",
-                    lease.task_id, lease.task, lease.attempt, type(exc).__name__, exc)  # fmt: skip
-        if lease.tries >= self.config.max_attempts:
-            return Commit(lease, "fail", reason="task_attempts_exhausted", error=error)
-        return Commit(lease, "release", delay=self._backoff(lease.tries), error=error)
-
-    def _commit(self, lease: Lease, commit: Commit | None, want_next: bool) -> Lease | None:
-        request = self._claim_request if want_next else None
-        started = time.monotonic()
-        outcome = self._safe_commit(commit, request)
-        self._lease_start = started
-        if outcome is None or outcome[1] is None:
-            self._publish(IDLE)
-        if outcome is None:
-            self._publish_counters()
-            return None
-        result, next_lease = outcome
-        self._count(next_lease)
-        self._publish_counters()
-        if result is CasResult.LEASE_LOST:
-            log.warning("task %s attempt %s: commit refused, lease lost; result discarded",
-                        lease.task_id, lease.attempt)  # fmt: skip
-        elif result is CasResult.CONFLICT and commit is not None:
-            self._resolve_conflict(commit)
-        return next_lease
-
-    def _safe_commit(
-        self, commit: Commit | None, request: ClaimRequest | None
-    ) -> tuple[CasResult, Lease | None] | None:
-        """Write ``commit`` (and claim next), retrying while the database is busy. A commit that
-        never lands is safe: the lease lapses and another worker takes the task over."""
-        deadline = time.monotonic() + self.config.lease_ttl
-        while True:
-            try:
-                if commit is None:
-                    if request is None:
-                        return None
-                    nxt = self.store.claim(request.owner, request.ttl,
-                                           max_attempts=request.max_attempts)  # fmt: skip
-                    return CasResult.OK, nxt
-                out = self.store.commit(commit, claim=request)
-                return out.result, out.next_lease
-            except StoreCorrupt:
-                raise
-            except StoreError as exc:
-                if time.monotonic() >= deadline:
-                    log.error("giving up on a commit: %s", exc)
-                    return None
-                log.warning("commit failed, retrying: %s", exc)
-                time.sleep(0.1)
-
-    def _resolve_conflict(self, commit: Commit) -> None:
-        """Someone else moved the run (an operator cancelled it, say): drop the task if the run
-        is over, else give it back for another attempt."""
-        try:
-            run = self.store.get_run(commit.lease.run_id)
-        except StoreError as exc:  # the lease lapses and the task is retried: no harm
-            log.warning("cannot read run %s to settle a conflict: %s", commit.lease.run_id, exc)
+    def _on_timeout(self, lease: Lease, store: Store) -> None:
+        ex = self._find(lease)
+        if ex is None:
             return
-        terminal = run is None or run.terminal
-        log.info("run %s moved under task %s: %s", commit.lease.run_id, commit.lease.task_id,
-                 "dropping it" if terminal else "releasing it")  # fmt: skip
-        self._safe_commit(Commit(commit.lease, "drop" if terminal else "release"), None)
+        log.error("task %s attempt %s outlived --task-timeout (%gs)",
+                  lease.task_id, lease.attempt, self.config.task_timeout)  # fmt: skip
+        if ex.mode is Mode.ASYNC:  # cancelled: it ends, and is released, like any other
+            self._aio.cancel(ex, Stopped.TIMEOUT)
+            return
+        # A Python call cannot be stopped safely from outside: release the lease now (fenced:
+        # a no-op if its commit came first). Inline, the process goes and its parent replaces
+        # it; on a thread, the worker stops claiming and exits once its other slots finish.
+        ex.stopped = Stopped.ABANDONED
+        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
+        try:
+            store.release(lease, 0.0, error=error)
+        except StoreError as exc:
+            log.error("could not record the timeout: %s", exc)
+        if ex.mode is Mode.INLINE:
+            os._exit(exitcodes.TASK_TIMEOUT)
+        self.heartbeat.forget([lease])
+        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
+
+    def _on_stuck(self, lease: Lease) -> None:
+        log.error("task %s attempt %s: the handler ignored LeaseLost for a whole ttl; exiting",
+                  lease.task_id, lease.attempt)  # fmt: skip
+        os._exit(exitcodes.LEASE_STUCK)
+
+    def _on_heartbeat_death(self, exc: BaseException) -> None:
+        self._exit_code = exitcodes.HEARTBEAT_DIED
+        with self._lock:
+            running = list(self.running.values())
+        for ex in running:
+            ex.lost.set()
+            if ex.mode is Mode.ASYNC:
+                self._aio.cancel(ex, Stopped.LOST)
+            elif ex.mode is Mode.INLINE:
+                self._interrupt_main(LeaseLost)
+        self.waker.wake()
+
+    def _interrupt_main(self, exc: type[BaseException]) -> None:
+        self.signals.interrupt = exc
+        self.waker.wake()
+        main = threading.main_thread().ident
+        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
+        # would kill a process that embeds a Worker without it.
+        if (
+            main is not None
+            and threading.current_thread() is not threading.main_thread()
+            and signal.getsignal(INTERRUPT) == self.signals.on_interrupt
+        ):
+            signal.pthread_kill(main, INTERRUPT)
+
+    # -- status and the end -----------------------------------------------------------------------
+    def _publish(self, phase: int | None = None) -> None:
+        if self.slot is None:
+            return
+        with self._lock:
+            busy = len(self.running)
+            first = next(iter(self.running.values()), None)
+        if phase is None:
+            phase = HANDLER if busy else IDLE
+        lease = first.lease if first is not None else None
+        self.slot.publish(self.pid, phase, lease.task_id if lease else 0,
+                          lease.attempt if lease else 0, busy)  # fmt: skip
+
+    def _publish_counters(self) -> None:
+        if self.slot is not None:
+            self.slot.publish_counters(self.pid, self.counters)
+
+    def _shutdown(self) -> None:
+        """Whatever waits unstarted goes back (a claim fused into the last exchange, say)."""
+        with self._lock:
+            waiting = list(self.prefetched)
+            self.prefetched.clear()
+        if waiting and self._exit_code is None:
+            self.heartbeat.untrack(waiting)
+            try:
+                self._exchanger.exchange([Commit(lease, "handback") for lease in waiting], None)
+            except StoreError as exc:
+                log.warning("could not hand back %d tasks: %s", len(waiting), exc)
+        self._publish(STOPPING)
+        self._threads.close()
+        self._aio.close()
+        self.heartbeat.close()

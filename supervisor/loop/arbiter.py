@@ -163,7 +163,7 @@ class Arbiter:
         event(
             "stopping",
             f"graceful stop ({why}): {len(self.pool.workers)} workers finish their tasks, "
-            f"timeout {self.config.graceful_timeout:g}s",
+            f"timeout {self.config.worker.graceful_timeout:g}s",
             why=why,
         )
         self.events.emit("stopping", why=why, fast=False)

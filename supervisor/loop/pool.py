@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from workerproc import exitcodes as wexit
+from workerproc.backoff import backoff
 
 from ..config import Timing
 from .signals import name as signal_name
@@ -141,8 +142,8 @@ class Pool:
 
     def _crashed_early(self, now: float) -> float:
         self.crash_streak += 1
-        delay: float = self.timing.backoff_base * 2 ** (self.crash_streak - 1)
-        delay = min(self.timing.backoff_cap, delay)
+        # no jitter: one supervisor, nobody to herd with; the delays stay what the README says
+        delay = backoff(self.crash_streak, self.timing.backoff_base, self.timing.backoff_cap, 0.0)
         self.next_spawn_at = max(self.next_spawn_at, now + delay)
         return delay
 

@@ -151,7 +151,7 @@ def release(arb: Arbiter) -> dict[str, int]:
 
 
 def enforce_deadlines(arb: Arbiter) -> None:
-    grace = arb.config.graceful_timeout
+    grace = arb.config.worker.graceful_timeout
     for worker in arb.pool.overdue(grace):
         event(
             "worker_killed",
@@ -372,7 +372,7 @@ def finish(arb: Arbiter) -> None:
         started = arb.stop_started_at or arb.clock()
         limit = arb.config.timing.fast_stop_grace
         if arb.phase is Phase.STOPPING:
-            limit += arb.config.graceful_timeout
+            limit += arb.config.worker.graceful_timeout
         if len(killed) < len(arb.pool.workers) or arb.clock() - started < limit:
             arb.wake_at(started + limit)
             return

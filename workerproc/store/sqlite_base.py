@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import random
 import sqlite3
 import threading
 import time
@@ -22,6 +21,7 @@ from typing import Any, TypeVar
 
 import filelock
 
+from ..backoff import backoff
 from .base import Clock
 from .errors import (
     SchemaTooNew,
@@ -168,7 +168,7 @@ class SQLiteBase:
         newcomers to the lock and nobody starves."""
         started = time.monotonic()
         deadline = started + self.busy_timeout
-        sleep = _MIN_SLEEP
+        tries = 0
         while True:
             try:
                 return fn()
@@ -179,13 +179,15 @@ class SQLiteBase:
                     raise StoreUnavailable(
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
                     ) from None
+                tries += 1
                 if time.monotonic() - started >= _AGED:
-                    time.sleep(_AGED_SLEEP * (0.5 + random.random()))
+                    time.sleep(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:
-                    time.sleep(sleep * (0.5 + random.random()))
-                    sleep = min(sleep * 2, _MAX_SLEEP)
+                    time.sleep(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
             except sqlite3.Error as exc:
                 raise self._failed(exc) from None
+            except UnicodeDecodeError:  # SQLite quoted bytes of a damaged page in its message
+                raise StoreCorrupt(f"{self.path}: the database disk image is malformed") from None
 
     def _failed(self, exc: sqlite3.Error) -> StoreError:
         """Translate ``exc``. A connection that cannot write is dropped: when SQLite cannot open
@@ -212,6 +214,8 @@ class SQLiteBase:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise self._failed(exc) from None
+            if isinstance(exc, UnicodeDecodeError):  # a damaged page quoted in a message
+                raise StoreCorrupt(f"{self.path}: the database disk image is malformed") from None
             raise
         return result
 

@@ -1,0 +1,389 @@
+"""Slots per worker, in-process with a real SQLite store: plain handlers on threads, async ones on
+an event loop, one app mixing both; batched claims and commits; prefetch and hand-back; a lost
+lease, a timeout and QUIT per slot; errors of every kind recorded on the task."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from helpers import wait_for
+
+from workerproc import App, TaskContext, exitcodes
+from workerproc.app import LeaseLost
+from workerproc.config import WorkerConfig
+from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
+from workerproc.store.sqlite import SQLiteStore
+from workerproc.worker import SLOW_BEHIND, Worker
+
+
+class Spy(SQLiteStore):
+    """The real store, counting the conversations: every commit_many and what it asked."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.exchanges: list[tuple[int, int]] = []  # (commits written, leases asked for)
+
+    def commit_many(
+        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+    ) -> BatchOutcome:
+        self.exchanges.append((len(commits), claim.limit if claim else 0))
+        return super().commit_many(commits, claim=claim)
+
+
+class Drains(Worker):
+    """Stops (as TERM would) once nothing is pending in the database."""
+
+    def _wait(self, want: int) -> None:
+        if self.store.stats().pending_work == 0 and not self.running:
+            self.signals.stop = signal.SIGTERM
+            return
+        super()._wait(want)
+
+
+def config(db: str, **kw: Any) -> WorkerConfig:
+    kw.setdefault("poll_interval", 0.05)
+    kw.setdefault("lease_ttl", 30.0)
+    return WorkerConfig(db=db, app="tests:app", **kw)
+
+
+def worker(db: str, app: App, cls: type[Worker] = Drains, **kw: Any) -> tuple[Worker, Spy]:
+    store = Spy(db)
+    return cls(store, app, config(db, **kw), owner="host:1:1.00:w",
+               open_store=lambda: open_store(db)), store  # fmt: skip
+
+
+class Peak:
+    """How many handlers run at once, at most."""
+
+    def __init__(self) -> None:
+        self.now = self.max = 0
+        self.lock = threading.Lock()
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.max = max(self.max, self.now)
+
+    def __exit__(self, *exc: object) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+def statuses(db: str) -> dict[str, int]:
+    with open_store(db) as store:
+        return store.stats().runs
+
+
+# -- concurrency ---------------------------------------------------------------------------------
+def test_plain_handlers_run_on_threads_up_to_the_concurrency(db_path: str) -> None:
+    app, peak = App(), Peak()
+
+    @app.task
+    def nap(ctx: TaskContext) -> None:
+        with peak:
+            time.sleep(0.2)
+
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "nap"}] * 12)
+    w, spy = worker(db_path, app, concurrency=4)
+    started = time.monotonic()
+    assert w.run() == exitcodes.OK
+    assert peak.max == 4  # four at once, never more
+    assert time.monotonic() - started < 0.2 * 12 / 2  # far less than one at a time
+    assert statuses(db_path) == {"succeeded": 12}
+    assert max(limit for _, limit in spy.exchanges) >= 4  # one claim for several slots
+    assert max(n for n, _ in spy.exchanges) >= 2  # one commit for several slots
+
+
+def test_async_handlers_share_one_loop_and_mix_with_plain_ones(db_path: str) -> None:
+    app, peak = App(), Peak()
+    loop_threads: set[int] = set()
+
+    @app.task
+    async def fetch(ctx: TaskContext) -> str:
+        loop_threads.add(threading.get_ident())
+        with peak:
+            await asyncio.sleep(0.3)
+        ctx.finish({"fetched": ctx.payload}, result="ok")
+        return "ignored"
+
+    @app.task
+    def plain(ctx: TaskContext) -> int:
+        return 7
+
+    with open_store(db_path) as s:
+        ids = s.start_runs([{"task": "fetch", "payload": i} for i in range(20)])
+        s.start_runs([{"task": "plain"}] * 5)
+    w, _ = worker(db_path, app, concurrency=20)
+    started = time.monotonic()
+    assert w.run() == exitcodes.OK
+    assert peak.max == 20 and len(loop_threads) == 1
+    assert time.monotonic() - started < 20 * 0.3 / 4
+    with open_store(db_path) as s:
+        assert s.stats().runs == {"succeeded": 25}
+        run = s.get_run(ids[3])
+        assert run is not None and run.state == {"fetched": 3} and run.result == "ok"
+
+
+# -- errors of every kind are the task's ---------------------------------------------------------
+def test_handler_errors_of_any_kind_are_recorded_on_the_task(db_path: str) -> None:
+    app = App()
+
+    @app.task
+    def interrupted(ctx: TaskContext) -> None:
+        raise KeyboardInterrupt("not from a signal: from the handler")
+
+    @app.task
+    def exits(ctx: TaskContext) -> None:
+        raise SystemExit(3)
+
+    @app.task
+    async def broken(ctx: TaskContext) -> None:
+        raise ValueError("async bug")
+
+    for concurrency in (1, 4):
+        with open_store(db_path) as s:
+            runs = [s.start_run(name) for name in ("interrupted", "exits", "broken")]
+        w, _ = worker(db_path, app, concurrency=concurrency, max_attempts=1)
+        assert w.run() == exitcodes.OK
+        with open_store(db_path) as s:
+            for run_id, words in zip(runs, ("KeyboardInterrupt", "SystemExit", "ValueError"),
+                                     strict=True):  # fmt: skip
+                run = s.get_run(run_id)
+                assert run is not None and run.status == "failed"
+                assert run.failure_reason == "task_attempts_exhausted"
+                assert (run.last_error or "").startswith(words), run.last_error
+
+
+# -- prefetch and hand-back ------------------------------------------------------------------------
+def test_short_handlers_earn_a_prefetch_so_one_slot_batches(db_path: str) -> None:
+    app = App()
+    app.task("noop")(lambda ctx: None)
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "noop"}] * 300)
+    w, spy = worker(db_path, app)  # one slot, adaptive prefetch
+    assert w.run() == exitcodes.OK
+    assert statuses(db_path) == {"succeeded": 300}
+    assert len(spy.exchanges) < 300 / 3  # several tasks per transaction, not one
+    assert max(limit for _, limit in spy.exchanges) > 1
+
+
+def test_a_prefetched_task_behind_a_slow_handler_goes_back_at_once(db_path: str) -> None:
+    """One slot, prefetch 3: the first handler turns out slow, so the three tasks claimed behind
+    it go back unstarted (their attempt budget intact) for another worker to take."""
+    app = App()
+    other_took: list[int] = []
+
+    @app.task
+    def slow(ctx: TaskContext) -> None:
+        wait_for(lambda: len(other_took) == 3 or None, timeout=20, what="the others taken")
+
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "slow"}] + [{"task": "next", "payload": i} for i in range(3)])
+
+    def thief() -> None:
+        with open_store(db_path) as s:
+            while len(other_took) < 3:
+                lease = s.claim("host:2:2.00:thief", 30)
+                if lease is None:
+                    time.sleep(0.005)
+                    continue
+                assert lease.tries == 1  # the hand-back spent no attempt
+                other_took.append(lease.task_id)
+                assert s.ack(lease)
+
+    w, _ = worker(db_path, app, prefetch=3)
+    t = threading.Thread(target=thief)
+    t.start()
+    started = time.monotonic()
+    assert w.run() == exitcodes.OK
+    t.join(30)
+    assert len(other_took) == 3
+    assert time.monotonic() - started < 10
+    assert statuses(db_path) == {"succeeded": 4}
+    assert SLOW_BEHIND < 1  # "at once": within tens of milliseconds, measured by the thief
+
+
+def test_stopping_hands_back_what_waits_unstarted(db_path: str) -> None:
+    app = App()
+    w_holder: list[Worker] = []
+
+    @app.task
+    def first(ctx: TaskContext) -> None:
+        w_holder[0].signals.stop = signal.SIGTERM  # TERM while three wait behind it
+
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "first"}] + [{"task": "other"}] * 3)
+    w, _ = worker(db_path, app, cls=Worker, prefetch=3)
+    w_holder.append(w)
+    assert w.run() == exitcodes.OK
+    with open_store(db_path) as s:
+        stats = s.stats()
+        assert stats.runs.get("succeeded") == 1 and stats.ready == 3 and stats.leased == 0
+        lease = s.claim("host:2:2.00:next", 30)
+        assert lease is not None and lease.tries == 1 and lease.attempt == 2
+
+
+# -- lease loss, timeout, QUIT, per slot -----------------------------------------------------------
+def test_a_lost_lease_stops_only_its_slot(db_path: str) -> None:
+    """A thread learns at its next ctx call, an async handler is cancelled; the others go on."""
+    app = App()
+    seen: list[str] = []
+
+    @app.task
+    def looping(ctx: TaskContext) -> None:
+        try:
+            while True:
+                ctx.raise_if_lost()
+                time.sleep(0.01)
+        except LeaseLost:
+            seen.append("thread")
+            raise
+
+    @app.task
+    async def waiting(ctx: TaskContext) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            seen.append("async")
+            raise
+
+    @app.task
+    def fine(ctx: TaskContext) -> None:
+        wait_for(lambda: len(seen) == 2 or None, timeout=20, what="both lost")
+
+    with open_store(db_path) as s:
+        lost_ids = s.start_runs([{"task": "looping"}, {"task": "waiting"}])
+        ok_id = s.start_run("fine")
+    w, _ = worker(db_path, app, concurrency=3, lease_ttl=0.6, max_attempts=1)
+
+    def expire_two() -> None:  # their leases end behind the worker's back: renewals are refused
+        with open_store(db_path) as s:
+            wait_for(lambda: s.stats().leased == 3, timeout=20, what="three leases")
+        with sqlite3.connect(db_path) as conn:
+            marks = ",".join("?" * len(lost_ids))
+            conn.execute(f"UPDATE tasks SET lease_expires_at = 0 WHERE run_id IN ({marks})",
+                         lost_ids)  # fmt: skip
+        conn.close()
+
+    t = threading.Thread(target=expire_two)
+    t.start()
+    code = w.run()
+    t.join(30)
+    assert code == exitcodes.OK
+    assert sorted(seen) == ["async", "thread"]
+    with open_store(db_path) as s:
+        run = s.get_run(ok_id)
+        assert run is not None and run.status == "succeeded"
+        assert {s.get_run(r).status for r in lost_ids} == {"failed"}  # type: ignore[union-attr]
+
+
+def test_quit_gives_every_lease_back_at_once(db_path: str) -> None:
+    app = App()
+    holder: list[Worker] = []
+    started = threading.Event()
+
+    @app.task
+    def long(ctx: TaskContext) -> None:
+        started.set()
+        time.sleep(30)
+
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "long"}] * 3)
+
+    def quit_soon() -> None:
+        started.wait(20)
+        time.sleep(0.1)
+        holder[0].signals.quit = True
+        holder[0].waker.wake()
+
+    w, _ = worker(db_path, app, cls=Worker, concurrency=3)
+    holder.append(w)
+    t = threading.Thread(target=quit_soon)
+    t.start()
+    begun = time.monotonic()
+    assert w.run() == exitcodes.OK
+    t.join(30)
+    assert time.monotonic() - begun < 10  # not after the handlers' 30 s
+    with open_store(db_path) as s:
+        stats = s.stats()
+        assert stats.leased == 0 and stats.ready == 3
+        assert all(t.last_error and "WorkerStopped" in t.last_error
+                   for r in s.list_runs() for t in s.get_tasks(r.id))  # fmt: skip
+
+
+def test_async_timeout_cancels_and_releases_the_worker_goes_on(db_path: str) -> None:
+    app = App()
+
+    @app.task
+    async def hang(ctx: TaskContext) -> None:
+        await asyncio.sleep(60)
+
+    @app.task
+    async def quick(ctx: TaskContext) -> None:
+        await asyncio.sleep(0)
+
+    with open_store(db_path) as s:
+        hung = s.start_run("hang")
+        s.start_run("quick")
+    w, _ = worker(db_path, app, concurrency=2, task_timeout=0.3, max_attempts=1)
+    assert w.run() == exitcodes.OK
+    with open_store(db_path) as s:
+        run = s.get_run(hung)
+        assert run is not None and run.status == "failed"
+        assert "TaskTimeout" in (run.last_error or "")
+        assert s.stats().runs == {"failed": 1, "succeeded": 1}
+
+
+def test_thread_timeout_releases_at_once_and_exits_after_the_other_slots(db_path: str) -> None:
+    app = App()
+    other_done = threading.Event()
+
+    @app.task
+    def hang(ctx: TaskContext) -> None:
+        time.sleep(60)  # a thread cannot be stopped
+
+    @app.task
+    def other(ctx: TaskContext) -> None:
+        time.sleep(0.8)
+        other_done.set()
+
+    with open_store(db_path) as s:
+        hung = s.start_run("hang")
+        s.start_run("other")
+    w, _ = worker(db_path, app, cls=Worker, concurrency=2, task_timeout=0.3)
+    begun = time.monotonic()
+    assert w.run() == exitcodes.TASK_TIMEOUT
+    assert other_done.is_set()  # the other slot finished first
+    assert time.monotonic() - begun < 20
+    with open_store(db_path) as s:
+        (task,) = s.get_tasks(hung)
+        assert task.lease_owner is None and "TaskTimeout" in (task.last_error or "")
+        assert s.stats().runs.get("succeeded") == 1
+
+
+def test_the_worker_serves_only_its_queues(db_path: str) -> None:
+    app = App()
+    app.task("t")(lambda ctx: None)
+    with open_store(db_path) as s:
+        mine = s.start_runs([{"task": "t", "queue": "model"}] * 3)
+        theirs = s.start_runs([{"task": "t", "queue": "cheap"}] * 2)
+
+    class UntilMineDone(Worker):
+        def _wait(self, want: int) -> None:
+            with open_store(db_path) as s:
+                if all(s.get_run(r).status == "succeeded" for r in mine):  # type: ignore[union-attr]
+                    self.signals.stop = signal.SIGTERM
+                    return
+            super()._wait(want)
+
+    w, _ = worker(db_path, app, cls=UntilMineDone, queues=("model",))
+    assert w.run() == exitcodes.OK
+    with open_store(db_path) as s:
+        assert {s.get_run(r).status for r in theirs} == {"pending"}  # type: ignore[union-attr]

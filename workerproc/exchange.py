@@ -1,0 +1,93 @@
+"""The worker's one store conversation: write the last word of every finished slot and claim for
+the free ones, in one transaction; retried while the database is busy, bounded by the ttl."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .backoff import backoff
+from .store import (
+    BatchOutcome,
+    CasResult,
+    ClaimRequest,
+    Commit,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreReadOnly,
+)
+
+log = logging.getLogger("workerproc.worker")
+
+# A process that opened the database while it could not be written keeps a read-only view of
+# it (SQLite's shared-memory index is per process) until all its connections close, the
+# heartbeat's too: past this long the worker exits (STORE_ERROR) and a new process reopens it.
+# At least the supervisor's crash window, so replacements never escalate its backoff.
+READONLY_EXIT = 5.0
+RETRY_BASE, RETRY_CAP = 0.02, 0.5  # a busy commit is retried after 20 ms, doubling to 0.5 s
+
+
+@dataclass
+class Exchanger:
+    store: Store
+    ttl: float
+    readonly_since: float | None = None  # exchanges failing on a read-only database
+
+    def exchange(self, commits: Sequence[Commit], claim: ClaimRequest | None) -> BatchOutcome:
+        """Write ``commits`` and claim, retrying while the database is busy. A claim alone is
+        tried once (nothing is lost by trying again later); commits are retried for up to a
+        ttl: one that never lands is safe, its lease lapses and the task is taken over. An
+        outcome with no results (and no leases) says it gave up."""
+        deadline = time.monotonic() + self.ttl
+        tries = 0
+        while True:
+            started = time.monotonic()
+            try:
+                out = self.store.commit_many(commits, claim=claim)
+            except StoreCorrupt:
+                raise
+            except StoreReadOnly as exc:
+                since = self.readonly_since = self.readonly_since or started
+                if started - since >= READONLY_EXIT:
+                    log.error("the database stayed read-only for %.0fs: exiting so that a new "
+                              "process reopens it", started - since)  # fmt: skip
+                    raise
+                error: StoreError = exc
+            except StoreError as exc:
+                error = exc
+            else:
+                self.readonly_since = None
+                return out
+            tries += 1
+            if not commits or time.monotonic() >= deadline:
+                what = "giving up on a commit" if commits else "claim failed, will retry"
+                log.warning("%s: %s", what, error)
+                return BatchOutcome(())
+            log.warning("commit failed, retrying: %s", error)
+            time.sleep(backoff(tries, RETRY_BASE, RETRY_CAP))
+
+    def settle(self, commit: Commit) -> Commit | None:
+        """Someone else moved the run under ``commit`` (an operator cancelled it, say): drop
+        the task if the run is over, else give it back for another attempt. None: the lease
+        will lapse and the task be retried, no harm."""
+        lease = commit.lease
+        try:
+            run = self.store.get_run(lease.run_id)
+        except StoreCorrupt:
+            raise
+        except StoreError as exc:
+            log.warning("cannot read run %s to settle a conflict: %s", lease.run_id, exc)
+            return None
+        terminal = run is None or run.terminal
+        log.info("run %s moved under task %s: %s", lease.run_id, lease.task_id,
+                 "dropping it" if terminal else "releasing it")  # fmt: skip
+        return Commit(lease, "drop" if terminal else "release")
+
+
+def refused(commit: Commit, result: CasResult) -> None:
+    if result is CasResult.LEASE_LOST:
+        log.warning("task %s attempt %s: %s refused, lease lost; result discarded",
+                    commit.lease.task_id, commit.lease.attempt, commit.kind)  # fmt: skip
