@@ -23,12 +23,17 @@ EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
 
 
 def enqueue(
-    sv: Supervisor, runs: int, steps: int, sleep: float, sleep_max: float | None = None
+    sv: Supervisor,
+    runs: int,
+    steps: int,
+    sleep: float,
+    sleep_max: float | None = None,
+    task: str = "step",
 ) -> list[int]:
     store = open_store(sv.db)
     try:
         payload = {"n": 0, "steps": steps, "sleep": sleep, "sleep_max": sleep_max or sleep}
-        return [store.start_run("step", payload, {}) for _ in range(runs)]
+        return [store.start_run(task, payload, {}) for _ in range(runs)]
     finally:
         store.close()
 
@@ -84,6 +89,26 @@ def test_chaos_with_fast_release_takes_every_orphan_over_and_no_zombie_writes(sv
     assert report["zombie_writes_rejected"] >= 1  # a paused zombie woke and was turned away
     for event in report["events"]:
         assert set(event) >= EVENT_KEYS
+    assert_one_write_per_step(sv, runs, 3)
+
+
+@pytest.mark.parametrize("task", ["step", "astep"])
+def test_chaos_with_slots_takes_over_every_lease_of_a_victim(sv: Supervisor, task: str):
+    """Two workers of eight slots each (threads, or an event loop): a fault strikes a worker
+    holding several leases, and every one of them must be taken over."""
+    runs = enqueue(sv, runs=120, steps=3, sleep=0.05, sleep_max=0.15, task=task)
+    report = chaos_run(sv, "--concurrency", "8", n=2)
+    assert report["exit_code"] == 0, sv.text()[-3000:]
+    assert report["ok"] and report["violations"] == []
+    assert report["taken_over"] == report["orphaned_leases"] >= 2
+    assert report["not_taken_over"] == 0
+    by_victim: dict[tuple[int, float], list[dict[str, Any]]] = {}
+    for e in report["events"]:
+        by_victim.setdefault((e["pid"], e["t"]), []).append(e)
+    several = [evs for evs in by_victim.values() if len(evs) > 1]
+    assert several, "no fault struck a worker holding several leases"
+    for evs in several:
+        assert len({e["task_id"] for e in evs}) == len(evs)
     assert_one_write_per_step(sv, runs, 3)
 
 

@@ -81,18 +81,21 @@ def in_handler(arb: Arb, worker: Worker, lease: Lease) -> None:
 def test_a_task_on_its_last_attempt_is_never_a_victim(arb: Arb, db: Store, wall: FakeClock):
     last, fresh, spare = workers(arb)
     in_handler(arb, last, lease_on_try(db, wall, last.owner, MAX_ATTEMPTS))
-    in_handler(arb, fresh, lease_on_try(db, wall, fresh.owner, 1))
+    fresh_lease = lease_on_try(db, wall, fresh.owner, 1)
+    in_handler(arb, fresh, fresh_lease)
     in_handler(arb, spare, lease_on_try(db, wall, spare.owner, MAX_ATTEMPTS - 1))
     rule = Targeting(MAX_ATTEMPTS)
     candidates = rule.candidates(arb, "pause", exclude=lambda pid: False)
     assert candidates == [last, fresh, spare]
     assert rule.eligible(arb, candidates) == [fresh, spare]
     for fault in ("kill", "pause"):
-        assert rule.judge_frozen(arb, last, fault) == "last_attempt"
-        assert rule.judge_frozen(arb, fresh, fault) is None
-        assert rule.judge_frozen(arb, spare, fault) is None
+        assert rule.judge_frozen(arb, last, fault)[0] == "last_attempt"
+        assert rule.judge_frozen(arb, fresh, fault)[0] is None
+        assert rule.judge_frozen(arb, spare, fault)[0] is None
+    # the leases a struck victim held, from the database: each one an orphan to take over
+    assert rule.judge_frozen(arb, fresh, "kill")[1] == [(fresh_lease.task_id, fresh_lease.attempt)]
     # with one more attempt allowed, the same lease is no longer the last one
-    assert Targeting(MAX_ATTEMPTS + 1).judge_frozen(arb, last, "kill") is None
+    assert Targeting(MAX_ATTEMPTS + 1).judge_frozen(arb, last, "kill")[0] is None
 
 
 def test_a_lease_the_slot_does_not_show_yet_is_protected_too(arb: Arb, db: Store, wall: FakeClock):
@@ -104,7 +107,7 @@ def test_a_lease_the_slot_does_not_show_yet_is_protected_too(arb: Arb, db: Store
     rule = Targeting(MAX_ATTEMPTS)
     assert rule.candidates(arb, "kill", exclude=lambda pid: False) == [idle]
     assert rule.eligible(arb, [idle]) == [idle]
-    assert rule.judge_frozen(arb, idle, "kill") == "last_attempt"
+    assert rule.judge_frozen(arb, idle, "kill")[0] == "last_attempt"
 
 
 def test_a_pause_never_freezes_the_holder_of_the_write_lock(
@@ -116,9 +119,9 @@ def test_a_pause_never_freezes_the_holder_of_the_write_lock(
     holder = sqlite3.connect(db_path, isolation_level=None)
     try:
         holder.execute("BEGIN IMMEDIATE")  # as a worker frozen inside a transaction would
-        assert rule.judge_frozen(arb, victim, "pause") == "store_locked"
-        assert rule.judge_frozen(arb, victim, "kill") is None  # its lock dies with it
+        assert rule.judge_frozen(arb, victim, "pause")[0] == "store_locked"
+        assert rule.judge_frozen(arb, victim, "kill")[0] is None  # its lock dies with it
     finally:
         holder.execute("ROLLBACK")
         holder.close()
-    assert rule.judge_frozen(arb, victim, "pause") is None
+    assert rule.judge_frozen(arb, victim, "pause")[0] is None

@@ -144,18 +144,21 @@ class Chaos:
         # more, so what its slot and the database say cannot change under us
         frozen = wait_settled(victim.pid, gone=False)
         frozen_at = self.wall()
-        why = self.targets.judge_frozen(arb, victim, fault) if frozen else "unsettled"
+        why, held = self.targets.judge_frozen(arb, victim, fault) if frozen else ("unsettled", [])
         if why is not None:
             arb.pool.send(victim, signal.SIGCONT)
             return self._spare(Spare("skipped", why), fault, victim)
         if redirected:
             self._spare(Spare("redirected", "last_attempt"), fault, victim)
-        self._strike(arb, fault, victim, frozen_at)
+        self._strike(arb, fault, victim, frozen_at, held)
         return Outcome.STRUCK
 
-    def _strike(self, arb: Arbiter, fault: str, victim: Worker, t: float) -> None:
+    def _strike(
+        self, arb: Arbiter, fault: str, victim: Worker, t: float, held: list[tuple[int, int]]
+    ) -> None:
         """``victim`` is frozen and may be struck: keep it stopped (pause: it took effect at
-        ``t``, when it froze) or SIGKILL it."""
+        ``t``, when it froze) or SIGKILL it. Every lease it held (``held``, from the database:
+        with slots, several) is one orphan the verifier expects taken over."""
         state = arb.board.read(victim.slot)  # frozen: this is what it was doing
         settled = True
         if fault == "kill":
@@ -165,30 +168,35 @@ class Chaos:
         self.injected += 1
         mine = state is not None and state.pid == victim.pid
         phase = state.phase_name if mine and state else "starting"
-        task_id = state.task_id if mine and state and state.task_id else None
-        attempt = state.attempt if mine and state and state.task_id else None
-        ev = FaultEvent(
-            fault=fault,
-            pid=victim.pid,
-            task_id=task_id,
-            attempt=attempt,
-            t=t,
-            phase=phase if settled else f"{phase}?",
-            bound_s=self.verifier.bound(fault),
-        )
-        self.verifier.record(ev)
-        arb.events.emit("chaos_fault", fault=fault, pid=victim.pid, task_id=task_id, phase=phase)
+        events = [
+            FaultEvent(
+                fault=fault,
+                pid=victim.pid,
+                task_id=task_id,
+                attempt=attempt,
+                t=t,
+                phase=phase if settled else f"{phase}?",
+                bound_s=self.verifier.bound(fault),
+            )
+            for task_id, attempt in (held or [(None, None)])  # type: ignore[list-item]
+        ]
+        for ev in events:
+            self.verifier.record(ev)
+        first = held[0] if held else (None, None)
+        arb.events.emit("chaos_fault", fault=fault, pid=victim.pid, task_id=first[0], phase=phase)
         if fault == "pause":
-            self.pauses.add(victim, arb.clock() + self.pause_for, ev)
+            self.pauses.add(victim, arb.clock() + self.pause_for, events)
         signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
+        leases = ", ".join(f"task {task} attempt {attempt}" for task, attempt in held)
         event(
             "chaos_fault",
-            f"chaos: {signal.Signals(signum).name} pid {victim.pid} ({phase}"
-            + (f", task {task_id} attempt {attempt})" if task_id else ", no lease)"),
+            f"chaos: {signal.Signals(signum).name} pid {victim.pid} ({phase}, "
+            + (f"{len(held)} lease(s): {leases})" if held else "no lease)"),
             fault=fault,
-            pid=victim.pid,
-            task_id=task_id,
-            attempt=attempt,
+            worker=victim.pid,
+            task_id=first[0],
+            attempt=first[1],
+            leases=len(held),
             phase=phase,
         )
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 class Paused:
     worker: Worker
     resume_at: float  # arbiter clock
-    fault: FaultEvent
+    faults: list[FaultEvent]  # one per lease it held (one with no task if none)
 
 
 class Pauses:
@@ -30,8 +30,8 @@ class Pauses:
     def __contains__(self, pid: object) -> bool:
         return pid in self.paused
 
-    def add(self, worker: Worker, resume_at: float, fault: FaultEvent) -> None:
-        self.paused[worker.pid] = Paused(worker, resume_at, fault)
+    def add(self, worker: Worker, resume_at: float, faults: list[FaultEvent]) -> None:
+        self.paused[worker.pid] = Paused(worker, resume_at, faults)
 
     def step(self, arb: Arbiter, now: float) -> None:
         """Resume the workers whose pause is over; ask to be woken for the others."""
@@ -49,5 +49,8 @@ class Pauses:
     def _resume(self, arb: Arbiter, pid: int, p: Paused) -> None:
         del self.paused[pid]
         if arb.pool.send(p.worker, signal.SIGCONT):
-            p.fault.woke_at = woke = self._wall()
-            event("chaos_resume", f"chaos: SIGCONT pid {pid} after {woke - p.fault.t:.2f}s")
+            woke = self._wall()
+            for fault in p.faults:
+                fault.woke_at = woke
+            paused = woke - p.faults[0].t
+            event("chaos_resume", f"chaos: SIGCONT pid {pid} after {paused:.2f}s")

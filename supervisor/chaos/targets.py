@@ -98,25 +98,32 @@ class Targeting:
         return spent is not None and spent >= self.max_attempts
 
     # -- after the freeze: from the database ---------------------------------------------------
-    def judge_frozen(self, arb: Arbiter, victim: Worker, fault: str) -> str | None:
-        """None: strike the frozen ``victim``; else why it must be let go."""
+    def judge_frozen(
+        self, arb: Arbiter, victim: Worker, fault: str
+    ) -> tuple[str | None, list[tuple[int, int]]]:
+        """Whether to strike the frozen ``victim`` (None) or why it must be let go, and the
+        live leases (task id, attempt) the database shows it holding: with slots, several."""
+        held: list[tuple[int, int]] = []
         try:
             with arb.gate.session(busy_timeout=LOCK_PROBE_TIMEOUT) as store:
-                for lease in store.stats().leases:
-                    if lease.owner != victim.owner:
+                stats = store.stats()
+                for lease in stats.leases:
+                    if lease.owner != victim.owner or lease.expires_at <= stats.now:
                         continue
                     spent = tries(store, lease.task_id, lease.attempt)
                     if spent is not None and spent >= self.max_attempts:
-                        return "last_attempt"
+                        return "last_attempt", held
+                    held.append((lease.task_id, lease.attempt))
                 if fault == "pause":
                     try:
                         store.release_owner(LOCK_PROBE_OWNER)
                     except StoreError:
-                        return "store_locked"
+                        return "store_locked", held
         except StoreError:
-            return "store_unreadable"
-        return None
+            return "store_unreadable", held
+        return None, sorted(held)
 
 
 def _in_handler(state: SlotState | None, pid: int) -> bool:
-    return state is not None and state.pid == pid and state.phase == HANDLER
+    """Running a handler (with slots: any of them), so it holds a lease."""
+    return state is not None and state.pid == pid and (state.busy > 0 or state.phase == HANDLER)

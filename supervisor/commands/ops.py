@@ -75,29 +75,34 @@ def cancel(store: Store, run_id: int) -> None:
 
 
 def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:
-    """Workers from the supervisor's state file, joined with RSS and their live lease."""
-    leases = {}
+    """Workers from the supervisor's state file, joined with RSS and their live leases (with
+    slots, a worker holds several: the row shows how many, and the soonest to expire)."""
+    leases: dict[str, list[Any]] = {}
     for lease in store_stats.leases:
-        parsed = parse_owner(lease.owner)
-        if parsed is not None and lease.expires_at > store_stats.now:
-            leases[lease.owner] = lease
+        if parse_owner(lease.owner) is not None and lease.expires_at > store_stats.now:
+            leases.setdefault(lease.owner, []).append(lease)
+    capacity = (state or {}).get("concurrency") or 1
     rows = []
     for w in (state or {}).get("workers", []):
         try:
             rss_mb: float | None = psutil.Process(w["pid"]).memory_info().rss / 1048576
         except psutil.Error:
             rss_mb = None
-        lease = leases.get(w.get("owner", ""))
+        held = sorted(leases.get(w.get("owner", ""), []), key=lambda lease: lease.expires_at)
+        first = held[0] if held else None
         rows.append(
             {
                 "pid": w["pid"],
                 "slot": w.get("slot"),
                 "phase": f"retiring ({w['retiring']})" if w.get("retiring") else w.get("phase"),
+                "busy": w.get("busy", 0),
+                "slots": capacity,
+                "leases": len(held),
                 "rss_mb": None if rss_mb is None else round(rss_mb, 1),
-                "task_id": lease.task_id if lease else w.get("task_id"),
-                "run_id": lease.run_id if lease else None,
-                "attempt": lease.attempt if lease else w.get("attempt"),
-                "lease_expires_at": lease.expires_at if lease else None,
+                "task_id": first.task_id if first else w.get("task_id"),
+                "run_id": first.run_id if first else None,
+                "attempt": first.attempt if first else w.get("attempt"),
+                "lease_expires_at": first.expires_at if first else None,
                 "owner": w.get("owner"),
             }
         )

@@ -177,15 +177,27 @@ class SupervisorCollector:
         arb, tally = self.arb, self.tally
         yield gauge("workers_target", "Workers the supervisor keeps alive.", arb.pool.target)
         phases: Counter[str] = Counter()
+        busy = 0
         for w in arb.pool.workers.values():
             slot = arb.board.read(w.slot)
-            phases[slot.phase_name if slot and slot.pid == w.pid else "starting"] += 1
+            mine = slot is not None and slot.pid == w.pid
+            phases[slot.phase_name if slot and mine else "starting"] += 1
+            busy += slot.busy if slot and mine else 0
         yield labelled(
             GaugeMetricFamily,
             "workers",
             "Worker processes by phase (as each one publishes it).",
             ["phase"],
             [([p], phases.get(p, 0)) for p in ("starting", *PHASE_NAMES)],
+        )
+        total = len(arb.pool.workers) * arb.config.worker.concurrency
+        yield labelled(
+            GaugeMetricFamily,
+            "slots",
+            "Handler slots of the live workers (--concurrency each): busy running a handler, "
+            "or free.",
+            ["state"],
+            [(["busy"], busy), (["free"], max(0, total - busy))],
         )
         yield counter("worker_starts_total", "Workers forked.", tally.worker_starts)
         yield labelled(

@@ -345,6 +345,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
                 "started_at": round(w.started_at + offset, 3),
                 "retiring": w.retiring,
                 "phase": slot.phase_name if mine and slot else "starting",
+                "busy": slot.busy if mine and slot else 0,
                 "task_id": slot.task_id if mine and slot and slot.task_id else None,
                 "attempt": slot.attempt if mine and slot and slot.attempt else None,
             }
@@ -354,6 +355,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "tick": round(time.time(), 3),
         "phase": str(arb.phase),
         "target": arb.pool.target,
+        "concurrency": arb.config.worker.concurrency,
         "generation": arb.pool.generation,
         "db": arb.config.worker.db,
         "app": arb.config.worker.app,

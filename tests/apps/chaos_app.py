@@ -24,3 +24,20 @@ def step(ctx: TaskContext) -> None:
         ctx.advance(state, next="step", payload={**ctx.payload, "n": n + 1})
     else:
         ctx.finish(state)
+
+
+@app.task
+async def astep(ctx: TaskContext) -> None:
+    """``step`` as a coroutine, for slots on the event loop."""
+    import asyncio  # noqa: PLC0415 - only the async variant needs it
+
+    n = int(ctx.payload["n"])
+    low = float(ctx.payload["sleep"])
+    high = float(ctx.payload.get("sleep_max", low))
+    await asyncio.sleep(random.Random(ctx.task_id * 1000 + ctx.attempt).uniform(low, high))
+    state = dict(ctx.state or {})
+    state["writes"] = [*state.get("writes", []), {"step": n, "attempt": ctx.attempt}]
+    if n + 1 < int(ctx.payload["steps"]):
+        ctx.advance(state, next="astep", payload={**ctx.payload, "n": n + 1})
+    else:
+        ctx.finish(state)
