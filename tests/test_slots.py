@@ -188,7 +188,8 @@ def test_a_prefetched_task_behind_a_slow_handler_goes_back_at_once(db_path: str)
         s.start_runs([{"task": "slow"}] + [{"task": "next", "payload": i} for i in range(3)])
 
     def thief() -> None:
-        with open_store(db_path) as s:
+        with open_store(db_path) as s:  # only once the worker holds all four
+            wait_for(lambda: s.stats().leased == 4, timeout=20, what="four leases held")
             while len(other_took) < 3:
                 lease = s.claim("host:2:2.00:thief", 30)
                 if lease is None:

@@ -157,7 +157,7 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
     for _ in range(50):
         worker.signals.stop = None
         signal.pthread_sigmask(signal.SIG_BLOCK, both)
-        os.kill(os.getpid(), INTERRUPT)
+        signal.pthread_kill(threading.main_thread().ident or 0, INTERRUPT)  # as the heartbeat does
         os.kill(os.getpid(), signal.SIGTERM)
         ex = Execution(LEASE, handler, Mode.INLINE)
         worker._run_inline(ex)
@@ -178,7 +178,7 @@ def test_interrupt_outside_the_handler_is_ignored(worker_signals):
             handled.set()
 
     signal.signal(INTERRUPT, spy)
-    os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
+    signal.pthread_kill(threading.main_thread().ident or 0, INTERRUPT)  # never in bookkeeping
     wait_for(handled.is_set, timeout=10, what="the interrupt handler to run")
     assert worker.signals.interrupt is LeaseLost
 

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .signals import main_thread_only
 from .store import Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.heartbeat")
@@ -153,6 +154,7 @@ class Heartbeat:
 
     # -- the thread ------------------------------------------------------------------------------
     def _main(self) -> None:
+        main_thread_only()
         store: Store | None = None
         try:
             store = self._open_store()

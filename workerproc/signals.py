@@ -26,6 +26,13 @@ PARENT_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD,
 INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the inline handler
 
 
+def main_thread_only() -> None:
+    """Called first by every helper thread of a worker (heartbeat, slots, the event loop): the
+    worker's signals are delivered to the main thread, whose handlers record them and whose
+    blocking calls they interrupt (an inline handler's QUIT, say)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*STOP_SIGNALS, *PARENT_SIGNALS, INTERRUPT})
+
+
 class Abort(BaseException):
     """QUIT arrived while an inline handler ran: abandon it (its lease is released)."""
 

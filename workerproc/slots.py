@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from .app import Handler, LeaseLost, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
-from .signals import Abort
+from .signals import Abort, main_thread_only
 from .store import Commit, InvalidPayload, Lease
 from .store.codec import dumps
 
@@ -146,6 +146,7 @@ class ThreadSlots:
         self._queue.put(ex)
 
     def _main(self) -> None:
+        main_thread_only()
         while (ex := self._queue.get()) is not None:
             value: object = None
             raised: BaseException | None = None
@@ -180,8 +181,12 @@ class AsyncSlots:
     def _start(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             loop = asyncio.new_event_loop()
-            self._thread = threading.Thread(target=loop.run_forever, name="slots-async",
-                                            daemon=True)  # fmt: skip
+
+            def run() -> None:
+                main_thread_only()
+                loop.run_forever()
+
+            self._thread = threading.Thread(target=run, name="slots-async", daemon=True)
             self._thread.start()
             self._loop = loop
         return self._loop

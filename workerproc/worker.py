@@ -33,13 +33,15 @@ from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreCorrupt, 
 
 log = logging.getLogger("workerproc.worker")
 
-FRESH_CLAIM = 0.05  # R4: a lease claimed this recently starts without a start renewal
 CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
 FAST = 0.005  # a handler this quick makes prefetching worthwhile
-ADAPTIVE_PREFETCH = 8  # the adaptive prefetch, while the recent handlers were all fast
+ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were all fast
 RECENT = 16  # handler durations the adaptive prefetch looks at
-SLOW_BEHIND = 0.02  # a prefetched lease waits at most this long behind slow slots
+# A prefetched lease waits at most this long behind slots that turned out slow (20x FAST: a
+# busy CPU's scheduling delays must not pass for slow handlers), then goes back.
+SLOW_BEHIND = 0.1
 BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
+HOLD = 0.02  # finished slots wait at most this long for their batch while prefetched work runs
 
 
 class Worker:
@@ -70,6 +72,7 @@ class Worker:
         self.prefetched: deque[Lease] = deque()  # claimed, waiting for a slot
         self._completed: deque[Execution] = deque()  # ended, not collected yet
         self.finished: list[Commit] = []  # last words to write in the next exchange
+        self._finished_at: float | None = None  # when the oldest of them finished
         self._claimed: dict[int, float] = {}  # task id -> monotonic start of its claim
         self._recent: deque[float] = deque(maxlen=RECENT)
         self._exit_code: int | None = None  # set by the heartbeat side: exit now
@@ -108,7 +111,7 @@ class Worker:
                 self._start_waiting()
                 handbacks = self._handbacks()
                 want = self._want()
-                if self.finished or handbacks or (want and self._maybe_ready):
+                if handbacks or self._write_due() or self._claim_due(want):
                     self._exchange(handbacks, want)
                     continue
                 code = self._drained()
@@ -142,6 +145,20 @@ class Worker:
         if not self._accepting():
             return 0
         return max(0, self.capacity + self._prefetch() - len(self.running) - len(self.prefetched))
+
+    def _write_due(self) -> bool:
+        """Finished slots are written at once, unless prefetched work is still running here:
+        then they wait for it (a bigger batch, fewer transactions), at most HOLD."""
+        if not self.finished:
+            return False
+        if not self.prefetched or not self._accepting():
+            return True
+        held = time.monotonic() - (self._finished_at or 0.0)
+        return held >= HOLD or len(self.finished) >= self.capacity + ADAPTIVE_PREFETCH
+
+    def _claim_due(self, want: int) -> bool:
+        """Claim when a slot is free, or when the prefetched work runs low."""
+        return bool(want) and self._maybe_ready and len(self.prefetched) <= self.capacity
 
     def _drained(self) -> int | None:
         """Not accepting work and nothing left to do: the exit code."""
@@ -184,6 +201,7 @@ class Worker:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
                 self.finished.append(ex.commit)
+                self._finished_at = self._finished_at or time.monotonic()
             else:
                 self.heartbeat.untrack([ex.lease])
                 self._claimed.pop(ex.lease.task_id, None)
@@ -204,14 +222,16 @@ class Worker:
         if handler is None:
             error = f"UnknownTask: no handler named {lease.task!r} in this app"
             self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
+            self._finished_at = self._finished_at or time.monotonic()
             return
-        claimed = self._claimed.get(lease.task_id, 0.0)
-        if time.monotonic() - claimed > FRESH_CLAIM and not self._start_renewal(lease):
-            return
+        # R4: a lease that waited since its claim is renewed as its handler starts. The
+        # heartbeat does it at once, in its one statement for every lease: the handler does
+        # not wait for it, and the database still decides at commit time (R5).
+        stale = time.monotonic() - self._claimed.get(lease.task_id, 0.0) > self.config.interval / 2
         ex = Execution(lease, handler, mode_for(handler, self.capacity))
         with self._lock:
             self.running[lease.task_id] = ex
-        self.heartbeat.started(lease)
+        self.heartbeat.started(lease, renew=stale)
         self._publish()
         if ex.mode is Mode.INLINE:
             self._run_inline(ex)
@@ -219,22 +239,6 @@ class Worker:
             self._threads.submit(ex)
         else:
             self._aio.submit(ex)
-
-    def _start_renewal(self, lease: Lease) -> bool:
-        """R4: a lease that waited since its claim is renewed before its handler starts."""
-        started = time.monotonic()
-        try:
-            (expires,) = self.store.renew_many([lease], self.config.lease_ttl)
-        except StoreCorrupt:
-            raise
-        except StoreError as exc:  # busy: the heartbeat keeps trying; the commit decides
-            log.warning("start renewal failed: %s", exc)
-            return True
-        if expires is None:  # lost while it waited: someone else has it now
-            self.heartbeat.untrack([lease])
-            return False
-        self._claimed[lease.task_id] = started
-        return True
 
     def _run_inline(self, ex: Execution) -> None:
         """One slot, a plain handler: on the main thread, interruptible by LeaseLost and QUIT.
@@ -263,6 +267,7 @@ class Worker:
         """Heartbeat thread: the inline handler turned out slow; give back what waits."""
         with self._lock:
             leases, self.prefetched = list(self.prefetched), deque()
+            self._recent.clear()  # slow after all: prefetch again only after RECENT fast ones
         if not leases:
             return
         self.heartbeat.forget(leases)
@@ -284,11 +289,13 @@ class Worker:
                 return []
         with self._lock:
             leases, self.prefetched = list(self.prefetched), deque()
+        if self._accepting():  # slow after all: prefetch again only after RECENT fast ones
+            self._recent.clear()
         return [Commit(lease, "handback") for lease in leases]
 
     # -- the store conversation -------------------------------------------------------------------
     def _exchange(self, handbacks: list[Commit], want: int) -> None:
-        commits, self.finished = [*self.finished, *handbacks], []
+        commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
         self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
         for c in commits:
             self._claimed.pop(c.lease.task_id, None)
@@ -302,6 +309,7 @@ class Worker:
                 settled = self._exchanger.settle(commit)
                 if settled is not None:
                     self.finished.append(settled)
+                    self._finished_at = self._finished_at or time.monotonic()
                     self.heartbeat.track(commit.lease, started)
         for lease in out.leases:
             self.heartbeat.track(lease, started)
@@ -342,6 +350,8 @@ class Worker:
         deadline = now + (BUSY_WAIT if self.running else self.config.poll_interval)
         if self.prefetched and len(self.running) >= self.capacity:  # a hand-back may be due
             deadline = min(deadline, max(e.started for e in self.running.values()) + SLOW_BEHIND)
+        if self._finished_at is not None:  # finished slots wait for their batch
+            deadline = min(deadline, self._finished_at + HOLD)
         if not want:
             self.signals.absorb(self.waker.wait(max(0.0, deadline - now)))
             return

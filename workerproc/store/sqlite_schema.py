@@ -36,6 +36,11 @@ _READY_AT_V3 = f"""
     WHERE id = NEW.run_id;
 """
 
+# a lease granted or extended on a pending task, nothing else moved: the head stays (v7)
+_EXTENDED = """NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL AND OLD.done_at IS NULL
+        AND NEW.available_at = OLD.available_at
+        AND NEW.lease_expires_at >= coalesce(OLD.lease_expires_at, NEW.lease_expires_at)"""
+
 MIGRATIONS: list[str] = [
     # 1: runs, tasks, the claim indexes and the ready_at triggers
     f"""
@@ -184,6 +189,33 @@ MIGRATIONS: list[str] = [
                                    outcome, taken_by)
         VALUES (NEW.run_id, NEW.id, OLD.attempts, OLD.lease_owner, OLD.claimed_at,
                 OLD.lease_expires_at, 'taken_over', NEW.lease_owner);
+    END;
+    """,
+    # 7: cheaper triggers on the per-task path (it is the throughput limit). A lease granted or
+    # extended on a pending task (a claim, a renewal) leaves the run's head where it is: the
+    # run is running and ready no sooner than the new expiry, with no recompute. A run that
+    # ends with its claim columns already cleared (a finish clears them itself) needs none.
+    f"""
+    DROP TRIGGER tasks_ready_update;
+    CREATE TRIGGER tasks_lease_extended AFTER UPDATE OF lease_owner, lease_expires_at ON tasks
+        WHEN {_EXTENDED} BEGIN
+        UPDATE runs SET ready_at = max(coalesce(ready_at, NEW.lease_expires_at),
+                                       NEW.lease_expires_at),
+            status = CASE WHEN status = 'pending' THEN 'running' ELSE status END
+        WHERE id = NEW.run_id AND status IN ('pending', 'running');
+    END;
+    CREATE TRIGGER tasks_ready_update
+        AFTER UPDATE OF available_at, lease_owner, lease_expires_at, done_at ON tasks
+        WHEN NOT ({_EXTENDED})
+         AND (SELECT status FROM runs WHERE id = NEW.run_id) IN ('pending', 'running') BEGIN
+        {_READY_AT_V3}
+    END;
+    DROP TRIGGER runs_ready_status;
+    CREATE TRIGGER runs_ready_status AFTER UPDATE OF status ON runs
+        WHEN (OLD.status IN ('pending', 'running')) != (NEW.status IN ('pending', 'running'))
+         AND NOT (NEW.status NOT IN ('pending', 'running') AND NEW.head_at IS NULL
+                  AND NEW.ready_at IS NULL) BEGIN
+        {_READY_AT.format(run="NEW.id")}
     END;
     """,
 ]

@@ -131,8 +131,11 @@ TASK_FAILED = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
 CAS_STATE = f"""UPDATE runs SET state = :state, revision = revision + 1, updated_at = :now
     WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}
       AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
+# (a finished run leaves the claim indexes at once: its claim columns are cleared here, so the
+# status trigger has nothing to recompute)
 CAS_FINISH = f"""UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
-    result = :result, finished_at = :now, updated_at = :now
+    result = :result, finished_at = :now, updated_at = :now,
+    head_at = NULL, head_created = NULL, head_id = NULL, ready_at = NULL
     WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}
       AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
 CAS_NEXT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
