@@ -15,6 +15,9 @@ CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the repo
 STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
 STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
 RELOAD_FAILED = 11  # reload --wait: the reload failed; the old workers keep serving
+RUN_FAILED = 12  # wait: the run failed
+RUN_CANCELLED = 13  # wait: the run was cancelled
+WAIT_TIMEOUT = 14  # wait: the run had not ended within --timeout
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
@@ -37,4 +40,7 @@ DESCRIPTIONS = {
     "`--max-stall`",
     RELOAD_FAILED: "`reload --wait`: the reload failed (the new code does not import or its "
     "workers cannot boot); the old workers keep serving",
+    RUN_FAILED: "`wait`: the run failed (its reason and last error are printed)",
+    RUN_CANCELLED: "`wait`: the run was cancelled",
+    WAIT_TIMEOUT: "`wait`: the run had not ended within `--timeout`",
 }

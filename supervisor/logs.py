@@ -14,13 +14,16 @@ import sys
 import time
 from typing import Any, TextIO
 
+from workerproc.logs import event as log_event
+
 LOGGER_NAME = "supervisor"
 log = logging.getLogger(LOGGER_NAME)
 
 
 def event(name: str, message: str, *, level: int = logging.INFO, **fields: Any) -> None:
-    """Log one lifecycle event: ``name`` is stable for scripts, ``message`` is for people."""
-    log.log(level, message, extra={"event": name, "fields": fields})
+    """Log one lifecycle event of the supervisor (``workerproc.logs.event``, the one way both
+    sides log: ``name`` is stable for scripts, ``message`` is for people)."""
+    log_event(log, name, message, level=level, **fields)
 
 
 class TextFormatter(logging.Formatter):

@@ -134,8 +134,8 @@ def test_render_counts_bus_events(clock: FakeClock) -> None:
     arb.events.emit("chaos_fault", fault="pause", pid=7, task_id=3, phase="handler")
     arb.events.emit("leases_released", owner="o", count=2)
     samples = parse(metrics.render(arb))
-    assert value(samples, "leasekeeper_runs", status="succeeded") == 3
-    assert value(samples, "leasekeeper_tasks", state="ready") == 1
+    assert value(samples, "leasekeeper_runs", queue="default", status="succeeded") == 3
+    assert value(samples, "leasekeeper_tasks", queue="default", state="ready") == 1
     assert value(samples, "leasekeeper_worker_starts_total") == 1
     assert value(samples, "leasekeeper_worker_exits_total", kind="crashed", reason="SIGKILL") == 1
     assert value(samples, "leasekeeper_chaos_faults_total", fault="pause") == 1
@@ -267,11 +267,14 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv: Supervisor) -> N
     runs = [sv.enqueue("chain", {"left": 2}) for _ in range(5)]
     done = wait_for(
         lambda: (
-            s if value(s := scrape(port), "leasekeeper_runs", status="succeeded") == 6 else None
+            s
+            if value(s := scrape(port), "leasekeeper_runs", queue="default", status="succeeded")
+            == 6
+            else None
         ),
         what="6 runs succeeded in /metrics",
     )  # the 5 chains and the zombie's run, taken over once its lease expired
-    assert value(done, "leasekeeper_tasks", state="leased") == 0
+    assert value(done, "leasekeeper_tasks", queue="default", state="leased") == 0
     assert all(sv.run_status(r) == "succeeded" for r in runs)
     # counted by the workers: 5 chains of 3 tasks, and the zombie's task taken over
     assert value(done, "leasekeeper_claims_total") >= 16

@@ -72,3 +72,16 @@ def test_recycling_by_task_count_with_slots(sv: Supervisor) -> None:
     recycled = [e for e in sv.events("worker_exited") if e["kind"] == "recycled"]
     assert len(recycled) >= 2
     assert not sv.events("restart_backoff")
+
+
+def test_worker_log_lines_are_events_with_fields(sv: Supervisor) -> None:
+    """--log-format json: a worker's line names its event and carries its fields, like the
+    supervisor's (one event() for both sides)."""
+    run_id = sv.enqueue("fails")
+    sv.start("--drain", "--max-attempts", "1", n=1)
+    assert sv.wait_exit(60) == 0
+    (failed,) = [e for e in sv.events("task_failed") if e.get("run_id") == run_id]
+    assert failed["logger"].startswith("workerproc")
+    assert (failed["task"], failed["attempt"], failed["error"]) == ("fails", 1, "ValueError")
+    (running,) = sv.events("worker_running")[:1]
+    assert running["concurrency"] == 1 and running["owner"]

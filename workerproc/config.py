@@ -92,7 +92,7 @@ class WorkerConfig:
         low=0,
         high=1000,
         shown_default="adaptive",
-        help="tasks a worker may claim beyond its free slots (adaptive: up to 8, only while "
+        help="tasks a worker may claim beyond its free slots (adaptive: up to 32, only while "
         "its recent handlers finished within 5 ms)",
     )
     queues: tuple[str, ...] | None = opt(

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .backoff import backoff
+from .logs import event
 from .store import (
     BatchOutcome,
     CasResult,
@@ -52,8 +53,13 @@ class Exchanger:
             except StoreReadOnly as exc:
                 since = self.readonly_since = self.readonly_since or started
                 if started - since >= READONLY_EXIT:
-                    log.error("the database stayed read-only for %.0fs: exiting so that a new "
-                              "process reopens it", started - since)  # fmt: skip
+                    event(
+                        log,
+                        "database_read_only",
+                        f"the database stayed read-only for "
+                        f"{started - since:.0f}s: exiting so that a new process reopens it",
+                        level=logging.ERROR,
+                    )
                     raise
                 error: StoreError = exc
             except StoreError as exc:
@@ -64,9 +70,22 @@ class Exchanger:
             tries += 1
             if not commits or time.monotonic() >= deadline:
                 what = "giving up on a commit" if commits else "claim failed, will retry"
-                log.warning("%s: %s", what, error)
+                event(
+                    log,
+                    "commit_gave_up" if commits else "claim_failed",
+                    f"{what}: {error}",
+                    level=logging.WARNING,
+                    commits=len(commits),
+                )
                 return BatchOutcome(())
-            log.warning("commit failed, retrying: %s", error)
+            event(
+                log,
+                "commit_retry",
+                f"commit failed, retrying: {error}",
+                level=logging.WARNING,
+                commits=len(commits),
+                tries=tries,
+            )
             time.sleep(backoff(tries, RETRY_BASE, RETRY_CAP))
 
     def settle(self, commit: Commit) -> Commit | None:
@@ -79,15 +98,36 @@ class Exchanger:
         except StoreCorrupt:
             raise
         except StoreError as exc:
-            log.warning("cannot read run %s to settle a conflict: %s", lease.run_id, exc)
+            event(
+                log,
+                "conflict_unsettled",
+                f"cannot read run {lease.run_id} to settle a conflict: {exc}",
+                level=logging.WARNING,
+                run_id=lease.run_id,
+            )
             return None
         terminal = run is None or run.terminal
-        log.info("run %s moved under task %s: %s", lease.run_id, lease.task_id,
-                 "dropping it" if terminal else "releasing it")  # fmt: skip
+        event(
+            log,
+            "run_moved",
+            f"run {lease.run_id} moved under task {lease.task_id}: "
+            f"{'dropping it' if terminal else 'releasing it'}",
+            run_id=lease.run_id,
+            task_id=lease.task_id,
+            terminal=terminal,
+        )
         return Commit(lease, "drop" if terminal else "release")
 
 
 def refused(commit: Commit, result: CasResult) -> None:
     if result is CasResult.LEASE_LOST:
-        log.warning("task %s attempt %s: %s refused, lease lost; result discarded",
-                    commit.lease.task_id, commit.lease.attempt, commit.kind)  # fmt: skip
+        event(
+            log,
+            "commit_refused",
+            f"task {commit.lease.task_id} attempt "
+            f"{commit.lease.attempt}: {commit.kind} refused, lease lost; result discarded",
+            level=logging.WARNING,
+            task_id=commit.lease.task_id,
+            attempt=commit.lease.attempt,
+            op=commit.kind,
+        )

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from .logs import event
 from .signals import main_thread_only
 from .store import Lease, Store, StoreError
 
@@ -161,7 +162,7 @@ class Heartbeat:
             while self._step(store):
                 pass
         except BaseException as exc:  # a dead heartbeat must stop the worker
-            log.error("heartbeat thread died: %r", exc)
+            event(log, "heartbeat_died", f"heartbeat thread died: {exc!r}", level=logging.ERROR)
             self._on_death(exc)
         finally:
             if store is not None:
@@ -241,7 +242,13 @@ class Heartbeat:
         try:
             expiries = store.renew_many([h.lease for h in batch], self.ttl)
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
-            log.warning("lease renewal failed, retrying: %s", exc)
+            event(
+                log,
+                "renewal_retry",
+                f"lease renewal failed, retrying: {exc}",
+                level=logging.WARNING,
+                leases=len(batch),
+            )
             now = time.monotonic()
             for held in batch:
                 held.due = now + min(RETRY_INTERVAL, self.interval)

@@ -18,6 +18,7 @@ from . import exitcodes
 from .app import App
 from .config import WorkerConfig
 from .identity import make_owner
+from .logs import event
 from .signals import Waker
 from .status import StatusSlot
 from .store import Store, StoreCorrupt, StoreError, open_store
@@ -81,7 +82,12 @@ def run_worker(
     try:
         config.validate()
     except ValueError as exc:
-        log.error("invalid worker configuration: %s", exc)
+        event(
+            log,
+            "worker_config_invalid",
+            f"invalid worker configuration: {exc}",
+            level=logging.ERROR,
+        )
         return exitcodes.BOOT_FAILURE
     if parent_pid is not None and not exit_with_parent(parent_pid):
         return exitcodes.PARENT_DIED
@@ -91,10 +97,15 @@ def run_worker(
     try:
         store = open_store(config.db, **options)
     except StoreCorrupt as exc:
-        log.error("worker cannot use the store, the database is corrupt: %s", exc)
+        event(
+            log,
+            "database_corrupt",
+            f"worker cannot use the store, the database is corrupt: {exc}",
+            level=logging.ERROR,
+        )
         return exitcodes.STORE_CORRUPT
     except StoreError as exc:
-        log.error("worker cannot open the store: %s", exc)
+        event(log, "store_unreachable", f"worker cannot open the store: {exc}", level=logging.ERROR)
         return exitcodes.BOOT_FAILURE
     # the heartbeat's own connection fails fast on a busy database and retries on its schedule
     hb_busy = max(0.05, min(5.0, config.interval / 2))
@@ -109,14 +120,25 @@ def run_worker(
         parent_pid=parent_pid,
     )
     worker.signals.install(waker)
-    log.info("worker %s started (owner %s)", os.getpid(), owner)
+    event(
+        log,
+        "worker_running",
+        f"worker {os.getpid()} started (owner {owner})",
+        owner=owner,
+        concurrency=config.concurrency,
+    )
     try:
         return worker.run()
     except StoreCorrupt as exc:  # restarting cannot help: stop the pool (the supervisor does)
-        log.error("worker stopping, the database is corrupt: %s", exc)
+        event(
+            log,
+            "database_corrupt",
+            f"worker stopping, the database is corrupt: {exc}",
+            level=logging.ERROR,
+        )
         return exitcodes.STORE_CORRUPT
     except StoreError as exc:  # anything else after boot is a crash: the supervisor restarts
-        log.error("worker crashed on a store error: %s", exc)
+        event(log, "store_error", f"worker crashed on a store error: {exc}", level=logging.ERROR)
         return exitcodes.STORE_ERROR
     finally:
         _close(store)

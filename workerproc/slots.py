@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from .app import Handler, LeaseLost, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
+from .logs import event
 from .signals import Abort, main_thread_only
 from .store import Commit, InvalidPayload, Lease
 from .store.codec import dumps
@@ -85,8 +86,11 @@ def describe_error(exc: BaseException, limit: int = 2000) -> str:
 def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
     """A handler raised: release with backoff, or fail the run on its last attempt."""
     error = describe_error(exc)
-    log.warning("task %s (%s) attempt %s failed: %s: %s",
-                lease.task_id, lease.task, lease.attempt, type(exc).__name__, exc)  # fmt: skip
+    event(log, "task_failed",
+          f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} failed: "
+          f"{type(exc).__name__}: {exc}", level=logging.WARNING, task_id=lease.task_id,
+          run_id=lease.run_id, task=lease.task, attempt=lease.attempt,
+          error=type(exc).__name__)  # fmt: skip
     if lease.tries >= config.max_attempts:
         return Commit(lease, "fail", reason="task_attempts_exhausted", error=error)
     delay = backoff(lease.tries, config.retry_backoff, config.retry_backoff_max)

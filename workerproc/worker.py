@@ -26,6 +26,7 @@ from .app import App, LeaseLost
 from .config import WorkerConfig
 from .exchange import Exchanger, refused
 from .heartbeat import Heartbeat
+from .logs import event
 from .signals import INTERRUPT, Signals, Waker
 from .slots import AsyncSlots, Execution, Mode, Stopped, ThreadSlots, conclude, mode_for
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
@@ -127,7 +128,13 @@ class Worker:
         if not self.heartbeat.is_alive():
             return exitcodes.HEARTBEAT_DIED
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
-            log.error("parent %s is gone: exiting", self.parent_pid)
+            event(
+                log,
+                "parent_gone",
+                f"parent {self.parent_pid} is gone: exiting",
+                level=logging.ERROR,
+                parent=self.parent_pid,
+            )
             return exitcodes.PARENT_DIED
         return None
 
@@ -166,7 +173,13 @@ class Worker:
             return None
         code = exitcodes.OK if self._drain_code is None else self._drain_code
         if self._drain_until is not None and time.monotonic() >= self._drain_until:
-            log.error("slots still busy after --graceful-timeout: exiting without them")
+            event(
+                log,
+                "drain_timeout",
+                "slots still busy after --graceful-timeout: exiting without them",
+                level=logging.ERROR,
+                busy=len(self.running),
+            )
             return code
         live = [ex for ex in self.running.values() if ex.stopped is not Stopped.ABANDONED]
         return None if live or self.prefetched or self.finished else code
@@ -174,7 +187,13 @@ class Worker:
     def drain(self, code: int, why: str) -> None:
         """Stop claiming; exit with ``code`` once the running tasks finished (bounded)."""
         if self._drain_code is None:
-            log.info("worker %s: %s; finishing its running tasks, then exiting", self.pid, why)
+            event(
+                log,
+                "worker_draining",
+                f"worker {self.pid}: {why}; finishing its running tasks, then exiting",
+                why=why,
+                code=code,
+            )
             self._drain_code = code
             self._drain_until = time.monotonic() + self.config.graceful_timeout
         self.waker.wake()
@@ -274,7 +293,13 @@ class Worker:
         try:
             store.commit_many([Commit(lease, "handback") for lease in leases])
         except StoreError as exc:  # they lapse after the ttl: no harm but a delay
-            log.warning("could not hand back %d prefetched tasks: %s", len(leases), exc)
+            event(
+                log,
+                "handback_failed",
+                f"could not hand back {len(leases)} prefetched tasks: {exc}",
+                level=logging.WARNING,
+                count=len(leases),
+            )
 
     def _handbacks(self) -> list[Commit]:
         """Prefetched leases go back unstarted when the worker stops taking work, or when the
@@ -365,7 +390,7 @@ class Worker:
         except StoreCorrupt:
             raise
         except StoreError as exc:
-            log.warning("idle check failed: %s", exc)
+            event(log, "idle_check_failed", f"idle check failed: {exc}", level=logging.WARNING)
             token = -1
         while not self.signals.asked and self._exit_code is None:
             remaining = deadline - time.monotonic()
@@ -400,7 +425,15 @@ class Worker:
         return ex if ex is not None and ex.lease.attempt == lease.attempt else None
 
     def _on_lost(self, lease: Lease, why: str) -> None:
-        log.warning("task %s attempt %s: lease lost (%s)", lease.task_id, lease.attempt, why)
+        event(
+            log,
+            "lease_lost",
+            f"task {lease.task_id} attempt {lease.attempt}: lease lost ({why})",
+            level=logging.WARNING,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            why=why,
+        )
         ex = self._find(lease)
         if ex is None:
             return  # a late word about a task already behind us: never interrupt the next
@@ -414,8 +447,16 @@ class Worker:
         ex = self._find(lease)
         if ex is None:
             return
-        log.error("task %s attempt %s outlived --task-timeout (%gs)",
-                  lease.task_id, lease.attempt, self.config.task_timeout)  # fmt: skip
+        event(
+            log,
+            "task_timeout",
+            f"task {lease.task_id} attempt {lease.attempt} outlived "
+            f"--task-timeout ({self.config.task_timeout:g}s)",
+            level=logging.ERROR,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            slot=str(ex.mode),
+        )
         if ex.mode is Mode.ASYNC:  # cancelled: it ends, and is released, like any other
             self._aio.cancel(ex, Stopped.TIMEOUT)
             return
@@ -427,15 +468,28 @@ class Worker:
         try:
             store.release(lease, 0.0, error=error)
         except StoreError as exc:
-            log.error("could not record the timeout: %s", exc)
+            event(
+                log,
+                "timeout_release_failed",
+                f"could not record the timeout: {exc}",
+                level=logging.ERROR,
+                task_id=lease.task_id,
+            )
         if ex.mode is Mode.INLINE:
             os._exit(exitcodes.TASK_TIMEOUT)
         self.heartbeat.forget([lease])
         self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
 
     def _on_stuck(self, lease: Lease) -> None:
-        log.error("task %s attempt %s: the handler ignored LeaseLost for a whole ttl; exiting",
-                  lease.task_id, lease.attempt)  # fmt: skip
+        event(
+            log,
+            "lease_stuck",
+            f"task {lease.task_id} attempt {lease.attempt}: the handler "
+            "ignored LeaseLost for a whole ttl; exiting",
+            level=logging.ERROR,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+        )
         os._exit(exitcodes.LEASE_STUCK)
 
     def _on_heartbeat_death(self, exc: BaseException) -> None:
@@ -490,7 +544,13 @@ class Worker:
             try:
                 self._exchanger.exchange([Commit(lease, "handback") for lease in waiting], None)
             except StoreError as exc:
-                log.warning("could not hand back %d tasks: %s", len(waiting), exc)
+                event(
+                    log,
+                    "handback_failed",
+                    f"could not hand back {len(waiting)} tasks: {exc}",
+                    level=logging.WARNING,
+                    count=len(waiting),
+                )
         self._publish(STOPPING)
         self._threads.close()
         self._aio.close()

@@ -12,6 +12,7 @@ from workerproc.config import DAY
 from workerproc.store import RunNotFound, StoreCorrupt
 from workerproc.store.codec import MAX_PAYLOAD
 
+from .. import exitcodes
 from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
@@ -31,14 +32,35 @@ from .clickutil import RUN_ID, Number, db_option, json_option, option
     metavar="S",
     help="start no sooner than S seconds",
 )
-def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> None:
+@option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
+        "there is the answer, nothing new is started")  # fmt: skip
+@option("--queue", default="default", metavar="NAME", help="the run's queue")
+@option(
+    "--priority",
+    type=Number(int, -1000, 1000),
+    default=0,
+    metavar="N",
+    help="higher is claimed first within the queues a worker serves",
+)
+def enqueue(
+    task: str,
+    db: str,
+    payload: str,
+    state_json: str,
+    delay: float,
+    key: str | None,
+    queue: str,
+    priority: int,
+) -> None:
     """Start a run whose first task is TASK; print its id."""
     data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = ops.parse_json(state_json, "--state")
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
     with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
-        click.echo(ops.enqueue(store, task, data, state, delay))
+        run_id = ops.enqueue(store, task, data, state, delay, key=key, queue=queue,
+                             priority=priority)  # fmt: skip
+        click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
         click.echo(f"created a new database {path}", err=True)
 
@@ -62,6 +84,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
         doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
+        doc["queues"] = stats.queues
         doc["supervisor"] = (
             None
             if state is None
@@ -89,9 +112,14 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         headers = ["pid", "slot", "phase", "busy", "leases", "rss MB", "task", "run", "attempt",
                    "lease expires"]  # fmt: skip
         click.echo(render.table(headers, rows) + "\n")
-    click.echo(render.table(list(queue), [list(queue.values())]) + "\n")
     statuses = ("pending", "running", "succeeded", "failed", "cancelled")
-    click.echo(render.table(statuses, [[stats.runs.get(s, 0) for s in statuses]]))
+    rows = [
+        [name, c.ready, c.delayed, c.leased, c.expired, *(c.runs.get(s, 0) for s in statuses)]
+        for name, c in stats.queues.items()
+    ]
+    if len(rows) != 1:  # the totals, when there is more (or less) than one queue
+        rows.append(["(all)", *queue.values(), *(stats.runs.get(s, 0) for s in statuses)])
+    click.echo(render.table(["queue", *queue, *statuses], rows))
     if stats.leases and state is None:
         click.echo("\nleases:")
         rows = [
@@ -105,6 +133,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @click.command()
 @db_option
 @option("--status", "status_", default=None, metavar="S", help="only runs with this status")
+@option("--queue", default=None, metavar="NAME", help="only runs of this queue")
 @option(
     "--limit",
     type=Number(int, 1, 100_000),
@@ -113,19 +142,59 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     help="at most K runs, newest first",
 )
 @json_option
-def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
+def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
     ops.check_status(status_)
     with ops.store_for(db) as store:
-        found = store.list_runs(status_, limit)
+        found = store.list_runs(status_, limit, queue=queue)
     if as_json:
         click.echo(render.to_json(found))
         return
     rows = [
-        [r.id, r.status, r.revision, render.when(r.updated_at), r.failure_reason, r.last_error]
+        [r.id, r.status, r.queue, r.priority, r.revision, render.when(r.updated_at),
+         r.failure_reason, r.last_error]
         for r in found
-    ]
-    click.echo(render.table(["id", "status", "rev", "updated", "reason", "last error"], rows))
+    ]  # fmt: skip
+    headers = ["id", "status", "queue", "prio", "rev", "updated", "reason", "last error"]
+    click.echo(render.table(headers, rows))
+
+
+WAIT_CODES = {
+    "succeeded": exitcodes.OK,
+    "failed": exitcodes.RUN_FAILED,
+    "cancelled": exitcodes.RUN_CANCELLED,
+}
+
+
+@click.command()
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
+@db_option
+@option(
+    "--timeout",
+    type=Number(float, 0.0, 365 * DAY),
+    default=None,
+    metavar="S",
+    help="give up after S seconds (exit 14); default: wait as long as it takes",
+)
+@json_option
+def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
+    """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled)."""
+    with ops.store_for(db) as store:
+        try:
+            run = store.wait(run_id, timeout)
+        except TimeoutError as exc:
+            click.echo(f"supervisor: {exc}", err=True)
+            return exitcodes.WAIT_TIMEOUT
+    if as_json:
+        click.echo(render.to_json(run))
+    else:
+        why = (
+            f" ({run.failure_reason}: {render.short(run.last_error or '')})"
+            if run.failure_reason
+            else ""
+        )
+        click.echo(f"run {run.id} {run.status}{why}; result: {json.dumps(run.result)}")
+    return WAIT_CODES[run.status]
 
 
 @click.command()
@@ -205,4 +274,4 @@ def check(db: str, quick: bool) -> None:
     click.echo(f"ok: {pragma} found no damage and the lease invariants hold")
 
 
-ALL = [enqueue, status, runs, show, retry, cancel, check]
+ALL = [enqueue, status, runs, show, wait, retry, cancel, check]

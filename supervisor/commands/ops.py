@@ -12,7 +12,7 @@ import psutil
 
 from workerproc.identity import parse_owner
 from workerproc.store import InvalidPayload, RunNotFound, Store, StoreError, codec, open_store
-from workerproc.store.codec import MAX_STATE
+from workerproc.store.codec import MAX_STATE, check_run_options
 from workerproc.store.types import JSON, RUN_STATUSES
 
 from ..errors import ConfigError, SupervisorError
@@ -41,8 +41,22 @@ def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
             store.close()
 
 
-def enqueue(store: Store, task: str, payload: JSON, state: JSON, delay: float) -> int:
-    return store.start_run(task, payload, state=state, delay=delay)
+def enqueue(
+    store: Store,
+    task: str,
+    payload: JSON,
+    state: JSON,
+    delay: float,
+    *,
+    key: str | None = None,
+    queue: str = "default",
+    priority: int = 0,
+) -> int:
+    try:
+        check_run_options(queue, priority, key)
+    except InvalidPayload as exc:
+        raise ConfigError(str(exc)) from None
+    return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority)
 
 
 def check_status(status: str | None) -> None:

@@ -38,7 +38,7 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
 from workerproc.status import DURATION_BOUNDS, PHASE_NAMES
-from workerproc.store.types import RUN_STATUSES
+from workerproc.store.types import RUN_STATUSES, QueueCounts
 
 from ..loop.arbiter import Arbiter
 from .probe import StatsProbe
@@ -100,21 +100,35 @@ class SupervisorCollector:
     def _store(self) -> Iterator[Metric]:
         stats = self.probe.stats
         if stats is not None:
-            runs = {s: stats.runs.get(s, 0) for s in RUN_STATUSES} | dict(stats.runs)
+            queues = stats.queues or {  # a database with no run yet: one empty default queue
+                "default": QueueCounts(
+                    stats.ready, stats.delayed, stats.leased, stats.expired, dict(stats.runs)
+                )
+            }
+            runs = [
+                ([queue, s], n)
+                for queue, c in sorted(queues.items())
+                for s, n in sorted(({s: 0 for s in RUN_STATUSES} | c.runs).items())
+            ]
             yield labelled(
                 GaugeMetricFamily,
                 "runs",
-                "Runs in the database by status.",
-                ["status"],
-                [([s], n) for s, n in sorted(runs.items())],
+                "Runs in the database by queue and status.",
+                ["queue", "status"],
+                runs,
             )
-            counts = (stats.ready, stats.delayed, stats.leased, stats.expired)
+            tasks = [
+                ([queue, s], n)
+                for queue, c in sorted(queues.items())
+                for s, n in zip(TASK_STATES, (c.ready, c.delayed, c.leased, c.expired), strict=True)
+            ]
             yield labelled(
                 GaugeMetricFamily,
                 "tasks",
-                "Pending tasks: ready to claim, delayed, under a live lease, lease expired.",
-                ["state"],
-                [([s], n) for s, n in zip(TASK_STATES, counts, strict=True)],
+                "Pending tasks by queue: ready to claim, delayed, under a live lease, lease "
+                "expired.",
+                ["queue", "state"],
+                tasks,
             )
 
     def _fencing(self) -> Iterator[Metric]:

@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import time
+from collections import Counter
 from typing import Any
 
 import psutil
@@ -286,34 +287,41 @@ def _pick_to_retire(arb: Arbiter, candidates: list[Worker]) -> Worker:
 
 
 def drain(arb: Arbiter) -> None:
+    """--drain: stop once no task of the served queues (--queues; all by default) is ready,
+    delayed or leased."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
         return
+    served = arb.config.worker.queues
     try:
         with arb.gate.session() as store:
-            # One index lookup says whether any work is left (a run's ready_at is NULL only
-            # when it is over or has no pending task); the full counts, a scan of every run,
-            # only for the progress line and the final message.
-            left = store.next_ready_at() is not None
+            # One index lookup per queue says whether any work is left (a run's ready_at is
+            # NULL only when it is over or has no pending task); the full counts, a scan of
+            # every run, only for the progress line and the final message.
+            left = store.next_ready_at(served) is not None
             if left and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
         return
-    done = sum(stats.runs.get(s, 0) for s in ("succeeded", "failed", "cancelled"))
-    total = sum(stats.runs.values())
+    mine = [c for q, c in stats.queues.items() if served is None or q in served]
+    runs: Counter[str] = Counter()
+    for c in mine:
+        runs.update(c.runs)
+    done = sum(runs.get(s, 0) for s in ("succeeded", "failed", "cancelled"))
     if arb.progress is not None:
-        arb.progress.show(drain_progress(done, total, stats.runs.get("failed", 0), arb.started_at))
-    if stats.pending_work == 0:
+        progress = drain_progress(done, sum(runs.values()), runs.get("failed", 0), arb.started_at)
+        arb.progress.show(progress)
+    if sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
         if arb.progress is not None:
             arb.progress.finish()
         event(
             "drain_finished",
             f"drain finished: no task ready, delayed or leased ({done} runs done, "
-            f"{stats.runs.get('failed', 0)} failed)",
-            runs=stats.runs,
+            f"{runs.get('failed', 0)} failed)",
+            runs=dict(runs),
         )
         arb.stop("drain finished")
 

@@ -81,3 +81,9 @@ def exit0_once(ctx: TaskContext) -> Any:
     if ctx.attempt == 1:
         os._exit(0)
     return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@app.task("fails")
+def fails(ctx: TaskContext) -> Any:
+    """A handler error: recorded on the task, logged by the worker as an event."""
+    raise ValueError(f"attempt {ctx.attempt} went wrong")
