@@ -21,7 +21,7 @@ from supervisor import exitcodes
 from supervisor.loop.arbiter import Arbiter, Step
 from supervisor.loop.guard import DbGuard
 from supervisor.loop.progress import StallWatch
-from supervisor.loop.steps import snapshot
+from supervisor.loop.report import snapshot
 from supervisor.loop.storegate import StoreGate
 from workerproc import exitcodes as wexit
 from workerproc.identity import make_owner, owner_is_dead

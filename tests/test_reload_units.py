@@ -17,8 +17,9 @@ from supervisor.integrations.probe import StatsProbe
 from supervisor.loop.arbiter import Arbiter, Phase
 from supervisor.loop.pool import Worker
 from supervisor.loop.reload import Reloads, ReloadStatus
+from supervisor.loop.report import snapshot
 from supervisor.loop.signals import SignalInbox
-from supervisor.loop.steps import default_steps, snapshot
+from supervisor.loop.steps import default_steps
 from workerproc import App
 from workerproc import exitcodes as wexit
 from workerproc.config import WorkerConfig

@@ -17,9 +17,10 @@ from helpers import wait_for
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
+from workerproc.custody import SLOW_BEHIND
 from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
 from workerproc.store.sqlite import SQLiteStore
-from workerproc.worker import SLOW_BEHIND, Worker
+from workerproc.worker import Worker
 
 
 class Spy(SQLiteStore):

@@ -15,37 +15,33 @@ import dataclasses
 import logging
 import os
 import random
-import signal
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
 
 from . import exitcodes
-from .app import App, LeaseLost
+from .app import App
 from .config import WorkerConfig
+from .custody import SLOW_BEHIND, Custody
 from .exchange import Exchanger, refused
 from .heartbeat import Heartbeat
+from .idle import watch_for_work
 from .logs import event
-from .signals import INTERRUPT, Signals, Waker
+from .signals import Signals, Waker
 from .slots import AsyncSlots, Execution, Mode, Stopped, ThreadSlots, conclude, mode_for
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
-from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreCorrupt, StoreError
+from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
 FAST = 0.005  # a handler this quick makes prefetching worthwhile
 ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were all fast
 RECENT = 16  # handler durations the adaptive prefetch looks at
-# A prefetched lease waits at most this long behind slots that turned out slow (20x FAST: a
-# busy CPU's scheduling delays must not pass for slow handlers), then goes back.
-SLOW_BEHIND = 0.1
 BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
-HOLD = 0.02  # finished slots wait at most this long for their batch while prefetched work runs
+HOLD = 0.005  # finished slots wait at most this long for their batch while prefetched work runs
 
 
-class Worker:
+class Worker(Custody):
     def __init__(
         self,
         store: Store,
@@ -59,6 +55,7 @@ class Worker:
         parent_pid: int | None = None,
     ) -> None:
         config.validate()
+        super().__init__()
         self.store, self.app, self.config, self.owner = store, app, config, owner
         self.waker = waker or Waker()
         self.signals = Signals()
@@ -68,15 +65,10 @@ class Worker:
         self.capacity = config.concurrency
         self.tasks_done = 0
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
-        self._lock = threading.Lock()  # running, prefetched and completed, across threads
-        self.running: dict[int, Execution] = {}  # task id -> a handler running now
-        self.prefetched: deque[Lease] = deque()  # claimed, waiting for a slot
-        self._completed: deque[Execution] = deque()  # ended, not collected yet
         self.finished: list[Commit] = []  # last words to write in the next exchange
         self._finished_at: float | None = None  # when the oldest of them finished
         self._claimed: dict[int, float] = {}  # task id -> monotonic start of its claim
         self._recent: deque[float] = deque(maxlen=RECENT)
-        self._exit_code: int | None = None  # set by the heartbeat side: exit now
         self._drain_code: int | None = None  # stop claiming, finish the slots, exit this
         self._drain_until: float | None = None  # ... or give up on them then
         self._maybe_ready = True  # the last claim got all it asked for (or something changed)
@@ -282,42 +274,6 @@ class Worker:
         self._ended(ex)
         self._collect()
 
-    def _hand_back_behind(self, store: Store) -> None:
-        """Heartbeat thread: the inline handler turned out slow; give back what waits."""
-        with self._lock:
-            leases, self.prefetched = list(self.prefetched), deque()
-            self._recent.clear()  # slow after all: prefetch again only after RECENT fast ones
-        if not leases:
-            return
-        self.heartbeat.forget(leases)
-        try:
-            store.commit_many([Commit(lease, "handback") for lease in leases])
-        except StoreError as exc:  # they lapse after the ttl: no harm but a delay
-            event(
-                log,
-                "handback_failed",
-                f"could not hand back {len(leases)} prefetched tasks: {exc}",
-                level=logging.WARNING,
-                count=len(leases),
-            )
-
-    def _handbacks(self) -> list[Commit]:
-        """Prefetched leases go back unstarted when the worker stops taking work, or when the
-        slots they wait behind all turned out slow."""
-        if not self.prefetched:
-            return []
-        if self._accepting() and len(self.running) < self.capacity:
-            return []
-        if self._accepting():
-            youngest = max(ex.started for ex in self.running.values())
-            if time.monotonic() - youngest < SLOW_BEHIND:
-                return []
-        with self._lock:
-            leases, self.prefetched = list(self.prefetched), deque()
-        if self._accepting():  # slow after all: prefetch again only after RECENT fast ones
-            self._recent.clear()
-        return [Commit(lease, "handback") for lease in leases]
-
     # -- the store conversation -------------------------------------------------------------------
     def _exchange(self, handbacks: list[Commit], want: int) -> None:
         commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
@@ -382,140 +338,15 @@ class Worker:
             return
         if not self.running:
             deadline = now + self.config.poll_interval * random.uniform(0.9, 1.1)  # no herd
-        try:
-            token = self.store.change_token()
-            due = self.store.next_ready_at(self.config.queues)
-            if due is not None and (wait := due - self.store.now()) > 0:
-                deadline = min(deadline, time.monotonic() + wait)
-        except StoreCorrupt:
-            raise
-        except StoreError as exc:
-            event(log, "idle_check_failed", f"idle check failed: {exc}", level=logging.WARNING)
-            token = -1
-        while not self.signals.asked and self._exit_code is None:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            woke = self.waker.wait(min(CHANGE_CHECK, remaining))
-            self.signals.absorb(woke)
-            if self._completed or woke:
-                return
-            try:
-                current = self.store.change_token()
-                if current != token:
-                    token = current
-                    due = self.store.next_ready_at(self.config.queues)
-                    if due is not None and due <= self.store.now():
-                        break
-            except StoreCorrupt:
-                raise  # never waited out: the worker exits STORE_CORRUPT
-            except StoreError:
-                continue  # the database is busy or gone: wait out the interval, then claim
+        watch_for_work(
+            self.store,
+            self.waker,
+            self.signals,
+            deadline=deadline,
+            queues=self.config.queues,
+            interrupted=lambda: bool(self._completed) or self._exit_code is not None,
+        )
         self._maybe_ready = True
-
-    # -- heartbeat callbacks (heartbeat thread) ---------------------------------------------------
-    def _find(self, lease: Lease) -> Execution | None:
-        with self._lock:
-            ex = self.running.get(lease.task_id)
-            waiting = ex is None and lease in self.prefetched
-            if waiting:
-                self.prefetched.remove(lease)  # lost while it waited: never start it
-        if waiting:
-            self.heartbeat.forget([lease])
-        return ex if ex is not None and ex.lease.attempt == lease.attempt else None
-
-    def _on_lost(self, lease: Lease, why: str) -> None:
-        event(
-            log,
-            "lease_lost",
-            f"task {lease.task_id} attempt {lease.attempt}: lease lost ({why})",
-            level=logging.WARNING,
-            task_id=lease.task_id,
-            attempt=lease.attempt,
-            why=why,
-        )
-        ex = self._find(lease)
-        if ex is None:
-            return  # a late word about a task already behind us: never interrupt the next
-        ex.lost.set()  # a thread's next ctx call raises LeaseLost
-        if ex.mode is Mode.ASYNC:
-            self._aio.cancel(ex, Stopped.LOST)
-        elif ex.mode is Mode.INLINE:
-            self._interrupt_main(LeaseLost)
-
-    def _on_timeout(self, lease: Lease, store: Store) -> None:
-        ex = self._find(lease)
-        if ex is None:
-            return
-        event(
-            log,
-            "task_timeout",
-            f"task {lease.task_id} attempt {lease.attempt} outlived "
-            f"--task-timeout ({self.config.task_timeout:g}s)",
-            level=logging.ERROR,
-            task_id=lease.task_id,
-            attempt=lease.attempt,
-            slot=str(ex.mode),
-        )
-        if ex.mode is Mode.ASYNC:  # cancelled: it ends, and is released, like any other
-            self._aio.cancel(ex, Stopped.TIMEOUT)
-            return
-        # A Python call cannot be stopped safely from outside: release the lease now (fenced:
-        # a no-op if its commit came first). Inline, the process goes and its parent replaces
-        # it; on a thread, the worker stops claiming and exits once its other slots finish.
-        ex.stopped = Stopped.ABANDONED
-        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
-        try:
-            store.release(lease, 0.0, error=error)
-        except StoreError as exc:
-            event(
-                log,
-                "timeout_release_failed",
-                f"could not record the timeout: {exc}",
-                level=logging.ERROR,
-                task_id=lease.task_id,
-            )
-        if ex.mode is Mode.INLINE:
-            os._exit(exitcodes.TASK_TIMEOUT)
-        self.heartbeat.forget([lease])
-        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
-
-    def _on_stuck(self, lease: Lease) -> None:
-        event(
-            log,
-            "lease_stuck",
-            f"task {lease.task_id} attempt {lease.attempt}: the handler "
-            "ignored LeaseLost for a whole ttl; exiting",
-            level=logging.ERROR,
-            task_id=lease.task_id,
-            attempt=lease.attempt,
-        )
-        os._exit(exitcodes.LEASE_STUCK)
-
-    def _on_heartbeat_death(self, exc: BaseException) -> None:
-        self._exit_code = exitcodes.HEARTBEAT_DIED
-        with self._lock:
-            running = list(self.running.values())
-        for ex in running:
-            ex.lost.set()
-            if ex.mode is Mode.ASYNC:
-                self._aio.cancel(ex, Stopped.LOST)
-            elif ex.mode is Mode.INLINE:
-                self._interrupt_main(LeaseLost)
-        self.waker.wake()
-
-    def _interrupt_main(self, exc: type[BaseException]) -> None:
-        self.signals.interrupt = exc
-        self.waker.wake()
-        main = threading.main_thread().ident
-        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
-        # would kill a process that embeds a Worker without it.
-        if (
-            main is not None
-            and threading.current_thread() is not threading.main_thread()
-            and signal.getsignal(INTERRUPT) == self.signals.on_interrupt
-        ):
-            signal.pthread_kill(main, INTERRUPT)
 
     # -- status and the end -----------------------------------------------------------------------
     def _publish(self, phase: int | None = None) -> None:

@@ -4,10 +4,7 @@ state, acts, and asks to be woken (``arbiter.wake_at``) when it has something du
 from __future__ import annotations
 
 import logging
-import os
 import signal
-import time
-from collections import Counter
 from typing import Any
 
 import psutil
@@ -18,10 +15,11 @@ from workerproc.store import StoreError
 
 from .. import exitcodes
 from ..errors import SupervisorError
-from ..logs import drain_progress, event
+from ..logs import event
 from .arbiter import Arbiter, Phase, Step
 from .guard import stop_corrupt
 from .pool import Exit, ExitKind, Worker
+from .report import drain, publish_state
 from .signals import name as signal_name
 
 WARN = logging.WARNING
@@ -284,93 +282,6 @@ def _pick_to_retire(arb: Arbiter, candidates: list[Worker]) -> Worker:
         return state is not None and state.pid == w.pid and state.phase == HANDLER
 
     return sorted(candidates, key=lambda w: (busy(w), -w.started_at))[0]
-
-
-def drain(arb: Arbiter) -> None:
-    """--drain: stop once no task of the served queues (--queues; all by default) is ready,
-    delayed or leased."""
-    if not arb.config.drain or arb.stopping:
-        return
-    if not arb.due("drain", arb.config.timing.drain_check):
-        return
-    served = arb.config.worker.queues
-    try:
-        with arb.gate.session() as store:
-            # One index lookup per queue says whether any work is left (a run's ready_at is
-            # NULL only when it is over or has no pending task); the full counts, a scan of
-            # every run, only for the progress line and the final message.
-            left = store.next_ready_at(served) is not None
-            if left and (arb.progress is None or not arb.progress.enabled):
-                return
-            stats = store.stats()
-    except StoreError as exc:
-        event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
-        return
-    mine = [c for q, c in stats.queues.items() if served is None or q in served]
-    runs: Counter[str] = Counter()
-    for c in mine:
-        runs.update(c.runs)
-    done = sum(runs.get(s, 0) for s in ("succeeded", "failed", "cancelled"))
-    if arb.progress is not None:
-        progress = drain_progress(done, sum(runs.values()), runs.get("failed", 0), arb.started_at)
-        arb.progress.show(progress)
-    if sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
-        if arb.progress is not None:
-            arb.progress.finish()
-        event(
-            "drain_finished",
-            f"drain finished: no task ready, delayed or leased ({done} runs done, "
-            f"{runs.get('failed', 0)} failed)",
-            runs=dict(runs),
-        )
-        arb.stop("drain finished")
-
-
-def publish_state(arb: Arbiter) -> None:
-    arb.events.emit("tick")
-    if arb.pidfile is None:
-        return
-    if not arb.state_dirty and not arb.due("state", arb.config.timing.state_every):
-        return
-    arb.state_dirty = False
-    arb.last_run["state"] = arb.clock()
-    arb.pidfile.write_state(snapshot(arb))
-
-
-def snapshot(arb: Arbiter) -> dict[str, Any]:
-    """What ``status``, ``scale`` and ``health`` read from the state file."""
-    offset = time.time() - arb.clock()  # monotonic -> wall clock
-    workers = []
-    for w in sorted(arb.pool.workers.values(), key=lambda w: w.slot):
-        slot = arb.board.read(w.slot)
-        mine = slot is not None and slot.pid == w.pid
-        workers.append(
-            {
-                "pid": w.pid,
-                "slot": w.slot,
-                "owner": w.owner,
-                "generation": w.generation,
-                "started_at": round(w.started_at + offset, 3),
-                "retiring": w.retiring,
-                "phase": slot.phase_name if mine and slot else "starting",
-                "busy": slot.busy if mine and slot else 0,
-                "task_id": slot.task_id if mine and slot and slot.task_id else None,
-                "attempt": slot.attempt if mine and slot and slot.attempt else None,
-            }
-        )
-    return {
-        "pid": os.getpid(),
-        "tick": round(time.time(), 3),
-        "phase": str(arb.phase),
-        "target": arb.pool.target,
-        "concurrency": arb.config.worker.concurrency,
-        "generation": arb.pool.generation,
-        "db": arb.config.worker.db,
-        "app": arb.config.worker.app,
-        "workers": workers,
-        **arb.extra_state,
-        "reload": arb.reloads.snapshot(arb),
-    }
 
 
 def finish(arb: Arbiter) -> None:

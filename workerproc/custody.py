@@ -1,0 +1,198 @@
+"""What a worker holds, and what becomes of it when the heartbeat thread reports: a lease lost,
+a handler past --task-timeout, a handler that ignored its lost lease, the heartbeat's own death.
+
+``Custody`` keeps the running executions and the prefetched leases (guarded by one lock: the
+conductor, the slot threads, the event loop and the heartbeat all touch them); ``Worker``
+(``worker.py``) builds on it. These callbacks run on the heartbeat thread: they set flags,
+cancel coroutines, interrupt the main thread, and wake the conductor, which does the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections import deque
+
+from . import exitcodes
+from .app import LeaseLost
+from .config import WorkerConfig
+from .heartbeat import Heartbeat
+from .logs import event
+from .signals import INTERRUPT, Signals, Waker
+from .slots import AsyncSlots, Execution, Mode, Stopped
+from .store import Commit, Lease, Store, StoreError
+
+log = logging.getLogger("workerproc.worker")
+
+# A prefetched lease waits at most this long behind slots that turned out slow (20x what counts
+# as a fast handler: a busy CPU's scheduling delays must not pass for slow handlers), then it
+# goes back unstarted.
+SLOW_BEHIND = 0.1
+
+
+class Custody:
+    config: WorkerConfig
+    heartbeat: Heartbeat
+    signals: Signals
+    waker: Waker
+    _aio: AsyncSlots
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # running, prefetched and completed, across threads
+        self.running: dict[int, Execution] = {}  # task id -> a handler running now
+        self.prefetched: deque[Lease] = deque()  # claimed, waiting for a slot
+        self._completed: deque[Execution] = deque()  # ended, not collected yet
+        self._exit_code: int | None = None  # set by the heartbeat side: exit now
+
+    capacity: int
+    _recent: deque[float]
+
+    def drain(self, code: int, why: str) -> None:
+        raise NotImplementedError
+
+    def _accepting(self) -> bool:
+        raise NotImplementedError
+
+    # -- prefetched leases that go back unstarted ---------------------------------------------
+    def _hand_back_behind(self, store: Store) -> None:
+        """Heartbeat thread: the inline handler turned out slow; give back what waits."""
+        with self._lock:
+            leases, self.prefetched = list(self.prefetched), deque()
+            self._recent.clear()  # slow after all: prefetch again only after RECENT fast ones
+        if not leases:
+            return
+        self.heartbeat.forget(leases)
+        try:
+            store.commit_many([Commit(lease, "handback") for lease in leases])
+        except StoreError as exc:  # they lapse after the ttl: no harm but a delay
+            event(
+                log,
+                "handback_failed",
+                f"could not hand back {len(leases)} prefetched tasks: {exc}",
+                level=logging.WARNING,
+                count=len(leases),
+            )
+
+    def _handbacks(self) -> list[Commit]:
+        """Prefetched leases go back unstarted when the worker stops taking work, or when the
+        slots they wait behind all turned out slow."""
+        if not self.prefetched:
+            return []
+        if self._accepting() and len(self.running) < self.capacity:
+            return []
+        if self._accepting():
+            youngest = max(ex.started for ex in self.running.values())
+            if time.monotonic() - youngest < SLOW_BEHIND:
+                return []
+        with self._lock:
+            leases, self.prefetched = list(self.prefetched), deque()
+        if self._accepting():  # slow after all: prefetch again only after RECENT fast ones
+            self._recent.clear()
+        return [Commit(lease, "handback") for lease in leases]
+
+    # -- heartbeat callbacks (heartbeat thread) --------------------------------------------------
+    def _find(self, lease: Lease) -> Execution | None:
+        with self._lock:
+            ex = self.running.get(lease.task_id)
+            waiting = ex is None and lease in self.prefetched
+            if waiting:
+                self.prefetched.remove(lease)  # lost while it waited: never start it
+        if waiting:
+            self.heartbeat.forget([lease])
+        return ex if ex is not None and ex.lease.attempt == lease.attempt else None
+
+    def _on_lost(self, lease: Lease, why: str) -> None:
+        event(
+            log,
+            "lease_lost",
+            f"task {lease.task_id} attempt {lease.attempt}: lease lost ({why})",
+            level=logging.WARNING,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            why=why,
+        )
+        ex = self._find(lease)
+        if ex is None:
+            return  # a late word about a task already behind us: never interrupt the next
+        ex.lost.set()  # a thread's next ctx call raises LeaseLost
+        if ex.mode is Mode.ASYNC:
+            self._aio.cancel(ex, Stopped.LOST)
+        elif ex.mode is Mode.INLINE:
+            self._interrupt_main(LeaseLost)
+
+    def _on_timeout(self, lease: Lease, store: Store) -> None:
+        ex = self._find(lease)
+        if ex is None:
+            return
+        event(
+            log,
+            "task_timeout",
+            f"task {lease.task_id} attempt {lease.attempt} outlived "
+            f"--task-timeout ({self.config.task_timeout:g}s)",
+            level=logging.ERROR,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+            slot=str(ex.mode),
+        )
+        if ex.mode is Mode.ASYNC:  # cancelled: it ends, and is released, like any other
+            self._aio.cancel(ex, Stopped.TIMEOUT)
+            return
+        # A Python call cannot be stopped safely from outside: release the lease now (fenced:
+        # a no-op if its commit came first). Inline, the process goes and its parent replaces
+        # it; on a thread, the worker stops claiming and exits once its other slots finish.
+        ex.stopped = Stopped.ABANDONED
+        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
+        try:
+            store.release(lease, 0.0, error=error)
+        except StoreError as exc:
+            event(
+                log,
+                "timeout_release_failed",
+                f"could not record the timeout: {exc}",
+                level=logging.ERROR,
+                task_id=lease.task_id,
+            )
+        if ex.mode is Mode.INLINE:
+            os._exit(exitcodes.TASK_TIMEOUT)
+        self.heartbeat.forget([lease])
+        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
+
+    def _on_stuck(self, lease: Lease) -> None:
+        event(
+            log,
+            "lease_stuck",
+            f"task {lease.task_id} attempt {lease.attempt}: the handler "
+            "ignored LeaseLost for a whole ttl; exiting",
+            level=logging.ERROR,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+        )
+        os._exit(exitcodes.LEASE_STUCK)
+
+    def _on_heartbeat_death(self, exc: BaseException) -> None:
+        self._exit_code = exitcodes.HEARTBEAT_DIED
+        with self._lock:
+            running = list(self.running.values())
+        for ex in running:
+            ex.lost.set()
+            if ex.mode is Mode.ASYNC:
+                self._aio.cancel(ex, Stopped.LOST)
+            elif ex.mode is Mode.INLINE:
+                self._interrupt_main(LeaseLost)
+        self.waker.wake()
+
+    def _interrupt_main(self, exc: type[BaseException]) -> None:
+        self.signals.interrupt = exc
+        self.waker.wake()
+        main = threading.main_thread().ident
+        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
+        # would kill a process that embeds a Worker without it.
+        if (
+            main is not None
+            and threading.current_thread() is not threading.main_thread()
+            and signal.getsignal(INTERRUPT) == self.signals.on_interrupt
+        ):
+            signal.pthread_kill(main, INTERRUPT)
