@@ -52,13 +52,16 @@ def test_overview_lists_the_supervisors_workers_from_its_pidfile(s: Store, tmp_p
     pidfile = tmp_path / "sv.pid"
     pidfile.write_text(f"{os.getpid()}\n")  # a live pid that started before the file
     state = {"pid": os.getpid(), "phase": "running", "target": 2, "generation": 1, "tick": 0,
-             "workers": [{"pid": os.getpid(), "slot": 0, "owner": owner, "phase": "handler"},
+             "concurrency": 4,
+             "workers": [{"pid": os.getpid(), "slot": 0, "owner": owner, "phase": "handler",
+                          "busy": 3},
                          {"pid": 1, "slot": 1, "owner": "x", "phase": "idle"}]}  # fmt: skip
     (tmp_path / "sv.pid.state").write_text(json.dumps(state))
     html = client(s, pidfile=str(pidfile)).get("/").text
     assert "workers (target 2)" in text_of(html)
     assert f'<a href="/runs/{run_id}">{run_id}</a>' in html  # the lease it holds
     assert 'class="phase handler"' in html and 'class="phase idle"' in html
+    assert "<td>3/4</td><td>1</td>" in html and "<td>0/4</td><td>0</td>" in html  # busy, leases
     pidfile.write_text("999999999\n")  # nobody: the page says so instead of listing ghosts
     html = client(s, pidfile=str(pidfile)).get("/").text
     assert "no supervisor is running" in html and 'class="phase' not in html
