@@ -228,7 +228,9 @@ def test_silent_clients_are_dropped_and_connections_bounded() -> None:
 
 
 def test_a_port_in_use_is_a_clear_error(endpoint: HttpEndpoint) -> None:
-    with pytest.raises(SupervisorError, match=r"cannot serve metrics on 127\.0\.0\.1"):
+    with pytest.raises(
+        SupervisorError, match=r"cannot listen on 127\.0\.0\.1:\d+: the port is in use"
+    ):
         listen("127.0.0.1", endpoint.address[1])
 
 

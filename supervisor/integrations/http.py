@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..errors import SupervisorError
+from ..sockets import listen_tcp
 
 MAX_REQUEST = 8192
 MAX_CONNECTIONS = 16
@@ -33,23 +33,10 @@ class _Conn:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """A non-blocking, close-on-exec listening TCP socket; SupervisorError when it cannot."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise SupervisorError(f"--metrics-host {host!r}: {exc.strerror}") from None
-    family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(MAX_CONNECTIONS)
-    except OSError as exc:
-        sock.close()
-        raise SupervisorError(
-            f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"
-        ) from None
-    return sock
+    """A non-blocking listening socket for ``--metrics-port`` (the loop's select waits on it)."""
+    return listen_tcp(
+        host, port, option="--metrics-host", backlog=MAX_CONNECTIONS, nonblocking=True
+    )
 
 
 class HttpEndpoint:

@@ -5,7 +5,6 @@ forks, and must hold no thread)."""
 
 from __future__ import annotations
 
-import errno
 import signal
 import socket
 import sys
@@ -14,7 +13,7 @@ import uvicorn
 
 from workerproc.store import Store
 
-from ..errors import ConfigError, SupervisorError
+from ..sockets import listen_tcp
 from .app import create_app
 from .config import WebConfig
 
@@ -22,22 +21,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def bind(host: str, port: int) -> socket.socket:
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        raise ConfigError(f"--host {host!r}: {exc.strerror}") from None
-    family, kind, proto, _, address = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(128)
-    except OSError as exc:
-        sock.close()
-        why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
-        raise SupervisorError(f"cannot listen on {host}:{port}: {why}") from None
-    sock.set_inheritable(False)
-    return sock
+    return listen_tcp(host, port, option="--host", backlog=128)
 
 
 def url_of(sock: socket.socket) -> str:
