@@ -4,12 +4,20 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg_session
 import pytest
 from helpers import FakeClock
 from store_backends import BACKENDS, Backend
 from sv_harness import Supervisor
 
 from workerproc.store import Store, open_store
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_database() -> Iterator[None]:
+    """The session's PostgreSQL database (created on first use) is dropped at the end."""
+    yield
+    pg_session.drop_database()
 
 
 @pytest.fixture

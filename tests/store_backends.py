@@ -1,4 +1,4 @@
-"""Backends the store test suites run against: add PostgreSQL by adding one entry to BACKENDS.
+"""Backends the store test suites run against: one entry in BACKENDS per backend.
 
 A backend knows how to open a store on a fresh database and offers the two things a protocol
 test cannot do through the Store interface: put a second pending task into one run (the API
@@ -13,6 +13,10 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
+
+import pg_session
+import psycopg
 
 from workerproc.store import Clock, Lease, Store, open_store
 
@@ -65,9 +69,44 @@ class SQLiteBackend(Backend):
             conn.close()
 
 
+class PostgresBackend(Backend):
+    """A fresh schema on this pytest session's database (see pg_session)."""
+
+    name = "postgres"
+
+    def __init__(self, directory: str) -> None:
+        self.url = pg_session.schema_url()
+        self.schema = self.url.rsplit("schema=", 1)[1]
+
+    def open(self, clock: Clock | None = None) -> Store:
+        return open_store(self.url, clock=clock)
+
+    def connect(self) -> Any:
+        conn = psycopg.connect(pg_session.database_url(), autocommit=True)
+        conn.execute(f"SET search_path = {self.schema}")
+        return conn
+
+    def add_task(self, run_id: int, name: str, available_at: float, created_at: float) -> int:
+        with self.connect() as conn:
+            row = conn.execute(
+                "INSERT INTO tasks (run_id, name, available_at, created_at) "
+                "VALUES (%s, %s, %s, %s) RETURNING id",
+                (run_id, name, available_at, created_at),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    @contextmanager
+    def hold_write_lock(self) -> Iterator[None]:
+        """Block every write (EXCLUSIVE allows plain reads only) until the block ends."""
+        with self.connect() as conn, conn.transaction():
+            conn.execute("LOCK TABLE runs, tasks IN EXCLUSIVE MODE")
+            yield
+
+
 BACKENDS: dict[str, Callable[[str], Backend]] = {
     "sqlite": SQLiteBackend,
-    # "postgres": PostgresBackend,  # one line here runs every protocol test on PostgreSQL
+    "postgres": PostgresBackend,
 }
 
 

@@ -4,7 +4,7 @@ drop, fused claim), operators (retry, cancel, release_owner), delays and the rea
 from __future__ import annotations
 
 import pytest
-from helpers import FakeClock
+from helpers import FakeClock, wait_for
 from store_backends import TTL, Backend, claim, snapshot
 
 from workerproc.store import (
@@ -193,8 +193,8 @@ class TestStoreOperations:
         reader, writer = backend.open(), backend.open()
         try:
             token = reader.change_token()
-            writer.start_run("a")
-            assert reader.change_token() != token
+            writer.start_run("a")  # PostgreSQL delivers the notification a moment later
+            wait_for(lambda: reader.change_token() != token, timeout=10, interval=0.005)
         finally:
             reader.close()
             writer.close()

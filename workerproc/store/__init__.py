@@ -45,14 +45,25 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "TaskInfo",
+    "is_postgres_url",
     "open_store",
 ]
 
 
-def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:
-    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite.
+POSTGRES_SCHEMES = ("postgresql", "postgres")
 
-    ``clock`` (seconds, float) replaces the wall clock: tests inject one to move time.
+
+def is_postgres_url(url_or_path: str) -> bool:
+    return urlsplit(url_or_path).scheme in POSTGRES_SCHEMES if "://" in url_or_path else False
+
+
+def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:
+    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite;
+    ``postgresql://user@host/db[?schema=NAME&busy_timeout=S]`` opens PostgreSQL (the
+    ``postgres`` extra installs its driver).
+
+    ``clock`` (seconds, float) replaces the wall clock (the database clock on PostgreSQL):
+    tests inject one to move time.
     """
     if "://" not in url_or_path:
         return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
@@ -66,4 +77,14 @@ def open_store(url_or_path: str, *, clock: Clock | None = None, **options: objec
         if url_or_path.startswith("sqlite:///"):
             path = url_or_path[len("sqlite://") :].split("?", 1)[0]
         return SQLiteStore(path, clock=clock, **merged)  # type: ignore[arg-type]
-    raise StoreError(f"unsupported store URL scheme {parts.scheme!r} (use a path or sqlite:///)")
+    if parts.scheme in POSTGRES_SCHEMES:
+        try:
+            from .postgres import PostgresStore  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:  # the optional driver is missing
+            raise StoreError(
+                f"PostgreSQL needs psycopg 3: pip install 'leasekeeper[postgres]' ({exc})"
+            ) from None
+        return PostgresStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
+    raise StoreError(
+        f"unsupported store URL scheme {parts.scheme!r} (use a path, sqlite:/// or postgresql://)"
+    )
