@@ -32,6 +32,11 @@ def _exec(cur: Cursor, query: str, params: Params) -> Cursor:
     return cur.execute(query, params, prepare=True)
 
 
+def _count(cur: Cursor, query: str, params: Params) -> int:
+    """Rows changed (the statement RETURNs one row per row changed)."""
+    return len(_exec(cur, query, params).fetchall())
+
+
 def _one(cur: Cursor, query: str, params: Params) -> tuple[Any, ...] | None:
     row: tuple[Any, ...] | None = _exec(cur, query, params).fetchone()
     return row
@@ -140,7 +145,7 @@ class PostgresStore(PostgresBase, Store):
     def ack(self, lease: Lease) -> bool:
         def tx(c: Cursor, now: float | None) -> bool:
             fence = self._fence(lease, now)
-            if _exec(c, q.TASK_DONE, fence).rowcount == 0:
+            if _count(c, q.TASK_DONE, fence) == 0:
                 self._rejected(c, fence, "ack")
                 return False
             _exec(c, q.SUCCEED_IF_EMPTY, fence)
@@ -157,7 +162,7 @@ class PostgresStore(PostgresBase, Store):
 
         def tx(c: Cursor, now: float | None) -> CasResult:
             params = {**self._fence(lease, now), "state": state, "revision": expected_revision}
-            if _exec(c, q.CAS_STATE, params).rowcount == 0:
+            if _count(c, q.CAS_STATE, params) == 0:
                 return self._refused(c, params, "compare_and_set")
             return CasResult.OK
 
@@ -201,7 +206,7 @@ class PostgresStore(PostgresBase, Store):
         kind = commit.kind
         if kind in ("finish", "advance"):  # the hot path: the fence rides in the CAS
             cas = q.CAS_FINISH if kind == "finish" else q.CAS_STATE
-            if _exec(c, cas, params).rowcount == 0:
+            if _count(c, cas, params) == 0:
                 return self._refused(c, params, kind)
             _exec(c, q.TASK_DONE, params)
             if kind == "advance":
@@ -219,7 +224,7 @@ class PostgresStore(PostgresBase, Store):
             _exec(c, q.TASK_DONE, params)
             return CasResult.OK
         if kind == "fail":
-            if _exec(c, q.FAIL_RUN, params).rowcount == 0:
+            if _count(c, q.FAIL_RUN, params) == 0:
                 return CasResult.CONFLICT
             _exec(c, q.TASK_FAILED, params)
             return CasResult.OK
@@ -244,14 +249,14 @@ class PostgresStore(PostgresBase, Store):
         def tx(c: Cursor, now: float | None) -> bool:
             self._lock_run(c, run_id)
             params = {"run_id": run_id, "reason": reason, "error": error, "now": now}
-            return _exec(c, q.FAIL_RUN, params).rowcount == 1
+            return _count(c, q.FAIL_RUN, params) == 1
 
         return self._write(tx, run_id=run_id)
 
     def cancel_run(self, run_id: int) -> bool:
         def tx(c: Cursor, now: float | None) -> bool:
             self._lock_run(c, run_id)
-            return _exec(c, q.CANCEL_RUN, {"run_id": run_id, "now": now}).rowcount == 1
+            return _count(c, q.CANCEL_RUN, {"run_id": run_id, "now": now}) == 1
 
         return self._write(tx, run_id=run_id)
 
@@ -272,7 +277,7 @@ class PostgresStore(PostgresBase, Store):
     def release_owner(self, owner: str) -> int:
         def tx(c: Cursor, now: float | None) -> int:
             _exec(c, q.LOCK_OWNER_RUNS, {"owner": owner})
-            return int(_exec(c, q.RELEASE_OWNER, {"owner": owner, "now": now}).rowcount)
+            return int(_count(c, q.RELEASE_OWNER, {"owner": owner, "now": now}))
 
         return self._write(tx)
 
@@ -282,7 +287,7 @@ class PostgresStore(PostgresBase, Store):
         params = {"age": float(older_than), "limit": int(batch), "now": self._now_param()}
 
         def delete(query: str) -> int:
-            return self._write(lambda c, _now: int(_exec(c, query, params).rowcount))
+            return self._write(lambda c, _now: int(_count(c, query, params)))
 
         total = 0
         while (n := delete(q.PRUNE_RUNS)) > 0:
@@ -340,7 +345,6 @@ class PostgresStore(PostgresBase, Store):
 
     def stats(self) -> Stats:
         def read(c: Cursor, now: float | None) -> Stats:
-            c.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")  # one snapshot
             runs = {s: int(n) for s, n in _exec(c, q.RUN_COUNTS, {}).fetchall()}
             row = _one(c, q.TASK_COUNTS, {"now": now})
             assert row is not None
@@ -348,7 +352,7 @@ class PostgresStore(PostgresBase, Store):
             leases = [OwnerLease(*r) for r in _exec(c, q.LIVE_LEASES, {}).fetchall()]
             return Stats(float(at), runs, ready, delayed, leased, expired, leases)
 
-        return self._read(read)
+        return self._read(read, snapshot=True)  # one snapshot for every count
 
     def next_ready_at(self) -> float | None:
         row = self._read(lambda c, _now: _one(c, q.NEXT_READY, {}))

@@ -242,7 +242,7 @@ class PostgresBase:
             try:
                 conn = psycopg.connect(
                     self.conninfo,
-                    autocommit=False,
+                    autocommit=True,  # transactions are explicit (see _run)
                     prepare_threshold=0,  # every statement is prepared on first use
                     connect_timeout=max(2, int(self.busy_timeout + 0.999)),
                     application_name="leasekeeper",
@@ -267,60 +267,57 @@ class PostgresBase:
         return None if self._clock is None else self._clock()
 
     def _write(self, fn: Callable[[Cursor, float | None], T], *, run_id: int | None = None) -> T:
-        """One transaction: ``fn(cursor, now)`` where ``now`` is the injected clock (read after
-        the run row is locked when ``run_id`` is given) or None: the statements read the
-        database clock themselves, after their locks."""
-        return self._transaction(fn, run_id)
+        """One transaction, pipelined (BEGIN travels with the first statement, COMMIT alone):
+        ``fn(cursor, now)`` where ``now`` is the injected clock (read after the run row is
+        locked when ``run_id`` is given) or None: the statements read the database clock
+        themselves, after their locks."""
+        return self._transaction(fn, run_id, "write")
 
-    def _read(self, fn: Callable[[Cursor, float | None], T]) -> T:
-        return self._transaction(fn, None)
+    def _read(self, fn: Callable[[Cursor, float | None], T], *, snapshot: bool = False) -> T:
+        """Reads: each statement on its own (autocommit: one round trip), or with ``snapshot``
+        all of them in one REPEATABLE READ transaction."""
+        return self._transaction(fn, None, "snapshot" if snapshot else "read")
 
-    def _transaction(self, fn: Callable[[Cursor, float | None], T], run_id: int | None) -> T:
+    def _transaction(
+        self, fn: Callable[[Cursor, float | None], T], run_id: int | None, mode: str
+    ) -> T:
         attempt = 0
         while True:
             attempt += 1
             conn = self._conn()
-            committing = False
+            done = False  # fn returned: an error now comes from COMMIT (ambiguous)
             try:
-                with conn.cursor() as cur:
+                if mode == "read":
+                    with conn.cursor() as cur:
+                        result = fn(cur, self._now_param())
+                        done = True
+                        return result
+                if mode == "script":  # multi-statement scripts need the simple protocol
+                    with conn.transaction(), conn.cursor() as cur:
+                        result = fn(cur, self._now_param())
+                        done = True
+                    return result
+                with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                    if mode == "snapshot":
+                        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     if run_id is not None and self._clock is not None:
-                        cur.execute(LOCK_RUN, {"run_id": run_id}, prepare=True)
+                        cur.execute(LOCK_RUN, {"run_id": run_id}, prepare=True).fetchall()
                     result = fn(cur, self._now_param())
-                committing = True
-                conn.commit()
+                    done = True
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
-                self._rollback(conn)
                 if attempt >= _RETRIES:
                     raise _unavailable(exc, self.where) from None
                 time.sleep(random.uniform(0.001, 0.01) * attempt)
             except pg_errors.LockNotAvailable as exc:
-                self._rollback(conn)
                 msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({exc})"
                 raise StoreUnavailable(msg) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                self._rollback(conn)
-                if committing or attempt >= 2 or not conn.broken:
+                if (done and mode == "write") or attempt >= 2 or not conn.broken:
                     raise _unavailable(exc, self.where) from None
-                # the server never saw a COMMIT: nothing was written; try a new connection
-            except psycopg.DataError as exc:
-                self._rollback(conn)
-                raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+                # the server never saw our COMMIT: nothing was written; try a new connection
             except psycopg.Error as exc:
-                self._rollback(conn)
                 raise StoreError(f"{self.where}: {str(exc).strip()}") from None
-            except BaseException:
-                self._rollback(conn)
-                raise
-
-    @staticmethod
-    def _rollback(conn: psycopg.Connection[Any]) -> None:
-        if conn.broken or conn.closed:
-            return
-        try:
-            conn.rollback()
-        except psycopg.Error:
-            conn.close()
 
     # -- migrations ----------------------------------------------------------------------------
     def _version(self, cur: Cursor) -> int:
@@ -353,7 +350,7 @@ class PostgresBase:
                 f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
                 f"(found v{version}); `supervisor start` or `enqueue` creates it"
             )
-        self._write(self._migrate_locked)
+        self._transaction(self._migrate_locked, None, "script")
 
     def _migrate_locked(self, cur: Cursor, _now: float | None) -> None:
         # Two hosts starting at once: the second waits here, then finds nothing left to do.

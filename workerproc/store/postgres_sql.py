@@ -5,7 +5,8 @@ Time: ``%(now)s`` is NULL in production, and then every statement reads the data
 parameter. Fenced statements lock the run row FIRST (the ``run`` CTE) and read "now" only after
 that lock is held, so a write that waited behind another is judged at the instant it got its
 turn. Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows
-means the caller's lease is lost.
+means the caller's lease is lost. Statements whose row count matters return a row per row
+changed: transactions are pipelined, and fetching is what waits for the answer.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at 
     WHERE id = %(task_id)s RETURNING last_error"""
 FAIL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'failed', failure_reason = %(reason)s,
     last_error = coalesce(%(error)s, last_error), finished_at = now, updated_at = now
-    FROM clock WHERE id = %(run_id)s AND status IN {ALIVE}"""
+    FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
 
 # renew (R3): never an expired lease; the new expiry is max(old, now + ttl).
 RENEW = f"""{_LOCKED}
@@ -86,7 +87,7 @@ CHECK_FENCE = f"{_LOCKED} SELECT t.run_id FROM tasks AS t, clock WHERE {_FENCE}"
 # ack / drop / advance / finish: the task is done; its lease is cleared.
 TASK_DONE = f"""{_LOCKED}
 UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s, lease_owner = NULL,
-    lease_expires_at = NULL FROM clock WHERE {_FENCE}"""
+    lease_expires_at = NULL FROM clock WHERE {_FENCE} RETURNING t.id"""
 
 # every refused fenced write is kept: evidence that a zombie tried and was turned away
 INSERT_REJECTION = f"""INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
@@ -118,11 +119,11 @@ _CAS_WHERE = f"""r.id = %(run_id)s AND r.revision = %(revision)s AND r.status IN
       AND EXISTS (SELECT 1 FROM tasks AS t WHERE {_FENCE} AND t.run_id = %(run_id)s)"""
 CAS_STATE = f"""{_LOCKED}
 UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    updated_at = clock.now FROM clock WHERE {_CAS_WHERE}"""
+    updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
 CAS_FINISH = f"""{_LOCKED}
 UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1, status = 'succeeded',
     result = %(result)s::json, finished_at = clock.now, updated_at = clock.now
-    FROM clock WHERE {_CAS_WHERE}"""
+    FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
 CAS_NEXT_TASK = f"""INSERT INTO tasks (run_id, name, payload, available_at, created_at)
     SELECT %(run_id)s, %(name)s, %(payload)s::json, now + %(delay)s, now
     FROM (SELECT {_CLOCK} AS now) AS clock"""
@@ -130,7 +131,7 @@ CAS_NEXT_TASK = f"""INSERT INTO tasks (run_id, name, payload, available_at, crea
 # operators: the run row first, then its tasks
 LOCK_RUN = "SELECT status FROM runs WHERE id = %(run_id)s FOR UPDATE"
 CANCEL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
-    updated_at = now FROM clock WHERE id = %(run_id)s AND status IN {ALIVE}"""
+    updated_at = now FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
 PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL"
 # retry_run: a new attempt generation. attempts keeps counting (the fencing token never
 # repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
@@ -146,16 +147,17 @@ LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
     ORDER BY id FOR UPDATE"""
 RELEASE_OWNER = f"""{_CLOCK_CTE}
 UPDATE tasks AS t SET lease_expires_at = clock.now FROM clock
-    WHERE t.lease_owner = %(owner)s AND t.lease_expires_at > clock.now AND t.done_at IS NULL"""
+    WHERE t.lease_owner = %(owner)s AND t.lease_expires_at > clock.now AND t.done_at IS NULL
+    RETURNING t.id"""
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
 PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
     SELECT id FROM runs WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)"""
+    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING id"""
 PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY at LIMIT %(limit)s)"""
+    ORDER BY at LIMIT %(limit)s) RETURNING id"""
 
 # reads
 _RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
