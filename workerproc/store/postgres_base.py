@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg import pq, sql
+from psycopg.conninfo import make_conninfo
 
 from .base import Clock
 from .errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
@@ -119,7 +120,8 @@ class Listener:
 
     def _connect(self) -> None:
         try:
-            conn = pq.PGconn.connect(self.conninfo.encode())
+            info = make_conninfo(self.conninfo, application_name="leasekeeper", connect_timeout=2)
+            conn = pq.PGconn.connect(info.encode())
             if conn.status != pq.ConnStatus.OK:
                 raise psycopg.OperationalError(conn.get_error_message())
             conn.nonblocking = 1
