@@ -169,6 +169,26 @@ class TestStoreOperations:
         assert {lease.attempt for lease in (dead1, dead2)} == {1}
         assert s.claim("w4", TTL) is None
 
+    def test_prune_deletes_runs_finished_before_the_cutoff_in_batches(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        old = [s.start_run("t") for _ in range(5)]
+        for run_id in old[:4]:
+            assert s.cancel_run(run_id)
+        alive = s.start_run("t")
+        zombie = claim(s, "z", 1)  # a refused write, recorded now
+        clock.advance(10)
+        assert not s.renew(zombie, TTL)
+        assert len(s.fence_rejections()) == 1
+        clock.advance(3601)
+        recent = s.start_run("t")
+        assert s.cancel_run(recent)
+        assert s.prune(3600, batch=3) == 4  # two batches: 3, then 1
+        assert [r.id for r in s.list_runs()] == [recent, alive, old[4]]
+        assert all(s.get_tasks(r) == [] for r in old[:4])
+        assert s.fence_rejections() == []
+        assert s.prune(3600) == 0
+
     def test_fail_run(self, s: Store) -> None:
         run_id = s.start_run("a")
         assert s.fail_run(run_id, "operator", "why")

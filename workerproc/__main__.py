@@ -13,7 +13,7 @@ from .runner import AppLoadError, WorkerConfig, load_app, run_worker
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workerproc", description=__doc__)
-    p.add_argument("--db", required=True, help="database path or sqlite:/// URL")
+    p.add_argument("--db", required=True, help="database path, sqlite:/// or postgresql:// URL")
     p.add_argument("--app", required=True, help="the App to run, as package.module:attr")
     p.add_argument("--lease-ttl", type=float, default=60.0)
     p.add_argument("--poll-interval", type=float, default=1.0)

@@ -23,7 +23,7 @@ def cli() -> None:
 
 @cli.command(context_settings={"show_default": True})
 @option("-n", "--workers", type=int, default=1, help="worker processes to keep alive")
-@option("--db", required=True, metavar="PATH|URL", help="database file or sqlite:/// URL")
+@option("--db", required=True, metavar="PATH|URL", help="file, sqlite:/// or postgresql:// URL")
 @option("--app", required=True, metavar="MODULE:ATTR", help="the workerproc.App to run")
 @option("--lease-ttl", type=float, default=60.0, metavar="S", help="lease time to live")
 @option("--poll-interval", type=float, default=1.0, metavar="S", help="idle claim interval")

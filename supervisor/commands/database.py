@@ -1,4 +1,4 @@
-"""Operator commands on the database: enqueue, status, runs, show, retry, cancel."""
+"""Operator commands on the database: enqueue, status, runs, show, retry, cancel, prune."""
 
 from __future__ import annotations
 
@@ -157,4 +157,16 @@ def cancel(run_id: int, db: str) -> None:
     click.echo(f"run {run_id} cancelled")
 
 
-ALL = [enqueue, status, runs, show, retry, cancel]
+@click.command()
+@db_option
+@option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m (1s-3650d)")
+@option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
+def prune(db: str, older_than: str, batch: int) -> None:
+    """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
+    seconds = ops.parse_duration(older_than, "--older-than")
+    with ops.store_for(db) as store:
+        count = ops.prune(store, seconds, batch)
+    click.echo(f"pruned {count} finished run(s) older than {older_than}")
+
+
+ALL = [enqueue, status, runs, show, retry, cancel, prune]

@@ -21,6 +21,7 @@ from typing import Any
 
 from workerproc import App
 from workerproc.status import StatusBoard
+from workerproc.store import redact
 
 from .. import exitcodes
 from ..config import StartConfig
@@ -104,10 +105,10 @@ class Arbiter:
         event(
             "supervisor_started",
             f"supervisor started: {self.config.workers} workers, app {self.config.app}, "
-            f"db {self.config.db}",
+            f"db {redact(self.config.db)}",
             workers=self.config.workers,
             app=self.config.app,
-            db=self.config.db,
+            db=redact(self.config.db),
         )
         while not self.done:
             self.turn()

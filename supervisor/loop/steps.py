@@ -13,7 +13,7 @@ import psutil
 
 from workerproc import exitcodes as wexit
 from workerproc.status import HANDLER
-from workerproc.store import StoreError
+from workerproc.store import StoreError, redact
 
 from .. import exitcodes
 from ..errors import SupervisorError
@@ -307,7 +307,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "phase": str(arb.phase),
         "target": arb.pool.target,
         "generation": arb.pool.generation,
-        "db": arb.config.db,
+        "db": redact(arb.config.db),
         "app": arb.config.app,
         "workers": workers,
     }

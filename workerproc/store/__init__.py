@@ -25,6 +25,7 @@ from .types import (
     Stats,
     TaskInfo,
 )
+from .urls import POSTGRES_SCHEMES, is_postgres_url, redact
 
 __all__ = [
     "CasResult",
@@ -47,14 +48,8 @@ __all__ = [
     "TaskInfo",
     "is_postgres_url",
     "open_store",
+    "redact",
 ]
-
-
-POSTGRES_SCHEMES = ("postgresql", "postgres")
-
-
-def is_postgres_url(url_or_path: str) -> bool:
-    return urlsplit(url_or_path).scheme in POSTGRES_SCHEMES if "://" in url_or_path else False
 
 
 def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:

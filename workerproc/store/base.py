@@ -136,6 +136,12 @@ class Store(abc.ABC):
         """Expire every live lease of ``owner`` (known dead); returns how many."""
 
     @abc.abstractmethod
+    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+        """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
+        (and refused-write records as old), ``batch`` runs per write transaction so no lock
+        is held long; returns how many runs went."""
+
+    @abc.abstractmethod
     def get_run(self, run_id: int) -> Run | None: ...
 
     @abc.abstractmethod

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -30,6 +30,7 @@ from .base import Clock
 from .errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from .postgres_sql import LOCK_RUN, NOTIFY_CHANNEL, NOW_QUERY
+from .urls import redact, split_query
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -48,28 +49,6 @@ _OUR_OPTIONS = ("schema", "busy_timeout")
 # Connections inherited across fork() are kept referenced forever in the child: closing (or
 # garbage-collecting) one there would send a Terminate on the parent's socket.
 _abandoned: list[object] = []
-
-
-def redact(url: str) -> str:
-    """The URL without its password: what logs and error messages may show."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def split_url(url: str) -> tuple[str, dict[str, str]]:
-    """The libpq URL (our own query options removed) and our options."""
-    parts = urlsplit(url)
-    ours, theirs = {}, []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in _OUR_OPTIONS:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
 
 
 def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
@@ -191,7 +170,7 @@ class PostgresBase:
         schema: str | None = None,
         migrate: bool = True,
     ) -> None:
-        conninfo, ours = split_url(url)
+        conninfo, ours = split_query(url, _OUR_OPTIONS)
         schema = schema or ours.get("schema") or DEFAULT_SCHEMA
         if not _SCHEMA_NAME.fullmatch(schema):
             raise StoreError(f"schema must match {_SCHEMA_NAME.pattern} (got {schema!r})")

@@ -248,6 +248,18 @@ class SQLiteStore(SQLiteBase, Store):
             lambda c, now: c.execute(q.RELEASE_OWNER, {"owner": owner, "now": now}).rowcount
         )
 
+    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+        def delete(query: str) -> int:
+            params = {"age": float(older_than), "limit": int(batch)}
+            return self._write(lambda c, now: c.execute(query, {**params, "now": now}).rowcount)
+
+        total = 0
+        while (n := delete(q.PRUNE_RUNS)) > 0:
+            total += n
+        while delete(q.PRUNE_REJECTIONS) > 0:
+            pass
+        return total
+
     # -- reads ---------------------------------------------------------------------------------
     @staticmethod
     def _run(row: tuple[Any, ...]) -> Run:

@@ -116,6 +116,14 @@ RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finish
 RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
     WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
 
+# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
+# with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
+PRUNE_RUNS = """DELETE FROM runs WHERE id IN (
+    SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < :now - :age LIMIT :limit)"""
+PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
+    SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
+
 # reads
 _RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
     created_at, updated_at, finished_at"""
