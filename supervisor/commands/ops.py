@@ -42,8 +42,7 @@ def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
     path = db_file(db)
     if not create and path is not None and not os.path.exists(path):
         raise SupervisorError(f"database {path} does not exist")
-    options: dict[str, object] = {} if path is not None else {"migrate": create}
-    store = open_store(db, **options)
+    store = open_store(db) if path is not None else open_store(db, migrate=create)
     try:
         yield store
     finally:
