@@ -59,3 +59,15 @@ def sv(tmp_path: os.PathLike[str]) -> Iterator[Supervisor]:
         yield supervisor
     finally:
         supervisor.kill_all()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sv_each(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[Supervisor]:
+    """A real supervisor on each backend in turn (a fresh PostgreSQL schema for the second)."""
+    supervisor = Supervisor(Path(tmp_path))
+    if request.param == "postgres":
+        supervisor.db = pg_session.schema_url("sv")
+    try:
+        yield supervisor
+    finally:
+        supervisor.kill_all()

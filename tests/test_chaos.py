@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +25,10 @@ REPORT_KEYS = {
 EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def sv(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Supervisor]:
-    """A real supervisor on each backend (a fresh PostgreSQL schema for the second)."""
-    supervisor = Supervisor(tmp_path)
-    if request.param == "postgres":
-        supervisor.db = pg_session.schema_url("chaos")
-    try:
-        yield supervisor
-    finally:
-        supervisor.kill_all()
+@pytest.fixture
+def sv(sv_each: Supervisor) -> Supervisor:
+    """Every chaos test runs on each backend."""
+    return sv_each
 
 
 def enqueue(sv: Supervisor, runs: int, steps: int, sleep: float) -> list[int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import pytest
 from helpers import wait_for
 from store_backends import PostgresBackend
 
+from supervisor.loop.storegate import StoreGate
 from workerproc.store import (
     SchemaTooNew,
     StoreCorrupt,
@@ -386,4 +388,25 @@ def test_one_store_serves_many_threads_each_on_its_own_connection(pg: PostgresBa
     for t in threads:
         t.join(30)
     assert len(pids) == 4
+    store.close()
+
+
+def test_a_starting_supervisor_releases_only_dead_owners_of_its_own_host(
+    pg: PostgresBackend,
+) -> None:
+    """Many hosts share the database: a host whose pid 1 or a long-dead pid appears in another
+    host's owner string must not release that host's live leases."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    here_dead = f"{socket.gethostname()}:{dead.pid}:1.00:aa"
+    elsewhere = f"not-{socket.gethostname()}:{dead.pid}:1.00:bb"
+    store = pg.open()
+    for owner in (here_dead, elsewhere):
+        store.start_run("t")
+        assert store.claim(owner, 600) is not None
+    released = StoreGate(pg.url).release_dead_owners()
+    assert released == {here_dead: 1}
+    assert [lease.owner for lease in store.stats().leases if lease.expires_at > store.now()] == [
+        elsewhere
+    ]
     store.close()
