@@ -213,6 +213,19 @@ def test_workers_with_skewed_clocks_share_leases_by_the_database_clock(workdir, 
     store.close()
 
 
+def test_an_idle_worker_wakes_on_new_work_long_before_its_poll_interval(
+    workdir, db, real_store, procs
+):
+    """Idle wake-up: SQLite's data_version, PostgreSQL's LISTEN/NOTIFY. The poll interval is
+    an hour: only the change token can wake the worker."""
+    procs.append(spawn_worker(db, workdir, "--poll-interval", "3600"))
+    first = real_store.start_run("noop")
+    finished(real_store, first)  # the worker is up; it is idle from now on
+    time.sleep(0.5)  # well into its idle wait
+    for _ in range(3):
+        finished(real_store, real_store.start_run("noop"), timeout=30)
+
+
 def test_raising_handler_retries_with_backoff_then_exhausts(workdir, db, real_store, procs):
     run_id = real_store.start_run("boom")
     procs.append(spawn_worker(db, workdir, "--lease-ttl", "5", "--retry-backoff", "0.05"))
