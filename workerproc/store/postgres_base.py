@@ -1,6 +1,7 @@
 """PostgreSQL plumbing: one connection per thread (and per process after fork), prepared
 statements, reconnection with backoff, transactions, migrations under an advisory lock, and the
-LISTEN connection that makes ``change_token`` free.
+LISTEN connection that makes ``change_token`` free. Connections are in autocommit mode: a read
+is one round trip; a write is an explicit transaction.
 
 Failures: a connection that dies before our COMMIT was sent lost nothing (the server rolls the
 transaction back), so the transaction is retried once on a new connection; one that dies while
@@ -248,10 +249,9 @@ class PostgresBase:
         return None if self._clock is None else self._clock()
 
     def _write(self, fn: Callable[[Cursor, float | None], T], *, run_id: int | None = None) -> T:
-        """One transaction, pipelined (BEGIN travels with the first statement, COMMIT alone):
-        ``fn(cursor, now)`` where ``now`` is the injected clock (read after the run row is
-        locked when ``run_id`` is given) or None: the statements read the database clock
-        themselves, after their locks."""
+        """One transaction: ``fn(cursor, now)`` where ``now`` is the injected clock (read after
+        the run row is locked when ``run_id`` is given) or None: the statements read the
+        database clock themselves, after their locks."""
         return self._transaction(fn, run_id, "write")
 
     def _read(self, fn: Callable[[Cursor, float | None], T], *, snapshot: bool = False) -> T:
@@ -273,16 +273,11 @@ class PostgresBase:
                         result = fn(cur, self._now_param())
                         done = True
                         return result
-                if mode == "script":  # multi-statement scripts need the simple protocol
-                    with conn.transaction(), conn.cursor() as cur:
-                        result = fn(cur, self._now_param())
-                        done = True
-                    return result
-                with conn.pipeline(), conn.transaction(), conn.cursor() as cur:
+                with conn.transaction(), conn.cursor() as cur:
                     if mode == "snapshot":
                         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     if run_id is not None and self._clock is not None:
-                        cur.execute(LOCK_RUN, {"run_id": run_id}, prepare=True).fetchall()
+                        cur.execute(LOCK_RUN, {"run_id": run_id}, prepare=True)
                     result = fn(cur, self._now_param())
                     done = True
                 return result
@@ -331,7 +326,7 @@ class PostgresBase:
                 f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
                 f"(found v{version}); `supervisor start` or `enqueue` creates it"
             )
-        self._transaction(self._migrate_locked, None, "script")
+        self._write(self._migrate_locked)
 
     def _migrate_locked(self, cur: Cursor, _now: float | None) -> None:
         # Two hosts starting at once: the second waits here, then finds nothing left to do.

@@ -90,9 +90,11 @@ MIGRATIONS: list[str] = [
     CREATE INDEX fence_rejections_task ON fence_rejections (task_id, attempt);
     CREATE INDEX fence_rejections_at ON fence_rejections (at);
 
-    -- a run's claim columns, recomputed from its tasks (the run row is already locked by us)
+    -- a run's claim columns, recomputed from its tasks (the run row is already locked by us);
+    -- plpgsql, so each session plans the statement once
     CREATE FUNCTION leasekeeper_claim_columns(rid bigint, claimed boolean) RETURNS void
-    LANGUAGE sql SET search_path FROM CURRENT AS $$
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+    BEGIN
         UPDATE runs AS r SET
             (head_at, head_created, head_id) = (
                 SELECT t.available_at, t.created_at, t.id FROM tasks AS t
@@ -105,13 +107,16 @@ MIGRATIONS: list[str] = [
             status = CASE WHEN claimed AND r.status = 'pending' THEN 'running'
                           ELSE r.status END
         WHERE r.id = rid;
-    $$;
+    END $$;
 
+    -- a finished run's columns were cleared when it finished; a retry recomputes them all
     CREATE FUNCTION leasekeeper_tasks_changed() RETURNS trigger
     LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
     BEGIN
-        PERFORM leasekeeper_claim_columns(
-            NEW.run_id, NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL);
+        IF (SELECT finished_at IS NULL FROM runs WHERE id = NEW.run_id) THEN
+            PERFORM leasekeeper_claim_columns(
+                NEW.run_id, NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL);
+        END IF;
         RETURN NULL;
     END $$;
 

@@ -6,7 +6,7 @@ parameter. Fenced statements lock the run row FIRST (the ``run`` CTE) and read "
 that lock is held, so a write that waited behind another is judged at the instant it got its
 turn. Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows
 means the caller's lease is lost. Statements whose row count matters return a row per row
-changed: transactions are pipelined, and fetching is what waits for the answer.
+changed (the store counts what it fetches).
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ RETURNING run_id"""
 # (EvalPlanQual): a lease another claimer committed meanwhile is seen in ``lease_until``. The
 # run's head task is then leased (owner, expiry, attempt + 1). ``run_id`` comes back even when
 # no task was updated (a head inserted after the snapshot): the caller then claims again.
+# (A run is alive exactly when ``finished_at`` is NULL (a CHECK): that form keeps the planner on
+# the ``runs_head`` index walk rather than the status index and a sort.)
 CLAIM = f"""
 {_CLOCK_CTE},
 run AS MATERIALIZED (
     SELECT r.id, r.head_id, r.state, r.revision FROM runs AS r
-    WHERE r.head_at <= (SELECT now FROM clock) AND r.status IN {ALIVE}
+    WHERE r.head_at <= (SELECT now FROM clock) AND r.finished_at IS NULL
       AND (r.lease_until IS NULL OR r.lease_until <= (SELECT now FROM clock))
     ORDER BY r.head_at, r.head_created, r.head_id
     LIMIT 1
