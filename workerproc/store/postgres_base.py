@@ -94,6 +94,10 @@ class Listener:
         try:
             self._drain()  # the previous UNLISTEN's result, if any
             conn.send_query(b"UNLISTEN *")
+            for _ in range(10):  # nonblocking: push the query out (a few bytes: at once)
+                if conn.flush() == 0:
+                    break
+                select.select([], [conn.socket], [], 0.1)
             self._listening = False
         except (psycopg.Error, OSError):
             self._drop()
@@ -115,9 +119,13 @@ class Listener:
     def _listen(self) -> None:
         assert self._conn is not None
         self._drain()
-        while self._conn.is_busy():  # an UNLISTEN still in flight: let it finish first
-            select.select([self._conn.socket], [], [], 1.0)
+        for _ in range(20):  # an UNLISTEN still in flight: let it finish first
+            if not self._conn.is_busy():
+                break
+            select.select([self._conn.socket], [], [], 0.1)
             self._drain()
+        else:
+            raise psycopg.OperationalError("the listening connection does not answer")
         self._conn.nonblocking = 0
         try:
             ident = sql.Identifier(self.channel).as_string(None).encode()
