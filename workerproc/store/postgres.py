@@ -204,13 +204,9 @@ class PostgresStore(PostgresBase, Store):
     def _apply(self, c: Cursor, now: float | None, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}
         kind = commit.kind
-        if kind in ("finish", "advance"):  # the hot path: the fence rides in the CAS
-            cas = q.CAS_FINISH if kind == "finish" else q.CAS_STATE
-            if _count(c, cas, params) == 0:
+        if kind in ("finish", "advance"):  # the hot path: one statement, the fence in the CAS
+            if _count(c, q.FINISH if kind == "finish" else q.ADVANCE, params) == 0:
                 return self._refused(c, params, kind)
-            _exec(c, q.TASK_DONE, params)
-            if kind == "advance":
-                _exec(c, q.CAS_NEXT_TASK, params)
             return CasResult.OK
         if _one(c, q.CHECK_FENCE, params) is None:
             self._rejected(c, params, commit.kind)

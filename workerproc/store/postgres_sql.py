@@ -122,13 +122,27 @@ _CAS_WHERE = f"""r.id = %(run_id)s AND r.revision = %(revision)s AND r.status IN
 CAS_STATE = f"""{_LOCKED}
 UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
-CAS_FINISH = f"""{_LOCKED}
-UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1, status = 'succeeded',
-    result = %(result)s::json, finished_at = clock.now, updated_at = clock.now
-    FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
-CAS_NEXT_TASK = f"""INSERT INTO tasks (run_id, name, payload, available_at, created_at)
-    SELECT %(run_id)s, %(name)s, %(payload)s::json, now + %(delay)s, now
-    FROM (SELECT {_CLOCK} AS now) AS clock"""
+
+# finish / advance, the hot path, one statement: the CAS above (fence included), then, only if
+# it matched, the task is done and (advance) the next task inserted. A row comes back only when
+# the CAS matched; the triggers see the statement's outcome as a whole.
+_TASK_DONE_AFTER_CAS = f"""done AS (
+    UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s, lease_owner = NULL,
+        lease_expires_at = NULL FROM clock, cas WHERE {_FENCE})"""
+FINISH = f"""{_LOCKED},
+cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
+    status = 'succeeded', result = %(result)s::json, finished_at = clock.now,
+    updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
+{_TASK_DONE_AFTER_CAS}
+SELECT id FROM cas"""
+ADVANCE = f"""{_LOCKED},
+cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
+    updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
+{_TASK_DONE_AFTER_CAS},
+next_task AS (INSERT INTO tasks (run_id, name, payload, available_at, created_at)
+    SELECT cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now
+    FROM cas, clock)
+SELECT id FROM cas"""
 
 # operators: the run row first, then its tasks
 LOCK_RUN = "SELECT status FROM runs WHERE id = %(run_id)s FOR UPDATE"
