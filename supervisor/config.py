@@ -1,13 +1,26 @@
-"""What ``supervisor start`` was asked to do: parsed by the CLI, checked by ``validate()``."""
+"""What ``supervisor start`` was asked to do: each option declared once (``workerproc.options``),
+parsed by the CLI, checked by ``validate()``.
+
+``StartConfig`` holds the ``WorkerConfig`` every worker gets (declared in ``workerproc.config``)
+and adds what only the supervisor does; ``ChaosConfig`` is ``--chaos`` and its options.
+"""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from workerproc import options
+from workerproc.config import DAY, WorkerConfig
+from workerproc.options import opt
 
 from .errors import ConfigError
 
 LOG_FORMATS = ("text", "json")
+CHAOS_FAULTS = ("kill", "pause")
+MAX_WORKERS = 256  # status slots in the shared board: the most workers one supervisor runs
 
 
 @dataclass
@@ -20,104 +33,166 @@ class Timing:
     backoff_cap: float = 30.0
     drain_check: float = 0.2  # how often --drain looks at the queue
     memory_check: float = 1.0  # how often RSS is compared with --max-worker-memory
-    ready_after: float = 0.5  # a new worker counts as up (HUP rolling) after this long alive
     fast_stop_grace: float = 2.0  # QUIT/second TERM: wait this long for SIGKILLed workers
     state_every: float = 1.0  # how often the state file (status, health, scale) is rewritten
-
-
-CHAOS_FAULTS = ("kill", "pause")
+    reload_import_timeout: float = 120.0  # HUP: the import probe is killed past this (failed)
+    reload_boot_timeout: float = 120.0  # HUP: a new worker not claiming after this fails it
+    reload_crash_limit: int = 3  # HUP: new workers dying at start, in a row, that fail it
 
 
 @dataclass
 class ChaosConfig:
     """--chaos: inject faults into our own workers and verify takeover and fencing."""
 
-    interval: float = 5.0  # mean seconds between faults (each gap is 0.5x-1.5x, seeded)
-    faults: tuple[str, ...] = CHAOS_FAULTS
-    seed: int | None = None  # None: a random seed, logged
-    report: str | None = None  # JSON report path, written at exit
-    duration: float | None = None  # stop injecting after this many seconds (keep verifying)
-    max_faults: int | None = None
-    pause_for: float | None = None  # how long a paused worker stays stopped; default 2x ttl
+    enabled: bool = opt(
+        False,
+        flag="--chaos",
+        help="inject faults into our own workers and verify takeover and fencing",
+        meaning="inject faults into our own workers and verify takeover and fencing "
+        "([Chaos mode](#chaos-mode))",
+    )
+    interval: float = opt(
+        5.0,
+        flag="--chaos-interval",
+        metavar="S",
+        low=0.01,
+        high=DAY,
+        help="mean seconds between faults (each gap 0.5-1.5x, seeded)",
+    )
+    faults: tuple[str, ...] = opt(
+        CHAOS_FAULTS,
+        flag="--chaos-faults",
+        metavar="LIST",
+        choices=CHAOS_FAULTS,
+        help="kill: SIGKILL a worker in its handler; pause: SIGSTOP one past 2x the ttl, "
+        "then SIGCONT",
+    )
+    seed: int | None = opt(
+        None,
+        flag="--chaos-seed",
+        metavar="N",
+        low=0,
+        high=2**63 - 1,
+        shown_default="random",
+        help="the RNG seed (logged; the same seed makes the same choices)",
+    )
+    report: str | None = opt(
+        None, flag="--chaos-report", metavar="FILE", help="write the JSON report here at exit"
+    )
+    duration: float | None = opt(
+        None,
+        flag="--chaos-duration",
+        metavar="S",
+        low=0.1,
+        high=365 * DAY,
+        help="inject faults for S seconds, then only verify",
+    )
+    max_faults: int | None = opt(
+        None,
+        flag="--chaos-max-faults",
+        metavar="K",
+        low=1,
+        high=10**6,
+        help="inject at most K faults",
+    )
+    pause_for: float | None = opt(
+        None,
+        flag="--chaos-pause",
+        metavar="S",
+        low=1.0,
+        high=DAY,
+        shown_default="2x ttl",
+        help="how long a paused worker stays stopped (at least 2x the ttl)",
+    )
 
     def validate(self, lease_ttl: float) -> None:
-        checks = [
-            (self.interval > 0, "--chaos-interval must be greater than 0"),
-            (
-                bool(self.faults) and set(self.faults) <= set(CHAOS_FAULTS),
-                f"--chaos-faults must be a comma-separated subset of {','.join(CHAOS_FAULTS)}",
-            ),
-            (self.duration is None or self.duration > 0, "--chaos-duration must be > 0"),
-            (self.max_faults is None or self.max_faults >= 1, "--chaos-max-faults must be >= 1"),
-            (
-                self.pause_for is None or self.pause_for >= 2 * lease_ttl,
-                "--chaos-pause must be at least 2x --lease-ttl (the zombie must outlive its lease)",
-            ),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
+        if self.enabled and self.pause_for is not None and self.pause_for < 2 * lease_ttl:
+            raise ConfigError(
+                "--chaos-pause must be at least 2x --lease-ttl (the zombie must outlive its lease)"
+            )
 
 
 @dataclass
 class StartConfig:
-    app: str
-    db: str
-    workers: int = 1
-    lease_ttl: float = 60.0
-    poll_interval: float = 1.0
-    max_attempts: int = 3
-    task_timeout: float | None = None
-    heartbeat_interval: float | None = None
-    drain: bool = False
-    pidfile: str | None = None
-    graceful_timeout: float = 30.0
-    fast_release: bool = True
-    max_worker_memory: float | None = None  # MB of RSS
-    max_tasks_per_worker: int | None = None
-    log_format: str = "text"
-    metrics_port: int | None = None  # serve Prometheus metrics (supervisor/metrics.py)
-    metrics_host: str = "127.0.0.1"
-    chaos: ChaosConfig | None = None
+    worker: WorkerConfig
+    workers: int = opt(
+        1,
+        flag="--workers",
+        short="-n",
+        metavar="N",
+        low=1,
+        high=MAX_WORKERS,
+        help="worker processes to keep alive",
+    )
+    drain: bool = opt(
+        False, flag="--drain", help="stop (exit 0) once no task is ready, delayed or leased"
+    )
+    pidfile: str | None = opt(
+        None,
+        flag="--pidfile",
+        metavar="FILE",
+        help="refuse a second supervisor; enables stop/reload/scale/health",
+    )
+    graceful_timeout: float = opt(
+        30.0,
+        flag="--graceful-timeout",
+        metavar="S",
+        low=0.0,
+        high=DAY,
+        help="how long a stopping worker may finish its task before SIGKILL",
+    )
+    fast_release: bool = opt(
+        True,
+        flag="--fast-release/--no-fast-release",
+        help="release a reaped worker's leases at once (off: they wait for the ttl)",
+    )
+    max_worker_memory: float | None = opt(
+        None,
+        flag="--max-worker-memory",
+        metavar="MB",
+        low=1.0,
+        high=10**7,
+        help="recycle a worker whose RSS exceeds this, after its current task",
+    )
+    max_tasks_per_worker: int | None = opt(
+        None,
+        flag="--max-tasks-per-worker",
+        metavar="K",
+        low=1,
+        high=10**9,
+        help="recycle a worker after about K tasks (±10 % jitter per worker)",
+    )
+    log_format: str = opt(
+        "text",
+        flag="--log-format",
+        metavar="text|json",
+        choices=LOG_FORMATS,
+        help="one line per lifecycle event on stderr",
+    )
+    metrics_port: int | None = opt(
+        None,
+        flag="--metrics-port",
+        metavar="PORT",
+        low=0,
+        high=65535,
+        help="serve Prometheus /metrics (0: any free port, logged)",
+        meaning="serve Prometheus `/metrics` (0: any free port, logged) — see [Metrics](#metrics)",
+    )
+    metrics_host: str = opt(
+        "127.0.0.1", flag="--metrics-host", metavar="ADDR", help="address for --metrics-port"
+    )
+    chaos: ChaosConfig = field(default_factory=ChaosConfig)
     timing: Timing = field(default_factory=Timing)
 
     def validate(self) -> StartConfig:
         """Raise ConfigError naming the first option that cannot work; return self."""
-        checks: list[tuple[bool, str]] = [
-            (self.workers >= 1, f"-n/--workers must be at least 1 (got {self.workers})"),
-            (":" in self.app and all(self.app.split(":", 1)), "--app must look like MODULE:ATTR"),
-            (bool(self.db.strip()), "--db must name a database file or URL"),
-            (self.lease_ttl > 0, "--lease-ttl must be greater than 0"),
-            (self.poll_interval > 0, "--poll-interval must be greater than 0"),
-            (self.max_attempts >= 1, "--max-attempts must be at least 1"),
-            (self.task_timeout is None or self.task_timeout > 0, "--task-timeout must be > 0"),
-            (self.graceful_timeout >= 0, "--graceful-timeout must be 0 or more"),
-            (
-                self.max_worker_memory is None or self.max_worker_memory > 0,
-                "--max-worker-memory must be greater than 0 (MB)",
-            ),
-            (
-                self.max_tasks_per_worker is None or self.max_tasks_per_worker >= 1,
-                "--max-tasks-per-worker must be at least 1",
-            ),
-            (self.log_format in LOG_FORMATS, f"--log-format must be one of {LOG_FORMATS}"),
-            (
-                self.metrics_port is None or 0 <= self.metrics_port <= 65535,
-                "--metrics-port must be between 0 and 65535 (0: any free port)",
-            ),
-        ]
-        if self.heartbeat_interval is not None:
-            checks.append(
-                (
-                    0 < self.heartbeat_interval < self.lease_ttl,
-                    "--heartbeat-interval must be greater than 0 and less than --lease-ttl",
-                )
-            )
-        for ok, message in checks:
-            if not ok:
-                raise ConfigError(message)
-        if self.chaos is not None:
-            self.chaos.validate(self.lease_ttl)
+        try:
+            options.validate(self)
+            options.validate(self.chaos)
+            self.worker.validate()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        self.chaos.validate(self.worker.lease_ttl)
         return self
 
     def max_tasks_for_new_worker(self, rng: random.Random) -> int | None:
@@ -125,3 +200,21 @@ class StartConfig:
         if self.max_tasks_per_worker is None:
             return None
         return max(1, round(self.max_tasks_per_worker * rng.uniform(0.9, 1.1)))
+
+
+def start_options() -> list[options.Declared]:
+    """Every option of ``supervisor start``, in the order ``--help`` and the README show them:
+    the pool size, then what each worker gets, then the supervisor's own, then chaos mode."""
+    own = list(options.declared(StartConfig))
+    worker = [d for d in options.declared(WorkerConfig) if d.opt.on_supervisor]
+    return [own[0], *worker, *own[1:], *options.declared(ChaosConfig)]
+
+
+def start_config(values: Mapping[str, Any]) -> StartConfig:
+    """A checked StartConfig from option values keyed by option name (as click parses them)."""
+    return options.build(
+        StartConfig,
+        values,
+        worker=options.build(WorkerConfig, values),
+        chaos=options.build(ChaosConfig, values),
+    ).validate()

@@ -32,3 +32,7 @@ class PidfileLocked(SupervisorError):
 
 class NotRunning(SupervisorError):
     exit_code = exitcodes.NOT_RUNNING
+
+
+class ReloadFailed(SupervisorError):
+    exit_code = exitcodes.RELOAD_FAILED

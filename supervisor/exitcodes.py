@@ -1,4 +1,5 @@
-"""Exit codes of the ``supervisor`` command. The README's table is generated from DESCRIPTIONS."""
+"""Exit codes of the ``supervisor`` command; the README's table is generated from DESCRIPTIONS
+(``supervisor/commands/reference.py``)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,29 @@ PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
 CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
+STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
+STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
+RELOAD_FAILED = 11  # reload --wait: the reload failed; the old workers keep serving
 
 DESCRIPTIONS = {
-    OK: "success; `start`: stopped on request (graceful, fast or after --drain)",
-    ERROR: "the command failed (database missing or corrupt, unknown run, refused operation)",
-    USAGE: "bad option or value (e.g. `-n 0`, invalid JSON)",
-    APP_LOAD: "`start`: the --app cannot be imported",
-    WORKER_BOOT: "`start`: a worker could not boot (exit code 3); the supervisor stopped",
+    OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
+    ERROR: "the command failed: database missing or corrupt, unknown run, refused operation; "
+    "`start`: the database is corrupt or its file was deleted or replaced under the pool",
+    USAGE: "bad option or value (`-n 0`, `--lease-ttl inf`, invalid JSON, a non-numeric run id)",
+    APP_LOAD: "`start`: the `--app` cannot be imported (or its import started threads: the parent "
+    "must fork from one thread)",
+    WORKER_BOOT: "`start`: a worker could not boot (worker exit code 3); the supervisor stopped",
     PIDFILE_LOCKED: "`start`: another supervisor holds the pidfile",
-    NOT_RUNNING: "stop/reload/scale/health: no live supervisor behind the pidfile",
-    UNHEALTHY: "health: the supervisor is alive but its main loop is not ticking",
-    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (the report lists it)",
+    NOT_RUNNING: "`stop`/`reload`/`scale`/`health`: no live supervisor behind the pidfile "
+    "(missing or stale)",
+    UNHEALTHY: "`health`: the supervisor is alive but its main loop has not ticked within "
+    "`--max-age`",
+    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (listed in the report and on "
+    "stderr)",
+    STATE_UNWRITABLE: "`health`: the main loop runs but cannot write its state file (disk full "
+    "or read-only)",
+    STALLED: "`health`: work is ready and workers are free, but nothing was claimed for "
+    "`--max-stall`",
+    RELOAD_FAILED: "`reload --wait`: the reload failed (the new code does not import or its "
+    "workers cannot boot); the old workers keep serving",
 }

@@ -71,3 +71,11 @@ def sv_each(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Itera
         yield supervisor
     finally:
         supervisor.kill_all()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the directory of the screenshots the browser test kept (tests/test_web_browser.py)."""
+    where = Path(os.environ.get("LEASEKEEPER_ARTIFACTS", Path(__file__).parent.parent /
+                                "test-artifacts")) / "web"  # fmt: skip
+    if where.is_dir() and any(where.glob("*.png")):
+        terminalreporter.write_line(f"dashboard screenshots: {where}")

@@ -37,6 +37,22 @@ class Backend(abc.ABC):
     def hold_write_lock(self) -> Iterator[None]:
         """Hold the database's write lock from another connection while the block runs."""
 
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """What another process passes to ``open_store`` to reach this database."""
+
+    @abc.abstractmethod
+    def app_connection(self) -> Any:
+        """An application's own DB-API connection to this database, as a caller of
+        transactional enqueue holds it (a ``sqlite3.Connection`` here), outside any
+        transaction."""
+
+    @abc.abstractmethod
+    def app_table(self, conn: Any) -> None:
+        """Create the application's own table ``orders(id INTEGER PRIMARY KEY, item TEXT)``
+        on ``conn`` (committed), for the transactional enqueue tests."""
+
 
 class SQLiteBackend(Backend):
     name = "sqlite"
@@ -68,6 +84,17 @@ class SQLiteBackend(Backend):
         finally:
             conn.close()
 
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.path}"
+
+    def app_connection(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=10)  # Python's default: implicit BEGIN on DML
+
+    def app_table(self, conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.commit()
+
 
 class PostgresBackend(Backend):
     """A fresh schema on this pytest session's database (see pg_session)."""
@@ -75,8 +102,12 @@ class PostgresBackend(Backend):
     name = "postgres"
 
     def __init__(self, directory: str) -> None:
-        self.url = pg_session.schema_url()
-        self.schema = self.url.rsplit("schema=", 1)[1]
+        self._url = pg_session.schema_url()
+        self.schema = self._url.rsplit("schema=", 1)[1]
+
+    @property
+    def url(self) -> str:
+        return self._url
 
     def open(self, clock: Clock | None = None) -> Store:
         return open_store(self.url, clock=clock)
@@ -102,6 +133,20 @@ class PostgresBackend(Backend):
         with self.connect() as conn, conn.transaction():
             conn.execute("LOCK TABLE runs, tasks IN EXCLUSIVE MODE")
             yield
+
+    def app_connection(self) -> psycopg.Connection[Any]:
+        """psycopg's default: a transaction begins with the first statement. The application
+        keeps its tables in its own schema: nothing of ours is on its search path."""
+        conn = psycopg.connect(pg_session.database_url(), autocommit=True)
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}_app")
+        conn.close()
+        return psycopg.connect(
+            pg_session.database_url(), options=f"-c search_path={self.schema}_app"
+        )
+
+    def app_table(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, item text)")
+        conn.commit()
 
 
 BACKENDS: dict[str, Callable[[str], Backend]] = {

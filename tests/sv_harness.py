@@ -43,10 +43,11 @@ class Supervisor:
         self.log_path = workdir / f"{name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.extra_path: str | None = None
+        self.command = [sys.executable, "-m", "supervisor"]  # a test may run a wrapper instead
 
     # -- process ---------------------------------------------------------------------------
     def start(self, *args: str, n: int = 2, app: str = APP, pidfile: bool = True) -> Supervisor:
-        cmd = [sys.executable, "-m", "supervisor", "start", "-n", str(n), "--db", self.db]
+        cmd = [*self.command, "start", "-n", str(n), "--db", self.db]
         cmd += ["--app", app, "--log-format", "json", *args]
         if pidfile:
             cmd += ["--pidfile", self.pidfile]

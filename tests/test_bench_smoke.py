@@ -26,3 +26,17 @@ def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
                 "write-lock wait, 8 processes", "| process | claim+ack done |"):  # fmt: skip
         assert row in out, f"missing {row!r} in:\n{out}"
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
+
+
+@pytest.mark.slow
+def test_bench_web_smoke_prints_both_rows(tmp_path: object) -> None:
+    """``scripts/bench_web.py`` still drains with and without a busy dashboard."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_web.py"), "--runs", "200",
+         "--workers", "1", "--rounds", "1", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("| without a dashboard |", "| with 3 pages loaded every second |", "| ratio |"):
+        assert row in proc.stdout, proc.stdout
+    assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"

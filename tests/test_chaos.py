@@ -4,7 +4,6 @@ database that every orphaned lease was taken over and no zombie wrote, and it ca
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ pytestmark = pytest.mark.slow
 APP = "apps.chaos_app:app"
 REPORT_KEYS = {
     "faults", "orphaned_leases", "taken_over", "not_taken_over", "takeover_ms",
-    "zombie_writes_rejected", "violations", "events", "ok",
+    "zombie_writes_rejected", "violations", "events", "ok", "spared", "spared_by", "spared_why",
 }  # fmt: skip
 EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
 
@@ -31,21 +30,32 @@ def sv(sv_each: Supervisor) -> Supervisor:
     return sv_each
 
 
-def enqueue(sv: Supervisor, runs: int, steps: int, sleep: float) -> list[int]:
+def enqueue(
+    sv: Supervisor, runs: int, steps: int, sleep: float, sleep_max: float | None = None
+) -> list[int]:
     store = open_store(sv.db)
     try:
-        payload = {"n": 0, "steps": steps, "sleep": sleep}
+        payload = {"n": 0, "steps": steps, "sleep": sleep, "sleep_max": sleep_max or sleep}
         return [store.start_run("step", payload, {}) for _ in range(runs)]
     finally:
         store.close()
 
 
-def chaos_run(sv: Supervisor, *extra: str, n: int = 4, timeout: float = 120) -> dict[str, Any]:
+def chaos_run(
+    sv: Supervisor,
+    *extra: str,
+    n: int = 4,
+    app: str = APP,
+    max_attempts: int = 20,
+    interval: float = 0.3,
+    timeout: float = 120,
+) -> dict[str, Any]:
     report = str(sv.workdir / "chaos.json")
     sv.start(
-        "--drain", "--lease-ttl", "0.5", "--poll-interval", "0.2", "--max-attempts", "20",
-        "--chaos", "--chaos-interval", "0.3", "--chaos-seed", "1234",
-        "--chaos-report", report, *extra, n=n, app=APP,
+        "--drain", "--lease-ttl", "0.5", "--poll-interval", "0.2",
+        "--max-attempts", str(max_attempts),
+        "--chaos", "--chaos-interval", str(interval), "--chaos-seed", "1234",
+        "--chaos-report", report, *extra, n=n, app=app,
     )  # fmt: skip
     code = sv.wait_exit(timeout)
     with open(report) as f:
@@ -98,18 +108,41 @@ def test_chaos_without_fast_release_proves_the_ttl_path(sv: Supervisor):
     assert_one_write_per_step(sv, runs, 3)
 
 
-def test_the_verifier_reports_a_violation_when_fencing_is_disabled(sv: Supervisor):
-    """Handlers outlive the pause: with the fence off, a woken zombie commits before its
-    successor, and the verifier must say so (and the exit code too)."""
-    os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"] = "1"
+def test_chaos_alone_never_fails_a_run_when_steps_outlast_the_fault_interval(sv: Supervisor):
+    """Pauses every ~0.5 s, steps of 0.8-1.6 s: without the sparing rule nearly every attempt
+    of the last runs is paused before it can finish, and runs end task_attempts_exhausted.
+    With it, a task's last allowed attempt is never struck: every run succeeds."""
+    runs = enqueue(sv, runs=6, steps=1, sleep=0.8, sleep_max=1.6)
+    report = chaos_run(
+        sv, "--chaos-faults", "pause", n=2, max_attempts=3, interval=0.5, timeout=180
+    )
+    assert report["exit_code"] == 0, sv.text()[-3000:]
+    assert report["ok"], report["violations"]
+    assert report["faults"]["pause"] >= 3
+    store = open_store(sv.db)
     try:
-        sv.extra_path = None
-        enqueue(sv, runs=6, steps=1, sleep=2.0)
-        report = chaos_run(
-            sv, "--chaos-faults", "pause", "--chaos-max-faults", "3", "--chaos-pause", "1.0", n=3
-        )
+        for run_id in runs:
+            run = store.get_run(run_id)
+            assert run is not None and run.status == "succeeded", (run, report["events"])
+            (task,) = store.get_tasks(run_id)
+            faulted = [e for e in report["events"] if e["task_id"] == task.id]
+            struck = {e["attempt"] for e in faulted if e["outcome"] != "finished_before"}
+            assert len(struck) <= 2  # at most max_attempts - 1 of its attempts
     finally:
-        del os.environ["LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS"]
+        store.close()
+    assert report["spared"] >= 1  # the rule did hold faults back
+
+
+def test_the_verifier_reports_a_violation_when_fencing_is_disabled(sv: Supervisor):
+    """Handlers outlive the pause: with the fence broken (by the test app, tests/unfenced.py), a
+    woken zombie commits before its successor, and the verifier must say so (and the exit code
+    too)."""
+    enqueue(sv, runs=6, steps=1, sleep=2.0)
+    report = chaos_run(
+        sv,
+        "--chaos-faults", "pause", "--chaos-max-faults", "3", "--chaos-pause", "1.0",
+        n=3, app="apps.chaos_unfenced:app",
+    )  # fmt: skip
     assert report["exit_code"] == exitcodes.CHAOS_VIOLATION
     assert not report["ok"]
     assert any("zombie" in v or "superseded" in v for v in report["violations"])

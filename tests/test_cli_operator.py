@@ -56,7 +56,9 @@ def test_enqueue_prints_the_run_id_and_stores_payload_state_delay(db: str) -> No
 
 
 def test_enqueue_creates_a_new_database_but_not_its_directory(tmp_path: Path) -> None:
-    assert invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stdout.strip() == "1"
+    result = invoke("enqueue", "t", "--db", str(tmp_path / "new.db"))
+    assert result.stdout.strip() == "1" and "created a new database" in result.stderr
+    assert "created" not in invoke("enqueue", "t", "--db", str(tmp_path / "new.db")).stderr
     line = error_line(invoke("enqueue", "t", "--db", str(tmp_path / "no" / "x.db")), 1)
     assert "does not exist" in line
 
@@ -66,8 +68,8 @@ def test_enqueue_creates_a_new_database_but_not_its_directory(tmp_path: Path) ->
     [
         (["--payload", "{not json"], "--payload is not valid JSON"),
         (["--state", "[1,"], "--state is not valid JSON"),
-        (["--delay", "-5"], "--delay must be 0 or more"),
-        (["--delay", "soon"], "'soon' is not a valid float"),
+        (["--delay", "-5"], "--delay must be a number from 0 to"),
+        (["--delay", "soon"], "--delay: 'soon' is not a number"),
     ],
 )
 def test_enqueue_bad_input(db: str, args: list[str], words: str) -> None:
@@ -162,7 +164,7 @@ def test_show_a_run_and_its_tasks(db: str) -> None:
 def test_unknown_or_malformed_run_id(db: str, command: str) -> None:
     assert "no run with id 99" in error_line(invoke(command, "99", "--db", db), exitcodes.ERROR)
     line = error_line(invoke(command, "abc", "--db", db), exitcodes.USAGE)
-    assert "'abc' is not a valid integer" in line
+    assert "RUN: 'abc' is not a whole number" in line
 
 
 def test_retry_a_failed_run_and_refuse_a_pending_one(db: str) -> None:
@@ -231,7 +233,8 @@ def _dead_pid() -> int:
 
 
 @pytest.mark.parametrize(
-    "args", [["stop"], ["stop", "--fast"], ["reload"], ["scale", "+1"], ["health"]]
+    "args",
+    [["stop"], ["stop", "--fast"], ["reload"], ["reload", "--wait"], ["scale", "+1"], ["health"]],
 )
 def test_no_supervisor_behind_the_pidfile(tmp_path: Path, args: list[str]) -> None:
     pidfile = tmp_path / "s.pid"
@@ -251,6 +254,12 @@ def test_pidfile_is_required_for_signals() -> None:
 def test_scale_rejects_bad_counts_before_signalling(tmp_path: Path, spec: str) -> None:
     result = invoke("scale", spec, "--pidfile", str(tmp_path / "s.pid"))
     assert "scale" in error_line(result, exitcodes.USAGE)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9", "soon"])
+def test_reload_timeout_has_a_range(tmp_path: Path, value: str) -> None:
+    result = invoke("reload", "--wait", "--timeout", value, "--pidfile", str(tmp_path / "s.pid"))
+    assert "--timeout" in error_line(result, exitcodes.USAGE)
 
 
 def test_scale_arithmetic() -> None:
@@ -273,5 +282,29 @@ def test_health_alive_ticking_or_silent(tmp_path: Path) -> None:
     assert result.exit_code == 0 and "healthy" in result.stdout
     state["tick"] = time.time() - 60
     Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    os.utime(state_path(str(pidfile)), (state["tick"], state["tick"]))  # nobody touched it
     result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
     assert result.exit_code == exitcodes.UNHEALTHY and "silent" in result.stderr
+
+
+def test_health_tells_an_unwritable_state_file_and_a_stalled_pool_apart(tmp_path: Path) -> None:
+    pidfile = tmp_path / "s.pid"
+    pidfile.write_text(f"{os.getpid()}\n")
+    state: dict[str, object] = {"pid": os.getpid(), "tick": time.time() - 60, "target": 2}
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))  # old content, fresh mtime
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10")
+    assert result.exit_code == exitcodes.STATE_UNWRITABLE, result.output
+    assert "cannot write its state file" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == 0 and "cannot write its state file" in result.stderr
+    os.utime(state_path(str(pidfile)), (time.time() - 60, time.time() - 60))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-age", "10", "--liveness")
+    assert result.exit_code == exitcodes.UNHEALTHY  # silent: a restart can help
+
+    now = time.time()
+    state.update(tick=now, progress={"stalled_since": now - 30, "free": 2})
+    Path(state_path(str(pidfile))).write_text(json.dumps(state))
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "20")
+    assert result.exit_code == exitcodes.STALLED and "2 workers are free" in result.stderr
+    result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "40")
+    assert result.exit_code == 0, result.output

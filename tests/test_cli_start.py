@@ -16,7 +16,9 @@ from sv_harness import env_with_tests
 from supervisor import exitcodes
 from supervisor.commands import cli as cli_module
 from supervisor.commands.cli import cli, start
-from supervisor.config import StartConfig
+from supervisor.config import ChaosConfig, StartConfig, start_options
+from workerproc import options
+from workerproc.config import WorkerConfig
 
 
 @pytest.fixture
@@ -48,54 +50,62 @@ def test_defaults_and_flags(captured: list[StartConfig]) -> None:
     result = invoke(["start", "--db", "x.db", "--app", "m:app"])
     assert result.exit_code == 0, result.output
     (config,) = captured
-    assert (config.workers, config.lease_ttl, config.poll_interval, config.max_attempts) == (
-        1, 60.0, 1.0, 3,
-    )  # fmt: skip
+    w = config.worker
+    assert (config.workers, w.lease_ttl, w.poll_interval, w.max_attempts) == (1, 60.0, 1.0, 3)
     assert config.graceful_timeout == 30.0 and config.fast_release and not config.drain
-    assert config.task_timeout is None and config.pidfile is None and config.log_format == "text"
+    assert w.task_timeout is None and config.pidfile is None and config.log_format == "text"
 
     args = ["start", "-n", "4", "--db", "x.db", "--app", "m:app", "--lease-ttl", "5"]
     args += ["--poll-interval", "0.5", "--max-attempts", "7", "--task-timeout", "9", "--drain"]
     args += ["--pidfile", "p", "--graceful-timeout", "3", "--no-fast-release"]
     args += ["--max-worker-memory", "256", "--max-tasks-per-worker", "100", "--log-format", "json"]
-    args += ["--heartbeat-interval", "1"]
+    args += ["--heartbeat-interval", "1", "--retry-backoff", "2.5", "--retry-backoff-max", "60"]
     assert invoke(args).exit_code == 0
     c = captured[1]
-    assert (c.workers, c.lease_ttl, c.poll_interval, c.max_attempts, c.task_timeout) == (
+    w = c.worker
+    assert (c.workers, w.lease_ttl, w.poll_interval, w.max_attempts, w.task_timeout) == (
         4, 5.0, 0.5, 7, 9.0,
     )  # fmt: skip
     assert c.drain and c.pidfile == "p" and c.graceful_timeout == 3.0 and not c.fast_release
     assert (c.max_worker_memory, c.max_tasks_per_worker, c.log_format) == (256.0, 100, "json")
-    assert c.heartbeat_interval == 1.0
+    assert c.worker.heartbeat_interval == 1.0
+
+
+def env_value(d: options.Declared) -> tuple[str, object]:
+    """A valid value for ``d`` that is not its default, as its variable would carry it."""
+    if d.kind is bool:
+        return ("0" if d.default else "1"), not d.default
+    if d.opt.choices is not None:
+        pick = next(c for c in d.opt.choices if c != d.default and (c,) != d.default)
+        return pick, (pick,) if d.kind is tuple else pick
+    if d.kind in (int, float):
+        assert d.opt.low is not None, f"{d.opt.flag} has no lower bound"
+        value = d.opt.low if d.opt.low != d.default and not d.opt.above else d.opt.high
+        assert value is not None
+        value = d.kind(value)
+        return str(value), value
+    return f"from-env-{d.field}", f"from-env-{d.field}"
 
 
 def test_every_option_reads_its_environment_variable(captured: list[StartConfig]) -> None:
-    env = {
-        "SUPERVISOR_WORKERS": "3",
-        "SUPERVISOR_DB": "env.db",
-        "SUPERVISOR_APP": "pkg.mod:app",
-        "SUPERVISOR_LEASE_TTL": "12",
-        "SUPERVISOR_POLL_INTERVAL": "0.25",
-        "SUPERVISOR_MAX_ATTEMPTS": "5",
-        "SUPERVISOR_TASK_TIMEOUT": "30",
-        "SUPERVISOR_HEARTBEAT_INTERVAL": "2",
-        "SUPERVISOR_DRAIN": "1",
-        "SUPERVISOR_PIDFILE": "/run/x.pid",
-        "SUPERVISOR_GRACEFUL_TIMEOUT": "45",
-        "SUPERVISOR_FAST_RELEASE": "false",
-        "SUPERVISOR_MAX_WORKER_MEMORY": "512",
-        "SUPERVISOR_MAX_TASKS_PER_WORKER": "1000",
-        "SUPERVISOR_LOG_FORMAT": "json",
-    }
+    """Every declared option of ``start``, from its variable alone (none is forgotten)."""
+    expected: dict[str, object] = {}
+    env: dict[str, str] = {}
+    for d in start_options():
+        text, value = env_value(d)
+        if d.field == "app":
+            text = value = "pkg.mod:app"
+        env[d.opt.env], expected[d.opt.name] = text, value
     result = invoke(["start"], env)
     assert result.exit_code == 0, result.output
     c = captured[0]
-    assert (c.workers, c.db, c.app, c.lease_ttl, c.poll_interval) == (
-        3, "env.db", "pkg.mod:app", 12.0, 0.25,
-    )  # fmt: skip
-    assert (c.max_attempts, c.task_timeout, c.heartbeat_interval, c.drain) == (5, 30.0, 2.0, True)
-    assert (c.pidfile, c.graceful_timeout, c.fast_release) == ("/run/x.pid", 45.0, False)
-    assert (c.max_worker_memory, c.max_tasks_per_worker, c.log_format) == (512.0, 1000, "json")
+    found = {
+        **{d.opt.name: getattr(c, d.field) for d in options.declared(StartConfig)},
+        **{d.opt.name: getattr(c.worker, d.field) for d in options.declared(WorkerConfig)},
+        **{d.opt.name: getattr(c.chaos, d.field) for d in options.declared(ChaosConfig)},
+    }
+    for name, value in expected.items():
+        assert found[name] == value, name
     # a flag on the command line wins over the environment
     assert invoke(["start", "-n", "6"], env).exit_code == 0
     assert captured[1].workers == 6
@@ -113,18 +123,34 @@ def test_help_shows_the_variable_of_every_option() -> None:
 @pytest.mark.parametrize(
     ("args", "env", "words"),
     [
-        (["-n", "0"], {}, "-n/--workers must be at least 1"),
-        ([], {"SUPERVISOR_WORKERS": "0"}, "-n/--workers must be at least 1"),
-        (["-n", "two"], {}, "'two' is not a valid integer"),
-        (["--lease-ttl", "0"], {}, "--lease-ttl must be greater than 0"),
-        (["--poll-interval", "0"], {}, "--poll-interval must be greater than 0"),
-        (["--max-attempts", "0"], {}, "--max-attempts must be at least 1"),
-        (["--task-timeout", "-1"], {}, "--task-timeout"),
-        (["--graceful-timeout", "-1"], {}, "--graceful-timeout"),
-        (["--max-worker-memory", "0"], {}, "--max-worker-memory"),
-        (["--max-tasks-per-worker", "0"], {}, "--max-tasks-per-worker"),
-        (["--heartbeat-interval", "120"], {}, "--heartbeat-interval"),
-        (["--log-format", "xml"], {}, "'xml' is not one of"),
+        (["-n", "0"], {}, "-n/--workers must be >= 1 and <= 256 (got 0)"),
+        ([], {"SUPERVISOR_WORKERS": "0"}, "(got 0) (from SUPERVISOR_WORKERS)"),
+        (["-n", "100000"], {}, "-n/--workers must be >= 1 and <= 256 (got 100000)"),
+        (["-n", "two"], {}, "-n/--workers: 'two' is not a whole number"),
+        (["--lease-ttl", "0"], {}, "--lease-ttl must be >= 0.5"),
+        (["--lease-ttl", "1e-9"], {}, "--lease-ttl must be >= 0.5"),
+        (["--lease-ttl", "inf"], {}, "--lease-ttl must be a finite number"),
+        (["--lease-ttl", "1e309"], {}, "--lease-ttl must be a finite number"),
+        (["--lease-ttl", "nan"], {}, "--lease-ttl must be a finite number"),
+        (
+            [],
+            {"SUPERVISOR_LEASE_TTL": "inf"},
+            "finite number (got inf) (from SUPERVISOR_LEASE_TTL)",
+        ),
+        (["--poll-interval", "0"], {}, "--poll-interval must be >= 0.01"),
+        (["--max-attempts", "0"], {}, "--max-attempts must be >= 1"),
+        (["--task-timeout", "-1"], {}, "--task-timeout must be >= 0.1"),
+        (["--graceful-timeout", "-1"], {}, "--graceful-timeout must be >= 0"),
+        (["--max-worker-memory", "0"], {}, "--max-worker-memory must be >= 1"),
+        (["--max-tasks-per-worker", "0"], {}, "--max-tasks-per-worker must be >= 1"),
+        (["--heartbeat-interval", "120"], {}, "--heartbeat-interval must be below --lease-ttl"),
+        (["--retry-backoff", "-1"], {}, "--retry-backoff must be >= 0"),
+        (["--retry-backoff", "600"], {}, "--retry-backoff must not exceed --retry-backoff-max"),
+        (["--metrics-port", "70000"], {}, "--metrics-port must be >= 0 and <= 65535"),
+        (["--chaos-interval", "0"], {}, "--chaos-interval must be >= 0.01"),
+        (["--chaos-faults", "kill,boom"], {}, "--chaos-faults must be a comma-separated list"),
+        (["--chaos-seed", "-1"], {}, "--chaos-seed must be >= 0"),
+        (["--log-format", "xml"], {}, "--log-format must be one of text, json (got xml)"),
         (["--bogus"], {}, "No such option '--bogus'"),
     ],
 )

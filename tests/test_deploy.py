@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from supervisor.config import StartConfig, Timing
+from workerproc.config import WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -30,7 +31,9 @@ ENV_FILE = DEPLOY / "systemd" / "leasekeeper.env"
 SUPERVISORD_CONF = DEPLOY / "supervisord" / "leasekeeper.conf"
 DOCKERFILE = DEPLOY / "container" / "Dockerfile"
 K8S = DEPLOY / "container" / "k8s.yaml"
-GRACE = StartConfig(app="m:a", db="x").graceful_timeout  # the default --graceful-timeout
+GRACE = StartConfig(
+    WorkerConfig(db="x", app="m:a")
+).graceful_timeout  # the default --graceful-timeout
 FAST_STOP = Timing().fast_stop_grace
 
 
@@ -104,7 +107,12 @@ def test_unit_settings_the_issue_pins() -> None:
     one = {k: v[-1] for k, v in service.items()}
     assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
     assert int(one["WatchdogSec"]) >= 10
-    assert one["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    # systemctl reload waits for the roll and fails when it failed (issue 10), within the
+    # TimeoutStartSec= that systemd applies to ExecReload=
+    reload = shlex.split(one["ExecReload"])
+    assert reload[:4] == ["/opt/leasekeeper/bin/supervisor", "reload", "--wait", "--timeout"]
+    assert float(reload[4]) < int(one["TimeoutStartSec"])
+    assert one["Environment"] == "SUPERVISOR_PIDFILE=/run/leasekeeper/supervisor.pid"
     assert one["KillMode"] == "mixed"
     assert one["Restart"] == "on-failure"
     assert one["StateDirectory"] == "leasekeeper"

@@ -7,22 +7,26 @@ from __future__ import annotations
 import re
 import signal
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 from helpers import FakeClock, wait_for
+from prometheus_client.parser import text_string_to_metric_families
 from sv_harness import Supervisor
 from test_notify import FlakyGate, fake_arbiter
 
 from supervisor.errors import SupervisorError
 from supervisor.integrations import http as metrics_http
 from supervisor.integrations.http import HttpEndpoint, listen
-from supervisor.integrations.metrics import Metrics, exit_reason, family, histogram
+from supervisor.integrations.metrics import Metrics, cumulative
 from supervisor.integrations.probe import StatsProbe
+from supervisor.integrations.tally import exit_reason
 from supervisor.loop.pool import Exit, ExitKind, Worker
 from workerproc import exitcodes as wexit
 from workerproc.store import open_store
@@ -51,26 +55,43 @@ def value(
     return samples.get((name, frozenset(labels.items())), 0.0)
 
 
-# -- the text format -----------------------------------------------------------------------
-def test_family_escapes_labels_and_help() -> None:
-    text = family("x_total", "counter", "a\\b\nc", [("", {"why": 'say "hi"\n'}, 2.0)])
-    assert text == (
-        "# HELP leasekeeper_x_total a\\\\b\\nc\n"
-        "# TYPE leasekeeper_x_total counter\n"
-        'leasekeeper_x_total{why="say \\"hi\\"\\n"} 2\n'
-    )
-    assert parse(text)[("leasekeeper_x_total", frozenset({("why", 'say \\"hi\\"\\n')}))] == 2
+# -- the text format ---------------------------------------------------------------------------
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def test_histogram_buckets_are_cumulative() -> None:
-    samples = histogram([0.1, 1.0], [0.05, 0.5, 0.7, 3.0], {"task": "t"})
-    assert [(s, lab.get("le"), v) for s, lab, v in samples] == [
-        ("_bucket", "0.1", 1),
-        ("_bucket", "1", 3),
-        ("_bucket", "+Inf", 4),
-        ("_sum", None, pytest.approx(4.25)),
-        ("_count", None, 4),
-    ]
+def readme_series() -> dict[str, str]:
+    """The README's Metrics table: series name -> type."""
+    text = README.read_text()
+    table = text[text.index("| series | type | meaning |") :].split("\n\n", 1)[0]
+    out = {}
+    for row in table.splitlines()[2:]:
+        series, kinds = row.split(" | ")[0:2]
+        names = re.findall(r"`(leasekeeper_\w+)", series)
+        types = [t.strip() for t in kinds.split(",")]
+        if len(types) == 1:
+            types *= len(names)  # one type for every series of the row
+        out.update(zip(names, types, strict=True))
+    return out
+
+
+def test_cumulative_buckets_end_with_inf() -> None:
+    assert cumulative([0.1, 1.0], [1, 2, 1]) == [("0.1", 1), ("1.0", 3), ("+Inf", 4)]
+
+
+def test_exposition_has_exactly_the_readme_series_and_nothing_else(clock: FakeClock) -> None:
+    """prometheus-client renders the families; the names and types are the README's, with no
+    default collector (process, platform, GC) and no thread started."""
+    threads = threading.active_count()
+    arb = fake_arbiter(clock, FlakyGate())
+    metrics = Metrics(StatsProbe())
+    metrics.install(arb)
+    text = metrics.render(arb)
+    rendered = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
+    assert rendered == readme_series()
+    families = {f.name: f for f in text_string_to_metric_families(text)}  # the library parses it
+    assert families["leasekeeper_task_duration_seconds"].type == "histogram"
+    assert "_created" not in text  # the start time is its own series
+    assert threading.active_count() == threads
 
 
 @pytest.mark.parametrize(

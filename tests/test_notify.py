@@ -9,19 +9,19 @@ import os
 import secrets
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 
 import pytest
 from helpers import FakeClock, wait_for
-from sv_harness import Supervisor
+from sv_harness import TESTS, Supervisor
 
 from supervisor.config import StartConfig
 from supervisor.integrations.notify import (
     ENV_SOCKET,
     ENV_WATCHDOG_PID,
     ENV_WATCHDOG_USEC,
-    ENV_WEDGE,
     Notifier,
     SystemdNotify,
     socket_address,
@@ -32,6 +32,7 @@ from supervisor.loop.arbiter import Arbiter
 from supervisor.loop.pool import Pool
 from supervisor.loop.signals import SignalInbox
 from workerproc import App
+from workerproc.config import WorkerConfig
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
 
@@ -154,13 +155,12 @@ def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:
         raise AssertionError("no fork in this test")
 
     return Arbiter(
-        config=StartConfig(app="m:app", db="x.db", workers=2).validate(),
+        config=StartConfig(WorkerConfig(db="x.db", app="m:app"), workers=2).validate(),
         app=App(),
         pool=Pool(spawner, clock=clock, target=2),
         inbox=SignalInbox(),
         gate=gate,  # type: ignore[arg-type]
         board=StatusBoard(4),
-        reload_app=App,
         clock=clock,
     )
 
@@ -221,7 +221,7 @@ def test_notify_lifecycle_watchdog_and_wedge(
     wedge = tmp_path / "wedge"
     monkeypatch.setenv(ENV_SOCKET, str(tmp_path / "notify.sock"))
     monkeypatch.setenv(ENV_WATCHDOG_USEC, "400000")  # WatchdogSec=0.4: a ping every 0.2 s
-    monkeypatch.setenv(ENV_WEDGE, str(wedge))
+    sv.command = [sys.executable, str(TESTS / "wedged_supervisor.py"), str(wedge)]
     try:
         sv.start(n=2)
         listener.wait("READY")

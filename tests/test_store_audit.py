@@ -3,15 +3,14 @@ attempt, refused writes, integrity checks; and the forward migration that added 
 
 from __future__ import annotations
 
-import os
 import sqlite3
-import subprocess
-import sys
-import textwrap
+from pathlib import Path
 
+import pytest
 from helpers import FakeClock
+from unfenced import unfenced_statements
 
-from workerproc.store import Commit, Store, open_store
+from workerproc.store import Commit, Store, open_store, sqlite_sql
 from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 TTL = 10.0
@@ -105,25 +104,30 @@ def test_migration_from_v1_keeps_data_and_adds_the_evidence(db_path: str):
     store.close()
 
 
-def test_the_unsafe_test_switch_really_disables_fencing(db_path: str):
-    """The chaos verifier's own test relies on this switch; prove it does what it says."""
-    script = textwrap.dedent(
-        f"""
-        from workerproc.store import open_store
-        now = [1000.0]
-        s = open_store({db_path!r}, clock=lambda: now[0])
+def zombie_finish(db_path: str) -> tuple[str, int]:
+    """A lease holder paused past its ttl tries to finish after a successor claimed the task."""
+    now = [1000.0]
+    s = open_store(db_path, clock=lambda: now[0])
+    try:
         s.start_run("t")
         zombie = s.claim("a", 10)
+        assert zombie is not None
         now[0] += 11
-        live = s.claim("b", 10)
-        print(s.finish(zombie, 0, {{"by": "zombie"}}))
-        print(len(s.integrity_violations()))
-        """
-    )
-    env = {**os.environ, "LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", "1"]
+        assert s.claim("b", 10) is not None
+        return str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
+    finally:
+        s.close()
+
+
+def test_the_broken_test_store_really_lets_a_zombie_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """The chaos verifier's must-fail test runs on tests/unfenced.py; prove that it breaks the
+    fence (and that the same zombie is refused by the real store)."""
+    assert zombie_finish(str(tmp_path / "fenced.db")) == ("lease_lost", 0)
+    for name, sql in unfenced_statements().items():  # undone by monkeypatch after the test
+        monkeypatch.setattr(sqlite_sql, name, sql)
+    assert zombie_finish(str(tmp_path / "unfenced.db")) == ("ok", 1)
 
 
 def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):

@@ -7,13 +7,35 @@ Time is a FakeClock: no test sleeps for a ttl.
 
 from __future__ import annotations
 
+import sys
 import threading
-import time
 
-from helpers import FakeClock
+from helpers import FakeClock, wait_for
 from store_backends import TTL, Backend, claim, snapshot
 
 from workerproc.store import CasResult, Lease, Store
+
+
+def blocked_inside(thread: threading.Thread, method: str) -> bool:
+    """``thread`` is below ``method`` in its stack and asleep in the kernel: waiting (for a
+    lock, a socket), no longer on its way in."""
+
+    def stack() -> list[str]:
+        frame = sys._current_frames().get(thread.ident or -1)
+        names = []
+        while frame is not None:
+            names.append(frame.f_code.co_name)
+            frame = frame.f_back
+        return names
+
+    def below(names: list[str]) -> bool:
+        return method in names and names[0] != method
+
+    if not below(stack()):
+        return False
+    with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+        state = f.read().rsplit(")", 1)[1].split()[0]
+    return state == "S" and below(stack())
 
 
 class TestLeaseProtocol:
@@ -278,7 +300,7 @@ class TestLeaseProtocol:
         with backend.hold_write_lock():
             thread = threading.Thread(target=waiter)
             thread.start()
-            time.sleep(0.3)  # the waiter is blocked on the lock (a lock wait, not a ttl)
+            wait_for(lambda: blocked_inside(thread, "renew_until"), what="a wait on the lock")
             clock.advance(15)  # time passes while it waits: the lease expires meanwhile
         thread.join(30)
         assert out["renewed"] is None  # judged at the instant it got the lock, not before

@@ -1,14 +1,16 @@
 """A plain-Python model of the lease protocol against the real store, driven by hypothesis.
 
-Random interleavings of start / claim / renew / ack / release / compare_and_set / advance /
-finish / release_owner / cancel / retry / clock advance with four owners. After every step the
-store must equal the model, and the invariants hold: at most one live lease per task and per
-run, attempts strictly increase per task, nothing acked is handed out again, and a superseded
-lease never changes anything.
+Random interleavings of start (in two queues, at three priorities) / claim / batched claim
+(``limit=k``, some queues) / renew / renew_many / ack / release / compare_and_set / advance /
+finish / batched commit (with hand-backs) / release_owner / cancel / retry / clock advance with
+four owners. After every step the store must equal the model, and the invariants hold: at most
+one live lease per task and per run, attempts strictly increase per task, nothing acked is
+handed out again, and a superseded lease never changes anything.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -25,9 +27,11 @@ from hypothesis.stateful import (
     rule,
 )
 
-from workerproc.store import CasResult, Lease, Store, open_store
+from workerproc.store import CasResult, ClaimRequest, Commit, Lease, Store, open_store
 
 OWNERS = ("o1", "o2", "o3", "o4")
+QUEUES = ("default", "fast")
+SERVED = st.sampled_from([None, None, ("default",), ("fast",), ("fast", "default")])
 MAX_ATTEMPTS = 3
 ALIVE = ("pending", "running")
 PICK = st.one_of(st.integers(0, 2), st.integers(0, 99))  # mostly the newest leases, any of them
@@ -49,7 +53,9 @@ class MTask:
 class MRun:
     id: int
     status: str = "pending"
-    state: object = None
+    state: object = field(default_factory=dict)  # a run starts with {}
+    queue: str = "default"
+    priority: int = 0
     revision: int = 0
     tasks: list[MTask] = field(default_factory=list)
 
@@ -96,13 +102,18 @@ class LeaseProtocol(RuleBasedStateMachine):
         run.tasks.append(t)
         self.tasks[task_id] = t
 
-    def claimable(self) -> list[MTask]:
+    def claimable(self, queues: tuple[str, ...] | None = None) -> list[MTask]:
+        """Each claimable run's first task, a higher priority first, then R1's order."""
         out = []
         for run in self.runs.values():
             if run.status not in ALIVE or any(self.live(t) for t in run.tasks if not t.done):
                 continue
-            out += [t for t in run.tasks if not t.done and t.available_at <= self.now]
-        return sorted(out, key=lambda t: (t.available_at, t.id))  # created_at follows id here
+            if queues is not None and run.queue not in queues:
+                continue
+            ready = [t for t in run.tasks if not t.done and t.available_at <= self.now]
+            if ready:  # created_at follows id here
+                out.append(min(ready, key=lambda t: (t.available_at, t.id)))
+        return sorted(out, key=lambda t: (-self.runs[t.run_id].priority, t.available_at, t.id))
 
     def snapshot(self) -> list[object]:
         return [(self.store.get_run(r), self.store.get_tasks(r)) for r in self.runs]
@@ -123,9 +134,15 @@ class LeaseProtocol(RuleBasedStateMachine):
         for _ in range(n):
             self.start(0.0)
 
-    @rule(delay=st.sampled_from([0.0, 0.0, 3.0]))
-    def start(self, delay: float) -> None:
-        run = MRun(self.store.start_run("step", {"d": delay}, delay=delay))
+    @rule(
+        delay=st.sampled_from([0.0, 0.0, 3.0]),
+        queue=st.sampled_from(QUEUES),
+        priority=st.sampled_from([0, 0, 1, -1]),
+    )
+    def start(self, delay: float, queue: str = "default", priority: int = 0) -> None:
+        run_id = self.store.start_run("step", {"d": delay}, delay=delay, queue=queue,
+                                      priority=priority)  # fmt: skip
+        run = MRun(run_id, queue=queue, priority=priority)
         self.runs[run.id] = run
         self.add_task(run, delay)
 
@@ -138,9 +155,13 @@ class LeaseProtocol(RuleBasedStateMachine):
         for owner in OWNERS:
             self.claim_one(owner, ttl)
 
-    def claim_one(self, owner: str, ttl: float) -> None:
-        expected = None
-        for t in self.claimable():
+    def model_claim(
+        self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None = None
+    ) -> list[MTask]:
+        expected: list[MTask] = []
+        for t in self.claimable(queues):
+            if len(expected) == k:
+                break
             t.attempts += 1
             run = self.runs[t.run_id]
             if t.attempts - t.base > MAX_ATTEMPTS:  # R6: fail the run, go on to the next
@@ -149,23 +170,112 @@ class LeaseProtocol(RuleBasedStateMachine):
                 event("claim failed an exhausted run (R6)")
                 continue
             t.owner, t.expires, run.status = owner, self.now + ttl, "running"
-            expected = t
-            break
+            expected.append(t)
+        return expected
+
+    def check_leases(self, leases: list[Lease], expected: list[MTask]) -> None:
+        got = sorted((lease.task_id, lease.attempt, lease.expires_at) for lease in leases)
+        assert got == sorted((t.id, t.attempts, t.expires) for t in expected)
+        assert len({lease.run_id for lease in leases}) == len(leases), "two leases in one run"
+        for lease in leases:
+            assert lease.task_id not in self.acked, "an acked task was handed out again"
+            assert lease.attempt > self.highest.get(lease.task_id, 0), "attempts must increase"
+            self.highest[lease.task_id] = lease.attempt
+            run = self.runs[lease.run_id]
+            assert (lease.revision, lease.state) == (run.revision, run.state)
+            self.leases.append(lease)
+
+    def claim_one(self, owner: str, ttl: float) -> None:
+        expected = self.model_claim(owner, ttl, 1)
         lease = self.store.claim(owner, ttl, max_attempts=MAX_ATTEMPTS)
-        if expected is None:
+        if not expected:
             assert lease is None
             return
         assert lease is not None
-        event("claim: takeover" if expected.attempts - expected.base > 1 else "claim: fresh")
-        assert (lease.task_id, lease.attempt, lease.expires_at) == (
-            expected.id, expected.attempts, expected.expires,
-        )  # fmt: skip
-        assert lease.task_id not in self.acked, "an acked task was handed out again"
-        assert lease.attempt > self.highest.get(lease.task_id, 0), "attempts must increase"
-        self.highest[lease.task_id] = lease.attempt
-        assert (lease.revision, lease.state) == (self.runs[lease.run_id].revision,
-                                                 self.runs[lease.run_id].state)  # fmt: skip
-        self.leases.append(lease)
+        t = expected[0]
+        event("claim: takeover" if t.attempts - t.base > 1 else "claim: fresh")
+        self.check_leases([lease], expected)
+
+    @rule(
+        owner=st.sampled_from(OWNERS),
+        ttl=st.sampled_from([2.0, 5.0]),
+        k=st.integers(1, 5),
+        queues=SERVED,
+    )
+    def claim_batch(self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None) -> None:
+        expected = self.model_claim(owner, ttl, k, queues)
+        leases = self.store.claim(owner, ttl, max_attempts=MAX_ATTEMPTS, limit=k, queues=queues)
+        event(f"batch claim: {len(leases)} of {k}")
+        self.check_leases(leases, expected)
+
+    @precondition(lambda self: self.leases)
+    @rule(picks=st.lists(PICK, min_size=1, max_size=4), ttl=st.sampled_from([1.0, 5.0]))
+    def renew_many(self, picks: list[int], ttl: float) -> None:
+        owner = self.pick(picks[0]).owner
+        leases = list({lease.task_id: lease for i in picks
+                       if (lease := self.pick(i)).owner == owner}.values())  # fmt: skip
+        expected: list[float | None] = []
+        for lease in leases:
+            t = self.current(lease)
+            if t is None:
+                expected.append(None)
+                continue
+            assert t.expires is not None
+            t.expires = max(t.expires, self.now + ttl)
+            expected.append(t.expires)
+        assert self.store.renew_many(leases, ttl) == expected
+
+    @precondition(lambda self: self.leases)
+    @rule(
+        picks=st.lists(
+            st.tuples(PICK, st.sampled_from(["finish", "advance", "release", "handback"]),
+                      st.sampled_from([0, 0, -1])),
+            min_size=1, max_size=3,
+        ),
+        owner=st.sampled_from(OWNERS),
+        k=st.integers(0, 3),
+    )  # fmt: skip
+    def commit_batch(self, picks: list[tuple[int, str, int]], owner: str, k: int) -> None:
+        """Several fenced writes and a claim in one transaction, each answered on its own."""
+        commits: list[Commit] = []
+        expected: list[CasResult] = []
+        for i, kind, off in picks:
+            lease = self.pick(i)
+            rev = lease.revision + off
+            commits.append(Commit(lease, kind, expected_revision=rev,  # type: ignore[arg-type]
+                                  new_state={"b": i}, next_task="next"))  # fmt: skip
+            expected.append(self.model_commit(lease, kind, rev, {"b": i}))
+        request = ClaimRequest(owner, 5.0, MAX_ATTEMPTS, limit=k)
+        out = self.store.commit_many(commits, claim=request)
+        assert list(out.results) == expected
+        for commit, result in zip(commits, expected, strict=True):
+            if result is CasResult.OK and commit.kind == "advance":
+                self.add_task(self.runs[commit.lease.run_id], 0.0)
+        claimed = self.model_claim(owner, 5.0, k)  # after the writes, in the same transaction
+        event(f"batch commit of {len(commits)}, claim {len(out.leases)} of {k}")
+        self.check_leases(list(out.leases), claimed)
+
+    def model_commit(self, lease: Lease, kind: str, rev: int, state: object) -> CasResult:
+        t = self.current(lease)
+        if t is None:
+            return CasResult.LEASE_LOST
+        run = self.runs[t.run_id]
+        if kind == "release":
+            t.owner = t.expires = None
+            t.available_at = self.now
+            return CasResult.OK
+        if kind == "handback":  # the attempt budget is not spent; the token moved on
+            t.owner = t.expires = None
+            t.base += 1
+            event("handback")
+            return CasResult.OK
+        if run.status not in ALIVE or run.revision != rev:
+            return CasResult.CONFLICT
+        run.state, run.revision = state, run.revision + 1
+        self.finish_task(t)
+        if kind == "finish":
+            run.status = "succeeded"
+        return CasResult.OK
 
     @precondition(lambda self: self.leases)
     @rule(i=PICK, ttl=st.sampled_from([1.0, 5.0, 20.0]))
@@ -301,12 +411,15 @@ class LeaseProtocol(RuleBasedStateMachine):
         ]
         assert st_.leased == sum(1 for t in live if self.live(t))
         assert st_.pending_work == len(live)
-        ready = [  # when each run may next be claimed: its head, or later its lease's expiry
-            max([min(t.available_at for t in live if t.run_id == r)]
-                + [t.expires for t in live if t.run_id == r and t.expires is not None])
+        ready = {  # when each run may next be claimed: its head, or later its lease's expiry
+            r: max([min(t.available_at for t in live if t.run_id == r)]
+                   + [t.expires for t in live if t.run_id == r and t.expires is not None])
             for r in {t.run_id for t in live}
-        ]  # fmt: skip
-        assert self.store.next_ready_at() == (min(ready) if ready else None)
+        }  # fmt: skip
+        assert self.store.next_ready_at() == min(ready.values(), default=None)
+        for queue in QUEUES:
+            mine = [at for r, at in ready.items() if self.runs[r].queue == queue]
+            assert self.store.next_ready_at([queue]) == min(mine, default=None)
 
 
 class PostgresLeaseProtocol(LeaseProtocol):
@@ -323,14 +436,15 @@ class PostgresLeaseProtocol(LeaseProtocol):
         return open_store(cls.url, clock=self.clock)
 
 
+EXAMPLES = int(os.environ.get("LK_STATEFUL_EXAMPLES", "100"))
 SETTINGS = settings(
-    max_examples=100,
+    max_examples=EXAMPLES,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 LeaseProtocol.TestCase.settings = SETTINGS
 # a network round trip per call: fewer examples keep the suite's time in bounds
-PostgresLeaseProtocol.TestCase.settings = settings(SETTINGS, max_examples=50)
+PostgresLeaseProtocol.TestCase.settings = settings(SETTINGS, max_examples=max(1, EXAMPLES // 2))
 TestLeaseProtocol = LeaseProtocol.TestCase
 TestLeaseProtocolPostgres = PostgresLeaseProtocol.TestCase

@@ -3,6 +3,7 @@ fake clock, the loop's steps against a fake pool, signals, config, pidfile and l
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -28,6 +29,7 @@ from supervisor.loop.signals import SignalInbox, blocked
 from supervisor.loop.steps import default_steps
 from workerproc import App
 from workerproc import exitcodes as wexit
+from workerproc.config import WorkerConfig
 from workerproc.status import HANDLER, IDLE, StatusBoard
 from workerproc.store import StoreUnavailable
 
@@ -63,14 +65,22 @@ class FakeProcs:
 
 class FakeGate:
     def __init__(self) -> None:
-        self.released: list[str] = []
+        self.released: list[str] = []  # owners whose leases were released
+        self.counted: list[str] = []  # owners whose leases were only counted
+        self.held: dict[str, int] = {}  # live leases per owner (none unless a test says so)
         self.fail = False
 
     def release_owners(self, owners: list[str]) -> dict[str, int]:
         if self.fail:
             raise StoreUnavailable("database is locked")
         self.released += owners
-        return {o: 1 for o in owners}
+        return {o: self.held.pop(o, 0) for o in owners}
+
+    def lease_counts(self, owners: list[str]) -> dict[str, int]:
+        if self.fail:
+            raise StoreUnavailable("database is locked")
+        self.counted += owners
+        return {o: self.held.get(o, 0) for o in owners}
 
     def stats(self) -> Any:
         raise AssertionError("not used")
@@ -89,7 +99,7 @@ def make_pool(clock: FakeClock, procs: FakeProcs, target: int = 2) -> Pool:
 
 
 def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
-    cfg = StartConfig(app="m:app", db="x.db", **config).validate()
+    cfg = StartConfig(WorkerConfig(db="x.db", app="m:app"), **config).validate()
     return Arbiter(
         config=cfg,
         app=App(),
@@ -97,7 +107,6 @@ def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
         inbox=SignalInbox(),
         gate=FakeGate(),  # type: ignore[arg-type]
         board=StatusBoard(8),
-        reload_app=App,
         clock=clock,
         steps=default_steps(),
     )
@@ -194,23 +203,48 @@ def test_maintain_spawns_to_target_and_respects_backoff(clock: FakeClock) -> Non
     assert len(procs.spawned) == 4 and len(arb.pool.active()) == 3
 
 
-def test_fast_release_only_for_unclean_exits_and_off_with_no_fast_release(
+def test_every_exit_is_released_and_one_that_left_a_lease_is_a_crash(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    procs = FakeProcs()
+    arb = make_arbiter(clock, procs, workers=3)
+    arb.turn()
+    a, b, c = list(arb.pool.workers.values())
+    arb.gate.held[b.owner] = 1  # type: ignore[attr-defined]
+    clock.advance(10)  # long-lived: a crash, but no crash-loop backoff
+    procs.exits = [(a.pid, exited(wexit.OK)), (b.pid, exited(wexit.OK)),
+                   (c.pid, killed(signal.SIGKILL))]  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="supervisor"):
+        arb.turn()
+    assert arb.gate.released == [a.owner, b.owner, c.owner]  # type: ignore[attr-defined]
+    kinds = {r.fields["worker"]: r.fields["kind"] for r in caplog.records  # type: ignore[attr-defined]
+             if getattr(r, "event", "") == "worker_exited"}  # fmt: skip
+    assert kinds == {a.pid: "stopped", b.pid: "crashed", c.pid: "crashed"}
+    (line,) = [r.getMessage() for r in caplog.records if str(b.pid) in r.getMessage()
+               and getattr(r, "event", "") == "worker_exited"]  # fmt: skip
+    assert "exited with code 0" in line and "holding 1 lease(s): crashed" in line
+    assert len(procs.spawned) == 6  # replaced at once
+
+
+def test_no_fast_release_counts_a_dead_workers_leases_but_leaves_them_to_the_ttl(
     clock: FakeClock,
 ) -> None:
     procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=2)
+    arb = make_arbiter(clock, procs, workers=2, fast_release=False)
     arb.turn()
     a, b = list(arb.pool.workers.values())
+    arb.gate.held[a.owner] = 2  # type: ignore[attr-defined]
     procs.exits = [(a.pid, exited(wexit.OK)), (b.pid, killed(signal.SIGKILL))]
     arb.turn()
-    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
-
-    arb2 = make_arbiter(clock, procs, workers=1, fast_release=False)
-    arb2.turn()
-    (c,) = arb2.pool.workers.values()
+    assert arb.gate.released == []  # type: ignore[attr-defined]
+    assert arb.gate.counted == [a.owner, b.owner]  # type: ignore[attr-defined]
+    assert arb.pool.crash_streak == 2  # an early exit 0 holding leases is a boot crash too
+    clock.advance(5)
+    arb.turn()
+    arb.pool.kill_now(c := next(iter(arb.pool.workers.values())), "fast stop")
     procs.exits = [(c.pid, killed(signal.SIGKILL))]
-    arb2.turn()
-    assert arb2.gate.released == []  # type: ignore[attr-defined]
+    arb.turn()
+    assert arb.gate.released == [c.owner]  # type: ignore[attr-defined]  # we killed it
 
 
 def test_failed_release_is_retried(clock: FakeClock) -> None:
@@ -244,32 +278,6 @@ def test_scale_down_retires_an_idle_worker_first(clock: FakeClock) -> None:
     assert arb.pool.target == 1
 
 
-def test_hup_rolls_one_worker_at_a_time(clock: FakeClock) -> None:
-    procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=2)
-    arb.turn()
-    old = sorted(arb.pool.workers.values(), key=lambda w: w.pid)
-    arb.inbox.queue.append(signal.SIGHUP)
-    arb.turn()
-    assert len(procs.spawned) == 3  # a surge worker first, nobody retired yet
-    assert all(w.active for w in old)
-    arb.turn()
-    assert not procs.sent  # the new worker is not up yet
-    surge = arb.pool.workers[procs.spawned[-1][0]]
-    arb.board.slot(surge.slot).publish(surge.pid, IDLE)
-    arb.turn()
-    assert len([w for w in old if not w.active]) == 1  # one old retired, N stays 2
-    assert len(arb.pool.active()) == 2
-    for _ in range(4):
-        for w in arb.pool.workers.values():
-            if w.generation == 1:
-                arb.board.slot(w.slot).publish(w.pid, IDLE)
-        arb.turn()
-    assert not arb.rolling
-    assert {w.generation for w in arb.pool.active()} == {1}
-    assert len(arb.pool.active()) == 2
-
-
 def test_graceful_stop_escalates_to_kill_then_finishes(clock: FakeClock) -> None:
     procs = FakeProcs()
     arb = make_arbiter(clock, procs, workers=2, graceful_timeout=5)
@@ -282,13 +290,13 @@ def test_graceful_stop_escalates_to_kill_then_finishes(clock: FakeClock) -> None
     procs.exits = [(a.pid, exited(0))]
     clock.advance(1)
     arb.turn()
-    assert arb.gate.released == []  # type: ignore[attr-defined]  # clean exit
+    assert arb.gate.released == [a.owner]  # type: ignore[attr-defined]  # it held none
     clock.advance(5)
     arb.turn()
     assert (b.pid, signal.SIGKILL) in procs.sent
     procs.exits = [(b.pid, killed(signal.SIGKILL))]
     arb.turn()
-    assert arb.gate.released == [b.owner]  # type: ignore[attr-defined]
+    assert arb.gate.released == [a.owner, b.owner]  # type: ignore[attr-defined]
     assert arb.phase is Phase.DONE and arb.exit_code == 0
 
 
@@ -325,7 +333,7 @@ def test_add_step_hook_runs_in_order(clock: FakeClock) -> None:
 
 
 def test_max_tasks_jitter_stays_within_ten_percent() -> None:
-    cfg = StartConfig(app="m:a", db="x", max_tasks_per_worker=100).validate()
+    cfg = StartConfig(WorkerConfig(db="x", app="m:a"), max_tasks_per_worker=100).validate()
     values = {cfg.max_tasks_for_new_worker(random.Random(i)) for i in range(200)}
     assert min(values) >= 90 and max(values) <= 110 and len(values) > 5  # type: ignore[operator]
 
@@ -348,8 +356,12 @@ def test_max_tasks_jitter_stays_within_ten_percent() -> None:
     ],
 )
 def test_config_validate_names_the_option(field: str, value: Any, words: str) -> None:
-    config = StartConfig(app="m:app", db="x.db")
-    setattr(config, field, value)
+    worker = WorkerConfig(db="x.db", app="m:app")
+    if field in {f.name for f in dataclasses.fields(WorkerConfig)}:
+        worker = dataclasses.replace(worker, **{field: value})
+    config = StartConfig(worker)
+    if worker == WorkerConfig(db="x.db", app="m:app"):
+        setattr(config, field, value)
     with pytest.raises(ConfigError, match=words):
         config.validate()
 
@@ -402,7 +414,9 @@ p = Pidfile({path!r}); p.acquire(); print("held", flush=True); time.sleep(60)
     mine.acquire()  # the kernel dropped the dead holder's lock
     assert live_pid(path) == os.getpid()
     mine.write_state({"tick": time.time(), "target": 3})
-    assert read_state(path) == {"tick": pytest.approx(time.time(), abs=5), "target": 3}
+    state = read_state(path)
+    assert state is not None and state["target"] == 3 and state["pid"] == os.getpid()
+    assert state["tick"] == pytest.approx(time.time(), abs=5)
     mine.release()
     assert not os.path.exists(path)
 
@@ -476,21 +490,3 @@ def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
     arb.turn()
     assert arb.pool.backoff_remaining() == 0 and len(procs.spawned) == 2  # replaced at once
     assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
-
-
-def test_a_rolling_restart_whose_new_workers_crash_backs_off(clock: FakeClock) -> None:
-    procs = FakeProcs()
-    arb = make_arbiter(clock, procs, workers=1)
-    arb.turn()
-    (old,) = arb.pool.workers.values()
-    arb.inbox.queue.append(signal.SIGHUP)
-    arb.turn()
-    surge = arb.pool.workers[procs.spawned[-1][0]]
-    procs.exits = [(surge.pid, exited(1))]  # the new code dies at boot
-    clock.advance(0.1)
-    arb.turn()
-    assert len(procs.spawned) == 2 and arb.pool.backoff_remaining() == 0.5
-    assert old.active  # the old worker keeps serving
-    clock.advance(0.5)
-    arb.turn()
-    assert len(procs.spawned) == 3

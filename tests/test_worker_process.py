@@ -309,8 +309,8 @@ def test_sigterm_drains_the_current_task_then_exits_zero(workdir, db, real_store
         assert real_store.stats().leased == 0
 
 
-def test_worker_dies_with_its_parent(workdir, db, procs):
-    open_store(db).close()
+def test_worker_dies_with_its_parent(workdir, db, real_store, procs):
+    run_id = real_store.start_run("noop")  # it runs only once the worker is past its start-up
     script = (
         "import subprocess, sys, time\n"
         "p = subprocess.Popen([sys.executable, '-m', 'workerproc', '--db', sys.argv[1],"
@@ -327,7 +327,7 @@ def test_worker_dies_with_its_parent(workdir, db, procs):
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        time.sleep(1.0)  # let the child get past its start-up
+        finished(real_store, run_id)  # it asked for its parent's death signal before it claimed
         parent.kill()
         parent.wait()
 

@@ -13,14 +13,19 @@ from helpers import wait_for
 
 from workerproc import App, exitcodes
 from workerproc.app import LeaseLost, TaskContext
+from workerproc.config import WorkerConfig
 from workerproc.heartbeat import Heartbeat
 from workerproc.runner import install_signals
 from workerproc.status import DURATION_BOUNDS, Counters, StatusBoard
 from workerproc.store import Lease, Store, StoreUnavailable, open_store
 from workerproc.waker import Waker
-from workerproc.worker import INTERRUPT, Worker, WorkerConfig
+from workerproc.worker import INTERRUPT, Worker
 
 LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
+
+
+def wconfig(db: str) -> WorkerConfig:
+    return WorkerConfig(db=db, app="tests:app")
 
 
 class SlowRenewals:
@@ -112,7 +117,7 @@ def test_heartbeat_death_stops_the_worker(db_path: str):
 
     app = App()
     app.task("noop")(lambda ctx: None)
-    worker = Worker(store, app, WorkerConfig(db=db_path), owner="w", open_store=broken_store)
+    worker = Worker(store, app, wconfig(db_path), owner="w", open_store=broken_store)
     started = time.monotonic()
     assert worker.run() == exitcodes.HEARTBEAT_DIED
     assert time.monotonic() - started < 10
@@ -126,7 +131,7 @@ def worker_signals(db_path: str):
     saved = {s: signal.getsignal(s) for s in touched}
     store = open_store(db_path)
     waker = Waker()
-    worker = Worker(store, App(), WorkerConfig(db=db_path), owner="w", open_store=lambda: store,
+    worker = Worker(store, App(), wconfig(db_path), owner="w", open_store=lambda: store,
                     waker=waker)  # fmt: skip
     old_fd = signal.set_wakeup_fd(-1)
     install_signals(worker, waker)
@@ -164,8 +169,17 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
 def test_interrupt_outside_the_handler_is_ignored(worker_signals):
     worker, _ = worker_signals
     worker._interrupt = LeaseLost
+    handled = threading.Event()
+
+    def spy(signum: int, frame: object) -> None:  # the worker's own handler, then a mark
+        try:
+            worker.on_interrupt_signal(signum, frame)
+        finally:
+            handled.set()
+
+    signal.signal(INTERRUPT, spy)
     os.kill(os.getpid(), INTERRUPT)  # the worker's own bookkeeping is never interrupted
-    time.sleep(0.01)
+    wait_for(handled.is_set, timeout=10, what="the interrupt handler to run")
     assert worker._interrupt is LeaseLost
 
 
@@ -198,7 +212,7 @@ def test_worker_counts_claims_and_handler_time_into_its_slot(db_path: str):
         def _idle(self) -> None:
             self.stop_signal = signal.SIGTERM
 
-    worker = Once(store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: store,
+    worker = Once(store, app, wconfig(db_path), owner="w", open_store=lambda: store,
                   slot=board.slot(0))  # fmt: skip
     assert worker.run() == exitcodes.OK
     counted = board.slot(0).read_counters(os.getpid())
@@ -281,7 +295,11 @@ def test_a_committed_lease_is_never_released_again_on_exit(db_path: str):
 
     app.task("noop")(handler)
     worker = Worker(
-        store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: open_store(db_path)
+        store,
+        app,
+        wconfig(db_path),
+        owner="w",
+        open_store=lambda: open_store(db_path),
     )
     holder.append(worker)
     assert worker.run() == exitcodes.OK
@@ -309,7 +327,7 @@ def test_a_store_error_while_settling_a_conflict_does_not_stop_the_worker(db_pat
             self.stop_signal = signal.SIGTERM
 
     store.get_run = broken_get_run  # type: ignore[method-assign]
-    worker = Once(store, app, WorkerConfig(db=db_path), owner="w", open_store=lambda: other)
+    worker = Once(store, app, wconfig(db_path), owner="w", open_store=lambda: other)
     assert worker.run() == exitcodes.OK
     other.close()
     store.close()

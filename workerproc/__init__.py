@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from .app import App, LeaseLost, TaskContext
+from .config import WorkerConfig
 from .store import CasResult, Lease, Store, open_store
-from .worker import Worker, WorkerConfig
+from .worker import Worker
 
 __all__ = [
     "App",

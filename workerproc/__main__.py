@@ -1,4 +1,8 @@
-"""``python -m workerproc --db PATH --app MOD:ATTR``: one worker, without the supervisor."""
+"""``python -m workerproc --db PATH --app MOD:ATTR``: one worker, without the supervisor.
+
+Its options are ``WorkerConfig``'s declarations (the same flags, ranges and environment
+variables as ``supervisor start``); bad values print one line and exit 2.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +10,60 @@ import argparse
 import logging
 import os
 import sys
+from typing import Any, NoReturn
 
-from . import exitcodes
-from .runner import AppLoadError, WorkerConfig, load_app, run_worker
+from . import exitcodes, options
+from .config import WorkerConfig
+from .runner import AppLoadError, load_app, run_worker
+
+USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + line
+        self.exit(USAGE, f"{self.prog}: error: {message}\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m workerproc", description=__doc__.splitlines()[0])
+    for d in options.declared(WorkerConfig):
+        o = d.opt
+        if not o.on_worker:
+            continue
+        env = os.environ.get(o.env)
+        default = d.default if env is None else env
+        help_text = f"{o.help} (default {options.shown_default(d)}; env {o.env})"
+        if d.kind is bool:
+            p.add_argument(o.long, action="store_true", default=default, help=help_text)
+        else:
+            p.add_argument(o.long, metavar=o.metavar, default=default, help=help_text)
+    p.add_argument("--exit-with-parent", action="store_true", help="die when the parent dies")
+    return p
+
+
+def config_from(args: argparse.Namespace) -> WorkerConfig:
+    """Parse and check every declared option; ValueError names the first bad one."""
+    values: dict[str, Any] = {}
+    for d in options.declared(WorkerConfig):
+        raw = getattr(args, d.opt.name, None) if d.opt.on_worker else d.default
+        if raw is None and d.required:
+            raise ValueError(f"{d.opt.label} is required (or set {d.opt.env})")
+        values[d.field] = options.parse(d, raw) if isinstance(raw, str) else raw
+    return WorkerConfig(**values).validate()
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m workerproc", description=__doc__)
-    p.add_argument("--db", required=True, help="database path, sqlite:/// or postgresql:// URL")
-    p.add_argument("--app", required=True, help="the App to run, as package.module:attr")
-    p.add_argument("--lease-ttl", type=float, default=60.0)
-    p.add_argument("--poll-interval", type=float, default=1.0)
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--task-timeout", type=float, default=None)
-    p.add_argument("--max-tasks", type=int, default=None)
-    p.add_argument("--heartbeat-interval", type=float, default=None)
-    p.add_argument("--retry-backoff", type=float, default=1.0)
-    p.add_argument("--exit-with-parent", action="store_true", help="die when the parent dies")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    config = WorkerConfig(
-        db=args.db,
-        lease_ttl=args.lease_ttl,
-        poll_interval=args.poll_interval,
-        max_attempts=args.max_attempts,
-        task_timeout=args.task_timeout,
-        max_tasks=args.max_tasks,
-        heartbeat_interval=args.heartbeat_interval,
-        retry_backoff=args.retry_backoff,
-    )
+    args = parser().parse_args(argv)
     try:
-        config.validate()
-        app = load_app(args.app)
-    except (ValueError, AppLoadError) as exc:
-        print(f"workerproc: {exc}", file=sys.stderr)
+        config = config_from(args)
+    except ValueError as exc:
+        print(f"python -m workerproc: error: {exc}", file=sys.stderr)
+        return USAGE
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        app = load_app(config.app)
+    except AppLoadError as exc:
+        print(f"python -m workerproc: error: {exc}", file=sys.stderr)
         return exitcodes.BOOT_FAILURE
     parent = os.getppid() if args.exit_with_parent else None
     return run_worker(app, config, parent_pid=parent)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, overload
 
 from .store import Commit, Lease
-from .store.codec import dumps
+from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_run_options, dumps
 from .store.types import JSON
 
 Handler = Callable[["TaskContext"], Any]
@@ -49,8 +49,12 @@ class App:
 class TaskContext:
     """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
     last word; the worker writes it under the lease when the handler returns, in one transaction
-    with the claim of the next task. Returning without either finishes the run with its state
-    unchanged and the return value (JSON) as its result."""
+    with the claims of the next tasks. Returning without either finishes the run with its state
+    unchanged and the return value (JSON) as its result.
+
+    Once the lease is lost every call (``advance``, ``finish``, ``raise_if_lost``) raises
+    ``LeaseLost``: a handler on a slot thread cannot be interrupted from outside, so this is
+    where it learns it (an inline handler is also interrupted; an async one is cancelled)."""
 
     def __init__(self, lease: Lease, lost: threading.Event) -> None:
         self._lease = lease
@@ -70,17 +74,37 @@ class TaskContext:
         """An early hint only (R5): the database decides at commit time."""
         return self._lost.is_set()
 
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLost`` if the lease is gone: a checkpoint for long loops."""
+        if self._lost.is_set():
+            raise LeaseLost()
+
     def _record(self, commit: Commit) -> None:
+        self.raise_if_lost()
         if self.commit is not None:
             raise RuntimeError("advance/finish may be called once per execution")
         self.commit = commit
 
-    def advance(self, new_state: JSON, next: str, payload: JSON = None, delay: float = 0) -> None:
-        """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds)."""
+    def advance(
+        self,
+        new_state: JSON,
+        next: str,
+        payload: JSON = None,
+        delay: float = 0,
+        *,
+        queue: str | None = None,
+    ) -> None:
+        """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds),
+        in the run's queue or, with ``queue``, in that one (the run moves there)."""
+        self.raise_if_lost()
         dumps(new_state, "state")  # reject a bad value here, at the call that made it
-        dumps(payload, "payload")
+        dumps(payload, "payload", MAX_PAYLOAD)
         if not next:
             raise ValueError("advance needs the name of the next task")
+        if queue is not None:
+            check_run_options(queue, 0, None)
+        if not 0 <= float(delay) <= MAX_DELAY:
+            raise ValueError(f"delay must be from 0 to {MAX_DELAY:g} seconds (got {delay!r})")
         self._record(
             Commit(
                 self._lease,
@@ -89,12 +113,14 @@ class TaskContext:
                 new_state=new_state,
                 next_task=next,
                 next_payload=payload,
+                next_queue=queue,
                 delay=delay,
             )
         )
 
     def finish(self, new_state: JSON, result: JSON = None) -> None:
         """Move the run to ``new_state`` and mark it succeeded with ``result``."""
+        self.raise_if_lost()
         dumps(new_state, "state")
         dumps(result, "result")
         self._record(

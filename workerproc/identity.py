@@ -40,13 +40,19 @@ def parse_owner(owner: str) -> OwnerId | None:
 
 
 def owner_is_dead(owner: str) -> bool:
-    """True when ``owner`` names a process on this host that no longer exists (or whose pid was
-    reused by another process). Owners of other hosts are never judged dead from here."""
+    """True when ``owner`` names a process on this host that no longer exists, whose pid was
+    reused by another process, or that is a zombie: a process that exited and waits to be
+    reaped (right after ``kill -9`` of a supervisor its workers are zombies until PID 1 reaps
+    them, and psutil still reads their start time). Owners of other hosts are never judged dead
+    from here."""
     parsed = parse_owner(owner)
     if parsed is None or parsed.host != socket.gethostname():
         return False
     try:
-        return process_start(parsed.pid) != parsed.start_time
+        proc = psutil.Process(parsed.pid)
+        if f"{proc.create_time():.2f}" != parsed.start_time:
+            return True
+        return proc.status() == psutil.STATUS_ZOMBIE
     except (psutil.NoSuchProcess, psutil.ZombieProcess):
         return True
     except psutil.AccessDenied:

@@ -16,13 +16,14 @@ from typing import Any
 
 from . import exitcodes
 from .app import App
+from .config import WorkerConfig
 from .identity import make_owner
 from .status import StatusSlot
 from .store import Store, StoreCorrupt, StoreError, open_store
 from .waker import Waker
-from .worker import INTERRUPT, Worker, WorkerConfig
+from .worker import INTERRUPT, Worker
 
-__all__ = ["AppLoadError", "WorkerConfig", "load_app", "run_worker"]
+__all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_worker"]
 
 log = logging.getLogger("workerproc")
 
@@ -104,6 +105,9 @@ def run_worker(
     waker = Waker()
     try:
         store = open_store(config.db, **options)
+    except StoreCorrupt as exc:
+        log.error("worker cannot use the store, the database is corrupt: %s", exc)
+        return exitcodes.STORE_CORRUPT
     except StoreError as exc:
         log.error("worker cannot open the store: %s", exc)
         return exitcodes.BOOT_FAILURE
@@ -125,7 +129,7 @@ def run_worker(
         return worker.run()
     except StoreCorrupt as exc:  # restarting cannot help: stop the pool (the supervisor does)
         log.error("worker stopping, the database is corrupt: %s", exc)
-        return exitcodes.BOOT_FAILURE
+        return exitcodes.STORE_CORRUPT
     except StoreError as exc:  # anything else after boot is a crash: the supervisor restarts
         log.error("worker crashed on a store error: %s", exc)
         return exitcodes.STORE_ERROR

@@ -12,10 +12,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from . import exitcodes
 from .app import App, Handler, LeaseLost, TaskContext
+from .config import WorkerConfig
 from .heartbeat import Heartbeat
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import (
@@ -27,6 +27,7 @@ from .store import (
     Store,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
 )
 from .store.codec import dumps
 from .waker import Waker
@@ -39,40 +40,11 @@ log = logging.getLogger("workerproc.worker")
 FRESH_CLAIM = 0.05
 CHANGE_CHECK = 0.01  # idle: how often the cheap change token is read (no write lock)
 INTERRUPT = signal.SIGUSR1  # heartbeat thread -> main thread: abort the handler
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    db: str
-    lease_ttl: float = 60.0
-    poll_interval: float = 1.0
-    max_attempts: int = 3
-    task_timeout: float | None = None
-    max_tasks: int | None = None
-    heartbeat_interval: float | None = None
-    retry_backoff: float = 1.0  # first retry delay; doubles per attempt, with jitter
-    retry_backoff_max: float = 300.0
-
-    def validate(self) -> None:
-        checks = [
-            (self.lease_ttl > 0, "lease ttl must be > 0"),
-            (self.poll_interval > 0, "poll interval must be > 0"),
-            (self.max_attempts >= 1, "max attempts must be >= 1"),
-            (self.task_timeout is None or self.task_timeout > 0, "task timeout must be > 0"),
-            (self.max_tasks is None or self.max_tasks >= 1, "max tasks must be >= 1"),
-            (
-                self.heartbeat_interval is None or 0 < self.heartbeat_interval < self.lease_ttl,
-                "heartbeat interval must be > 0 and below the lease ttl",
-            ),
-            (self.retry_backoff >= 0, "retry backoff must be >= 0"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-
-    @property
-    def interval(self) -> float:
-        return self.heartbeat_interval or self.lease_ttl / 3
+# A process that opened the database while it could not be written keeps a read-only view of
+# it (SQLite's shared-memory index is per process) until all its connections close, the
+# heartbeat's too: past this long the worker exits (STORE_ERROR) and a new process reopens it.
+# At least the supervisor's crash window, so replacements never escalate its backoff.
+READONLY_EXIT = 5.0
 
 
 class _Abort(BaseException):
@@ -113,6 +85,7 @@ class Worker:
         self._in_handler = False
         self._interrupt: type[BaseException] | None = None
         self._lease_start = 0.0
+        self._readonly_since: float | None = None  # claims failing on a read-only database
         self._max_tasks = config.max_tasks
         self._open_store = open_store  # for the heartbeat thread (and its timeout release)
         self.heartbeat = Heartbeat(
@@ -269,9 +242,19 @@ class Worker:
             )
         except StoreCorrupt:
             raise
+        except StoreReadOnly as exc:
+            since = self._readonly_since = self._readonly_since or started
+            if started - since >= READONLY_EXIT:
+                log.error("the database stayed read-only for %.0fs: exiting so that a new "
+                          "process reopens it", started - since)  # fmt: skip
+                raise
+            log.warning("claim failed, will retry: %s", exc)
+            lease = None
         except StoreError as exc:
             log.warning("claim failed, will retry: %s", exc)
             lease = None
+        else:
+            self._readonly_since = None
         self._lease_start = started
         self._publish(IDLE)
         self._count(lease)
@@ -291,6 +274,8 @@ class Worker:
             due = self.store.next_ready_at()
             if due is not None and (wait := due - self.store.now()) > 0:
                 deadline = min(deadline, time.monotonic() + wait)
+        except StoreCorrupt:
+            raise
         except StoreError as exc:
             log.warning("idle check failed: %s", exc)
             token = -1
@@ -306,6 +291,8 @@ class Worker:
                     due = self.store.next_ready_at()
                     if due is not None and due <= self.store.now():
                         return
+            except StoreCorrupt:
+                raise  # never waited out: the worker exits STORE_CORRUPT
             except StoreError:
                 continue  # the database is busy or gone: wait out the interval, then claim
 

@@ -2,12 +2,13 @@
 
 - ``kill``: SIGKILL a worker, preferring one inside its handler (mid-task, holding a lease).
 - ``pause``: SIGSTOP a worker inside its handler for at least 2x the ttl, then SIGCONT it: a real
-  zombie that wakes believing it still holds its task. The phase is read from the victim's status
-  slot *after* it stopped (a stopped process cannot change it), so each event says truly whether
-  the victim was in its handler or inside the store. A worker paused inside a write transaction
-  holds SQLite's write lock: every other writer waits (and gives up after the busy timeout and
-  retries), leases in flight lapse, and attempts are spent through no fault of the tasks. The
-  system survives it without a violation; operators see it as a stall of the whole pool.
+  zombie that wakes believing it still holds its task.
+
+Every fault first freezes its victim (SIGSTOP), so the phase read from its status slot is the one
+it is truly in, and the database shows every lease it holds. Chaos never costs a task its last
+allowed attempt: a frozen victim holding one, or one that holds the database's write lock (a
+pause would stall every other lease), is let go at once and the fault counts as spared
+(``targets``). Paused workers are resumed by ``pauses``; the report is written by ``report``.
 
 Victims and fault kinds come from a seeded RNG (the seed is logged; the same seed makes the same
 choices from the same candidates). The verifier judges everything from the database.
@@ -15,25 +16,24 @@ choices from the same candidates). The verifier judges everything from the datab
 
 from __future__ import annotations
 
-import json
+import enum
 import logging
-import os
 import random
 import signal
-import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
-from workerproc.status import HANDLER
 from workerproc.store import StoreError
 
 from ..config import ChaosConfig
 from ..logs import event
 from ..loop.arbiter import Step
-from .verifier import FaultEvent, Verifier, histogram
+from . import report
+from .pauses import Pauses
+from .targets import Spare, Targeting, wait_settled
+from .verifier import FaultEvent, Verifier
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
@@ -43,18 +43,10 @@ SUMMARY_EVERY = 60.0
 OBSERVE_EVERY = 0.05
 
 
-def wait_settled(pid: int, fault: str, timeout: float = 0.5) -> bool:
-    """True once ``pid`` is stopped (pause) or gone (kill); False if that took too long."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            status = psutil.Process(pid).status()
-        except psutil.NoSuchProcess:
-            return True
-        if status in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
-            return True
-        time.sleep(0.0005)
-    return False
+class Outcome(enum.Enum):
+    STRUCK = "struck"
+    SPARED = "spared"  # the rule held it back: this fault's turn is used up
+    NO_VICTIM = "no_victim"  # nobody to strike yet: look again soon
 
 
 class Chaos:
@@ -65,6 +57,7 @@ class Chaos:
         ttl: float,
         poll_interval: float,
         fast_release: bool,
+        max_attempts: int,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -76,20 +69,24 @@ class Chaos:
         self.pause_for = config.pause_for if config.pause_for is not None else 2 * ttl + 0.1
         self.wall = wall
         self.verifier = Verifier(ttl=ttl, poll_interval=poll_interval, fast_release=fast_release)
+        self.targets = Targeting(max_attempts)
+        self.pauses = Pauses(wall)
         self.fast_release = fast_release
         self.started: float | None = None
         self.next_fault = 0.0
-        self.paused: dict[int, tuple[Worker, float, FaultEvent]] = {}
         self.injected = 0
+        self.spared: Counter[str] = Counter()  # by how: skipped | redirected
+        self.spared_why: Counter[str] = Counter()  # by reason
 
     def install(self, arb: Arbiter) -> None:
         arb.add_step(Step("chaos", self.step), before="maintain")
-        arb.events.on("stopping", lambda **_: self.resume_all(arb))
+        arb.events.on("stopping", lambda **_: self.pauses.resume_all(arb))
         event(
             "chaos_started",
             f"chaos mode: faults {','.join(self.config.faults)} every ~{self.config.interval:g}s, "
             f"seed {self.seed}, pauses of {self.pause_for:g}s, fast release "
-            f"{'on' if self.fast_release else 'off'}",
+            f"{'on' if self.fast_release else 'off'}, never a task's last of "
+            f"{self.targets.max_attempts} attempts",
             seed=self.seed,
         )
 
@@ -100,20 +97,18 @@ class Chaos:
             self.started = now
             self.next_fault = now + self._gap()
             self._with_store(arb, self.verifier.start)
-        self._resume_due(arb, now)
+        self.pauses.step(arb, now)
         if not arb.stopping and self._may_inject(now) and now >= self.next_fault:
-            if self._inject(arb):
-                self.next_fault = now + self._gap()
-            else:
+            if self._inject(arb) is Outcome.NO_VICTIM:
                 self.next_fault = now + OBSERVE_EVERY  # no candidate yet: look again soon
+            else:
+                self.next_fault = now + self._gap()
         if not arb.stopping:
             arb.wake_at(self.next_fault)
-        for _, resume_at, _ in self.paused.values():
-            arb.wake_at(resume_at)
         if arb.due("chaos_observe", OBSERVE_EVERY):
             self._with_store(arb, lambda s: self.verifier.observe(s, self.wall()))
         if arb.due("chaos_summary", SUMMARY_EVERY) and self.injected:
-            event("chaos_summary", self.summary_line())
+            event("chaos_summary", report.summary_line(self.report()))
 
     def _gap(self) -> float:
         return self.config.interval * self.rng.uniform(0.5, 1.5)
@@ -128,40 +123,46 @@ class Chaos:
         try:
             with arb.gate.session() as store:
                 fn(store)
-        except StoreError as exc:  # a stalled writer (a pause inside the store) is expected
+        except StoreError as exc:  # a busy database delays the verdict, it does not change it
             event("chaos_observe_failed", f"chaos: cannot read the store now: {exc}")
 
     # -- faults --------------------------------------------------------------------------------
-    def _candidates(self, arb: Arbiter, fault: str) -> list[Worker]:
-        up = [w for w in arb.pool.active() if arb.is_up(w) and w.pid not in self.paused]
-        in_handler = []
-        for w in up:
-            state = arb.board.read(w.slot)
-            if state is not None and state.pid == w.pid and state.phase == HANDLER:
-                in_handler.append(w)
-        if in_handler or fault == "pause":
-            return sorted(in_handler, key=lambda w: w.slot)
-        return sorted(up, key=lambda w: w.slot)  # kill: an idle worker if none holds a lease
-
-    def _inject(self, arb: Arbiter) -> bool:
+    def _inject(self, arb: Arbiter) -> Outcome:
         fault = self.rng.choice(sorted(self.config.faults))
-        candidates = self._candidates(arb, fault)
+        candidates = self.targets.candidates(arb, fault, exclude=self.pauses.__contains__)
         if not candidates:
-            return False
-        victim = self.rng.choice(candidates)
-        signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
-        sent = (
+            return Outcome.NO_VICTIM
+        eligible = self.targets.eligible(arb, candidates)
+        if not eligible:
+            reason = "store_unreadable" if eligible is None else "last_attempt"
+            return self._spare(Spare("skipped", reason), fault, None)
+        redirected = len(eligible) < len(candidates)
+        victim = self.rng.choice(eligible)
+        if not arb.pool.send(victim, signal.SIGSTOP):
+            return Outcome.NO_VICTIM  # already gone: normal
+        # kill(2) returns before the signal takes effect: wait until the victim cannot run any
+        # more, so what its slot and the database say cannot change under us
+        frozen = wait_settled(victim.pid, gone=False)
+        frozen_at = self.wall()
+        why = self.targets.judge_frozen(arb, victim, fault) if frozen else "unsettled"
+        if why is not None:
+            arb.pool.send(victim, signal.SIGCONT)
+            return self._spare(Spare("skipped", why), fault, victim)
+        if redirected:
+            self._spare(Spare("redirected", "last_attempt"), fault, victim)
+        self._strike(arb, fault, victim, frozen_at)
+        return Outcome.STRUCK
+
+    def _strike(self, arb: Arbiter, fault: str, victim: Worker, t: float) -> None:
+        """``victim`` is frozen and may be struck: keep it stopped (pause: it took effect at
+        ``t``, when it froze) or SIGKILL it."""
+        state = arb.board.read(victim.slot)  # frozen: this is what it was doing
+        settled = True
+        if fault == "kill":
             arb.pool.kill_on_purpose(victim)
-            if fault == "kill"
-            else arb.pool.send(victim, signal.SIGSTOP)
-        )
-        if not sent:  # already gone: normal
-            return False
+            settled = wait_settled(victim.pid, gone=True)
+            t = self.wall()
         self.injected += 1
-        # kill() returns before the signal takes effect: wait until the victim cannot run any
-        # more, so the phase read from its slot is the one it is frozen (or died) in
-        settled = wait_settled(victim.pid, fault)
-        state = arb.board.read(victim.slot)
         mine = state is not None and state.pid == victim.pid
         phase = state.phase_name if mine and state else "starting"
         task_id = state.task_id if mine and state and state.task_id else None
@@ -171,14 +172,15 @@ class Chaos:
             pid=victim.pid,
             task_id=task_id,
             attempt=attempt,
-            t=self.wall(),
+            t=t,
             phase=phase if settled else f"{phase}?",
             bound_s=self.verifier.bound(fault),
         )
         self.verifier.record(ev)
         arb.events.emit("chaos_fault", fault=fault, pid=victim.pid, task_id=task_id, phase=phase)
         if fault == "pause":
-            self.paused[victim.pid] = (victim, arb.clock() + self.pause_for, ev)
+            self.pauses.add(victim, arb.clock() + self.pause_for, ev)
+        signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
         event(
             "chaos_fault",
             f"chaos: {signal.Signals(signum).name} pid {victim.pid} ({phase}"
@@ -189,40 +191,38 @@ class Chaos:
             attempt=attempt,
             phase=phase,
         )
-        return True
 
-    def _resume_due(self, arb: Arbiter, now: float) -> None:
-        for pid, (worker, resume_at, ev) in list(self.paused.items()):
-            if now >= resume_at:
-                self._resume(arb, pid, worker, ev)
-
-    def _resume(self, arb: Arbiter, pid: int, worker: Worker, ev: FaultEvent) -> None:
-        del self.paused[pid]
-        if arb.pool.send(worker, signal.SIGCONT):
-            ev.woke_at = self.wall()
-            event("chaos_resume", f"chaos: SIGCONT pid {pid} after {ev.woke_at - ev.t:.2f}s")
-
-    def resume_all(self, arb: Arbiter) -> None:
-        """Stopping: no worker stays frozen (a stopped process cannot drain or exit)."""
-        for pid, (worker, _, ev) in list(self.paused.items()):
-            self._resume(arb, pid, worker, ev)
+    def _spare(self, spare: Spare, fault: str, worker: Worker | None) -> Outcome:
+        self.spared[spare.how] += 1
+        self.spared_why[spare.reason] += 1
+        pid = worker.pid if worker is not None else None
+        target = {"skipped": " of pid", "redirected": " to pid"}[spare.how] if pid else ""
+        event(
+            "chaos_spared",
+            f"chaos: {fault} {spare.how}{target}{f' {pid}' if pid else ''} "
+            f"({spare.reason.replace('_', ' ')})",
+            fault=fault,
+            how=spare.how,
+            reason=spare.reason,
+            worker=pid,
+        )
+        return Outcome.SPARED
 
     # -- the end -------------------------------------------------------------------------------
-    def summary_line(self) -> str:
-        r = self.verifier.report()
-        return (
-            f"chaos: {sum(r['faults'].values())} faults ({r['faults']['kill']} kill, "
-            f"{r['faults']['pause']} pause), {r['taken_over']}/{r['orphaned_leases']} orphaned "
-            f"leases taken over (p50 {r['takeover_ms']['p50']} ms, p99 {r['takeover_ms']['p99']} "
-            f"ms), {r['zombie_writes_rejected']} zombie writes rejected, "
-            f"{len(r['violations'])} violations"
+    def report(self, **extra: Any) -> dict[str, Any]:
+        return self.verifier.report(
+            spared=sum(self.spared.values()),
+            spared_by={**dict.fromkeys(("skipped", "redirected"), 0), **self.spared},
+            spared_why=dict(self.spared_why),
+            max_attempts=self.targets.max_attempts,
+            **extra,
         )
 
     def conclude(self, arb: Arbiter, exit_code: int, violation_code: int) -> int:
         """Resume anyone still paused, judge one last time, write the report, pick the code."""
-        self.resume_all(arb)
+        self.pauses.resume_all(arb)
         self._with_store(arb, lambda s: self.verifier.observe(s, self.wall(), final=True))
-        report = self.verifier.report(
+        doc = self.report(
             seed=self.seed,
             fast_release=self.fast_release,
             lease_ttl=self.ttl,
@@ -230,21 +230,10 @@ class Chaos:
             duration_s=round(arb.clock() - (self.started or arb.clock()), 2),
         )
         if self.config.report:
-            tmp = f"{self.config.report}.tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(report, f, indent=2)
-            os.replace(tmp, self.config.report)
-        self._print(report)
-        if not report["ok"]:
-            for v in report["violations"]:
+            report.write(self.config.report, doc)
+        report.print_text(doc, self.verifier.takeover_ms(), self.config.report)
+        if not doc["ok"]:
+            for v in doc["violations"]:
                 event("chaos_violation", f"chaos VIOLATION: {v}", level=logging.ERROR)
             return exit_code if exit_code != 0 else violation_code
         return exit_code
-
-    def _print(self, report: dict[str, Any]) -> None:
-        lines = ["", "chaos report" + (f" ({self.config.report})" if self.config.report else "")]
-        lines.append("  " + self.summary_line().removeprefix("chaos: "))
-        lines.append("  takeover latency:")
-        lines += histogram(self.verifier.takeover_ms())
-        lines.append("  verdict: " + ("OK" if report["ok"] else "VIOLATIONS"))
-        print("\n".join(lines), file=sys.stderr, flush=True)

@@ -195,22 +195,3 @@ def percentile(ordered: list[float], p: float) -> float | None:
     if not ordered:
         return None
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
-
-
-def histogram(values: list[float], width: int = 40) -> list[str]:
-    """A small text histogram of latencies (ms) on log-ish buckets."""
-    if not values:
-        return ["  (no takeovers)"]
-    edges = [1, 5, 10, 50, 100, 500, 1000, 2000, 5000, 10000, float("inf")]
-    counts = [0] * len(edges)
-    for v in values:
-        counts[next(i for i, e in enumerate(edges) if v <= e)] += 1
-    top = max(counts)
-    lines = []
-    lower = 0.0
-    for edge, n in zip(edges, counts, strict=True):
-        if n:
-            label = f"{lower:g}-{edge:g} ms" if edge != float("inf") else f">{lower:g} ms"
-            lines.append(f"  {label:>14} | {'#' * max(1, round(n / top * width))} {n}")
-        lower = edge
-    return lines

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 
+from workerproc import options
+from workerproc.options import Declared
 from workerproc.runner import AppLoadError
 from workerproc.store import StoreError
 
@@ -32,6 +36,93 @@ def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
     kwargs.setdefault("envvar", envvar_for(decls))
     kwargs.setdefault("show_envvar", True)
     return click.option(*decls, **kwargs)
+
+
+class DeclaredValue(click.ParamType):  # type: ignore[type-arg]
+    """A declared option's value: parsed and range-checked by its declaration (``Opt``), so the
+    command line and the environment variable are held to the same rules as the config."""
+
+    def __init__(self, d: Declared) -> None:
+        self.d = d
+        self.name = d.kind.__name__
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        message: str | None = None
+        if isinstance(value, str):
+            try:
+                value = options.parse(self.d, value)
+            except ValueError as exc:
+                message = str(exc)
+        message = message or options.check(self.d, value)
+        if message is None:
+            return value
+        source = ctx.get_parameter_source(param.name) if ctx and param and param.name else None
+        if source is ParameterSource.ENVIRONMENT:
+            message += f" (from {self.d.opt.env})"
+        raise click.UsageError(message, ctx)  # the message names the flag already
+
+
+class Number(click.ParamType):  # type: ignore[type-arg]
+    """A finite number within [low, high], for the operator commands' options and arguments
+    (``supervisor start``'s options are declared in their configs instead)."""
+
+    def __init__(self, kind: type[int] | type[float], low: float, high: float) -> None:
+        self.kind, self.low, self.high = kind, low, high
+        self.name = kind.__name__
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        label = (
+            "/".join(param.opts)
+            if isinstance(param, click.Option)
+            else (param.human_readable_name if param else "value")
+        )
+        try:
+            number = self.kind(value)
+        except (TypeError, ValueError):
+            what = "whole number" if self.kind is int else "number"
+            raise click.UsageError(f"{label}: {value!r} is not a {what}", ctx) from None
+        if not math.isfinite(number) or not self.low <= number <= self.high:
+            raise click.UsageError(
+                f"{label} must be a number from {self.low:g} to {self.high:g} (got {value})", ctx
+            )
+        return number
+
+
+RUN_ID = Number(int, 1, 2**63 - 1)
+
+
+def declared_option(d: Declared) -> Callable[[F], F]:
+    """The click option of one declaration: flag, env var, default, help and checks from it."""
+    o = d.opt
+    decls = [o.short, o.flag] if o.short else [o.flag]
+    kwargs: dict[str, Any] = {
+        "envvar": o.env,
+        "show_envvar": True,
+        "help": o.help,
+        "show_default": options.shown_default(d),
+    }
+    if d.kind is bool and "/" not in o.flag:
+        kwargs.update(is_flag=True, default=d.default)
+    elif d.kind is bool:
+        kwargs["default"] = d.default
+    else:
+        kwargs.update(type=DeclaredValue(d), metavar=o.metavar, required=d.required)
+        if not d.required:
+            kwargs["default"] = d.default
+    if d.required:
+        kwargs["show_default"] = False
+    return click.option(*decls, o.name, **kwargs)
+
+
+def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:
+    """Every declaration as a click option, in the given order."""
+
+    def decorate(fn: F) -> F:
+        for d in reversed(declarations):
+            fn = declared_option(d)(fn)
+        return fn
+
+    return decorate
 
 
 db_option = option(

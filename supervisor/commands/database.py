@@ -1,32 +1,46 @@
-"""Operator commands on the database: enqueue, status, runs, show, retry, cancel, prune."""
+"""Operator commands on the database: enqueue, status, runs, show, retry, cancel, check, prune."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import click
 
-from workerproc.store import RunNotFound
+from workerproc.config import DAY
+from workerproc.store import RunNotFound, StoreCorrupt
+from workerproc.store.codec import MAX_PAYLOAD
 
 from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
+from ..loop.storegate import db_file
 from . import ops, render
-from .clickutil import db_option, json_option, option
+from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 
 @click.command()
 @click.argument("task")
 @db_option
 @option("--payload", default="null", metavar="JSON", help="the first task's payload (JSON)")
-@option("--state", "state_json", default="null", metavar="JSON", help="the run's initial state")
-@option("--delay", type=float, default=0.0, metavar="S", help="start no sooner than S seconds")
+@option("--state", "state_json", default="{}", metavar="JSON", help="the run's initial state")
+@option(
+    "--delay",
+    type=Number(float, 0, 365 * DAY),
+    default=0.0,
+    metavar="S",
+    help="start no sooner than S seconds",
+)
 def enqueue(task: str, db: str, payload: str, state_json: str, delay: float) -> None:
     """Start a run whose first task is TASK; print its id."""
-    data = ops.parse_json(payload, "--payload")
+    data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = ops.parse_json(state_json, "--state")
-    with ops.store_for(db, create=True) as store:
+    path = db_file(db)
+    new = path is not None and not os.path.lexists(path)
+    with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
         click.echo(ops.enqueue(store, task, data, state, delay))
+    if new:  # never silently: a typo, or a pool's database that vanished, shows here
+        click.echo(f"created a new database {path}", err=True)
 
 
 @click.command()
@@ -51,7 +65,9 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         doc["supervisor"] = (
             None
             if state is None
-            else {k: state.get(k) for k in ("pid", "phase", "target", "generation", "tick")}
+            else {
+                k: state.get(k) for k in ("pid", "phase", "target", "generation", "tick", "reload")
+            }
         )
         click.echo(render.to_json(doc))
         return
@@ -62,6 +78,8 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
             f"supervisor {state.get('pid')}: {state.get('phase')}, "
             f"{len(workers)} workers (target {state.get('target')})"
         )
+        if line := render.reload_line(state.get("reload")):
+            click.echo(line)
         rows = [
             [w["pid"], w["slot"], w["phase"], w["rss_mb"], w["task_id"], w["run_id"],
              w["attempt"], render.relative(w["lease_expires_at"], stats.now)]
@@ -85,13 +103,17 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @click.command()
 @db_option
 @option("--status", "status_", default=None, metavar="S", help="only runs with this status")
-@option("--limit", type=int, default=50, metavar="K", help="at most K runs, newest first")
+@option(
+    "--limit",
+    type=Number(int, 1, 100_000),
+    default=50,
+    metavar="K",
+    help="at most K runs, newest first",
+)
 @json_option
 def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
     ops.check_status(status_)
-    if limit < 1:
-        raise SupervisorError("--limit must be at least 1", 2)
     with ops.store_for(db) as store:
         found = store.list_runs(status_, limit)
     if as_json:
@@ -105,7 +127,7 @@ def runs(db: str, status_: str | None, limit: int, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
@@ -136,7 +158,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 def retry(run_id: int, db: str) -> None:
     """Queue a failed or cancelled run again (its attempts start over)."""
@@ -146,7 +168,7 @@ def retry(run_id: int, db: str) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=int)
+@click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 def cancel(run_id: int, db: str) -> None:
     """Cancel a run that has not finished; a worker holding its task drops it."""
@@ -155,6 +177,30 @@ def cancel(run_id: int, db: str) -> None:
             raise RunNotFound(run_id)
         ops.cancel(store, run_id)
     click.echo(f"run {run_id} cancelled")
+
+
+@click.command()
+@db_option
+@option("--quick", is_flag=True, help="quick_check: every page, without comparing indexes to rows")
+def check(db: str, quick: bool) -> None:
+    """Check the database: SQLite's integrity check, then the lease invariants."""
+    pragma = "quick_check" if quick else "integrity_check"
+    try:
+        with ops.store_for(db) as store:
+            damage = store.check_integrity(quick=quick)
+            violations = [] if damage else store.integrity_violations()
+    except StoreCorrupt as exc:  # too damaged to open
+        damage, violations = [str(exc)], []
+    for line in damage + violations:
+        click.echo(line)
+    if damage:
+        raise SupervisorError(
+            f"{db} is corrupt ({pragma}: {len(damage)} problem(s) above): stop every pool on it "
+            "and restore it from a backup"
+        )
+    if violations:
+        raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
+    click.echo(f"ok: {pragma} found no damage and the lease invariants hold")
 
 
 @click.command()
@@ -169,4 +215,4 @@ def prune(db: str, older_than: str, batch: int) -> None:
     click.echo(f"pruned {count} finished run(s) older than {older_than}")
 
 
-ALL = [enqueue, status, runs, show, retry, cancel, prune]
+ALL = [enqueue, status, runs, show, retry, cancel, check, prune]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -13,26 +12,20 @@ from typing import Any
 import psutil
 
 from workerproc.identity import parse_owner
-from workerproc.store import RunNotFound, Store, StoreError, open_store
+from workerproc.store import InvalidPayload, RunNotFound, Store, StoreError, codec, open_store
+from workerproc.store.codec import MAX_STATE
 from workerproc.store.types import JSON, RUN_STATUSES
 
 from ..errors import ConfigError, SupervisorError
+from ..loop.storegate import db_file
 
 
-def parse_json(text: str, what: str) -> JSON:
+def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
+    """A user's JSON: strict (no NaN), within the store's size and depth limits, or exit 2."""
     try:
-        return json.loads(text)
-    except ValueError as exc:
-        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
-
-
-def db_file(db: str) -> str | None:
-    """The file behind a path or sqlite:/// URL (None for a server: postgresql://)."""
-    if "://" not in db:
-        return db
-    if db.startswith("sqlite:///"):
-        return db[len("sqlite://") :].split("?", 1)[0]
-    return None
+        return codec.parse(text, what, limit)
+    except InvalidPayload as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @contextlib.contextmanager
@@ -73,8 +66,6 @@ def prune(store: Store, older_than: float, batch: int) -> int:
 
 
 def enqueue(store: Store, task: str, payload: JSON, state: JSON, delay: float) -> int:
-    if delay < 0:
-        raise ConfigError("--delay must be 0 or more")
     return store.start_run(task, payload, state=state, delay=delay)
 
 

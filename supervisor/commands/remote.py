@@ -12,12 +12,19 @@ from typing import Any
 import psutil
 
 from .. import exitcodes
-from ..errors import ConfigError, NotRunning, SupervisorError
-from ..loop.pidfile import live_pid, read_state, state_age
+from ..errors import ConfigError, NotRunning, ReloadFailed, SupervisorError
+from ..loop.pidfile import (
+    live_pid,
+    read_state,
+    state_age,
+    state_path,
+    state_touched_age,
+    supervisor_pid,
+)
 
 
 def send(pidfile: str, signum: int) -> int:
-    pid = live_pid(pidfile)
+    pid = supervisor_pid(pidfile)  # checked: a live leasekeeper supervisor, never another pid
     try:
         os.kill(pid, signum)
     except ProcessLookupError:
@@ -40,8 +47,8 @@ def wait_gone(pid: int, timeout: float) -> bool:
 def running_state(pidfile: str) -> dict[str, Any]:
     live_pid(pidfile)
     state = read_state(pidfile)
-    if state is None:
-        raise NotRunning(f"the supervisor behind {pidfile} has not written its state yet")
+    if state is None or state.get("phase") == "starting":
+        raise NotRunning(f"the supervisor behind {pidfile} is still starting; try again")
     return state
 
 
@@ -96,17 +103,105 @@ def scale(pidfile: str, spec: str, timeout: float = 10.0) -> ScaleResult:
     return ScaleResult(before, target)
 
 
-def health(pidfile: str, max_age: float) -> tuple[int, str]:
-    """(exit code, message): alive and ticking -> 0."""
+@dataclass(frozen=True)
+class ReloadResult:
+    id: int
+    generation: int
+    workers: int
+
+
+def reload(pidfile: str, timeout: float) -> ReloadResult:
+    """HUP, then wait until a reload the supervisor began after our signal is done or failed.
+
+    The supervisor stamps each reload with the monotonic clock of the moment it read the HUP;
+    CLOCK_MONOTONIC is one clock for every process of the machine, so "requested after we sent"
+    is exact even when signals coalesce or another reload was under way (a HUP during a reload
+    starts it over, so the reload we wait for saw the code as it was when we signalled).
+    """
+    sent = time.monotonic()
+    pid = send(pidfile, signal.SIGHUP)
+    deadline = sent + timeout
+    seen: dict[str, Any] | None = None
+    while True:
+        state = read_state(pidfile)
+        record = state.get("reload") if state and state.get("pid") == pid else None
+        if isinstance(record, dict) and float(record.get("requested_monotonic", -1.0)) >= sent:
+            seen = record
+            if record.get("status") == "done":
+                return ReloadResult(
+                    int(record["id"]),
+                    int(record.get("generation") or 0),
+                    int(record.get("workers_on_generation") or 0),
+                )
+            if record.get("status") == "failed":
+                raise ReloadFailed(
+                    f"reload {record.get('id')} failed: {record.get('error')} "
+                    "(the old workers keep serving)"
+                )
+        try:
+            alive = live_pid(pidfile) == pid
+        except NotRunning:
+            alive = False
+        if not alive:
+            raise NotRunning(f"supervisor {pid} exited before the reload finished")
+        if time.monotonic() >= deadline:
+            raise SupervisorError(_reload_timeout(pid, timeout, seen, state))
+        time.sleep(0.05)
+
+
+def _reload_timeout(
+    pid: int, timeout: float, seen: dict[str, Any] | None, state: dict[str, Any] | None
+) -> str:
+    if seen is None:
+        return f"supervisor {pid} did not start the reload within {timeout:g}s"
+    target = state.get("target") if state else "?"
+    progress = (
+        "still importing the new code"
+        if seen.get("status") == "importing"
+        else f"{seen.get('workers_on_generation')}/{target} workers on generation "
+        f"{seen.get('generation')}"
+    )
+    return f"reload {seen.get('id')} did not finish within {timeout:g}s ({progress}); it goes on"
+
+
+def health(pidfile: str, max_age: float, max_stall: float = 60.0) -> tuple[int, str]:
+    """(exit code, message): alive, ticking and making progress -> 0.
+
+    A state file older than ``max_age`` whose mtime is fresh means the loop runs but cannot
+    rewrite it (it touches the old file when a write fails): STATE_UNWRITABLE, not UNHEALTHY.
+    """
     pid = live_pid(pidfile)
     state = read_state(pidfile)
     if state is None:
         return exitcodes.UNHEALTHY, f"supervisor {pid} is alive but wrote no state yet"
     age = state_age(state)
     if age > max_age:
+        touched = state_touched_age(pidfile)
+        if touched is not None and touched <= max_age:
+            return exitcodes.STATE_UNWRITABLE, (
+                f"supervisor {pid}: the main loop runs (last seen {touched:.1f}s ago) but cannot "
+                f"write its state file {state_path(pidfile)} (last written {age:.1f}s ago): "
+                "is the disk full or read-only?"
+            )
         return exitcodes.UNHEALTHY, f"supervisor {pid}: main loop silent for {age:.1f}s"
+    stalled = stalled_for(state)
+    if stalled is not None and stalled >= max_stall:
+        free = (state.get("progress") or {}).get("free", "?")
+        return exitcodes.STALLED, (
+            f"supervisor {pid}: no task claimed for {stalled:.1f}s although work is ready and "
+            f"{free} workers are free (is the database read-only, locked or full?)"
+        )
     workers = state.get("workers", [])
     return exitcodes.OK, (
         f"supervisor {pid} healthy: {state.get('phase')}, {len(workers)} workers "
         f"(target {state.get('target')}), last tick {age:.1f}s ago"
     )
+
+
+def stalled_for(state: dict[str, Any]) -> float | None:
+    """How long the pool has made no progress while work was ready (None: it has not stalled)."""
+    progress = state.get("progress")
+    since = progress.get("stalled_since") if isinstance(progress, dict) else None
+    if not isinstance(since, (int, float)):
+        return None
+    return max(0.0, float(state.get("tick", time.time())) - float(since))

@@ -60,3 +60,22 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value
+
+
+def reload_line(record: Any) -> str | None:
+    """The supervisor's latest reload, from its state file, as one line (None: never reloaded)."""
+    if not isinstance(record, dict):
+        return None
+    head = f"reload {record.get('id')}"
+    status = record.get("status")
+    finished = when(record.get("finished"))
+    if status == "failed":
+        return f"{head} failed at {finished}: {record.get('error')}"
+    if status == "done":
+        return f"{head} done at {finished}: generation {record.get('generation')}"
+    if status == "importing":
+        return f"{head}: importing the new code (since {when(record.get('started'))})"
+    return (
+        f"{head}: rolling to generation {record.get('generation')} "
+        f"({record.get('workers_on_generation')} workers on it)"
+    )

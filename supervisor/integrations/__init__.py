@@ -11,7 +11,7 @@ from ..logs import event
 from ..loop.arbiter import Arbiter, Step
 from .http import HttpEndpoint, listen
 from .metrics import CONTENT_TYPE, Metrics
-from .notify import ENV_WEDGE, SystemdNotify, wedge_step
+from .notify import SystemdNotify
 from .probe import StatsProbe
 
 SERVE_AGAIN = 0.02  # a response that did not fit the socket buffer: try again this soon
@@ -27,9 +27,6 @@ def install(
     env = os.environ if environ is None else environ
     closers: list[Callable[[], None]] = []
     probe = StatsProbe()
-    wedge = env.pop(ENV_WEDGE, "")
-    if wedge:
-        arb.add_step(wedge_step(wedge), before="signals")
     notify = SystemdNotify.from_env(env, probe)
     if notify is not None:
         notify.install(arb)

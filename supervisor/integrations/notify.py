@@ -5,8 +5,12 @@ The protocol is one datagram of ``KEY=VALUE`` lines sent to the AF_UNIX socket n
 
 - ``READY=1`` (with ``MAINPID=`` and a ``STATUS=``) on the arbiter's ``ready`` event: every one of
   the N workers entered its claim loop;
-- ``RELOADING=1`` (with ``MONOTONIC_USEC=``) on ``reloading`` (SIGHUP), then ``READY=1`` when the
-  rolling restart finished (the ``ready`` event again, ``reload=True``);
+- ``RELOADING=1`` (with ``MONOTONIC_USEC=``) on ``reloading``, as soon as the loop reads the
+  SIGHUP and before the new code is imported, then ``READY=1`` when every worker runs the new
+  generation (the ``ready`` event again, ``reload=True``), or ``READY=1`` with
+  ``STATUS=reload failed: …`` on ``reload_failed``: the service is up on its old workers, and
+  systemd leaves its reloading state only on READY (``supervisor reload --wait``, the unit's
+  ``ExecReload=``, carries the failure to ``systemctl reload``);
 - ``STOPPING=1`` on ``stopping`` (graceful or fast);
 - ``STATUS=`` with workers and queue counts when it changes, at most every ``STATUS_EVERY`` s,
   from the cached probe (no database round trip of its own);
@@ -18,9 +22,6 @@ The protocol is one datagram of ``KEY=VALUE`` lines sent to the AF_UNIX socket n
 The socket is opened per message and closed at once: nothing survives into a forked worker. The
 variables are removed from our environment once read (like ``sd_notify(unset_environment=1)``)
 so workers and the programs they start never talk to systemd in our name.
-
-``LEASEKEEPER_TEST_WEDGE_FILE`` is a test-only hook: while that file exists the loop blocks in a
-step, as a deadlocked supervisor would, so a test can prove that the watchdog goes quiet.
 """
 
 from __future__ import annotations
@@ -40,10 +41,8 @@ from .probe import StatsProbe
 ENV_SOCKET = "NOTIFY_SOCKET"
 ENV_WATCHDOG_USEC = "WATCHDOG_USEC"
 ENV_WATCHDOG_PID = "WATCHDOG_PID"
-ENV_WEDGE = "LEASEKEEPER_TEST_WEDGE_FILE"
 STATUS_EVERY = 5.0  # STATUS= refresh (and the probe's read interval when nothing needs faster)
 SEND_TIMEOUT = 1.0  # a full socket buffer must never block the loop for long
-WEDGE_LIMIT = 300.0  # the test hook gives up after this long even if the file stays
 
 
 def socket_address(value: str) -> str | None:
@@ -133,6 +132,7 @@ class SystemdNotify:
         self._arb = arb
         arb.events.on("ready", self.on_ready)
         arb.events.on("reloading", self.on_reloading)
+        arb.events.on("reload_failed", self.on_reload_failed)
         arb.events.on("stopping", self.on_stopping)
         arb.add_step(Step("notify", self.step), before="finish")
         if self.watchdog_every is not None:
@@ -151,6 +151,9 @@ class SystemdNotify:
     def on_reloading(self, **_: Any) -> None:
         usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
         self.notifier.send("RELOADING=1", f"MONOTONIC_USEC={usec}", self._status_field())
+
+    def on_reload_failed(self, **_: Any) -> None:
+        self.notifier.send("READY=1", self._status_field())
 
     def on_stopping(self, why: str = "", fast: bool = False, **_: Any) -> None:
         self.notifier.send("STOPPING=1", self._status_field())
@@ -208,12 +211,19 @@ def status_line(arb: Arbiter, probe: StatsProbe) -> str:
     pool = arb.pool
     active = pool.active()
     up = sum(1 for w in active if arb.is_up(w))
+    reloads = arb.reloads
+    current = reloads.current
     if arb.stopping:
         head = f"{arb.phase}: {len(pool.workers)} workers finishing"
-    elif arb.rolling:
-        head = f"reloading: {up}/{pool.target} workers up, generation {pool.generation}"
+    elif reloads.in_progress and current is not None and current.generation is None:
+        head = f"reloading: importing the new code; {up}/{pool.target} workers up"
+    elif reloads.in_progress:
+        on_new = sum(1 for w in active if w.generation == pool.generation and arb.is_up(w))
+        head = f"reloading: {on_new}/{pool.target} workers on generation {pool.generation}"
     else:
         head = f"{up}/{pool.target} workers up"
+    if reloads.failure and not arb.stopping:
+        head = f"reload failed: {reloads.failure}; {head}"
     stats = probe.stats
     if stats is None:
         return f"{head}; queue not read yet"
@@ -226,18 +236,3 @@ def status_line(arb: Arbiter, probe: StatsProbe) -> str:
     if probe.error:
         queue += f" (stale: {probe.error})"
     return f"{head}; {queue}"
-
-
-def wedge_step(path: str) -> Step:
-    """Test-only: block the main loop while ``path`` exists, as a deadlocked supervisor would."""
-
-    def run(arb: Arbiter) -> None:
-        if not os.path.exists(path):
-            return
-        event("test_wedged", f"test hook: main loop blocked while {path} exists")
-        deadline = time.monotonic() + WEDGE_LIMIT
-        while os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        event("test_unwedged", "test hook: main loop runs again")
-
-    return Step("test_wedge", run)

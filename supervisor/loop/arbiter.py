@@ -4,8 +4,9 @@ earliest moment some step asked to be woken.
 The arbiter holds the shared state (phase, pool, exit code) and the actions steps take (stop,
 fast stop, reload, scale). The steps themselves live in ``steps.py``. Later features plug in
 without touching the loop: ``add_step`` inserts a step (chaos faults, watchdog pings, metrics),
-and ``events.on`` subscribes to lifecycle events (``ready``, ``reloading``, ``stopping``,
-``worker_started``, ``worker_exited``, ``tick``).
+and ``events.on`` subscribes to lifecycle events (``ready``, ``reloading``, ``reload_failed``,
+``stopping``, ``worker_started``, ``worker_exited``, ``tick``). The reload state machine lives in
+``reload.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..config import StartConfig
 from ..logs import Progress, event
 from .pidfile import Pidfile
 from .pool import Pool, Worker
+from .reload import Reloads
 from .signals import SignalInbox
 from .storegate import StoreGate
 
@@ -73,7 +75,7 @@ class Arbiter:
     inbox: SignalInbox
     gate: StoreGate
     board: StatusBoard
-    reload_app: Callable[[], App]
+    reloads: Reloads = field(default_factory=Reloads)
     pidfile: Pidfile | None = None
     progress: Progress | None = None
     clock: Callable[[], float] = time.monotonic
@@ -81,13 +83,13 @@ class Arbiter:
     exit_code: int = exitcodes.OK
     steps: list[Step] = field(default_factory=list)
     events: Events = field(default_factory=Events)
-    rolling: bool = False  # a HUP rolling restart is in progress
     ready_announced: bool = False
     stop_started_at: float | None = None
     started_at: float = 0.0
     pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True
+    extra_state: dict[str, Any] = field(default_factory=dict)  # more keys for the state file
     rng: random.Random = field(default_factory=random.Random)  # jitter of max tasks per worker
     # run when the loop is done, in order; each may change the exit code (chaos: violations)
     exit_hooks: list[Callable[[Arbiter, int], int]] = field(default_factory=list)
@@ -104,11 +106,11 @@ class Arbiter:
         self.started_at = self.clock()
         event(
             "supervisor_started",
-            f"supervisor started: {self.config.workers} workers, app {self.config.app}, "
-            f"db {redact(self.config.db)}",
+            f"supervisor started: {self.config.workers} workers, app {self.config.worker.app}, "
+            f"db {redact(self.config.worker.db)}",
             workers=self.config.workers,
-            app=self.config.app,
-            db=redact(self.config.db),
+            app=self.config.worker.app,
+            db=redact(self.config.worker.db),
         )
         while not self.done:
             self.turn()
@@ -158,7 +160,7 @@ class Arbiter:
             return
         self.phase = Phase.STOPPING
         self.stop_started_at = self.clock()
-        self.rolling = False
+        self.reloads.abandon(self)
         event(
             "stopping",
             f"graceful stop ({why}): {len(self.pool.workers)} workers finish their tasks, "
@@ -176,7 +178,7 @@ class Arbiter:
             return
         self.phase = Phase.FAST_STOPPING
         self.stop_started_at = self.clock()
-        self.rolling = False
+        self.reloads.abandon(self)
         event("fast_stop", f"fast stop ({why}): killing {len(self.pool.workers)} workers", why=why)
         self.events.emit("stopping", why=why, fast=True)
         for worker in list(self.pool.workers.values()):
@@ -184,27 +186,8 @@ class Arbiter:
         self.state_dirty = True
 
     def reload(self) -> None:
-        """HUP: re-import the app, then roll the workers one at a time (see steps.roll)."""
-        if self.stopping:
-            return
-        try:
-            self.app = self.reload_app()
-        except Exception as exc:
-            event(
-                "reload_failed",
-                f"reload failed, keeping the running workers: {exc}",
-                level=logging.ERROR,
-            )
-            return
-        self.pool.generation += 1
-        self.rolling = True
-        self.events.emit("reloading", generation=self.pool.generation)
-        event(
-            "reloading",
-            f"reloading: app re-imported, rolling {len(self.pool.active())} workers "
-            f"to generation {self.pool.generation}",
-            generation=self.pool.generation,
-        )
+        """HUP: RELOADING at once, then an import probe and a rolling restart (see reload.py)."""
+        self.reloads.request(self)
 
     def scale(self, delta: int) -> None:
         if self.stopping:
@@ -221,6 +204,11 @@ class Arbiter:
         self.state_dirty = True
 
     # -- views -------------------------------------------------------------------------------
+    @property
+    def rolling(self) -> bool:
+        """A HUP rolling restart is replacing workers."""
+        return self.reloads.rolling
+
     def is_up(self, worker: Worker) -> bool:
         """The worker has entered its claim loop (it published its phase)."""
         state = self.board.read(worker.slot)

@@ -1,13 +1,19 @@
 """The pidfile: a filelock decides who runs; the pid lives in its own file for other tools.
 
-- ``FILE.lock`` is taken with filelock (an ``flock``): the kernel drops it when the supervisor dies,
-  so a stale ``FILE`` left by a SIGKILL never blocks the next start, and a second supervisor on the
-  same pidfile refuses at once.
-- ``FILE`` holds only the pid (what systemd's ``PIDFile=`` and shell scripts expect). Readers check
-  it with psutil: the process must exist and have started no later than the file was written, so
-  a pid reused by an unrelated process is never signalled.
+- ``FILE.lock`` is taken with filelock (an ``flock``, opened with ``O_NOFOLLOW``, mode 0600): the
+  kernel drops it when the supervisor dies, so a stale ``FILE`` left by a SIGKILL never blocks the
+  next start, and a second supervisor on the same pidfile refuses at once.
+- ``FILE`` holds only the pid (what systemd's ``PIDFile=`` and shell scripts expect), mode 0644.
+  Readers refuse it unless it is a regular file owned by them (or root) that nobody else can
+  write, and check it with psutil: the process must exist and have started no later than the
+  file was written, so a pid reused by an unrelated process is never signalled. Before a signal,
+  the process must also be a leasekeeper supervisor (its command line, its start time).
 - ``FILE.state`` is JSON the running loop rewrites about once a second (workers, target size,
-  last tick): ``status``, ``scale`` and ``health`` read it.
+  last tick), mode 0644: ``status``, ``scale`` and ``health`` read it. It is written first at
+  ``acquire`` (phase ``starting``). When a rewrite fails (a full disk), the loop logs it once
+  and touches the old file instead, so ``health`` can tell "cannot write its state" from "the
+  loop is silent".
+- Every write is atomic through a random temporary name (``supervisor.files.write_atomic``).
 - Workers do not keep the lock: the forked child closes its copy of the lock descriptor (filelock 4
   already does so at fork; ``close_in_child`` covers older versions), so a worker that outlives a
   killed supervisor can never block a restart.
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shlex
 import time
 from typing import Any
 
@@ -25,24 +33,21 @@ import filelock
 import psutil
 
 from ..errors import NotRunning, PidfileLocked, SupervisorError
+from ..files import PRIVATE, PUBLIC, UntrustedFile, read_trusted, write_atomic
+from ..logs import event
 
 
 def state_path(pidfile: str) -> str:
     return pidfile + ".state"
 
 
-def _write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 class Pidfile:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
-        self._lock = filelock.FileLock(self.path + ".lock", timeout=0)
+        self._lock = filelock.FileLock(self.path + ".lock", timeout=0, mode=PRIVATE)
         self._fd_identity: tuple[int, int, int] | None = None
+        self._started = round(psutil.Process().create_time(), 2)
+        self.state_error: str | None = None  # the last failed state write, until one succeeds
 
     def acquire(self) -> None:
         directory = os.path.dirname(self.path)
@@ -51,7 +56,10 @@ class Pidfile:
         try:
             self._lock.acquire()
         except filelock.Timeout:
-            holder = read_pid(self.path)
+            try:
+                holder = read_pid(self.path)
+            except SupervisorError:
+                holder = None
             who = f"pid {holder}" if holder else "another process"
             raise PidfileLocked(
                 f"another supervisor ({who}) holds {self.path}; stop it or use another --pidfile"
@@ -59,14 +67,48 @@ class Pidfile:
         except OSError as exc:
             raise SupervisorError(f"cannot lock {self.path}.lock: {exc.strerror}") from None
         self._fd_identity = _find_fd(self.path + ".lock")
-        _write_atomic(self.path, f"{os.getpid()}\n")
+        try:
+            write_atomic(self.path, f"{os.getpid()}\n", PUBLIC)
+            write_atomic(state_path(self.path), self._state_text({"phase": "starting"}), PUBLIC)
+        except OSError as exc:
+            self._lock.release()
+            raise SupervisorError(f"cannot write the pidfile {self.path}: {exc.strerror}") from None
 
-    def write_state(self, state: dict[str, Any]) -> None:
-        with contextlib.suppress(OSError):  # a full disk must not stop the supervisor
-            _write_atomic(state_path(self.path), json.dumps(state, separators=(",", ":")))
+    def _state_text(self, state: dict[str, Any]) -> str:
+        doc = {"pid": os.getpid(), "tick": round(time.time(), 3), **state}
+        doc["started"] = self._started  # lets readers check the pid's start time
+        return json.dumps(doc, separators=(",", ":"))
+
+    def write_state(self, state: dict[str, Any]) -> bool:
+        """Rewrite the state file; False when that failed (a full disk must not stop the
+        supervisor). The first failure and the recovery are logged once each."""
+        path = state_path(self.path)
+        try:
+            write_atomic(path, self._state_text(state), PUBLIC)
+        except OSError as exc:
+            with contextlib.suppress(OSError):  # the loop runs: say so through the mtime
+                os.utime(path, follow_symlinks=False)
+            if self.state_error is None:
+                event(
+                    "state_write_failed",
+                    f"cannot write the state file {path} ({exc.strerror or exc}): status, scale "
+                    "and health see old data until it can be written again",
+                    level=logging.WARNING,
+                    error=str(exc.strerror or exc),
+                )
+            self.state_error = str(exc.strerror or exc)
+            return False
+        if self.state_error is not None:
+            event("state_write_recovered", f"the state file {path} is written again")
+            self.state_error = None
+        return True
 
     def release(self) -> None:
-        if read_pid(self.path) == os.getpid():
+        try:
+            ours = read_pid(self.path) == os.getpid()
+        except SupervisorError:
+            ours = False  # someone replaced it: not ours to remove
+        if ours:
             for path in (self.path, state_path(self.path)):
                 with contextlib.suppress(OSError):
                     os.remove(path)
@@ -104,11 +146,12 @@ def _find_fd(path: str) -> tuple[int, int, int] | None:
 
 
 def read_pid(path: str) -> int | None:
+    """The pid in ``path`` (None: missing or not a pid); UntrustedFile if we must not believe it."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read().strip()
+        text = read_trusted(path, "pidfile")
     except OSError:
         return None
+    text = (text or "").strip()
     return int(text) if text.isdigit() else None
 
 
@@ -131,14 +174,63 @@ def live_pid(path: str) -> int:
     return pid
 
 
+def is_supervisor_command(argv: list[str]) -> bool:
+    """``supervisor start …`` or ``python -m supervisor start …`` (any path to either)."""
+    for i, arg in enumerate(argv):
+        if os.path.basename(arg) == "supervisor" and "start" in argv[i + 1 :]:
+            return True
+    return False
+
+
+def supervisor_pid(path: str) -> int:
+    """``live_pid``, and the process really is the leasekeeper supervisor that wrote ``path``:
+    its command line is ``supervisor start`` and its start time is the one in the state file.
+    Only such a pid is ever signalled."""
+    pid = live_pid(path)
+    try:
+        proc = psutil.Process(pid)
+        argv = proc.cmdline()
+        started = round(proc.create_time(), 2)
+    except psutil.NoSuchProcess:
+        raise NotRunning(f"no supervisor is running: pid {pid} exited") from None
+    except psutil.Error as exc:
+        msg = f"refusing to signal pid {pid} from {path}: cannot check it ({exc})"
+        raise UntrustedFile(msg) from None
+    if not is_supervisor_command(argv):
+        shown = shlex.join(argv)[:120] or "?"
+        raise UntrustedFile(
+            f"refusing to signal pid {pid} from {path}: it is not a leasekeeper supervisor "
+            f"(its command line is {shown!r})"
+        )
+    state = read_state(path)
+    recorded = state.get("started") if state is not None and state.get("pid") == pid else None
+    if isinstance(recorded, (int, float)) and abs(float(recorded) - started) > 0.015:
+        raise UntrustedFile(
+            f"refusing to signal pid {pid} from {path}: it started at {started}, not at "
+            f"{recorded} as the supervisor that wrote the state file did"
+        )
+    return pid
+
+
 def read_state(path: str) -> dict[str, Any] | None:
     try:
-        with open(state_path(path), encoding="utf-8") as fh:
-            value = json.load(fh)
-    except (OSError, ValueError):
+        text = read_trusted(state_path(path), "state file")
+    except OSError:
+        return None
+    try:
+        value = json.loads(text or "")
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
 
 
 def state_age(state: dict[str, Any]) -> float:
     return time.time() - float(state.get("tick", 0.0))
+
+
+def state_touched_age(path: str) -> float | None:
+    """Seconds since the state file was last written or touched (None: it is missing)."""
+    try:
+        return time.time() - os.stat(state_path(path), follow_symlinks=False).st_mtime
+    except OSError:
+        return None

@@ -8,6 +8,7 @@ backoff decision is testable without processes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import os
 import signal
@@ -75,6 +76,13 @@ class Exit:
         return f"worker {self.worker.pid} (slot {self.worker.slot}) {how} after {self.ran_for:.1f}s"
 
 
+def imports_app(generation: int) -> bool:
+    """Generation 0 runs the app the supervisor imported at start; every later generation (after
+    a reload) imports it in the worker itself, right after fork, so the supervisor never runs code
+    that arrived after it started."""
+    return generation > 0
+
+
 def classify(code: int | None, worker: Worker, ran_for: float) -> ExitKind:
     if code == wexit.BOOT_FAILURE:
         return ExitKind.BOOT_FAILURE
@@ -100,6 +108,10 @@ class Pool:
     generation: int = 0
     crash_streak: int = 0  # boot crashes in a row (a worker dead within crash_window)
     next_spawn_at: float = 0.0
+    # Other children we forked (the reload's import probe): pid -> wait status once reaped, None
+    # while it runs. ``reap`` collects every child with waitpid(-1), so it must know them: they
+    # are neither workers nor strangers to ignore, and their exit status is someone's answer.
+    helpers: dict[int, int | None] = field(default_factory=dict)
 
     # -- views -------------------------------------------------------------------------------
     def active(self) -> list[Worker]:
@@ -182,6 +194,9 @@ class Pool:
                 break
             if pid == 0:
                 break
+            if pid in self.helpers:
+                self.helpers[pid] = status
+                continue
             worker = self.workers.pop(pid, None)
             if worker is not None:
                 exits.append(self.record_exit(worker, status))
@@ -203,6 +218,24 @@ class Pool:
         elif ran_for >= self.timing.crash_window:
             self.crash_streak = 0
         return Exit(worker, code, killed_by, ran_for, kind, backoff)
+
+    def as_crash(self, ex: Exit) -> Exit:
+        """``ex`` reclassified as a crash (a worker that exited 0 still holding a lease, say),
+        with the crash-loop backoff a crash that early earns."""
+        early = ex.ran_for < self.timing.crash_window
+        backoff = self._crashed_early(self.clock()) if early else 0.0
+        return dataclasses.replace(ex, kind=ExitKind.CRASHED, backoff=backoff)
+
+    # -- helper children -----------------------------------------------------------------------
+    def adopt_helper(self, pid: int) -> None:
+        self.helpers[pid] = None
+
+    def helper_running(self, pid: int) -> bool:
+        """Forked by us and not reaped yet: its pid cannot have been reused, safe to signal."""
+        return pid in self.helpers and self.helpers[pid] is None
+
+    def forget_helper(self, pid: int) -> None:
+        self.helpers.pop(pid, None)
 
     def forget(self, pid: int) -> None:
         with contextlib.suppress(KeyError):

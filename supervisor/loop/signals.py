@@ -1,9 +1,12 @@
 """Signal handling for the supervisor: handlers only record; the main loop acts.
 
-A handler appends the signal number to a deque. ``signal.set_wakeup_fd`` makes the C-level
-handler also write a byte to a self-pipe, so a loop sleeping in ``select`` wakes at once.
+A signal that asks for an action (TERM, INT, QUIT, HUP, TTIN, TTOU) is appended to a list that
+nothing bounds, in arrival order: three TTINs are three entries, and no burst of anything can
+push a pending TERM out. SIGCHLD only sets a flag (the reap step runs on every turn anyway), so a
+flood of child exits grows nothing. ``signal.set_wakeup_fd`` makes the C-level handler also
+write a byte to a self-pipe, so a loop sleeping in ``select`` wakes at once.
 Handlers are installed before the first fork, so a TERM that arrives during start-up waits in
-the deque instead of being lost. Around ``fork()`` the parent blocks these signals
+the inbox instead of being lost. Around ``fork()`` the parent blocks these signals
 (``blocked()``): the child unblocks them only after ``run_worker`` installed its own handlers,
 so a TERM in that window never runs the parent's handler inside the child.
 """
@@ -14,20 +17,20 @@ import contextlib
 import os
 import select
 import signal
-from collections import deque
 from collections.abc import Iterator
 from types import FrameType
 
-# What the supervisor acts on. SIGCHLD only wakes the loop to reap.
-HANDLED = (
+# What the supervisor acts on: never dropped, never merged.
+ACTIONS = (
     signal.SIGTERM,
     signal.SIGINT,
     signal.SIGQUIT,
     signal.SIGHUP,
     signal.SIGTTIN,
     signal.SIGTTOU,
-    signal.SIGCHLD,
 )
+# SIGCHLD only wakes the loop to reap.
+HANDLED = (*ACTIONS, signal.SIGCHLD)
 # Blocked across fork(): every signal the parent handles, so none runs a parent handler in a child.
 BLOCKED_ACROSS_FORK = frozenset(HANDLED)
 
@@ -43,7 +46,11 @@ class SignalInbox:
     """Records signals as they arrive; the loop drains them with ``wait()`` and ``pop_all()``."""
 
     def __init__(self) -> None:
-        self.queue: deque[int] = deque(maxlen=64)
+        # Action signals in arrival order. Only ``record`` appends (one atomic list.append) and
+        # only ``pop_all`` takes the list away (by swapping in a new one), so neither can lose
+        # what the other did, even when a handler runs between two bytecodes of the loop.
+        self.queue: list[int] = []
+        self.child_exited = False  # SIGCHLD since the last pop_all: a flag, never a queue
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._previous: dict[int, object] = {}
         self._old_wakeup_fd: int | None = None
@@ -53,13 +60,21 @@ class SignalInbox:
     def fds(self) -> tuple[int, int]:
         return (self._read_fd, self._write_fd)
 
-    def _record(self, signum: int, frame: FrameType | None) -> None:
-        self.queue.append(signum)  # deque.append is atomic: nothing else happens here
+    def record(self, signum: int, frame: FrameType | None = None) -> None:
+        """The signal handler: note the signal, nothing else."""
+        if signum == signal.SIGCHLD:
+            self.child_exited = True
+        else:
+            self.queue.append(signum)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.queue) or self.child_exited
 
     def install(self) -> None:
         self._old_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for signum in HANDLED:
-            self._previous[signum] = signal.signal(signum, self._record)
+            self._previous[signum] = signal.signal(signum, self.record)
 
     def uninstall(self) -> None:
         for signum, previous in self._previous.items():
@@ -69,7 +84,7 @@ class SignalInbox:
 
     def wait(self, timeout: float) -> None:
         """Sleep until a signal arrives or ``timeout`` seconds pass, then empty the pipe."""
-        if not self.queue:
+        if not self.pending:
             with contextlib.suppress(InterruptedError):
                 select.select([self._read_fd, *self.extra_fds], [], [], max(0.0, timeout))
         with contextlib.suppress(BlockingIOError):
@@ -77,9 +92,9 @@ class SignalInbox:
                 pass
 
     def pop_all(self) -> list[int]:
-        items: list[int] = []
-        while self.queue:
-            items.append(self.queue.popleft())
+        """The action signals recorded since the last call, oldest first; clears the reap flag."""
+        self.child_exited = False
+        items, self.queue = self.queue, []
         return items
 
     def close(self) -> None:
@@ -96,7 +111,8 @@ class SignalInbox:
         for signum in HANDLED:
             signal.signal(signum, signal.SIG_DFL)
         self._previous.clear()
-        self.queue.clear()
+        self.queue = []
+        self.child_exited = False
         self.close()
 
 

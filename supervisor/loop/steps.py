@@ -19,6 +19,7 @@ from .. import exitcodes
 from ..errors import SupervisorError
 from ..logs import drain_progress, event
 from .arbiter import Arbiter, Phase, Step
+from .guard import stop_corrupt
 from .pool import Exit, ExitKind, Worker
 from .signals import name as signal_name
 
@@ -26,9 +27,10 @@ WARN = logging.WARNING
 
 
 def handle_signals(arb: Arbiter) -> None:
+    """Act on every action signal recorded since the last turn, in arrival order (SIGCHLD is
+    only a flag that woke the loop: the reap step runs on every turn anyway)."""
+    hup = False
     for signum in arb.inbox.pop_all():
-        if signum == signal.SIGCHLD:
-            continue  # the reap step runs on every turn anyway
         event("signal", f"received {signal_name(signum)}", signal=signal_name(signum))
         if signum in (signal.SIGTERM, signal.SIGINT):
             if arb.stopping:
@@ -38,16 +40,22 @@ def handle_signals(arb: Arbiter) -> None:
         elif signum == signal.SIGQUIT:
             arb.fast_stop("SIGQUIT")
         elif signum == signal.SIGHUP:
-            arb.reload()
+            hup = True  # several HUPs read together are one reload
         elif signum == signal.SIGTTIN:
             arb.scale(+1)
         elif signum == signal.SIGTTOU:
             arb.scale(-1)
+    if hup:
+        arb.reload()
 
 
 def reap(arb: Arbiter) -> None:
-    for ex in arb.pool.reap():
+    exits = arb.pool.reap()
+    held = _settle_leases(arb, exits) if exits else {}
+    for reaped in exits:
         arb.state_dirty = True
+        leases = held.get(reaped.worker.owner)
+        ex = arb.pool.as_crash(reaped) if leases and _clean(reaped) else reaped
         level = logging.INFO if ex.kind is not ExitKind.CRASHED else WARN
         fields: dict[str, Any] = {
             "worker": ex.worker.pid,
@@ -55,11 +63,12 @@ def reap(arb: Arbiter) -> None:
             "kind": str(ex.kind),
         }
         fields.update(code=ex.code, signal=signal_name(ex.signal) if ex.signal else None)
-        event("worker_exited", f"{ex.describe()}: {ex.kind}", level=level, **fields)
+        holding = f" holding {leases} lease(s)" if leases else ""
+        if leases:
+            fields["leases"] = leases
+        event("worker_exited", f"{ex.describe()}{holding}: {ex.kind}", level=level, **fields)
         arb.events.emit("worker_exited", exit=ex)  # subscribers may read its slot (metrics)
         arb.board.slot(ex.worker.slot).clear()
-        if _should_release(arb, ex):
-            arb.pending_release[ex.worker.owner] = arb.clock() + arb.config.lease_ttl
         if ex.backoff:
             event(
                 "restart_backoff",
@@ -69,7 +78,10 @@ def reap(arb: Arbiter) -> None:
                 streak=arb.pool.crash_streak,
                 backoff=round(ex.backoff, 3),
             )
-        if ex.kind is ExitKind.BOOT_FAILURE:
+        if ex.code == wexit.STORE_CORRUPT:
+            stop_corrupt(arb, f"worker {ex.worker.pid}", "it met a malformed database")
+        failed_reload = arb.reloads.worker_exited(arb, ex)
+        if ex.kind is ExitKind.BOOT_FAILURE and not failed_reload:
             event(
                 "boot_failure",
                 f"worker {ex.worker.pid} could not boot (exit code {wexit.BOOT_FAILURE}; its log "
@@ -77,19 +89,44 @@ def reap(arb: Arbiter) -> None:
                 level=logging.ERROR,
             )
             arb.stop("a worker could not boot", exitcodes.WORKER_BOOT)
-    if arb.pending_release:
+    if arb.pending_release and not exits:  # retry earlier failures (_settle_leases did, else)
         release(arb)
 
 
-def _should_release(arb: Arbiter, ex: Exit) -> bool:
-    if ex.code in (wexit.OK, wexit.RECYCLE):
-        return False  # a clean exit committed or released everything it held
-    return arb.config.fast_release or ex.worker.killed
+def _clean(ex: Exit) -> bool:
+    """It exited by itself with a code that says "all done" (0, recycled, retired on request).
+    One that still held a lease left work behind: that is a crash, whatever its code says."""
+    return ex.signal is None and ex.kind not in (ExitKind.CRASHED, ExitKind.BOOT_FAILURE)
 
 
-def release(arb: Arbiter) -> None:
-    """Fast release: expire the leases of reaped workers at once (they are known dead)."""
+def _settle_leases(arb: Arbiter, exits: list[Exit]) -> dict[str, int]:
+    """How many leases each reaped worker still held, from the database (never from its exit
+    code: a worker that called ``os._exit(0)`` in a handler held one). With fast release (or a
+    worker we killed) they are released now; with ``--no-fast-release`` they are only counted
+    and left to expire, which is what that switch exists to prove. Unknown owners (the database
+    did not answer) are missing from the answer; their release is retried."""
+    give_up = arb.clock() + arb.config.worker.lease_ttl
+    counted: list[str] = []
+    for ex in exits:
+        if arb.config.fast_release or ex.worker.killed:
+            arb.pending_release[ex.worker.owner] = give_up
+        else:
+            counted.append(ex.worker.owner)
+    held = release(arb)
+    if counted:
+        try:
+            held.update(arb.gate.lease_counts(counted))
+        except StoreError as exc:
+            event("lease_count_failed", f"cannot count a dead worker's leases: {exc}", level=WARN)
+    return held
+
+
+def release(arb: Arbiter) -> dict[str, int]:
+    """Fast release: expire the leases of reaped workers at once (they are known dead).
+    Returns how many each owner held (empty when the database did not answer)."""
     owners = list(arb.pending_release)
+    if not owners:
+        return {}
     try:
         released = arb.gate.release_owners(owners)
     except StoreError as exc:
@@ -99,7 +136,7 @@ def release(arb: Arbiter) -> None:
                 del arb.pending_release[owner]
         event("release_failed", f"could not release leases, will retry: {exc}", level=WARN)
         arb.wake_at(now + 0.5)
-        return
+        return {}
     for owner, count in released.items():
         arb.pending_release.pop(owner, None)
         if count:
@@ -110,6 +147,7 @@ def release(arb: Arbiter) -> None:
                 owner=owner,
                 count=count,
             )
+    return released
 
 
 def enforce_deadlines(arb: Arbiter) -> None:
@@ -147,20 +185,30 @@ def check_memory(arb: Arbiter) -> None:
             arb.pool.retire(worker, "memory")
 
 
+def reload_probe(arb: Arbiter) -> None:
+    arb.reloads.step(arb)
+
+
 def roll(arb: Arbiter) -> None:
     """HUP: add one new-generation worker, wait until it is up, retire one old; repeat."""
     if not arb.rolling or arb.stopping:
         return
     pool = arb.pool
-    old = [w for w in pool.active() if w.generation < pool.generation]
-    if not old:
-        arb.rolling = False
-        event("reloaded", f"reload finished: {len(pool.active())} workers on the new app")
-        arb.events.emit("ready", reload=True)
-        return
-    fresh = [w for w in pool.active() if w.generation == pool.generation]
-    if any(not arb.is_up(w) for w in fresh):
+    generation = pool.generation
+    fresh = [w for w in pool.active() if w.generation == generation]
+    old = [w for w in pool.active() if w.generation != generation]
+    starting = [w for w in fresh if not arb.is_up(w)]
+    limit = arb.config.timing.reload_boot_timeout
+    for worker in starting:
+        if arb.clock() - worker.started_at > limit:
+            why = f"worker {worker.pid} of generation {generation} did not claim within {limit:g}s"
+            arb.reloads.fail(arb, why)
+            return
+    if starting:
         arb.wake_at(arb.clock() + 0.05)
+        return
+    if not old and len(fresh) >= pool.target:
+        arb.reloads.finish(arb)
         return
     if len(pool.active()) <= pool.target:
         wait = pool.backoff_remaining()  # a new app that crashes at boot must not spin
@@ -307,9 +355,11 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "phase": str(arb.phase),
         "target": arb.pool.target,
         "generation": arb.pool.generation,
-        "db": redact(arb.config.db),
-        "app": arb.config.app,
+        "db": redact(arb.config.worker.db),
+        "app": arb.config.worker.app,
         "workers": workers,
+        **arb.extra_state,
+        "reload": arb.reloads.snapshot(arb),
     }
 
 
@@ -328,7 +378,7 @@ def finish(arb: Arbiter) -> None:
             return
         event("unreaped", f"{len(killed)} killed workers did not exit; giving up", level=WARN)
         for w in killed:
-            arb.pending_release[w.owner] = arb.clock() + arb.config.lease_ttl
+            arb.pending_release[w.owner] = arb.clock() + arb.config.worker.lease_ttl
         release(arb)
     arb.phase = Phase.DONE
 
@@ -337,6 +387,7 @@ def default_steps() -> list[Step]:
     return [
         Step("signals", handle_signals),
         Step("reap", reap),
+        Step("reload", reload_probe),
         Step("deadlines", enforce_deadlines),
         Step("memory", check_memory),
         Step("roll", roll),

@@ -9,10 +9,12 @@ lets the fork path assert that nothing is open.
 from __future__ import annotations
 
 import contextlib
+import os
+from collections import Counter
 from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
-from workerproc.store import Stats, Store, open_store
+from workerproc.store import Stats, Store, StoreCorrupt, StoreUnavailable, open_store
 from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
 
 from ..errors import SupervisorError
@@ -23,19 +25,65 @@ from ..errors import SupervisorError
 LOOP_BUSY_TIMEOUT = 0.5
 
 
+def db_file(db: str) -> str | None:
+    """The file behind a path or sqlite:/// URL (None for other schemes)."""
+    if "://" not in db:
+        return db
+    if db.startswith("sqlite:///"):
+        return db[len("sqlite://") :].split("?", 1)[0]
+    return None
+
+
 class StoreGate:
     def __init__(self, db: str, busy_timeout: float = LOOP_BUSY_TIMEOUT) -> None:
         self.db = db
         self.busy_timeout = busy_timeout
         self.open_count = 0
+        self.file = db_file(db)
+        self.identity: tuple[int, int] | None = None  # (device, inode) of the file we serve
+        self.corrupt: str | None = None  # the first "malformed" any session met
+
+    def pin(self) -> None:
+        """Remember which file the path names now: from here on it must stay that file."""
+        if self.file is not None:
+            st = os.stat(self.file)
+            self.identity = (st.st_dev, st.st_ino)
+
+    def file_problem(self) -> str | None:
+        """Why the path no longer names the database we opened (deleted, replaced); None if it
+        still does. One ``stat``: cheap enough for every turn of the loop."""
+        if self.identity is None or self.file is None:
+            return None
+        try:
+            st = os.stat(self.file)
+        except FileNotFoundError:
+            return f"the database file {self.file} was deleted while the pool was using it"
+        except OSError:
+            return None  # cannot look (permissions): the sessions will say more
+        if (st.st_dev, st.st_ino) != self.identity:
+            return (
+                f"the database file {self.file} was replaced by another file while the pool "
+                f"was using it (inode {self.identity[1]} -> {st.st_ino})"
+            )
+        return None
 
     @contextlib.contextmanager
     def session(self, busy_timeout: float | None = None) -> Iterator[Store]:
+        problem = self.file_problem()
+        if problem:  # never open (and so never create) whatever the path names now
+            raise StoreUnavailable(problem)
         timeout = self.busy_timeout if busy_timeout is None else busy_timeout
-        store = open_store(self.db, busy_timeout=timeout)
+        try:
+            store = open_store(self.db, busy_timeout=timeout)
+        except StoreCorrupt as exc:
+            self.corrupt = self.corrupt or str(exc)
+            raise
         self.open_count += 1
         try:
             yield store
+        except StoreCorrupt as exc:
+            self.corrupt = self.corrupt or str(exc)
+            raise
         finally:
             self.open_count -= 1
             store.close()
@@ -48,6 +96,27 @@ class StoreGate:
         """Expire the leases of dead owners; return how many each held."""
         with self.session() as store:
             return {owner: store.release_owner(owner) for owner in owners}
+
+    def quick_check(self) -> list[str]:
+        """The store's quick integrity check (every page read once), before any fork."""
+        try:
+            with self.session(busy_timeout=DEFAULT_BUSY_TIMEOUT) as store:
+                return store.check_integrity(quick=True, limit=10)
+        except StoreCorrupt as exc:  # too damaged to open
+            return [str(exc)]
+
+    def ready_now(self) -> bool:
+        """Is some task claimable right now? One index lookup, no write."""
+        with self.session() as store:
+            at = store.next_ready_at()
+            return at is not None and at <= store.now()
+
+    def lease_counts(self, owners: list[str]) -> dict[str, int]:
+        """How many live leases each owner holds; nothing is written."""
+        with self.session() as store:
+            stats = store.stats()
+        held = Counter(lease.owner for lease in stats.leases if lease.expires_at > stats.now)
+        return {owner: held.get(owner, 0) for owner in owners}
 
     def release_dead_owners(self) -> dict[str, int]:
         """Leases of owners on this host whose process is gone (a restarted supervisor).

@@ -73,3 +73,11 @@ def wait_file(ctx: TaskContext) -> Any:
     while not os.path.exists(release) and time.monotonic() < deadline:
         time.sleep(0.01)
     return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+
+@app.task("exit0_once")
+def exit0_once(ctx: TaskContext) -> Any:
+    """The first attempt ends the worker with exit code 0 while it holds the lease."""
+    if ctx.attempt == 1:
+        os._exit(0)
+    return {"pid": os.getpid(), "attempt": ctx.attempt}

@@ -11,15 +11,20 @@ from .errors import (
     SchemaTooNew,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
     StoreUnavailable,
 )
 from .sqlite import SQLiteStore
 from .types import (
+    AttemptEnd,
+    BatchOutcome,
     CasResult,
     ClaimRequest,
     CommitOutcome,
+    FinishedBucket,
     Lease,
     OwnerLease,
+    QueueCounts,
     Rejection,
     Run,
     Stats,
@@ -28,14 +33,18 @@ from .types import (
 from .urls import POSTGRES_SCHEMES, is_postgres_url, redact
 
 __all__ = [
+    "AttemptEnd",
+    "BatchOutcome",
     "CasResult",
     "ClaimRequest",
     "Clock",
     "Commit",
     "CommitOutcome",
+    "FinishedBucket",
     "InvalidPayload",
     "Lease",
     "OwnerLease",
+    "QueueCounts",
     "Rejection",
     "Run",
     "RunNotFound",
@@ -44,6 +53,7 @@ __all__ = [
     "Store",
     "StoreCorrupt",
     "StoreError",
+    "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
     "is_postgres_url",

@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal, overload
 
+from .errors import RunNotFound
 from .types import (
     JSON,
+    AttemptEnd,
+    BatchOutcome,
     CasResult,
     ClaimRequest,
     CommitOutcome,
+    FinishedBucket,
     Lease,
     Rejection,
     Run,
@@ -21,7 +26,9 @@ from .types import (
 
 Clock = Callable[[], float]
 
-CommitKind = Literal["finish", "advance", "release", "fail", "drop"]
+CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback"]
+CHANGE_CHECK = 0.01  # how often ``wait_change`` reads the change token (a cheap local read)
+DEFAULT_QUEUE = "default"
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,8 @@ class Commit:
     - ``release``: give the task back for another attempt after ``delay``, keeping ``error``.
     - ``fail``: fail the run with ``reason`` (and ``error``); the task stays for ``retry_run``.
     - ``drop``: the run moved on without us (cancelled, say): mark the task done, touch nothing.
+    - ``handback``: a claimed task that never started goes back at once; the claim does not
+      count against ``max_attempts`` (the fencing token still moved on).
     """
 
     lease: Lease
@@ -41,6 +50,7 @@ class Commit:
     new_state: JSON = None
     next_task: str | None = None
     next_payload: JSON = None
+    next_queue: str | None = None  # advance: move the run to this queue (None: stay)
     delay: float = 0.0
     result: JSON = None
     error: str | None = None
@@ -57,12 +67,86 @@ class Store(abc.ABC):
     # -- producers ---------------------------------------------------------------------------
     @abc.abstractmethod
     def start_run(
-        self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
-    ) -> int: ...
+        self,
+        task: str,
+        payload: JSON = None,
+        state: JSON = None,
+        delay: float = 0,
+        *,
+        key: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        tx: Any = None,
+    ) -> int:
+        """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None).
+
+        ``key`` makes the start idempotent: while a run with that key exists, starting again
+        returns its id and creates nothing. ``tx``: the caller's own open transaction on the
+        same database (a ``sqlite3.Connection`` for SQLite), so the run exists if and only if
+        the caller's transaction commits; the caller commits or rolls back."""
+
+    @abc.abstractmethod
+    def start_runs(self, items: Iterable[Mapping[str, Any]], *, tx: Any = None) -> list[int]:
+        """Start many runs in one transaction; each item has ``start_run``'s parameter names
+        (only ``task`` is required). Returns the run ids in the items' order."""
+
+    def wait(self, run_id: int, timeout: float | None = None) -> Run:
+        """Block until the run is succeeded, failed or cancelled and return it; TimeoutError
+        after ``timeout`` seconds. Sleeps on the change token between looks, never spins."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            token = self.change_token()
+            run = self.get_run(run_id)
+            if run is None:
+                raise RunNotFound(run_id)
+            if run.terminal:
+                return run
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"run {run_id} is still {run.status} after {timeout:g} s")
+            self.wait_change(token, min(left, 3600.0))
 
     # -- the lease protocol (pinned) ---------------------------------------------------------
-    @abc.abstractmethod
-    def claim(self, owner: str, ttl: float, *, max_attempts: int = 3) -> Lease | None: ...
+    @overload
+    def claim(
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        max_attempts: int = 3,
+        limit: None = None,
+        queues: Sequence[str] | None = None,
+    ) -> Lease | None: ...
+    @overload
+    def claim(
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        max_attempts: int = 3,
+        limit: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[Lease]: ...
+
+    def claim(
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        max_attempts: int = 3,
+        limit: int | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> Lease | list[Lease] | None:
+        """R1: claim the first ready task (or, with ``limit=k``, up to k tasks of k different
+        runs) in the served ``queues`` (None: all), a higher priority first."""
+        request = ClaimRequest(
+            owner, ttl, max_attempts, 1 if limit is None else limit,
+            None if queues is None else tuple(queues),
+        )  # fmt: skip
+        leases = list(self.commit_many((), claim=request).leases)
+        if limit is None:
+            return leases[0] if leases else None
+        return leases
 
     @abc.abstractmethod
     def renew_until(self, lease: Lease, ttl: float) -> float | None:
@@ -72,10 +156,16 @@ class Store(abc.ABC):
         return self.renew_until(lease, ttl) is not None
 
     @abc.abstractmethod
-    def ack(self, lease: Lease) -> bool: ...
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]:
+        """R3 for every lease of one owner in one statement: each lease's new expiry, or None
+        where that lease is lost or expired (the refusal is recorded like any other)."""
 
     @abc.abstractmethod
-    def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool: ...
+    def ack(self, lease: Lease) -> bool: ...
+
+    def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool:
+        commit = Commit(lease, "release", delay=delay, error=error)
+        return self.commit(commit).result is CasResult.OK
 
     @abc.abstractmethod
     def compare_and_set(
@@ -84,8 +174,16 @@ class Store(abc.ABC):
 
     # -- fenced commits for the handler API --------------------------------------------------
     @abc.abstractmethod
+    def commit_many(
+        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+    ) -> BatchOutcome:
+        """Write every commit under its own lease (each a fenced write answering ok, conflict or
+        lease_lost on its own) and, in the same transaction, claim up to ``claim.limit`` tasks."""
+
     def commit(self, commit: Commit, *, claim: ClaimRequest | None = None) -> CommitOutcome:
         """Write ``commit`` under its lease and, in the same transaction, claim the next task."""
+        out = self.commit_many((commit,), claim=claim)
+        return CommitOutcome(out.results[0], out.leases[0] if out.leases else None)
 
     def advance(
         self,
@@ -160,19 +258,69 @@ class Store(abc.ABC):
         attempt, or a run holding two live leases at once. Empty when all is well."""
 
     @abc.abstractmethod
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]: ...
+    def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """What the database engine finds wrong with its own storage: damaged pages, broken
+        indexes, missing rows (SQLite: ``PRAGMA integrity_check``, or ``quick_check`` when
+        ``quick``, which skips comparing indexes with their tables). At most ``limit`` lines,
+        each for people; empty when sound. Corruption is reported, never raised."""
+
+    @abc.abstractmethod
+    def list_runs(
+        self, status: str | None = None, limit: int = 100, *, queue: str | None = None
+    ) -> list[Run]: ...
 
     @abc.abstractmethod
     def stats(self) -> Stats: ...
+
+    # -- what the dashboard reads (never takes the write lock) ---------------------------------
+    @abc.abstractmethod
+    def runs_page(
+        self,
+        status: str | None = None,
+        task: str | None = None,
+        *,
+        before: int | None = None,
+        after: int | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """One keyset page of runs, newest first: ids below ``before`` (or above ``after``)."""
+
+    @abc.abstractmethod
+    def task_names(self, limit: int = 100) -> list[str]:
+        """The distinct names of runs' first tasks (what ``runs_page(task=...)`` filters on)."""
+
+    @abc.abstractmethod
+    def attempt_history(self, run_id: int) -> list[AttemptEnd]:
+        """The attempts of a run's tasks that ended without a commit, oldest first."""
+
+    @abc.abstractmethod
+    def run_rejections(self, run_id: int) -> list[Rejection]:
+        """The writes the fence refused for this run's tasks, oldest first."""
+
+    @abc.abstractmethod
+    def finished_since(
+        self, since: float, bucket: float, *, newest: int = 100_000
+    ) -> list[FinishedBucket]:
+        """Runs finished since ``since`` per ``bucket`` seconds (only non-empty buckets),
+        looking at the ``newest`` runs only: a bounded read, whatever the table's size."""
 
     # -- cheap reads for idle workers (never take the write lock) -----------------------------
     @abc.abstractmethod
     def change_token(self) -> int:
         """A number that changes when another connection commits. Cheap; no write lock."""
 
+    def wait_change(self, token: int, timeout: float) -> int:
+        """Sleep until ``change_token()`` differs from ``token`` or ``timeout`` passes; return
+        the current token. A backend with notifications overrides this to sleep on them."""
+        deadline = time.monotonic() + timeout
+        while (current := self.change_token()) == token and time.monotonic() < deadline:
+            time.sleep(min(CHANGE_CHECK, max(0.0, deadline - time.monotonic())))
+        return current
+
     @abc.abstractmethod
-    def next_ready_at(self) -> float | None:
-        """The earliest moment some task could be claimed (a past value: claimable now)."""
+    def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
+        """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
+        value: claimable now)."""
 
     @abc.abstractmethod
     def now(self) -> float:

@@ -1,21 +1,95 @@
 """JSON in and out of the store: the only encoding payloads, state and results get (no pickle:
-loading a pickle from a shared database is code execution)."""
+loading a pickle from a shared database is code execution).
+
+Limits keep one bad value from hurting everyone: a payload of at most ``MAX_PAYLOAD`` bytes, a
+state or result of at most ``MAX_STATE`` bytes, and at most ``MAX_DEPTH`` levels of nesting
+(Python's JSON decoder recurses: a value nested a thousand deep could not be decoded by the
+worker that claims it). They are checked where values enter: ``start_run``, ``advance``,
+``finish``, a handler's return value, and the CLI's ``--payload``/``--state``.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 
 from .errors import InvalidPayload
 from .types import JSON
 
+MAX_DEPTH = 100
+MAX_PAYLOAD = 1 << 20  # 1 MiB
+MAX_STATE = 8 << 20  # 8 MiB
+MAX_DELAY = 365 * 86_400.0  # a year: a run that is never due is a mistake, not a schedule
 
-def dumps(value: JSON, what: str) -> str:
-    """JSON-encode ``value`` or raise InvalidPayload naming ``what``."""
+
+def check_depth(value: JSON, what: str, limit: int = MAX_DEPTH) -> None:
+    """Raise InvalidPayload when ``value`` nests arrays/objects deeper than ``limit``."""
+    if not isinstance(value, (dict, list)):
+        return
+    stack: list[tuple[JSON, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            raise InvalidPayload(f"{what} is nested deeper than {limit} levels")
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def dumps(value: JSON, what: str, limit: int = MAX_STATE) -> str:
+    """JSON-encode ``value`` (at most ``limit`` bytes) or raise InvalidPayload naming ``what``."""
+    check_depth(value, what)
     try:
-        return json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serializable: {exc}") from None
+    if len(text) > limit:  # characters; the byte count can only be larger
+        raise InvalidPayload(f"{what} is {len(text):,} bytes of JSON, over the limit of {limit:,}")
+    return text
 
 
-def loads(text: str | None) -> JSON:
-    return None if text is None else json.loads(text)
+def loads(text: str | None, what: str = "a stored value") -> JSON:
+    """Decode JSON from the database; InvalidPayload (never RecursionError) when it cannot be."""
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidPayload(f"{what} cannot be decoded: {reason}") from None
+
+
+def parse(text: str, what: str, limit: int = MAX_STATE) -> JSON:
+    """Parse JSON given by a user (``--payload``): strict (no NaN or Infinity), within the
+    limits; InvalidPayload naming ``what`` otherwise."""
+
+    def no_constants(name: str) -> JSON:
+        raise ValueError(f"{name} is not JSON")
+
+    if len(text) > limit:
+        raise InvalidPayload(f"{what} is {len(text):,} bytes, over the limit of {limit:,}")
+    try:
+        value = json.loads(text, parse_constant=no_constants)
+    except RecursionError:
+        raise InvalidPayload(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:
+        raise InvalidPayload(f"{what} is not valid JSON: {exc}") from None
+    check_depth(value, what)
+    return value
+
+
+QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+PRIORITY_RANGE = (-1000, 1000)
+MAX_KEY = 255
+
+
+def check_run_options(queue: str, priority: int, key: str | None) -> None:
+    """A run's queue, priority and idempotency key, as the schema allows them."""
+    if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
+        raise InvalidPayload(
+            f"queue must be 1-64 characters of letters, digits and _.:- (got {queue!r})"
+        )
+    low, high = PRIORITY_RANGE
+    if not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high:
+        raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY):
+        raise InvalidPayload(f"key must be a string of 1 to {MAX_KEY} characters")

@@ -12,6 +12,12 @@ class StoreUnavailable(StoreError):
     busy timeout (a backup holding an exclusive lock, say). Retrying later may succeed."""
 
 
+class StoreReadOnly(StoreUnavailable):
+    """The database can be read but not written here (a read-only or immutable file or file
+    system). A process that met it may keep a read-only view until every one of its
+    connections to the file is closed: a worker exits for replacement when it lasts."""
+
+
 class StoreCorrupt(StoreError):
     """The file is not a leasekeeper database, or SQLite reports it malformed."""
 

@@ -11,8 +11,6 @@ changed (the store counts what it fetches).
 
 from __future__ import annotations
 
-from .sqlite_sql import UNSAFE_NO_FENCING
-
 ALIVE = "('pending', 'running')"
 _CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
 # "now", read once per statement, for statements that lock nothing first (``clock.now``)
@@ -26,8 +24,6 @@ _LOCKED = f"WITH {_LOCK_RUN}, {_NOW_AFTER_LOCK}"
 # The fence every write after a claim carries (R2, R5), with ``clock`` in the FROM list.
 _FENCE = """t.id = %(task_id)s AND t.lease_owner = %(owner)s AND t.attempts = %(attempt)s
     AND t.lease_expires_at > clock.now AND t.done_at IS NULL"""
-if UNSAFE_NO_FENCING:  # TEST ONLY (see sqlite_sql): the chaos verifier's own test needs it
-    _FENCE = "t.id = %(task_id)s AND t.done_at IS NULL"
 
 NOTIFY_CHANNEL = "leasekeeper.{schema}"
 

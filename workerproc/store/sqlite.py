@@ -1,98 +1,90 @@
-"""The SQLite backend of the lease protocol (DESIGN.md R1-R7). Connection plumbing lives in
-``sqlite_base``; every SQL statement in ``sqlite_sql``."""
+"""The SQLite backend of the lease protocol (docs/protocol.md, R1-R7). Connection plumbing lives
+in ``sqlite_base``, every SQL statement in ``sqlite_sql``, producers in ``sqlite_producer``,
+reads in ``sqlite_reads``; this module is the protocol itself and the operators' writes."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Sequence
 from typing import Any
 
 from . import sqlite_sql as q
 from .base import Commit, Store
-from .codec import dumps
-from .codec import loads as _loads
+from .codec import MAX_PAYLOAD, check_run_options, dumps, loads
 from .errors import InvalidPayload, RunNotFound
-from .sqlite_base import Params, SQLiteBase
-from .types import (
-    JSON,
-    CasResult,
-    ClaimRequest,
-    CommitOutcome,
-    Lease,
-    OwnerLease,
-    Rejection,
-    Run,
-    Stats,
-    TaskInfo,
-)
+from .sqlite_base import Params
+from .sqlite_producer import SQLiteProducer
+from .sqlite_reads import SQLiteReads
+from .sqlite_views import SQLiteViews
+from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
 
-__all__ = ["SQLiteStore", "dumps"]
+__all__ = ["SQLiteStore"]
 
 
-class SQLiteStore(SQLiteBase, Store):
-    # -- producers -----------------------------------------------------------------------------
-    def start_run(
-        self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
-    ) -> int:
-        if not task:
-            raise InvalidPayload("task name must not be empty")
-        params = {
-            "state": dumps(state, "state"),
-            "payload": dumps(payload, "payload"),
-            "name": task,
-            "delay": max(0.0, float(delay)),
-        }
+class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
+    # -- claims (R1, R6) -----------------------------------------------------------------------
+    def _claim(self, c: sqlite3.Connection, now: float, req: ClaimRequest) -> list[Lease]:
+        """Up to ``req.limit`` leases, each of a different run. Each turn either hands out
+        leases or fails runs (attempts exhausted, payload undecodable): it terminates."""
+        leases: list[Lease] = []
+        sql = q.CLAIM if req.queues is None else q.CLAIM_QUEUES
+        params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": now}
+        if req.queues is not None:
+            params["queues"] = json.dumps(list(req.queues))
+        while len(leases) < req.limit:
+            rows = c.execute(sql, {**params, "limit": req.limit - len(leases)}).fetchall()
+            if not rows:
+                break
+            for row in sorted(rows):
+                lease = self._lease(c, now, req, row)
+                if lease is not None:
+                    leases.append(lease)
+        return leases
 
-        def tx(c: sqlite3.Connection, now: float) -> int:
-            run_id = c.execute(q.INSERT_RUN, {**params, "now": now}).lastrowid
-            assert run_id is not None
-            c.execute(q.INSERT_TASK, {**params, "now": now, "run_id": run_id})
-            return run_id
-
-        return self._write(tx)
-
-    # -- the lease protocol --------------------------------------------------------------------
-    def claim(self, owner: str, ttl: float, *, max_attempts: int = 3) -> Lease | None:
-        request = ClaimRequest(owner, ttl, max_attempts)
-        return self._write(lambda c, now: self._claim(c, now, request))
-
-    def _claim(self, c: sqlite3.Connection, now: float, req: ClaimRequest) -> Lease | None:
-        params = {"owner": req.owner, "ttl": float(req.ttl), "now": now}
-        while True:  # each turn either hands out a lease or fails one run: it terminates
-            row = c.execute(q.CLAIM, params).fetchone()
-            if row is None:
-                return None
-            task_id, run_id, name, payload, attempts, base, expires_at, takeover = row
-            if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
-                (error,) = c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id}).fetchone()
-                c.execute(
-                    q.FAIL_RUN,
-                    {
-                        "run_id": run_id,
-                        "reason": "task_attempts_exhausted",
-                        # no handler raised: every attempt died, timed out or lost its lease
-                        "error": error
-                        or f"{req.max_attempts} attempts of task {name!r} ended without a "
-                        "commit (the worker died, timed out or lost its lease each time)",
-                        "now": now,
-                    },
-                )
-                continue
-            state, revision = c.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
-            return Lease(
-                task_id=task_id,
-                run_id=run_id,
-                task=name,
-                payload=_loads(payload),
-                attempt=attempts,
-                owner=req.owner,
-                expires_at=float(expires_at),
-                claimed_at=now,
-                state=_loads(state),
-                revision=revision,
-                tries=attempts - base,
-                takeover=bool(takeover),
+    def _lease(
+        self, c: sqlite3.Connection, now: float, req: ClaimRequest, row: tuple[Any, ...]
+    ) -> Lease | None:
+        task_id, run_id, name, payload, attempts, base, expires_at, takeover = row
+        if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+            self._attempt_ended(c, {"task_id": task_id, "now": now}, "exhausted")
+            (error,) = c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id}).fetchone()
+            # no handler raised: every attempt died, timed out or lost its lease
+            error = error or (
+                f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
+                "worker died, timed out or lost its lease each time)"
             )
+            self._fail(c, now, run_id, "task_attempts_exhausted", error)
+            return None
+        state, revision = c.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
+        try:
+            decoded = loads(payload, "its payload"), loads(state, "its run's state")
+        except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
+            self._attempt_ended(c, {"task_id": task_id, "now": now}, "failed", str(exc))
+            c.execute(q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
+            self._fail(c, now, run_id, "undecodable_payload", f"task {task_id}: {exc}")
+            return None
+        return Lease(
+            task_id=task_id,
+            run_id=run_id,
+            task=name,
+            payload=decoded[0],
+            attempt=attempts,
+            owner=req.owner,
+            expires_at=float(expires_at),
+            claimed_at=now,
+            state=decoded[1],
+            revision=revision,
+            tries=attempts - base,
+            takeover=bool(takeover),
+        )
 
+    @staticmethod
+    def _fail(c: sqlite3.Connection, now: float, run_id: int, reason: str, error: str) -> None:
+        params = {"run_id": run_id, "reason": reason, "error": error, "now": now}
+        c.execute(q.FAIL_RUN, params)
+
+    # -- renewals (R3) -------------------------------------------------------------------------
     @staticmethod
     def _fence(lease: Lease, now: float) -> Params:
         return {
@@ -109,16 +101,29 @@ class SQLiteStore(SQLiteBase, Store):
         c.execute(q.INSERT_REJECTION, {**fence, "op": op})
 
     def renew_until(self, lease: Lease, ttl: float) -> float | None:
-        def tx(c: sqlite3.Connection, now: float) -> float | None:
-            fence = self._fence(lease, now)
-            row = c.execute(q.RENEW, {**fence, "ttl": ttl}).fetchone()
-            if row is None:
-                self._rejected(c, fence, "renew")
-                return None
-            return float(row[0])
+        return self.renew_many([lease], ttl)[0]
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]:
+        if not leases:
+            return []
+        owners = {lease.owner for lease in leases}
+        if len(owners) != 1:
+            raise ValueError("renew_many renews the leases of one owner")
+        pairs = json.dumps([[lease.task_id, lease.attempt] for lease in leases])
+
+        def tx(c: sqlite3.Connection, now: float) -> list[float | None]:
+            params = {"pairs": pairs, "owner": leases[0].owner, "ttl": float(ttl), "now": now}
+            renewed = dict(c.execute(q.RENEW_MANY, params).fetchall())
+            for lease in leases:
+                if lease.task_id not in renewed:
+                    self._rejected(c, self._fence(lease, now), "renew")
+            return [
+                None if (e := renewed.get(lease.task_id)) is None else float(e) for lease in leases
+            ]
 
         return self._write(tx)
 
+    # -- fenced writes (R2, R5) ----------------------------------------------------------------
     def ack(self, lease: Lease) -> bool:
         def tx(c: sqlite3.Connection, now: float) -> bool:
             fence = self._fence(lease, now)
@@ -129,10 +134,6 @@ class SQLiteStore(SQLiteBase, Store):
             return True
 
         return self._write(tx)
-
-    def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool:
-        commit = Commit(lease, "release", delay=delay, error=error)
-        return self.commit(commit).result is CasResult.OK
 
     def compare_and_set(self, lease: Lease, expected_revision: int, new_state: JSON) -> CasResult:
         state = dumps(new_state, "state")
@@ -145,12 +146,18 @@ class SQLiteStore(SQLiteBase, Store):
 
         return self._write(tx)
 
-    def commit(self, commit: Commit, *, claim: ClaimRequest | None = None) -> CommitOutcome:
-        encoded = self._encode(commit)
+    def commit_many(
+        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+    ) -> BatchOutcome:
+        encoded = [self._encode(commit) for commit in commits]  # a bad value writes nothing
 
-        def tx(c: sqlite3.Connection, now: float) -> CommitOutcome:
-            result = self._apply(c, now, commit, encoded)
-            return CommitOutcome(result, self._claim(c, now, claim) if claim else None)
+        def tx(c: sqlite3.Connection, now: float) -> BatchOutcome:
+            results = tuple(
+                self._apply(c, now, commit, params)
+                for commit, params in zip(commits, encoded, strict=True)
+            )
+            leases = self._claim(c, now, claim) if claim is not None and claim.limit > 0 else []
+            return BatchOutcome(results, tuple(leases))
 
         return self._write(tx)
 
@@ -167,7 +174,10 @@ class SQLiteStore(SQLiteBase, Store):
             if not commit.next_task:
                 raise InvalidPayload("advance needs the name of the next task")
             params["name"] = commit.next_task
-            params["payload"] = dumps(commit.next_payload, "payload")
+            params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
+            params["queue"] = commit.next_queue
+            if commit.next_queue is not None:
+                check_run_options(commit.next_queue, 0, None)
         if commit.kind == "fail":
             params["reason"] = commit.reason or "failed"
         return params
@@ -181,12 +191,20 @@ class SQLiteStore(SQLiteBase, Store):
                 return self._refused(c, params, kind)
             c.execute(q.TASK_DONE, params)
             if kind == "advance":
+                if params["queue"] is not None:
+                    c.execute(q.MOVE_RUN, params)
                 c.execute(q.CAS_NEXT_TASK, params)
+            return CasResult.OK
+        if kind == "handback":  # fenced by the statement itself
+            if c.execute(q.HANDBACK, params).rowcount == 0:
+                self._rejected(c, params, kind)
+                return CasResult.LEASE_LOST
             return CasResult.OK
         if c.execute(q.CHECK_FENCE, params).fetchone() is None:
             self._rejected(c, params, commit.kind)
             return CasResult.LEASE_LOST
         if kind == "release":
+            self._attempt_ended(c, params, "released", commit.error)
             c.execute(q.RELEASE, params)
             if commit.error is not None:
                 c.execute(q.RUN_ERROR, params)
@@ -197,6 +215,7 @@ class SQLiteStore(SQLiteBase, Store):
         if kind == "fail":
             if c.execute(q.FAIL_RUN, params).rowcount == 0:
                 return CasResult.CONFLICT
+            self._attempt_ended(c, params, "failed", commit.error)
             c.execute(q.TASK_FAILED, params)
             return CasResult.OK
         raise ValueError(f"unknown commit kind {kind!r}")
@@ -238,6 +257,7 @@ class SQLiteStore(SQLiteBase, Store):
             if c.execute(q.PENDING_TASKS, params).fetchone()[0] == 0:
                 return False
             c.execute(q.RETRY_RUN, params)
+            self._attempts_dropped_by_retry(c, params)
             c.execute(q.RETRY_TASKS, params)
             return True
 
@@ -259,75 +279,3 @@ class SQLiteStore(SQLiteBase, Store):
         while delete(q.PRUNE_REJECTIONS) > 0:
             pass
         return total
-
-    # -- reads ---------------------------------------------------------------------------------
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> Run:
-        rid, status, state, revision, result, reason, error, created, updated, finished = row
-        return Run(
-            rid, status, _loads(state), revision, _loads(result), reason, error,
-            created, updated, finished,
-        )  # fmt: skip
-
-    def get_run(self, run_id: int) -> Run | None:
-        row = self._read(lambda c: c.execute(q.GET_RUN, {"run_id": run_id}).fetchone())
-        return None if row is None else self._run(row)
-
-    @staticmethod
-    def _task(r: tuple[Any, ...]) -> TaskInfo:
-        return TaskInfo(r[0], r[1], r[2], _loads(r[3]), *r[4:])
-
-    def get_tasks(self, run_id: int) -> list[TaskInfo]:
-        rows = self._read(lambda c: c.execute(q.GET_TASKS, {"run_id": run_id}).fetchall())
-        return [self._task(r) for r in rows]
-
-    def get_task(self, task_id: int) -> TaskInfo | None:
-        row = self._read(lambda c: c.execute(q.GET_TASK, {"task_id": task_id}).fetchone())
-        return None if row is None else self._task(row)
-
-    def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
-        params = {"after": after, "limit": limit}
-        rows = self._read(lambda c: c.execute(q.LIST_REJECTIONS, params).fetchall())
-        return [Rejection(*r) for r in rows]
-
-    def integrity_violations(self) -> list[str]:
-        def read(c: sqlite3.Connection) -> list[str]:
-            found = [
-                f"task {t} of run {r} was committed by attempt {done} although attempt "
-                f"{latest} had superseded it (a zombie write was accepted)"
-                for t, r, done, latest in c.execute(q.SUPERSEDED_COMMITS).fetchall()
-            ]
-            now = self._clock()
-            found += [
-                f"run {r} holds {n} live leases at once (its steps overlap)"
-                for r, n in c.execute(q.OVERLAPPING_LEASES, {"now": now}).fetchall()
-            ]
-            return found
-
-        return self._read(read)
-
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]:
-        sql = q.LIST_RUNS if status is None else q.LIST_RUNS_BY_STATUS
-        params = {"status": status, "limit": limit}
-        return [self._run(r) for r in self._read(lambda c: c.execute(sql, params).fetchall())]
-
-    def stats(self) -> Stats:
-        def read(c: sqlite3.Connection) -> Stats:
-            now = self._clock()
-            c.execute("BEGIN")  # one snapshot for every count
-            try:
-                runs = dict(c.execute(q.RUN_COUNTS).fetchall())
-                ready, delayed, leased, expired = c.execute(q.TASK_COUNTS, {"now": now}).fetchone()
-                leases = [OwnerLease(*r) for r in c.execute(q.LIVE_LEASES).fetchall()]
-            finally:
-                c.execute("COMMIT")
-            return Stats(now, runs, ready, delayed, leased, expired, leases)
-
-        return self._read(read)
-
-    def change_token(self) -> int:
-        return int(self._read(lambda c: c.execute("PRAGMA data_version").fetchone()[0]))
-
-    def next_ready_at(self) -> float | None:
-        row = self._read(lambda c: c.execute(q.NEXT_READY).fetchone())
-        return None if row[0] is None else float(row[0])

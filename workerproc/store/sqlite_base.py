@@ -10,11 +10,13 @@ small machine; blocking on a file lock makes a convoy behind woken waiters not y
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -25,6 +27,7 @@ from .errors import (
     SchemaTooNew,
     StoreCorrupt,
     StoreError,
+    StoreReadOnly,
     StoreUnavailable,
 )
 from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
@@ -49,12 +52,21 @@ def _is_busy(exc: sqlite3.Error) -> bool:
     return "locked" in str(exc) or "busy" in str(exc)
 
 
-def _translate(exc: sqlite3.Error, path: str) -> StoreError:
+def _is_readonly(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (int(code) & 0xFF) == 8  # SQLITE_READONLY and its extended codes
+    return "readonly" in str(exc)
+
+
+def translate(exc: sqlite3.Error, path: str) -> StoreError:
     text = str(exc)
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in text or "malformed" in text or "corrupt" in text
     ):
         return StoreCorrupt(f"{path}: not a leasekeeper database or corrupt ({text})")
+    if _is_readonly(exc):
+        return StoreReadOnly(f"{path}: cannot write the database ({text})")
     if "unable to open" in text or "readonly" in text or "disk I/O" in text:
         return StoreUnavailable(f"{path}: cannot open or write the database ({text})")
     return StoreError(f"{path}: {text}")
@@ -79,6 +91,8 @@ class SQLiteBase:
         self.url = f"sqlite:///{os.path.abspath(path)}?synchronous={synchronous.lower()}"
         self.synchronous = synchronous
         self.busy_timeout = busy_timeout
+        absolute = "/" + os.path.abspath(path).lstrip("/")  # "//x" would read as a URI host
+        self._uri = f"file:{urllib.parse.quote(absolute)}?mode=rw"
         self._clock: Clock = clock or time.time
         self._local = threading.local()
         self._pid = os.getpid()
@@ -96,6 +110,14 @@ class SQLiteBase:
         # second store opened in a process that already has a connection (the heartbeat's)
         # would strip the first connection's WAL lock, and another process closing last
         # could then checkpoint and delete the WAL under it: its later commits would be lost.
+        if not os.path.lexists(self.path) and os.path.exists(self.path + "-wal"):
+            # A new file beside an old write-ahead log would replay that log into it (or be
+            # mistaken for the database a running pool lost): refuse, never guess.
+            raise StoreUnavailable(
+                f"{self.path} is missing but its write-ahead log {self.path}-wal is still there "
+                "(deleted while in use?): refusing to create a new database; restore the file, "
+                f"or remove {self.path}-wal and {self.path}-shm to start empty"
+            )
         try:  # owner-only: -wal and -shm inherit the database file's mode
             os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
         except FileExistsError:
@@ -120,9 +142,12 @@ class SQLiteBase:
 
     def _connect(self) -> sqlite3.Connection:
         try:
-            conn = sqlite3.connect(self.path, timeout=0, isolation_level=None, cached_statements=64)
+            # mode=rw: the file exists (_create_file); a connection opened later (another
+            # thread, a reconnect) must never create an empty one where it was deleted
+            conn = sqlite3.connect(self._uri, timeout=0, isolation_level=None,
+                                   cached_statements=64, uri=True)  # fmt: skip
         except sqlite3.Error as exc:
-            raise _translate(exc, self.path) from None
+            raise translate(exc, self.path) from None
 
         def configure() -> None:  # reads the schema: busy while another process migrates
             conn.execute("PRAGMA busy_timeout = 0")  # we retry ourselves, fairly (see above)
@@ -149,7 +174,7 @@ class SQLiteBase:
                 return fn()
             except sqlite3.OperationalError as exc:
                 if not _is_busy(exc):
-                    raise _translate(exc, self.path) from None
+                    raise self._failed(exc) from None
                 if time.monotonic() >= deadline:
                     raise StoreUnavailable(
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
@@ -160,7 +185,20 @@ class SQLiteBase:
                     time.sleep(sleep * (0.5 + random.random()))
                     sleep = min(sleep * 2, _MAX_SLEEP)
             except sqlite3.Error as exc:
-                raise _translate(exc, self.path) from None
+                raise self._failed(exc) from None
+
+    def _failed(self, exc: sqlite3.Error) -> StoreError:
+        """Translate ``exc``. A connection that cannot write is dropped: when SQLite cannot open
+        a file read-write (an immutable or read-only file system, a full disk at open) it opens
+        it read-only *silently* and stays so after the fault clears. The next call of this
+        thread reconnects, read-write again once it can."""
+        if _is_readonly(exc):
+            conn = getattr(self._local, "conn", None)
+            self._local.conn = None
+            if conn is not None and self._pid == os.getpid():
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+        return translate(exc, self.path)
 
     def _write(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
         """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``."""
@@ -173,7 +211,7 @@ class SQLiteBase:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
-                raise _translate(exc, self.path) from None
+                raise self._failed(exc) from None
             raise
         return result
 
@@ -214,6 +252,26 @@ class SQLiteBase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
+        pragma = "quick_check" if quick else "integrity_check"
+        limit = max(1, int(limit))
+
+        def read(c: sqlite3.Connection) -> list[str]:
+            rows = c.execute(f"PRAGMA {pragma}({limit})").fetchall()
+            found = [line for r in rows for line in str(r[0]).splitlines()]
+            found = [f for f in found if f not in ("ok", "*** in database main ***")]
+            if not quick and len(found) < limit:
+                found += [
+                    f"row {rowid} of {table} points at a missing row of {parent}"
+                    for table, rowid, parent, _fk in c.execute("PRAGMA foreign_key_check")
+                ]
+            return found[:limit]
+
+        try:
+            return self._read(read)
+        except StoreCorrupt as exc:  # too damaged to even walk: that is the finding
+            return [str(exc)]
 
     def now(self) -> float:
         return self._clock()

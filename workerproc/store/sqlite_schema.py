@@ -133,6 +133,59 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE tasks ADD COLUMN prev_owner TEXT;
     """,
+    # 5: queues, priorities and idempotency keys (the producer side). A run belongs to one
+    # queue and has a priority; claims walk each served queue's runs by priority (highest
+    # first), then in head order, so the claim index leads with both. A run's key is unique
+    # while the run exists: a second start with the same key finds the first run.
+    """
+    ALTER TABLE runs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
+        CHECK (length(queue) BETWEEN 1 AND 64);
+    ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
+        CHECK (priority BETWEEN -1000 AND 1000);
+    ALTER TABLE runs ADD COLUMN key TEXT CHECK (key IS NULL OR length(key) BETWEEN 1 AND 255);
+    CREATE UNIQUE INDEX runs_key ON runs (key) WHERE key IS NOT NULL;
+    DROP INDEX runs_head;
+    CREATE INDEX runs_claim ON runs (queue, priority DESC, head_at, head_created, head_id)
+        WHERE head_at IS NOT NULL;
+    DROP INDEX runs_ready;
+    CREATE INDEX runs_ready ON runs (queue, ready_at) WHERE ready_at IS NOT NULL;
+    """,
+    # 6: what operators read (the dashboard). runs.task names a run's first task, set once by
+    # start_run and indexed for the runs filter (its value never changes, so only the insert
+    # writes that index). tasks.done_owner keeps who committed, set by the UPDATE that already
+    # marks a task done. task_attempts keeps every attempt that ended without a commit: the
+    # store writes a row on a release, a failure and an exhausted claim; the trigger writes one
+    # on a takeover. Its WHEN is false for the claim of an unowned task, so the happy path
+    # (claim, commit) gains no statement and no index write.
+    """
+    ALTER TABLE runs ADD COLUMN task TEXT;
+    UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
+    CREATE INDEX runs_task ON runs (task, id);
+    ALTER TABLE tasks ADD COLUMN done_owner TEXT;
+    CREATE TABLE task_attempts (
+        id          INTEGER PRIMARY KEY,
+        run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        task_id     INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        owner       TEXT    NOT NULL,
+        claimed_at  REAL,
+        ended_at    REAL,
+        outcome     TEXT    NOT NULL
+                    CHECK (outcome IN ('released', 'failed', 'taken_over', 'exhausted')),
+        error       TEXT,
+        taken_by    TEXT
+    );
+    CREATE INDEX task_attempts_run ON task_attempts (run_id, task_id, attempt);
+    -- a claim of a task whose lease was still on it (expired, or released as dead): the
+    -- previous attempt was taken over; it held from its claim until its lease ran out
+    CREATE TRIGGER tasks_takeover AFTER UPDATE OF attempts ON tasks
+        WHEN OLD.lease_owner IS NOT NULL AND NEW.attempts > OLD.attempts BEGIN
+        INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at,
+                                   outcome, taken_by)
+        VALUES (NEW.run_id, NEW.id, OLD.attempts, OLD.lease_owner, OLD.claimed_at,
+                OLD.lease_expires_at, 'taken_over', NEW.lease_owner);
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -6,47 +6,71 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
-import os
-
 ALIVE = "('pending', 'running')"
 
 # The fence every write after a claim carries (R2, R5).
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL"""
 
-# TEST ONLY: chaos mode's verifier must be able to fail, so its test turns fencing off and
-# expects a violation. Never set this anywhere else: every zombie write would be accepted.
-UNSAFE_NO_FENCING = os.environ.get("LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS") == "1"
-if UNSAFE_NO_FENCING:
-    _FENCE = "id = :task_id AND done_at IS NULL"
-
-# start_run: a new run and its first task.
-INSERT_RUN = """INSERT INTO runs (state, created_at, updated_at) VALUES (:state, :now, :now)"""
+# start_run: a new run and its first task. With a key, a run with that key already there
+# makes the insert a no-op (and FIND_BY_KEY answers its id).
+INSERT_RUN = """INSERT INTO runs (state, task, queue, priority, key, created_at, updated_at)
+    VALUES (:state, :name, :queue, :priority, :key, :now, :now)
+    ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
+FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
     VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
 
-# claim (R1): one statement picks the first task in (available_at, created_at, id) order whose
-# run is alive and holds no live lease, writes owner and expiry, and counts the attempt. The
-# runs' head columns (kept by triggers) make the pick an index walk that skips only runs with a
-# live lease (at most one per busy worker); a takeover keeps its place by available_at.
-CLAIM = f"""
+# claim (R1): one statement picks the first ``:limit`` claimable runs of the served queues, a
+# higher priority first, then in head order (the head is a run's first pending task in
+# (available_at, created_at, id) order, kept by triggers), and claims each one's first task:
+# writes owner and expiry and counts the attempt. A run is claimable when its head is due, it
+# is alive, and none of its tasks holds a live lease; each picked run gives one task, so not
+# even one statement can hand out two leases in one run.
+# Priority levels are found by a loose index scan (a max() below the last one), so every walk
+# of the claim index is bounded by ``head_at <= :now``: delayed runs are never walked, however
+# many there are, and a run with 100,000 tasks behind one live lease costs one index entry.
+_CLAIM = f"""
+WITH RECURSIVE
+  served(q) AS ({{served}}),
+  levels(q, p) AS (
+    SELECT q, (SELECT max(priority) FROM runs WHERE queue = served.q AND head_at IS NOT NULL)
+    FROM served WHERE q IS NOT NULL
+    UNION ALL
+    SELECT q, (SELECT max(priority) FROM runs
+               WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
+    FROM levels WHERE p IS NOT NULL),
+  picked(run_id) AS (
+    SELECT r.id FROM levels JOIN runs AS r ON r.id IN (
+        SELECT x.id FROM runs AS x
+        WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
+          AND +x.status IN {ALIVE}
+          AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                          WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
+                            AND a.lease_expires_at > :now)
+        ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
+    WHERE levels.p IS NOT NULL
+    ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
 UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
     attempts = attempts + 1, claimed_at = :now
-WHERE id = (
+WHERE id IN (
     SELECT (SELECT t.id FROM tasks AS t
-            WHERE t.run_id = r.id AND t.done_at IS NULL AND t.available_at <= :now
+            WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
               AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
             ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
-    FROM runs AS r
-    WHERE r.head_at <= :now AND +r.status IN {ALIVE}
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a
-                      WHERE a.run_id = r.id AND a.lease_owner IS NOT NULL
-                        AND a.lease_expires_at > :now)
-    ORDER BY r.head_at, r.head_created, r.head_id
-    LIMIT 1)
+    FROM picked)
 RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
     prev_owner IS NOT NULL
 """
+# the queues a claim serves: those named (a JSON array), or every queue with pending work,
+# found by a loose index scan of the claim index (one seek per queue)
+_NAMED_QUEUES = "SELECT value FROM json_each(:queues)"
+_EVERY_QUEUE = """SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
+    UNION ALL
+    SELECT (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL AND queue > served.q)
+    FROM served WHERE q IS NOT NULL"""
+CLAIM = _CLAIM.format(served=_EVERY_QUEUE)
+CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
 # claim: hand the run's state to the handler (the claim's trigger marked the run running).
 RUN_STATE = "SELECT state, revision FROM runs WHERE id = :run_id"  # the trigger marked it running
@@ -62,12 +86,20 @@ FAIL_RUN = f"""UPDATE runs SET status = 'failed', failure_reason = :reason,
 RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
     WHERE {_FENCE} RETURNING lease_expires_at"""
 
+# renew_many (R3 per lease): one statement renews every lease of one owner that is still live;
+# each matches its own (task id, attempt) from the JSON array of pairs: the fence, per lease.
+_FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
+                         FROM json_each(:pairs))
+      AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
+    WHERE {_FENCE_EACH} RETURNING id, lease_expires_at"""
+
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
 
-# ack / drop / advance / finish: the task is done; its lease is cleared.
-TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, lease_owner = NULL,
-    lease_expires_at = NULL WHERE {_FENCE}"""
+# ack / drop / advance / finish: the task is done; its lease is cleared (who held it stays).
+TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, done_owner = lease_owner,
+    lease_owner = NULL, lease_expires_at = NULL WHERE {_FENCE}"""
 
 # every refused fenced write is kept: evidence that a zombie tried and was turned away
 INSERT_REJECTION = """INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
@@ -77,6 +109,11 @@ INSERT_REJECTION = """INSERT INTO fence_rejections (at, task_id, run_id, owner, 
 SUCCEED_IF_EMPTY = f"""UPDATE runs SET status = 'succeeded', finished_at = :now, updated_at = :now
     WHERE id = :run_id AND status IN {ALIVE}
       AND NOT EXISTS (SELECT 1 FROM tasks WHERE run_id = :run_id AND done_at IS NULL)"""
+
+# handback: a claimed task that never started goes back at once, and its claim does not count
+# against max_attempts (attempt_base moves with attempts); the fencing token still moved on.
+HANDBACK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
+    attempt_base = attempt_base + 1 WHERE {_FENCE}"""
 
 # release: give the task back after a delay, keeping the error.
 RELEASE = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
@@ -100,6 +137,8 @@ CAS_FINISH = f"""UPDATE runs SET state = :state, revision = revision + 1, status
       AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
 CAS_NEXT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
     VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
+# advance to another queue: the run (and so its next task) moves there
+MOVE_RUN = "UPDATE runs SET queue = :queue WHERE id = :run_id"
 
 # operators
 CANCEL_RUN = f"""UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
@@ -126,13 +165,17 @@ PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
 
 # reads
 _RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
-    created_at, updated_at, finished_at"""
+    created_at, updated_at, finished_at, queue, priority, key, task"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
+# newest first; a filter by status walks runs_status, by queue alone the rowid order
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
-LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE status = :status
+LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
+    WHERE status = :status AND (:queue IS NULL OR queue = :queue) ORDER BY id DESC LIMIT :limit"""
+LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue
     ORDER BY id DESC LIMIT :limit"""
 _TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt"""
+    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
+    done_owner"""
 GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = :run_id ORDER BY id"
 GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = :task_id"
 LIST_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections
@@ -144,14 +187,20 @@ SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
 OVERLAPPING_LEASES = """SELECT run_id, count(*) FROM tasks
     WHERE lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
     GROUP BY run_id HAVING count(*) > 1"""
-RUN_COUNTS = "SELECT status, count(*) FROM runs GROUP BY status"
-TASK_COUNTS = f"""SELECT
+RUN_COUNTS = "SELECT queue, status, count(*) FROM runs GROUP BY queue, status"
+TASK_COUNTS = f"""SELECT r.queue,
     coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),
     coalesce(sum(t.lease_owner IS NULL AND t.available_at > :now), 0),
     coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at > :now), 0),
     coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at <= :now), 0)
     FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
-    WHERE t.done_at IS NULL AND r.status IN {ALIVE}"""
+    WHERE t.done_at IS NULL AND r.status IN {ALIVE} GROUP BY r.queue"""
 LIVE_LEASES = """SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
     WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner"""
-NEXT_READY = "SELECT min(ready_at) FROM runs WHERE ready_at IS NOT NULL"
+# idle workers: the earliest moment a claim could succeed in the queues they serve (one index
+# seek per queue; never a scan of the pending runs)
+_NEXT_READY = """WITH RECURSIVE served(q) AS ({served})
+    SELECT min((SELECT min(ready_at) FROM runs WHERE queue = served.q AND ready_at IS NOT NULL))
+    FROM served WHERE q IS NOT NULL"""
+NEXT_READY = _NEXT_READY.format(served=_EVERY_QUEUE)
+NEXT_READY_QUEUES = _NEXT_READY.format(served=_NAMED_QUEUES)

@@ -44,11 +44,14 @@ class Lease:
 
 @dataclass(frozen=True)
 class ClaimRequest:
-    """What a worker asks for when it fuses "commit this task" with "claim the next"."""
+    """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
+    up to ``limit`` leases, from ``queues`` (None: every queue)."""
 
     owner: str
     ttl: float
     max_attempts: int = 3
+    limit: int = 1
+    queues: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class Run:
     created_at: float
     updated_at: float
     finished_at: float | None
+    queue: str = "default"
+    priority: int = 0
+    key: str | None = None
+    task: str | None = None  # the name of the run's first task (None: before schema v6)
 
     @property
     def terminal(self) -> bool:
@@ -85,6 +92,7 @@ class TaskInfo:
     done_at: float | None
     claimed_at: float | None = None  # when the latest attempt was claimed
     done_attempt: int | None = None  # the attempt whose commit finished the task
+    done_owner: str | None = None  # the owner whose commit finished the task
 
 
 @dataclass(frozen=True)
@@ -113,6 +121,17 @@ class OwnerLease:
 
 
 @dataclass(frozen=True)
+class QueueCounts:
+    """One queue's pending tasks (by state) and runs (by status)."""
+
+    ready: int = 0
+    delayed: int = 0
+    leased: int = 0
+    expired: int = 0
+    runs: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Stats:
     now: float
     runs: dict[str, int]
@@ -121,6 +140,7 @@ class Stats:
     leased: int
     expired: int
     leases: list[OwnerLease]
+    queues: dict[str, QueueCounts] = field(default_factory=dict)
 
     @property
     def pending_work(self) -> int:
@@ -134,3 +154,42 @@ class CommitOutcome:
 
     result: CasResult
     next_lease: Lease | None = None
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """What a batched commit answers: one result per commit, in order, and the new leases."""
+
+    results: tuple[CasResult, ...]
+    leases: tuple[Lease, ...] = ()
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """An attempt that ended without a commit (a committed one is on its task: ``done_*``).
+
+    ``outcome``: ``released`` (given back, with ``error`` if its handler raised), ``failed``
+    (its handler failed the run), ``taken_over`` (its lease ran out or was released as dead,
+    and ``taken_by`` claimed the task; ``ended_at`` is when the lease ended), ``exhausted`` (the
+    claim that would have exceeded max_attempts failed the run instead).
+    """
+
+    task_id: int
+    attempt: int
+    owner: str
+    claimed_at: float | None
+    ended_at: float | None
+    outcome: str
+    error: str | None = None
+    taken_by: str | None = None
+
+
+@dataclass(frozen=True)
+class FinishedBucket:
+    """Runs that finished within ``[start, start + seconds)``, by outcome."""
+
+    start: float
+    seconds: float
+    succeeded: int
+    failed: int
+    cancelled: int

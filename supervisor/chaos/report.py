@@ -1,0 +1,63 @@
+"""Chaos mode's report: the one-line summary, the JSON file and the text printed at exit."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+from ..files import PUBLIC, write_atomic
+from ..logs import event
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    return (
+        f"chaos: {sum(r['faults'].values())} faults ({r['faults']['kill']} kill, "
+        f"{r['faults']['pause']} pause), {r['spared']} spared, {r['taken_over']}/"
+        f"{r['orphaned_leases']} orphaned leases taken over (p50 {r['takeover_ms']['p50']} ms, "
+        f"p99 {r['takeover_ms']['p99']} ms), {r['zombie_writes_rejected']} zombie writes "
+        f"rejected, {len(r['violations'])} violations"
+    )
+
+
+def write(path: str, report: dict[str, Any]) -> None:
+    """Write ``report`` to ``path`` atomically with an explicit mode, never through a symlink
+    (``files.write_atomic``). A failure is logged, never raised: the text report on stderr
+    still says everything."""
+    try:
+        write_atomic(path, json.dumps(report, indent=2), PUBLIC)
+    except OSError as exc:
+        event(
+            "chaos_report_failed",
+            f"chaos: cannot write the report to {path}: {exc.strerror or exc}",
+            level=logging.ERROR,
+        )
+
+
+def print_text(report: dict[str, Any], takeover_ms: list[float], path: str | None) -> None:
+    lines = ["", "chaos report" + (f" ({path})" if path else "")]
+    lines.append("  " + summary_line(report).removeprefix("chaos: "))
+    lines.append("  takeover latency:")
+    lines += histogram(takeover_ms)
+    lines.append("  verdict: " + ("OK" if report["ok"] else "VIOLATIONS"))
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def histogram(values: list[float], width: int = 40) -> list[str]:
+    """A small text histogram of latencies (ms) on log-ish buckets."""
+    if not values:
+        return ["  (no takeovers)"]
+    edges = [1, 5, 10, 50, 100, 500, 1000, 2000, 5000, 10000, float("inf")]
+    counts = [0] * len(edges)
+    for v in values:
+        counts[next(i for i, e in enumerate(edges) if v <= e)] += 1
+    top = max(counts)
+    lines = []
+    lower = 0.0
+    for edge, n in zip(edges, counts, strict=True):
+        if n:
+            label = f"{lower:g}-{edge:g} ms" if edge != float("inf") else f">{lower:g} ms"
+            lines.append(f"  {label:>14} | {'#' * max(1, round(n / top * width))} {n}")
+        lower = edge
+    return lines

@@ -1,0 +1,122 @@
+"""Which worker a chaos fault may strike, and the rule that keeps chaos from failing runs.
+
+**The rule: chaos never costs a task its last allowed attempt.** A victim is first frozen
+(SIGSTOP: its status slot and its leases cannot change any more) and struck only if every lease
+it holds in the database leaves its task at least one more try under ``--max-attempts`` (and,
+for a pause, if the database's write lock is free, so the frozen victim cannot stall everyone
+else's leases); otherwise it is let go at once (SIGCONT, a freeze of milliseconds) and the fault
+counts as *spared*. So no task is faulted on more than ``max_attempts - 1`` of its attempts, and
+a run under chaos fails only through the code under test.
+
+Before freezing, candidates whose status slot already shows a task on its last attempt are left
+out, so a fault goes to another worker when one is eligible (a *redirected* fault, also counted
+as spared) instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import psutil
+
+from workerproc.status import HANDLER, SlotState
+from workerproc.store import Store, StoreError
+
+if TYPE_CHECKING:
+    from ..loop.arbiter import Arbiter
+    from ..loop.pool import Worker
+
+# A write transaction that changes nothing (owners look like host:pid:start:suffix, never this):
+# it succeeds only when no frozen process holds the database's write lock.
+LOCK_PROBE_OWNER = "chaos-write-lock-probe"
+LOCK_PROBE_TIMEOUT = 0.25  # a live writer holds the lock for milliseconds
+
+
+def wait_settled(pid: int, gone: bool, timeout: float = 0.5) -> bool:
+    """True once ``pid`` is stopped (or gone, with ``gone``); False if that took too long."""
+    done = {psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD}
+    if not gone:
+        done.add(psutil.STATUS_STOPPED)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status = psutil.Process(pid).status()
+        except psutil.NoSuchProcess:
+            return True
+        if status in done:
+            return True
+        time.sleep(0.0005)
+    return False
+
+
+def tries(store: Store, task_id: int, attempt: int) -> int | None:
+    """Attempts the task has spent since its last retry, if ``attempt`` is still its latest."""
+    task = store.get_task(task_id)
+    if task is None or task.done_at is not None or task.attempts != attempt:
+        return None
+    return task.attempts - task.attempt_base
+
+
+@dataclass
+class Spare:
+    """Why a fault was held back (or went elsewhere)."""
+
+    how: str  # skipped | redirected
+    reason: str  # last_attempt | store_locked | store_unreadable | unsettled
+
+
+class Targeting:
+    def __init__(self, max_attempts: int) -> None:
+        self.max_attempts = max_attempts
+
+    # -- before the freeze: from the status slots ---------------------------------------------
+    @staticmethod
+    def candidates(arb: Arbiter, fault: str, exclude: Callable[[int], bool]) -> list[Worker]:
+        """Workers inside a handler (holding a lease); for a kill, any worker if none is."""
+        up = [w for w in arb.pool.active() if arb.is_up(w) and not exclude(w.pid)]
+        in_handler = [w for w in up if _in_handler(arb.board.read(w.slot), w.pid)]
+        if in_handler or fault == "pause":
+            return sorted(in_handler, key=lambda w: w.slot)
+        return sorted(up, key=lambda w: w.slot)  # kill: an idle worker if none holds a lease
+
+    def eligible(self, arb: Arbiter, candidates: list[Worker]) -> list[Worker] | None:
+        """The candidates whose slot shows no task on its last attempt; None: cannot tell."""
+        try:
+            with arb.gate.session() as store:
+                return [w for w in candidates if not self._slot_on_last(arb, store, w)]
+        except StoreError:
+            return None
+
+    def _slot_on_last(self, arb: Arbiter, store: Store, worker: Worker) -> bool:
+        state = arb.board.read(worker.slot)
+        if state is None or state.pid != worker.pid or not state.task_id:
+            return False
+        spent = tries(store, state.task_id, state.attempt)
+        return spent is not None and spent >= self.max_attempts
+
+    # -- after the freeze: from the database ---------------------------------------------------
+    def judge_frozen(self, arb: Arbiter, victim: Worker, fault: str) -> str | None:
+        """None: strike the frozen ``victim``; else why it must be let go."""
+        try:
+            with arb.gate.session(busy_timeout=LOCK_PROBE_TIMEOUT) as store:
+                for lease in store.stats().leases:
+                    if lease.owner != victim.owner:
+                        continue
+                    spent = tries(store, lease.task_id, lease.attempt)
+                    if spent is not None and spent >= self.max_attempts:
+                        return "last_attempt"
+                if fault == "pause":
+                    try:
+                        store.release_owner(LOCK_PROBE_OWNER)
+                    except StoreError:
+                        return "store_locked"
+        except StoreError:
+            return "store_unreadable"
+        return None
+
+
+def _in_handler(state: SlotState | None, pid: int) -> bool:
+    return state is not None and state.pid == pid and state.phase == HANDLER

@@ -1,0 +1,67 @@
+"""The two things an operator can do from the dashboard: retry a failed or cancelled run, cancel
+a live one. POST only, each with the CSRF token of the browser's own session; ``--read-only``
+leaves these routes out entirely (and the pages leave out their forms)."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qsl
+
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.routing import Route
+
+from workerproc.store import Store
+
+from ..commands import ops
+from ..errors import SupervisorError
+from .security import Secrets, same_origin, session_of
+from .views import MAX_ID, not_found
+
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+
+class Actions:
+    def __init__(self, store: Store, keys: Secrets) -> None:
+        self.store = store
+        self.keys = keys
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/runs/{run_id:int}/retry", self.retry, methods=["POST"]),
+            Route("/runs/{run_id:int}/cancel", self.cancel, methods=["POST"]),
+        ]
+
+    async def retry(self, request: Request) -> Response:
+        return await self._act(request, "retry", "retried")
+
+    async def cancel(self, request: Request) -> Response:
+        return await self._act(request, "cancel", "cancelled")
+
+    async def _act(self, request: Request, action: str, done: str) -> Response:
+        run_id = int(request.path_params["run_id"])
+        if run_id > MAX_ID:
+            raise not_found(f"no run {run_id}")
+        if request.headers.get("content-type", "").split(";")[0].strip() != FORM_TYPE:
+            raise HTTPException(415, f"send the form as {FORM_TYPE}")
+        body = (await request.body()).decode("utf-8", "replace")
+        form = dict(parse_qsl(body, max_num_fields=8))
+        if not same_origin(request) or not self.keys.csrf_ok(
+            session_of(request), form.get("csrf", "")
+        ):
+            raise HTTPException(403, "this form is stale or came from another site: reload the "
+                                "page and try again")  # fmt: skip
+        try:
+            await run_in_threadpool(self._apply, action, run_id)
+        except SupervisorError as exc:
+            raise HTTPException(409, str(exc)) from None
+        return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
+
+    def _apply(self, action: str, run_id: int) -> None:
+        if self.store.get_run(run_id) is None:
+            raise not_found(f"no run {run_id}")
+        if action == "retry":
+            ops.retry(self.store, run_id)
+        else:
+            ops.cancel(self.store, run_id)

@@ -1,0 +1,75 @@
+"""Serve the dashboard: bind the socket ourselves (so a taken port or a bad host is one clear
+line, before anything starts), then hand it to uvicorn, which runs the app in this process
+until TERM or INT. This is its own process: ``supervisor start`` never runs it (the supervisor
+forks, and must hold no thread)."""
+
+from __future__ import annotations
+
+import errno
+import signal
+import socket
+import sys
+
+import uvicorn
+
+from workerproc.store import Store
+
+from ..errors import ConfigError, SupervisorError
+from .app import create_app
+from .config import WebConfig
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def bind(host: str, port: int) -> socket.socket:
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ConfigError(f"--host {host!r}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as exc:
+        sock.close()
+        why = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror or exc
+        raise SupervisorError(f"cannot listen on {host}:{port}: {why}") from None
+    sock.set_inheritable(False)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
+def serve(config: WebConfig, store: Store) -> int:
+    sock = bind(config.host, config.port)
+    if config.token is None and config.host not in LOOPBACK:
+        print(f"supervisor: warning: serving on {config.host} without --token: anyone who can "
+              "reach it can read every run and retry or cancel runs", file=sys.stderr)  # fmt: skip
+    app = create_app(config, store)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            server_header=False,
+            proxy_headers=False,
+            limit_concurrency=64,
+            timeout_graceful_shutdown=5,
+        )
+    )
+    # uvicorn shuts down gracefully on TERM/INT, restores the handlers it found and raises the
+    # signal again: ours only asks it to stop (a signal before it started counts too), so a
+    # stop on request exits 0, as every other supervisor command does.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
+    mode = ", read-only" if config.read_only else ""
+    auth = ", token required" if config.token else ""
+    print(f"dashboard on {url_of(sock)} ({config.db}{mode}{auth})", flush=True)
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,171 @@
+"""The pages. Each is a plain function of the request that reads the store and renders a
+template; with the ``X-Fragment`` header (what ``static/dashboard.js`` sends when it polls) only
+the live part of the page is rendered. Every read is a read: none takes the write lock."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+from starlette.templating import Jinja2Templates
+
+from workerproc.store import Stats, Store
+from workerproc.store.types import RUN_STATUSES
+
+from ..commands.ops import worker_rows
+from ..errors import NotRunning
+from ..loop.pidfile import live_pid, read_state
+from . import chaos, charts, timeline
+from .config import WebConfig
+from .security import Secrets, session_of
+
+T = TypeVar("T")
+MAX_ID = 2**63 - 1  # SQLite's largest integer: a bigger id names no run
+PAGE = 50
+STATS_EVERY = 1.0  # seconds: every open overview shares one read of the counts per second
+CHART_EVERY = 10.0  # the chart reads up to CHART_RUNS runs: at most once per 10 s
+CHART_RUNS = 200_000
+
+
+class _Cache:
+    """The last value of each read and when it was made; one reader refreshes it at a time."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._values: dict[str, tuple[float, Any]] = {}
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def get(self, key: str, max_age: float, read: Callable[[], T]) -> T:
+        with self._lock:
+            hit = self._values.get(key)
+            if hit is not None and self._clock() - hit[0] < max_age:
+                return hit[1]  # type: ignore[no-any-return]
+            value = read()
+            self._values[key] = (self._clock(), value)
+            return value
+
+
+def not_found(detail: str) -> HTTPException:
+    return HTTPException(404, detail)
+
+
+def _id(text: str | None, what: str) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdigit() or int(text) > MAX_ID:
+        raise not_found(f"{what} must be a run id (got {text[:40]!r})")
+    return int(text)
+
+
+class Pages:
+    def __init__(
+        self, config: WebConfig, store: Store, templates: Jinja2Templates, keys: Secrets
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.templates = templates
+        self.keys = keys
+        self.cache = _Cache()
+        self.report = chaos.ReportFile(config.chaos_report) if config.chaos_report else None
+
+    # -- rendering -------------------------------------------------------------------------------
+    def render(self, request: Request, name: str, **ctx: Any) -> Response:
+        fragment = request.headers.get("x-fragment") == "1"
+        context = {
+            "config": self.config,
+            "now": self.store.now(),
+            "csrf": self.keys.csrf_token(session_of(request)),
+            "path": request.url.path,
+            "statuses": RUN_STATUSES,
+            **ctx,
+        }
+        template = f"_{name}" if fragment else name
+        return self.templates.TemplateResponse(request, template, context)
+
+    def stats(self) -> Stats:
+        return self.cache.get("stats", STATS_EVERY, self.store.stats)
+
+    # -- pages -----------------------------------------------------------------------------------
+    def overview(self, request: Request) -> Response:
+        stats = self.stats()
+        chart = self.cache.get("chart", CHART_EVERY, self._throughput)
+        supervisor, workers, down = self._supervisor(stats)
+        return self.render(request, "overview.html", stats=stats, chart=chart,
+                           supervisor=supervisor, workers=workers, down=down)  # fmt: skip
+
+    def _throughput(self) -> charts.Chart:
+        since = (self.store.now() // 60 - 59) * 60  # 60 whole minutes, this one the last
+        return charts.throughput(self.store.finished_since(since, 60, newest=CHART_RUNS), since)
+
+    def _supervisor(
+        self, stats: Stats
+    ) -> tuple[dict[str, Any] | None, list[dict[str, Any]], str | None]:
+        if self.config.pidfile is None:
+            return None, [], None
+        try:
+            live_pid(self.config.pidfile)
+        except NotRunning as exc:
+            return None, [], str(exc)
+        state = read_state(self.config.pidfile)
+        if state is None:
+            return None, [], "the supervisor has not written its state file yet"
+        return state, worker_rows(state, stats), None
+
+    def runs(self, request: Request) -> Response:
+        q = request.query_params
+        wanted = q.get("q", "").strip().lstrip("#")
+        if wanted:
+            run_id = _id(wanted, "the search")
+            if run_id is None or self.store.get_run(run_id) is None:
+                raise not_found(f"no run {wanted[:40]}")
+            return RedirectResponse(f"/runs/{run_id}", status_code=303)
+        status = q.get("status") or None
+        if status is not None and status not in RUN_STATUSES:
+            raise not_found(f"no status {status[:40]!r} (one of {', '.join(RUN_STATUSES)})")
+        task = q.get("task") or None
+        if task is not None and len(task) > 200:
+            raise not_found("no such task")
+        before, after = _id(q.get("before"), "before"), _id(q.get("after"), "after")
+        if before is not None and after is not None:
+            raise not_found("a page is before a run or after one, not both")
+        page = self.store.runs_page(status, task, before=before, after=after, limit=PAGE + 1)
+        more = len(page) > PAGE
+        if after is not None:  # the extra run is the newest one: there are newer pages
+            runs, newer, older = page[-PAGE:], more, True
+        else:
+            runs, newer, older = page[:PAGE], before is not None, more
+        filters = {k: v for k, v in (("status", status), ("task", task)) if v}
+        return self.render(request, "runs.html", runs=runs, status=status, task=task,
+                           filters=filters, newer=newer and bool(runs), older=older and bool(runs),
+                           tasks=self.store.task_names())  # fmt: skip
+
+    def run(self, request: Request) -> Response:
+        run_id = int(request.path_params["run_id"])
+        run = self.store.get_run(run_id) if run_id <= MAX_ID else None
+        if run is None:
+            raise not_found(f"no run {run_id}")
+        tasks = self.store.get_tasks(run_id)
+        now = self.store.now()
+        lines = timeline.build(tasks, self.store.attempt_history(run_id),
+                               self.store.run_rejections(run_id), now)  # fmt: skip
+        ends = [run.finished_at or now] + [a.ended_at or 0.0 for t in lines for a in t.attempts]
+        chart = charts.run_timeline(lines, run.created_at, max(ends))
+        done = request.query_params.get("done")
+        return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
+                           done=done if done in ("retried", "cancelled") else None)  # fmt: skip
+
+    def leases(self, request: Request) -> Response:
+        return self.render(request, "leases.html", stats=self.stats())
+
+    def chaos(self, request: Request) -> Response:
+        report = self.report.read() if self.report else None
+        ctx: dict[str, Any] = {"report": report}
+        if report is not None and report.problem is None:
+            ctx["faults"] = charts.faults(report.events)
+            ctx["histogram"] = charts.histogram(report.latencies())
+        return self.render(request, "chaos.html", **ctx)

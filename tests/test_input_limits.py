@@ -1,0 +1,156 @@
+"""Input the pool must refuse (issue 11, items 8 and 9): poison payloads, out-of-range numbers.
+
+A value that passes at enqueue must be one every worker can decode; a number that passes must
+be finite and sane. Everything a user gets wrong is one line and exit 2, never a traceback, and a
+poison value already in the database fails its own run instead of killing its claimer.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+from sv_harness import env_with_tests
+
+from supervisor import exitcodes
+from supervisor.commands.cli import cli
+from workerproc import TaskContext
+from workerproc.store import InvalidPayload, Store, open_store
+from workerproc.store.codec import MAX_DEPTH, MAX_PAYLOAD
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+def invoke(*args: str) -> Result:
+    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
+    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
+
+
+def usage_line(result: Result) -> str:
+    assert result.exit_code == exitcodes.USAGE, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+# -- the store refuses values a worker could not decode -------------------------------------------
+def test_start_run_refuses_deep_and_oversized_values(store: Store) -> None:
+    deep: list[object] = []
+    for _ in range(MAX_DEPTH):
+        deep = [deep]
+    with pytest.raises(InvalidPayload, match=f"nested deeper than {MAX_DEPTH}"):
+        store.start_run("t", deep)
+    with pytest.raises(InvalidPayload, match="over the limit"):
+        store.start_run("t", "x" * MAX_PAYLOAD)
+    with pytest.raises(InvalidPayload, match="state is nested deeper"):
+        store.start_run("t", None, state={"a": deep})
+    assert store.list_runs() == []  # nothing was written
+    store.start_run("t", [[[1]]])  # within the limits: fine
+
+
+def test_a_run_starts_with_an_empty_state(store: Store) -> None:
+    run = store.get_run(store.start_run("t"))
+    assert run is not None and run.state == {}
+
+
+def test_advance_refuses_a_deep_payload_at_the_call(store: Store) -> None:
+    store.start_run("t")
+    lease = store.claim("w", 60)
+    assert lease is not None
+    ctx = TaskContext(lease, threading.Event())
+    deep: list[object] = []
+    for _ in range(MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(InvalidPayload):
+        ctx.advance({}, next="u", payload=deep)
+    with pytest.raises(InvalidPayload):
+        ctx.finish({"x": deep})
+    assert ctx.commit is None  # nothing recorded: the handler can still say its last word
+    ctx.finish({"ok": True})
+
+
+def test_an_undecodable_stored_payload_fails_its_run_and_the_claim_goes_on(
+    store: Store, db_path: str
+) -> None:
+    poison = store.start_run("t", {"ok": True})
+    good = store.start_run("t", {"ok": True})
+    with sqlite3.connect(db_path) as conn:  # written behind the store's back (an old version)
+        conn.execute("UPDATE tasks SET payload = ? WHERE run_id = ?", (nested(1999), poison))
+    conn.close()
+    lease = store.claim("w", 60)
+    assert lease is not None and lease.run_id == good
+    run = store.get_run(poison)
+    assert run is not None and run.status == "failed"
+    assert run.failure_reason == "undecodable_payload"
+    assert "cannot be decoded" in (run.last_error or "")
+
+
+# -- the command line ----------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--payload", "NaN"], "NaN is not JSON"),
+        (["--payload", '{"x": Infinity}'], "Infinity is not JSON"),
+        (["--payload", nested(980)], f"nested deeper than {MAX_DEPTH} levels"),
+        (["--payload", nested(20_000)], f"nested deeper than {MAX_DEPTH} levels"),
+        (["--payload", "{"], "not valid JSON"),
+        (["--state", nested(500)], "nested deeper"),
+        (["--delay", "inf"], "--delay must be a number from 0 to 3.1536e+07 (got inf)"),
+        (["--delay", "nan"], "--delay must be a number"),
+        (["--delay", "-1"], "--delay must be a number from 0"),
+    ],
+)
+def test_enqueue_refuses_bad_input_with_one_line(tmp_path: Path, args: list[str], words: str):
+    db = str(tmp_path / "lk.db")
+    line = usage_line(invoke("enqueue", "t", "--db", db, *args))
+    assert words in line
+    assert not os.path.exists(db) or open_store(db).list_runs() == []
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["runs", "--limit", "0"], ["runs", "--limit", "1e9"], ["show", "99999999999999999999"]],
+)
+def test_operator_numbers_have_ranges(tmp_path: Path, args: list[str]) -> None:
+    db = str(tmp_path / "lk.db")
+    open_store(db).close()
+    usage_line(invoke(*args, "--db", db))
+
+
+def test_show_of_an_undecodable_run_is_one_line(store: Store, db_path: str) -> None:
+    run_id = store.start_run("t")
+    with sqlite3.connect(db_path) as conn:
+        conn.execute("UPDATE runs SET state = ? WHERE id = ?", (nested(1999), run_id))
+    conn.close()
+    result = invoke("show", str(run_id), "--db", db_path)
+    assert result.exit_code == exitcodes.ERROR
+    assert "Traceback" not in result.output
+    assert "cannot be decoded" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--lease-ttl", "inf"], "--lease-ttl must be a finite number"),
+        (["--lease-ttl", "1e-9"], "--lease-ttl must be >= 0.5"),
+        (["--max-attempts", "0"], "--max-attempts must be >= 1"),
+        (["--poll-interval", "x"], "'x' is not a number"),
+    ],
+)
+def test_standalone_worker_refuses_bad_numbers(tmp_path: Path, args: list[str], words: str):
+    cmd = [sys.executable, "-m", "workerproc", "--db", str(tmp_path / "x.db"), "--app", "m:a"]
+    done = subprocess.run(
+        [*cmd, *args], capture_output=True, text=True, timeout=60, env=env_with_tests()
+    )
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], done.stderr
+    assert not (tmp_path / "x.db").exists()

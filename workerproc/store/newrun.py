@@ -1,0 +1,66 @@
+"""A run to start, checked and encoded before any transaction begins: the producer-side values
+every backend inserts the same way (``start_run``, ``start_runs``, transactional enqueue)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .base import DEFAULT_QUEUE
+from .codec import MAX_DELAY, MAX_PAYLOAD, check_run_options, dumps
+from .errors import InvalidPayload
+from .types import JSON
+
+START_FIELDS = frozenset({"task", "payload", "state", "delay", "key", "queue", "priority"})
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """One run to start, checked and encoded before any transaction begins."""
+
+    task: str
+    payload: str
+    state: str
+    delay: float
+    key: str | None
+    queue: str
+    priority: int
+
+    @classmethod
+    def make(
+        cls,
+        task: str,
+        payload: JSON = None,
+        state: JSON = None,
+        delay: float = 0,
+        key: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+    ) -> NewRun:
+        if not isinstance(task, str) or not task:
+            raise InvalidPayload("task name must be a non-empty string")
+        check_run_options(queue, priority, key)
+        try:
+            seconds = float(delay)
+        except (TypeError, ValueError):
+            raise InvalidPayload(f"delay must be a number of seconds (got {delay!r})") from None
+        if not 0 <= seconds <= MAX_DELAY:  # also refuses nan and inf
+            raise InvalidPayload(f"delay must be from 0 to {MAX_DELAY:g} seconds (got {delay!r})")
+        return cls(
+            task,
+            dumps(payload, "payload", MAX_PAYLOAD),
+            dumps({} if state is None else state, "state"),
+            seconds,
+            key,
+            queue,
+            priority,
+        )
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any]) -> NewRun:
+        unknown = set(item) - START_FIELDS
+        if unknown or "task" not in item:
+            what = f"unknown fields {sorted(unknown)}" if unknown else "no 'task'"
+            raise InvalidPayload(f"a start_runs item has {what}")
+        return cls.make(**item)
