@@ -35,14 +35,21 @@ def garbage_in_page_2(path: str) -> None:
         fh.write(random.Random(2).randbytes(PAGE))
 
 
-def scribble_random_pages(path: str, pages: int = 5, seed: int = 7) -> None:
-    """Overwrite part of a few seeded random pages (never page 1, the header)."""
+def scribble_random_pages(path: str, pages: int = 5, seed: int = 7, first: int = 2) -> None:
+    """Overwrite part of a few seeded random pages from ``first`` on (never page 1, the
+    header). Damage to the schema's pages makes the database fail to open at all."""
     rng = random.Random(seed)
     count = os.path.getsize(path) // PAGE
     with open(path, "r+b") as fh:
-        for page in rng.sample(range(2, count + 1), pages):
+        for page in rng.sample(range(first, count + 1), pages):
             fh.seek((page - 1) * PAGE + 100)
             fh.write(rng.randbytes(512))
+
+
+def scribble_data_pages(path: str) -> None:
+    """The same in the second half of the file: rows and indexes written after the schema
+    (the store opens, and its check must find the damage)."""
+    scribble_random_pages(path, first=os.path.getsize(path) // PAGE // 2)
 
 
 # -- the store interface ------------------------------------------------------------------------
@@ -52,7 +59,7 @@ def test_a_sound_database_passes_both_checks(s: Store) -> None:
     assert s.check_integrity(quick=True) == []
 
 
-@pytest.mark.parametrize("damage", [garbage_in_page_2, scribble_random_pages])
+@pytest.mark.parametrize("damage", [garbage_in_page_2, scribble_data_pages])
 def test_the_store_reports_damaged_pages(tmp_path: Path, damage: object) -> None:
     db = make_db(tmp_path / "lk.db")
     damage(db)  # type: ignore[operator]
