@@ -77,6 +77,6 @@ def truncate(url: str) -> None:
     schema = url.rsplit("schema=", 1)[1]
     with psycopg.connect(database_url(), autocommit=True, connect_timeout=5) as conn:
         conn.execute(
-            f'TRUNCATE "{schema}".runs, "{schema}".tasks, "{schema}".fence_rejections '
-            "RESTART IDENTITY"
+            f'TRUNCATE "{schema}".runs, "{schema}".tasks, "{schema}".fence_rejections, '
+            f'"{schema}".task_attempts RESTART IDENTITY'
         )

@@ -265,6 +265,12 @@ class Store(abc.ABC):
         each for people; empty when sound. Corruption is reported, never raised."""
 
     @abc.abstractmethod
+    def integrity_check_name(self, quick: bool = False) -> str | None:
+        """What ``check_integrity`` runs, named for people (``integrity_check``); None when
+        this database offers no check of its storage (PostgreSQL without the amcheck
+        extension): ``check_integrity`` then checks nothing and finds nothing."""
+
+    @abc.abstractmethod
     def list_runs(
         self, status: str | None = None, limit: int = 100, *, queue: str | None = None
     ) -> list[Run]: ...

@@ -1,31 +1,25 @@
 """The PostgreSQL backend of the lease protocol (DESIGN.md R1-R7; why the claim is race-free:
-docs/protocol.md). Plumbing lives in ``postgres_base``; every SQL statement in ``postgres_sql``."""
+docs/protocol.md). Plumbing lives in ``postgres_base`` and ``postgres_listen``, every protocol
+statement in ``postgres_sql``, producers in ``postgres_producer``, reads in ``postgres_reads``;
+this module is the protocol itself and the operators' writes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from . import postgres_sql as q
 from .base import Commit, Store
-from .codec import dumps
+from .codec import MAX_PAYLOAD, check_run_options, dumps, loads
 from .errors import InvalidPayload, RunNotFound
-from .postgres_base import Cursor, Params, PostgresBase
-from .types import (
-    JSON,
-    CasResult,
-    ClaimRequest,
-    CommitOutcome,
-    Lease,
-    OwnerLease,
-    Rejection,
-    Run,
-    Stats,
-    TaskInfo,
-)
+from .postgres_base import Cursor, Params
+from .postgres_producer import PostgresProducer
+from .postgres_reads import PostgresReads
+from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
 
 __all__ = ["PostgresStore"]
 
-_CLAIM_TURNS = 1000  # each turn hands out a lease, fails one exhausted run, or re-reads one run
+_CLAIM_TURNS = 1000  # each turn hands out leases, fails runs, or re-reads runs it holds
 
 
 def _exec(cur: Cursor, query: str, params: Params) -> Cursor:
@@ -42,80 +36,88 @@ def _one(cur: Cursor, query: str, params: Params) -> tuple[Any, ...] | None:
     return row
 
 
-class PostgresStore(PostgresBase, Store):
-    # -- producers -----------------------------------------------------------------------------
-    def start_run(
-        self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0
-    ) -> int:
-        if not task:
-            raise InvalidPayload("task name must not be empty")
-        params = {
-            "state": dumps(state, "state"),
-            "payload": dumps(payload, "payload"),
-            "name": task,
-            "delay": max(0.0, float(delay)),
-        }
-
-        def tx(c: Cursor, now: float | None) -> int:
-            row = _one(c, q.START_RUN, {**params, "now": now})
-            assert row is not None
-            return int(row[0])
-
-        return self._write(tx)
-
-    # -- the lease protocol --------------------------------------------------------------------
-    def claim(self, owner: str, ttl: float, *, max_attempts: int = 3) -> Lease | None:
-        request = ClaimRequest(owner, ttl, max_attempts)
-        lease = self._write(lambda c, now: self._claim(c, now, request))
-        if lease is not None:
-            self._listener.idle_over()
-        return lease
-
-    def _claim(self, c: Cursor, now: float | None, req: ClaimRequest) -> Lease | None:
-        params = {"owner": req.owner, "ttl": float(req.ttl), "now": now}
+class PostgresStore(PostgresProducer, PostgresReads, Store):
+    # -- claims (R1, R6) -----------------------------------------------------------------------
+    def _claim(self, c: Cursor, now: float | None, req: ClaimRequest) -> list[Lease]:
+        """Up to ``req.limit`` leases, each of a different run. Each turn hands out leases,
+        fails runs (attempts exhausted, payload undecodable) or finds runs whose head its
+        snapshot could not see yet (they are ours now: the next turn sees them)."""
+        queues = None if req.queues is None else tuple(dict.fromkeys(req.queues))
+        if queues == ():
+            return []
+        query = q.claim_sql(None if queues is None else len(queues))
+        params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": now}
+        if queues is not None:
+            params["queues"] = list(queues)
+        leases: list[Lease] = []
+        unseen = 0
         for _ in range(_CLAIM_TURNS):
-            row = _one(c, q.CLAIM, params)
-            if row is None:
-                return None  # no run is claimable
-            run_id, state, revision, task_id = row[:4]
-            if task_id is None:
-                # We locked the run, but its head was written after this statement's snapshot:
-                # claim again; the next statement's snapshot sees it (we hold the run).
-                continue
-            name, payload, attempts, base, expires_at, claimed_at, takeover = row[4:]
-            if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
-                dropped = _one(c, q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
-                error = dropped[0] if dropped else None
-                _exec(
-                    c,
-                    q.FAIL_RUN,
-                    {
-                        "run_id": run_id,
-                        "reason": "task_attempts_exhausted",
-                        # no handler raised: every attempt died, timed out or lost its lease
-                        "error": error
-                        or f"{req.max_attempts} attempts of task {name!r} ended without a "
-                        "commit (the worker died, timed out or lost its lease each time)",
-                        "now": now,
-                    },
-                )
-                continue
-            return Lease(
-                task_id=task_id,
-                run_id=run_id,
-                task=name,
-                payload=payload,
-                attempt=attempts,
-                owner=req.owner,
-                expires_at=float(expires_at),
-                claimed_at=float(claimed_at),
-                state=state,
-                revision=revision,
-                tries=attempts - base,
-                takeover=bool(takeover),
-            )
-        return None
+            if len(leases) >= req.limit:
+                break
+            rows = _exec(c, query, {**params, "limit": req.limit - len(leases)}).fetchall()
+            if not rows:
+                break
+            got = [row for row in rows if row[3] is not None]
+            unseen = 0 if got else unseen + 1
+            if unseen > 1:  # held runs whose head even a fresh snapshot cannot lease
+                break
+            for row in got:
+                lease = self._lease(c, now, req, row)
+                if lease is not None:
+                    leases.append(lease)
+        return leases
 
+    def _lease(
+        self, c: Cursor, now: float | None, req: ClaimRequest, row: tuple[Any, ...]
+    ) -> Lease | None:
+        run_id, state, revision, task_id, name, payload, attempts, base = row[:8]
+        expires_at, claimed_at, takeover = row[8:]
+        if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+            self._attempt_ended(c, task_id, now, "exhausted")
+            dropped = _one(c, q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
+            # no handler raised: every attempt died, timed out or lost its lease
+            error = (dropped[0] if dropped else None) or (
+                f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
+                "worker died, timed out or lost its lease each time)"
+            )
+            self._fail(c, now, run_id, "task_attempts_exhausted", error)
+            return None
+        try:
+            decoded = loads(payload, "its payload"), loads(state, "its run's state")
+        except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
+            self._attempt_ended(c, task_id, now, "failed", str(exc))
+            _exec(c, q.DROP_EXHAUSTED_LEASE, {"task_id": task_id})
+            self._fail(c, now, run_id, "undecodable_payload", f"task {task_id}: {exc}")
+            return None
+        return Lease(
+            task_id=task_id,
+            run_id=run_id,
+            task=name,
+            payload=decoded[0],
+            attempt=attempts,
+            owner=req.owner,
+            expires_at=float(expires_at),
+            claimed_at=float(claimed_at),
+            state=decoded[1],
+            revision=revision,
+            tries=attempts - base,
+            takeover=bool(takeover),
+        )
+
+    @staticmethod
+    def _fail(c: Cursor, now: float | None, run_id: int, reason: str, error: str) -> None:
+        params = {"run_id": run_id, "reason": reason, "error": error, "now": now}
+        _exec(c, q.FAIL_RUN, params)
+
+    @staticmethod
+    def _attempt_ended(
+        c: Cursor, task_id: int, now: float | None, outcome: str, error: str | None = None
+    ) -> None:
+        """Keep the current attempt of ``task_id`` before its lease is cleared."""
+        params = {"task_id": task_id, "now": now, "outcome": outcome, "error": error}
+        _exec(c, q.ATTEMPT_ENDED, params)
+
+    # -- renewals (R3) -------------------------------------------------------------------------
     @staticmethod
     def _fence(lease: Lease, now: float | None) -> Params:
         return {
@@ -132,16 +134,31 @@ class PostgresStore(PostgresBase, Store):
         _exec(c, q.INSERT_REJECTION, {**fence, "op": op})
 
     def renew_until(self, lease: Lease, ttl: float) -> float | None:
-        def tx(c: Cursor, now: float | None) -> float | None:
-            fence = self._fence(lease, now)
-            row = _one(c, q.RENEW, {**fence, "ttl": float(ttl)})
-            if row is None:
-                self._rejected(c, fence, "renew")
-                return None
-            return float(row[0])
+        return self.renew_many([lease], ttl)[0]
 
-        return self._write(tx, run_id=lease.run_id)
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]:
+        if not leases:
+            return []
+        if len({lease.owner for lease in leases}) != 1:
+            raise ValueError("renew_many renews the leases of one owner")
+        params: Params = {
+            "run_ids": sorted({lease.run_id for lease in leases}),
+            "task_ids": [lease.task_id for lease in leases],
+            "attempts": [lease.attempt for lease in leases],
+            "runs": [lease.run_id for lease in leases],
+            "owner": leases[0].owner,
+            "ttl": float(ttl),
+        }
 
+        def tx(c: Cursor, now: float | None) -> list[float | None]:
+            renewed = dict(_exec(c, q.RENEW_MANY, {**params, "now": now}).fetchall())
+            return [
+                None if (e := renewed.get(lease.task_id)) is None else float(e) for lease in leases
+            ]
+
+        return self._write(tx, runs=params["run_ids"], single=True)
+
+    # -- fenced writes (R2, R5) ----------------------------------------------------------------
     def ack(self, lease: Lease) -> bool:
         def tx(c: Cursor, now: float | None) -> bool:
             fence = self._fence(lease, now)
@@ -151,11 +168,7 @@ class PostgresStore(PostgresBase, Store):
             _exec(c, q.SUCCEED_IF_EMPTY, fence)
             return True
 
-        return self._write(tx, run_id=lease.run_id)
-
-    def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool:
-        commit = Commit(lease, "release", delay=delay, error=error)
-        return self.commit(commit).result is CasResult.OK
+        return self._write(tx, runs=[lease.run_id])
 
     def compare_and_set(self, lease: Lease, expected_revision: int, new_state: JSON) -> CasResult:
         state = dumps(new_state, "state")
@@ -166,22 +179,28 @@ class PostgresStore(PostgresBase, Store):
                 return self._refused(c, params, "compare_and_set")
             return CasResult.OK
 
-        return self._write(tx, run_id=lease.run_id)
+        return self._write(tx, runs=[lease.run_id])
 
-    def commit(self, commit: Commit, *, claim: ClaimRequest | None = None) -> CommitOutcome:
-        encoded = self._encode(commit)
+    def commit_many(
+        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+    ) -> BatchOutcome:
+        encoded = [self._encode(commit) for commit in commits]  # a bad value writes nothing
 
-        def tx(c: Cursor, now: float | None) -> CommitOutcome:
-            result = self._apply(c, now, commit, encoded)
-            if claim is None:
-                return CommitOutcome(result)
-            # a claim needs its own "now": the injected one, or the database's in the statement
-            return CommitOutcome(result, self._claim(c, self._now_param(), claim))
+        def tx(c: Cursor, now: float | None) -> BatchOutcome:
+            results = tuple(
+                self._apply(c, now, commit, params)
+                for commit, params in zip(commits, encoded, strict=True)
+            )
+            leases: list[Lease] = []
+            if claim is not None and claim.limit > 0:
+                # the claim's own "now": the injected one, or the database's in the statement
+                leases = self._claim(c, self._now_param(), claim)
+            return BatchOutcome(results, tuple(leases))
 
-        outcome = self._write(tx, run_id=commit.lease.run_id)
-        if outcome.next_lease is not None:
+        out = self._write(tx, runs=[commit.lease.run_id for commit in commits])
+        if out.leases:
             self._listener.idle_over()
-        return outcome
+        return out
 
     @staticmethod
     def _encode(commit: Commit) -> Params:
@@ -196,7 +215,10 @@ class PostgresStore(PostgresBase, Store):
             if not commit.next_task:
                 raise InvalidPayload("advance needs the name of the next task")
             params["name"] = commit.next_task
-            params["payload"] = dumps(commit.next_payload, "payload")
+            params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
+            params["queue"] = commit.next_queue
+            if commit.next_queue is not None:
+                check_run_options(commit.next_queue, 0, None)
         if commit.kind == "fail":
             params["reason"] = commit.reason or "failed"
         return params
@@ -208,20 +230,21 @@ class PostgresStore(PostgresBase, Store):
             if _count(c, q.FINISH if kind == "finish" else q.ADVANCE, params) == 0:
                 return self._refused(c, params, kind)
             return CasResult.OK
-        if _one(c, q.CHECK_FENCE, params) is None:
-            self._rejected(c, params, commit.kind)
-            return CasResult.LEASE_LOST
-        if kind == "release":
-            _exec(c, q.RELEASE, params)
-            if commit.error is not None:
-                _exec(c, q.RUN_ERROR, params)
+        if kind in ("handback", "release"):  # one statement each, fenced by itself
+            if _count(c, q.HANDBACK if kind == "handback" else q.RELEASE, params) == 0:
+                self._rejected(c, params, kind)
+                return CasResult.LEASE_LOST
             return CasResult.OK
+        if _one(c, q.CHECK_FENCE, params) is None:
+            self._rejected(c, params, kind)
+            return CasResult.LEASE_LOST
         if kind == "drop":
             _exec(c, q.TASK_DONE, params)
             return CasResult.OK
         if kind == "fail":
             if _count(c, q.FAIL_RUN, params) == 0:
                 return CasResult.CONFLICT
+            self._attempt_ended(c, commit.lease.task_id, now, "failed", commit.error)
             _exec(c, q.TASK_FAILED, params)
             return CasResult.OK
         raise ValueError(f"unknown commit kind {kind!r}")
@@ -247,14 +270,14 @@ class PostgresStore(PostgresBase, Store):
             params = {"run_id": run_id, "reason": reason, "error": error, "now": now}
             return _count(c, q.FAIL_RUN, params) == 1
 
-        return self._write(tx, run_id=run_id)
+        return self._write(tx, runs=[run_id])
 
     def cancel_run(self, run_id: int) -> bool:
         def tx(c: Cursor, now: float | None) -> bool:
             self._lock_run(c, run_id)
             return _count(c, q.CANCEL_RUN, {"run_id": run_id, "now": now}) == 1
 
-        return self._write(tx, run_id=run_id)
+        return self._write(tx, runs=[run_id])
 
     def retry_run(self, run_id: int) -> bool:
         def tx(c: Cursor, now: float | None) -> bool:
@@ -265,10 +288,11 @@ class PostgresStore(PostgresBase, Store):
             if row is None or row[0] == 0:
                 return False
             _exec(c, q.RETRY_RUN, params)
+            _exec(c, q.ATTEMPTS_DROPPED_BY_RETRY, params)
             _exec(c, q.RETRY_TASKS, params)
             return True
 
-        return self._write(tx, run_id=run_id)
+        return self._write(tx, runs=[run_id])
 
     def release_owner(self, owner: str) -> int:
         def tx(c: Cursor, now: float | None) -> int:
@@ -291,65 +315,3 @@ class PostgresStore(PostgresBase, Store):
         while delete(q.PRUNE_REJECTIONS) > 0:
             pass
         return total
-
-    # -- reads ---------------------------------------------------------------------------------
-    @staticmethod
-    def _run(row: tuple[Any, ...]) -> Run:
-        return Run(*row)
-
-    def get_run(self, run_id: int) -> Run | None:
-        row = self._read(lambda c, _now: _one(c, q.GET_RUN, {"run_id": run_id}))
-        return None if row is None else self._run(row)
-
-    @staticmethod
-    def _task(r: tuple[Any, ...]) -> TaskInfo:
-        return TaskInfo(*r)
-
-    def get_tasks(self, run_id: int) -> list[TaskInfo]:
-        rows = self._read(lambda c, _now: _exec(c, q.GET_TASKS, {"run_id": run_id}).fetchall())
-        return [self._task(r) for r in rows]
-
-    def get_task(self, task_id: int) -> TaskInfo | None:
-        row = self._read(lambda c, _now: _one(c, q.GET_TASK, {"task_id": task_id}))
-        return None if row is None else self._task(row)
-
-    def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
-        params = {"after": after, "limit": limit}
-        rows = self._read(lambda c, _now: _exec(c, q.LIST_REJECTIONS, params).fetchall())
-        return [Rejection(*r) for r in rows]
-
-    def integrity_violations(self) -> list[str]:
-        def read(c: Cursor, now: float | None) -> list[str]:
-            found = [
-                f"task {t} of run {r} was committed by attempt {done} although attempt "
-                f"{latest} had superseded it (a zombie write was accepted)"
-                for t, r, done, latest in _exec(c, q.SUPERSEDED_COMMITS, {}).fetchall()
-            ]
-            found += [
-                f"run {r} holds {n} live leases at once (its steps overlap)"
-                for r, n in _exec(c, q.OVERLAPPING_LEASES, {"now": now}).fetchall()
-            ]
-            return found
-
-        return self._read(read)
-
-    def list_runs(self, status: str | None = None, limit: int = 100) -> list[Run]:
-        query = q.LIST_RUNS if status is None else q.LIST_RUNS_BY_STATUS
-        params = {"status": status, "limit": limit}
-        rows = self._read(lambda c, _now: _exec(c, query, params).fetchall())
-        return [self._run(r) for r in rows]
-
-    def stats(self) -> Stats:
-        def read(c: Cursor, now: float | None) -> Stats:
-            runs = {s: int(n) for s, n in _exec(c, q.RUN_COUNTS, {}).fetchall()}
-            row = _one(c, q.TASK_COUNTS, {"now": now})
-            assert row is not None
-            ready, delayed, leased, expired, at = row
-            leases = [OwnerLease(*r) for r in _exec(c, q.LIVE_LEASES, {}).fetchall()]
-            return Stats(float(at), runs, ready, delayed, leased, expired, leases)
-
-        return self._read(read, snapshot=True)  # one snapshot for every count
-
-    def next_ready_at(self) -> float | None:
-        row = self._read(lambda c, _now: _one(c, q.NEXT_READY, {}))
-        return None if row is None or row[0] is None else float(row[0])

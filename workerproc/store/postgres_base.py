@@ -15,22 +15,21 @@ from __future__ import annotations
 import os
 import random
 import re
-import select
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import pq, sql
-from psycopg.conninfo import make_conninfo
+from psycopg import sql
 
 from .base import Clock
 from .errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
+from .postgres_listen import END, WORK, Listener, _abandoned
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
-from .postgres_sql import LOCK_RUN, NOTIFY_CHANNEL, NOW_QUERY
+from .postgres_sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW_QUERY
 from .urls import redact, split_query
 
 T = TypeVar("T")
@@ -42,129 +41,16 @@ DEFAULT_SCHEMA = "leasekeeper"
 # A frozen process (SIGSTOP, a debugger) inside one of our transactions must not hold a run's
 # row lock for long: the server ends such a session. Our transactions never wait on user code.
 IDLE_IN_TRANSACTION = 5.0
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# at most 40 characters: the notification channels ("leasekeeper.<schema>.end") must stay
+# within PostgreSQL's 63-byte identifiers
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 _RETRIES = 5  # deadlocks, serialization failures, one lost connection
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 _OUR_OPTIONS = ("schema", "busy_timeout")
 
-# Connections inherited across fork() are kept referenced forever in the child: closing (or
-# garbage-collecting) one there would send a Terminate on the parent's socket.
-_abandoned: list[object] = []
-
 
 def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
     return StoreUnavailable(f"{where}: {str(exc).strip() or type(exc).__name__}")
-
-
-class Listener:
-    """A raw libpq connection that LISTENs while its store is idle. Notifications bump a counter
-    that ``change_token`` reads after a zero-timeout ``select``: no round trip per call.
-    LISTEN is sent on the first call of an idle spell; a successful claim UNLISTENs (without
-    waiting), so busy workers are not signalled on every commit."""
-
-    def __init__(self, conninfo: str, channel: str) -> None:
-        self.conninfo = conninfo
-        self.channel = channel
-        self.count = 0
-        self._conn: pq.abc.PGconn | None = None
-        self._listening = False
-        self._retry_at = 0.0
-        self._backoff = _BACKOFF_MIN
-
-    def token(self) -> int:
-        if self._conn is None:
-            if time.monotonic() < self._retry_at:
-                return self.count
-            self._connect()
-        if self._conn is None:
-            return self.count
-        try:
-            if not self._listening:
-                self._listen()
-            self._drain()
-        except (psycopg.Error, OSError):
-            self._drop()
-        return self.count
-
-    def idle_over(self) -> None:
-        """A claim found work: stop listening until the next idle spell (fire and forget)."""
-        conn = self._conn
-        if conn is None or not self._listening:
-            return
-        try:
-            self._drain()  # the previous UNLISTEN's result, if any
-            conn.send_query(b"UNLISTEN *")
-            for _ in range(10):  # nonblocking: push the query out (a few bytes: at once)
-                if conn.flush() == 0:
-                    break
-                select.select([], [conn.socket], [], 0.1)
-            self._listening = False
-        except (psycopg.Error, OSError):
-            self._drop()
-
-    def _connect(self) -> None:
-        try:
-            info = make_conninfo(self.conninfo, application_name="leasekeeper", connect_timeout=2)
-            conn = pq.PGconn.connect(info.encode())
-            if conn.status != pq.ConnStatus.OK:
-                raise psycopg.OperationalError(conn.get_error_message())
-            conn.nonblocking = 1
-            self._conn = conn
-            self._backoff = _BACKOFF_MIN
-            self.count += 1  # notifications may have been missed while disconnected
-        except psycopg.Error:
-            self._retry_at = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, _BACKOFF_MAX)
-
-    def _listen(self) -> None:
-        assert self._conn is not None
-        self._drain()
-        for _ in range(20):  # an UNLISTEN still in flight: let it finish first
-            if not self._conn.is_busy():
-                break
-            select.select([self._conn.socket], [], [], 0.1)
-            self._drain()
-        else:
-            raise psycopg.OperationalError("the listening connection does not answer")
-        self._conn.nonblocking = 0
-        try:
-            ident = sql.Identifier(self.channel).as_string(None).encode()
-            result = self._conn.exec_(b"LISTEN " + ident)
-        finally:
-            self._conn.nonblocking = 1
-        if result.status != pq.ExecStatus.COMMAND_OK:
-            raise psycopg.OperationalError(self._conn.get_error_message())
-        self._listening = True
-
-    def _drain(self) -> None:
-        conn = self._conn
-        assert conn is not None
-        ready, _, _ = select.select([conn.socket], [], [], 0)
-        if ready:
-            conn.consume_input()
-            if conn.status != pq.ConnStatus.OK:
-                raise psycopg.OperationalError("the listening connection was lost")
-            while not conn.is_busy() and conn.get_result() is not None:
-                pass  # results of a fire-and-forget UNLISTEN
-        while conn.notifies() is not None:
-            self.count += 1
-
-    def _drop(self) -> None:
-        if self._conn is not None:
-            self._conn.finish()
-        self._conn = None
-        self._listening = False
-        self.count += 1  # look again: something may have changed while we could not hear
-
-    def abandon(self) -> None:
-        if self._conn is not None:
-            _abandoned.append(self._conn)
-        self._conn = None
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.finish()
-        self._conn = None
 
 
 class PostgresBase:
@@ -201,7 +87,10 @@ class PostgresBase:
         self._local = threading.local()
         self._pid = os.getpid()
         self._closed = False
-        self._listener = Listener(conninfo, NOTIFY_CHANNEL.format(schema=schema))
+        self._listener = Listener(
+            conninfo,
+            {WORK: NOTIFY_CHANNEL.format(schema=schema), END: END_CHANNEL.format(schema=schema)},
+        )
         self._migrate(create=migrate)
 
     # -- connections ---------------------------------------------------------------------------
@@ -256,19 +145,33 @@ class PostgresBase:
     def _now_param(self) -> float | None:
         return None if self._clock is None else self._clock()
 
-    def _write(self, fn: Callable[[Cursor, float | None], T], *, run_id: int | None = None) -> T:
-        """One transaction: ``fn(cursor, now)`` where ``now`` is the injected clock (read after
-        the run row is locked when ``run_id`` is given) or None: the statements read the
-        database clock themselves, after their locks."""
-        return self._transaction(fn, run_id, "write")
+    def _write(
+        self,
+        fn: Callable[[Cursor, float | None], T],
+        *,
+        runs: Sequence[int] = (),
+        single: bool = False,
+    ) -> T:
+        """One transaction: ``fn(cursor, now)`` where ``now`` is the injected clock or None
+        (the statements read the database clock themselves, after their locks). ``runs``: the
+        runs the transaction will write, locked first in id order when there are several (two
+        batches never wait on each other in a cycle) or when the injected clock must be read
+        after the lock. ``single``: ``fn`` sends one idempotent statement that locks what it
+        needs itself (a renewal), so without an injected clock it runs on its own
+        (autocommit: no BEGIN, no COMMIT round trip; a lost connection retries it)."""
+        if single and self._clock is None:
+            return self._transaction(fn, (), "statement")
+        ids = sorted(set(runs))
+        lock = ids if len(ids) > 1 or (ids and self._clock is not None) else []
+        return self._transaction(fn, lock, "write")
 
     def _read(self, fn: Callable[[Cursor, float | None], T], *, snapshot: bool = False) -> T:
         """Reads: each statement on its own (autocommit: one round trip), or with ``snapshot``
         all of them in one REPEATABLE READ transaction."""
-        return self._transaction(fn, None, "snapshot" if snapshot else "read")
+        return self._transaction(fn, (), "snapshot" if snapshot else "read")
 
     def _transaction(
-        self, fn: Callable[[Cursor, float | None], T], run_id: int | None, mode: str
+        self, fn: Callable[[Cursor, float | None], T], lock: Sequence[int], mode: str
     ) -> T:
         attempt = 0
         while True:
@@ -276,7 +179,7 @@ class PostgresBase:
             conn = self._conn()
             done = False  # fn returned: an error now comes from COMMIT (ambiguous)
             try:
-                if mode == "read":
+                if mode in ("read", "statement"):
                     with conn.cursor() as cur:
                         result = fn(cur, self._now_param())
                         done = True
@@ -284,8 +187,8 @@ class PostgresBase:
                 with conn.transaction(), conn.cursor() as cur:
                     if mode == "snapshot":
                         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    if run_id is not None and self._clock is not None:
-                        cur.execute(LOCK_RUN, {"run_id": run_id}, prepare=True)
+                    if lock:
+                        cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
                     result = fn(cur, self._now_param())
                     done = True
                 return result
@@ -297,7 +200,7 @@ class PostgresBase:
                 msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({exc})"
                 raise StoreUnavailable(msg) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if (done and mode == "write") or attempt >= 2 or not conn.broken:
+                if (done and mode != "read") or attempt >= 2 or not conn.broken:
                     raise _unavailable(exc, self.where) from None
                 # the server never saw our COMMIT: nothing was written; try a new connection
             except psycopg.Error as exc:
@@ -371,11 +274,19 @@ class PostgresBase:
         return self._read(read)
 
     def change_token(self) -> int:
+        self._alive()
+        return self._listener.token()
+
+    def wait_change(self, token: int, timeout: float) -> int:
+        """Sleep on LISTEN until a notification moves the token, or ``timeout`` passes."""
+        self._alive()
+        return self._listener.wait(token, max(0.0, timeout))
+
+    def _alive(self) -> None:
         if self._closed:
             raise StoreError("the store is closed")
         if self._pid != os.getpid():
             self._conn()  # resets per-process state (the listener too)
-        return self._listener.token()
 
     def close(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -153,6 +153,81 @@ MIGRATIONS: list[str] = [
               AND (OLD.ready_at IS NULL OR NEW.ready_at < OLD.ready_at))
         EXECUTE FUNCTION leasekeeper_notify();
     """,
+    # 2: queues, priorities and idempotency keys (the producer side); the dashboard's columns;
+    # the attempt history; notifications for waiters.
+    # - A run belongs to one queue and has a priority. Claims walk each priority level of the
+    #   served queues in head order: ``runs_claim`` for named queues, ``runs_prio`` for all of
+    #   them, so every walk is bounded by ``head_at <= now`` (postgres_sql, docs/protocol.md).
+    # - A run's key is unique while the run exists (``ON CONFLICT`` finds the first run).
+    # - ``runs.task`` names a run's first task (set once by the start, indexed for the runs
+    #   filter); ``tasks.done_owner`` keeps who committed, set by the statement that marks a task
+    #   done. ``task_attempts`` keeps every attempt that ended without a commit: the store writes
+    #   a row on a release, a failure and an exhausted claim; the trigger writes one on a
+    #   takeover. Its WHEN is false for the claim of an unowned task, so the happy path (claim,
+    #   commit) gains no statement and no index write.
+    # - ``runs.watched``: someone waits for the run's end (``Store.wait``). Only such a run's end
+    #   sends a NOTIFY (on the ``.end`` channel): finishing unwatched runs notifies nobody.
+    """
+    ALTER TABLE runs
+        ADD COLUMN queue text NOT NULL DEFAULT 'default'
+            CHECK (length(queue) BETWEEN 1 AND 64),
+        ADD COLUMN priority integer NOT NULL DEFAULT 0 CHECK (priority BETWEEN -1000 AND 1000),
+        ADD COLUMN key text CHECK (key IS NULL OR length(key) BETWEEN 1 AND 255),
+        ADD COLUMN task text,
+        ADD COLUMN watched boolean NOT NULL DEFAULT false;
+    UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
+    CREATE UNIQUE INDEX runs_key ON runs (key) WHERE key IS NOT NULL;
+    CREATE INDEX runs_task ON runs (task, id);
+    DROP INDEX runs_head;
+    CREATE INDEX runs_claim ON runs (queue, priority DESC, head_at, head_created, head_id)
+        WHERE head_at IS NOT NULL;
+    CREATE INDEX runs_prio ON runs (priority DESC, head_at, head_created, head_id)
+        WHERE head_at IS NOT NULL;
+    DROP INDEX runs_ready;
+    CREATE INDEX runs_ready ON runs (queue, ready_at) WHERE ready_at IS NOT NULL;
+
+    ALTER TABLE tasks ADD COLUMN done_owner text;
+    CREATE TABLE task_attempts (
+        id          bigint  GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        run_id      bigint  NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+        task_id     bigint  NOT NULL,
+        attempt     integer NOT NULL,
+        owner       text    NOT NULL,
+        claimed_at  double precision,
+        ended_at    double precision,
+        outcome     text    NOT NULL
+                    CHECK (outcome IN ('released', 'failed', 'taken_over', 'exhausted')),
+        error       text,
+        taken_by    text
+    );
+    CREATE INDEX task_attempts_run ON task_attempts (run_id, task_id, attempt);
+
+    -- a claim of a task whose lease was still on it (expired, or released as dead): the
+    -- previous attempt was taken over; it held from its claim until its lease ran out
+    CREATE FUNCTION leasekeeper_taken_over() RETURNS trigger
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+    BEGIN
+        INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at,
+                                   outcome, taken_by)
+        VALUES (NEW.run_id, NEW.id, OLD.attempts, OLD.lease_owner, OLD.claimed_at,
+                OLD.lease_expires_at, 'taken_over', NEW.lease_owner);
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER tasks_takeover AFTER UPDATE OF attempts ON tasks FOR EACH ROW
+        WHEN (OLD.lease_owner IS NOT NULL AND NEW.attempts > OLD.attempts)
+        EXECUTE FUNCTION leasekeeper_taken_over();
+
+    CREATE FUNCTION leasekeeper_notify_end() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+    BEGIN
+        PERFORM pg_notify('leasekeeper.' || TG_TABLE_SCHEMA || '.end', '');
+        RETURN NULL;
+    END $$;
+    CREATE TRIGGER runs_ended AFTER UPDATE OF status ON runs FOR EACH ROW
+        WHEN (NEW.watched AND NEW.status IN ('succeeded', 'failed', 'cancelled')
+              AND OLD.status IN ('pending', 'running'))
+        EXECUTE FUNCTION leasekeeper_notify_end();
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
