@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import socket
 import subprocess
 import sys
@@ -328,27 +327,6 @@ def test_change_token_survives_a_lost_listening_connection(pg: PostgresBackend) 
     wait_for(lambda: reader.change_token() != token, timeout=10, interval=0.005)
     reader.close()
     writer.close()
-
-
-def test_the_unsafe_test_switch_disables_fencing_on_postgres_too(pg: PostgresBackend) -> None:
-    """The chaos verifier's own test relies on this switch on both backends."""
-    script = textwrap.dedent(
-        f"""
-        from workerproc.store import open_store
-        now = [1000.0]
-        s = open_store({pg.url!r}, clock=lambda: now[0])
-        s.start_run("t")
-        zombie = s.claim("a", 10)
-        now[0] += 11
-        live = s.claim("b", 10)
-        print(s.finish(zombie, 0, {{"by": "zombie"}}))
-        print(len(s.integrity_violations()))
-        """
-    )
-    env = {**os.environ, "LEASEKEEPER_UNSAFE_DISABLE_FENCING_FOR_TESTS": "1"}
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["ok", "1"]
 
 
 def test_integrity_reports_a_superseded_commit_and_overlapping_leases(
