@@ -37,6 +37,11 @@ class Backend(abc.ABC):
     def hold_write_lock(self) -> Iterator[None]:
         """Hold the database's write lock from another connection while the block runs."""
 
+    @abc.abstractmethod
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        """Write ``text`` into a JSON column of ``table`` (``runs`` or ``tasks``) for one run,
+        behind the store's back (what an old version or a hand edit might have left)."""
+
     @property
     @abc.abstractmethod
     def url(self) -> str:
@@ -84,6 +89,12 @@ class SQLiteBackend(Backend):
         finally:
             conn.close()
 
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        key = "id" if table == "runs" else "run_id"
+        with sqlite3.connect(self.path) as conn:
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (text, run_id))
+        conn.close()
+
     @property
     def url(self) -> str:
         return f"sqlite:///{self.path}"
@@ -126,6 +137,11 @@ class PostgresBackend(Backend):
             ).fetchone()
         assert row is not None
         return int(row[0])
+
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        key = "id" if table == "runs" else "run_id"
+        with self.connect() as conn:
+            conn.execute(f"UPDATE {table} SET {column} = %s::json WHERE {key} = %s", (text, run_id))
 
     @contextmanager
     def hold_write_lock(self) -> Iterator[None]:

@@ -6,7 +6,9 @@ backend.
 - The serial-run race (R1): runs with several ready tasks, claimers that ack, release, abandon
   (a takeover follows once the lease expires) and wake up as zombies, while a sampler checks the
   database continuously: never two live leases in one run, and no claim of a task or of a run
-  while another claim's lease on it was live.
+  while another claim's lease on it was live. Claimers claim one task at a time, or in
+  batches: ``commit_many`` writes their last words (done, release, hand-back, some as zombies)
+  and claims up to four tasks in the same transaction, and ``renew_many`` renews them.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 
 import pytest
 from store_backends import Backend
+
+from workerproc.store import CasResult, ClaimRequest, Commit, Lease
 
 PROCS = 8
 RUNS = 2_000
@@ -91,10 +95,7 @@ def _claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: int) ->
                 break  # every run is done
             time.sleep(0.01)
             continue
-        entry: dict[str, Any] = {
-            "run": lease.run_id, "task": lease.task_id, "attempt": lease.attempt,
-            "claimed": lease.claimed_at, "expires": lease.expires_at, "ended": None,
-        }  # fmt: skip
+        entry = _entry(lease)
         action = rnd.choices(["ack", "release", "abandon", "zombie"], [5, 2, 2, 1])[0]
         if action == "zombie":
             time.sleep(SHORT_TTL * 1.5)
@@ -104,6 +105,54 @@ def _claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: int) ->
             ok = store.ack(lease) if action == "ack" else store.release(lease)
             entry["ok"] = ok
         log.append(entry)
+    store.close()
+    with open(os.path.join(out_dir, f"c{k}.json"), "w") as f:
+        json.dump(log, f)
+
+
+def _entry(lease: Lease) -> dict[str, Any]:
+    return {"run": lease.run_id, "task": lease.task_id, "attempt": lease.attempt,
+            "claimed": lease.claimed_at, "expires": lease.expires_at, "ended": None}  # fmt: skip
+
+
+def _batch_claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: int) -> None:
+    """The same race with batches: each turn commits the last words of the previous turn's
+    leases (done, release or hand-back; some after sleeping past the ttl, as zombies) and
+    claims up to four tasks in one transaction; some leases are renewed together, some
+    abandoned (they expire and are taken over)."""
+    rnd = random.Random(seed + k)
+    store = backend.open()
+    owner = f"batcher-{k}"
+    log: list[dict[str, Any]] = []
+    pending: list[tuple[Commit, dict[str, Any]]] = []
+    barrier.wait(30)
+    deadline = time.monotonic() + RACE_SECONDS
+    while time.monotonic() < deadline:
+        zombie = pending and rnd.random() < 0.1
+        if zombie:
+            time.sleep(SHORT_TTL * 1.5)  # every lease of the batch expired meanwhile
+        request = ClaimRequest(owner, SHORT_TTL, 1_000, rnd.randint(1, 4))
+        ended = store.now()  # the commits land after this instant
+        out = store.commit_many([commit for commit, _ in pending], claim=request)
+        for (_, entry), result in zip(pending, out.results, strict=True):
+            entry["ended"], entry["ok"] = ended, result is CasResult.OK
+            if zombie:
+                entry["zombie_acked"] = result is CasResult.OK  # must be refused
+        pending = []
+        if not out.leases:
+            if store.next_ready_at() is None:
+                break  # every run is done
+            time.sleep(0.01)
+            continue
+        if rnd.random() < 0.3:
+            renewed = store.renew_many(list(out.leases), SHORT_TTL)
+            assert all(at is not None for at in renewed)  # fresh leases: never refused
+        for lease in out.leases:
+            entry = _entry(lease)
+            action = rnd.choices(["drop", "release", "handback", "abandon"], [5, 2, 1, 2])[0]
+            if action != "abandon":
+                pending.append((Commit(lease, action), entry))  # type: ignore[arg-type]
+            log.append(entry)
     store.close()
     with open(os.path.join(out_dir, f"c{k}.json"), "w") as f:
         json.dump(log, f)
@@ -136,8 +185,9 @@ def _overlaps(claims: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("batches", [False, True], ids=["one-by-one", "batches"])
 def test_serial_runs_never_hold_two_live_leases_under_racing_claimers(
-    backend: Backend, tmp_path: Any
+    backend: Backend, tmp_path: Any, batches: bool
 ) -> None:
     store = backend.open()
     for i in range(SERIAL_RUNS):
@@ -149,8 +199,9 @@ def test_serial_runs_never_hold_two_live_leases_under_racing_claimers(
     barrier, stop = ctx.Barrier(CLAIMERS), ctx.Event()
     sampler = ctx.Process(target=_sampler, args=(backend, stop, str(tmp_path)))
     sampler.start()
+    target = _batch_claimer if batches else _claimer
     claimers = [
-        ctx.Process(target=_claimer, args=(backend, k, barrier, str(tmp_path), 42))
+        ctx.Process(target=target, args=(backend, k, barrier, str(tmp_path), 42))
         for k in range(CLAIMERS)
     ]
     for p in claimers:

@@ -159,10 +159,13 @@ class PostgresProducer(PostgresBase):
         """As ``Store.wait``, asleep on the end channel: the run is marked watched first, so its
         end sends a NOTIFY (unwatched runs end without one)."""
         self._alive()
-        self._listener.token(END)  # LISTEN before the mark: no end can slip between
-        found = self._write(lambda c, _now: c.execute(WATCH_RUN, {"run_id": run_id}).rowcount)
-        if not found and self.get_run(run_id) is None:
+        run: Run | None = self.get_run(run_id)
+        if run is None:
             raise RunNotFound(run_id)
+        if run.terminal:
+            return run
+        self._listener.token(END)  # LISTEN before the mark: no end can slip between
+        self._write(lambda c, _now: c.execute(WATCH_RUN, {"run_id": run_id}))
         return self._wait_on(run_id, timeout)
 
     def _wait_on(self, run_id: int, timeout: float | None) -> Run:
