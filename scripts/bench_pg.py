@@ -1,6 +1,8 @@
 """scripts/bench's PostgreSQL rows (not a test): ours from one and from two supervisors, idle
-pickup, takeover after SIGKILL, the claim beside a million finished runs and their prune, and
-procrastinate (the peer, in the bench extra) on the same server with the same no-op workload.
+pickup, takeover after SIGKILL, the claim beside a million finished runs and their prune, the
+claim (one task, a batch of 16) from all, one and several queues with a million pending runs in
+10 queues, and procrastinate (the peer, in the bench extra) on the same server with the same no-op
+workload.
 
 Everything happens in one database made for the run (``lk_bench_<pid>``) and dropped after it,
 each measurement in its own schema: other people's databases on the server are never touched.
@@ -22,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from workerproc.store import open_store
+from workerproc.store import Commit, open_store
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -167,6 +169,65 @@ def claim_beside_finished(database: str, finished: int, samples: int) -> dict[st
     return out
 
 
+def bulk_pending_in_queues(url: str, n: int, queues: int = 10) -> None:
+    """``n`` pending one-task runs over ``queues`` queues (``q0``...): 1 in 10 delayed by an
+    hour, 1 in 50 at priority 5 or -5, written with their claim columns in two statements (no
+    per-row trigger work: the columns are what the triggers would have written)."""
+    store = open_store(url)  # creates the schema
+    store.close()
+    base, schema = url.split("?schema=")
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {schema}")
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            """INSERT INTO runs (id, state, created_at, updated_at, queue, priority, task,
+                                 head_at, head_created, head_id)
+            SELECT g, '{}', c.t, c.t, 'q' || (g %% %(queues)s),
+                CASE g %% 100 WHEN 0 THEN 5 WHEN 1 THEN -5 ELSE 0 END, 'noop',
+                c.t + g * 1e-6 + CASE WHEN g %% 10 = 3 THEN 3600 ELSE 0 END, c.t, g
+            FROM (SELECT extract(epoch FROM now()) - 600 AS t) AS c,
+                generate_series(1, %(n)s) AS g""",
+            {"n": n, "queues": queues},
+        )
+        conn.execute(
+            "INSERT INTO tasks (id, run_id, name, payload, available_at, created_at) "
+            "SELECT id, id, 'noop', '{}', head_at, head_created FROM runs"
+        )
+        for table in ("runs", "tasks"):
+            conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", (n + 1,))
+        conn.execute("ANALYZE")
+
+
+CLAIMS = [
+    ("all queues", None, 1),
+    ("1 queue", ["q1"], 1),
+    ("all queues", None, 16),
+    ("2 queues", ["q1", "q2"], 16),
+    ("10 queues", [f"q{i}" for i in range(10)], 16),
+]
+
+
+def claim_at_depth(database: str, pending: int, samples: int) -> dict[str, float]:
+    """Claim latency (ms, p50) of one task and of a batch of 16, from all, one, two and ten
+    named queues, with 100 pending runs and with ``pending`` runs in 10 queues; each claim's
+    leases are handed back (the tables stay as they were)."""
+    out: dict[str, float] = {}
+    for label, n in (("small", 100), ("deep", pending)):
+        url = schema_url(database, f"depth{label}")
+        bulk_pending_in_queues(url, n)
+        store = open_store(url)
+        for what, queues, k in CLAIMS:
+            times = []
+            for _ in range(samples):
+                t0 = time.perf_counter()
+                leases = store.claim("bench", 60, limit=k, queues=queues)
+                times.append((time.perf_counter() - t0) * 1000)
+                store.commit_many([Commit(lease, "handback") for lease in leases])
+            out[f"{label} {what} {k}"] = statistics.median(times)
+        store.close()
+    return out
+
+
 # -- procrastinate -----------------------------------------------------------------------------
 def procrastinate(database: str, m: int, w: int) -> float:
     """The peer: ``w`` procrastinate worker processes (concurrency 1 each, LISTEN/NOTIFY on)
@@ -228,6 +289,8 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
     fast = takeover(database, 3 if args.quick else 10)
     fin = claim_beside_finished(database, 20_000 if args.quick else 1_000_000,
                                 200 if args.quick else 2_000)  # fmt: skip
+    depth = 20_000 if args.quick else 1_000_000
+    claims = claim_at_depth(database, depth, 20 if args.quick else 200)
     med = statistics.median
     out = [
         f"\nPostgreSQL ({server_version(database)}), procrastinate {procrastinate_version()}, "
@@ -253,7 +316,12 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
         f"| claim+ack p50 / p99 (ms): beside {int(fin['pruned']):,} finished runs | "
         f"{fin['full_p50']:.2f} / {fin['full_p99']:.2f} | ~ empty |",
         f"| prune --older-than 1h of those runs (s) | {fin['prune_s']:.1f} | - |",
+        f"\n| claim p50 (ms), then handed back | 100 pending | {depth:,} pending in 10 queues |",
+        "| --- | ---: | ---: |",
     ]
+    for what, _, k in CLAIMS:
+        out.append(f"| {k} from {what} | {claims[f'small {what} {k}']:.2f} | "
+                   f"{claims[f'deep {what} {k}']:.2f} |")  # fmt: skip
     return out
 
 

@@ -1,7 +1,8 @@
 """PostgreSQL plumbing: one connection per thread (and per process after fork), prepared
 statements, reconnection with backoff, transactions, migrations under an advisory lock, and the
-LISTEN connection that makes ``change_token`` free. Connections are in autocommit mode: a read
-is one round trip; a write is an explicit transaction.
+LISTEN connection (``postgres_listen``) that makes ``change_token`` free and ``wait_change`` a
+sleep. Connections are in autocommit mode: a read is one round trip; a write is an explicit
+transaction (a renewal, one idempotent statement, runs on its own).
 
 Failures: a connection that dies before our COMMIT was sent lost nothing (the server rolls the
 transaction back), so the transaction is retried once on a new connection; one that dies while

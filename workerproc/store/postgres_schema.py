@@ -18,7 +18,7 @@ then update a row we already hold), so two transactions never wait on each other
 
 Notifications: a run whose ``ready_at`` appears or moves earlier (enqueue, advance, release,
 retry, a dead owner's leases released) sends ``NOTIFY`` on the schema's channel; idle workers
-listen (``postgres_base.Listener``).
+listen (``postgres_listen``). A watched run's end (``Store.wait``) notifies the ``.end`` channel.
 """
 
 from __future__ import annotations
