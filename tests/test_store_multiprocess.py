@@ -117,7 +117,7 @@ def _entry(lease: Lease) -> dict[str, Any]:
 
 def _batch_claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: int) -> None:
     """The same race with batches: each turn commits the last words of the previous turn's
-    leases (done, release or hand-back; some after sleeping past the ttl, as zombies) and
+    leases (finish, done, release or hand-back; some after sleeping past the ttl, as zombies) and
     claims up to four tasks in one transaction; some leases are renewed together, some
     abandoned (they expire and are taken over)."""
     rnd = random.Random(seed + k)
@@ -149,9 +149,12 @@ def _batch_claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: i
             assert all(at is not None for at in renewed)  # fresh leases: never refused
         for lease in out.leases:
             entry = _entry(lease)
-            action = rnd.choices(["drop", "release", "handback", "abandon"], [5, 2, 1, 2])[0]
-            if action != "abandon":
-                pending.append((Commit(lease, action), entry))  # type: ignore[arg-type]
+            action = rnd.choices(
+                ["finish", "drop", "release", "handback", "abandon"], [1, 3, 3, 1, 2]
+            )[0]
+            if action != "abandon":  # a batch of one-statement kinds is sent pipelined
+                commit = Commit(lease, action, expected_revision=lease.revision)  # type: ignore[arg-type]
+                pending.append((commit, entry))
             log.append(entry)
     store.close()
     with open(os.path.join(out_dir, f"c{k}.json"), "w") as f:

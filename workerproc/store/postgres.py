@@ -20,6 +20,10 @@ from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
 __all__ = ["PostgresStore"]
 
 _CLAIM_TURNS = 1000  # each turn hands out leases, fails runs, or re-reads runs it holds
+# the commits that are one fenced statement each (a row back: written; none: refused), by the
+# statement's name in postgres_sql (looked up at each call, like every other statement)
+_ONE_STATEMENT = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
+                  "handback": "HANDBACK"}  # fmt: skip
 
 
 def _exec(cur: Cursor, query: str, params: Params) -> Cursor:
@@ -187,10 +191,7 @@ class PostgresStore(PostgresProducer, PostgresReads, Store):
         encoded = [self._encode(commit) for commit in commits]  # a bad value writes nothing
 
         def tx(c: Cursor, now: float | None) -> BatchOutcome:
-            results = tuple(
-                self._apply(c, now, commit, params)
-                for commit, params in zip(commits, encoded, strict=True)
-            )
+            results = tuple(self._apply_all(c, now, commits, encoded))
             leases: list[Lease] = []
             if claim is not None and claim.limit > 0:
                 # the claim's own "now": the injected one, or the database's in the statement
@@ -222,6 +223,44 @@ class PostgresStore(PostgresProducer, PostgresReads, Store):
         if commit.kind == "fail":
             params["reason"] = commit.reason or "failed"
         return params
+
+    def _apply_all(
+        self, c: Cursor, now: float | None, commits: Sequence[Commit], encoded: list[Params]
+    ) -> list[CasResult]:
+        """Every commit, each judged on its own. Commits of different runs, each one statement
+        (finish, advance, release, hand-back), touch disjoint rows: they are sent together,
+        one pipelined ``executemany`` per kind, and read back in one round trip; anything
+        else (a run twice, a drop or a fail) goes one by one, in order."""
+        runs = [commit.lease.run_id for commit in commits]
+        if (
+            len(commits) < 2
+            or len(set(runs)) < len(runs)
+            or any(commit.kind not in _ONE_STATEMENT for commit in commits)
+        ):
+            return [self._apply(c, now, m, p) for m, p in zip(commits, encoded, strict=True)]
+        by_kind: dict[str, list[int]] = {}
+        for i, commit in enumerate(commits):
+            by_kind.setdefault(commit.kind, []).append(i)
+        changed = [0] * len(commits)
+        for kind, members in by_kind.items():
+            each = [{**encoded[i], **self._fence(commits[i].lease, now)} for i in members]
+            c.executemany(getattr(q, _ONE_STATEMENT[kind]), each, returning=True)
+            for n, i in enumerate(members):
+                if n:
+                    c.nextset()
+                changed[i] = len(c.fetchall())
+        results = []
+        for i, commit in enumerate(commits):
+            if changed[i]:
+                results.append(CasResult.OK)
+                continue
+            params = {**encoded[i], **self._fence(commit.lease, now)}
+            if commit.kind in ("finish", "advance"):
+                results.append(self._refused(c, params, commit.kind))
+            else:
+                self._rejected(c, params, commit.kind)
+                results.append(CasResult.LEASE_LOST)
+        return results
 
     def _apply(self, c: Cursor, now: float | None, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}

@@ -222,7 +222,8 @@ UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
 
 # finish / advance, the hot path, one statement each: the CAS above (fence included), then,
 # only if it matched, the task is done and (advance) the next task inserted, the run moved to
-# ``%(queue)s`` if one is given. A row comes back only when the CAS matched.
+# ``%(queue)s`` if one is given. A row comes back only when the CAS matched. Finish clears the
+# run's claim columns itself (a finished run has none), so no trigger rewrites the run.
 _TASK_DONE_AFTER_CAS = f"""done AS (
     UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s,
         done_owner = t.lease_owner, lease_owner = NULL, lease_expires_at = NULL
@@ -230,7 +231,8 @@ _TASK_DONE_AFTER_CAS = f"""done AS (
 FINISH = f"""{_LOCKED},
 cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     status = 'succeeded', result = %(result)s::json, finished_at = clock.now,
-    updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
+    updated_at = clock.now, head_at = NULL, head_created = NULL, head_id = NULL,
+    lease_until = NULL FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
 {_TASK_DONE_AFTER_CAS}
 SELECT id FROM cas"""
 ADVANCE = f"""{_LOCKED},
