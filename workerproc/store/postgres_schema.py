@@ -228,6 +228,28 @@ MIGRATIONS: list[str] = [
               AND OLD.status IN ('pending', 'running'))
         EXECUTE FUNCTION leasekeeper_notify_end();
 
+    -- a lease taken or extended on a pending task whose place did not change (a claim, a
+    -- renewal) leaves the run's head where it is, and the run's latest lease can only move
+    -- later: set it, without recomputing the run's claim columns from its tasks
+    CREATE OR REPLACE FUNCTION leasekeeper_tasks_changed() RETURNS trigger
+    LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
+    BEGIN
+        IF TG_OP = 'UPDATE' AND NEW.done_at IS NULL AND OLD.done_at IS NULL
+           AND NEW.available_at = OLD.available_at AND NEW.created_at = OLD.created_at
+           AND NEW.lease_owner IS NOT NULL
+           AND NEW.lease_expires_at >= coalesce(OLD.lease_expires_at, NEW.lease_expires_at) THEN
+            UPDATE runs SET lease_until = greatest(lease_until, NEW.lease_expires_at),
+                status = CASE WHEN status = 'pending' THEN 'running' ELSE status END
+            WHERE id = NEW.run_id AND finished_at IS NULL;
+            RETURN NULL;
+        END IF;
+        IF (SELECT finished_at IS NULL FROM runs WHERE id = NEW.run_id) THEN
+            PERFORM leasekeeper_claim_columns(
+                NEW.run_id, NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL);
+        END IF;
+        RETURN NULL;
+    END $$;
+
     -- finish (the hot path) clears a run's claim columns in the statement that ends it: the
     -- status trigger then has nothing to recompute (one write of the run row less per run)
     DROP TRIGGER runs_alive_changed ON runs;
