@@ -165,7 +165,7 @@ class PostgresProducer(PostgresBase):
         if run.terminal:
             return run
         self._listener.token(END)  # LISTEN before the mark: no end can slip between
-        self._write(lambda c, _now: c.execute(WATCH_RUN, {"run_id": run_id}))
+        self._write(lambda c, _now: c.execute(WATCH_RUN, {"run_id": run_id}), single=True)
         return self._wait_on(run_id, timeout)
 
     def _wait_on(self, run_id: int, timeout: float | None) -> Run:
