@@ -105,8 +105,9 @@ def test_migration_from_v1_keeps_data_and_adds_the_evidence(db_path: str):
     store.close()
 
 
-def zombie_finish(backend: Backend) -> tuple[str, int]:
-    """A lease holder paused past its ttl tries to finish after a successor claimed the task."""
+def zombie_finish(backend: Backend) -> tuple[bool, str, int]:
+    """A lease holder paused past its ttl renews, then tries to finish, after a successor
+    claimed the task: was it renewed, what did its finish answer, how many violations."""
     now = [1000.0]
     s = backend.open(clock=lambda: now[0])
     try:
@@ -115,7 +116,8 @@ def zombie_finish(backend: Backend) -> tuple[str, int]:
         assert zombie is not None
         now[0] += 11
         assert s.claim("b", 10) is not None
-        return str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
+        renewed = s.renew_many([zombie], 10)[0] is not None
+        return renewed, str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
     finally:
         s.close()
 
@@ -125,13 +127,13 @@ def test_the_broken_test_store_really_lets_a_zombie_write(
 ):
     """The chaos verifier's must-fail test runs on tests/unfenced.py; prove that it breaks the
     fence of each backend (and that the same zombie is refused by the real store)."""
-    assert zombie_finish(backend) == ("lease_lost", 0)
+    assert zombie_finish(backend) == (False, "lease_lost", 0)
     (tmp_path / "unfenced").mkdir()
     other = type(backend)(str(tmp_path / "unfenced"))  # a fresh database
     module = postgres_sql if backend.name == "postgres" else sqlite_sql
     for name, sql in unfenced_statements(module).items():  # undone by monkeypatch afterwards
         monkeypatch.setattr(module, name, sql)
-    assert zombie_finish(other) == ("ok", 1)
+    assert zombie_finish(other) == (True, "ok", 1)
 
 
 def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):

@@ -189,6 +189,20 @@ class TestStoreOperations:
         assert s.fence_rejections() == []
         assert s.prune(3600) == 0
 
+    def test_renew_many_answers_each_lease_by_its_own_attempt(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A holder that took its own expired task over holds the stale lease and the new one
+        of the same task: one renewal of both renews the new one only."""
+        s.start_run("t")
+        stale = claim(s, "w", 10)
+        clock.advance(11)
+        fresh = claim(s, "w", 10)
+        assert (fresh.task_id, fresh.attempt) == (stale.task_id, stale.attempt + 1)
+        assert s.renew_many([stale, fresh], 20) == [None, clock.now + 20]
+        refused = s.fence_rejections()
+        assert [(r.attempt, r.op) for r in refused] == [(stale.attempt, "renew")]
+
     def test_fail_run(self, s: Store) -> None:
         run_id = s.start_run("a")
         assert s.fail_run(run_id, "operator", "why")

@@ -24,6 +24,11 @@ SQLITE = {
     sqlite_sql._FENCE: "id = :task_id AND done_at IS NULL",
     sqlite_sql._FENCE_EACH: """id IN (SELECT json_extract(value, '$[0]') FROM json_each(:pairs))
     AND done_at IS NULL""",
+    # renew_many answers each lease by (task id, attempt): the broken one answers for the
+    # attempt that asked, so a zombie hears "renewed" and goes on to write
+    "RETURNING id, attempts, lease_expires_at": """RETURNING id,
+    (SELECT json_extract(value, '$[1]') FROM json_each(:pairs)
+     WHERE json_extract(value, '$[0]') = tasks.id), lease_expires_at""",
 }
 POSTGRES = (
     {}

@@ -155,9 +155,11 @@ class PostgresStore(PostgresProducer, PostgresReads, Store):
         }
 
         def tx(c: Cursor, now: float | None) -> list[float | None]:
-            renewed = dict(_exec(c, q.RENEW_MANY, {**params, "now": now}).fetchall())
+            rows = _exec(c, q.RENEW_MANY, {**params, "now": now}).fetchall()
+            renewed = {(task_id, attempt): at for task_id, attempt, at in rows}
             return [
-                None if (e := renewed.get(lease.task_id)) is None else float(e) for lease in leases
+                None if (e := renewed.get((lease.task_id, lease.attempt))) is None else float(e)
+                for lease in leases
             ]
 
         return self._write(tx, runs=params["run_ids"], single=True)

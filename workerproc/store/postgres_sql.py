@@ -150,12 +150,12 @@ i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s
 renewed AS (
     UPDATE tasks AS t SET lease_expires_at = greatest(t.lease_expires_at, clock.now + %(ttl)s)
     FROM i, clock WHERE {_FENCE_EACH}
-    RETURNING t.id, t.lease_expires_at),
+    RETURNING t.id, i.attempt, t.lease_expires_at),
 refused AS (
     INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
     SELECT clock.now, i.task_id, i.run_id, %(owner)s, i.attempt, 'renew' FROM i, clock
-    WHERE i.task_id NOT IN (SELECT id FROM renewed))
-SELECT id, lease_expires_at FROM renewed"""
+    WHERE (i.task_id, i.attempt) NOT IN (SELECT id, attempt FROM renewed))
+SELECT id, attempt, lease_expires_at FROM renewed"""
 
 # -- fenced writes (R2, R5) -------------------------------------------------------------------
 # a batch locks its runs in id order before its first write (two batches never wait on each

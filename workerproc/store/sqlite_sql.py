@@ -92,7 +92,7 @@ _FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_ext
                          FROM json_each(:pairs))
       AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
 RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
-    WHERE {_FENCE_EACH} RETURNING id, lease_expires_at"""
+    WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at"""
 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
