@@ -5,7 +5,9 @@ Throughput: M no-op runs drained by `supervisor start -n W --drain` vs M no-op h
 process start until every one is done (ours: counted in the database; huey: one datagram per
 task), beside the raw fused one-transaction loop (complete the previous task + claim the next in
 one transaction) as the ceiling. Medians of --rounds rounds; the order alternates per round.
-Then idle pickup, takeover after SIGKILL, write-lock wait, and peak RSS.
+Then idle pickup, takeover after SIGKILL, write-lock wait, and peak RSS. Then the PostgreSQL
+rows (scripts/bench_pg.py): ours from one and from two supervisors beside procrastinate on the
+same server, idle pickup, takeover, and the claim beside a million finished runs.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import bench_pg
 import psutil
 from bench_store import bulk_runs, hammer, new_db, pct
 
@@ -284,10 +287,18 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=30, help="idle pickup samples")
     ap.add_argument("--idle", type=float, default=60.0, help="huey's idle time before pickup")
     ap.add_argument("--quick", action="store_true", help="a fast smoke run (not for figures)")
+    ap.add_argument(
+        "--postgres",
+        default=os.environ.get("LEASEKEEPER_BENCH_POSTGRES", bench_pg.DEFAULT_SERVER),
+        help="a PostgreSQL server URL for the PostgreSQL rows ('' to skip them)",
+    )
+    ap.add_argument("--only-postgres", action="store_true", help="skip the SQLite rows")
     args = ap.parse_args()
     if args.quick:
         args.tasks, args.rounds, args.samples, args.idle = 1500, 1, 5, 3.0
     widths = [int(w) for w in args.workers.split(",")]
+    if args.only_postgres:
+        return postgres_rows(args, widths)
     tmp = tempfile.mkdtemp(prefix="lk-bench-")
     results: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
@@ -322,6 +333,23 @@ def main() -> int:
 
     print_table(args, widths, results, rss, ours_lat, huey_lat, fast, slow, (lost, trials),
                 waits, worst, time.monotonic() - started)  # fmt: skip
+    return postgres_rows(args, widths) if args.postgres else 0
+
+
+def postgres_rows(args: Any, widths: list[int]) -> int:
+    if not args.postgres:
+        raise SystemExit("--only-postgres needs --postgres URL")
+    try:
+        database = bench_pg.bench_database(args.postgres)
+        url = database.__enter__()
+    except Exception as exc:
+        print(f"\nno PostgreSQL rows: cannot use {args.postgres}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        for line in bench_pg.rows(url, args, widths, gaps(args.samples)):
+            print(line)
+    finally:
+        database.__exit__(None, None, None)
     return 0
 
 

@@ -55,11 +55,14 @@ def finished(store: Store, run_id: int) -> bool:
     return run is not None and run.status == "succeeded"
 
 
-def measure(trials: int, ttl: float, fast: bool, verbose: bool) -> list[float]:
+def measure(
+    trials: int, ttl: float, fast: bool, verbose: bool, db: str | None = None
+) -> list[float]:
+    """Takeover times (ms); ``db``: a database URL (PostgreSQL, say) instead of a new file."""
     work = Path(tempfile.mkdtemp(prefix="lk-takeover-"))
     if verbose:
         print(f"work directory: {work}", file=sys.stderr)
-    db = str(work / "lk.db")
+    db = db or str(work / "lk.db")
     open_store(db).close()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT)]))
     cmd = [sys.executable, "-m", "supervisor", "start", "-n", "4", "--db", db]

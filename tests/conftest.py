@@ -4,12 +4,20 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg_session
 import pytest
 from helpers import FakeClock
 from store_backends import BACKENDS, Backend
 from sv_harness import Supervisor
 
 from workerproc.store import Store, open_store
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_database() -> Iterator[None]:
+    """The session's PostgreSQL database (created on first use) is dropped at the end."""
+    yield
+    pg_session.drop_database()
 
 
 @pytest.fixture
@@ -47,6 +55,18 @@ def s(backend: Backend, clock: FakeClock) -> Iterator[Store]:
 def sv(tmp_path: os.PathLike[str]) -> Iterator[Supervisor]:
     """A real supervisor process in its own session; killed (with its workers) afterwards."""
     supervisor = Supervisor(Path(tmp_path))
+    try:
+        yield supervisor
+    finally:
+        supervisor.kill_all()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def sv_each(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Iterator[Supervisor]:
+    """A real supervisor on each backend in turn (a fresh PostgreSQL schema for the second)."""
+    supervisor = Supervisor(Path(tmp_path))
+    if request.param == "postgres":
+        supervisor.db = pg_session.schema_url("sv")
     try:
         yield supervisor
     finally:

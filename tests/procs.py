@@ -39,9 +39,11 @@ class Proc:
             self.popen.wait(10)
 
 
-def spawn_worker(db: str, workdir: Path, *args: str, name: str = "worker") -> Proc:
+def spawn_worker(
+    db: str, workdir: Path, *args: str, name: str = "worker", env: dict[str, str] | None = None
+) -> Proc:
     log = workdir / f"{name}-{len(list(workdir.glob(name + '-*.log')))}.log"
-    env = {**os.environ, "LK_TEST_DIR": str(workdir), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "LK_TEST_DIR": str(workdir), "PYTHONUNBUFFERED": "1", **(env or {})}
     cmd = [sys.executable, "-m", "workerproc", "--db", db, "--app", "apps.basic:app", *args]
     with open(log, "wb") as out:
         popen = subprocess.Popen(

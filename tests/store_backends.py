@@ -1,4 +1,4 @@
-"""Backends the store test suites run against: add PostgreSQL by adding one entry to BACKENDS.
+"""Backends the store test suites run against: one entry in BACKENDS per backend.
 
 A backend knows how to open a store on a fresh database and offers the two things a protocol
 test cannot do through the Store interface: put a second pending task into one run (the API
@@ -14,6 +14,9 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
+
+import pg_session
+import psycopg
 
 from workerproc.store import Clock, Lease, Store, open_store
 
@@ -33,6 +36,11 @@ class Backend(abc.ABC):
     @contextmanager
     def hold_write_lock(self) -> Iterator[None]:
         """Hold the database's write lock from another connection while the block runs."""
+
+    @abc.abstractmethod
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        """Write ``text`` into a JSON column of ``table`` (``runs`` or ``tasks``) for one run,
+        behind the store's back (what an old version or a hand edit might have left)."""
 
     @property
     @abc.abstractmethod
@@ -81,6 +89,12 @@ class SQLiteBackend(Backend):
         finally:
             conn.close()
 
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        key = "id" if table == "runs" else "run_id"
+        with sqlite3.connect(self.path) as conn:
+            conn.execute(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (text, run_id))
+        conn.close()
+
     @property
     def url(self) -> str:
         return f"sqlite:///{self.path}"
@@ -93,9 +107,67 @@ class SQLiteBackend(Backend):
         conn.commit()
 
 
+class PostgresBackend(Backend):
+    """A fresh schema on this pytest session's database (see pg_session)."""
+
+    name = "postgres"
+
+    def __init__(self, directory: str) -> None:
+        self._url = pg_session.schema_url()
+        self.schema = self._url.rsplit("schema=", 1)[1]
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def open(self, clock: Clock | None = None) -> Store:
+        return open_store(self.url, clock=clock)
+
+    def connect(self) -> Any:
+        conn = psycopg.connect(pg_session.database_url(), autocommit=True)
+        conn.execute(f"SET search_path = {self.schema}")
+        return conn
+
+    def add_task(self, run_id: int, name: str, available_at: float, created_at: float) -> int:
+        with self.connect() as conn:
+            row = conn.execute(
+                "INSERT INTO tasks (run_id, name, available_at, created_at) "
+                "VALUES (%s, %s, %s, %s) RETURNING id",
+                (run_id, name, available_at, created_at),
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def write_json(self, table: str, column: str, run_id: int, text: str) -> None:
+        key = "id" if table == "runs" else "run_id"
+        with self.connect() as conn:
+            conn.execute(f"UPDATE {table} SET {column} = %s::json WHERE {key} = %s", (text, run_id))
+
+    @contextmanager
+    def hold_write_lock(self) -> Iterator[None]:
+        """Block every write (EXCLUSIVE allows plain reads only) until the block ends."""
+        with self.connect() as conn, conn.transaction():
+            conn.execute("LOCK TABLE runs, tasks IN EXCLUSIVE MODE")
+            yield
+
+    def app_connection(self) -> psycopg.Connection[Any]:
+        """psycopg's default: a transaction begins with the first statement. The application
+        keeps its tables in its own schema: nothing of ours is on its search path."""
+        conn = psycopg.connect(pg_session.database_url(), autocommit=True)
+        conn.execute(f"CREATE SCHEMA IF NOT EXISTS {self.schema}_app")
+        conn.close()
+        return psycopg.connect(
+            pg_session.database_url(), options=f"-c search_path={self.schema}_app"
+        )
+
+    def app_table(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute("CREATE TABLE IF NOT EXISTS orders (id serial PRIMARY KEY, item text)")
+        conn.commit()
+
+
 BACKENDS: dict[str, Callable[[str], Backend]] = {
     "sqlite": SQLiteBackend,
-    # "postgres": PostgresBackend,  # one line here runs every protocol test on PostgreSQL
+    "postgres": PostgresBackend,
 }
 
 

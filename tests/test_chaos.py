@@ -4,8 +4,10 @@ database that every orphaned lease was taken over and no zombie wrote, and it ca
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import pg_session
 import pytest
 from sv_harness import Supervisor
 
@@ -20,6 +22,12 @@ REPORT_KEYS = {
     "zombie_writes_rejected", "violations", "events", "ok", "spared", "spared_by", "spared_why",
 }  # fmt: skip
 EVENT_KEYS = {"fault", "pid", "task_id", "attempt", "t", "taken_over_ms"}
+
+
+@pytest.fixture
+def sv(sv_each: Supervisor) -> Supervisor:
+    """Every chaos test runs on each backend."""
+    return sv_each
 
 
 def enqueue(
@@ -170,3 +178,34 @@ def test_chaos_options_are_validated(sv: Supervisor):
     assert sv.wait_exit() == exitcodes.USAGE
     assert "--chaos-faults" in sv.text()
     assert "Traceback" not in sv.text()
+
+
+def test_two_supervisors_on_one_postgres_database_both_with_chaos(tmp_path: Path):
+    """Two hosts' supervisors (stand-ins) share one database, both attack their own workers;
+    both audits pass and every run succeeds with exactly one write per step."""
+    url = pg_session.schema_url("hosts")
+    first, second = Supervisor(tmp_path, "sv1"), Supervisor(tmp_path, "sv2")
+    first.db = second.db = url
+    try:
+        runs = enqueue(first, runs=120, steps=3, sleep=0.03)
+        reports = []
+        for i, sv in enumerate((first, second)):
+            report = str(tmp_path / f"chaos{i}.json")
+            sv.start(
+                "--drain", "--lease-ttl", "0.5", "--poll-interval", "0.2",
+                "--max-attempts", "20", "--chaos", "--chaos-interval", "0.3",
+                "--chaos-seed", str(1234 + i), "--chaos-report", report, n=3, app=APP,
+            )  # fmt: skip
+            reports.append(report)
+        codes = [sv.wait_exit(180) for sv in (first, second)]
+        assert codes == [0, 0], first.text()[-2000:] + second.text()[-2000:]
+        docs = [json.loads(Path(r).read_text()) for r in reports]
+        for doc in docs:
+            assert doc["ok"] and doc["violations"] == [] and doc["not_taken_over"] == 0
+            assert doc["taken_over"] == doc["orphaned_leases"]
+        assert sum(d["faults"]["kill"] + d["faults"]["pause"] for d in docs) >= 2
+        assert sum(d["orphaned_leases"] for d in docs) >= 1
+        assert_one_write_per_step(first, runs, 3)
+    finally:
+        first.kill_all()
+        second.kill_all()

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pg_session
 import pytest
 from click.testing import CliRunner, Result
 
@@ -34,11 +35,12 @@ def error_line(result: Result, code: int) -> str:
     return lines[0]
 
 
-@pytest.fixture
-def db(tmp_path: Path) -> str:
-    path = str(tmp_path / "lk.db")
-    open_store(path).close()
-    return path
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The database of the operator commands: a file, or a fresh PostgreSQL schema."""
+    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
+    open_store(url).close()
+    return url
 
 
 def test_enqueue_prints_the_run_id_and_stores_payload_state_delay(db: str) -> None:
@@ -182,6 +184,45 @@ def test_cancel_then_cancel_again(db: str) -> None:
         store.start_run("t")
     assert invoke("cancel", "1", "--db", db).stdout.strip() == "run 1 cancelled"
     assert "already cancelled" in error_line(invoke("cancel", "1", "--db", db), exitcodes.ERROR)
+
+
+def test_prune_deletes_old_finished_runs_only(db: str) -> None:
+    two_hours_ago = time.time() - 7200
+    with open_store(db, clock=lambda: two_hours_ago) as old:
+        for _ in range(3):
+            old.start_run("t")
+        for run_id in (1, 2):
+            assert old.cancel_run(run_id)
+    with open_store(db) as store:
+        store.start_run("fresh")
+        assert store.cancel_run(4)  # finished just now
+    result = invoke("prune", "--db", db, "--older-than", "1h", "--batch", "1")
+    assert result.exit_code == 0 and "pruned 2 finished run(s)" in result.stdout
+    with open_store(db) as store:
+        assert [r.id for r in store.list_runs()] == [4, 3]  # 3 is old but not finished
+        assert store.get_tasks(1) == []
+    assert "pruned 0" in invoke("prune", "--db", db, "--older-than", "1h").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--older-than", "soon"], "--older-than must look like"),
+        (["--older-than", "0s"], "between 1s and 3650d"),
+        (["--older-than", "4000d"], "between 1s and 3650d"),
+        (["--older-than", "1d", "--batch", "0"], "--batch must be between 1 and 10000"),
+    ],
+)
+def test_prune_bad_input(db: str, args: list[str], words: str) -> None:
+    assert words in error_line(invoke("prune", "--db", db, *args), exitcodes.USAGE)
+
+
+def test_reading_commands_refuse_a_missing_postgres_schema() -> None:
+    url = pg_session.schema_url()
+    line = error_line(invoke("status", "--db", url), exitcodes.ERROR)
+    assert "no leasekeeper schema" in line
+    assert invoke("enqueue", "t", "--db", url).stdout.strip() == "1"  # enqueue creates it
+    assert invoke("status", "--db", url).exit_code == 0
 
 
 # -- commands that talk to a running supervisor --------------------------------------------

@@ -8,7 +8,6 @@ poison value already in the database fails its own run instead of killing its cl
 from __future__ import annotations
 
 import os
-import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from store_backends import Backend
 from sv_harness import env_with_tests
 
 from supervisor import exitcodes
@@ -42,7 +42,8 @@ def usage_line(result: Result) -> str:
 
 
 # -- the store refuses values a worker could not decode -------------------------------------------
-def test_start_run_refuses_deep_and_oversized_values(store: Store) -> None:
+def test_start_run_refuses_deep_and_oversized_values(s: Store) -> None:
+    store = s
     deep: list[object] = []
     for _ in range(MAX_DEPTH):
         deep = [deep]
@@ -56,12 +57,14 @@ def test_start_run_refuses_deep_and_oversized_values(store: Store) -> None:
     store.start_run("t", [[[1]]])  # within the limits: fine
 
 
-def test_a_run_starts_with_an_empty_state(store: Store) -> None:
+def test_a_run_starts_with_an_empty_state(s: Store) -> None:
+    store = s
     run = store.get_run(store.start_run("t"))
     assert run is not None and run.state == {}
 
 
-def test_advance_refuses_a_deep_payload_at_the_call(store: Store) -> None:
+def test_advance_refuses_a_deep_payload_at_the_call(s: Store) -> None:
+    store = s
     store.start_run("t")
     lease = store.claim("w", 60)
     assert lease is not None
@@ -78,13 +81,12 @@ def test_advance_refuses_a_deep_payload_at_the_call(store: Store) -> None:
 
 
 def test_an_undecodable_stored_payload_fails_its_run_and_the_claim_goes_on(
-    store: Store, db_path: str
+    s: Store, backend: Backend
 ) -> None:
+    store = s
     poison = store.start_run("t", {"ok": True})
     good = store.start_run("t", {"ok": True})
-    with sqlite3.connect(db_path) as conn:  # written behind the store's back (an old version)
-        conn.execute("UPDATE tasks SET payload = ? WHERE run_id = ?", (nested(1999), poison))
-    conn.close()
+    backend.write_json("tasks", "payload", poison, nested(1999))  # an old version wrote it
     lease = store.claim("w", 60)
     assert lease is not None and lease.run_id == good
     run = store.get_run(poison)
@@ -125,12 +127,10 @@ def test_operator_numbers_have_ranges(tmp_path: Path, args: list[str]) -> None:
     usage_line(invoke(*args, "--db", db))
 
 
-def test_show_of_an_undecodable_run_is_one_line(store: Store, db_path: str) -> None:
-    run_id = store.start_run("t")
-    with sqlite3.connect(db_path) as conn:
-        conn.execute("UPDATE runs SET state = ? WHERE id = ?", (nested(1999), run_id))
-    conn.close()
-    result = invoke("show", str(run_id), "--db", db_path)
+def test_show_of_an_undecodable_run_is_one_line(s: Store, backend: Backend) -> None:
+    run_id = s.start_run("t")
+    backend.write_json("runs", "state", run_id, nested(1999))
+    result = invoke("show", str(run_id), "--db", backend.url)
     assert result.exit_code == exitcodes.ERROR
     assert "Traceback" not in result.output
     assert "cannot be decoded" in result.stderr

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 from helpers import FakeClock
+from store_backends import Backend
 from unfenced import unfenced_statements
 
-from workerproc.store import Commit, Store, open_store, sqlite_sql
+from workerproc.store import Commit, Store, open_store, postgres_sql, sqlite_sql
 from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 TTL = 10.0
@@ -104,30 +105,35 @@ def test_migration_from_v1_keeps_data_and_adds_the_evidence(db_path: str):
     store.close()
 
 
-def zombie_finish(db_path: str) -> tuple[str, int]:
-    """A lease holder paused past its ttl tries to finish after a successor claimed the task."""
+def zombie_finish(backend: Backend) -> tuple[bool, str, int]:
+    """A lease holder paused past its ttl renews, then tries to finish, after a successor
+    claimed the task: was it renewed, what did its finish answer, how many violations."""
     now = [1000.0]
-    s = open_store(db_path, clock=lambda: now[0])
+    s = backend.open(clock=lambda: now[0])
     try:
         s.start_run("t")
         zombie = s.claim("a", 10)
         assert zombie is not None
         now[0] += 11
         assert s.claim("b", 10) is not None
-        return str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
+        renewed = s.renew_many([zombie], 10)[0] is not None
+        return renewed, str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
     finally:
         s.close()
 
 
 def test_the_broken_test_store_really_lets_a_zombie_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
     """The chaos verifier's must-fail test runs on tests/unfenced.py; prove that it breaks the
-    fence (and that the same zombie is refused by the real store)."""
-    assert zombie_finish(str(tmp_path / "fenced.db")) == ("lease_lost", 0)
-    for name, sql in unfenced_statements().items():  # undone by monkeypatch after the test
-        monkeypatch.setattr(sqlite_sql, name, sql)
-    assert zombie_finish(str(tmp_path / "unfenced.db")) == ("ok", 1)
+    fence of each backend (and that the same zombie is refused by the real store)."""
+    assert zombie_finish(backend) == (False, "lease_lost", 0)
+    (tmp_path / "unfenced").mkdir()
+    other = type(backend)(str(tmp_path / "unfenced"))  # a fresh database
+    module = postgres_sql if backend.name == "postgres" else sqlite_sql
+    for name, sql in unfenced_statements(module).items():  # undone by monkeypatch afterwards
+        monkeypatch.setattr(module, name, sql)
+    assert zombie_finish(other) == (True, "ok", 1)
 
 
 def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):

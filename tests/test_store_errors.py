@@ -229,7 +229,12 @@ def test_sqlite_url_and_synchronous(db_path: str, suffix: str, level: int) -> No
 
 
 @pytest.mark.parametrize(
-    "url", ["postgresql://db/x", "sqlite:///tmp/x.db?synchronous=off", "mysql:///x"]
+    "url",
+    [
+        "postgresql://127.0.0.1:1/x?busy_timeout=0.5",  # no server there: unavailable, at once
+        "sqlite:///tmp/x.db?synchronous=off",
+        "mysql:///x",
+    ],
 )
 def test_bad_urls_are_store_errors(url: str) -> None:
     with pytest.raises(StoreError):

@@ -4,7 +4,7 @@ drop, fused claim), operators (retry, cancel, release_owner), delays and the rea
 from __future__ import annotations
 
 import pytest
-from helpers import FakeClock
+from helpers import FakeClock, wait_for
 from store_backends import TTL, Backend, claim, snapshot
 
 from workerproc.store import (
@@ -169,6 +169,40 @@ class TestStoreOperations:
         assert {lease.attempt for lease in (dead1, dead2)} == {1}
         assert s.claim("w4", TTL) is None
 
+    def test_prune_deletes_runs_finished_before_the_cutoff_in_batches(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        old = [s.start_run("t") for _ in range(5)]
+        for run_id in old[:4]:
+            assert s.cancel_run(run_id)
+        alive = s.start_run("t")
+        zombie = claim(s, "z", 1)  # a refused write, recorded now
+        clock.advance(10)
+        assert not s.renew(zombie, TTL)
+        assert len(s.fence_rejections()) == 1
+        clock.advance(3601)
+        recent = s.start_run("t")
+        assert s.cancel_run(recent)
+        assert s.prune(3600, batch=3) == 4  # two batches: 3, then 1
+        assert [r.id for r in s.list_runs()] == [recent, alive, old[4]]
+        assert all(s.get_tasks(r) == [] for r in old[:4])
+        assert s.fence_rejections() == []
+        assert s.prune(3600) == 0
+
+    def test_renew_many_answers_each_lease_by_its_own_attempt(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A holder that took its own expired task over holds the stale lease and the new one
+        of the same task: one renewal of both renews the new one only."""
+        s.start_run("t")
+        stale = claim(s, "w", 10)
+        clock.advance(11)
+        fresh = claim(s, "w", 10)
+        assert (fresh.task_id, fresh.attempt) == (stale.task_id, stale.attempt + 1)
+        assert s.renew_many([stale, fresh], 20) == [None, clock.now + 20]
+        refused = s.fence_rejections()
+        assert [(r.attempt, r.op) for r in refused] == [(stale.attempt, "renew")]
+
     def test_fail_run(self, s: Store) -> None:
         run_id = s.start_run("a")
         assert s.fail_run(run_id, "operator", "why")
@@ -193,8 +227,8 @@ class TestStoreOperations:
         reader, writer = backend.open(), backend.open()
         try:
             token = reader.change_token()
-            writer.start_run("a")
-            assert reader.change_token() != token
+            writer.start_run("a")  # PostgreSQL delivers the notification a moment later
+            wait_for(lambda: reader.change_token() != token, timeout=10, interval=0.005)
         finally:
             reader.close()
             writer.close()

@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+import pg_session
+import psycopg
 import pytest
 from helpers import FakeClock
 from store_backends import TTL, Backend, claim
@@ -167,6 +169,23 @@ def test_transactional_enqueue_refuses_another_database_or_autocommit(
         with pytest.raises(StoreError, match="autocommit"):
             s.start_run("t", tx=auto)
         auto.close()
+    if backend.name == "postgres":
+        other = psycopg.connect(pg_session.ADMIN_URL)  # the server's database, not the store's
+        with other, pytest.raises(StoreError, match="not"):
+            s.start_run("t", tx=other)
+        with psycopg.connect(pg_session.database_url(), autocommit=True) as auto:
+            with pytest.raises(StoreError, match="autocommit"):
+                s.start_run("t", tx=auto)
+            with auto.transaction():  # an explicit transaction on an autocommit connection
+                s.start_run("t", tx=auto)
+                with pytest.raises(psycopg.errors.DivisionByZero):
+                    auto.execute("SELECT 1 / 0")
+        assert s.list_runs() == []  # rolled back with the failed transaction
+        with psycopg.connect(pg_session.database_url()) as failed:
+            with pytest.raises(psycopg.errors.DivisionByZero):
+                failed.execute("SELECT 1 / 0")
+            with pytest.raises(StoreError, match="failed"):
+                s.start_run("t", tx=failed)
     assert s.list_runs() == []
 
 

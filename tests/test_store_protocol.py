@@ -91,6 +91,36 @@ class TestLeaseProtocol:
         assert s.ack(held)
         assert claim(s, "w3").task_id == second
 
+    def test_r1_skips_run_whose_new_first_task_is_free_while_another_holds_a_lease(
+        self, s: Store, backend: Backend, clock: FakeClock
+    ) -> None:
+        """A task written into a run ahead of its leased one (by hand, say) becomes the run's
+        first task in R1 order; the run still holds a live lease, so nothing of it is claimed."""
+        hot = s.start_run("first")
+        held = claim(s, "w1")
+        ahead = backend.add_task(hot, "ahead", clock.now - 5, clock.now - 5)
+        assert s.claim("w2", TTL) is None
+        assert s.claim("w2", TTL, limit=5) == []
+        assert s.ack(held)
+        assert claim(s, "w3").task_id == ahead
+
+    def test_r1_a_batch_takes_one_task_per_run(
+        self, s: Store, backend: Backend, clock: FakeClock
+    ) -> None:
+        """Runs with several ready tasks: one statement claiming ten hands out one lease per
+        run, each run's first task in R1 order, and nothing more until they are done."""
+        runs = [s.start_run("later") for _ in range(3)]
+        firsts = [backend.add_task(r, "earlier", clock.now - 1, clock.now - 1) for r in runs]
+        leases = s.claim("w1", TTL, limit=10)
+        assert sorted((lease.run_id, lease.task_id) for lease in leases) == list(
+            zip(runs, firsts, strict=True)
+        )
+        assert s.claim("w2", TTL, limit=10) == []
+        assert s.integrity_violations() == []
+        for lease in leases:
+            assert s.ack(lease)
+        assert sorted(lease.task for lease in s.claim("w2", TTL, limit=10)) == ["later"] * 3
+
     def test_r1_takeover_of_expired_lease(self, s: Store, clock: FakeClock) -> None:
         s.start_run("t")
         first = claim(s, "w1", 10)

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 
+import pg_session
 from helpers import FakeClock
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -26,7 +27,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from workerproc.store import CasResult, ClaimRequest, Commit, Lease, open_store
+from workerproc.store import CasResult, ClaimRequest, Commit, Lease, Store, open_store
 
 OWNERS = ("o1", "o2", "o3", "o4")
 QUEUES = ("default", "fast")
@@ -64,12 +65,15 @@ class LeaseProtocol(RuleBasedStateMachine):
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="lk-stateful-")
         self.clock = FakeClock()
-        self.store = open_store(f"sqlite:///{self.dir}/m.db?synchronous=normal", clock=self.clock)
+        self.store = self.open_store()
         self.runs: dict[int, MRun] = {}
         self.tasks: dict[int, MTask] = {}
         self.leases: list[Lease] = []
         self.highest: dict[int, int] = {}  # task id -> highest attempt handed out
         self.acked: set[int] = set()
+
+    def open_store(self) -> Store:
+        return open_store(f"sqlite:///{self.dir}/m.db?synchronous=normal", clock=self.clock)
 
     def teardown(self) -> None:
         self.store.close()
@@ -418,10 +422,29 @@ class LeaseProtocol(RuleBasedStateMachine):
             assert self.store.next_ready_at([queue]) == min(mine, default=None)
 
 
-LeaseProtocol.TestCase.settings = settings(
-    max_examples=int(os.environ.get("LK_STATEFUL_EXAMPLES", "100")),
+class PostgresLeaseProtocol(LeaseProtocol):
+    """The same machine on PostgreSQL: one schema, emptied before every example."""
+
+    url: str | None = None
+
+    def open_store(self) -> Store:
+        cls = PostgresLeaseProtocol
+        if cls.url is None:
+            cls.url = pg_session.schema_url("sm")
+            open_store(cls.url).close()  # creates the schema
+        pg_session.truncate(cls.url)
+        return open_store(cls.url, clock=self.clock)
+
+
+EXAMPLES = int(os.environ.get("LK_STATEFUL_EXAMPLES", "100"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+LeaseProtocol.TestCase.settings = SETTINGS
+# a network round trip per call: fewer examples keep the suite's time in bounds
+PostgresLeaseProtocol.TestCase.settings = settings(SETTINGS, max_examples=max(1, EXAMPLES // 2))
 TestLeaseProtocol = LeaseProtocol.TestCase
+TestLeaseProtocolPostgres = PostgresLeaseProtocol.TestCase

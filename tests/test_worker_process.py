@@ -1,5 +1,6 @@
-"""The worker as a real process: real forks, real signals, a real SQLite file. Short ttls, waits
-on state with generous bounds; no assertion depends on tight timing."""
+"""The worker as a real process (``python -m workerproc``): real forks, real signals, a real
+SQLite file or PostgreSQL database. Short ttls, waits on state with generous bounds; no
+assertion depends on tight timing."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg_session
 import psutil
+import psycopg
 import pytest
 from helpers import wait_for
 from procs import TESTS, Proc, events, spawn_worker
 
 from workerproc import exitcodes
-from workerproc.store import Store, open_store
+from workerproc.store import Store, is_postgres_url, open_store
 
 pytestmark = pytest.mark.slow
 
@@ -29,9 +32,29 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture
-def db(workdir: Path) -> str:
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, workdir: Path) -> str:
+    if request.param == "postgres":
+        return pg_session.schema_url("w")
     return str(workdir / "lk.db")
+
+
+@contextlib.contextmanager
+def write_lock_held(db: str) -> Iterator[None]:
+    """Hold the database's write lock from another connection (every write waits)."""
+    if is_postgres_url(db):
+        with psycopg.connect(pg_session.database_url()) as conn, conn.transaction():
+            schema = db.rsplit("schema=", 1)[1]
+            conn.execute(f"LOCK TABLE {schema}.runs, {schema}.tasks IN EXCLUSIVE MODE")
+            yield
+        return
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        yield
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
 
 
 @pytest.fixture
@@ -123,15 +146,84 @@ def test_database_locked_longer_than_heartbeat_interval_is_not_a_lost_lease(
     a = spawn_worker(db, workdir, "--lease-ttl", "3")  # renew every 1 s
     procs.append(a)
     started(workdir, run_id)
-    holder = sqlite3.connect(db, isolation_level=None)
-    holder.execute("BEGIN EXCLUSIVE")
-    time.sleep(1.6)  # the lock itself is the fault: held past one heartbeat interval, < ttl
-    holder.execute("ROLLBACK")
-    holder.close()
+    with write_lock_held(db):
+        time.sleep(1.6)  # the lock itself is the fault: held past one heartbeat interval, < ttl
     finished(real_store, run_id)
     (task,) = real_store.get_tasks(run_id)
     assert task.attempts == 1
     assert "lease lost" not in a.output()
+
+
+def test_killed_postgres_connections_are_not_a_lost_lease(workdir, procs):
+    """Every connection of the worker (claim loop, heartbeat, listener) is terminated again and
+    again while its task runs: it reconnects, keeps its lease and commits once."""
+    db = pg_session.schema_url("w")
+    real_store = open_store(db)
+    run_id = real_store.start_run("record", {"seconds": 3.0})
+    a = spawn_worker(db, workdir, "--lease-ttl", "3")  # renew every 1 s
+    procs.append(a)
+    started(workdir, run_id)
+    deadline, killed = time.monotonic() + 2.5, 0
+    with psycopg.connect(pg_session.database_url(), autocommit=True) as admin:
+        while time.monotonic() < deadline:
+            killed += len(admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                "current_database() AND application_name = 'leasekeeper'"
+            ).fetchall())  # fmt: skip
+            time.sleep(0.2)
+    finished(real_store, run_id)
+    (task,) = real_store.get_tasks(run_id)
+    assert task.attempts == 1
+    assert "lease lost" not in a.output()
+    assert killed >= 4  # the worker's connections really went, again and again
+    real_store.close()
+
+
+SKEW = """import time
+_real = time.time
+time.time = lambda: _real() + {skew}
+time.time_ns = lambda: int((_real() + {skew}) * 1e9)
+"""
+
+
+def test_workers_with_skewed_clocks_share_leases_by_the_database_clock(workdir, procs):
+    """Two workers, one ten minutes ahead and one ten minutes behind: each task is leased,
+    renewed and expired by the database's clock, so they neither steal nor keep leases."""
+    db = pg_session.schema_url("w")
+    store = open_store(db)
+    workers = []
+    for name, skew in (("ahead", 600.0), ("behind", -600.0)):
+        site = workdir / name
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SKEW.format(skew=skew))
+        path = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+        workers.append(spawn_worker(db, workdir, "--lease-ttl", "1", name=name,
+                                    env={"PYTHONPATH": path}))  # fmt: skip
+    procs += workers
+    runs = [store.start_run("record", {"seconds": 1.5}) for _ in range(4)]  # > ttl: renewals
+    for run_id in runs:
+        finished(store, run_id, timeout=60)
+    for run_id in runs:
+        (task,) = store.get_tasks(run_id)
+        assert task.attempts == 1  # nobody took a live lease over, nobody lost one
+        assert task.claimed_at is not None and abs(task.claimed_at - time.time()) < 120
+    assert store.fence_rejections() == [] and store.integrity_violations() == []
+    for w in workers:
+        assert "lease lost" not in w.output()
+    store.close()
+
+
+def test_an_idle_worker_wakes_on_new_work_long_before_its_poll_interval(
+    workdir, db, real_store, procs
+):
+    """Idle wake-up: SQLite's data_version, PostgreSQL's LISTEN/NOTIFY. The poll interval is
+    an hour: only the change token can wake the worker."""
+    procs.append(spawn_worker(db, workdir, "--poll-interval", "3600"))
+    first = real_store.start_run("noop")
+    finished(real_store, first)  # the worker is up; it is idle from now on
+    time.sleep(0.5)  # well into its idle wait
+    for _ in range(3):
+        finished(real_store, real_store.start_run("noop"), timeout=30)
 
 
 def test_raising_handler_retries_with_backoff_then_exhausts(workdir, db, real_store, procs):

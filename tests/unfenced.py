@@ -1,27 +1,50 @@
-"""A deliberately broken SQLite store, for the tests that must see fencing fail.
+"""A deliberately broken store (SQLite and PostgreSQL), for the tests that must see fencing fail.
 
-Test code only: ``disable_fencing()`` rewrites, in this process, every statement of the SQLite
-backend that carries the fence (task id AND owner AND attempt AND a live lease) so that it only
-asks "this task, not done yet". Any former holder may then renew, commit and ack: exactly the
-zombie writes the chaos verifier must catch. Nothing in ``workerproc`` or ``supervisor`` knows
-this module exists; a supervisor gets it by importing ``apps.chaos_unfenced`` as its app before
-it forks, so every worker inherits the broken statements.
+Test code only: ``disable_fencing()`` rewrites, in this process, every statement of each backend
+that carries the fence (task id AND owner AND attempt AND a live lease) so that it only asks
+"this task, not done yet". Any former holder may then renew, commit and ack: exactly the zombie
+writes the chaos verifier must catch. Nothing in ``workerproc`` or ``supervisor`` knows this
+module exists; a supervisor gets it by importing ``apps.chaos_unfenced`` as its app before it
+forks, so every worker inherits the broken statements.
 """
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from workerproc.store import sqlite_sql
 
-UNFENCED = "id = :task_id AND done_at IS NULL"
-UNFENCED_EACH = """id IN (SELECT json_extract(value, '$[0]') FROM json_each(:pairs))
-    AND done_at IS NULL"""
+try:
+    from workerproc.store import postgres_sql
+except ImportError:  # no psycopg: only SQLite can be broken (and tested)
+    postgres_sql = None  # type: ignore[assignment]
+
+# each backend's fences, and what they are reduced to
+SQLITE = {
+    sqlite_sql._FENCE: "id = :task_id AND done_at IS NULL",
+    sqlite_sql._FENCE_EACH: """id IN (SELECT json_extract(value, '$[0]') FROM json_each(:pairs))
+    AND done_at IS NULL""",
+    # renew_many answers each lease by (task id, attempt): the broken one answers for the
+    # attempt that asked, so a zombie hears "renewed" and goes on to write
+    "RETURNING id, attempts, lease_expires_at": """RETURNING id,
+    (SELECT json_extract(value, '$[1]') FROM json_each(:pairs)
+     WHERE json_extract(value, '$[0]') = tasks.id), lease_expires_at""",
+}
+POSTGRES = (
+    {}
+    if postgres_sql is None
+    else {
+        postgres_sql._FENCE: "t.id = %(task_id)s AND t.done_at IS NULL",
+        postgres_sql._FENCE_EACH: "t.id = i.task_id AND t.done_at IS NULL",
+    }
+)
 
 
-def unfenced_statements() -> dict[str, str]:
-    """Each fenced statement of the SQLite backend, by name, with the fence reduced."""
-    fences = {sqlite_sql._FENCE: UNFENCED, sqlite_sql._FENCE_EACH: UNFENCED_EACH}
+def unfenced_statements(module: ModuleType = sqlite_sql) -> dict[str, str]:
+    """Each fenced statement of a backend's SQL module, by name, with the fence reduced."""
+    fences = SQLITE if module is sqlite_sql else POSTGRES
     found = {}
-    for name, value in vars(sqlite_sql).items():
+    for name, value in vars(module).items():
         if name.isupper() and isinstance(value, str):
             broken = value
             for fence, weak in fences.items():
@@ -37,5 +60,8 @@ def unfenced_statements() -> dict[str, str]:
 
 def disable_fencing() -> None:
     """Break fencing for the rest of this process (and every process it forks afterwards)."""
-    for name, sql in unfenced_statements().items():
-        setattr(sqlite_sql, name, sql)
+    for module in (sqlite_sql, postgres_sql):
+        if module is None:
+            continue
+        for name, sql in unfenced_statements(module).items():
+            setattr(module, name, sql)

@@ -19,8 +19,8 @@ class WorkerConfig:
     db: str = opt(
         flag="--db",
         metavar="PATH|URL",
-        help="database file or URL (sqlite:///…); created if missing, unless its -wal is still "
-        "there",
+        help="database file or URL (sqlite:///…, postgresql://…); a file is created if missing, "
+        "unless its -wal is still there",
     )
     app: str = opt(flag="--app", metavar="MODULE:ATTR", help="the workerproc.App to run")
     lease_ttl: float = opt(

@@ -126,7 +126,7 @@ def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:
 
 
 db_option = option(
-    "--db", required=True, metavar="PATH|URL", help="database file or sqlite:/// URL"
+    "--db", required=True, metavar="PATH|URL", help="database file, sqlite:/// or postgresql:// URL"
 )
 pidfile_option = option(
     "--pidfile", required=True, metavar="FILE", help="the pidfile of the running supervisor"

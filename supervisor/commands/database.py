@@ -1,4 +1,4 @@
-"""Operator commands on the database: enqueue, status, runs, show, retry, cancel."""
+"""Operator commands on the database: enqueue, status, runs, show, retry, cancel, check, prune."""
 
 from __future__ import annotations
 
@@ -252,26 +252,47 @@ def cancel(run_id: int, db: str) -> None:
 
 @click.command()
 @db_option
-@option("--quick", is_flag=True, help="quick_check: every page, without comparing indexes to rows")
+@option(
+    "--quick",
+    is_flag=True,
+    help="a quicker check: SQLite's quick_check, or amcheck without its heap checks",
+)
 def check(db: str, quick: bool) -> None:
-    """Check the database: SQLite's integrity check, then the lease invariants."""
-    pragma = "quick_check" if quick else "integrity_check"
+    """Check the database: the engine's own storage check, then the lease invariants."""
     try:
         with ops.store_for(db) as store:
+            name = store.integrity_check_name(quick)
             damage = store.check_integrity(quick=quick)
             violations = [] if damage else store.integrity_violations()
     except StoreCorrupt as exc:  # too damaged to open
-        damage, violations = [str(exc)], []
+        name, damage, violations = "quick_check" if quick else "integrity_check", [str(exc)], []
     for line in damage + violations:
         click.echo(line)
     if damage:
         raise SupervisorError(
-            f"{db} is corrupt ({pragma}: {len(damage)} problem(s) above): stop every pool on it "
+            f"{db} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool on it "
             "and restore it from a backup"
         )
     if violations:
         raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
-    click.echo(f"ok: {pragma} found no damage and the lease invariants hold")
+    if name is None:
+        click.echo("storage not checked: this database offers no check of its own storage "
+                   "(PostgreSQL: a superuser runs CREATE EXTENSION amcheck)")  # fmt: skip
+        click.echo("ok: the lease invariants hold")
+        return
+    click.echo(f"ok: {name} found no damage and the lease invariants hold")
 
 
-ALL = [enqueue, status, runs, show, wait, retry, cancel, check]
+@click.command()
+@db_option
+@option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m (1s-3650d)")
+@option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
+def prune(db: str, older_than: str, batch: int) -> None:
+    """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
+    seconds = ops.parse_duration(older_than, "--older-than")
+    with ops.store_for(db) as store:
+        count = ops.prune(store, seconds, batch)
+    click.echo(f"pruned {count} finished run(s) older than {older_than}")
+
+
+ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,16 +30,39 @@ def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
 
 @contextlib.contextmanager
 def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
-    """Open the store; reading commands refuse to create a missing database file."""
+    """Open the store; reading commands refuse to create a missing database file (or, on
+    PostgreSQL, a missing schema)."""
     path = db_file(db)
     if not create and path is not None and not os.path.exists(path):
         raise SupervisorError(f"database {path} does not exist")
-    store = open_store(db)
+    store = open_store(db) if path is not None else open_store(db, migrate=create)
     try:
         yield store
     finally:
         with contextlib.suppress(StoreError):
             store.close()
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+DURATION_MIN, DURATION_MAX = 1.0, 3650 * 86400.0  # one second .. ten years
+PRUNE_BATCH_MAX = 10_000
+
+
+def parse_duration(text: str, what: str) -> float:
+    """``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
+    if match is None:
+        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w (got {text!r})")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if not DURATION_MIN <= seconds <= DURATION_MAX:
+        raise ConfigError(f"{what} must be between 1s and 3650d (got {text!r})")
+    return seconds
+
+
+def prune(store: Store, older_than: float, batch: int) -> int:
+    if not 1 <= batch <= PRUNE_BATCH_MAX:
+        raise ConfigError(f"--batch must be between 1 and {PRUNE_BATCH_MAX}")
+    return store.prune(older_than, batch=batch)
 
 
 def enqueue(

@@ -22,6 +22,7 @@ from typing import Any
 
 from workerproc import App
 from workerproc.status import StatusBoard
+from workerproc.store import redact
 
 from .. import exitcodes
 from ..config import StartConfig
@@ -106,10 +107,10 @@ class Arbiter:
         event(
             "supervisor_started",
             f"supervisor started: {self.config.workers} workers, app {self.config.worker.app}, "
-            f"db {self.config.worker.db}",
+            f"db {redact(self.config.worker.db)}",
             workers=self.config.workers,
             app=self.config.worker.app,
-            db=self.config.worker.db,
+            db=redact(self.config.worker.db),
         )
         while not self.done:
             self.turn()

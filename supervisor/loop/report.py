@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from workerproc.store import StoreError
+from workerproc.store import StoreError, redact
 
 from ..logs import drain_progress, event
 from .arbiter import Arbiter
@@ -97,7 +97,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "target": arb.pool.target,
         "concurrency": arb.config.worker.concurrency,
         "generation": arb.pool.generation,
-        "db": arb.config.worker.db,
+        "db": redact(arb.config.worker.db),
         "app": arb.config.worker.app,
         "workers": workers,
         **arb.extra_state,

@@ -1,7 +1,8 @@
 """The supervisor's only way to the database: a short-lived store per step.
 
 The parent must hold no connection when it forks (an SQLite handle carried across ``fork()``
-corrupts databases), so every use opens a store, does one thing and closes it. ``open_count``
+corrupts databases; a PostgreSQL socket shared with a child mixes two sessions' messages), so
+every use opens a store, does one thing and closes it. ``open_count``
 lets the fork path assert that nothing is open.
 """
 
@@ -119,7 +120,9 @@ class StoreGate:
 
     def release_dead_owners(self) -> dict[str, int]:
         """Leases of owners on this host whose process is gone (a restarted supervisor).
-        Runs once at start-up, before any fork: it may wait the store's full busy timeout."""
+        Owners of other hosts (one PostgreSQL database, many hosts) are never judged from
+        here. Runs once at start-up, before any fork: it may wait the store's full busy
+        timeout."""
         with self.session(busy_timeout=DEFAULT_BUSY_TIMEOUT) as store:
             owners = sorted({lease.owner for lease in store.stats().leases})
             dead = [o for o in owners if owner_is_dead(o)]

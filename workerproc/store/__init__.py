@@ -30,6 +30,7 @@ from .types import (
     Stats,
     TaskInfo,
 )
+from .urls import POSTGRES_SCHEMES, is_postgres_url, redact
 
 __all__ = [
     "AttemptEnd",
@@ -55,14 +56,19 @@ __all__ = [
     "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
+    "is_postgres_url",
     "open_store",
+    "redact",
 ]
 
 
 def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:
-    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite.
+    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite;
+    ``postgresql://user@host/db[?schema=NAME&busy_timeout=S]`` opens PostgreSQL (the
+    ``postgres`` extra installs its driver).
 
-    ``clock`` (seconds, float) replaces the wall clock: tests inject one to move time.
+    ``clock`` (seconds, float) replaces the wall clock (the database clock on PostgreSQL):
+    tests inject one to move time.
     """
     if "://" not in url_or_path:
         return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
@@ -76,4 +82,14 @@ def open_store(url_or_path: str, *, clock: Clock | None = None, **options: objec
         if url_or_path.startswith("sqlite:///"):
             path = url_or_path[len("sqlite://") :].split("?", 1)[0]
         return SQLiteStore(path, clock=clock, **merged)  # type: ignore[arg-type]
-    raise StoreError(f"unsupported store URL scheme {parts.scheme!r} (use a path or sqlite:///)")
+    if parts.scheme in POSTGRES_SCHEMES:
+        try:
+            from .postgres import PostgresStore  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:  # the optional driver is missing
+            raise StoreError(
+                f"PostgreSQL needs psycopg 3: pip install 'leasekeeper[postgres]' ({exc})"
+            ) from None
+        return PostgresStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
+    raise StoreError(
+        f"unsupported store URL scheme {parts.scheme!r} (use a path, sqlite:/// or postgresql://)"
+    )

@@ -234,6 +234,12 @@ class Store(abc.ABC):
         """Expire every live lease of ``owner`` (known dead); returns how many."""
 
     @abc.abstractmethod
+    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+        """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
+        (and refused-write records as old), ``batch`` runs per write transaction so no lock
+        is held long; returns how many runs went."""
+
+    @abc.abstractmethod
     def get_run(self, run_id: int) -> Run | None: ...
 
     @abc.abstractmethod
@@ -257,6 +263,12 @@ class Store(abc.ABC):
         indexes, missing rows (SQLite: ``PRAGMA integrity_check``, or ``quick_check`` when
         ``quick``, which skips comparing indexes with their tables). At most ``limit`` lines,
         each for people; empty when sound. Corruption is reported, never raised."""
+
+    @abc.abstractmethod
+    def integrity_check_name(self, quick: bool = False) -> str | None:
+        """What ``check_integrity`` runs, named for people (``integrity_check``); None when
+        this database offers no check of its storage (PostgreSQL without the amcheck
+        extension): ``check_integrity`` then checks nothing and finds nothing."""
 
     @abc.abstractmethod
     def list_runs(

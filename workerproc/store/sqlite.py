@@ -113,13 +113,13 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
 
         def tx(c: sqlite3.Connection, now: float) -> list[float | None]:
             params = {"pairs": pairs, "owner": leases[0].owner, "ttl": float(ttl), "now": now}
-            renewed = dict(c.execute(q.RENEW_MANY, params).fetchall())
-            for lease in leases:
-                if lease.task_id not in renewed:
+            rows = c.execute(q.RENEW_MANY, params).fetchall()
+            renewed = {(task_id, attempt): at for task_id, attempt, at in rows}
+            answers = [renewed.get((lease.task_id, lease.attempt)) for lease in leases]
+            for lease, at in zip(leases, answers, strict=True):
+                if at is None:
                     self._rejected(c, self._fence(lease, now), "renew")
-            return [
-                None if (e := renewed.get(lease.task_id)) is None else float(e) for lease in leases
-            ]
+            return [None if at is None else float(at) for at in answers]
 
         return self._write(tx)
 
@@ -267,3 +267,15 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
         return self._write(
             lambda c, now: c.execute(q.RELEASE_OWNER, {"owner": owner, "now": now}).rowcount
         )
+
+    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+        def delete(query: str) -> int:
+            params = {"age": float(older_than), "limit": int(batch)}
+            return self._write(lambda c, now: c.execute(query, {**params, "now": now}).rowcount)
+
+        total = 0
+        while (n := delete(q.PRUNE_RUNS)) > 0:
+            total += n
+        while delete(q.PRUNE_REJECTIONS) > 0:
+            pass
+        return total

@@ -72,6 +72,13 @@ def translate(exc: sqlite3.Error, path: str) -> StoreError:
     return StoreError(f"{path}: {text}")
 
 
+def undecodable(exc: UnicodeDecodeError, path: str) -> StoreCorrupt:
+    """SQLite's own error text was not UTF-8: a damaged schema quoted in a "malformed
+    database schema" message (the sqlite3 module cannot even decode it)."""
+    text = exc.object.decode("utf-8", "replace") if isinstance(exc.object, bytes) else str(exc)
+    return StoreCorrupt(f"{path}: not a leasekeeper database or corrupt ({text})")
+
+
 class SQLiteBase:
     """Connection plumbing: the file, one connection per thread (and per process after fork),
     fair retries of the write lock, transactions, and schema migrations."""
@@ -186,8 +193,8 @@ class SQLiteBase:
                     time.sleep(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
             except sqlite3.Error as exc:
                 raise self._failed(exc) from None
-            except UnicodeDecodeError:  # SQLite quoted bytes of a damaged page in its message
-                raise StoreCorrupt(f"{self.path}: the database disk image is malformed") from None
+            except UnicodeDecodeError as exc:
+                raise undecodable(exc, self.path) from None
 
     def _failed(self, exc: sqlite3.Error) -> StoreError:
         """Translate ``exc``. A connection that cannot write is dropped: when SQLite cannot open
@@ -214,8 +221,8 @@ class SQLiteBase:
                 conn.execute("ROLLBACK")
             if isinstance(exc, sqlite3.Error):
                 raise self._failed(exc) from None
-            if isinstance(exc, UnicodeDecodeError):  # a damaged page quoted in a message
-                raise StoreCorrupt(f"{self.path}: the database disk image is malformed") from None
+            if isinstance(exc, UnicodeDecodeError):
+                raise undecodable(exc, self.path) from None
             raise
         return result
 
@@ -256,6 +263,9 @@ class SQLiteBase:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+    def integrity_check_name(self, quick: bool = False) -> str | None:
+        return "quick_check" if quick else "integrity_check"
 
     def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
         pragma = "quick_check" if quick else "integrity_check"

@@ -92,7 +92,7 @@ _FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_ext
                          FROM json_each(:pairs))
       AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
 RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
-    WHERE {_FENCE_EACH} RETURNING id, lease_expires_at"""
+    WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at"""
 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
@@ -157,6 +157,14 @@ RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finish
 # release_owner: the supervisor reaped this owner; its leases expire now.
 RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
     WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+
+# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
+# with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
+PRUNE_RUNS = """DELETE FROM runs WHERE id IN (
+    SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < :now - :age LIMIT :limit)"""
+PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
+    SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
 
 # reads
 _RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,

@@ -1,0 +1,175 @@
+"""What only PostgreSQL has, continued: ``wait`` and ``wait_change`` asleep on LISTEN/NOTIFY (never
+a poll), the engine's storage check through amcheck (and a clear "not checked" without it), and
+the claim's walk of a level bounded by the index (delayed runs and other queues never walked)."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from typing import Any
+
+import psycopg
+import pytest
+from helpers import wait_for
+from store_backends import PostgresBackend
+from test_cli_operator import invoke
+from test_store_postgres import CountingStore
+
+from supervisor import exitcodes
+from workerproc.store import postgres_sql
+
+
+@pytest.fixture
+def pg(tmp_path: Any) -> PostgresBackend:
+    return PostgresBackend(str(tmp_path))
+
+
+# -- waiting ---------------------------------------------------------------------------------------
+def watched(pg: PostgresBackend, run_id: int) -> bool:
+    with pg.connect() as conn:
+        row = conn.execute("SELECT watched FROM runs WHERE id = %s", (run_id,)).fetchone()
+    return bool(row and row[0])
+
+
+def test_wait_sleeps_until_its_run_ends_and_other_work_does_not_wake_it(
+    pg: PostgresBackend,
+) -> None:
+    waiter, writer = CountingStore(pg.url), pg.open()
+    run_id = writer.start_run("t")
+    out: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: out.update(run=waiter.wait(run_id, timeout=120)))
+    thread.start()
+    try:
+        wait_for(lambda: watched(pg, run_id), what="the waiter's mark on its run")
+        time.sleep(0.1)  # the waiter reads the run once after its mark
+        before = CountingStore.transactions
+        for _ in range(20):  # new work notifies the idle workers' channel, not the waiter's
+            writer.start_run("other")
+        time.sleep(0.5)  # a poller would read the run dozens of times meanwhile
+        assert CountingStore.transactions - before <= 1
+        lease = writer.claim("w", 60)
+        assert lease is not None and lease.run_id == run_id
+        assert writer.finish(lease, lease.revision, {"done": True}, result=7).value == "ok"
+        thread.join(30)
+        assert out["run"].status == "succeeded" and out["run"].result == 7
+        assert CountingStore.transactions - before <= 3  # woken once: one read of the run
+    finally:
+        thread.join(30)
+        waiter.close()
+        writer.close()
+
+
+def test_an_unwatched_run_ends_without_a_notification(pg: PostgresBackend) -> None:
+    """Finishing runs nobody waits for sends no NOTIFY on the end channel (the hot path pays
+    nothing for ``wait``)."""
+    store = pg.open()
+    with psycopg.connect(pg.url.split("?")[0], autocommit=True) as listener:
+        listener.execute(f'LISTEN "leasekeeper.{pg.schema}.end"')
+        run_id = store.start_run("t")
+        lease = store.claim("w", 60)
+        assert lease is not None and store.finish(lease, 0, {}).value == "ok"
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+        watchedrun = store.start_run("t")
+        assert store.wait(run_id, timeout=5).status == "succeeded"  # over: returns at once
+        store.cancel_run(watchedrun)  # not watched either: still silent
+        assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
+    store.close()
+
+
+def test_wait_change_sleeps_on_notify_and_times_out(pg: PostgresBackend) -> None:
+    reader, writer = CountingStore(pg.url), pg.open()
+    token = reader.change_token()
+    before = CountingStore.transactions
+    started = time.monotonic()
+    assert reader.wait_change(token, 0.3) == token
+    assert time.monotonic() - started >= 0.3
+    timer = threading.Timer(0.2, lambda: writer.start_run("a"))
+    timer.start()
+    started = time.monotonic()
+    assert reader.wait_change(token, 60) != token
+    assert time.monotonic() - started < 30  # woken by the notification, not the timeout
+    assert CountingStore.transactions == before  # no query while it slept
+    timer.join()
+    reader.close()
+    writer.close()
+
+
+# -- the storage check -----------------------------------------------------------------------------
+def test_check_integrity_without_amcheck_says_nothing_was_checked(pg: PostgresBackend) -> None:
+    store = pg.open()
+    store.start_run("t")
+    with pg.connect() as conn:
+        conn.execute("DROP EXTENSION IF EXISTS amcheck")
+    assert store.integrity_check_name() is None
+    assert store.check_integrity() == [] and store.check_integrity(quick=True) == []
+    result = invoke("check", "--db", pg.url)
+    assert result.exit_code == 0, result.output
+    assert "storage not checked" in result.stdout and "CREATE EXTENSION amcheck" in result.stdout
+    assert "ok: the lease invariants hold" in result.stdout
+    store.close()
+
+
+def test_check_integrity_runs_amcheck_and_finds_an_index_that_lies(pg: PostgresBackend) -> None:
+    store = pg.open()
+    for i in range(50):
+        store.start_run("t", {"i": i})
+    with pg.connect() as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS amcheck")
+        except psycopg.Error as exc:
+            pytest.skip(f"amcheck cannot be installed here: {exc}")
+    try:
+        assert (store.integrity_check_name() or "").startswith("amcheck")
+        assert store.check_integrity() == [] and store.check_integrity(quick=True) == []
+        assert invoke("check", "--db", pg.url).stdout.startswith("ok: amcheck")
+        with pg.connect() as conn:  # an "immutable" function that changes: its index now lies
+            conn.execute("CREATE FUNCTION lk_key(bigint) RETURNS bigint IMMUTABLE "
+                         "LANGUAGE sql AS 'SELECT $1'")  # fmt: skip
+            conn.execute("CREATE INDEX lk_lying ON runs (lk_key(id))")
+            conn.execute("CREATE OR REPLACE FUNCTION lk_key(bigint) RETURNS bigint IMMUTABLE "
+                         "LANGUAGE sql AS 'SELECT -$1'")  # fmt: skip
+        found = store.check_integrity()
+        assert found and all("lk_lying" in line for line in found), found
+        result = invoke("check", "--db", pg.url)
+        assert result.exit_code == exitcodes.ERROR and "is corrupt" in result.stderr
+    finally:
+        with pg.connect() as conn:
+            conn.execute("DROP EXTENSION IF EXISTS amcheck")
+        store.close()
+
+
+# -- the claim's walk ------------------------------------------------------------------------------
+def explain_claim(pg: PostgresBackend, queues: list[str] | None, limit: int) -> str:
+    sql = postgres_sql.claim_sql(None if queues is None else len(queues))
+    params = {"owner": "w", "ttl": 60.0, "now": None, "limit": limit, "queues": queues}
+    with pg.connect() as conn, conn.transaction(force_rollback=True):
+        conn.execute("SET LOCAL enable_seqscan = off")  # a small table: as a big one would
+        rows = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+@pytest.mark.parametrize("queues", [None, ["a"], ["a", "b"]])
+def test_the_claim_walks_each_level_bounded_by_now(
+    pg: PostgresBackend, queues: list[str] | None
+) -> None:
+    """Delayed runs sit in the claim index after the due ones of their level: the walk stops at
+    ``head_at <= now`` instead of filtering them out, and a named queue's walk never meets
+    another queue's runs."""
+    store = pg.open()
+    store.start_runs([{"task": "t", "queue": "a", "delay": 3600} for _ in range(300)]
+                     + [{"task": "t", "queue": "c"} for _ in range(300)]
+                     + [{"task": "t", "queue": q} for q in "ab" for _ in range(3)])  # fmt: skip
+    with pg.connect() as conn:
+        conn.execute("ANALYZE runs")
+    plan = explain_claim(pg, queues, 2)
+    store.close()
+    index = "runs_prio" if queues is None else "runs_claim"
+    lines = plan.splitlines()
+    walk = re.compile(rf"Index Scan using {index} on runs r(_\d+)? \(")
+    walks = [i for i, line in enumerate(lines) if walk.search(line)]
+    assert len(walks) == (1 if queues is None else len(queues)), plan  # one walk per queue
+    for i in walks:  # bounded by the index: due runs only, never filtered out afterwards
+        assert "Index Cond:" in lines[i + 1] and "head_at <= " in lines[i + 1], plan
+        assert "Rows Removed by Filter" not in lines[i + 3], plan
+    assert "Seq Scan on runs" not in plan, plan
