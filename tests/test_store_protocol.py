@@ -1,4 +1,4 @@
-"""The lease protocol (DESIGN.md R1-R6), one test per rule and sub-rule, on every backend.
+"""The lease protocol (docs/protocol.md, R1-R6), one test per rule and sub-rule, on every backend.
 
 Shaped like huey's StorageTests: the tests live in one class and receive the store from a
 fixture parametrized over ``store_backends.BACKENDS``; a new backend adds one entry there.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 OK = 0  # stopped on request (graceful drain finished)
 BOOT_FAILURE = 3  # cannot even boot (store unreachable, config invalid): do not respawn, stop
-TASK_TIMEOUT = 70  # a handler outlived task_timeout; its lease is left to expire: replace me
+TASK_TIMEOUT = 70  # a handler outlived task_timeout; its lease was released: replace me
 HEARTBEAT_DIED = 71  # the heartbeat thread died; without it leases would silently lapse
 PARENT_DIED = 72  # the supervisor is gone; an orphan must not keep claiming
 RECYCLE = 73  # reached max_tasks (with jitter): a planned, graceful replacement

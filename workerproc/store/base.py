@@ -58,9 +58,9 @@ class Commit:
 
 
 class Store(abc.ABC):
-    """Runs and tasks under leases (DESIGN.md R1-R7). Every fenced call matches task id, owner
-    and attempt and requires the lease to be live; the store reads "now" only after it holds the
-    write lock."""
+    """Runs and tasks under leases (docs/protocol.md, R1-R7). Every fenced call matches task id,
+    owner and attempt and requires the lease to be live; the store reads "now" only after it holds
+    the write lock."""
 
     url: str
 

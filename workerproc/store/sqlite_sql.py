@@ -82,10 +82,6 @@ FAIL_RUN = f"""UPDATE runs SET status = 'failed', failure_reason = :reason,
     last_error = coalesce(:error, last_error), finished_at = :now, updated_at = :now
     WHERE id = :run_id AND status IN {ALIVE}"""
 
-# renew (R3): never an expired lease; the new expiry is max(old, now + ttl).
-RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
-    WHERE {_FENCE} RETURNING lease_expires_at"""
-
 # renew_many (R3 per lease): one statement renews every lease of one owner that is still live;
 # each matches its own (task id, attempt) from the JSON array of pairs: the fence, per lease.
 _FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
