@@ -2,10 +2,11 @@
 
 Throughput: M no-op runs drained by `supervisor start -n W --drain` vs M no-op huey tasks with
 `huey_consumer -k process -w W`, both at synchronous FULL (plus a NORMAL row for ours), timed from
-process start until every one is done (ours: counted in the database; huey: one datagram per
-task), beside the raw fused one-transaction loop (complete the previous task + claim the next in
-one transaction) as the ceiling. Medians of --rounds rounds; the order alternates per round.
-Then idle pickup, takeover after SIGKILL, write-lock wait, and peak RSS.
+process start until the last one is done (ours: the last run's finished_at in the database;
+huey: the last of one datagram per task), beside the raw fused one-transaction loop (complete
+the previous task + claim the next in one transaction) as the ceiling. Medians of --rounds
+rounds; the order alternates per round. Then idle pickup, takeover after SIGKILL, write-lock
+wait, and peak RSS.
 """
 
 from __future__ import annotations
@@ -14,171 +15,44 @@ import argparse
 import os
 import platform
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
-from multiprocessing import get_context
-from pathlib import Path
 from typing import Any
 
-import psutil
+from bench_procs import (
+    ENV,
+    HERE,
+    PY,
+    Inbox,
+    drain,
+    huey_consumer,
+    huey_drain,
+    huey_enqueue,
+    huey_env,
+    stop,
+)
+from bench_raw import raw
 from bench_store import bulk_runs, hammer, new_db, pct
 
 from workerproc.store import open_store
-
-HERE = Path(__file__).resolve().parent
-PY = sys.executable
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-
-
-class Inbox:
-    """A Unix datagram socket the huey tasks report to."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.bind(path)
-        self.count = 0
-        self.messages: list[tuple[float, bytes]] = []
-        self.keep = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            data = self.sock.recv(256)
-            self.count += 1
-            if self.keep:
-                self.messages.append((time.time(), data))
-
-    def wait(self, count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.count < count and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return self.count >= count
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # -- throughput ------------------------------------------------------------------------------------
 def ours(tmp: str, m: int, w: int, sync: str, rss: dict[str, float] | None = None) -> float:
     db = new_db(tmp, f"ours-{w}-{sync}-{time.monotonic_ns()}")
     bulk_runs(db, m, time.time() - 1)
-    url = f"sqlite:///{db}?synchronous={sync}"
-    cmd = [PY, "-m", "supervisor", "start", "-n", str(w), "--db", url, "--app", "benchapp:app",
-           "--drain"]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
-    while proc.poll() is None:
-        if rss is not None:
-            sample_rss(proc.pid, rss)
-        time.sleep(0.05)
-    elapsed = time.monotonic() - started
-    store = open_store(db)
-    done = store.stats().runs.get("succeeded", 0)
-    store.close()
-    if proc.returncode != 0 or done != m:
-        raise SystemExit(f"ours -n {w}: exit {proc.returncode}, {done} of {m} runs succeeded")
-    return m / elapsed
-
-
-def sample_rss(pid: int, peak: dict[str, float]) -> None:
-    try:
-        parent = psutil.Process(pid)
-        peak["supervisor"] = max(peak.get("supervisor", 0), parent.memory_info().rss / 2**20)
-        for child in parent.children():
-            peak["worker"] = max(peak.get("worker", 0), child.memory_info().rss / 2**20)
-    except psutil.Error:
-        pass
-
-
-def huey_env(tmp: str, tag: str) -> tuple[dict[str, str], Inbox]:
-    db = os.path.join(tmp, f"huey-{tag}-{time.monotonic_ns()}.db")
-    inbox = Inbox(os.path.join(tmp, f"huey-{time.monotonic_ns()}.sock"))
-    return {**ENV, "LK_HUEY_DB": db, "LK_HUEY_SOCK": inbox.path}, inbox
-
-
-def huey_enqueue(env: dict[str, str], task: str, n: int, *args: float) -> None:
-    code = (
-        "import sys; import bench_huey as b\n"
-        "b.huey.storage.conn.execute('pragma synchronous=0')  # a fast set-up only\n"
-        f"t = getattr(b, {task!r})\n"
-        f"for _ in range({n}): t(*{list(args)!r})\n"
-    )
-    subprocess.run([PY, "-c", code], cwd=HERE, env=env, check=True)
-
-
-def huey_consumer(env: dict[str, str], w: int) -> subprocess.Popen[bytes]:
-    cmd = [str(Path(PY).with_name("huey_consumer")), "bench_huey.huey", "-k", "process",
-           "-w", str(w), "-n", "-C"]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=HERE, env=env, stderr=subprocess.DEVNULL)
+    return m / drain(db, m, f"sqlite:///{db}?synchronous={sync}", ["-n", str(w)], rss)
 
 
 def huey(tmp: str, m: int, w: int) -> float:
     env, inbox = huey_env(tmp, f"tp{w}")
     huey_enqueue(env, "noop", m)
-    started = time.monotonic()
-    proc = huey_consumer(env, w)
-    finished = inbox.wait(m, timeout=600)
-    elapsed = time.monotonic() - started
-    stop(proc)
-    if not finished:
-        raise SystemExit(f"huey -w {w}: only {inbox.count} of {m} tasks reported done")
-    return m / elapsed
-
-
-def _raw_worker(args: tuple[str, str, int]) -> int:
-    db, sync, me = args
-    c = sqlite3.connect(db, isolation_level=None, timeout=30)
-    c.execute(f"PRAGMA synchronous={sync}")
-    prev, n = None, 0
-    while True:
-        c.execute("BEGIN IMMEDIATE")
-        if prev is not None:
-            c.execute("UPDATE q SET done = 1, owner = NULL WHERE id = ? AND owner = ?", (prev, me))
-        row = c.execute(
-            "UPDATE q SET owner = ?, expires = ?, attempts = attempts + 1 WHERE id = "
-            "(SELECT id FROM q WHERE done = 0 AND owner IS NULL ORDER BY id LIMIT 1) RETURNING id",
-            (me, time.time() + 60),
-        ).fetchone()
-        c.execute("COMMIT")
-        if row is None:
-            return n
-        prev, n = row[0], n + 1
-
-
-def raw(tmp: str, m: int, w: int, sync: str = "FULL") -> float:
-    """The ceiling: a bare fused loop, one write transaction per task, no framework around it."""
-    db = os.path.join(tmp, f"raw-{w}-{time.monotonic_ns()}.db")
-    c = sqlite3.connect(db, isolation_level=None)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, owner INTEGER, expires REAL,"
-              " done INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0)")  # fmt: skip
-    c.execute("CREATE INDEX q_ready ON q (done, id)")
-    c.execute("BEGIN")
-    c.executemany("INSERT INTO q (id) VALUES (?)", ((i,) for i in range(1, m + 1)))
-    c.execute("COMMIT")
-    c.close()
-    started = time.monotonic()
-    with get_context("fork").Pool(w) as pool:
-        done = sum(pool.map(_raw_worker, [(db, sync, i) for i in range(w)]))
-    elapsed = time.monotonic() - started
-    assert done == m, (done, m)
-    return m / elapsed
+    return m / huey_drain(env, inbox, m, w)
 
 
 # -- latency -----------------------------------------------------------------------------------
