@@ -1,12 +1,15 @@
 """leasekeeper vs huey on the same machine, in one run, interleaved (see scripts/bench).
 
-Throughput: M no-op runs drained by `supervisor start -n W --drain` vs M no-op huey tasks with
-`huey_consumer -k process -w W`, both at synchronous FULL (plus a NORMAL row for ours), timed from
-process start until the last one is done (ours: the last run's finished_at in the database;
-huey: the last of one datagram per task), beside the raw fused one-transaction loop (complete
-the previous task + claim the next in one transaction) as the ceiling. Medians of --rounds
-rounds; the order alternates per round. Then idle pickup, takeover after SIGKILL, write-lock
-wait, and peak RSS.
+Throughput (--parts noop): M no-op runs drained by `supervisor start -n W --drain` vs M no-op
+huey tasks with `huey_consumer -k process -w W`, both at synchronous FULL (plus a NORMAL row for
+ours), timed from process start until the last one is done (ours: the last run's finished_at in
+the database; huey: the last of one datagram per task), beside the raw fused one-transaction loop
+(complete the previous task + claim the next in one transaction) as the ceiling. Slots (--parts
+slots, scripts/bench_slots.py): ours at -n 2 --concurrency 16 and -n 8 --concurrency 4 and the
+raw batched ceiling join the widest round. I/O-bound (--parts io): sync and async handlers at
+-n 2 --concurrency 250 vs huey's thread workers, with the workers' peak RSS. Medians of --rounds
+rounds; the order alternates per round. Then (--parts latency) idle pickup, takeover after
+SIGKILL, write-lock wait and peak RSS; last, the goals of issue 12 (scripts/bench_goals.py).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import signal
 import sqlite3
 import statistics
@@ -21,9 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import bench_goals
+import bench_slots
 from bench_procs import (
     ENV,
     HERE,
@@ -37,6 +44,7 @@ from bench_procs import (
     stop,
 )
 from bench_raw import raw
+from bench_slots import Side, rate, ratio, value
 from bench_store import bulk_runs, hammer, new_db, pct
 
 from workerproc.store import open_store
@@ -63,9 +71,9 @@ def gaps(n: int) -> list[float]:
     return [rng.uniform(0.2, 2.0) for _ in range(n)]
 
 
-def ours_pickup(tmp: str, samples: int) -> list[float]:
-    db = new_db(tmp, "pickup")
-    cmd = [PY, "-m", "supervisor", "start", "-n", "8", "--db", db, "--app", "benchapp:app"]
+def ours_pickup(tmp: str, samples: int, options: Sequence[str] = ("-n", "8")) -> list[float]:
+    db = new_db(tmp, f"pickup-{time.monotonic_ns()}")
+    cmd = [PY, "-m", "supervisor", "start", *options, "--db", db, "--app", "benchapp:app"]
     proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
     store = open_store(db)
     out = []
@@ -133,6 +141,43 @@ def takeover(fast: bool, trials: int) -> list[float]:
     return measure(trials, 30.0 if fast else 2.0, fast, False)  # milliseconds
 
 
+@dataclass
+class Latency:
+    """Idle pickup (ms; with default options and with slots), takeover after SIGKILL (ms),
+    write-lock wait (s); huey's sides are None with --no-huey."""
+
+    ours: list[float]
+    slots: list[float]
+    huey: list[float] | None
+    fast: list[float]
+    slow: list[float]
+    huey_lost: tuple[int, int] | None
+    waits: list[float]
+    worst: float
+
+
+def latency(args: Any, tmp: str) -> Latency:
+    print("  idle pickup, takeover, lock wait ...", file=sys.stderr, flush=True)
+    ours_lat = ours_pickup(tmp, args.samples)
+    n, c = bench_slots.SHAPES[0]
+    slots_lat = ours_pickup(tmp, args.samples, ("-n", str(n), "--concurrency", str(c)))
+    huey_lat = huey_lost = None
+    if not args.no_huey:
+        henv, hinbox = huey_env(tmp, "idle")
+        huey_lat = huey_pickup(henv, hinbox, args.samples, args.idle)
+    fast = takeover(True, 3 if args.quick else 10)
+    slow = takeover(False, 2 if args.quick else 3)
+    if not args.no_huey:
+        kenv, kinbox = huey_env(tmp, "kill")
+        huey_lost = huey_kill(kenv, kinbox)
+    lock_path = new_db(tmp, "lock")
+    bulk_runs(lock_path, 200_000 if not args.quick else 20_000, time.time() - 60)
+    lock = hammer(f"sqlite:///{lock_path}", 8, 3.0 if args.quick else 8.0, lock_probe=True)
+    waits = [x for res in lock for x in res[3]]
+    worst = max(pct(res[3], 0.99) for res in lock)
+    return Latency(ours_lat, slots_lat, huey_lat, fast, slow, huey_lost, waits, worst)
+
+
 def round_sides(
     tmp: str, m: int, w: int, rss: dict[str, float] | None
 ) -> list[tuple[str, Callable[[], float]]]:
@@ -145,100 +190,144 @@ def round_sides(
     ]
 
 
+def noop_round(args: Any, tmp: str, parts: set[str], widths: list[int],
+               rss: dict[str, float]) -> list[list[Side]]:  # fmt: skip
+    """Each width's sides for one no-op round: ours, huey and the fused ceiling (the widest also
+    runs ours at NORMAL); with slots, the raw batched ceiling at every width, and ours with
+    slots in the widest round (huey -w W and the fused ceilings are their references)."""
+    top, out = max(widths), []
+    for w in widths:
+        sides: list[Side] = []
+        if "noop" in parts:
+            sides = round_sides(tmp, args.tasks, w, rss if w == top else None)
+            sides = sides if w == top else sides[:3]
+        if "slots" in parts:
+            if "noop" not in parts:  # the references: huey and the fused ceiling
+                sides = round_sides(tmp, args.tasks, w, None)[1 if w == top else 2 : 3]
+            sides += bench_slots.noop_sides(tmp, args.tasks, w, w == top)
+        out.append([s for s in sides if not (args.no_huey and s[0].startswith("huey"))])
+    return out
+
+
 # -- the table ---------------------------------------------------------------------------------
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+PARTS = ("noop", "slots", "io", "latency")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tasks", type=int, default=20_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tasks", type=int, help="no-op tasks per side (20,000; quick 1,500)")
+    ap.add_argument("--rounds", type=int, help="rounds (3; quick 1)")
     ap.add_argument("--workers", default="1,2,8")
-    ap.add_argument("--samples", type=int, default=30, help="idle pickup samples")
-    ap.add_argument("--idle", type=float, default=60.0, help="huey's idle time before pickup")
+    ap.add_argument("--samples", type=int, help="idle pickup samples (30; quick 5)")
+    ap.add_argument("--idle", type=float, help="huey's idle time before pickup (60 s; quick 3)")
     ap.add_argument("--quick", action="store_true", help="a fast smoke run (not for figures)")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {', '.join(PARTS)}")
+    ap.add_argument("--no-huey", action="store_true", help="leave huey's sides out")
+    ap.add_argument("--dir", help="where the scratch directory goes (removed at the end)")
+    bench_slots.add_arguments(ap)
     args = ap.parse_args()
-    if args.quick:
-        args.tasks, args.rounds, args.samples, args.idle = 1500, 1, 5, 3.0
+    for name, full, quick in (("tasks", 20_000, 1500), ("rounds", 3, 1), ("samples", 30, 5),
+                              ("idle", 60.0, 3.0)):  # fmt: skip
+        if getattr(args, name) is None:  # --quick's sizes, unless given
+            setattr(args, name, quick if args.quick else full)
     widths = [int(w) for w in args.workers.split(",")]
-    tmp = tempfile.mkdtemp(prefix="lk-bench-")
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}")
+    tmp = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     results: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
+    rss_io: dict[str, dict[str, float]] = {}
     started = time.monotonic()
 
-    def run(key: str, fn: Callable[[], float]) -> None:
+    def run(r: int, key: str, fn: Callable[[], float], unit: str = "/s") -> None:
         value = fn()
         results.setdefault(key, []).append(value)
-        print(f"  round {r + 1}: {key:<22} {value:8.0f} /s", file=sys.stderr, flush=True)
+        shown = f"{value:8.2f} s" if unit == "s" else f"{value:8.0f} /s"
+        print(f"  round {r + 1}: {key:<22} {shown}", file=sys.stderr, flush=True)
 
-    for r in range(args.rounds):
-        for w in widths:
-            sides = round_sides(tmp, args.tasks, w, rss if w == max(widths) else None)
-            if w != max(widths):
-                sides = sides[:3]
-            for key, fn in sides if r % 2 == 0 else reversed(sides):
-                run(key, fn)
+    try:
+        for r in range(args.rounds):
+            for sides in noop_round(args, tmp, parts, widths, rss):
+                for key, fn in sides if r % 2 == 0 else reversed(sides):
+                    run(r, key, fn)
+        if "io" in parts:
+            for r in range(args.rounds):
+                sides = bench_slots.io_sides(tmp, args, rss_io, not args.no_huey)
+                for key, fn in sides if r % 2 == 0 else reversed(sides):
+                    run(r, key, fn, "s")
+        lat = latency(args, tmp) if "latency" in parts else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
-    print("  idle pickup, takeover, lock wait ...", file=sys.stderr, flush=True)
-    henv, hinbox = huey_env(tmp, "idle")
-    ours_lat = ours_pickup(tmp, args.samples)
-    huey_lat = huey_pickup(henv, hinbox, args.samples, args.idle)
-    fast = takeover(True, 3 if args.quick else 10)
-    slow = takeover(False, 2 if args.quick else 3)
-    kenv, kinbox = huey_env(tmp, "kill")
-    lost, trials = huey_kill(kenv, kinbox)
-    lock_path = new_db(tmp, "lock")
-    bulk_runs(lock_path, 200_000 if not args.quick else 20_000, time.time() - 60)
-    lock = hammer(f"sqlite:///{lock_path}", 8, 3.0 if args.quick else 8.0, lock_probe=True)
-    waits = [x for res in lock for x in res[3]]
-    worst = max(pct(res[3], 0.99) for res in lock)
-
-    print_table(args, widths, results, rss, ours_lat, huey_lat, fast, slow, (lost, trials),
-                waits, worst, time.monotonic() - started)  # fmt: skip
+    print_table(args, widths, results, rss, lat, time.monotonic() - started)
+    bench_slots.print_tables(args, widths, results, rss_io)
+    bench_goals.print_goals(widths, results, rss_io, lat)
     return 0
 
 
 def print_table(args: Any, widths: list[int], results: dict[str, list[float]],
-                rss: dict[str, float], ours_lat: list[float], huey_lat: list[float],
-                fast: list[float], slow: list[float], huey_lost: tuple[int, int],
-                waits: list[float], worst: float, elapsed: float) -> None:  # fmt: skip
+                rss: dict[str, float], lat: Latency | None, elapsed: float) -> None:  # fmt: skip
     cpu = platform.processor() or platform.machine()
     print(f"\nmachine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
           f"SQLite {sqlite3.sqlite_version}, huey {huey_version()}; {args.tasks:,} no-op tasks, "
           f"median of {args.rounds} rounds; {elapsed:.0f} s in all\n")  # fmt: skip
-    print("| throughput (tasks/s) | W | ours | huey | raw fused ceiling | ours / huey "
-          "| ours / ceiling |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if f"ours -n {widths[0]}" in results:
+        print("| throughput (tasks/s) | W | ours | huey | raw fused ceiling | ours / huey "
+              "| ours / ceiling |")  # fmt: skip
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for w in widths:
-        o, h, c = (median(results[f"{k} {w}"]) for k in ("ours -n", "huey -w", "raw fused"))
-        print(f"| FULL | {w} | {o:,.0f} | {h:,.0f} | {c:,.0f} | {o / h:.2f}x | {o / c:.0%} |")
+        o, h, c = (value(results, f"{k} {w}") for k in ("ours -n", "huey -w", "raw fused"))
+        if o is not None:
+            print(f"| FULL | {w} | {rate(o)} | {rate(h)} | {rate(c)} | {ratio(o, h)} "
+                  f"| {ratio(o, c, '{:.0%}')} |")  # fmt: skip
     top = max(widths)
     if f"ours -n {top} NORMAL" in results:
-        o = median(results[f"ours -n {top} NORMAL"])
-        h, c = median(results[f"huey -w {top}"]), median(results[f"raw fused {top}"])
-        print(f"| ours NORMAL vs FULL | {top} | {o:,.0f} | {h:,.0f} | {c:,.0f} | {o / h:.2f}x "
-              f"| {o / c:.0%} |")  # fmt: skip
+        o = value(results, f"ours -n {top} NORMAL")
+        h, c = value(results, f"huey -w {top}"), value(results, f"raw fused {top}")
+        print(f"| ours NORMAL vs FULL | {top} | {rate(o)} | {rate(h)} | {rate(c)} "
+              f"| {ratio(o, h)} | {ratio(o, c, '{:.0%}')} |")  # fmt: skip
+    if lat is not None:
+        print_latency(args, lat, rss)
+
+
+def print_latency(args: Any, lat: Latency, rss: dict[str, float]) -> None:
+    n, c = bench_slots.SHAPES[0]
+    huey_lat = (
+        "-"
+        if lat.huey is None
+        else (f"{median(lat.huey):.0f} / {pct(lat.huey, 0.99):.0f} (idle {args.idle:g} s first)")
+    )
+    lost = "-" if lat.huey_lost is None else (
+        f"task lost in {lat.huey_lost[0]} of {lat.huey_lost[1]} kills")  # fmt: skip
     print("\n| measure | ours | huey | goal |")
     print("| --- | --- | --- | --- |")
     print(f"| idle pickup p50 / p99 (ms), {args.samples} samples | "
-          f"{median(ours_lat):.1f} / {pct(ours_lat, 0.99):.1f} | "
-          f"{median(huey_lat):.0f} / {pct(huey_lat, 0.99):.0f} (idle {args.idle:g} s first) "
+          f"{median(lat.ours):.1f} / {pct(lat.ours, 0.99):.1f} | {huey_lat} "
           "| p50 <= 20, p99 <= 100 |")  # fmt: skip
-    print(f"| takeover after SIGKILL, fast release p50 / p99 (ms) | {median(fast):.1f} / "
-          f"{pct(fast, 0.99):.1f} | task lost in {huey_lost[0]} of {huey_lost[1]} kills "
-          "| p99 <= 200 |")  # fmt: skip
-    print(f"| takeover after SIGKILL, ttl path (ttl 2 s) p50 (ms) | {median(slow):.0f} | "
+    print(f"| idle pickup p50 / p99 (ms), -n {n} --concurrency {c} | {median(lat.slots):.1f} / "
+          f"{pct(lat.slots, 0.99):.1f} | - | p50 <= 20, p99 <= 100 |")  # fmt: skip
+    print(f"| takeover after SIGKILL, fast release p50 / p99 (ms) | {median(lat.fast):.1f} / "
+          f"{pct(lat.fast, 0.99):.1f} | {lost} | p99 <= 200 |")  # fmt: skip
+    print(f"| takeover after SIGKILL, ttl path (ttl 2 s) p50 (ms) | {median(lat.slow):.0f} | "
           "- | ~ ttl |")  # fmt: skip
-    print(f"| write-lock wait, 8 busy processes: p99 all / worst process (ms) | "
-          f"{pct(waits, 0.99) * 1000:.1f} / {worst * 1000:.1f} | - | p99 <= 50 |")  # fmt: skip
-    print(f"| peak RSS, supervisor / one worker (MB), -n 8 | {rss.get('supervisor', 0):.1f} / "
-          f"{rss.get('worker', 0):.1f} | - | <= 30 / <= 25 |")  # fmt: skip
+    p99, worst = pct(lat.waits, 0.99) * 1000, lat.worst * 1000
+    print(f"| write-lock wait, 8 busy processes: p99 all / worst process (ms) | {p99:.1f} / "
+          f"{worst:.1f} | - | p99 <= 50 |")  # fmt: skip
+    if rss:
+        print(f"| peak RSS, supervisor / one worker (MB), -n 8 | {rss.get('supervisor', 0):.1f} "
+              f"/ {rss.get('worker', 0):.1f} | - | <= 30 / <= 25 |")  # fmt: skip
 
 
 def huey_version() -> str:
-    import huey as h  # noqa: PLC0415 - the bench extra
-
+    try:
+        import huey as h  # noqa: PLC0415 - the bench extra
+    except ImportError:
+        return "not installed"
     return str(h.__version__)
 
 
