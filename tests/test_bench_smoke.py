@@ -6,6 +6,7 @@ here, only that each part measured something."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -25,8 +26,20 @@ def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
     out = proc.stdout
     assert "| measurement | result | goal | notes |" in out
     for row in ("claim+ack throughput, 8 processes", "latency ratio", "hot-run slowdown",
-                "write-lock wait, 8 processes", "| process | claim+ack done |"):  # fmt: skip
+                "write-lock wait, 8 processes", "| process | claim+ack done |",
+                "| claim latency, 20,000 pending tasks in 10 queues |",
+                "| claim latency ratio 20,000 / 1,000 in 10 queues (p50) |",
+                "| batched claim (limit=8) latency, 20,000 pending tasks in 10 queues |",
+                "| start_runs of 10,000 runs, one transaction |",
+                "| start_runs of 10,000 runs, one transaction, a key each |",
+                "| enqueue latency, 4 producers (one run per transaction) while -n 8 drains |",
+                "| enqueue p99, worst of 4 producers |"):  # fmt: skip
         assert row in out, f"missing {row!r} in:\n{out}"
+    enqueued = re.search(
+        r"\| \.\.\. enqueued / drained meanwhile .*? \| ([\d,]+) / ([\d,]+) runs", out
+    )
+    assert enqueued, out
+    assert all(int(n.replace(",", "")) > 0 for n in enqueued.groups()), enqueued.group(0)
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
 
 
