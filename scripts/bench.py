@@ -1,13 +1,18 @@
 """leasekeeper vs huey on the same machine, in one run, interleaved (see scripts/bench).
 
-Throughput: M no-op runs drained by `supervisor start -n W --drain` vs M no-op huey tasks with
-`huey_consumer -k process -w W`, both at synchronous FULL (plus a NORMAL row for ours), timed from
-process start until every one is done (ours: counted in the database; huey: one datagram per
-task), beside the raw fused one-transaction loop (complete the previous task + claim the next in
-one transaction) as the ceiling. Medians of --rounds rounds; the order alternates per round.
-Then idle pickup, takeover after SIGKILL, write-lock wait, and peak RSS. Then the PostgreSQL
-rows (scripts/bench_pg.py): ours from one and from two supervisors beside procrastinate on the
-same server, idle pickup, takeover, and the claim beside a million finished runs.
+Throughput (--parts noop): M no-op runs drained by `supervisor start -n W --drain` vs M no-op
+huey tasks with `huey_consumer -k process -w W`, both at synchronous FULL (plus a NORMAL row for
+ours), timed from process start until the last one is done (ours: the last run's finished_at in
+the database; huey: the last of one datagram per task), beside the raw fused one-transaction loop
+(complete the previous task + claim the next in one transaction) as the ceiling. Slots (--parts
+slots, scripts/bench_slots.py): ours at -n 2 --concurrency 16 and -n 8 --concurrency 4 and the
+raw batched ceiling join the widest round. I/O-bound (--parts io): sync and async handlers at
+-n 2 --concurrency 250 vs huey's thread workers, with the workers' peak RSS. Medians of --rounds
+rounds; the order alternates per round. Then (--parts latency) idle pickup, takeover after
+SIGKILL, write-lock wait and peak RSS; last, the goals of issue 12 (scripts/bench_goals.py).
+Then the PostgreSQL rows (scripts/bench_pg.py, unless --postgres ''): ours from one and from two
+supervisors beside procrastinate on the same server, idle pickup, takeover, and the claim beside
+a million finished runs.
 """
 
 from __future__ import annotations
@@ -15,173 +20,51 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
-from multiprocessing import get_context
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+import bench_goals
 import bench_pg
-import psutil
+import bench_slots
+from bench_procs import (
+    ENV,
+    HERE,
+    PY,
+    Inbox,
+    drain,
+    huey_consumer,
+    huey_drain,
+    huey_enqueue,
+    huey_env,
+    stop,
+)
+from bench_raw import raw
+from bench_slots import Side, rate, ratio, value
 from bench_store import bulk_runs, hammer, new_db, pct
 
 from workerproc.store import open_store
-
-HERE = Path(__file__).resolve().parent
-PY = sys.executable
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-
-
-class Inbox:
-    """A Unix datagram socket the huey tasks report to."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)
-        self.sock.bind(path)
-        self.count = 0
-        self.messages: list[tuple[float, bytes]] = []
-        self.keep = False
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            data = self.sock.recv(256)
-            self.count += 1
-            if self.keep:
-                self.messages.append((time.time(), data))
-
-    def wait(self, count: int, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while self.count < count and time.monotonic() < deadline:
-            time.sleep(0.002)
-        return self.count >= count
-
-
-def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # -- throughput ------------------------------------------------------------------------------------
 def ours(tmp: str, m: int, w: int, sync: str, rss: dict[str, float] | None = None) -> float:
     db = new_db(tmp, f"ours-{w}-{sync}-{time.monotonic_ns()}")
     bulk_runs(db, m, time.time() - 1)
-    url = f"sqlite:///{db}?synchronous={sync}"
-    cmd = [PY, "-m", "supervisor", "start", "-n", str(w), "--db", url, "--app", "benchapp:app",
-           "--drain"]  # fmt: skip
-    started = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
-    while proc.poll() is None:
-        if rss is not None:
-            sample_rss(proc.pid, rss)
-        time.sleep(0.05)
-    elapsed = time.monotonic() - started
-    store = open_store(db)
-    done = store.stats().runs.get("succeeded", 0)
-    store.close()
-    if proc.returncode != 0 or done != m:
-        raise SystemExit(f"ours -n {w}: exit {proc.returncode}, {done} of {m} runs succeeded")
-    return m / elapsed
-
-
-def sample_rss(pid: int, peak: dict[str, float]) -> None:
-    try:
-        parent = psutil.Process(pid)
-        peak["supervisor"] = max(peak.get("supervisor", 0), parent.memory_info().rss / 2**20)
-        for child in parent.children():
-            peak["worker"] = max(peak.get("worker", 0), child.memory_info().rss / 2**20)
-    except psutil.Error:
-        pass
-
-
-def huey_env(tmp: str, tag: str) -> tuple[dict[str, str], Inbox]:
-    db = os.path.join(tmp, f"huey-{tag}-{time.monotonic_ns()}.db")
-    inbox = Inbox(os.path.join(tmp, f"huey-{time.monotonic_ns()}.sock"))
-    return {**ENV, "LK_HUEY_DB": db, "LK_HUEY_SOCK": inbox.path}, inbox
-
-
-def huey_enqueue(env: dict[str, str], task: str, n: int, *args: float) -> None:
-    code = (
-        "import sys; import bench_huey as b\n"
-        "b.huey.storage.conn.execute('pragma synchronous=0')  # a fast set-up only\n"
-        f"t = getattr(b, {task!r})\n"
-        f"for _ in range({n}): t(*{list(args)!r})\n"
-    )
-    subprocess.run([PY, "-c", code], cwd=HERE, env=env, check=True)
-
-
-def huey_consumer(env: dict[str, str], w: int) -> subprocess.Popen[bytes]:
-    cmd = [str(Path(PY).with_name("huey_consumer")), "bench_huey.huey", "-k", "process",
-           "-w", str(w), "-n", "-C"]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=HERE, env=env, stderr=subprocess.DEVNULL)
+    return m / drain(db, m, f"sqlite:///{db}?synchronous={sync}", ["-n", str(w)], rss)
 
 
 def huey(tmp: str, m: int, w: int) -> float:
     env, inbox = huey_env(tmp, f"tp{w}")
     huey_enqueue(env, "noop", m)
-    started = time.monotonic()
-    proc = huey_consumer(env, w)
-    finished = inbox.wait(m, timeout=600)
-    elapsed = time.monotonic() - started
-    stop(proc)
-    if not finished:
-        raise SystemExit(f"huey -w {w}: only {inbox.count} of {m} tasks reported done")
-    return m / elapsed
-
-
-def _raw_worker(args: tuple[str, str, int]) -> int:
-    db, sync, me = args
-    c = sqlite3.connect(db, isolation_level=None, timeout=30)
-    c.execute(f"PRAGMA synchronous={sync}")
-    prev, n = None, 0
-    while True:
-        c.execute("BEGIN IMMEDIATE")
-        if prev is not None:
-            c.execute("UPDATE q SET done = 1, owner = NULL WHERE id = ? AND owner = ?", (prev, me))
-        row = c.execute(
-            "UPDATE q SET owner = ?, expires = ?, attempts = attempts + 1 WHERE id = "
-            "(SELECT id FROM q WHERE done = 0 AND owner IS NULL ORDER BY id LIMIT 1) RETURNING id",
-            (me, time.time() + 60),
-        ).fetchone()
-        c.execute("COMMIT")
-        if row is None:
-            return n
-        prev, n = row[0], n + 1
-
-
-def raw(tmp: str, m: int, w: int, sync: str = "FULL") -> float:
-    """The ceiling: a bare fused loop, one write transaction per task, no framework around it."""
-    db = os.path.join(tmp, f"raw-{w}-{time.monotonic_ns()}.db")
-    c = sqlite3.connect(db, isolation_level=None)
-    c.execute("PRAGMA journal_mode=WAL")
-    c.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, owner INTEGER, expires REAL,"
-              " done INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0)")  # fmt: skip
-    c.execute("CREATE INDEX q_ready ON q (done, id)")
-    c.execute("BEGIN")
-    c.executemany("INSERT INTO q (id) VALUES (?)", ((i,) for i in range(1, m + 1)))
-    c.execute("COMMIT")
-    c.close()
-    started = time.monotonic()
-    with get_context("fork").Pool(w) as pool:
-        done = sum(pool.map(_raw_worker, [(db, sync, i) for i in range(w)]))
-    elapsed = time.monotonic() - started
-    assert done == m, (done, m)
-    return m / elapsed
+    return m / huey_drain(env, inbox, m, w)
 
 
 # -- latency -----------------------------------------------------------------------------------
@@ -192,9 +75,9 @@ def gaps(n: int) -> list[float]:
     return [rng.uniform(0.2, 2.0) for _ in range(n)]
 
 
-def ours_pickup(tmp: str, samples: int) -> list[float]:
-    db = new_db(tmp, "pickup")
-    cmd = [PY, "-m", "supervisor", "start", "-n", "8", "--db", db, "--app", "benchapp:app"]
+def ours_pickup(tmp: str, samples: int, options: Sequence[str] = ("-n", "8")) -> list[float]:
+    db = new_db(tmp, f"pickup-{time.monotonic_ns()}")
+    cmd = [PY, "-m", "supervisor", "start", *options, "--db", db, "--app", "benchapp:app"]
     proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
     store = open_store(db)
     out = []
@@ -262,6 +145,43 @@ def takeover(fast: bool, trials: int) -> list[float]:
     return measure(trials, 30.0 if fast else 2.0, fast, False)  # milliseconds
 
 
+@dataclass
+class Latency:
+    """Idle pickup (ms; with default options and with slots), takeover after SIGKILL (ms),
+    write-lock wait (s); huey's sides are None with --no-huey."""
+
+    ours: list[float]
+    slots: list[float]
+    huey: list[float] | None
+    fast: list[float]
+    slow: list[float]
+    huey_lost: tuple[int, int] | None
+    waits: list[float]
+    worst: float
+
+
+def latency(args: Any, tmp: str) -> Latency:
+    print("  idle pickup, takeover, lock wait ...", file=sys.stderr, flush=True)
+    ours_lat = ours_pickup(tmp, args.samples)
+    n, c = bench_slots.SHAPES[0]
+    slots_lat = ours_pickup(tmp, args.samples, ("-n", str(n), "--concurrency", str(c)))
+    huey_lat = huey_lost = None
+    if not args.no_huey:
+        henv, hinbox = huey_env(tmp, "idle")
+        huey_lat = huey_pickup(henv, hinbox, args.samples, args.idle)
+    fast = takeover(True, 3 if args.quick else 10)
+    slow = takeover(False, 2 if args.quick else 3)
+    if not args.no_huey:
+        kenv, kinbox = huey_env(tmp, "kill")
+        huey_lost = huey_kill(kenv, kinbox)
+    lock_path = new_db(tmp, "lock")
+    bulk_runs(lock_path, 200_000 if not args.quick else 20_000, time.time() - 60)
+    lock = hammer(f"sqlite:///{lock_path}", 8, 3.0 if args.quick else 8.0, lock_probe=True)
+    waits = [x for res in lock for x in res[3]]
+    worst = max(pct(res[3], 0.99) for res in lock)
+    return Latency(ours_lat, slots_lat, huey_lat, fast, slow, huey_lost, waits, worst)
+
+
 def round_sides(
     tmp: str, m: int, w: int, rss: dict[str, float] | None
 ) -> list[tuple[str, Callable[[], float]]]:
@@ -274,18 +194,40 @@ def round_sides(
     ]
 
 
+def noop_round(args: Any, tmp: str, parts: set[str], widths: list[int],
+               rss: dict[str, float]) -> list[list[Side]]:  # fmt: skip
+    """Each width's sides for one no-op round: ours, huey and the fused ceiling (the widest also
+    runs ours at NORMAL); with slots, the raw batched ceiling at every width, and ours with
+    slots in the widest round (huey -w W and the fused ceilings are their references)."""
+    top, out = max(widths), []
+    for w in widths:
+        sides: list[Side] = []
+        if "noop" in parts:
+            sides = round_sides(tmp, args.tasks, w, rss if w == top else None)
+            sides = sides if w == top else sides[:3]
+        if "slots" in parts:
+            if "noop" not in parts:  # the references: huey and the fused ceiling
+                sides = round_sides(tmp, args.tasks, w, None)[1 if w == top else 2 : 3]
+            sides += bench_slots.noop_sides(tmp, args.tasks, w, w == top)
+        out.append([s for s in sides if not (args.no_huey and s[0].startswith("huey"))])
+    return out
+
+
 # -- the table ---------------------------------------------------------------------------------
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+PARTS = ("noop", "slots", "io", "latency", "postgres")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--tasks", type=int, default=20_000)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tasks", type=int, help="no-op tasks per side (20,000; quick 1,500)")
+    ap.add_argument("--rounds", type=int, help="rounds (3; quick 1)")
     ap.add_argument("--workers", default="1,2,8")
-    ap.add_argument("--samples", type=int, default=30, help="idle pickup samples")
-    ap.add_argument("--idle", type=float, default=60.0, help="huey's idle time before pickup")
+    ap.add_argument("--samples", type=int, help="idle pickup samples (30; quick 5)")
+    ap.add_argument("--idle", type=float, help="huey's idle time before pickup (60 s; quick 3)")
     ap.add_argument("--quick", action="store_true", help="a fast smoke run (not for figures)")
     ap.add_argument(
         "--postgres",
@@ -293,47 +235,51 @@ def main() -> int:
         help="a PostgreSQL server URL for the PostgreSQL rows ('' to skip them)",
     )
     ap.add_argument("--only-postgres", action="store_true", help="skip the SQLite rows")
+    ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {', '.join(PARTS)}")
+    ap.add_argument("--no-huey", action="store_true", help="leave huey's sides out")
+    ap.add_argument("--dir", help="where the scratch directory goes (removed at the end)")
+    bench_slots.add_arguments(ap)
     args = ap.parse_args()
-    if args.quick:
-        args.tasks, args.rounds, args.samples, args.idle = 1500, 1, 5, 3.0
+    for name, full, quick in (("tasks", 20_000, 1500), ("rounds", 3, 1), ("samples", 30, 5),
+                              ("idle", 60.0, 3.0)):  # fmt: skip
+        if getattr(args, name) is None:  # --quick's sizes, unless given
+            setattr(args, name, quick if args.quick else full)
     widths = [int(w) for w in args.workers.split(",")]
+    parts = set(args.parts.split(","))
+    if not parts <= set(PARTS):
+        ap.error(f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}")
     if args.only_postgres:
         return postgres_rows(args, widths)
-    tmp = tempfile.mkdtemp(prefix="lk-bench-")
+    tmp = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     results: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
+    rss_io: dict[str, dict[str, float]] = {}
     started = time.monotonic()
 
-    def run(key: str, fn: Callable[[], float]) -> None:
+    def run(r: int, key: str, fn: Callable[[], float], unit: str = "/s") -> None:
         value = fn()
         results.setdefault(key, []).append(value)
-        print(f"  round {r + 1}: {key:<22} {value:8.0f} /s", file=sys.stderr, flush=True)
+        shown = f"{value:8.2f} s" if unit == "s" else f"{value:8.0f} /s"
+        print(f"  round {r + 1}: {key:<22} {shown}", file=sys.stderr, flush=True)
 
-    for r in range(args.rounds):
-        for w in widths:
-            sides = round_sides(tmp, args.tasks, w, rss if w == max(widths) else None)
-            if w != max(widths):
-                sides = sides[:3]
-            for key, fn in sides if r % 2 == 0 else reversed(sides):
-                run(key, fn)
+    try:
+        for r in range(args.rounds):
+            for sides in noop_round(args, tmp, parts, widths, rss):
+                for key, fn in sides if r % 2 == 0 else reversed(sides):
+                    run(r, key, fn)
+        if "io" in parts:
+            for r in range(args.rounds):
+                sides = bench_slots.io_sides(tmp, args, rss_io, not args.no_huey)
+                for key, fn in sides if r % 2 == 0 else reversed(sides):
+                    run(r, key, fn, "s")
+        lat = latency(args, tmp) if "latency" in parts else None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
-    print("  idle pickup, takeover, lock wait ...", file=sys.stderr, flush=True)
-    henv, hinbox = huey_env(tmp, "idle")
-    ours_lat = ours_pickup(tmp, args.samples)
-    huey_lat = huey_pickup(henv, hinbox, args.samples, args.idle)
-    fast = takeover(True, 3 if args.quick else 10)
-    slow = takeover(False, 2 if args.quick else 3)
-    kenv, kinbox = huey_env(tmp, "kill")
-    lost, trials = huey_kill(kenv, kinbox)
-    lock_path = new_db(tmp, "lock")
-    bulk_runs(lock_path, 200_000 if not args.quick else 20_000, time.time() - 60)
-    lock = hammer(f"sqlite:///{lock_path}", 8, 3.0 if args.quick else 8.0, lock_probe=True)
-    waits = [x for res in lock for x in res[3]]
-    worst = max(pct(res[3], 0.99) for res in lock)
-
-    print_table(args, widths, results, rss, ours_lat, huey_lat, fast, slow, (lost, trials),
-                waits, worst, time.monotonic() - started)  # fmt: skip
-    return postgres_rows(args, widths) if args.postgres else 0
+    print_table(args, widths, results, rss, lat, time.monotonic() - started)
+    bench_slots.print_tables(args, widths, results, rss_io)
+    bench_goals.print_goals(widths, results, rss_io, lat)
+    return postgres_rows(args, widths) if args.postgres and "postgres" in parts else 0
 
 
 def postgres_rows(args: Any, widths: list[int]) -> int:
@@ -354,45 +300,63 @@ def postgres_rows(args: Any, widths: list[int]) -> int:
 
 
 def print_table(args: Any, widths: list[int], results: dict[str, list[float]],
-                rss: dict[str, float], ours_lat: list[float], huey_lat: list[float],
-                fast: list[float], slow: list[float], huey_lost: tuple[int, int],
-                waits: list[float], worst: float, elapsed: float) -> None:  # fmt: skip
+                rss: dict[str, float], lat: Latency | None, elapsed: float) -> None:  # fmt: skip
     cpu = platform.processor() or platform.machine()
     print(f"\nmachine: {os.cpu_count()} CPUs ({cpu}), Python {platform.python_version()}, "
           f"SQLite {sqlite3.sqlite_version}, huey {huey_version()}; {args.tasks:,} no-op tasks, "
           f"median of {args.rounds} rounds; {elapsed:.0f} s in all\n")  # fmt: skip
-    print("| throughput (tasks/s) | W | ours | huey | raw fused ceiling | ours / huey "
-          "| ours / ceiling |")  # fmt: skip
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    if f"ours -n {widths[0]}" in results:
+        print("| throughput (tasks/s) | W | ours | huey | raw fused ceiling | ours / huey "
+              "| ours / ceiling |")  # fmt: skip
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     for w in widths:
-        o, h, c = (median(results[f"{k} {w}"]) for k in ("ours -n", "huey -w", "raw fused"))
-        print(f"| FULL | {w} | {o:,.0f} | {h:,.0f} | {c:,.0f} | {o / h:.2f}x | {o / c:.0%} |")
+        o, h, c = (value(results, f"{k} {w}") for k in ("ours -n", "huey -w", "raw fused"))
+        if o is not None:
+            print(f"| FULL | {w} | {rate(o)} | {rate(h)} | {rate(c)} | {ratio(o, h)} "
+                  f"| {ratio(o, c, '{:.0%}')} |")  # fmt: skip
     top = max(widths)
     if f"ours -n {top} NORMAL" in results:
-        o = median(results[f"ours -n {top} NORMAL"])
-        h, c = median(results[f"huey -w {top}"]), median(results[f"raw fused {top}"])
-        print(f"| ours NORMAL vs FULL | {top} | {o:,.0f} | {h:,.0f} | {c:,.0f} | {o / h:.2f}x "
-              f"| {o / c:.0%} |")  # fmt: skip
+        o = value(results, f"ours -n {top} NORMAL")
+        h, c = value(results, f"huey -w {top}"), value(results, f"raw fused {top}")
+        print(f"| ours NORMAL vs FULL | {top} | {rate(o)} | {rate(h)} | {rate(c)} "
+              f"| {ratio(o, h)} | {ratio(o, c, '{:.0%}')} |")  # fmt: skip
+    if lat is not None:
+        print_latency(args, lat, rss)
+
+
+def print_latency(args: Any, lat: Latency, rss: dict[str, float]) -> None:
+    n, c = bench_slots.SHAPES[0]
+    huey_lat = (
+        "-"
+        if lat.huey is None
+        else (f"{median(lat.huey):.0f} / {pct(lat.huey, 0.99):.0f} (idle {args.idle:g} s first)")
+    )
+    lost = "-" if lat.huey_lost is None else (
+        f"task lost in {lat.huey_lost[0]} of {lat.huey_lost[1]} kills")  # fmt: skip
     print("\n| measure | ours | huey | goal |")
     print("| --- | --- | --- | --- |")
     print(f"| idle pickup p50 / p99 (ms), {args.samples} samples | "
-          f"{median(ours_lat):.1f} / {pct(ours_lat, 0.99):.1f} | "
-          f"{median(huey_lat):.0f} / {pct(huey_lat, 0.99):.0f} (idle {args.idle:g} s first) "
+          f"{median(lat.ours):.1f} / {pct(lat.ours, 0.99):.1f} | {huey_lat} "
           "| p50 <= 20, p99 <= 100 |")  # fmt: skip
-    print(f"| takeover after SIGKILL, fast release p50 / p99 (ms) | {median(fast):.1f} / "
-          f"{pct(fast, 0.99):.1f} | task lost in {huey_lost[0]} of {huey_lost[1]} kills "
-          "| p99 <= 200 |")  # fmt: skip
-    print(f"| takeover after SIGKILL, ttl path (ttl 2 s) p50 (ms) | {median(slow):.0f} | "
+    print(f"| idle pickup p50 / p99 (ms), -n {n} --concurrency {c} | {median(lat.slots):.1f} / "
+          f"{pct(lat.slots, 0.99):.1f} | - | p50 <= 20, p99 <= 100 |")  # fmt: skip
+    print(f"| takeover after SIGKILL, fast release p50 / p99 (ms) | {median(lat.fast):.1f} / "
+          f"{pct(lat.fast, 0.99):.1f} | {lost} | p99 <= 200 |")  # fmt: skip
+    print(f"| takeover after SIGKILL, ttl path (ttl 2 s) p50 (ms) | {median(lat.slow):.0f} | "
           "- | ~ ttl |")  # fmt: skip
-    print(f"| write-lock wait, 8 busy processes: p99 all / worst process (ms) | "
-          f"{pct(waits, 0.99) * 1000:.1f} / {worst * 1000:.1f} | - | p99 <= 50 |")  # fmt: skip
-    print(f"| peak RSS, supervisor / one worker (MB), -n 8 | {rss.get('supervisor', 0):.1f} / "
-          f"{rss.get('worker', 0):.1f} | - | <= 30 / <= 25 |")  # fmt: skip
+    p99, worst = pct(lat.waits, 0.99) * 1000, lat.worst * 1000
+    print(f"| write-lock wait, 8 busy processes: p99 all / worst process (ms) | {p99:.1f} / "
+          f"{worst:.1f} | - | p99 <= 50 |")  # fmt: skip
+    if rss:
+        print(f"| peak RSS, supervisor / one worker (MB), -n 8 | {rss.get('supervisor', 0):.1f} "
+              f"/ {rss.get('worker', 0):.1f} | - | <= 30 / <= 25 |")  # fmt: skip
 
 
 def huey_version() -> str:
-    import huey as h  # noqa: PLC0415 - the bench extra
-
+    try:
+        import huey as h  # noqa: PLC0415 - the bench extra
+    except ImportError:
+        return "not installed"
     return str(h.__version__)
 
 

@@ -36,3 +36,10 @@ def hold(seconds: float) -> None:
     _send(b"start %d" % os.getpid())
     time.sleep(seconds)
     _send(b"done")
+
+
+@huey.task()
+def io(seconds: float) -> None:
+    """An I/O-bound call (as benchapp's io_sync): run it on thread workers."""
+    time.sleep(seconds)
+    _send(b".")

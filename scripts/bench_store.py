@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from workerproc.store import StoreUnavailable, open_store
+from workerproc.store import Commit, StoreUnavailable, open_store
 from workerproc.store.sqlite import SQLiteStore
 
 NEVER = 10**9  # max_attempts for benchmarks that cycle claim -> release on the same tasks
@@ -39,12 +39,14 @@ class Sizes:
     hot: int  # tasks in the hot run
     others: int  # ordinary runs next to the hot run
     samples: int  # timed claims per latency measurement
+    produce: float  # seconds the producers enqueue while the pool drains
+    repeats: int  # timed start_runs calls (the median counts)
 
 
 FULL = Sizes(duration=5.0, pool=60_000, small=1_000, large=1_000_000, hot=100_000,
-             others=1_000, samples=3_000)  # fmt: skip
+             others=1_000, samples=3_000, produce=10.0, repeats=3)  # fmt: skip
 QUICK = Sizes(duration=0.5, pool=3_000, small=1_000, large=20_000, hot=5_000, others=500,
-              samples=300)  # fmt: skip
+              samples=300, produce=1.5, repeats=1)  # fmt: skip
 
 
 # -- set-up ------------------------------------------------------------------------------------
@@ -54,8 +56,11 @@ def new_db(directory: str, name: str) -> str:
     return path
 
 
-def bulk_runs(path: str, n: int, at: float, chunk: int = 100_000) -> None:
-    """``n`` single-task runs, all claimable at ``at``: one transaction per chunk, triggers on."""
+def bulk_runs(path: str, n: int, at: float, chunk: int = 100_000, queues: int = 0) -> None:
+    """``n`` single-task runs, all claimable at ``at``: one transaction per chunk, triggers on.
+
+    ``queues``: spread the runs over that many queues (``q0``...), 1 in 50 at priority 5 or -5
+    and 1 in 10 delayed by an hour (as scripts/bench_pg.py does on PostgreSQL)."""
     conn = sqlite3.connect(path, isolation_level=None)
     conn.execute("PRAGMA synchronous = OFF")
     done = 0
@@ -65,17 +70,24 @@ def bulk_runs(path: str, n: int, at: float, chunk: int = 100_000) -> None:
         first = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM runs").fetchone()[0]
         ids = range(first, first + k)
         conn.executemany(
-            "INSERT INTO runs (id, state, created_at, updated_at) VALUES (?, 'null', ?, ?)",
-            ((i, at, at) for i in ids),
+            "INSERT INTO runs (id, state, created_at, updated_at, queue, priority)"
+            " VALUES (?, 'null', ?, ?, ?, ?)",
+            ((i, at, at, *_queue_priority(i, queues)) for i in ids),
         )
         conn.executemany(
             "INSERT INTO tasks (run_id, name, payload, available_at, created_at)"
             " VALUES (?, 'bench', '{}', ?, ?)",
-            ((i, at, at) for i in ids),
+            ((i, at + 3600 * (queues > 0 and i % 10 == 3), at) for i in ids),
         )
         conn.execute("COMMIT")
         done += k
     conn.close()
+
+
+def _queue_priority(i: int, queues: int) -> tuple[str, int]:
+    if not queues:
+        return "default", 0
+    return f"q{i % queues}", {0: 5, 1: -5}.get(i % 100, 0)
 
 
 def bulk_tasks(path: str, run_id: int, n: int, at: float) -> None:
@@ -110,18 +122,20 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def claim_latencies(paths: list[str], samples: int) -> list[list[float]]:
-    """Time ``samples`` claims on each database, interleaved (drift hits both alike); release
-    each lease again so the pending count stays the same."""
+def claim_latencies(paths: list[str], samples: int, limit: int | None = None) -> list[list[float]]:
+    """Time ``samples`` claims (``limit``: batched claims of that many) on each database,
+    interleaved (drift hits both alike); release each lease again so the pending count stays
+    the same."""
     stores = [open_store(f"sqlite:///{p}?synchronous=normal") for p in paths]
     out: list[list[float]] = [[] for _ in paths]
     for i in range(samples):
         for store, times in zip(stores, out, strict=True):
             started = time.perf_counter()
-            lease = store.claim(f"lat-{i % 8}", 600, max_attempts=NEVER)
+            got = store.claim(f"lat-{i % 8}", 600, max_attempts=NEVER, limit=limit)
             times.append(time.perf_counter() - started)
-            assert lease is not None
-            store.release(lease)
+            leases = got if isinstance(got, list) else [got]
+            assert all(leases) and len(leases) == (limit or 1), "a claim came back short"
+            store.commit_many([Commit(lease, "release") for lease in leases if lease])
     for store in stores:
         store.close()
     return [times[samples // 10 :] for times in out]  # drop the warm-up (cold cache)
@@ -202,6 +216,38 @@ def latency_at_scale(d: str, sz: Sizes) -> list[Row]:
     ]  # fmt: skip
 
 
+def queue_latency(d: str, sz: Sizes, queues: int = 10, batch: int = 8) -> list[Row]:
+    """Claim latency vs depth with the pending runs in ``queues`` queues at three priorities,
+    served all at once (the claim walks every queue's priority levels): one task per claim, and
+    ``batch`` tasks per claim (``claim(limit=batch)``)."""
+    paths, notes = [], []
+    for n in (sz.small, sz.large):
+        paths.append(new_db(d, f"queues{n}"))
+        t0 = time.perf_counter()
+        bulk_runs(paths[-1], n, time.time() - 3600, queues=queues)
+        notes.append(f"bulk insert {time.perf_counter() - t0:.1f} s; 1 in 10 delayed")
+        verify_heads(paths[-1])
+    single = claim_latencies(paths, sz.samples)
+    batched = claim_latencies(paths, sz.samples, limit=batch)
+    for path in paths:
+        os.remove(path)
+    where = f"pending tasks in {queues} queues"
+    rows: list[Row] = []
+    for what, (small, large), per_lease in (
+        ("claim latency", single, ""),
+        (f"batched claim (limit={batch}) latency", batched,
+         f"; per lease p50 {ms(pct(batched[1], 0.5) / batch)}"),
+    ):  # fmt: skip
+        ratio = statistics.median(large) / statistics.median(small)
+        rows += [
+            (f"{what}, {sz.small:,} {where}", p50_p99(small), "", notes[0]),
+            (f"{what}, {sz.large:,} {where}", p50_p99(large), "", notes[1] + per_lease),
+            (f"{what} ratio {sz.large:,} / {sz.small:,} in {queues} queues (p50)",
+             f"{ratio:.2f}x", "<= 1.5", ok(ratio <= 1.5)),
+        ]  # fmt: skip
+    return rows
+
+
 def hot_run(d: str, sz: Sizes) -> list[Row]:
     plain, hot = new_db(d, "plain"), new_db(d, "hot")
     # the hot database: one old run, a live lease on its head, sz.hot - 1 tasks queued behind it
@@ -278,11 +324,16 @@ def main(argv: list[str] | None = None) -> int:
     d = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     started = time.perf_counter()
     rows: list[Row] = []
+    import bench_producers  # noqa: PLC0415 - it imports this module's helpers
+
     steps: list[Callable[[], list[Row]]] = [
         lambda: [throughput(d, sz, 1, "full"), throughput(d, sz, 8, "full")],
         lambda: [throughput(d, sz, 1, "normal"), throughput(d, sz, 8, "normal")],
         lambda: latency_at_scale(d, sz),
+        lambda: queue_latency(d, sz),
         lambda: hot_run(d, sz),
+        lambda: bench_producers.start_runs_rows(d, sz),
+        lambda: bench_producers.enqueue_rows(d, sz),
     ]
     try:
         for step in steps:

@@ -1,9 +1,12 @@
-"""The store benchmark still runs: ``scripts/bench_store.py --quick`` exits 0 and prints its
-table. Speed is the benchmark's business, not this test's: no goal is asserted here."""
+"""The benchmarks still run: ``scripts/bench_store.py --quick`` and the slot and I/O-bound parts
+of ``scripts/bench.py --quick`` (without huey: the test extra does not install it) exit 0 and
+print their tables. Speed is the benchmarks' business, not this test's: no goal is asserted
+here, only that each part measured something."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -23,8 +26,20 @@ def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
     out = proc.stdout
     assert "| measurement | result | goal | notes |" in out
     for row in ("claim+ack throughput, 8 processes", "latency ratio", "hot-run slowdown",
-                "write-lock wait, 8 processes", "| process | claim+ack done |"):  # fmt: skip
+                "write-lock wait, 8 processes", "| process | claim+ack done |",
+                "| claim latency, 20,000 pending tasks in 10 queues |",
+                "| claim latency ratio 20,000 / 1,000 in 10 queues (p50) |",
+                "| batched claim (limit=8) latency, 20,000 pending tasks in 10 queues |",
+                "| start_runs of 10,000 runs, one transaction |",
+                "| start_runs of 10,000 runs, one transaction, a key each |",
+                "| enqueue latency, 4 producers (one run per transaction) while -n 8 drains |",
+                "| enqueue p99, worst of 4 producers |"):  # fmt: skip
         assert row in out, f"missing {row!r} in:\n{out}"
+    enqueued = re.search(
+        r"\| \.\.\. enqueued / drained meanwhile .*? \| ([\d,]+) / ([\d,]+) runs", out
+    )
+    assert enqueued, out
+    assert all(int(n.replace(",", "")) > 0 for n in enqueued.groups()), enqueued.group(0)
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
 
 
@@ -39,4 +54,41 @@ def test_bench_web_smoke_prints_both_rows(tmp_path: object) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     for row in ("| without a dashboard |", "| with 3 pages loaded every second |", "| ratio |"):
         assert row in proc.stdout, proc.stdout
+    assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
+
+
+def _cells(out: str, row: str) -> list[str]:
+    """The cells of the markdown row that starts with ``row``."""
+    line = next((x for x in out.splitlines() if x.startswith(f"| {row} |")), None)
+    assert line is not None, f"missing row {row!r} in:\n{out}"
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+@pytest.mark.slow
+def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
+    """Ours with slots, the raw batched ceiling, sync and async I/O-bound runs at 250 slots with
+    the workers' RSS, and the goals table, on small sizes."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--quick", "--no-huey",
+         "--parts", "slots,io", "--workers", "2", "--tasks", "300", "--io-runs", "200",
+         "--io-seconds", "0.2", "--dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for shape in ("-n 2 --concurrency 16", "-n 8 --concurrency 4"):
+        ours, _huey, fused, batched = _cells(out, shape)[1:5]
+        assert all(float(x.replace(",", "")) > 0 for x in (ours, fused, batched)), shape
+    for mode in ("sync handler (time.sleep)", "async handler (asyncio.sleep)"):
+        cells = _cells(out, mode)
+        assert float(cells[1]) > 0.2, cells  # the run takes at least one call's length
+        assert float(cells[4]) > 5, cells  # a worker's peak RSS (MB) was sampled
+    goals = ["No-op, slots: >= 3x huey -w 2 and >= 1.5x the one-transaction raw ceiling",
+             "Default -n 2: >= 1.2x huey -w 2",
+             "I/O-bound at 500 slots: no slower than huey with 500 thread workers",
+             "Worker RSS at 250 slots <= 120 MB",
+             "Idle pickup and takeover: no worse than today"]  # fmt: skip
+    verdicts = {goal: _cells(out, goal)[-1] for goal in goals}
+    assert verdicts[goals[3]] in ("met", "**NOT met**"), verdicts
+    assert {v for g, v in verdicts.items() if g != goals[3]} == {"not measured"}, verdicts
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
