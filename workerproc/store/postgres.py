@@ -58,7 +58,8 @@ class PostgresStore(PostgresProducer, PostgresReads, Store):
         for _ in range(_CLAIM_TURNS):
             if len(leases) >= req.limit:
                 break
-            rows = _exec(c, query, {**params, "limit": req.limit - len(leases)}).fetchall()
+            ask = req.limit - len(leases)
+            rows = _exec(c, query, {**params, "limit": ask}).fetchall()
             if not rows:
                 break
             got = [row for row in rows if row[3] is not None]
@@ -69,6 +70,8 @@ class PostgresStore(PostgresProducer, PostgresReads, Store):
                 lease = self._lease(c, now, req, row)
                 if lease is not None:
                     leases.append(lease)
+            if len(got) == len(rows) < ask:  # it took every run it could lock and lease
+                break
         return leases
 
     def _lease(

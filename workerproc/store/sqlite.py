@@ -33,13 +33,14 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
         if req.queues is not None:
             params["queues"] = json.dumps(list(req.queues))
         while len(leases) < req.limit:
-            rows = c.execute(sql, {**params, "limit": req.limit - len(leases)}).fetchall()
-            if not rows:
-                break
+            ask = req.limit - len(leases)
+            rows = c.execute(sql, {**params, "limit": ask}).fetchall()
             for row in sorted(rows):
                 lease = self._lease(c, now, req, row)
                 if lease is not None:
                     leases.append(lease)
+            if len(rows) < ask:  # it took every claimable run there was
+                break
         return leases
 
     def _lease(
