@@ -19,7 +19,7 @@ from .store import Store, StoreCorrupt, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-CHANGE_CHECK = 0.01  # how often the cheap change token is read
+CHANGE_CHECK = 0.005  # how often the cheap change token is read
 
 
 def watch_for_work(

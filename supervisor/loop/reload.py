@@ -11,7 +11,7 @@ or failed. The loop never blocks on the new code and the supervisor never import
 3. **Done**: every active worker is of the new generation and claiming; ``ready`` is emitted
    again (``READY=1``).
 4. **Failed**: the import failed, or a worker of the new generation could not boot (exit 3 or
-   76), or ``reload_crash_limit`` of them died at start in a row, or one did not claim within
+   77), or ``reload_crash_limit`` of them died at start in a row, or one did not claim within
    ``reload_boot_timeout``. The new generation's workers are retired, the previous generation
    is the pool's again (so replacements run what ran before), the old workers keep serving.
    ``reload_failed`` is emitted (``READY=1`` with ``STATUS=reload failed: …``: the service is
