@@ -18,6 +18,7 @@ from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
 from workerproc.custody import SLOW_BEHIND
+from workerproc.slots import Execution, Mode
 from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
 from workerproc.store.sqlite import SQLiteStore
 from workerproc.worker import Worker
@@ -130,6 +131,55 @@ def test_async_handlers_share_one_loop_and_mix_with_plain_ones(db_path: str) -> 
         assert s.stats().runs == {"succeeded": 25}
         run = s.get_run(ids[3])
         assert run is not None and run.state == {"fetched": 3} and run.result == "ok"
+
+
+class Chains(Drains):
+    """Counts the tasks slot threads started themselves, without a conductor turn."""
+
+    chained = 0
+
+    def _ended_on_thread(self, ex: Execution) -> Execution | None:
+        nxt = super()._ended_on_thread(ex)
+        if nxt is not None:
+            assert nxt.mode is Mode.THREAD
+            with self._lock:
+                self.chained += 1
+        return nxt
+
+
+def test_slot_threads_start_prefetched_tasks_themselves_within_the_concurrency(
+    db_path: str,
+) -> None:
+    """A slot thread whose handler ended starts the next prefetched plain task itself; async
+    and unknown tasks in the same prefetch wait for the conductor, and the slots never exceed
+    the concurrency, whoever starts them."""
+    app, peak = App(), Peak()
+
+    @app.task
+    def short(ctx: TaskContext) -> None:
+        with peak:
+            time.sleep(0.001)
+
+    @app.task
+    async def later(ctx: TaskContext) -> None:
+        with peak:
+            await asyncio.sleep(0.001)
+
+    with open_store(db_path) as s:
+        runs = [{"task": "short"}] * 150 + [{"task": "later"}] * 20 + [{"task": "gone"}] * 3
+        runs = runs[::7] + runs[::-4] + runs  # interleaved, then in blocks
+        s.start_runs(runs)
+    w, _ = worker(db_path, app, cls=Chains, concurrency=3, prefetch=30)
+    assert w.run() == exitcodes.OK
+    assert peak.max <= 3
+    assert isinstance(w, Chains) and w.chained > 20
+    with open_store(db_path) as s:
+        runs_by_status = s.stats().runs
+        gone = sum(r["task"] == "gone" for r in runs)
+        assert runs_by_status == {"succeeded": len(runs) - gone, "failed": gone}
+        assert all(r.failure_reason == "unknown_task" for r in s.list_runs(status="failed"))
+        done = s.list_runs(status="succeeded", limit=1000)
+        assert [r.last_error for r in done] == [None] * len(done)  # each ran once, as written
 
 
 # -- errors of every kind are the task's ---------------------------------------------------------

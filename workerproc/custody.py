@@ -56,6 +56,12 @@ class Custody:
     def _accepting(self) -> bool:
         raise NotImplementedError
 
+    def _executions(self) -> list[Execution]:
+        """The handlers running now (slot threads add and remove them: never iterate
+        ``running`` without the lock)."""
+        with self._lock:
+            return list(self.running.values())
+
     # -- prefetched leases that go back unstarted ---------------------------------------------
     def _hand_back_behind(self, store: Store) -> None:
         """Heartbeat thread: the inline handler turned out slow; give back what waits."""
@@ -84,7 +90,7 @@ class Custody:
         if self._accepting() and len(self.running) < self.capacity:
             return []
         if self._accepting():
-            youngest = max(ex.started for ex in self.running.values())
+            youngest = max((ex.started for ex in self._executions()), default=0.0)
             if time.monotonic() - youngest < SLOW_BEHIND:
                 return []
         with self._lock:

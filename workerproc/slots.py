@@ -124,6 +124,8 @@ def conclude(
 
 
 Done = Callable[[Execution], None]
+# A slot thread's handler ended: record it, and say what this thread runs next (None: wait)
+Next = Callable[[Execution], "Execution | None"]
 
 
 def _cancel(ex: Execution) -> None:  # on the loop thread
@@ -134,7 +136,7 @@ def _cancel(ex: Execution) -> None:  # on the loop thread
 class ThreadSlots:
     """Plain handlers on up to ``size`` threads (started in the worker, never before fork)."""
 
-    def __init__(self, size: int, config: WorkerConfig, done: Done) -> None:
+    def __init__(self, size: int, config: WorkerConfig, done: Next) -> None:
         self._size = size
         self._config = config
         self._done = done
@@ -151,7 +153,8 @@ class ThreadSlots:
 
     def _main(self) -> None:
         main_thread_only()
-        while (ex := self._queue.get()) is not None:
+        ex = self._queue.get()
+        while ex is not None:
             value: object = None
             raised: BaseException | None = None
             ex.started = time.monotonic()
@@ -161,7 +164,9 @@ class ThreadSlots:
                 raised = exc
             ex.seconds = time.monotonic() - ex.started
             ex.commit = conclude(ex, value, raised, self._config)
-            self._done(ex)
+            # the next prefetched task, started by this thread (no round trip through the
+            # conductor), or whatever the conductor submits
+            ex = self._done(ex) or self._queue.get()
 
     def close(self, timeout: float = 1.0) -> None:
         """Ask idle threads to end; a thread still inside a handler is a daemon and dies with

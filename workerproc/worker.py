@@ -75,7 +75,7 @@ class Worker(Custody):
         self._exchanger = Exchanger(store, config.lease_ttl)
         self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                      config.queues)  # fmt: skip
-        self._threads = ThreadSlots(self.capacity, config, self._ended)
+        self._threads = ThreadSlots(self.capacity, config, self._ended_on_thread)
         self._aio = AsyncSlots(config, self._ended)
         self.heartbeat = Heartbeat(
             open_store,
@@ -173,8 +173,8 @@ class Worker(Custody):
                 busy=len(self.running),
             )
             return code
-        live = [ex for ex in self.running.values() if ex.stopped is not Stopped.ABANDONED]
-        return None if live or self.prefetched or self.finished else code
+        live = [ex for ex in self._executions() if ex.stopped is not Stopped.ABANDONED]
+        return None if live or self._completed or self.prefetched or self.finished else code
 
     def drain(self, code: int, why: str) -> None:
         """Stop claiming; exit with ``code`` once the running tasks finished (bounded)."""
@@ -192,17 +192,36 @@ class Worker(Custody):
 
     # -- slots ------------------------------------------------------------------------------------
     def _ended(self, ex: Execution) -> None:
-        """A handler ended (any thread): the conductor collects it on its next turn."""
+        """A handler ended (any thread): its slot is free; the conductor collects it on its
+        next turn (woken by the first of a batch: it collects them all)."""
         with self._lock:
+            self.running.pop(ex.lease.task_id, None)
+            first = not self._completed
             self._completed.append(ex)
-        self.waker.wake()
+        if first:
+            self.waker.wake()
+
+    def _ended_on_thread(self, ex: Execution) -> Execution | None:
+        """A slot thread's handler ended: the thread starts the next prefetched task itself
+        when it has a plain handler, so short tasks never wait for a conductor turn. Anything
+        else (an async or unknown task, nothing prefetched, draining) is the conductor's."""
+        self._ended(ex)
+        with self._lock:
+            if not self.prefetched or len(self.running) >= self.capacity or not self._accepting():
+                return None
+            lease = self.prefetched[0]
+            handler = self.app.handlers.get(lease.task)
+            if handler is None or mode_for(handler, self.capacity) is not Mode.THREAD:
+                return None
+            self.prefetched.popleft()
+            nxt = self.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
+        self.heartbeat.started(lease, renew=self._stale(lease))
+        return nxt
 
     def _collect(self) -> None:
         with self._lock:
             ended = list(self._completed)
             self._completed.clear()
-            for ex in ended:
-                self.running.pop(ex.lease.task_id, None)
         for ex in ended:
             self.heartbeat.finished(ex.lease)
             self.counters.task_done(ex.seconds)
@@ -221,28 +240,33 @@ class Worker(Custody):
             self.drain(exitcodes.RECYCLE, f"recycling after {self.tasks_done} tasks")
 
     def _start_waiting(self) -> None:
-        while len(self.running) < self.capacity and self._accepting():
+        """Start prefetched leases on the free slots (slot threads start some themselves:
+        the check and the move into ``running`` are one step under the lock)."""
+        while self._accepting():
             with self._lock:
-                if not self.prefetched:
+                if not self.prefetched or len(self.running) >= self.capacity:
                     return
                 lease = self.prefetched.popleft()
-            self._start(lease)
+                handler = self.app.handlers.get(lease.task)
+                ex = None
+                if handler is not None:
+                    ex = Execution(lease, handler, mode_for(handler, self.capacity))
+                    self.running[lease.task_id] = ex
+            if ex is None:
+                error = f"UnknownTask: no handler named {lease.task!r} in this app"
+                self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
+                self._finished_at = self._finished_at or time.monotonic()
+                continue
+            self._start(ex)
 
-    def _start(self, lease: Lease) -> None:
-        handler = self.app.handlers.get(lease.task)
-        if handler is None:
-            error = f"UnknownTask: no handler named {lease.task!r} in this app"
-            self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
-            self._finished_at = self._finished_at or time.monotonic()
-            return
-        # R4: a lease that waited since its claim is renewed as its handler starts. The
-        # heartbeat does it at once, in its one statement for every lease: the handler does
-        # not wait for it, and the database still decides at commit time (R5).
-        stale = time.monotonic() - self._claimed.get(lease.task_id, 0.0) > self.config.interval / 2
-        ex = Execution(lease, handler, mode_for(handler, self.capacity))
-        with self._lock:
-            self.running[lease.task_id] = ex
-        self.heartbeat.started(lease, renew=stale)
+    def _stale(self, lease: Lease) -> bool:
+        """R4: a lease that waited since its claim is renewed as its handler starts. The
+        heartbeat does it at once, in its one statement for every lease: the handler does not
+        wait for it, and the database still decides at commit time (R5)."""
+        return time.monotonic() - self._claimed.get(lease.task_id, 0.0) > self.config.interval / 2
+
+    def _start(self, ex: Execution) -> None:
+        self.heartbeat.started(ex.lease, renew=self._stale(ex.lease))
         self._publish()
         if ex.mode is Mode.INLINE:
             self._run_inline(ex)
@@ -328,15 +352,16 @@ class Worker(Custody):
         (R7). A claim just answered "nothing", so a due time already past never cuts the
         wait short: that would spin on the write lock."""
         now = time.monotonic()
-        deadline = now + (BUSY_WAIT if self.running else self.config.poll_interval)
-        if self.prefetched and len(self.running) >= self.capacity:  # a hand-back may be due
-            deadline = min(deadline, max(e.started for e in self.running.values()) + SLOW_BEHIND)
+        running = self._executions()
+        deadline = now + (BUSY_WAIT if running else self.config.poll_interval)
+        if self.prefetched and len(running) >= self.capacity:  # a hand-back may be due
+            deadline = min(deadline, max(e.started for e in running) + SLOW_BEHIND)
         if self._finished_at is not None:  # finished slots wait for their batch
             deadline = min(deadline, self._finished_at + HOLD)
         if not want:
             self.signals.absorb(self.waker.wait(max(0.0, deadline - now)))
             return
-        if not self.running:
+        if not running:
             deadline = now + self.config.poll_interval * random.uniform(0.9, 1.1)  # no herd
         watch_for_work(
             self.store,
