@@ -1,0 +1,149 @@
+"""Idle pickup and takeover, this checkout against an earlier commit, on this machine, now.
+
+"No worse than today" (issue 12) needs the figures of the code before slots measured on the same
+machine in the same minutes: idle latency here depends on how fast an idle machine wakes up (a
+``SELECT 1`` after 0.3 s of idle can take 50x its warm time), so figures from another day or
+machine compare nothing. This script checks ``REV`` out into a temporary worktree, starts both
+pools at once (``supervisor start -n 8``, one database each) and alternates idle pickup samples
+between them, then measures takeover after SIGKILL with each tree's own
+``scripts/measure_fast_release.py``, alternating rounds.
+
+    .venv/bin/python scripts/bench_before.py 524312a [--samples 120] [--trials 12]
+
+(about 9 minutes; 524312a is the last commit before slots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENQUEUE = """import sys, time
+from workerproc.store import open_store
+store = open_store(sys.argv[1])
+for _ in sys.stdin:
+    t0 = time.time()
+    print(t0, store.start_run("stamp"), flush=True)
+"""
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+class Pool:
+    """``supervisor start -n 8`` of one tree on its own database, and a producer beside it."""
+
+    def __init__(self, tree: Path, work: Path, name: str) -> None:
+        self.db = str(work / f"{name}.db")
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(tree / "scripts")]))
+        cmd = [sys.executable, "-m", "supervisor", "start", "-n", "8", "--db", self.db,
+               "--app", "benchapp:app"]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, cwd=tree / "scripts", env=env, stderr=subprocess.DEVNULL)
+        # cwd: ``python -c`` puts it first on sys.path, ahead of PYTHONPATH
+        self.producer = subprocess.Popen([sys.executable, "-c", ENQUEUE, self.db], cwd=tree,
+                                         env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)  # fmt: skip
+
+    def sample(self) -> float:
+        """Enqueue one run into the idle pool; ms until its handler started."""
+        assert self.producer.stdin is not None and self.producer.stdout is not None
+        self.producer.stdin.write("\n")
+        self.producer.stdin.flush()
+        t0, run_id = self.producer.stdout.readline().split()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with sqlite3.connect(self.db, timeout=5) as conn:
+                row = conn.execute("SELECT status, result FROM runs WHERE id = ?",
+                                   (int(run_id),)).fetchone()  # fmt: skip
+            if row is not None and row[0] == "succeeded":
+                return (float(json.loads(row[1])) - float(t0)) * 1000
+            time.sleep(0.001)
+        raise SystemExit(f"{self.db}: run {run_id} did not finish within 60 s")
+
+    def stop(self) -> None:
+        if self.producer.stdin is not None:
+            self.producer.stdin.close()
+        self.producer.wait(30)
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(60)
+
+
+def pickup(trees: dict[str, Path], work: Path, samples: int) -> dict[str, list[float]]:
+    pools = {name: Pool(tree, work, name) for name, tree in trees.items()}
+    out: dict[str, list[float]] = {name: [] for name in trees}
+    rng = random.Random(7)
+    try:
+        time.sleep(4)  # up, then idle
+        for i in range(samples):
+            for name in list(pools)[:: 1 if i % 2 else -1]:  # alternate who goes first
+                time.sleep(rng.uniform(0.2, 1.0))
+                out[name].append(pools[name].sample())
+    finally:
+        for pool in pools.values():
+            pool.stop()
+    return out
+
+
+def takeover(trees: dict[str, Path], trials: int, rounds: int) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(rounds):
+        for name, tree in trees.items():
+            cmd = [sys.executable, "scripts/measure_fast_release.py", "--trials", str(trials),
+                   "-v"]  # fmt: skip
+            done = subprocess.run(cmd, cwd=tree, capture_output=True, text=True, check=True)
+            out[name] += [float(ms) for ms in re.findall(r"claim ([\d.]+) ms", done.stderr)]
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("rev", help="the earlier commit (524312a: the last one before slots)")
+    ap.add_argument("--samples", type=int, default=120, help="idle pickup samples per tree")
+    ap.add_argument("--trials", type=int, default=12, help="takeover trials per round")
+    ap.add_argument("--rounds", type=int, default=2, help="takeover rounds per tree")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="lk-before-") as tmp:
+        work = Path(tmp)
+        before = work / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), args.rev],
+                       cwd=ROOT, check=True)  # fmt: skip
+        try:
+            trees = {"before": before, "now": ROOT}
+            print(f"idle pickup: {args.samples} samples each, alternating ...", file=sys.stderr)
+            lat = pickup(trees, work, args.samples)
+            print(f"takeover: {args.rounds} x {args.trials} trials each ...", file=sys.stderr)
+            took = takeover(trees, args.trials, args.rounds)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
+                           check=False)  # fmt: skip
+    rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=ROOT,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    print(f"\n| p50 / p99 (ms), same machine, same run | before ({rev}) | now | now / before |")
+    print("| --- | ---: | ---: | ---: |")
+    for label, data in (("idle pickup, -n 8", lat), ("takeover after SIGKILL, fast release", took)):
+        b, n = data["before"], data["now"]
+        row = [f"{statistics.median(v):.1f} / {pct(v, 0.99):.1f}" for v in (b, n)]
+        ratio = (
+            f"{statistics.median(n) / statistics.median(b):.2f}x / "
+            f"{pct(n, 0.99) / pct(b, 0.99):.2f}x"
+        )
+        print(f"| {label} | {row[0]} | {row[1]} | {ratio} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
