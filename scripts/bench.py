@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import bench_before
 import bench_goals
 import bench_pg
 import bench_slots
@@ -158,6 +159,7 @@ class Latency:
     huey_lost: tuple[int, int] | None
     waits: list[float]
     worst: float
+    before: bench_before.Before | None = None  # pickup and takeover beside --before, same run
 
 
 def latency(args: Any, tmp: str) -> Latency:
@@ -179,7 +181,13 @@ def latency(args: Any, tmp: str) -> Latency:
     lock = hammer(f"sqlite:///{lock_path}", 8, 3.0 if args.quick else 8.0, lock_probe=True)
     waits = [x for res in lock for x in res[3]]
     worst = max(pct(res[3], 0.99) for res in lock)
-    return Latency(ours_lat, slots_lat, huey_lat, fast, slow, huey_lost, waits, worst)
+    before = None
+    if args.before and bench_before.exists(args.before):
+        samples, trials, rounds = (10, 2, 1) if args.quick else (120, 12, 2)
+        before = bench_before.measure(args.before, samples, trials, rounds)
+    elif args.before:
+        print(f"  no commit {args.before} in this clone: no comparison with it", file=sys.stderr)
+    return Latency(ours_lat, slots_lat, huey_lat, fast, slow, huey_lost, waits, worst, before)
 
 
 def round_sides(
@@ -237,6 +245,12 @@ def main() -> int:
     ap.add_argument("--only-postgres", action="store_true", help="skip the SQLite rows")
     ap.add_argument("--parts", default=",".join(PARTS), help=f"some of {', '.join(PARTS)}")
     ap.add_argument("--no-huey", action="store_true", help="leave huey's sides out")
+    ap.add_argument(
+        "--before",
+        default=bench_before.BASELINE,
+        help="the commit 'no worse than today' compares with, measured beside this checkout in "
+        f"the same run ({bench_before.BASELINE}; '' to skip)",
+    )
     ap.add_argument("--dir", help="where the scratch directory goes (removed at the end)")
     bench_slots.add_arguments(ap)
     args = ap.parse_args()
@@ -350,6 +364,9 @@ def print_latency(args: Any, lat: Latency, rss: dict[str, float]) -> None:
     if rss:
         print(f"| peak RSS, supervisor / one worker (MB), -n 8 | {rss.get('supervisor', 0):.1f} "
               f"/ {rss.get('worker', 0):.1f} | - | <= 30 / <= 25 |")  # fmt: skip
+    if lat.before is not None:
+        print()
+        print("\n".join(bench_before.table(args.before, lat.before)))
 
 
 def huey_version() -> str:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "524312a"  # the last commit before slots (issue 12)
 ENQUEUE = """import sys, time
 from workerproc.store import open_store
 store = open_store(sys.argv[1])
@@ -109,6 +110,49 @@ def takeover(trees: dict[str, Path], trials: int, rounds: int) -> dict[str, list
     return out
 
 
+Before = dict[str, dict[str, list[float]]]  # "pickup" / "takeover" -> "before" / "now" -> ms
+
+
+def exists(rev: str) -> bool:
+    probe = ["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"]
+    return subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0
+
+
+def measure(rev: str, samples: int, trials: int, rounds: int) -> Before:
+    with tempfile.TemporaryDirectory(prefix="lk-before-") as tmp:
+        work = Path(tmp)
+        before = work / "before"
+        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), rev],
+                       cwd=ROOT, check=True)  # fmt: skip
+        try:
+            trees = {"before": before, "now": ROOT}
+            print(f"  idle pickup against {rev}: {samples} samples each, alternating ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            lat = pickup(trees, work, samples)
+            print(f"  takeover against {rev}: {rounds} x {trials} trials each ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            took = takeover(trees, trials, rounds)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
+                           check=False)  # fmt: skip
+    return {"pickup": lat, "takeover": took}
+
+
+def table(rev: str, data: Before) -> list[str]:
+    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+    lines = [f"| p50 / p99 (ms), same machine, same run | before ({short}) | now "
+             "| now / before |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for label, key in (("idle pickup, -n 8", "pickup"),
+                       ("takeover after SIGKILL, fast release", "takeover")):  # fmt: skip
+        b, n = data[key]["before"], data[key]["now"]
+        row = [f"{statistics.median(v):.1f} / {pct(v, 0.99):.1f}" for v in (b, n)]
+        ratio = (f"{statistics.median(n) / statistics.median(b):.2f}x / "
+                 f"{pct(n, 0.99) / pct(b, 0.99):.2f}x")  # fmt: skip
+        lines.append(f"| {label} | {row[0]} | {row[1]} | {ratio} |")
+    return lines
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("rev", help="the earlier commit (524312a: the last one before slots)")
@@ -116,32 +160,11 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=12, help="takeover trials per round")
     ap.add_argument("--rounds", type=int, default=2, help="takeover rounds per tree")
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="lk-before-") as tmp:
-        work = Path(tmp)
-        before = work / "before"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), args.rev],
-                       cwd=ROOT, check=True)  # fmt: skip
-        try:
-            trees = {"before": before, "now": ROOT}
-            print(f"idle pickup: {args.samples} samples each, alternating ...", file=sys.stderr)
-            lat = pickup(trees, work, args.samples)
-            print(f"takeover: {args.rounds} x {args.trials} trials each ...", file=sys.stderr)
-            took = takeover(trees, args.trials, args.rounds)
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
-                           check=False)  # fmt: skip
-    rev = subprocess.run(["git", "rev-parse", "--short", args.rev], cwd=ROOT,
-                         capture_output=True, text=True).stdout.strip()  # fmt: skip
-    print(f"\n| p50 / p99 (ms), same machine, same run | before ({rev}) | now | now / before |")
-    print("| --- | ---: | ---: | ---: |")
-    for label, data in (("idle pickup, -n 8", lat), ("takeover after SIGKILL, fast release", took)):
-        b, n = data["before"], data["now"]
-        row = [f"{statistics.median(v):.1f} / {pct(v, 0.99):.1f}" for v in (b, n)]
-        ratio = (
-            f"{statistics.median(n) / statistics.median(b):.2f}x / "
-            f"{pct(n, 0.99) / pct(b, 0.99):.2f}x"
-        )
-        print(f"| {label} | {row[0]} | {row[1]} | {ratio} |")
+    if not exists(args.rev):
+        raise SystemExit(f"bench_before: no commit {args.rev!r} in this clone")
+    data = measure(args.rev, args.samples, args.trials, args.rounds)
+    print()
+    print("\n".join(table(args.rev, data)))
     return 0
 
 

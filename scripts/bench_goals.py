@@ -1,9 +1,9 @@
 """scripts/bench's goals table (issue 12): each goal, what this run measured, met or NOT met.
 
 A goal whose numbers this run did not measure (a part left out with --parts, huey left out with
---no-huey) says "not measured". "No worse than today" compares with the README's figures from
-before slots (same machine, no other load), allowing BEFORE_SLACK for the noise of a few dozen
-samples.
+--no-huey) says "not measured". "No worse than today" compares idle pickup and takeover with the
+commit before slots measured beside this checkout in the same run (scripts/bench_before.py, the
+bench's --before), allowing BEFORE_SLACK for the noise of a hundred samples.
 """
 
 from __future__ import annotations
@@ -14,9 +14,6 @@ from typing import Any
 from bench_slots import HUEY_IO, IO_SHAPE, MODES, best_shape, fused_ceiling, io_key, value
 from bench_store import pct
 
-# README, Performance, before slots: idle pickup at -n 8 and takeover after SIGKILL with fast
-# release, p50 and p99 in milliseconds
-BEFORE = {"pickup": (2.6, 6.5), "takeover": (7.9, 8.9)}
 BEFORE_SLACK = 1.25
 RSS_LIMIT = 120.0  # MB, one worker at 250 slots
 
@@ -67,19 +64,20 @@ def worker_rss(rss: dict[str, dict[str, float]]) -> Goal:
 
 def idle_and_takeover(lat: Any) -> Goal:
     what = "Idle pickup and takeover: no worse than today"
-    if lat is None:
+    if lat is None or lat.before is None:
         return what, "-", None
-    figures = {
-        "pickup -n 8": (statistics.median(lat.ours), pct(lat.ours, 0.99), BEFORE["pickup"]),
-        "pickup with slots": (statistics.median(lat.slots), pct(lat.slots, 0.99),
-                              BEFORE["pickup"]),
-        "takeover": (statistics.median(lat.fast), pct(lat.fast, 0.99), BEFORE["takeover"]),
-    }  # fmt: skip
-    got = "; ".join(f"{name} p50/p99 {p50:.1f}/{p99:.1f} ms (before {b[0]}/{b[1]})"
-                    for name, (p50, p99, b) in figures.items())  # fmt: skip
-    met = all(p50 <= BEFORE_SLACK * b[0] and p99 <= BEFORE_SLACK * b[1]
-              for p50, p99, b in figures.values())  # fmt: skip
-    return what, got + f" (allowing {BEFORE_SLACK:g}x)", met
+    figures = []
+    for name, key in (("pickup -n 8", "pickup"), ("takeover", "takeover")):
+        before, now = lat.before[key]["before"], lat.before[key]["now"]
+        ratios = (statistics.median(now) / statistics.median(before),
+                  pct(now, 0.99) / pct(before, 0.99))  # fmt: skip
+        figures.append((name, now, before, ratios))
+    got = "; ".join(f"{name} p50/p99 {statistics.median(now):.1f}/{pct(now, 0.99):.1f} ms "
+                    f"(before {statistics.median(before):.1f}/{pct(before, 0.99):.1f}: "
+                    f"{r[0]:.2f}x/{r[1]:.2f}x)"
+                    for name, now, before, r in figures)  # fmt: skip
+    met = all(max(r) <= BEFORE_SLACK for *_, r in figures)
+    return what, got + f" (same run, allowing {BEFORE_SLACK:g}x)", met
 
 
 def print_goals(widths: list[int], results: dict[str, list[float]],

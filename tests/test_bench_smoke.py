@@ -92,3 +92,28 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
     assert verdicts[goals[3]] in ("met", "**NOT met**"), verdicts
     assert {v for g, v in verdicts.items() if g != goals[3]} == {"not measured"}, verdicts
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
+
+
+@pytest.mark.slow
+def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
+    """``scripts/bench_before.py`` (the bench's --before) runs the earlier commit's pool beside
+    this one and prints both; its temporary worktree is gone afterwards."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_before import BASELINE, exists  # noqa: PLC0415 - a script's module
+
+    if not exists(BASELINE):
+        pytest.skip(f"a shallow clone: no commit {BASELINE} to compare with")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_before.py"), BASELINE,
+         "--samples", "2", "--trials", "1", "--rounds", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("idle pickup, -n 8", "takeover after SIGKILL, fast release"):
+        before, now = _cells(proc.stdout, row)[1:3]
+        for cell in (before, now):
+            p50, p99 = (float(x) for x in cell.split(" / "))
+            assert 0 < p50 <= p99, (row, cell)
+    trees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout  # fmt: skip
+    assert "lk-before-" not in trees
