@@ -439,3 +439,26 @@ def test_the_worker_serves_only_its_queues(db_path: str) -> None:
     assert w.run() == exitcodes.OK
     with open_store(db_path) as s:
         assert {s.get_run(r).status for r in theirs} == {"pending"}  # type: ignore[union-attr]
+
+
+def test_a_worker_of_plain_handlers_never_imports_asyncio_or_filelock(tmp_path: Any) -> None:
+    """asyncio (with the ssl it pulls in) and filelock (hashlib, decimal, ast…) cost a worker
+    several MB: a worker process of plain handlers on a current database loads neither, even
+    with slot threads; its first ``async def`` handler loads asyncio."""
+    from procs import spawn_worker  # noqa: PLC0415 - the process helpers
+
+    db = str(tmp_path / "lazy.db")
+    store = open_store(db)  # migrated here: the workers find the schema current
+    try:
+        plain = store.start_run("modules")
+        worker = spawn_worker(db, tmp_path, "--app", "apps.lazy_app:app", "--concurrency", "4",
+                              "--max-tasks", "1")  # fmt: skip
+        assert worker.wait(60) == exitcodes.RECYCLE, worker.output()
+        assert store.get_run(plain).result == {"asyncio": False, "filelock": False}
+        coro = store.start_run("modules_async")
+        worker = spawn_worker(db, tmp_path, "--app", "apps.lazy_app:app", "--concurrency", "4",
+                              "--max-tasks", "1")  # fmt: skip
+        assert worker.wait(60) == exitcodes.RECYCLE, worker.output()
+        assert store.get_run(coro).result == {"asyncio": True, "filelock": False}
+    finally:
+        store.close()

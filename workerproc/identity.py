@@ -8,7 +8,6 @@ loops in one process. The supervisor parses owners to release leases of dead pro
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 from typing import NamedTuple
 
@@ -28,7 +27,7 @@ def process_start(pid: int) -> str:
 
 def make_owner(*, pid: int | None = None, suffix: str | None = None) -> str:
     pid = os.getpid() if pid is None else pid
-    suffix = secrets.token_hex(4) if suffix is None else suffix
+    suffix = os.urandom(4).hex() if suffix is None else suffix  # secrets.token_hex's source
     return f"{socket.gethostname()}:{pid}:{process_start(pid)}:{suffix}"
 
 

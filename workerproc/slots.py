@@ -16,7 +16,6 @@ when there is nothing to write (the lease is gone).
 
 from __future__ import annotations
 
-import asyncio
 import enum
 import inspect
 import logging
@@ -26,6 +25,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .app import Handler, LeaseLost, TaskContext
 from .backoff import backoff
@@ -34,6 +34,9 @@ from .logs import event
 from .signals import Abort, main_thread_only
 from .store import Commit, InvalidPayload, Lease
 from .store.codec import dumps
+
+if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
+    import asyncio
 
 log = logging.getLogger("workerproc.worker")
 
@@ -189,6 +192,8 @@ class AsyncSlots:
 
     def _start(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
+            import asyncio  # noqa: PLC0415 - the first async handler pays for it, not every worker
+
             loop = asyncio.new_event_loop()
 
             def run() -> None:
@@ -201,9 +206,14 @@ class AsyncSlots:
         return self._loop
 
     def submit(self, ex: Execution) -> None:
-        asyncio.run_coroutine_threadsafe(self._run(ex), self._start())
+        loop = self._start()
+        import asyncio  # noqa: PLC0415 - imported by _start, so this is a lookup
+
+        asyncio.run_coroutine_threadsafe(self._run(ex), loop)
 
     async def _run(self, ex: Execution) -> None:
+        import asyncio  # noqa: PLC0415 - on the loop: imported already
+
         value: object = None
         raised: BaseException | None = None
         ex.task = asyncio.current_task()

@@ -19,8 +19,6 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import filelock
-
 from ..backoff import backoff
 from .base import Clock
 from .errors import (
@@ -236,6 +234,8 @@ class SQLiteBase:
             return
         if version > SCHEMA_VERSION:
             raise SchemaTooNew(f"{self.path}: schema v{version} is newer than this leasekeeper")
+        import filelock  # noqa: PLC0415 - only a migration needs it (~8 MB of imports per worker)
+
         lock = filelock.FileLock(self.path + ".lock", timeout=self.busy_timeout, mode=0o600)
         try:
             with lock:
