@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
+from bench_pg_floor import raw_pickup
 
 from workerproc.store import Commit, open_store
 
@@ -113,20 +114,23 @@ def ours(database: str, m: int, w: int, supervisors: int) -> float:
     return m / elapsed
 
 
-def pickup(database: str, samples: int, gaps: list[float]) -> list[float]:
-    """Idle pickup (ms): enqueue into an idle pool of 8, until the handler starts."""
+def pickup(database: str, samples: int, gaps: list[float]) -> tuple[list[float], list[float]]:
+    """Idle pickup into an idle pool of 8: (``start_run``'s own ms, ms until the handler
+    starts), both from just before ``start_run``."""
     url = schema_url(database, "pickup")
     open_store(url).close()
     cmd = [PY, "-m", "supervisor", "start", "-n", "8", "--db", url, "--app", "benchapp:app"]
     proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
     store = open_store(url)
-    out = []
+    enqueues: list[float] = []
+    out: list[float] = []
     try:
         time.sleep(3)  # up, then idle
         for gap in gaps[:samples]:
             time.sleep(gap)
             t0 = time.time()
             run_id = store.start_run("stamp")
+            enqueues.append((time.time() - t0) * 1000)
             while (run := store.get_run(run_id)) is None or run.status != "succeeded":
                 time.sleep(0.0005)
             out.append((float(run.result) - t0) * 1000)
@@ -134,7 +138,7 @@ def pickup(database: str, samples: int, gaps: list[float]) -> list[float]:
         proc.terminate()
         proc.wait(30)
         store.close()
-    return out
+    return enqueues, out
 
 
 def takeover(database: str, trials: int) -> list[float]:
@@ -285,7 +289,8 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
                 results.setdefault(key, []).append(value)
                 print(f"  round {r + 1}: {key:<22} {value:8.0f} /s", file=sys.stderr, flush=True)
     print("  PostgreSQL idle pickup, takeover, finished runs ...", file=sys.stderr, flush=True)
-    lat = pickup(database, args.samples, gaps)
+    enq, lat = pickup(database, args.samples, gaps)
+    floor_enq, floor = raw_pickup(database, gaps[: args.samples])
     fast = takeover(database, 3 if args.quick else 10)
     fin = claim_beside_finished(database, 20_000 if args.quick else 1_000_000,
                                 200 if args.quick else 2_000)  # fmt: skip
@@ -309,6 +314,11 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
         "| --- | --- | --- |",
         f"| idle pickup p50 / p99 (ms), {len(lat)} samples | {med(lat):.1f} / "
         f"{pct(lat, 0.99):.1f} | p50 <= 10 |",
+        f"| ... of which `start_run` itself (its commit) p50 / p99 (ms) | {med(enq):.1f} / "
+        f"{pct(enq, 0.99):.1f} | - |",
+        f"| raw floor (bench_pg_floor): bare INSERT + NOTIFY, LISTEN, one-statement claim, "
+        f"p50 / p99 (ms) | {med(floor):.1f} / {pct(floor, 0.99):.1f} (commit p50 "
+        f"{med(floor_enq):.1f}) | - |",
         f"| takeover after SIGKILL, fast release p50 / p99 (ms) | {med(fast):.1f} / "
         f"{pct(fast, 0.99):.1f} | p99 <= 50 |",
         f"| claim+ack p50 / p99 (ms): empty tables | {fin['empty_p50']:.2f} / "

@@ -33,6 +33,8 @@ def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
                 "| start_runs of 10,000 runs, one transaction |",
                 "| start_runs of 10,000 runs, one transaction, a key each |",
                 "| enqueue latency, 4 producers (one run per transaction) while -n 8 drains |",
+                "| enqueue latency, 4 producers (one run per transaction) while -n 8 --prefetch "
+                "8 drains |",
                 "| enqueue p99, worst of 4 producers |"):  # fmt: skip
         assert row in out, f"missing {row!r} in:\n{out}"
     enqueued = re.search(
@@ -117,3 +119,27 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
     trees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout  # fmt: skip
     assert "lk-before-" not in trees
+
+
+@pytest.mark.slow
+def test_bench_pg_pickup_and_its_raw_floor_measure_each_sample() -> None:
+    """``bench_pg``'s idle pickup (a supervisor of 8 on PostgreSQL) and the raw floor it is
+    printed beside (a bare producer, LISTEN and one-statement claim) return one figure per gap;
+    the floor's table is dropped afterwards."""
+    import psycopg  # noqa: PLC0415 - the test extra has it; pg_session skips loudly without
+    from pg_session import database_url  # noqa: PLC0415 - skips without a server
+
+    database = database_url()
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_pg import pickup  # noqa: PLC0415 - a script's module
+    from bench_pg_floor import raw_pickup  # noqa: PLC0415 - a script's module
+
+    commits, floor = raw_pickup(database, [0.2, 0.3])
+    assert len(commits) == len(floor) == 2
+    assert min(commits + floor) > 0, (commits, floor)  # the claim may beat the commit's reply
+    with psycopg.connect(database, autocommit=True) as conn:
+        left = conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE 'pickup_floor_%'")
+        assert left.fetchone() == (0,)
+    enqueues, ours = pickup(database, 2, [0.2, 0.3])
+    assert len(enqueues) == len(ours) == 2
+    assert min(enqueues + ours) > 0, (enqueues, ours)
