@@ -334,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda: hot_run(d, sz),
         lambda: bench_producers.start_runs_rows(d, sz),
         lambda: bench_producers.enqueue_rows(d, sz),
+        lambda: bench_producers.enqueue_rows(d, sz, ["--prefetch", "8"]),
     ]
     try:
         for step in steps:
