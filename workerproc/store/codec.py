@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidPayload
 from .types import JSON
+
+if TYPE_CHECKING:
+    from .base import Commit
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
@@ -93,3 +97,25 @@ def check_run_options(queue: str, priority: int, key: str | None) -> None:
         raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY):
         raise InvalidPayload(f"key must be a string of 1 to {MAX_KEY} characters")
+
+
+def commit_params(commit: Commit) -> dict[str, Any]:
+    """A commit's statement parameters, its JSON encoded and checked before any transaction
+    starts, so a bad value writes nothing (both backends)."""
+    params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)), "error": commit.error}
+    if commit.kind in ("finish", "advance"):
+        params["state"] = dumps(commit.new_state, "state")
+        params["revision"] = commit.expected_revision
+    if commit.kind == "finish":
+        params["result"] = dumps(commit.result, "result")
+    if commit.kind == "advance":
+        if not commit.next_task:
+            raise InvalidPayload("advance needs the name of the next task")
+        params["name"] = commit.next_task
+        params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
+        params["queue"] = commit.next_queue
+        if commit.next_queue is not None:
+            check_run_options(commit.next_queue, 0, None)
+    if commit.kind == "fail":
+        params["reason"] = commit.reason or "failed"
+    return params

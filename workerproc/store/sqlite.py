@@ -11,7 +11,7 @@ from typing import Any
 
 from . import sqlite_sql as q
 from .base import Commit, Store
-from .codec import MAX_PAYLOAD, check_run_options, dumps, loads
+from .codec import commit_params, dumps, loads
 from .errors import InvalidPayload, RunNotFound
 from .sqlite_base import Params
 from .sqlite_producer import SQLiteProducer
@@ -150,7 +150,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
     def commit_many(
         self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
     ) -> BatchOutcome:
-        encoded = [self._encode(commit) for commit in commits]  # a bad value writes nothing
+        encoded = [commit_params(commit) for commit in commits]  # a bad value writes nothing
 
         def tx(c: sqlite3.Connection, now: float) -> BatchOutcome:
             results = tuple(
@@ -161,27 +161,6 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
             return BatchOutcome(results, tuple(leases))
 
         return self._write(tx)
-
-    @staticmethod
-    def _encode(commit: Commit) -> Params:
-        """Encode JSON before the transaction starts: a bad value writes nothing."""
-        params: Params = {"delay": max(0.0, float(commit.delay)), "error": commit.error}
-        if commit.kind in ("finish", "advance"):
-            params["state"] = dumps(commit.new_state, "state")
-            params["revision"] = commit.expected_revision
-        if commit.kind == "finish":
-            params["result"] = dumps(commit.result, "result")
-        if commit.kind == "advance":
-            if not commit.next_task:
-                raise InvalidPayload("advance needs the name of the next task")
-            params["name"] = commit.next_task
-            params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
-            params["queue"] = commit.next_queue
-            if commit.next_queue is not None:
-                check_run_options(commit.next_queue, 0, None)
-        if commit.kind == "fail":
-            params["reason"] = commit.reason or "failed"
-        return params
 
     def _apply(self, c: sqlite3.Connection, now: float, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}
