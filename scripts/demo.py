@@ -25,7 +25,7 @@ SHOW = ("chaos", "drain finished", "VIOLATION", "supervisor stopped", "error", "
 
 
 def fresh(path: Path) -> None:
-    for suffix in ("", "-wal", "-shm", ".lock"):
+    for suffix in ("", "-wal", "-shm", ".lock", "-producers"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
 
 

@@ -176,7 +176,7 @@ def test_database_files_are_not_world_readable(db_path: str) -> None:
     try:
         store = open_store(db_path)
         store.start_run("t")  # a write: -wal and -shm exist now
-        for suffix in ("", "-wal", "-shm", ".lock"):
+        for suffix in ("", "-wal", "-shm", ".lock", "-producers"):
             mode = stat.S_IMODE(os.stat(db_path + suffix).st_mode)
             assert mode & 0o077 == 0, f"{suffix or 'db'} has mode {mode:o}"
         store.close()

@@ -160,7 +160,7 @@ class SQLiteStore(SQLiteProducer, SQLiteReads, SQLiteViews, Store):
             leases = self._claim(c, now, claim) if claim is not None and claim.limit > 0 else []
             return BatchOutcome(results, tuple(leases))
 
-        return self._write(tx)
+        return self._write(tx, role="worker")
 
     def _apply(self, c: sqlite3.Connection, now: float, commit: Commit, p: Params) -> CasResult:
         params = {**p, **self._fence(commit.lease, now)}

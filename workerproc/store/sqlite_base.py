@@ -28,6 +28,7 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
+from .sqlite_intent import Intent
 from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 T = TypeVar("T")
@@ -102,6 +103,7 @@ class SQLiteBase:
         self._local = threading.local()
         self._pid = os.getpid()
         self._closed = False
+        self._intent = Intent(path + "-producers")  # producers ahead of a busy pool
         self._create_file()
         self._migrate()
 
@@ -207,8 +209,18 @@ class SQLiteBase:
                     conn.close()
         return translate(exc, self.path)
 
-    def _write(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
-        """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``."""
+    def _write(self, fn: Callable[[sqlite3.Connection, float], T], *, role: str | None = None) -> T:
+        """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``. ``role``:
+        a ``"producer"`` starting runs announces itself and a ``"worker"`` exchange first lets
+        announced producers go (``sqlite_intent``: bounded, a hint)."""
+        if role == "worker":
+            self._intent.yield_to_producers()
+        if role == "producer":
+            with self._intent.announce():
+                return self._transaction(fn)
+        return self._transaction(fn)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection, float], T]) -> T:
         conn = self._conn()
         self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
@@ -299,4 +311,5 @@ class SQLiteBase:
         if conn is not None and self._pid == os.getpid():
             conn.close()
         self._local = threading.local()
+        self._intent.close()
         self._closed = True

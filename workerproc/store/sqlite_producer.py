@@ -58,7 +58,7 @@ class SQLiteProducer(SQLiteBase):
 
     def _start(self, runs: list[NewRun], tx: Any) -> list[int]:
         if tx is None:
-            return self._write(lambda c, now: [insert(r, c, now) for r in runs])
+            return self._write(lambda c, now: [insert(r, c, now) for r in runs], role="producer")
         conn = self._callers(tx)
         now = self._clock()
         try:
