@@ -88,3 +88,27 @@ def test_a_symlink_in_place_of_the_file_is_never_followed(tmp_path: Path) -> Non
         assert target.read_text() == "keep" and os.path.islink(db + "-producers")
     finally:
         store.close()
+
+
+def test_a_thread_that_ends_leaves_no_descriptor_behind(tmp_path: Path) -> None:
+    """A web server that starts a thread per request must not leak one descriptor each."""
+    import gc  # noqa: PLC0415
+
+    intent = Intent(str(tmp_path / "db-producers"))
+
+    def request() -> None:
+        with intent.announce():
+            pass
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    request()  # this thread's own descriptor
+    before = open_fds()
+    for _ in range(50):
+        t = threading.Thread(target=request)
+        t.start()
+        t.join(10)
+    gc.collect()
+    assert open_fds() - before < 5
+    intent.close()

@@ -11,13 +11,15 @@ waits in short sleeps, for at most ``YIELD_MAX``. A worker that waits only gathe
 This is a priority hint, never a rule the protocol relies on: every wait is bounded, and
 when the file cannot be opened (a read-only directory, a symlink in its place, another user's
 file) nobody announces and nobody waits. Each thread has its own descriptor (``flock`` belongs
-to an open file description), opened after fork; an inherited one is never used or unlocked.
+to an open file description), opened after fork and closed when its thread ends (a server that
+starts a thread per request must not leak them); an inherited one is never used or unlocked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import threading
 import time
@@ -27,7 +29,7 @@ YIELD_MAX = 0.02  # a worker lets announced producers go first for at most this 
 YIELD_SLEEP = 0.0005  # ... looking again every half millisecond
 ANNOUNCE_MAX = 0.005  # a producer gives up announcing (a worker's probe is stuck) after this
 
-_abandoned: list[int] = []  # descriptors inherited across fork(): kept open, never unlocked
+_abandoned: list[io.FileIO] = []  # files inherited across fork(): kept open, never unlocked
 
 
 class Intent:
@@ -38,20 +40,20 @@ class Intent:
 
     def _fd(self) -> int | None:
         if self._pid != os.getpid():
-            inherited = getattr(self._local, "fd", None)
-            if inherited is not None and inherited >= 0:
+            inherited = getattr(self._local, "file", None)
+            if inherited is not None:
                 _abandoned.append(inherited)  # unlocking it would unlock the parent's
             self._local = threading.local()
             self._pid = os.getpid()
-        fd: int | None = getattr(self._local, "fd", None)
-        if fd is None:
+        if not hasattr(self._local, "file"):
             try:
                 flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                fd = os.open(self.path, flags, 0o600)
+                # a FileIO closes the descriptor when the thread's local storage goes
+                self._local.file = io.FileIO(os.open(self.path, flags, 0o600), "r+")
             except OSError:
-                fd = -1  # no announcements from this thread: no priority, never an error
-            self._local.fd = fd
-        return None if fd < 0 else fd
+                self._local.file = None  # no announcements from this thread: no priority
+        file: io.FileIO | None = self._local.file
+        return None if file is None else file.fileno()
 
     @contextlib.contextmanager
     def announce(self) -> Iterator[None]:
@@ -106,8 +108,8 @@ class Intent:
         return time.monotonic() - started
 
     def close(self) -> None:
-        fd = getattr(self._local, "fd", None)
-        if fd is not None and fd >= 0 and self._pid == os.getpid():
+        file = getattr(self._local, "file", None)
+        if file is not None and self._pid == os.getpid():
             with contextlib.suppress(OSError):
-                os.close(fd)
+                file.close()
         self._local = threading.local()
