@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ..backoff import backoff
 from .base import Clock
@@ -32,6 +32,7 @@ from .sqlite_intent import Intent
 from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 
 T = TypeVar("T")
+Role = Literal["producer", "worker"]  # who writes, for sqlite_intent's priority hint
 Params = dict[str, Any]
 
 SYNCHRONOUS = ("FULL", "NORMAL")
@@ -209,7 +210,9 @@ class SQLiteBase:
                     conn.close()
         return translate(exc, self.path)
 
-    def _write(self, fn: Callable[[sqlite3.Connection, float], T], *, role: str | None = None) -> T:
+    def _write(
+        self, fn: Callable[[sqlite3.Connection, float], T], *, role: Role | None = None
+    ) -> T:
         """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``. ``role``:
         a ``"producer"`` starting runs announces itself and a ``"worker"`` exchange first lets
         announced producers go (``sqlite_intent``: bounded, a hint)."""
