@@ -234,7 +234,8 @@ class TestStoreOperations:
             writer.close()
 
     def test_stats_counts(self, s: Store, clock: FakeClock) -> None:
-        runs = [s.start_run(n) for n in "abcdef"]  # a delayed, b leased, c expired, d done, e ready
+        # a delayed, b leased, c expired, d done, e and g ready, f cancelled: every count differs
+        runs = [s.start_run(n) for n in "abcdefg"]
         assert s.cancel_run(runs[5])
         assert s.release(claim(s), delay=100)  # run a: delayed now
         held = claim(s, "w1", 100)  # b
@@ -244,9 +245,12 @@ class TestStoreOperations:
         clock.advance(6)  # c's lease (w3) expired
         st = s.stats()
         assert st.now == clock.now
-        assert st.runs == {"running": 3, "pending": 1, "succeeded": 1, "cancelled": 1}
-        assert (st.ready, st.delayed, st.leased, st.expired) == (1, 1, 1, 1)
-        assert st.pending_work == 4
+        assert st.runs == {"running": 3, "pending": 2, "succeeded": 1, "cancelled": 1}
+        assert (st.ready, st.delayed, st.leased, st.expired) == (2, 1, 1, 1)
+        assert st.pending_work == 5
+        default = st.queues["default"]
+        assert (default.ready, default.delayed, default.leased, default.expired) == (2, 1, 1, 1)
+        assert default.runs == st.runs
         assert {(le.owner, le.task_id, le.attempt) for le in st.leases} == {
             ("w1", held.task_id, 1), ("w3", s.get_tasks(runs[2])[0].id, 2),
         }  # fmt: skip

@@ -17,7 +17,6 @@ from .types import (
     AttemptEnd,
     FinishedBucket,
     OwnerLease,
-    QueueCounts,
     Rejection,
     Run,
     Stats,
@@ -103,37 +102,9 @@ class PostgresReads(PostgresBase):
             run_rows = _all(c, r.RUN_COUNTS)
             task_rows = _all(c, r.TASK_COUNTS, {"now": at[0]})
             leases = [OwnerLease(*row) for row in _all(c, r.LIVE_LEASES)]
-            return self._stats(float(at[0]), run_rows, task_rows, leases)
+            return Stats.from_counts(float(at[0]), run_rows, task_rows, leases)
 
         return self._read(read, snapshot=True)  # one snapshot for every count
-
-    @staticmethod
-    def _stats(
-        now: float,
-        run_rows: list[tuple[Any, ...]],
-        task_rows: list[tuple[Any, ...]],
-        leases: list[OwnerLease],
-    ) -> Stats:
-        runs: dict[str, int] = {}
-        by_queue: dict[str, dict[str, int]] = {}
-        for queue, status, n in run_rows:
-            runs[status] = runs.get(status, 0) + n
-            by_queue.setdefault(queue, {})[status] = n
-        counts: dict[str, tuple[int, ...]] = {row[0]: tuple(row[1:]) for row in task_rows}
-        queues = {}
-        for name in sorted(set(by_queue) | set(counts)):
-            ready, delayed, leased, expired = counts.get(name, (0, 0, 0, 0))
-            queues[name] = QueueCounts(ready, delayed, leased, expired, by_queue.get(name, {}))
-        return Stats(
-            now,
-            runs,
-            sum(q.ready for q in queues.values()),
-            sum(q.delayed for q in queues.values()),
-            sum(q.leased for q in queues.values()),
-            sum(q.expired for q in queues.values()),
-            leases,
-            queues,
-        )
 
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         if queues is None:

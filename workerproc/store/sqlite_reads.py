@@ -11,7 +11,7 @@ from typing import Any
 from . import sqlite_sql as q
 from .codec import loads
 from .sqlite_base import SQLiteBase
-from .types import OwnerLease, QueueCounts, Rejection, Run, Stats, TaskInfo
+from .types import OwnerLease, Rejection, Run, Stats, TaskInfo
 
 
 class SQLiteReads(SQLiteBase):
@@ -82,26 +82,7 @@ class SQLiteReads(SQLiteBase):
                 leases = [OwnerLease(*r) for r in c.execute(q.LIVE_LEASES).fetchall()]
             finally:
                 c.execute("COMMIT")
-            runs: dict[str, int] = {}
-            by_queue: dict[str, dict[str, int]] = {}
-            for queue, status, n in run_rows:
-                runs[status] = runs.get(status, 0) + n
-                by_queue.setdefault(queue, {})[status] = n
-            counts: dict[str, tuple[int, int, int, int]] = {row[0]: row[1:] for row in task_rows}
-            queues = {}
-            for name in sorted(set(by_queue) | set(counts)):
-                ready, delayed, leased, expired = counts.get(name, (0, 0, 0, 0))
-                queues[name] = QueueCounts(ready, delayed, leased, expired, by_queue.get(name, {}))
-            return Stats(
-                now,
-                runs,
-                sum(c.ready for c in queues.values()),
-                sum(c.delayed for c in queues.values()),
-                sum(c.leased for c in queues.values()),
-                sum(c.expired for c in queues.values()),
-                leases,
-                queues,
-            )
+            return Stats.from_counts(now, run_rows, task_rows, leases)
 
         return self._read(read)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +142,37 @@ class Stats:
     expired: int
     leases: list[OwnerLease]
     queues: dict[str, QueueCounts] = field(default_factory=dict)
+
+    @classmethod
+    def from_counts(
+        cls,
+        now: float,
+        run_rows: Sequence[Sequence[Any]],
+        task_rows: Sequence[Sequence[Any]],
+        leases: list[OwnerLease],
+    ) -> Stats:
+        """Both backends' count rows: ``(queue, status, runs)`` and ``(queue, ready, delayed,
+        leased, expired)``, summed per queue and over all of them."""
+        runs: dict[str, int] = {}
+        by_queue: dict[str, dict[str, int]] = {}
+        for queue, status, n in run_rows:
+            runs[status] = runs.get(status, 0) + n
+            by_queue.setdefault(queue, {})[status] = n
+        counts = {row[0]: tuple(row[1:5]) for row in task_rows}
+        queues = {}
+        for name in sorted(set(by_queue) | set(counts)):
+            ready, delayed, leased, expired = counts.get(name, (0, 0, 0, 0))
+            queues[name] = QueueCounts(ready, delayed, leased, expired, by_queue.get(name, {}))
+        return cls(
+            now,
+            runs,
+            sum(q.ready for q in queues.values()),
+            sum(q.delayed for q in queues.values()),
+            sum(q.leased for q in queues.values()),
+            sum(q.expired for q in queues.values()),
+            leases,
+            queues,
+        )
 
     @property
     def pending_work(self) -> int:
