@@ -189,6 +189,19 @@ class TestStoreOperations:
         assert s.fence_rejections() == []
         assert s.prune(3600) == 0
 
+    def test_run_ids_are_never_given_out_again_after_a_prune(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A caller holding an old run id must never meet somebody else's run under it."""
+        old = [s.start_run("t") for _ in range(3)]
+        for run_id in old:
+            assert s.cancel_run(run_id)
+        clock.advance(10)
+        assert s.prune(1) == 3 and s.list_runs() == []
+        new = [s.start_run("t"), *s.start_runs([{"task": "t"}, {"task": "t"}])]
+        assert min(new) > max(old), (old, new)
+        assert s.get_run(old[-1]) is None
+
     def test_renew_many_answers_each_lease_by_its_own_attempt(
         self, s: Store, clock: FakeClock
     ) -> None:

@@ -234,6 +234,56 @@ def test_wait_for_an_unknown_run(s: Store) -> None:
         s.wait(999, timeout=1)
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1.0, "soon"])
+def test_wait_refuses_a_timeout_that_is_no_number_of_seconds(s: Store, timeout: Any) -> None:
+    run_id = s.start_run("t")
+    started = time.monotonic()
+    with pytest.raises(ValueError, match="timeout must be from 0 to"):
+        s.wait(run_id, timeout=timeout)
+    assert time.monotonic() - started < 1.0  # refused, not waited on (nor spun)
+
+
+def test_start_runs_in_the_callers_transaction_is_all_or_nothing(
+    s: Store, backend: Backend
+) -> None:
+    """A bad item anywhere in the batch: none of the batch exists when the caller commits, and
+    the caller's own work in that transaction is untouched."""
+    conn = backend.app_connection()
+    try:
+        backend.app_table(conn)
+        conn.execute("INSERT INTO orders (item) VALUES ('book')")
+        with pytest.raises(InvalidPayload):
+            s.start_runs([{"task": "ship"}, {"task": "bad\ud800"}], tx=conn)
+        conn.commit()
+        assert s.list_runs() == []
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_start_runs_undoes_its_own_inserts_when_the_database_refuses_one(tmp_path: Any) -> None:
+    """SQLite: the application's own trigger refuses the second run mid-batch; the first must
+    not stay behind in the caller's transaction (a savepoint undoes it)."""
+    path = str(tmp_path / "app.db")
+    s = open_store(path)
+    conn = sqlite3.connect(path, timeout=10)
+    try:
+        conn.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, item TEXT)")
+        conn.execute(
+            "CREATE TEMP TRIGGER refuse BEFORE INSERT ON main.runs WHEN NEW.task = 'refused' "
+            "BEGIN SELECT RAISE(ABORT, 'refused by the application'); END"
+        )
+        conn.execute("INSERT INTO orders (item) VALUES ('book')")
+        with pytest.raises(StoreError, match="refused by the application"):
+            s.start_runs([{"task": "ship"}, {"task": "refused"}], tx=conn)
+        conn.commit()
+        assert s.list_runs() == []
+        assert conn.execute("SELECT count(*) FROM orders").fetchone()[0] == 1
+    finally:
+        conn.close()
+        s.close()
+
+
 # -- queues and priorities -------------------------------------------------------------------------
 def test_a_worker_claims_only_from_the_queues_it_serves(s: Store) -> None:
     cheap = s.start_run("t", queue="cheap")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,25 @@ Clock = Callable[[], float]
 CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback"]
 CHANGE_CHECK = 0.01  # how often ``wait_change`` reads the change token (a cheap local read)
 DEFAULT_QUEUE = "default"
+
+
+MAX_WAIT = 366 * 86_400.0  # a wait longer than a year is a mistake: wait without a timeout
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``wait``'s timeout: None (no limit) or a number of seconds from 0 to ``MAX_WAIT``;
+    ValueError otherwise (NaN and infinities included)."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_WAIT:
+        raise ValueError(
+            f"timeout must be from 0 to {MAX_WAIT:g} seconds, or None (got {timeout!r})"
+        )
+    return seconds
 
 
 @dataclass(frozen=True)
@@ -93,6 +113,7 @@ class Store(abc.ABC):
     def wait(self, run_id: int, timeout: float | None = None) -> Run:
         """Block until the run is succeeded, failed or cancelled and return it; TimeoutError
         after ``timeout`` seconds. Sleeps on the change token between looks, never spins."""
+        timeout = check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             token = self.change_token()

@@ -12,7 +12,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from .base import DEFAULT_QUEUE
+from .base import DEFAULT_QUEUE, check_timeout
 from .errors import RunNotFound, StoreError
 from .newrun import NewRun
 from .postgres_base import Cursor, PostgresBase
@@ -158,6 +158,7 @@ class PostgresProducer(PostgresBase):
     def wait(self, run_id: int, timeout: float | None = None) -> Run:
         """As ``Store.wait``, asleep on the end channel: the run is marked watched first, so its
         end sends a NOTIFY (unwatched runs end without one)."""
+        timeout = check_timeout(timeout)
         self._alive()
         run: Run | None = self.get_run(run_id)
         if run is None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from . import sqlite_sql as q
 from .base import DEFAULT_QUEUE
-from .errors import StoreError
+from .errors import InvalidPayload, StoreError
 from .newrun import NewRun
 from .sqlite_base import SQLiteBase, translate
 from .types import JSON
@@ -61,10 +61,24 @@ class SQLiteProducer(SQLiteBase):
             return self._write(lambda c, now: [insert(r, c, now) for r in runs], role="producer")
         conn = self._callers(tx)
         now = self._clock()
+        # all or nothing inside the caller's transaction: a savepoint undoes the runs already
+        # inserted when a later one fails (the caller's transaction goes on either way)
         try:
-            return [insert(r, conn, now) for r in runs]
-        except sqlite3.Error as exc:  # the caller's transaction decides what happens next
+            conn.execute("SAVEPOINT leasekeeper_start")
+        except sqlite3.Error as exc:
             raise translate(exc, self.path) from None
+        try:
+            ids = [insert(r, conn, now) for r in runs]
+        except BaseException as exc:
+            conn.execute("ROLLBACK TO leasekeeper_start")
+            conn.execute("RELEASE leasekeeper_start")
+            if isinstance(exc, sqlite3.Error):  # the caller's transaction decides what is next
+                raise translate(exc, self.path) from None
+            if isinstance(exc, (UnicodeEncodeError, OverflowError)):
+                raise InvalidPayload(f"a value cannot be written: {exc}") from None
+            raise
+        conn.execute("RELEASE leasekeeper_start")
+        return ids
 
     def _callers(self, tx: Any) -> sqlite3.Connection:
         """The caller's connection, checked: same database file, inside a transaction."""

@@ -218,6 +218,19 @@ MIGRATIONS: list[str] = [
         {_READY_AT.format(run="NEW.id")}
     END;
     """,
+    # 8: run ids are never given out twice. SQLite numbers a new row one past the largest id
+    # in the table, so a prune that removed the newest runs would hand their ids out again (a
+    # caller still holding one would wait on somebody else's run). run_ids keeps the highest id
+    # a deleted run had (a trigger, whatever deletes it); start_run numbers a new run one past
+    # the higher of the two: two lookups of one row each.
+    """
+    CREATE TABLE run_ids (high INTEGER NOT NULL);
+    INSERT INTO run_ids (high) SELECT coalesce(max(id), 0) FROM runs;
+    CREATE TRIGGER runs_keep_high_id AFTER DELETE ON runs
+        WHEN OLD.id > (SELECT high FROM run_ids) BEGIN
+        UPDATE run_ids SET high = OLD.id;
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -14,8 +14,10 @@ _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
 
 # start_run: a new run and its first task. With a key, a run with that key already there
 # makes the insert a no-op (and FIND_BY_KEY answers its id).
-INSERT_RUN = """INSERT INTO runs (state, task, queue, priority, key, created_at, updated_at)
-    VALUES (:state, :name, :queue, :priority, :key, :now, :now)
+# A new run's id is one past the largest ever given (schema v8: ids are never reused).
+INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created_at, updated_at)
+    VALUES (max(coalesce((SELECT max(id) FROM runs), 0), (SELECT high FROM run_ids)) + 1,
+            :state, :name, :queue, :priority, :key, :now, :now)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
