@@ -493,3 +493,19 @@ def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
     arb.turn()
     assert arb.pool.backoff_remaining() == 0 and len(procs.spawned) == 2  # replaced at once
     assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
+
+
+def test_the_chaos_report_counts_faults_per_process_and_leases_hit_apart() -> None:
+    """A kill of a worker holding three leases (slots) is one fault that hit three leases."""
+    from supervisor.chaos.report import summary_line  # noqa: PLC0415
+    from supervisor.chaos.verifier import FaultEvent, Verifier  # noqa: PLC0415
+
+    verifier = Verifier(ttl=1.0, poll_interval=0.1, fast_release=True)
+    for task_id in (1, 2, 3):  # one victim, one moment, three leases
+        verifier.record(FaultEvent("kill", 100, task_id, 1, 5.0, "handler", 2.0))
+    verifier.record(FaultEvent("pause", 101, 4, 1, 6.0, "handler", 3.0))
+    verifier.record(FaultEvent("kill", 102, None, None, 7.0, "idle", 2.0))  # held nothing
+    report = verifier.report(spared=0)
+    assert report["faults"] == {"kill": 2, "pause": 1}
+    assert report["leases_hit"] == 4
+    assert "3 faults (2 kill, 1 pause) on 4 leases" in summary_line(report)

@@ -14,7 +14,8 @@ from ..logs import event
 def summary_line(r: dict[str, Any]) -> str:
     return (
         f"chaos: {sum(r['faults'].values())} faults ({r['faults']['kill']} kill, "
-        f"{r['faults']['pause']} pause), {r['spared']} spared, {r['taken_over']}/"
+        f"{r['faults']['pause']} pause) on {r['leases_hit']} leases, {r['spared']} spared, "
+        f"{r['taken_over']}/"
         f"{r['orphaned_leases']} orphaned leases taken over (p50 {r['takeover_ms']['p50']} ms, "
         f"p99 {r['takeover_ms']['p99']} ms), {r['zombie_writes_rejected']} zombie writes "
         f"rejected, {len(r['violations'])} violations"

@@ -170,11 +170,14 @@ class Verifier:
         }
 
     def report(self, **extra: Any) -> dict[str, Any]:
+        # one fault strikes one process, holding one lease per slot (or none): faults are
+        # counted per struck process, the leases they orphaned apiece
         faults = {"kill": 0, "pause": 0}
-        for e in self.events:
-            faults[e.fault] = faults.get(e.fault, 0) + 1
+        for fault, _pid, _t in {(e.fault, e.pid, e.t) for e in self.events}:
+            faults[fault] = faults.get(fault, 0) + 1
         return {
             "faults": faults,
+            "leases_hit": sum(e.task_id is not None for e in self.events),
             "orphaned_leases": sum(e.orphaned for e in self.events),
             "taken_over": sum(e.outcome == "taken_over" for e in self.events),
             "not_taken_over": sum(e.outcome == "not_taken_over" for e in self.events),

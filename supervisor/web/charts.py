@@ -101,7 +101,8 @@ def faults(events: Sequence[dict[str, Any]]) -> Chart:
         marks.append(Mark(x - 4, y - 8, 8, 16, FAULT_CLASS.get(outcome, "warn"), title))
     labels = [(0, lanes["kill"] + 4, "kill"), (0, lanes["pause"] + 4, "pause"),
               (left, 88, "+0 s"), (WIDTH - 60, 88, f"+{span:.1f} s")]  # fmt: skip
-    return Chart(WIDTH, 92, marks, labels, f"{len(times)} faults over {span:.1f} s")
+    struck = len({(e.get("fault"), e.get("pid"), e.get("t")) for e in events})  # per process
+    return Chart(WIDTH, 92, marks, labels, f"{struck} faults over {span:.1f} s")
 
 
 def histogram(latencies_ms: Sequence[float]) -> Chart:
