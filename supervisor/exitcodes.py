@@ -18,6 +18,7 @@ RELOAD_FAILED = 11  # reload --wait: the reload failed; the old workers keep ser
 RUN_FAILED = 12  # wait: the run failed
 RUN_CANCELLED = 13  # wait: the run was cancelled
 WAIT_TIMEOUT = 14  # wait: the run had not ended within --timeout
+RUN_UNKNOWN = 15  # wait: no run has that id
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
@@ -43,4 +44,5 @@ DESCRIPTIONS = {
     RUN_FAILED: "`wait`: the run failed (its reason and last error are printed)",
     RUN_CANCELLED: "`wait`: the run was cancelled",
     WAIT_TIMEOUT: "`wait`: the run had not ended within `--timeout`",
+    RUN_UNKNOWN: "`wait`: no run has that id (it was never started, or was pruned)",
 }

@@ -178,13 +178,17 @@ WAIT_CODES = {
 )
 @json_option
 def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
-    """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled)."""
+    """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled, 14
+    still running after --timeout, 15 no such run)."""
     with ops.store_for(db) as store:
         try:
             run = store.wait(run_id, timeout)
         except TimeoutError as exc:
             click.echo(f"supervisor: {exc}", err=True)
             return exitcodes.WAIT_TIMEOUT
+        except RunNotFound as exc:
+            click.echo(f"supervisor: error: {exc}", err=True)
+            return exitcodes.RUN_UNKNOWN
     if as_json:
         click.echo(render.to_json(run))
     else:
