@@ -93,6 +93,7 @@ class Chaos:
     # -- the loop step -------------------------------------------------------------------------
     def step(self, arb: Arbiter) -> None:
         now = arb.clock()
+        self.verifier.workers = len(arb.pool.active())
         if self.started is None:
             self.started = now
             self.next_fault = now + self._gap()

@@ -61,6 +61,7 @@ class Verifier:
         self.events: list[FaultEvent] = []
         self.violations: list[str] = []
         self.zombie_writes_rejected = 0
+        self.workers = 0  # the pool's size now (chaos keeps it current)
         self.rejections_seen = 0
         self._after = 0  # last fence_rejections id read
 
@@ -91,15 +92,37 @@ class Verifier:
         for message in store.integrity_violations():
             self._violate(message)
 
-    def stalled(self, start: float, end: float) -> float:
-        """Seconds of [start, end] during which a paused worker may have held the write lock:
-        nobody could take anything over then, so takeover bounds do not count that time."""
-        total = 0.0
+    def stalled(self, start: float, end: float, victim: int | None = None) -> float:
+        """Seconds of [start, end] during which nobody could take anything over, so takeover
+        bounds do not count that time: a paused worker may have held the write lock, or every
+        worker but ``victim`` was paused by chaos itself (none was free to take over)."""
+        windows = []
         for ev in self.events:
             if ev.stalls_the_store:
-                stall_end = ev.woke_at if ev.woke_at is not None else end
-                total += max(0.0, min(end, stall_end) - max(start, ev.t))
-        return total
+                windows.append((ev.t, ev.woke_at if ev.woke_at is not None else end))
+        windows += self._none_free(start, end, victim)
+        return _covered(windows, start, end)
+
+    def _none_free(self, start: float, end: float, victim: int | None) -> list[tuple[float, float]]:
+        """The parts of [start, end] during which every worker but ``victim`` was paused."""
+        if victim is None or self.workers < 2:
+            return []
+        others = {(e.pid, e.t, e.woke_at if e.woke_at is not None else end)
+                  for e in self.events if e.fault == "pause" and e.pid != victim}  # fmt: skip
+        edges = sorted([(t, 1, pid) for pid, t, _ in others] +
+                       [(w, -1, pid) for pid, _, w in others])  # fmt: skip
+        out, since = [], 0.0
+        frozen: dict[int, int] = {}  # pid -> pauses open (a pid counts once)
+        for at, step, pid in edges:
+            before = len(frozen)
+            frozen[pid] = frozen.get(pid, 0) + step
+            if frozen[pid] <= 0:
+                del frozen[pid]
+            if before < self.workers - 1 <= len(frozen):
+                since = at
+            elif len(frozen) < self.workers - 1 <= before:
+                out.append((since, at))
+        return [(max(a, start), min(b, end)) for a, b in out if b > start and a < end]
 
     def _judge(self, store: Store, ev: FaultEvent, now: float, final: bool) -> None:
         assert ev.task_id is not None and ev.attempt is not None
@@ -112,7 +135,7 @@ class Verifier:
             else:
                 ev.outcome = "taken_over"
                 ev.taken_over_ms = round((task.claimed_at - ev.t) * 1000, 1)
-                delay = task.claimed_at - ev.t - self.stalled(ev.t, task.claimed_at)
+                delay = task.claimed_at - ev.t - self.stalled(ev.t, task.claimed_at, ev.pid)
                 if delay > ev.bound_s:
                     self._violate(
                         f"{ev.fault} of pid {ev.pid}: task {ev.task_id} taken over after "
@@ -129,7 +152,7 @@ class Verifier:
                 )
         elif self._run_over(store, task.run_id):
             ev.outcome = "run_over"
-        elif now - ev.t - self.stalled(ev.t, now) > ev.bound_s:
+        elif now - ev.t - self.stalled(ev.t, now, ev.pid) > ev.bound_s:
             ev.outcome = "not_taken_over"
             self._violate(
                 f"{ev.fault} of pid {ev.pid}: task {ev.task_id} attempt {ev.attempt} not "
@@ -192,6 +215,17 @@ class Verifier:
             "ok": not self.violations,
             **extra,
         }
+
+
+def _covered(windows: list[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of [start, end] inside at least one of ``windows`` (overlaps counted once)."""
+    total, reach = 0.0, start
+    for opened, closed in sorted(windows):
+        a, b = max(opened, reach), min(closed, end)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
 
 
 def percentile(ordered: list[float], p: float) -> float | None:
