@@ -184,7 +184,8 @@ def latency(args: Any, tmp: str) -> Latency:
     before = None
     if args.before and bench_before.exists(args.before):
         samples, trials, rounds = (10, 2, 1) if args.quick else (120, 12, 2)
-        before = bench_before.measure(args.before, samples, trials, rounds)
+        tasks = 1_500 if args.quick else 20_000
+        before = bench_before.measure(args.before, samples, trials, rounds, tasks)
     elif args.before:
         print(f"  no commit {args.before} in this clone: no comparison with it", file=sys.stderr)
     return Latency(ours_lat, slots_lat, huey_lat, fast, slow, huey_lost, waits, worst, before)

@@ -1,9 +1,12 @@
-"""Idle pickup and takeover, this checkout against an earlier commit, on this machine, now.
+"""No-op throughput, idle pickup and takeover: this checkout against an earlier commit, on this
+machine, now.
 
 "No worse than today" (issue 12) needs the figures of the code before slots measured on the same
 machine in the same minutes: idle latency here depends on how fast an idle machine wakes up (a
 ``SELECT 1`` after 0.3 s of idle can take 50x its warm time), so figures from another day or
-machine compare nothing. This script checks ``REV`` out into a temporary worktree, starts both
+machine compare nothing. This script checks ``REV`` out into a temporary worktree, drains the
+same no-op runs with each tree's pool (``-n 8``, then ``-n 2 --concurrency 16``; each tree
+makes its own database, so each has its own schema), alternating who goes first, starts both
 pools at once (``supervisor start -n 8``, one database each) and alternates idle pickup samples
 between them, then measures takeover after SIGKILL with each tree's own
 ``scripts/measure_fast_release.py``, alternating rounds.
@@ -28,6 +31,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from bench_procs import drain, tree_env
+from bench_store import bulk_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "524312a"  # the last commit before slots (issue 12)
@@ -99,6 +105,28 @@ def pickup(trees: dict[str, Path], work: Path, samples: int) -> dict[str, list[f
     return out
 
 
+SHAPES = (("-n", "8"), ("-n", "2", "--concurrency", "16"))
+MAKE_DB = "import sys; from workerproc.store import open_store; open_store(sys.argv[1]).close()"
+
+
+def throughput(
+    trees: dict[str, Path], work: Path, m: int, rounds: int
+) -> dict[str, dict[str, list[float]]]:
+    """No-op runs/s per shape and tree: ``m`` runs drained, ``rounds`` times, order alternating."""
+    out: dict[str, dict[str, list[float]]] = {}
+    for r in range(rounds):
+        for shape in SHAPES:
+            per = out.setdefault(" ".join(shape), {name: [] for name in trees})
+            for name in list(trees)[:: 1 if r % 2 else -1]:
+                db = str(work / f"tp-{name}-{r}-{len(per[name])}-{shape[1]}.db")
+                subprocess.run([sys.executable, "-c", MAKE_DB, db], cwd=trees[name],
+                               env=tree_env(trees[name]), check=True)  # fmt: skip
+                bulk_runs(db, m, time.time() - 1)
+                seconds = drain(db, m, f"sqlite:///{db}", shape, tree=trees[name])
+                per[name].append(m / seconds)
+    return out
+
+
 def takeover(trees: dict[str, Path], trials: int, rounds: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {name: [] for name in trees}
     for _ in range(rounds):
@@ -110,7 +138,8 @@ def takeover(trees: dict[str, Path], trials: int, rounds: int) -> dict[str, list
     return out
 
 
-Before = dict[str, dict[str, list[float]]]  # "pickup" / "takeover" -> "before" / "now" -> ms
+# "pickup" / "takeover" -> "before" / "now" -> ms; "runs/s <shape>" -> "before" / "now" -> runs/s
+Before = dict[str, dict[str, list[float]]]
 
 
 def exists(rev: str) -> bool:
@@ -118,7 +147,7 @@ def exists(rev: str) -> bool:
     return subprocess.run(probe, cwd=ROOT, capture_output=True).returncode == 0
 
 
-def measure(rev: str, samples: int, trials: int, rounds: int) -> Before:
+def measure(rev: str, samples: int, trials: int, rounds: int, tasks: int = 20_000) -> Before:
     with tempfile.TemporaryDirectory(prefix="lk-before-") as tmp:
         work = Path(tmp)
         before = work / "before"
@@ -126,6 +155,9 @@ def measure(rev: str, samples: int, trials: int, rounds: int) -> Before:
                        cwd=ROOT, check=True)  # fmt: skip
         try:
             trees = {"before": before, "now": ROOT}
+            print(f"  no-op throughput against {rev}: {tasks:,} runs, {rounds + 1} rounds ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            runs = throughput(trees, work, tasks, rounds + 1)
             print(f"  idle pickup against {rev}: {samples} samples each, alternating ...",
                   file=sys.stderr, flush=True)  # fmt: skip
             lat = pickup(trees, work, samples)
@@ -135,7 +167,7 @@ def measure(rev: str, samples: int, trials: int, rounds: int) -> Before:
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
                            check=False)  # fmt: skip
-    return {"pickup": lat, "takeover": took}
+    return {"pickup": lat, "takeover": took, **{f"runs/s {k}": v for k, v in runs.items()}}
 
 
 def table(rev: str, data: Before) -> list[str]:
@@ -150,6 +182,11 @@ def table(rev: str, data: Before) -> list[str]:
         ratio = (f"{statistics.median(n) / statistics.median(b):.2f}x / "
                  f"{pct(n, 0.99) / pct(b, 0.99):.2f}x")  # fmt: skip
         lines.append(f"| {label} | {row[0]} | {row[1]} | {ratio} |")
+    lines += ["", f"| no-op runs/s, median, same machine, same run | before ({short}) | now "
+              "| now / before |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for key in (k for k in data if k.startswith("runs/s ")):
+        b, n = statistics.median(data[key]["before"]), statistics.median(data[key]["now"])
+        lines.append(f"| {key.removeprefix('runs/s ')} | {b:,.0f} | {n:,.0f} | {n / b:.2f}x |")
     return lines
 
 
@@ -159,10 +196,11 @@ def main() -> int:
     ap.add_argument("--samples", type=int, default=120, help="idle pickup samples per tree")
     ap.add_argument("--trials", type=int, default=12, help="takeover trials per round")
     ap.add_argument("--rounds", type=int, default=2, help="takeover rounds per tree")
+    ap.add_argument("--tasks", type=int, default=20_000, help="no-op runs per drain")
     args = ap.parse_args()
     if not exists(args.rev):
         raise SystemExit(f"bench_before: no commit {args.rev!r} in this clone")
-    data = measure(args.rev, args.samples, args.trials, args.rounds)
+    data = measure(args.rev, args.samples, args.trials, args.rounds, args.tasks)
     print()
     print("\n".join(table(args.rev, data)))
     return 0

@@ -21,6 +21,11 @@ PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
 
 
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that runs another checkout's code (its packages and scripts first)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(tree), str(tree / "scripts")])}
+
+
 class Inbox:
     """A Unix datagram socket the huey tasks report to."""
 
@@ -72,15 +77,24 @@ def sample_rss(pid: int, peak: dict[str, float]) -> None:
 
 # -- ours ----------------------------------------------------------------------------------------
 def drain(
-    db: str, m: int, url: str, options: Sequence[str], rss: dict[str, float] | None = None
+    db: str,
+    m: int,
+    url: str,
+    options: Sequence[str],
+    rss: dict[str, float] | None = None,
+    tree: Path | None = None,
 ) -> float:
     """Seconds from starting ``supervisor start OPTIONS --drain`` on ``url`` until the last of
     the ``m`` runs in ``db`` finished (their ``finished_at``: like huey's last datagram, this
-    leaves out the drain check and the shutdown after it). Every run must have succeeded."""
+    leaves out the drain check and the shutdown after it). Every run must have succeeded.
+    ``tree``: the checkout whose code runs (scripts/bench_before.py; this one by default)."""
     cmd = [PY, "-m", "supervisor", "start", *options, "--db", url, "--app", "benchapp:app",
            "--drain"]  # fmt: skip
+    cwd, env = HERE, ENV
+    if tree is not None:
+        cwd, env = tree / "scripts", tree_env(tree)
     started = time.time()
-    proc = subprocess.Popen(cmd, cwd=HERE, env=ENV, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 900
     while proc.poll() is None and time.monotonic() < deadline:
         if rss is not None:
