@@ -262,6 +262,21 @@ def test_a_prefetched_task_behind_a_slow_handler_goes_back_at_once(db_path: str)
     assert SLOW_BEHIND < 1  # "at once": within tens of milliseconds, measured by the thief
 
 
+def test_an_explicit_prefetch_is_not_claimed_again_while_the_slots_stay_slow(
+    db_path: str,
+) -> None:
+    """--prefetch 1 behind two slow slots: the prefetched task goes back once, and is not
+    claimed and handed back again and again (a hot loop on the write lock) while they run."""
+    app = App()
+    app.task("slow")(lambda ctx: time.sleep(0.6))
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "slow"}] * 3)
+    w, spy = worker(db_path, app, concurrency=2, prefetch=1)
+    assert w.run() == exitcodes.OK
+    assert statuses(db_path) == {"succeeded": 3}
+    assert len(spy.exchanges) < 15, spy.exchanges
+
+
 def test_stopping_hands_back_what_waits_unstarted(db_path: str) -> None:
     app = App()
     w_holder: list[Worker] = []
@@ -403,13 +418,13 @@ def test_thread_timeout_releases_at_once_and_exits_after_the_other_slots(db_path
 
     @app.task
     def other(ctx: TaskContext) -> None:
-        time.sleep(0.8)
+        time.sleep(0.8)  # runs when hang times out (1 s), and ends within its own timeout
         other_done.set()
 
     with open_store(db_path) as s:
         hung = s.start_run("hang")
-        s.start_run("other")
-    w, _ = worker(db_path, app, cls=Worker, concurrency=2, task_timeout=0.3)
+        s.start_run("other", delay=0.6)
+    w, _ = worker(db_path, app, cls=Worker, concurrency=2, task_timeout=1.0)
     begun = time.monotonic()
     assert w.run() == exitcodes.TASK_TIMEOUT
     assert other_done.is_set()  # the other slot finished first

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, overload
 
-from .store import Commit, Lease
-from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_run_options, dumps
+from .store import Commit, InvalidPayload, Lease
+from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
 from .store.types import JSON
 
 Handler = Callable[["TaskContext"], Any]
@@ -52,22 +54,49 @@ class TaskContext:
     with the claims of the next tasks. Returning without either finishes the run with its state
     unchanged and the return value (JSON) as its result.
 
-    Once the lease is lost every call (``advance``, ``finish``, ``raise_if_lost``) raises
-    ``LeaseLost``: a handler on a slot thread cannot be interrupted from outside, so this is
-    where it learns it (an inline handler is also interrupted; an async one is cancelled)."""
+    Once the lease is lost, reading the run's data (``payload``, ``state``, ``revision``) and
+    every call (``advance``, ``finish``, ``raise_if_lost``) raise ``LeaseLost``: a handler on a
+    slot thread cannot be interrupted from outside, so this is where it learns it (an inline
+    handler is also interrupted; an async one is cancelled). Which step this is (``run_id``,
+    ``task_id``, ``task``, ``attempt``) stays readable, for logs."""
 
     def __init__(self, lease: Lease, lost: threading.Event) -> None:
         self._lease = lease
         self._lost = lost
         self.commit: Commit | None = None
+        # R4's start rule, once more at the handler's first read of its task (its payload or
+        # state: what a paid call is made of), so no wait between the worker's last check and
+        # that read (another thread holding the GIL, say) lets a stale lease begin
+        self.begin_by: float | None = None  # monotonic; None once checked
+        self.late = False  # that check failed: the handler never began in earnest
 
     run_id = property(lambda self: self._lease.run_id)
     task_id = property(lambda self: self._lease.task_id)
     task = property(lambda self: self._lease.task)
     attempt = property(lambda self: self._lease.attempt)
-    payload = property(lambda self: self._lease.payload)
-    state = property(lambda self: self._lease.state)
-    revision = property(lambda self: self._lease.revision)
+
+    @property
+    def payload(self) -> JSON:
+        self._readable()
+        return self._lease.payload
+
+    @property
+    def state(self) -> JSON:
+        self._readable()
+        return self._lease.state
+
+    @property
+    def revision(self) -> int:
+        self._readable()
+        return self._lease.revision
+
+    def _readable(self) -> None:
+        self.raise_if_lost()
+        if self.begin_by is not None:
+            if time.monotonic() > self.begin_by:
+                self.late = True
+                raise LeaseLost()
+            self.begin_by = None
 
     @property
     def lease_lost(self) -> bool:
@@ -95,16 +124,23 @@ class TaskContext:
         queue: str | None = None,
     ) -> None:
         """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds),
-        in the run's queue or, with ``queue``, in that one (the run moves there)."""
+        in the run's queue or, with ``queue``, in that one (the run moves there). Every value
+        is checked here, with the limits every backend stores: a bad one raises
+        ``InvalidPayload`` (a ``ValueError``) at this call."""
         self.raise_if_lost()
         dumps(new_state, "state")  # reject a bad value here, at the call that made it
         dumps(payload, "payload", MAX_PAYLOAD)
-        if not next:
-            raise ValueError("advance needs the name of the next task")
+        check_name(next, "advance's next task")
         if queue is not None:
             check_run_options(queue, 0, None)
-        if not 0 <= float(delay) <= MAX_DELAY:
-            raise ValueError(f"delay must be from 0 to {MAX_DELAY:g} seconds (got {delay!r})")
+        try:
+            seconds = float(delay)
+        except Exception:
+            seconds = math.nan
+        if not 0 <= seconds <= MAX_DELAY:  # refuses nan and inf too
+            raise InvalidPayload(
+                f"delay must be from 0 to {MAX_DELAY:g} seconds (got {shown(delay)})"
+            )
         self._record(
             Commit(
                 self._lease,
@@ -114,7 +150,7 @@ class TaskContext:
                 next_task=next,
                 next_payload=payload,
                 next_queue=queue,
-                delay=delay,
+                delay=seconds,
             )
         )
 

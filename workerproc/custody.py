@@ -17,12 +17,13 @@ import time
 from collections import deque
 
 from . import exitcodes
+from .aioslots import AsyncSlots
 from .app import LeaseLost
 from .config import WorkerConfig
 from .heartbeat import Heartbeat
 from .logs import event
 from .signals import INTERRUPT, Signals, Waker
-from .slots import AsyncSlots, Execution, Mode, Stopped
+from .slots import Execution, Mode, Stopped
 from .store import Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
@@ -31,6 +32,9 @@ log = logging.getLogger("workerproc.worker")
 # as a fast handler: a busy CPU's scheduling delays must not pass for slow handlers), then it
 # goes back unstarted.
 SLOW_BEHIND = 0.1
+# A loop that has not ticked for this long is held by the handler it runs: a timeout of any
+# other async handler is not that one's fault (it cannot run), and is put off.
+STALLED = 0.25
 
 
 class Custody:
@@ -82,17 +86,22 @@ class Custody:
                 count=len(leases),
             )
 
+    def _slow_behind(self) -> bool:
+        """Every slot is busy, and the youngest handler has run for SLOW_BEHIND: what waits
+        behind them would wait long (so it goes back, and no more is prefetched meanwhile)."""
+        running = self._executions()
+        if len(running) < self.capacity:
+            return False
+        youngest = max((ex.started for ex in running), default=0.0)
+        return time.monotonic() - youngest >= SLOW_BEHIND
+
     def _handbacks(self) -> list[Commit]:
         """Prefetched leases go back unstarted when the worker stops taking work, or when the
         slots they wait behind all turned out slow."""
         if not self.prefetched:
             return []
-        if self._accepting() and len(self.running) < self.capacity:
+        if self._accepting() and not self._slow_behind():
             return []
-        if self._accepting():
-            youngest = max((ex.started for ex in self._executions()), default=0.0)
-            if time.monotonic() - youngest < SLOW_BEHIND:
-                return []
         with self._lock:
             leases, self.prefetched = list(self.prefetched), deque()
         if self._accepting():  # slow after all: prefetch again only after RECENT fast ones
@@ -129,10 +138,19 @@ class Custody:
         elif ex.mode is Mode.INLINE:
             self._interrupt_main(LeaseLost)
 
-    def _on_timeout(self, lease: Lease, store: Store) -> None:
+    def _on_timeout(self, lease: Lease, store: Store) -> bool:
+        """``lease``'s handler outlived --task-timeout. False: not its fault yet (another
+        handler blocks the event loop it needs; the heartbeat asks again soon)."""
         ex = self._find(lease)
         if ex is None:
-            return
+            return True
+        if ex.mode is Mode.ASYNC:
+            blocked = self._aio.blocked(STALLED)
+            if blocked is not None and blocked[1] is not ex:
+                blocker = blocked[1]
+                if blocker is not None and blocker.stopped is Stopped.TIMEOUT:
+                    self._loop_stuck(blocker, blocked[0], store)  # the blocker's time is up
+                return False
         event(
             log,
             "task_timeout",
@@ -143,28 +161,71 @@ class Custody:
             attempt=lease.attempt,
             slot=str(ex.mode),
         )
-        if ex.mode is Mode.ASYNC:  # cancelled: it ends, and is released, like any other
-            self._aio.cancel(ex, Stopped.TIMEOUT)
-            return
+        if ex.mode is Mode.ASYNC:
+            blocked = self._aio.blocked(STALLED)
+            if blocked is not None and blocked[1] is ex:  # it holds the loop: no cancel lands
+                ex.stopped = Stopped.TIMEOUT
+                self._loop_stuck(ex, blocked[0], store)
+                return True
+            self._aio.cancel(ex, Stopped.TIMEOUT)  # cancelled: it ends, and is released
+            return True
         # A Python call cannot be stopped safely from outside: release the lease now (fenced:
         # a no-op if its commit came first). Inline, the process goes and its parent replaces
         # it; on a thread, the worker stops claiming and exits once its other slots finish.
         ex.stopped = Stopped.ABANDONED
         error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
-        try:
-            store.release(lease, 0.0, error=error)
-        except StoreError as exc:
-            event(
-                log,
-                "timeout_release_failed",
-                f"could not record the timeout: {exc}",
-                level=logging.ERROR,
-                task_id=lease.task_id,
-            )
+        self._write_now(store, [Commit(lease, "release", error=error)], "the timeout")
         if ex.mode is Mode.INLINE:
             os._exit(exitcodes.TASK_TIMEOUT)
         self.heartbeat.forget([lease])
         self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
+        return True
+
+    def _loop_stuck(self, blocker: Execution, lag: float, store: Store) -> None:
+        """Heartbeat thread: ``blocker`` holds the event loop past its --task-timeout, so no
+        cancel can reach it (or anything else on the loop). It alone is guilty: its lease is
+        released with the error; every other async handler is innocent and goes back unstarted
+        in the database's eyes (a hand-back spends no attempt). All of them are abandoned (their
+        endings ignored), and the worker exits once its other slots finish."""
+        with self._lock:
+            innocent = [e for e in self.running.values()
+                        if e.mode is Mode.ASYNC and e is not blocker
+                        and e.stopped is not Stopped.ABANDONED]  # fmt: skip
+        if blocker.stopped is Stopped.ABANDONED:
+            return
+        for ex in (blocker, *innocent):
+            ex.stopped = Stopped.ABANDONED
+        lease = blocker.lease
+        event(log, "loop_stuck",
+              f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} outlived "
+              f"--task-timeout, the event loop blocked for {lag:.1f}s: releasing it, handing back "
+              f"{len(innocent)} other async tasks, then exiting", level=logging.ERROR,
+              task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
+              attempt=lease.attempt, handed_back=len(innocent))  # fmt: skip
+        error = (
+            f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s and blocked "
+            "the event loop (an async handler calling blocking code)"
+        )
+        commits = [Commit(lease, "release", error=error)]
+        commits += [Commit(e.lease, "handback") for e in innocent]
+        self._write_now(store, commits, "the blocked loop's tasks")
+        self.heartbeat.forget([c.lease for c in commits])
+        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} blocked the event loop")
+
+    @staticmethod
+    def _write_now(store: Store, commits: list[Commit], what: str) -> None:
+        """Fenced writes from the heartbeat thread, on its own connection (a no-op for a lease
+        whose commit came first)."""
+        try:
+            store.commit_many(commits)
+        except StoreError as exc:  # the leases lapse after the ttl: no harm but a delay
+            event(
+                log,
+                "timeout_release_failed",
+                f"could not record {what}: {exc}",
+                level=logging.ERROR,
+                task_id=commits[0].lease.task_id,
+            )
 
     def _on_stuck(self, lease: Lease) -> None:
         event(

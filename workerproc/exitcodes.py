@@ -12,6 +12,7 @@ LEASE_STUCK = 74  # a lease was lost and the handler would not stop: the process
 STORE_ERROR = 75  # an unexpected store error after boot: a crash, replace me
 STORE_CORRUPT = 76  # the database is corrupt ("malformed"): replacing me cannot help
 APP_IMPORT = 77  # a supervisor's worker could not import the app itself (after a reload)
+SLOT_DIED = 78  # a slot thread or the event loop ended: its tasks went back; replace me
 
 DESCRIPTIONS = {
     OK: "stopped",
@@ -24,6 +25,7 @@ DESCRIPTIONS = {
     STORE_ERROR: "store error after boot",
     STORE_CORRUPT: "the database is corrupt",
     APP_IMPORT: "cannot import the app",
+    SLOT_DIED: "a slot thread or the event loop died",
 }
 
 
@@ -44,6 +46,8 @@ MEANINGS = {
     "later): the supervisor stops with exit code 1",
     APP_IMPORT: "a worker of a reloaded pool could not import the app (the reload fails; the old "
     "workers keep serving)",
+    SLOT_DIED: "a slot thread or the event loop died: its running tasks were released with a "
+    "`WorkerCrashed` error and the supervisor replaces the worker",
 }
 
 

@@ -7,11 +7,16 @@
   go on.
 - A lease is held from its claim to the commit that ends it (``track`` ... ``untrack``), so a
   prefetched task waiting for a slot and a finished one waiting for its batch stay alive too.
-- A renewal that *errors* (database busy or locked) is retried soon and is not a loss, until the
-  lease's local deadline passes: the monotonic start of its last successful renewal (or claim)
-  plus the ttl, conservative since the store computed the expiry from a "now" read after it.
+- A lease's last *confirmation* is the monotonic moment its last successful claim or renewal
+  was *sent* (the store read its "now" after that): ``confirmed_at`` reports it, and the local
+  deadline is that moment plus the ttl. A renewal that *errors* (database busy or locked) is
+  retried soon and is not a loss, until the local deadline passes.
+- ``confirm``: the conductor asks for a renewal round now and waits for it, before it starts
+  handlers on leases that waited (R4's start rule, ``workerproc/startrule.py``).
 - ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
-  ``on_timeout`` fires. A lost lease whose handler has not finished a whole ttl later fires
+  ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
+  ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
+  A lost lease whose handler has not finished a whole ttl later fires
   ``on_stuck`` (the handler ignored ``LeaseLost``).
 """
 
@@ -31,17 +36,23 @@ log = logging.getLogger("workerproc.heartbeat")
 
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
 MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
+POSTPONE = 0.1  # a timeout its callback put off is looked at again this much later
 
 
 @dataclass
 class Held:
     lease: Lease
-    deadline: float  # monotonic: the lease may be gone after this
+    confirmed: float  # monotonic: when its last successful claim or renewal was sent
     due: float  # monotonic: renew it by then
     started: float | None = None  # the handler started (task_timeout counts from here)
+    timeout_at: float | None = None  # monotonic: task_timeout after the start (or postponed)
     finished: bool = False  # the handler returned: no timeout, no stuck check
     lost_at: float | None = None
     timed_out: bool = False
+
+    def deadline(self, ttl: float) -> float:
+        """Monotonic: the lease may be gone after this."""
+        return self.confirmed + ttl
 
 
 class Heartbeat:
@@ -52,7 +63,7 @@ class Heartbeat:
         ttl: float,
         interval: float,
         on_lost: Callable[[Lease, str], None],
-        on_timeout: Callable[[Lease, Store], None],
+        on_timeout: Callable[[Lease, Store], bool | None],
         on_death: Callable[[BaseException], None],
         on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
@@ -72,6 +83,8 @@ class Heartbeat:
         self._urgent = False  # renew now (a stale lease is about to start)
         self._chore: tuple[float, Callable[[Store], None]] | None = None
         self.renewals = 0  # statements sent
+        self._rounds_begun = 0  # renewal rounds sent ...
+        self._rounds_ended = 0  # ... and ended (answered or failed): ``confirm`` waits on them
         self.idle_wait = min(MAX_WAIT, interval / 2)
         self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
 
@@ -87,19 +100,50 @@ class Heartbeat:
         began, so ``lease_start + ttl`` is a safe local deadline. No wake-up: the thread looks
         again within ``idle_wait``, far inside the first renewal's due time."""
         with self._cond:
-            held = Held(lease, lease_start + self.ttl, lease_start + self.interval)
-            self._held[lease.task_id] = held
+            self._held[lease.task_id] = Held(lease, lease_start, lease_start + self.interval)
 
-    def started(self, lease: Lease, *, renew: bool = False) -> None:
-        """The handler of ``lease`` starts now: its task timeout counts from here. ``renew``:
-        the lease waited since its claim, renew it at once (R4's start renewal)."""
+    def confirmed_at(self, lease: Lease) -> float | None:
+        """The monotonic moment the last confirmation of ``lease`` (its claim or a renewal) was
+        sent; None when it is not held (committed, forgotten) or known lost. A moment, never an
+        age: a pause between reading it and using it cannot make a stale lease look fresh."""
+        with self._cond:
+            held = self._held.get(lease.task_id)
+            if held is None or held.lost_at is not None or held.lease.attempt != lease.attempt:
+                return None
+            return held.confirmed
+
+    def confirm(self, leases: Iterable[Lease], timeout: float) -> dict[int, float]:
+        """Renew now and wait for it: one round, one statement for every lease held (R4's
+        renewal at start). Returns, for each of ``leases`` that a renewal sent after this call
+        confirmed, the monotonic moment it was sent; a lease missing from the answer is lost,
+        or its renewal failed (busy) within ``timeout``."""
+        wanted = {lease.task_id: lease.attempt for lease in leases}
+        asked = time.monotonic()
+        with self._cond:
+            target = self._rounds_begun + 1  # a round in flight began before this call
+            self._urgent = True
+            self._cond.notify_all()
+            self._cond.wait_for(
+                lambda: self._rounds_ended >= target or self._closed, timeout=timeout
+            )
+            return {
+                task_id: held.confirmed
+                for task_id, attempt in wanted.items()
+                if (held := self._held.get(task_id)) is not None
+                and held.lease.attempt == attempt
+                and held.lost_at is None
+                and held.confirmed >= asked
+            }
+
+    def started(self, lease: Lease) -> None:
+        """The handler of ``lease`` starts now: its task timeout counts from here."""
         with self._cond:
             held = self._held.get(lease.task_id)
             if held is not None:
                 held.started = time.monotonic()
-            if renew:
-                self._urgent = True
-                self._cond.notify_all()
+                if self.task_timeout is not None:  # look again when it is due, not a tick later
+                    held.timeout_at = held.started + self.task_timeout
+                    self._cond.notify_all()
 
     def finished(self, lease: Lease) -> None:
         """The handler of ``lease`` returned: keep renewing until its commit, check nothing."""
@@ -184,8 +228,8 @@ class Heartbeat:
                 continue
             if held.timed_out:
                 continue
-            if self.task_timeout is not None and held.started is not None and not held.finished:
-                at = held.started + self.task_timeout
+            if held.timeout_at is not None and not held.finished:
+                at = held.timeout_at
                 if at <= now:
                     timeouts.append(held)
                     continue
@@ -205,9 +249,14 @@ class Heartbeat:
                 chore = self._chore if self._chore is not None and self._chore[0] <= now else None
                 if due or timeouts or stuck or chore:
                     break
+                if self._urgent:  # a round was asked for and nothing is held: it is over
+                    self._rounds_begun += 1
+                    self._rounds_ended += 1
+                    self._cond.notify_all()
                 self._urgent = False  # nothing to renew now
                 self._cond.wait(max(0.0, min(wake - now, self.idle_wait)))
-            self._urgent = False
+            if due:
+                self._urgent = False
             for held in timeouts:
                 held.timed_out = True  # stop renewing: the lease will lapse or be released
             if stuck and self._on_stuck is not None:
@@ -215,24 +264,31 @@ class Heartbeat:
                     held.finished = True  # fire once
             if chore is not None:
                 self._chore = None
+            if due:
+                self._rounds_begun += 1
             self._busy = True  # untrack() waits: no renewal races a commit
         try:
             if chore is not None:
                 chore[1](store)
             for held in timeouts:
-                self._on_timeout(held.lease, store)
+                if self._on_timeout(held.lease, store) is False:  # not yet: renew on
+                    with self._cond:
+                        held.timed_out = False
+                        held.timeout_at = time.monotonic() + POSTPONE
             for held in stuck:
                 assert self._on_stuck is not None
                 self._on_stuck(held.lease)
             if due:
-                self._renew(store, due)
+                self._renew(store)
         finally:
             with self._cond:
                 self._busy = False
+                if due:
+                    self._rounds_ended += 1
                 self._cond.notify_all()
         return True
 
-    def _renew(self, store: Store, due: list[Held]) -> None:
+    def _renew(self, store: Store) -> None:
         # Renew every live lease still held, not only the due ones: one statement per tick.
         # Past a local deadline we still ask the database: it decides (R5), and a refusal is
         # recorded there as evidence that a zombie tried and was turned away.
@@ -252,7 +308,7 @@ class Heartbeat:
             now = time.monotonic()
             for held in batch:
                 held.due = now + min(RETRY_INTERVAL, self.interval)
-                if now >= held.deadline:
+                if now >= held.deadline(self.ttl):
                     self._lose(held, "the local lease deadline passed while the database was busy")
             return
         self.renewals += 1
@@ -260,8 +316,9 @@ class Heartbeat:
             if expiry is None:
                 self._lose(held, "the store refused the renewal")
             else:
-                held.deadline = started + self.ttl
-                held.due = started + self.interval
+                with self._cond:  # ``age`` and ``confirm`` read these on other threads
+                    held.confirmed = max(held.confirmed, started)
+                    held.due = held.confirmed + self.interval
 
     def _lose(self, held: Held, why: str) -> None:
         with self._cond:

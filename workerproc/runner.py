@@ -21,7 +21,7 @@ from .identity import make_owner
 from .logs import event
 from .signals import Waker
 from .status import StatusSlot
-from .store import Store, StoreCorrupt, StoreError, open_store
+from .store import Store, StoreCorrupt, StoreError, is_postgres_url, open_store
 from .worker import Worker
 
 __all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_worker"]
@@ -29,6 +29,10 @@ __all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_
 log = logging.getLogger("workerproc")
 
 PR_SET_PDEATHSIG = 1
+# On PostgreSQL the server ends a session idle inside a transaction for this share of the lease
+# ttl: a worker frozen mid-exchange (SIGSTOP, a frozen VM) holds its runs' row locks no longer,
+# so they are free to take over long before the leases could expire.
+LOCK_HOLD_SHARE = 0.25
 
 
 class AppLoadError(Exception):
@@ -92,7 +96,9 @@ def run_worker(
     if parent_pid is not None and not exit_with_parent(parent_pid):
         return exitcodes.PARENT_DIED
     owner = owner or make_owner()
-    options: dict[str, Any] = store_options or {}
+    options: dict[str, Any] = dict(store_options or {})
+    if is_postgres_url(config.db):  # a stopped worker's transaction ends well inside its ttl
+        options.setdefault("idle_in_transaction", config.lease_ttl * LOCK_HOLD_SHARE)
     waker = Waker()
     try:
         store = open_store(config.db, **options)

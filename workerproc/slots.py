@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+import math
 import queue
 import threading
 import time
@@ -32,7 +33,7 @@ from .backoff import backoff
 from .config import WorkerConfig
 from .logs import event
 from .signals import Abort, main_thread_only
-from .store import Commit, InvalidPayload, Lease
+from .store import Commit, Lease
 from .store.codec import dumps
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
@@ -54,6 +55,7 @@ class Stopped(enum.StrEnum):
     TIMEOUT = "timeout"  # --task-timeout: release with TaskTimeout
     QUIT = "quit"  # QUIT: release with WorkerStopped
     ABANDONED = "abandoned"  # timed out on a thread: released already, its ending is ignored
+    LATE = "late"  # its lease was not confirmed recently enough to begin: hand it back unstarted
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Execution:
     ctx: TaskContext = field(init=False)
     lost: threading.Event = field(default_factory=threading.Event)
     started: float = field(default_factory=time.monotonic)
+    begin_by: float = math.inf  # monotonic: past this the handler must not begin (startrule)
     stopped: Stopped | None = None  # set before a cancel; the ending reads it
     commit: Commit | None = None  # the last word, once the handler ended
     seconds: float = 0.0  # time in the handler
@@ -74,6 +77,24 @@ class Execution:
     def __post_init__(self) -> None:
         self.ctx = TaskContext(self.lease, self.lost)
 
+    def gate(self, begin_by: float) -> None:
+        """The moment after which the handler must not begin (``startrule``): checked on the
+        thread about to call it (``may_begin``) and at its first read of its task."""
+        self.begin_by = self.ctx.begin_by = begin_by
+
+    def may_begin(self) -> bool:
+        """R4's last check, on the thread about to call the handler (``startrule``): False
+        when the lease waited too long since its last confirmation (a pause since dispatch,
+        say); the execution is then marked LATE and its lease goes back unstarted."""
+        if self.stopped is None and time.monotonic() > self.begin_by:
+            self.stopped = Stopped.LATE
+        return self.stopped is None
+
+    @property
+    def late(self) -> bool:
+        """It never began in earnest: refused at the last check, or at its first read."""
+        return self.stopped is Stopped.LATE or self.ctx.late
+
 
 def mode_for(handler: Handler, capacity: int) -> Mode:
     if inspect.iscoroutinefunction(handler):
@@ -81,9 +102,20 @@ def mode_for(handler: Handler, capacity: int) -> Mode:
     return Mode.INLINE if capacity == 1 else Mode.THREAD
 
 
+def message(exc: BaseException) -> str:
+    """``TypeName: message`` of an exception, even one whose ``__str__`` raises."""
+    try:
+        return f"{type(exc).__name__}: {exc}"
+    except Exception:
+        return f"{type(exc).__name__}: <its message cannot be shown>"
+
+
 def describe_error(exc: BaseException, limit: int = 2000) -> str:
-    tb = "".join(traceback.format_exception(exc, limit=-5))
-    return f"{type(exc).__name__}: {exc}\n{tb}"[:limit]
+    try:
+        tb = "".join(traceback.format_exception(exc, limit=-5))
+    except Exception:  # a traceback that cannot even be formatted: the message is enough
+        tb = ""
+    return f"{message(exc)}\n{tb}"[:limit]
 
 
 def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
@@ -91,7 +123,7 @@ def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
     error = describe_error(exc)
     event(log, "task_failed",
           f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} failed: "
-          f"{type(exc).__name__}: {exc}", level=logging.WARNING, task_id=lease.task_id,
+          f"{message(exc)}", level=logging.WARNING, task_id=lease.task_id,
           run_id=lease.run_id, task=lease.task, attempt=lease.attempt,
           error=type(exc).__name__)  # fmt: skip
     if lease.tries >= config.max_attempts:
@@ -103,10 +135,27 @@ def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
 def conclude(
     ex: Execution, value: object, raised: BaseException | None, config: WorkerConfig
 ) -> Commit | None:
-    """What to write under ``ex``'s lease now that its handler ended."""
+    """What to write under ``ex``'s lease now that its handler ended. Never raises: whatever
+    the handler left behind (a value that cannot be encoded, an object whose methods raise)
+    fails its own task, and only its own."""
+    try:
+        return _conclude(ex, value, raised, config)
+    except BaseException as exc:  # a handler's leftovers, whatever their kind
+        return failure(ex.lease, exc, config)
+
+
+def _conclude(
+    ex: Execution, value: object, raised: BaseException | None, config: WorkerConfig
+) -> Commit | None:
     lease = ex.lease
     if ex.stopped is Stopped.ABANDONED:
         return None
+    if ex.late:  # never began: no attempt spent, no error to keep
+        event(log, "start_refused",
+              f"task {lease.task_id} attempt {lease.attempt}: its lease was not confirmed "
+              "recently enough to start (the worker paused?): handing it back",
+              level=logging.WARNING, task_id=lease.task_id, attempt=lease.attempt)  # fmt: skip
+        return Commit(lease, "handback")
     if ex.stopped is Stopped.TIMEOUT:
         error = f"TaskTimeout: handler ran longer than {config.task_timeout:g} s"
         return Commit(lease, "release", delay=0.0, error=error)
@@ -118,22 +167,29 @@ def conclude(
         return failure(lease, raised, config)
     if ex.ctx.commit is not None:
         return ex.ctx.commit
-    try:
-        dumps(value, "the handler's return value")
-    except InvalidPayload as exc:
-        return failure(lease, exc, config)
+    dumps(value, "the handler's return value")  # InvalidPayload: a failure, like any other
     return Commit(lease, "finish", expected_revision=lease.revision, new_state=lease.state,
                   result=value)  # fmt: skip
+
+
+def run_handler(ex: Execution, config: WorkerConfig) -> None:
+    """Run ``ex``'s plain handler on this thread, if it may still begin, and record its
+    ending (``ex.commit``, ``ex.seconds``). Never raises."""
+    value: object = None
+    raised: BaseException | None = None
+    ex.started = time.monotonic()
+    try:
+        if ex.may_begin():
+            value = ex.handler(ex.ctx)
+    except BaseException as exc:  # a handler's error, whatever its kind
+        raised = exc
+    ex.seconds = time.monotonic() - ex.started
+    ex.commit = conclude(ex, value, raised, config)
 
 
 Done = Callable[[Execution], None]
 # A slot thread's handler ended: record it, and say what this thread runs next (None: wait)
 Next = Callable[[Execution], "Execution | None"]
-
-
-def _cancel(ex: Execution) -> None:  # on the loop thread
-    if ex.task is not None and not ex.task.done():
-        ex.task.cancel()
 
 
 class ThreadSlots:
@@ -145,6 +201,7 @@ class ThreadSlots:
         self._done = done
         self._queue: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self.died: BaseException | None = None
 
     def submit(self, ex: Execution) -> None:
         if not self._threads:  # the first plain task: start the pool
@@ -158,18 +215,21 @@ class ThreadSlots:
         main_thread_only()
         ex = self._queue.get()
         while ex is not None:
-            value: object = None
-            raised: BaseException | None = None
-            ex.started = time.monotonic()
+            run_handler(ex, self._config)
             try:
-                value = ex.handler(ex.ctx)
-            except BaseException as exc:  # a handler's error, whatever its kind
-                raised = exc
-            ex.seconds = time.monotonic() - ex.started
-            ex.commit = conclude(ex, value, raised, self._config)
-            # the next prefetched task, started by this thread (no round trip through the
-            # conductor), or whatever the conductor submits
-            ex = self._done(ex) or self._queue.get()
+                # the next prefetched task, started by this thread (no round trip through the
+                # conductor), or whatever the conductor submits
+                nxt = self._done(ex)
+            except BaseException as exc:  # our own bug: the conductor sees this thread gone
+                self.died = exc
+                event(log, "slot_died", f"slot thread died: {message(exc)}",
+                      level=logging.ERROR, task_id=ex.lease.task_id)  # fmt: skip
+                return
+            ex = nxt or self._queue.get()
+
+    def dead(self) -> BaseException | None:
+        """Why a slot thread ended while the pool was open (None: all of them live)."""
+        return self.died
 
     def close(self, timeout: float = 1.0) -> None:
         """Ask idle threads to end; a thread still inside a handler is a daemon and dies with
@@ -179,70 +239,3 @@ class ThreadSlots:
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
-
-
-class AsyncSlots:
-    """``async def`` handlers on one event loop, on its own thread (started in the worker)."""
-
-    def __init__(self, config: WorkerConfig, done: Done) -> None:
-        self._config = config
-        self._done = done
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def _start(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            import asyncio  # noqa: PLC0415 - the first async handler pays for it, not every worker
-
-            loop = asyncio.new_event_loop()
-
-            def run() -> None:
-                main_thread_only()
-                loop.run_forever()
-
-            self._thread = threading.Thread(target=run, name="slots-async", daemon=True)
-            self._thread.start()
-            self._loop = loop
-        return self._loop
-
-    def submit(self, ex: Execution) -> None:
-        loop = self._start()
-        import asyncio  # noqa: PLC0415 - imported by _start, so this is a lookup
-
-        asyncio.run_coroutine_threadsafe(self._run(ex), loop)
-
-    async def _run(self, ex: Execution) -> None:
-        import asyncio  # noqa: PLC0415 - on the loop: imported already
-
-        value: object = None
-        raised: BaseException | None = None
-        ex.task = asyncio.current_task()
-        ex.started = time.monotonic()
-        try:
-            if ex.stopped is None:  # cancelled before it began: do not begin
-                value = await ex.handler(ex.ctx)
-        except asyncio.CancelledError:
-            if ex.stopped is None:  # the handler cancelled itself: an error like any other
-                raised = RuntimeError("the handler was cancelled")
-        except BaseException as exc:  # a handler's error, whatever its kind
-            raised = exc
-        ex.seconds = time.monotonic() - ex.started
-        ex.commit = conclude(ex, value, raised, self._config)
-        self._done(ex)
-
-    def cancel(self, ex: Execution, why: Stopped) -> None:
-        """Stop ``ex`` for ``why`` (from any thread): its coroutine is cancelled on the loop,
-        or never starts."""
-        if ex.stopped is None:
-            ex.stopped = why
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(_cancel, ex)
-
-    def close(self, timeout: float = 1.0) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout)
-        if not thread.is_alive():
-            loop.close()

@@ -12,7 +12,9 @@ lock. One heartbeat thread renews every lease the worker holds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import math
 import os
 import random
 import time
@@ -20,6 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from . import exitcodes
+from .aioslots import AsyncSlots
 from .app import App
 from .config import WorkerConfig
 from .custody import SLOW_BEHIND, Custody
@@ -28,7 +31,8 @@ from .heartbeat import Heartbeat
 from .idle import watch_for_work
 from .logs import event
 from .signals import Signals, Waker
-from .slots import AsyncSlots, Execution, Mode, Stopped, ThreadSlots, conclude, mode_for
+from .slots import Execution, Mode, Stopped, ThreadSlots, conclude, failure, message, mode_for
+from .startrule import StartRule
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreError
 
@@ -39,6 +43,7 @@ ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were 
 RECENT = 16  # handler durations the adaptive prefetch looks at
 BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
 HOLD = 0.005  # finished slots wait at most this long for their batch while prefetched work runs
+CONFIRM_WAIT = 5.0  # the longest a turn waits for the renewal of leases about to start
 
 
 class Worker(Custody):
@@ -67,12 +72,15 @@ class Worker(Custody):
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self.finished: list[Commit] = []  # last words to write in the next exchange
         self._finished_at: float | None = None  # when the oldest of them finished
-        self._claimed: dict[int, float] = {}  # task id -> monotonic start of its claim
         self._recent: deque[float] = deque(maxlen=RECENT)
         self._drain_code: int | None = None  # stop claiming, finish the slots, exit this
         self._drain_until: float | None = None  # ... or give up on them then
         self._maybe_ready = True  # the last claim got all it asked for (or something changed)
-        self._exchanger = Exchanger(store, config.lease_ttl)
+        self._blocking: Execution | None = None  # the handler last reported blocking the loop
+        self.rule = StartRule(config.lease_ttl)
+        self._exchanger = Exchanger(
+            store, config.lease_ttl, lambda commit, exc: failure(commit.lease, exc, config)
+        )
         self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                      config.queues)  # fmt: skip
         self._threads = ThreadSlots(self.capacity, config, self._ended_on_thread)
@@ -98,7 +106,7 @@ class Worker(Custody):
                 if code is not None:
                     return code
                 if self.signals.quit:
-                    self._abandon()
+                    self._abandon("WorkerStopped: QUIT while the task ran")
                     return exitcodes.OK
                 self._collect()
                 self._start_waiting()
@@ -119,6 +127,13 @@ class Worker(Custody):
             return self._exit_code
         if not self.heartbeat.is_alive():
             return exitcodes.HEARTBEAT_DIED
+        died = self._threads.dead() or self._aio.dead()
+        if died is not None:  # its executions are gone: give their leases back, be replaced
+            event(log, "slots_died", f"worker {self.pid}: {message(died)}; exiting",
+                  level=logging.ERROR, error=type(died).__name__)  # fmt: skip
+            self._abandon(f"WorkerCrashed: the worker's slots died ({message(died)})")
+            return exitcodes.SLOT_DIED
+        self._watch_loop()
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             event(
                 log,
@@ -130,10 +145,31 @@ class Worker(Custody):
             return exitcodes.PARENT_DIED
         return None
 
+    def _watch_loop(self) -> None:
+        """Say once per incident that an async handler blocks the event loop (and so every
+        async slot): the loop has not ticked for ``aioslots.BLOCKED_AFTER``."""
+        blocked = self._aio.blocked()
+        if blocked is None:
+            self._blocking = None
+            return
+        lag, ex = blocked
+        if ex is self._blocking and ex is not None:
+            return
+        self._blocking = ex
+        who = (f"task {ex.lease.task_id} ({ex.lease.task}) attempt {ex.lease.attempt}"
+               if ex is not None else "a task that is no handler's own")  # fmt: skip
+        event(log, "loop_blocked",
+              f"{who} has blocked the event loop for {lag:.1f}s: an async handler calls "
+              "blocking code, and every async slot of this worker waits",
+              level=logging.WARNING, task_id=ex.lease.task_id if ex else None,
+              run_id=ex.lease.run_id if ex else None, seconds=round(lag, 1))  # fmt: skip
+
     def _accepting(self) -> bool:
         return self.signals.stop is None and self._drain_code is None
 
     def _prefetch(self) -> int:
+        if self._slow_behind():  # what it would claim would only go back again
+            return 0
         if self.config.prefetch is not None:
             return self.config.prefetch
         fast = len(self._recent) == RECENT and max(self._recent) <= FAST
@@ -203,8 +239,9 @@ class Worker(Custody):
 
     def _ended_on_thread(self, ex: Execution) -> Execution | None:
         """A slot thread's handler ended: the thread starts the next prefetched task itself
-        when it has a plain handler, so short tasks never wait for a conductor turn. Anything
-        else (an async or unknown task, nothing prefetched, draining) is the conductor's."""
+        when it has a plain handler and a fresh lease (R4's start rule), so short tasks never
+        wait for a conductor turn. Anything else (an async or unknown task, a lease to renew
+        first, nothing prefetched, draining) is the conductor's."""
         self._ended(ex)
         with self._lock:
             if not self.prefetched or len(self.running) >= self.capacity or not self._accepting():
@@ -213,9 +250,14 @@ class Worker(Custody):
             handler = self.app.handlers.get(lease.task)
             if handler is None or mode_for(handler, self.capacity) is not Mode.THREAD:
                 return None
+            confirmed = self.heartbeat.confirmed_at(lease)
+            if confirmed is None or not self.rule.is_fresh(confirmed, time.monotonic()):
+                self.waker.wake()
+                return None
             self.prefetched.popleft()
             nxt = self.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
-        self.heartbeat.started(lease, renew=self._stale(lease))
+            nxt.gate(self.rule.begin_by(confirmed))
+        self.heartbeat.started(lease)
         return nxt
 
     def _collect(self) -> None:
@@ -224,9 +266,10 @@ class Worker(Custody):
             self._completed.clear()
         for ex in ended:
             self.heartbeat.finished(ex.lease)
-            self.counters.task_done(ex.seconds)
-            self._recent.append(ex.seconds)
-            self.tasks_done += 1
+            if not ex.late:  # a handler that never began did no task
+                self.counters.task_done(ex.seconds)
+                self._recent.append(ex.seconds)
+                self.tasks_done += 1
             if ex.stopped is Stopped.ABANDONED:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
@@ -234,23 +277,40 @@ class Worker(Custody):
                 self._finished_at = self._finished_at or time.monotonic()
             else:
                 self.heartbeat.untrack([ex.lease])
-                self._claimed.pop(ex.lease.task_id, None)
         limit = self.config.max_tasks
         if limit is not None and self.tasks_done >= limit:
             self.drain(exitcodes.RECYCLE, f"recycling after {self.tasks_done} tasks")
 
     def _start_waiting(self) -> None:
-        """Start prefetched leases on the free slots (slot threads start some themselves:
-        the check and the move into ``running`` are one step under the lock)."""
+        """Start prefetched leases on the free slots, each only on a lease confirmed a moment
+        ago (R4's start rule, ``startrule``): one that waited longer is renewed first, every
+        such lease of this turn in one statement. Slot threads start some themselves: the check
+        and the move into ``running`` are one step under the lock."""
+        vouched: dict[int, float] | None = None  # renewed at this turn's request: may start
         while self._accepting():
             with self._lock:
                 if not self.prefetched or len(self.running) >= self.capacity:
                     return
-                lease = self.prefetched.popleft()
+                lease = self.prefetched[0]
+            confirmed = self.heartbeat.confirmed_at(lease)
+            if confirmed is None:  # lost while it waited: never start it
+                self._drop_waiting(lease)
+                continue
+            asked_for = vouched is not None and vouched.get(lease.task_id, math.inf) <= confirmed
+            if not (asked_for or self.rule.is_fresh(confirmed, time.monotonic())):
+                if vouched is not None:
+                    return  # renewed once this turn and not answered: the next turn tries again
+                vouched = self._confirm_waiting()
+                continue
+            with self._lock:
+                if not self.prefetched or self.prefetched[0] is not lease:
+                    continue  # lost (or handed back) meanwhile
+                self.prefetched.popleft()
                 handler = self.app.handlers.get(lease.task)
                 ex = None
                 if handler is not None:
                     ex = Execution(lease, handler, mode_for(handler, self.capacity))
+                    ex.gate(self.rule.begin_by(confirmed))
                     self.running[lease.task_id] = ex
             if ex is None:
                 error = f"UnknownTask: no handler named {lease.task!r} in this app"
@@ -259,14 +319,34 @@ class Worker(Custody):
                 continue
             self._start(ex)
 
-    def _stale(self, lease: Lease) -> bool:
-        """R4: a lease that waited since its claim is renewed as its handler starts. The
-        heartbeat does it at once, in its one statement for every lease: the handler does not
-        wait for it, and the database still decides at commit time (R5)."""
-        return time.monotonic() - self._claimed.get(lease.task_id, 0.0) > self.config.interval / 2
+    def _confirm_waiting(self) -> dict[int, float]:
+        """Renew, in one round of the heartbeat, every lease that waits for one of the free
+        slots and is no longer fresh, and wait for it. Returns when each lease the database
+        confirmed was sent its renewal: they may start this turn however long the round trip
+        took (their window counts from that moment). A refused one is dropped as lost."""
+        with self._lock:
+            free = self.capacity - len(self.running)
+            waiting = list(itertools.islice(self.prefetched, max(0, free)))
+        now = time.monotonic()
+        stale = [w for w in waiting if (c := self.heartbeat.confirmed_at(w)) is None or
+                 not self.rule.is_fresh(c, now)]  # fmt: skip
+        if not stale:
+            return {}
+        confirmed = self.heartbeat.confirm(stale, timeout=CONFIRM_WAIT)
+        for lease in stale:
+            if lease.task_id not in confirmed and self.heartbeat.confirmed_at(lease) is None:
+                self._drop_waiting(lease)  # refused: taken over while it waited
+        return confirmed
+
+    def _drop_waiting(self, lease: Lease) -> None:
+        """A prefetched lease that was lost before it started: forget it, write nothing."""
+        with self._lock:
+            if lease in self.prefetched:
+                self.prefetched.remove(lease)
+        self.heartbeat.forget([lease])
 
     def _start(self, ex: Execution) -> None:
-        self.heartbeat.started(ex.lease, renew=self._stale(ex.lease))
+        self.heartbeat.started(ex.lease)
         self._publish()
         if ex.mode is Mode.INLINE:
             self._run_inline(ex)
@@ -286,7 +366,8 @@ class Worker(Custody):
         self.signals.interrupt = None
         try:
             self.signals.in_handler = True
-            value = ex.handler(ex.ctx)
+            if ex.may_begin():
+                value = ex.handler(ex.ctx)
         except BaseException as exc:  # a handler's error, whatever its kind
             self.signals.in_handler = False
             raised = exc
@@ -302,12 +383,10 @@ class Worker(Custody):
     def _exchange(self, handbacks: list[Commit], want: int) -> None:
         commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
         self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
-        for c in commits:
-            self._claimed.pop(c.lease.task_id, None)
         claim = dataclasses.replace(self._request, limit=want) if want else None
         self._publish(COMMITTING if commits else CLAIMING)
-        started = time.monotonic()
         out = self._exchanger.exchange(commits, claim)
+        sent = self._exchanger.sent  # the leases' local clock starts when the claim was sent
         for commit, result in zip(commits, out.results, strict=False):
             refused(commit, result)
             if result is CasResult.CONFLICT and commit.kind in ("finish", "advance", "fail"):
@@ -315,10 +394,9 @@ class Worker(Custody):
                 if settled is not None:
                     self.finished.append(settled)
                     self._finished_at = self._finished_at or time.monotonic()
-                    self.heartbeat.track(commit.lease, started)
+                    self.heartbeat.track(commit.lease, sent)
         for lease in out.leases:
-            self.heartbeat.track(lease, started)
-            self._claimed[lease.task_id] = started
+            self.heartbeat.track(lease, sent)
             self.counters.claims += 1
             self.counters.takeovers += lease.takeover
         with self._lock:
@@ -328,8 +406,9 @@ class Worker(Custody):
         self._publish()
         self._publish_counters()
 
-    def _abandon(self) -> None:
-        """QUIT: give every lease back at once; handlers on threads die with the process."""
+    def _abandon(self, error: str) -> None:
+        """QUIT (or dead slots): give every lease back at once, the running ones released with
+        ``error``; handlers on threads die with the process."""
         with self._lock:
             running, waiting = list(self.running.values()), list(self.prefetched)
             self.running.clear()
@@ -337,7 +416,6 @@ class Worker(Custody):
         for ex in running:
             if ex.mode is Mode.ASYNC:
                 self._aio.cancel(ex, Stopped.QUIT)
-        error = "WorkerStopped: QUIT while the task ran"
         commits = [*self.finished, *(Commit(ex.lease, "release", error=error) for ex in running)]
         commits += [Commit(lease, "handback") for lease in waiting]
         self.finished = []

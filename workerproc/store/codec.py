@@ -40,12 +40,18 @@ def check_depth(value: JSON, what: str, limit: int = MAX_DEPTH) -> None:
 
 
 def dumps(value: JSON, what: str, limit: int = MAX_STATE) -> str:
-    """JSON-encode ``value`` (at most ``limit`` bytes) or raise InvalidPayload naming ``what``."""
-    check_depth(value, what)
+    """JSON-encode ``value`` (at most ``limit`` bytes) or raise InvalidPayload naming ``what``.
+    Whatever goes wrong inside (a container whose methods raise, say) is InvalidPayload too: a
+    bad value fails its own caller, never the code that tried to encode it."""
     try:
+        check_depth(value, what)
         text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+    except InvalidPayload:
+        raise
     except (TypeError, ValueError) as exc:
         raise InvalidPayload(f"{what} is not JSON-serializable: {exc}") from None
+    except Exception as exc:
+        raise InvalidPayload(f"{what} cannot be encoded: {type(exc).__name__}: {exc}") from None
     if len(text) > limit:  # characters; the byte count can only be larger
         raise InvalidPayload(f"{what} is {len(text):,} bytes of JSON, over the limit of {limit:,}")
     return text
@@ -84,6 +90,55 @@ def parse(text: str, what: str, limit: int = MAX_STATE) -> JSON:
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 PRIORITY_RANGE = (-1000, 1000)
 MAX_KEY = 255
+MAX_NAME = 200  # a task's name
+MAX_ERROR = 4000  # an error kept on a task and its run
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _unicode(text: str) -> bool:
+    """Encodable as UTF-8 (no lone surrogate): what both backends can store."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``value`` for an error message: its repr, cut short, and never an exception of its own
+    (a user's object whose ``__repr__`` raises)."""
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_name(name: object, what: str = "task name") -> str:
+    """A task's name, the same limits on every backend: a string of 1 to ``MAX_NAME``
+    characters, valid Unicode, no control characters (NUL included)."""
+    if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
+        raise InvalidPayload(
+            f"{what} must be a string of 1 to {MAX_NAME} characters (got {shown(name)})"
+        )
+    if _CONTROL.search(name):
+        raise InvalidPayload(f"{what} must not contain control characters (got {name!r})")
+    if not _unicode(name):
+        raise InvalidPayload(f"{what} is not valid Unicode (a lone surrogate): {name!r}")
+    return name
+
+
+def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
+    """Free text we keep (an error, a reason) made storable everywhere: at most ``limit``
+    characters, NUL and lone surrogates written as escapes instead of refused."""
+    if text is None:
+        return None
+    text = str(text)[:limit]
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    if not _unicode(text):
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def check_run_options(queue: str, priority: int, key: str | None) -> None:
@@ -97,25 +152,26 @@ def check_run_options(queue: str, priority: int, key: str | None) -> None:
         raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
     if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY):
         raise InvalidPayload(f"key must be a string of 1 to {MAX_KEY} characters")
+    if key is not None and ("\x00" in key or not _unicode(key)):
+        raise InvalidPayload(f"key must be valid Unicode without NUL (got {key!r})")
 
 
 def commit_params(commit: Commit) -> dict[str, Any]:
     """A commit's statement parameters, its JSON encoded and checked before any transaction
     starts, so a bad value writes nothing (both backends)."""
-    params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)), "error": commit.error}
+    params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)),
+                              "error": clean_text(commit.error)}  # fmt: skip
     if commit.kind in ("finish", "advance"):
         params["state"] = dumps(commit.new_state, "state")
         params["revision"] = commit.expected_revision
     if commit.kind == "finish":
         params["result"] = dumps(commit.result, "result")
     if commit.kind == "advance":
-        if not commit.next_task:
-            raise InvalidPayload("advance needs the name of the next task")
-        params["name"] = commit.next_task
+        params["name"] = check_name(commit.next_task, "the next task's name")
         params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
         params["queue"] = commit.next_queue
         if commit.next_queue is not None:
             check_run_options(commit.next_queue, 0, None)
     if commit.kind == "fail":
-        params["reason"] = commit.reason or "failed"
+        params["reason"] = clean_text(commit.reason or "failed", MAX_NAME)
     return params

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .base import DEFAULT_QUEUE
-from .codec import MAX_DELAY, MAX_PAYLOAD, check_run_options, dumps
+from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps
 from .errors import InvalidPayload
 from .types import JSON
 
@@ -38,8 +38,7 @@ class NewRun:
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
     ) -> NewRun:
-        if not isinstance(task, str) or not task:
-            raise InvalidPayload("task name must be a non-empty string")
+        check_name(task)
         check_run_options(queue, priority, key)
         try:
             seconds = float(delay)

@@ -27,7 +27,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 
 from .base import Clock
-from .errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
+from .errors import InvalidPayload, SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from .postgres_listen import END, WORK, Listener, _abandoned
 from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 from .postgres_sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW_QUERY
@@ -39,15 +39,18 @@ Cursor = psycopg.Cursor[Any]
 
 DEFAULT_BUSY_TIMEOUT = 5.0
 DEFAULT_SCHEMA = "leasekeeper"
-# A frozen process (SIGSTOP, a debugger) inside one of our transactions must not hold a run's
-# row lock for long: the server ends such a session. Our transactions never wait on user code.
+# A frozen process (SIGSTOP, a debugger, a frozen VM) inside one of our transactions must not
+# hold a run's row lock for long: the server ends such a session (and rolls its transaction
+# back). Our transactions never wait on user code, so the bound can be tight: a worker asks for
+# a quarter of its lease ttl (``idle_in_transaction``; runner.run_worker), so a run locked by a
+# stopped exchange is free again long before its lease could be taken over.
 IDLE_IN_TRANSACTION = 5.0
+_OUR_OPTIONS = ("schema", "busy_timeout", "idle_in_transaction")
 # at most 40 characters: the notification channels ("leasekeeper.<schema>.end") must stay
 # within PostgreSQL's 63-byte identifiers
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 _RETRIES = 5  # deadlocks, serialization failures, one lost connection
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
-_OUR_OPTIONS = ("schema", "busy_timeout")
 
 
 def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
@@ -65,6 +68,7 @@ class PostgresBase:
         busy_timeout: float | str = DEFAULT_BUSY_TIMEOUT,
         schema: str | None = None,
         migrate: bool = True,
+        idle_in_transaction: float | str = IDLE_IN_TRANSACTION,
     ) -> None:
         conninfo, ours = split_query(url, _OUR_OPTIONS)
         schema = schema or ours.get("schema") or DEFAULT_SCHEMA
@@ -76,6 +80,13 @@ class PostgresBase:
             raise StoreError("busy_timeout must be a number of seconds") from None
         if not 0 < timeout <= 3600:
             raise StoreError("busy_timeout must be above 0 and at most 3600 seconds")
+        try:
+            idle = float(ours.get("idle_in_transaction", idle_in_transaction))
+        except ValueError:
+            raise StoreError("idle_in_transaction must be a number of seconds") from None
+        if not 0.01 <= idle <= 3600:
+            raise StoreError("idle_in_transaction must be from 0.01 to 3600 seconds")
+        self.idle_in_transaction = idle
         self.conninfo = conninfo
         self.schema = schema
         self.busy_timeout = timeout
@@ -130,7 +141,7 @@ class PostgresBase:
                         f"-c search_path={self.schema}"
                         f" -c lock_timeout={int(self.busy_timeout * 1000)}"
                         f" -c idle_in_transaction_session_timeout="
-                        f"{int(IDLE_IN_TRANSACTION * 1000)}"
+                        f"{max(10, int(self.idle_in_transaction * 1000))}"
                     ),
                 )
                 return conn
@@ -204,6 +215,8 @@ class PostgresBase:
                 if (done and mode != "read") or attempt >= 2 or not conn.broken:
                     raise _unavailable(exc, self.where) from None
                 # the server never saw our COMMIT: nothing was written; try a new connection
+            except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
+                raise InvalidPayload(f"a value cannot be written: {str(exc).strip()}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"{self.where}: {str(exc).strip()}") from None
 

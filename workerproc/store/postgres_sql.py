@@ -61,6 +61,8 @@ END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 # - ``leased``: each picked run's head task gets the lease (owner, expiry, attempt + 1). A run
 #   comes back without a task when its head was written after the snapshot: the store claims
 #   again in the same transaction (it holds the run; the next snapshot sees the head).
+# - The leases come back in claim order (priority, then head order), so a worker that claims
+#   more than it can start at once starts them in that order too.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
           AND r.finished_at IS NULL
           AND (r.lease_until IS NULL OR r.lease_until <= (SELECT now FROM clock))"""
@@ -89,7 +91,7 @@ _CLAIM = f"""
 WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 {{levels}},
 picked AS MATERIALIZED (
-    SELECT c.id, c.head_id, c.state, c.revision
+    SELECT c.id, c.head_id, c.state, c.revision, lv.p, c.head_at, c.head_created
     FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
     CROSS JOIN LATERAL ({{level}}) AS c
     LIMIT %(limit)s),
@@ -105,7 +107,8 @@ leased AS (
 SELECT picked.id, picked.state, picked.revision, leased.id, leased.name, leased.payload,
     leased.attempts, leased.attempt_base, leased.lease_expires_at, leased.claimed_at,
     leased.takeover
-FROM picked LEFT JOIN leased ON leased.run_id = picked.id"""
+FROM picked LEFT JOIN leased ON leased.run_id = picked.id
+ORDER BY picked.p DESC, picked.head_at, picked.head_created, picked.head_id"""
 
 
 @cache

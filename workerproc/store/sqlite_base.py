@@ -22,6 +22,7 @@ from typing import Any, Literal, TypeVar
 from ..backoff import backoff
 from .base import Clock
 from .errors import (
+    InvalidPayload,
     SchemaTooNew,
     StoreCorrupt,
     StoreError,
@@ -61,6 +62,10 @@ def _is_readonly(exc: sqlite3.Error) -> bool:
 
 def translate(exc: sqlite3.Error, path: str) -> StoreError:
     text = str(exc)
+    if isinstance(exc, (sqlite3.InterfaceError, sqlite3.ProgrammingError)) and (
+        "binding parameter" in text
+    ):  # a value SQLite cannot take: that caller's, not the database's, problem
+        return InvalidPayload(f"a value cannot be written: {text}")
     if isinstance(exc, sqlite3.DatabaseError) and (
         "not a database" in text or "malformed" in text or "corrupt" in text
     ):
@@ -236,6 +241,8 @@ class SQLiteBase:
                 raise self._failed(exc) from None
             if isinstance(exc, UnicodeDecodeError):
                 raise undecodable(exc, self.path) from None
+            if isinstance(exc, (UnicodeEncodeError, OverflowError)):  # a value it cannot bind
+                raise InvalidPayload(f"a value cannot be written: {exc}") from None
             raise
         return result
 
