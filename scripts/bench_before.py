@@ -114,8 +114,9 @@ def throughput(
 ) -> dict[str, dict[str, list[float]]]:
     """No-op runs/s per shape and tree: ``m`` runs drained, ``rounds`` times, order alternating."""
     out: dict[str, dict[str, list[float]]] = {}
+    shapes = [s for s in SHAPES if all(supports(tree, s) for tree in trees.values())]
     for r in range(rounds):
-        for shape in SHAPES:
+        for shape in shapes:
             per = out.setdefault(" ".join(shape), {name: [] for name in trees})
             for name in list(trees)[:: 1 if r % 2 else -1]:
                 db = str(work / f"tp-{name}-{r}-{len(per[name])}-{shape[1]}.db")
@@ -125,6 +126,14 @@ def throughput(
                 seconds = drain(db, m, f"sqlite:///{db}", shape, tree=trees[name])
                 per[name].append(m / seconds)
     return out
+
+
+def supports(tree: Path, shape: tuple[str, ...]) -> bool:
+    """Whether that tree's ``supervisor start`` takes every option of ``shape`` (a commit from
+    before slots has no ``--concurrency``)."""
+    done = subprocess.run([sys.executable, "-m", "supervisor", "start", "--help"], cwd=tree,
+                          env=tree_env(tree), capture_output=True, text=True)  # fmt: skip
+    return all(opt in done.stdout for opt in shape if opt.startswith("--"))
 
 
 def takeover(trees: dict[str, Path], trials: int, rounds: int) -> dict[str, list[float]]:

@@ -107,7 +107,7 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
         pytest.skip(f"a shallow clone: no commit {BASELINE} to compare with")
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "bench_before.py"), BASELINE,
-         "--samples", "2", "--trials", "1", "--rounds", "1"],
+         "--samples", "2", "--trials", "1", "--rounds", "1", "--tasks", "300"],
         cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -116,6 +116,8 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
         for cell in (before, now):
             p50, p99 = (float(x) for x in cell.split(" / "))
             assert 0 < p50 <= p99, (row, cell)
+    before, now = _cells(proc.stdout, "-n 8")[1:3]  # no-op runs/s of each tree
+    assert float(before.replace(",", "")) > 0 and float(now.replace(",", "")) > 0
     trees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True,
                            text=True, check=True).stdout  # fmt: skip
     assert "lk-before-" not in trees
