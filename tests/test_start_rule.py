@@ -291,3 +291,51 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
     with open_store(db) as s:
         assert s.stats().runs == {"succeeded": 40}
         assert s.fence_rejections() == []
+
+
+def test_the_first_read_of_the_task_refuses_a_start_judged_stale_unless_renewed_since() -> None:
+    """The last check, at the handler's first read of its payload or state: past the start's
+    deadline with no renewal since, the lease is stale (the process stopped in between): the
+    read raises and the execution counts as never begun. A renewal since the start is a fresh
+    confirmation: a handler that reads its task late, its lease kept alive, goes on."""
+    from workerproc.app import LeaseLost, TaskContext  # noqa: PLC0415
+
+    newest = {"at": 100.0}
+    ctx = TaskContext(LEASE, threading.Event())
+    ctx.confirmed, ctx.latest = 100.0, lambda: newest["at"]
+    ctx.begin_by = time.monotonic() - 1  # the start's deadline is behind us
+    with pytest.raises(LeaseLost):
+        ctx.payload  # noqa: B018 - the read is the check
+    assert ctx.late
+
+    ctx = TaskContext(LEASE, threading.Event())
+    ctx.confirmed, ctx.latest = 100.0, lambda: newest["at"]
+    ctx.begin_by = time.monotonic() - 1
+    newest["at"] = 130.0  # the heartbeat renewed it since the start
+    assert ctx.payload is None and not ctx.late
+    ctx.begin_by = time.monotonic() - 1
+    assert ctx.state is None  # checked once: later reads are reads
+
+
+@pytest.mark.slow
+def test_a_handler_that_reads_its_task_late_keeps_running_on_a_renewed_lease(
+    tmp_path: Path,
+) -> None:
+    """ttl 1 s (a start must begin within 0.5 s of its confirmation): a handler that works for
+    1.5 s before it first reads ``ctx.payload`` is not refused: its heartbeat renewed it."""
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as s:
+        run_id = s.start_run("late_reader", {"ok": True})
+    worker = spawn_worker(db, tmp_path, "--app", "apps.ledger_app:app", "--lease-ttl", "1",
+                          "--poll-interval", "0.05")  # fmt: skip
+    try:
+        with open_store(db) as s:
+            wait_for(lambda: (r := s.get_run(run_id)) is not None and r.terminal, timeout=30,
+                     what="the run to end")  # fmt: skip
+            run = s.get_run(run_id)
+            assert run is not None and run.status == "succeeded", (run, worker.output())
+            assert run.result == {"ok": True}
+            (task,) = s.get_tasks(run_id)
+            assert task.attempts == 1
+    finally:
+        worker.kill()

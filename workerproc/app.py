@@ -66,8 +66,12 @@ class TaskContext:
         self.commit: Commit | None = None
         # R4's start rule, once more at the handler's first read of its task (its payload or
         # state: what a paid call is made of), so no wait between the worker's last check and
-        # that read (another thread holding the GIL, say) lets a stale lease begin
+        # that read (another thread holding the GIL while the process was stopped, say) lets a
+        # stale lease begin. A renewal since the start confirms the lease anew: then the read
+        # is fine however late it comes.
         self.begin_by: float | None = None  # monotonic; None once checked
+        self.confirmed = 0.0  # the confirmation the start was judged on
+        self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
         self.late = False  # that check failed: the handler never began in earnest
 
     run_id = property(lambda self: self._lease.run_id)
@@ -93,7 +97,9 @@ class TaskContext:
     def _readable(self) -> None:
         self.raise_if_lost()
         if self.begin_by is not None:
-            if time.monotonic() > self.begin_by:
+            latest = self.latest()
+            renewed = latest is not None and latest > self.confirmed
+            if not renewed and time.monotonic() > self.begin_by:
                 self.late = True
                 raise LeaseLost()
             self.begin_by = None

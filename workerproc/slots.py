@@ -77,10 +77,13 @@ class Execution:
     def __post_init__(self) -> None:
         self.ctx = TaskContext(self.lease, self.lost)
 
-    def gate(self, begin_by: float) -> None:
-        """The moment after which the handler must not begin (``startrule``): checked on the
-        thread about to call it (``may_begin``) and at its first read of its task."""
+    def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
+        """The start was judged on the lease's confirmation at ``confirmed``: after
+        ``begin_by`` the handler must not begin (``startrule``). Checked on the thread about to
+        call it (``may_begin``) and at its first read of its task, unless ``latest`` (the
+        lease's newest confirmation) shows a renewal since."""
         self.begin_by = self.ctx.begin_by = begin_by
+        self.ctx.confirmed, self.ctx.latest = confirmed, latest
 
     def may_begin(self) -> bool:
         """R4's last check, on the thread about to call the handler (``startrule``): False

@@ -256,7 +256,7 @@ class Worker(Custody):
                 return None
             self.prefetched.popleft()
             nxt = self.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
-            nxt.gate(self.rule.begin_by(confirmed))
+            self._gate(nxt, confirmed)
         self.heartbeat.started(lease)
         return nxt
 
@@ -310,7 +310,7 @@ class Worker(Custody):
                 ex = None
                 if handler is not None:
                     ex = Execution(lease, handler, mode_for(handler, self.capacity))
-                    ex.gate(self.rule.begin_by(confirmed))
+                    self._gate(ex, confirmed)
                     self.running[lease.task_id] = ex
             if ex is None:
                 error = f"UnknownTask: no handler named {lease.task!r} in this app"
@@ -318,6 +318,12 @@ class Worker(Custody):
                 self._finished_at = self._finished_at or time.monotonic()
                 continue
             self._start(ex)
+
+    def _gate(self, ex: Execution, confirmed: float) -> None:
+        lease = ex.lease
+        ex.gate(
+            confirmed, self.rule.begin_by(confirmed), lambda: self.heartbeat.confirmed_at(lease)
+        )
 
     def _confirm_waiting(self) -> dict[int, float]:
         """Renew, in one round of the heartbeat, every lease that waits for one of the free

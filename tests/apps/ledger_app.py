@@ -125,3 +125,10 @@ async def anap(ctx: TaskContext) -> None:
     import asyncio  # noqa: PLC0415 - only the async variant needs it
 
     await asyncio.sleep(float(ctx.payload["seconds"]))
+
+
+@app.task
+def late_reader(ctx: TaskContext) -> Any:
+    """Works for 1.5 s before it first reads its payload (its lease renewed meanwhile)."""
+    time.sleep(1.5)
+    return ctx.payload
