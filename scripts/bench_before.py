@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 from bench_procs import drain, tree_env
-from bench_store import bulk_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "524312a"  # the last commit before slots (issue 12)
@@ -106,7 +105,11 @@ def pickup(trees: dict[str, Path], work: Path, samples: int) -> dict[str, list[f
 
 
 SHAPES = (("-n", "8"), ("-n", "2", "--concurrency", "16"))
-MAKE_DB = "import sys; from workerproc.store import open_store; open_store(sys.argv[1]).close()"
+MAKE_DB = """import sys, time
+from bench_store import bulk_runs
+from workerproc.store import open_store
+open_store(sys.argv[1]).close()
+bulk_runs(sys.argv[1], int(sys.argv[2]), time.time() - 1)"""
 
 
 def throughput(
@@ -120,9 +123,10 @@ def throughput(
             per = out.setdefault(" ".join(shape), {name: [] for name in trees})
             for name in list(trees)[:: 1 if r % 2 else -1]:
                 db = str(work / f"tp-{name}-{r}-{len(per[name])}-{shape[1]}.db")
-                subprocess.run([sys.executable, "-c", MAKE_DB, db], cwd=trees[name],
-                               env=tree_env(trees[name]), check=True)  # fmt: skip
-                bulk_runs(db, m, time.time() - 1)
+                # each tree's own store and bulk insert: each has its own schema
+                subprocess.run([sys.executable, "-c", MAKE_DB, db, str(m)],
+                               cwd=trees[name] / "scripts", env=tree_env(trees[name]),
+                               check=True)  # fmt: skip
                 seconds = drain(db, m, f"sqlite:///{db}", shape, tree=trees[name])
                 per[name].append(m / seconds)
     return out

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from typing import TypeVar
+
+from workerproc.worker import Worker
 
 T = TypeVar("T")
 
@@ -39,3 +42,14 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what or predicate}")
         time.sleep(interval)
+
+
+class Drains(Worker):
+    """A worker in-process that stops (as TERM would) once nothing is pending in the
+    database: tests run it to the end with ``run()``."""
+
+    def _wait(self, want: int) -> None:
+        if self.store.stats().pending_work == 0 and not self.running:
+            self.signals.stop = signal.SIGTERM
+            return
+        super()._wait(want)

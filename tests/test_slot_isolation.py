@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from helpers import Drains
 from store_backends import Backend
 
 from workerproc import App, TaskContext, exitcodes
@@ -25,16 +25,6 @@ from workerproc.store import CasResult, Commit, Lease, open_store
 from workerproc.worker import Worker
 
 INNOCENTS = 5
-
-
-class Drains(Worker):
-    """Stops (as TERM would) once nothing is pending in the database."""
-
-    def _wait(self, want: int) -> None:
-        if self.store.stats().pending_work == 0 and not self.running:
-            self.signals.stop = signal.SIGTERM
-            return
-        super()._wait(want)
 
 
 def run_worker(db: str, app: App, cls: type[Worker] = Drains, **kw: Any) -> int:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from helpers import wait_for
+from helpers import Drains, wait_for
 
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
@@ -36,16 +36,6 @@ class Spy(SQLiteStore):
     ) -> BatchOutcome:
         self.exchanges.append((len(commits), claim.limit if claim else 0))
         return super().commit_many(commits, claim=claim)
-
-
-class Drains(Worker):
-    """Stops (as TERM would) once nothing is pending in the database."""
-
-    def _wait(self, want: int) -> None:
-        if self.store.stats().pending_work == 0 and not self.running:
-            self.signals.stop = signal.SIGTERM
-            return
-        super()._wait(want)
 
 
 def config(db: str, **kw: Any) -> WorkerConfig:

@@ -20,7 +20,7 @@ import pg_session
 import psutil
 import pytest
 from apps.ledger_app import note
-from helpers import wait_for
+from helpers import Drains, wait_for
 from procs import Proc, spawn_worker
 
 from workerproc.heartbeat import Heartbeat
@@ -248,7 +248,6 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
     from workerproc import App, exitcodes  # noqa: PLC0415
     from workerproc.config import WorkerConfig  # noqa: PLC0415
     from workerproc.store.sqlite import SQLiteStore  # noqa: PLC0415
-    from workerproc.worker import Worker  # noqa: PLC0415
 
     db = str(tmp_path / "lk.db")
     renewals: list[int] = []
@@ -258,13 +257,6 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
             renewals.append(len(leases))
             time.sleep(0.15)
             return super().renew_many(leases, ttl)
-
-    class Drains(Worker):
-        def _wait(self, want: int) -> None:
-            if self.store.stats().pending_work == 0 and not self.running:
-                self.signals.stop = signal.SIGTERM
-                return
-            super()._wait(want)
 
     app = App()
     app.task("short")(lambda ctx: time.sleep(0.005))
