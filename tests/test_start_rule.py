@@ -331,3 +331,23 @@ def test_a_handler_that_reads_its_task_late_keeps_running_on_a_renewed_lease(
             assert task.attempts == 1
     finally:
         worker.kill()
+
+
+def test_a_postgres_worker_asks_the_server_to_end_its_idle_transactions_at_a_quarter_ttl(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from workerproc import App, exitcodes, runner  # noqa: PLC0415
+    from workerproc.config import WorkerConfig  # noqa: PLC0415
+    from workerproc.store import StoreUnavailable  # noqa: PLC0415
+
+    asked: list[dict[str, Any]] = []
+
+    def opened(url: str, **options: Any) -> Store:
+        asked.append(options)
+        raise StoreUnavailable("not needed: the options are what this test reads")
+
+    monkeypatch.setattr(runner, "open_store", opened)
+    for db, expected in (("postgresql://u@127.0.0.1/x", 0.5), ("lk.db", None)):
+        config = WorkerConfig(db=db, app="apps.ledger_app:app", lease_ttl=2.0)
+        assert runner.run_worker(App(), config) == exitcodes.BOOT_FAILURE
+        assert asked[-1].get("idle_in_transaction") == expected

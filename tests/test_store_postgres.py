@@ -216,6 +216,53 @@ def test_an_unreachable_server_is_unavailable_and_the_password_stays_secret() ->
     assert "hunter2" not in str(info.value) and "***" in str(info.value)
 
 
+# -- a worker frozen inside a transaction --------------------------------------------------------
+def test_an_exchange_frozen_mid_transaction_frees_its_run_within_the_idle_bound(
+    pg: PostgresBackend,
+) -> None:
+    """R4's bound on PostgreSQL: a worker stopped inside its exchange (here: a transaction that
+    locked the run and then sleeps, as a SIGSTOPped process would) holds the run's row lock no
+    longer than ``idle_in_transaction``; the server ends that session, so another worker takes
+    the expired lease over long before the frozen one wakes, and the frozen one's commit
+    fails instead of landing."""
+    frozen = open_store(pg.url, idle_in_transaction=0.3)
+    other = pg.open()
+    run_id = other.start_run("t")
+    lease = frozen.claim("frozen", 0.5)
+    assert lease is not None
+    outcome: list[BaseException | None] = []
+
+    def stall(c: Any, now: float | None) -> None:  # the exchange locks the run, then freezes
+        c.execute("SELECT id FROM runs WHERE id = %s FOR UPDATE", (run_id,))
+        time.sleep(4.0)
+
+    def exchange() -> None:
+        try:
+            frozen._write(stall, runs=[run_id])  # type: ignore[attr-defined]
+            outcome.append(None)
+        except StoreError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=exchange)
+    began = time.monotonic()
+    t.start()
+    taken = wait_for(lambda: other.claim("other", 30.0), timeout=10, interval=0.02,
+                     what="the run taken over")  # fmt: skip
+    took = time.monotonic() - began
+    t.join(10)
+    assert taken.run_id == run_id and taken.attempt == 2
+    assert took < 3.0, f"the frozen transaction held the run for {took:.1f} s"
+    assert outcome and isinstance(outcome[0], StoreError)  # its session was ended: no commit
+    frozen.close()
+    other.close()
+
+
+@pytest.mark.parametrize("value", ["0", "soon", "nan"])
+def test_the_idle_in_transaction_bound_has_a_range(pg: PostgresBackend, value: str) -> None:
+    with pytest.raises(StoreError, match="idle_in_transaction must be"):
+        open_store(f"{pg.url}&idle_in_transaction={value}")
+
+
 # -- lost connections ----------------------------------------------------------------------------
 def test_a_terminated_connection_is_replaced_and_nothing_is_lost(pg: PostgresBackend) -> None:
     store = pg.open()
