@@ -58,6 +58,10 @@ END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 #   (EvalPlanQual): a lease another claimer committed meanwhile is seen in ``lease_until``.
 #   Each picked row is a different run and gives one task, so not even one statement hands out
 #   two leases in one run.
+# - ``granted``: "now" read again once every picked run is locked (``count(*)`` pulls them all).
+#   The walk's "now" was read before its locks: a run whose last lease ended while the walk was
+#   on its way (EvalPlanQual saw the new version) would otherwise get a lease stamped before the
+#   previous one ended. The lease starts, and its ttl counts, from the moment it was granted.
 # - ``leased``: each picked run's head task gets the lease (owner, expiry, attempt + 1). A run
 #   comes back without a task when its head was written after the snapshot: the store claims
 #   again in the same transaction (it holds the run; the next snapshot sees the head).
@@ -95,13 +99,15 @@ picked AS MATERIALIZED (
     FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
     CROSS JOIN LATERAL ({{level}}) AS c
     LIMIT %(limit)s),
+granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM picked) AS locked),
 leased AS (
     UPDATE tasks AS t SET prev_owner = t.lease_owner, lease_owner = %(owner)s,
-        lease_expires_at = clock.now + %(ttl)s, attempts = t.attempts + 1, claimed_at = clock.now
-    FROM picked, clock
+        lease_expires_at = granted.now + %(ttl)s, attempts = t.attempts + 1,
+        claimed_at = granted.now
+    FROM picked, granted
     WHERE t.id = picked.head_id AND t.run_id = picked.id AND t.done_at IS NULL
-      AND t.available_at <= clock.now
-      AND (t.lease_owner IS NULL OR t.lease_expires_at <= clock.now)
+      AND t.available_at <= granted.now
+      AND (t.lease_owner IS NULL OR t.lease_expires_at <= granted.now)
     RETURNING t.run_id, t.id, t.name, t.payload::text AS payload, t.attempts, t.attempt_base,
         t.lease_expires_at, t.claimed_at, t.prev_owner IS NOT NULL AS takeover)
 SELECT picked.id, picked.state, picked.revision, leased.id, leased.name, leased.payload,
