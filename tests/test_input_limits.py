@@ -20,7 +20,8 @@ from sv_harness import env_with_tests
 
 from supervisor import exitcodes
 from supervisor.commands.cli import cli
-from workerproc import TaskContext
+from workerproc import TaskContext, options
+from workerproc.config import WorkerConfig
 from workerproc.store import InvalidPayload, Store, open_store
 from workerproc.store.codec import MAX_DEPTH, MAX_PAYLOAD
 
@@ -154,3 +155,16 @@ def test_standalone_worker_refuses_bad_numbers(tmp_path: Path, args: list[str], 
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], done.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+def test_standalone_worker_help_lists_every_declared_option() -> None:
+    """``--help`` renders (a ``%`` in a help text once crashed argparse's formatting)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "workerproc", "--help"],
+        capture_output=True, text=True, timeout=60, env=env_with_tests(),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for d in options.declared(WorkerConfig):
+        if d.opt.on_worker:
+            assert d.opt.long in done.stdout
+    assert "%" in done.stdout  # the jitter's "±25 %" is shown, not swallowed
