@@ -16,7 +16,7 @@ from .. import exitcodes
 from ..errors import NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
-from . import ops, render
+from . import render, store_actions
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 
@@ -53,12 +53,14 @@ def enqueue(
     priority: int,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
-    data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
-    state = ops.parse_json(state_json, "--state")
+    data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
+    state = store_actions.parse_json(state_json, "--state")
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
-    with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
-        run_id = ops.enqueue(store, task, data, state, delay, key=key, queue=queue,
+    with store_actions.store_for(
+        db, create=True
+    ) as store:  # never beside a leftover -wal (the store)
+        run_id = store_actions.enqueue(store, task, data, state, delay, key=key, queue=queue,
                              priority=priority)  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
@@ -71,7 +73,7 @@ def enqueue(
 @json_option
 def status(db: str, pidfile: str | None, as_json: bool) -> None:
     """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         stats = store.stats()
     state, down = None, None
     if pidfile:
@@ -80,7 +82,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
             state = read_state(pidfile)
         except NotRunning as exc:
             down = str(exc)  # a stale state file lists dead workers: show none
-    workers = ops.worker_rows(state, stats)
+    workers = store_actions.worker_rows(state, stats)
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
         doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
@@ -144,8 +146,8 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @json_option
 def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    ops.check_status(status_)
-    with ops.store_for(db) as store:
+    store_actions.check_status(status_)
+    with store_actions.store_for(db) as store:
         found = store.list_runs(status_, limit, queue=queue)
     if as_json:
         click.echo(render.to_json(found))
@@ -180,7 +182,7 @@ WAIT_CODES = {
 def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
     """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled, 14
     still running after --timeout, 15 no such run)."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         try:
             run = store.wait(run_id, timeout)
         except TimeoutError as exc:
@@ -207,8 +209,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks with attempts and errors."""
-    with ops.store_for(db) as store:
-        data = ops.get_run(store, run_id)
+    with store_actions.store_for(db) as store:
+        data = store_actions.get_run(store, run_id)
         now = store.now()
     if as_json:
         click.echo(render.to_json(data))
@@ -237,8 +239,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 @db_option
 def retry(run_id: int, db: str) -> None:
     """Queue a failed or cancelled run again (its attempts start over)."""
-    with ops.store_for(db) as store:
-        ops.retry(store, run_id)
+    with store_actions.store_for(db) as store:
+        store_actions.retry(store, run_id)
     click.echo(f"run {run_id} queued again")
 
 
@@ -247,10 +249,10 @@ def retry(run_id: int, db: str) -> None:
 @db_option
 def cancel(run_id: int, db: str) -> None:
     """Cancel a run that has not finished; a worker holding its task drops it."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         if store.get_run(run_id) is None:
             raise RunNotFound(run_id)
-        ops.cancel(store, run_id)
+        store_actions.cancel(store, run_id)
     click.echo(f"run {run_id} cancelled")
 
 
@@ -264,7 +266,7 @@ def cancel(run_id: int, db: str) -> None:
 def check(db: str, quick: bool) -> None:
     """Check the database: the engine's own storage check, then the lease invariants."""
     try:
-        with ops.store_for(db) as store:
+        with store_actions.store_for(db) as store:
             name = store.integrity_check_name(quick)
             damage = store.check_integrity(quick=quick)
             violations = [] if damage else store.integrity_violations()
@@ -293,9 +295,9 @@ def check(db: str, quick: bool) -> None:
 @option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
 def prune(db: str, older_than: str, batch: int) -> None:
     """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
-    seconds = ops.parse_duration(older_than, "--older-than")
-    with ops.store_for(db) as store:
-        count = ops.prune(store, seconds, batch)
+    seconds = store_actions.parse_duration(older_than, "--older-than")
+    with store_actions.store_for(db) as store:
+        count = store_actions.prune(store, seconds, batch)
     click.echo(f"pruned {count} finished run(s) older than {older_than}")
 
 

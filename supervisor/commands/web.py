@@ -6,7 +6,7 @@ import click
 
 from ..errors import SupervisorError
 from ..web.config import PORT_RANGE, REFRESH_RANGE, WebConfig
-from . import ops
+from . import store_actions
 from .clickutil import db_option, option
 
 
@@ -42,7 +42,7 @@ def web(
         raise SupervisorError(
             f"the dashboard needs the web extra (pip install 'leasekeeper[web]'): {exc}"
         ) from None
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         return serve(config, store)
 
 

@@ -17,7 +17,7 @@ from starlette.templating import Jinja2Templates
 from workerproc.store import Stats, Store
 from workerproc.store.types import RUN_STATUSES
 
-from ..commands.ops import worker_rows
+from ..commands.store_actions import worker_rows
 from ..errors import NotRunning
 from ..loop.pidfile import live_pid, read_state
 from . import chaos, charts, timeline
