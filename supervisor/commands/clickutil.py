@@ -13,7 +13,7 @@ from click.core import ParameterSource
 from workerproc import options
 from workerproc.options import Declared
 from workerproc.runner import AppLoadError
-from workerproc.store import StoreError
+from workerproc.store import StoreError, redact
 
 from .. import exitcodes
 from ..errors import SupervisorError
@@ -135,7 +135,8 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON f
 
 
 def fail(message: str, code: int) -> None:
-    click.echo(f"supervisor: error: {message}", err=True)
+    # A driver's error may quote the URL it was given: never a password on the terminal.
+    click.echo(f"supervisor: error: {redact(message)}", err=True)
     sys.exit(code)
 
 

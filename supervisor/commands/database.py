@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from workerproc.config import DAY
-from workerproc.store import RunNotFound, StoreCorrupt
+from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
 
 from .. import exitcodes
@@ -276,11 +276,13 @@ def check(db: str, quick: bool) -> None:
         click.echo(line)
     if damage:
         raise SupervisorError(
-            f"{db} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool on it "
-            "and restore it from a backup"
+            f"{redact(db)} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool "
+            "on it and restore it from a backup"
         )
     if violations:
-        raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
+        raise SupervisorError(
+            f"{redact(db)}: {len(violations)} lease invariant(s) violated (above)"
+        )
     if name is None:
         click.echo("storage not checked: this database offers no check of its own storage "
                    "(PostgreSQL: a superuser runs CREATE EXTENSION amcheck)")  # fmt: skip

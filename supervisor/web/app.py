@@ -22,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from workerproc.identity import parse_owner
-from workerproc.store import Store, StoreError
+from workerproc.store import Store, StoreError, redact
 
 from ..commands.render import short
 from .actions import Actions
@@ -61,7 +61,7 @@ def create_app(config: WebConfig, store: Store) -> Starlette:
         return response
 
     async def store_error(request: Request, exc: Exception) -> Response:
-        return error_page(request, 503, f"the database does not answer: {exc}")
+        return error_page(request, 503, f"the database does not answer: {redact(str(exc))}")
 
     async def crash(request: Request, exc: Exception) -> Response:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
@@ -83,7 +83,8 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty)
+    env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty,
+                       redact=redact)  # fmt: skip
     return env
 
 

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from workerproc.store import Store
+from workerproc.store import Store, redact
 
 from ..sockets import listen_tcp
 from .app import create_app
@@ -54,6 +54,6 @@ def serve(config: WebConfig, store: Store) -> int:
         signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
     mode = ", read-only" if config.read_only else ""
     auth = ", token required" if config.token else ""
-    print(f"dashboard on {url_of(sock)} ({config.db}{mode}{auth})", flush=True)
+    print(f"dashboard on {url_of(sock)} ({redact(config.db)}{mode}{auth})", flush=True)
     server.run(sockets=[sock])
     return 0
