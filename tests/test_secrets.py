@@ -78,7 +78,8 @@ SHOWN = "postgresql://lk:***@[::1]:5432/jobs?password=***&amp;sslmode=require"
 def dashboard(store: object) -> TestClient:
     """The dashboard of a database named by SECRET_URL (its pages read ``store``)."""
     config = WebConfig(db=SECRET_URL).validate()
-    return TestClient(create_app(config, store), raise_server_exceptions=False)  # type: ignore[arg-type]
+    return TestClient(create_app(config, store), base_url="http://localhost",
+                      raise_server_exceptions=False)  # fmt: skip  # type: ignore[arg-type]
 
 
 def test_no_page_of_the_dashboard_shows_the_password(store: Store) -> None:

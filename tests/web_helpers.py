@@ -16,6 +16,7 @@ def client(store: Store, **options: Any) -> TestClient:
     config = WebConfig(db="test.db", **options).validate()
     return TestClient(
         create_app(config, store),
+        base_url="http://localhost",  # a name the dashboard answers (not "testserver")
         raise_server_exceptions=False,
         follow_redirects=False,
     )

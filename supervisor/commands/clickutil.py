@@ -109,9 +109,15 @@ def declared_option(d: Declared) -> Callable[[F], F]:
         kwargs.update(type=DeclaredValue(d), metavar=o.metavar, required=d.required)
         if not d.required:
             kwargs["default"] = d.default
+    if o.multiple:  # each occurrence is a list itself: ``--allowed-host a,b --allowed-host c``
+        kwargs.update(multiple=True, callback=_joined)
     if d.required:
         kwargs["show_default"] = False
     return click.option(*decls, o.name, **kwargs)
+
+
+def _joined(ctx: click.Context, param: click.Parameter, value: Any) -> tuple[str, ...]:
+    return tuple(item for part in value or () for item in part)
 
 
 def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:

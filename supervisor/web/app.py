@@ -69,7 +69,7 @@ def create_app(config: WebConfig, store: Store) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, secrets_=keys)],
+        middleware=[Middleware(Guard, secrets_=keys, hosts=config.hosts())],
         exception_handlers={HTTPException: http_error, StoreError: store_error, Exception: crash},
         max_body_size=MAX_BODY,
     )
