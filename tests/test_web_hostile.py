@@ -5,6 +5,8 @@ and below)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from web_helpers import client, csrf_of
 
 from supervisor.web.config import WebConfig
 from supervisor.web.security import host_allowed
-from workerproc.store import Store
+from workerproc.store import Store, open_store
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 TOKEN = "a-token-nobody-guesses-0"
@@ -115,3 +117,44 @@ def test_a_pidfile_that_only_looks_like_a_pid_is_no_supervisor(s: Store, tmp_pat
     pidfile.write_text("²\n")  # str.isdigit() says yes, int() says no
     page = client(s, pidfile=str(pidfile)).get("/")
     assert page.status_code == 200 and "no supervisor is running: no pid in" in page.text
+
+
+# -- item 5: a deleted or replaced database ----------------------------------------------------
+class TestDatabaseGone:
+    """An open SQLite connection keeps reading a deleted file: the dashboard showed the old runs
+    and Cancel answered 'done=cancelled' on a file that no longer existed."""
+
+    def test_a_deleted_database_is_a_503_page_and_no_action(self, tmp_path: Path) -> None:
+        path = str(tmp_path / "lk.db")
+        with open_store(path) as store:
+            run_id = store.start_run("t")
+            c = client(store, db=path)
+            csrf = csrf_of(c.get(f"/runs/{run_id}").text)
+            for name in (path, path + "-wal", path + "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name)
+            for url in ("/", "/runs", f"/runs/{run_id}", "/leases", "/nope"):
+                page = c.get(url)
+                assert page.status_code == 503, url
+                assert "was deleted while the dashboard was using it" in page.text
+            cancel = c.post(f"/runs/{run_id}/cancel", content=f"csrf={csrf}", headers=FORM)
+            assert cancel.status_code == 503 and "location" not in cancel.headers
+            assert c.get("/static/dashboard.css").status_code == 200
+        assert not os.path.exists(path)  # nothing made a new, empty database there
+
+    def test_a_replaced_database_is_never_shown_or_written(self, tmp_path: Path) -> None:
+        path, other = str(tmp_path / "lk.db"), str(tmp_path / "other.db")
+        with open_store(other) as store:
+            store.start_run("someone-elses")
+        with open_store(path) as store:
+            run_id = store.start_run("t")
+            c = client(store, db=path)
+            csrf = csrf_of(c.get(f"/runs/{run_id}").text)
+            os.replace(other, path)  # a restore, say
+            page = c.get("/runs")
+            assert page.status_code == 503 and "was replaced by another file" in page.text
+            assert "someone-elses" not in page.text
+            cancel = c.post(f"/runs/{run_id}/cancel", content=f"csrf={csrf}", headers=FORM)
+            assert cancel.status_code == 503
+            run = store.get_run(run_id)  # this connection still reads the file it opened
+            assert run is not None and run.task == "t" and run.status == "pending"
