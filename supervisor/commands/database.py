@@ -13,11 +13,14 @@ from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
 
 from .. import exitcodes
-from ..errors import NotRunning, SupervisorError
+from ..errors import ConfigError, NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
 from . import render, store_actions
 from .clickutil import RUN_ID, Number, db_option, json_option, option
+
+ENQUEUE_QUEUE = "SUPERVISOR_ENQUEUE_QUEUE"
+RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 
 
 @click.command()
@@ -34,7 +37,7 @@ from .clickutil import RUN_ID, Number, db_option, json_option, option
 )
 @option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
         "there is the answer, nothing new is started")  # fmt: skip
-@option("--queue", default="default", metavar="NAME", help="the run's queue")
+@option("--queue", envvar=ENQUEUE_QUEUE, default="default", metavar="NAME", help="the run's queue")
 @option(
     "--priority",
     type=Number(int, -1000, 1000),
@@ -53,6 +56,11 @@ def enqueue(
     priority: int,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
+    if RETIRED_QUEUE in os.environ:  # renamed: beside start's SUPERVISOR_QUEUES it misled
+        raise ConfigError(
+            f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
+            "(SUPERVISOR_QUEUES is the list of queues start serves)"
+        )
     data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = store_actions.parse_json(state_json, "--state")
     path = db_file(db)
@@ -69,7 +77,8 @@ def enqueue(
 
 @click.command()
 @db_option
-@option("--pidfile", default=None, metavar="FILE", help="also list the supervisor's workers")
+@option("--pidfile", envvar="SUPERVISOR_PIDFILE", default=None, metavar="FILE",
+        help="also list the supervisor's workers")  # fmt: skip
 @json_option
 def status(db: str, pidfile: str | None, as_json: bool) -> None:
     """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
