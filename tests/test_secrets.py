@@ -9,6 +9,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pg_session
 import pytest
@@ -173,3 +174,27 @@ def test_the_pool_its_commands_and_its_dashboard_never_show_the_password(tmp_pat
     # the URL is shown (masked) in the start line, the footers and the error line
     assert everything.count("postgres:***@127.0.0.1") >= 5
     assert "password=***" in done.stderr
+
+
+@pytest.mark.slow
+def test_libpq_service_and_password_files_keep_the_password_out_of_the_url(
+    tmp_path: Path,
+) -> None:
+    """README's PostgreSQL section: the URL names a service; the service file names the database,
+    the user and a password file. (The test server trusts local connections, so this shows
+    that such a URL is taken as it is, not that the server checked the password.)"""
+    parts = urlsplit(pg_session.database_url())
+    passfile = tmp_path / "pgpass"
+    passfile.write_text(f"{parts.hostname}:{parts.port or 5432}:*:{parts.username}:pw-in-a-file\n")
+    passfile.chmod(0o600)
+    service = tmp_path / "pg_service.conf"
+    service.write_text(f"[leasekeeper]\ndbname={parts.path.lstrip('/')}\nuser={parts.username}\n"
+                       f"passfile={passfile}\n")  # fmt: skip
+    schema = urlsplit(pg_session.schema_url("svc")).query  # schema=...
+    url = f"postgresql://{parts.hostname}:{parts.port or 5432}/?service=leasekeeper&{schema}"
+    env = {**env_with_tests(), "PGSERVICEFILE": str(service)}
+    for args in (["enqueue", "t"], ["runs"]):
+        done = subprocess.run([sys.executable, "-m", "supervisor", *args, "--db", url],
+                              capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    assert "pending" in done.stdout
