@@ -15,6 +15,7 @@ import time
 from typing import Any, TextIO
 
 from workerproc.logs import event as log_event
+from workerproc.store import redact
 
 LOGGER_NAME = "supervisor"
 log = logging.getLogger(LOGGER_NAME)
@@ -30,6 +31,9 @@ class TextFormatter(logging.Formatter):
     def __init__(self, timestamps: bool, who: str = "supervisor") -> None:
         fmt = "%(asctime)s " if timestamps else ""
         super().__init__(fmt + who + "[%(process)d] %(levelname)s %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))  # a store error may quote the database URL
 
 
 class JsonFormatter(logging.Formatter):
@@ -51,7 +55,7 @@ class JsonFormatter(logging.Formatter):
         doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str, separators=(",", ":"))
+        return redact(json.dumps(doc, default=str, separators=(",", ":")))
 
 
 class Progress:

@@ -13,7 +13,7 @@ from helpers import FakeClock
 from test_supervisor_units import FakeProcs, make_pool
 
 from supervisor.chaos.targets import Targeting
-from supervisor.loop.pool import Pool, Worker
+from supervisor.loop.pool import Pool, WorkerProcess
 from supervisor.loop.storegate import StoreGate
 from workerproc.status import HANDLER, IDLE, StatusBoard
 from workerproc.store import Lease, Store, open_store
@@ -29,7 +29,7 @@ class Arb:
         self.board = StatusBoard(8)
         self.gate = StoreGate(db)
 
-    def is_up(self, worker: Worker) -> bool:
+    def is_up(self, worker: WorkerProcess) -> bool:
         state = self.board.read(worker.slot)
         return state is not None and state.pid == worker.pid
 
@@ -70,11 +70,11 @@ def lease_on_try(store: Store, wall: FakeClock, owner: str, tries: int) -> Lease
     return lease
 
 
-def workers(arb: Arb) -> list[Worker]:
+def workers(arb: Arb) -> list[WorkerProcess]:
     return sorted(arb.pool.workers.values(), key=lambda w: w.slot)
 
 
-def in_handler(arb: Arb, worker: Worker, lease: Lease) -> None:
+def in_handler(arb: Arb, worker: WorkerProcess, lease: Lease) -> None:
     arb.board.slot(worker.slot).publish(worker.pid, HANDLER, lease.task_id, lease.attempt)
 
 

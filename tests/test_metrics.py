@@ -27,7 +27,7 @@ from supervisor.integrations.http import HttpEndpoint, listen
 from supervisor.integrations.metrics import Metrics, cumulative
 from supervisor.integrations.probe import StatsProbe
 from supervisor.integrations.tally import exit_reason
-from supervisor.loop.pool import Exit, ExitKind, Worker
+from supervisor.loop.pool import Exit, ExitKind, WorkerProcess
 from workerproc import exitcodes as wexit
 from workerproc.store import open_store
 
@@ -120,7 +120,7 @@ def test_exit_reason(
     expected_death: bool,
     reason: str,
 ) -> None:
-    worker = Worker(1, 0, "o", 0, 0.0, retiring=retiring, expected_death=expected_death)
+    worker = WorkerProcess(1, 0, "o", 0, 0.0, retiring=retiring, expected_death=expected_death)
     assert exit_reason(Exit(worker, code, sig, 1.0, kind)) == reason
 
 
@@ -128,7 +128,7 @@ def test_render_counts_bus_events(clock: FakeClock) -> None:
     arb = fake_arbiter(clock, FlakyGate())
     metrics = Metrics(StatsProbe())
     metrics.install(arb)
-    worker = Worker(7, 0, "o", 0, 0.0)
+    worker = WorkerProcess(7, 0, "o", 0, 0.0)
     arb.events.emit("worker_started", worker=worker)
     arb.events.emit("worker_exited", exit=Exit(worker, None, signal.SIGKILL, 1.0, ExitKind.CRASHED))
     arb.events.emit("chaos_fault", fault="pause", pid=7, task_id=3, phase="handler")

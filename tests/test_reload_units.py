@@ -15,7 +15,7 @@ from supervisor.config import StartConfig, Timing
 from supervisor.integrations.notify import status_line
 from supervisor.integrations.probe import StatsProbe
 from supervisor.loop.arbiter import Arbiter, Phase
-from supervisor.loop.pool import Worker
+from supervisor.loop.pool import WorkerProcess
 from supervisor.loop.reload import Reloads, ReloadStatus
 from supervisor.loop.report import snapshot
 from supervisor.loop.signals import SignalInbox
@@ -312,7 +312,7 @@ def test_a_new_worker_that_never_claims_fails_the_reload(clock: FakeClock) -> No
     hup(arb)
     probes.last.answer = "ok 1 tasks"
     arb.turn()
-    surge: Worker = arb.pool.workers[procs.spawned[-1][0]]
+    surge: WorkerProcess = arb.pool.workers[procs.spawned[-1][0]]
     clock.advance(Timing().reload_boot_timeout + 1)
     arb.turn()
     assert arb.reloads.failure is not None and "did not claim within 120s" in arb.reloads.failure

@@ -24,7 +24,7 @@ from supervisor.config import StartConfig, Timing
 from supervisor.errors import ConfigError, NotRunning, PidfileLocked
 from supervisor.loop.arbiter import Arbiter, Phase, Step
 from supervisor.loop.pidfile import Pidfile, live_pid, read_state
-from supervisor.loop.pool import ExitKind, Pool, Worker, classify
+from supervisor.loop.pool import ExitKind, Pool, WorkerProcess, classify
 from supervisor.loop.signals import SignalInbox, blocked
 from supervisor.loop.steps import default_steps
 from workerproc import App
@@ -131,7 +131,7 @@ def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
     ],
 )
 def test_classify(code: int | None, retiring: str | None, kind: ExitKind) -> None:
-    worker = Worker(1, 0, "o", 0, 0.0, retiring=retiring)
+    worker = WorkerProcess(1, 0, "o", 0, 0.0, retiring=retiring)
     assert classify(code, worker, 1.0) is kind
 
 

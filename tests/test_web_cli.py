@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from sv_harness import env_with_tests
 from web_process import WebProcess
@@ -54,6 +55,20 @@ def run_web(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         (["--refresh", "0"], {}, 2, "--refresh"),
         (["--refresh", "nan"], {}, 2, "--refresh"),
         (["--token", "short"], {}, 2, "--token"),
+        (["--token", " " * 8], {}, 2, "--token must be 16 to 1024 printable"),
+        (["--token", " " * 20], {}, 2, "--token must be 16 to 1024 printable"),
+        (["--token", "fifteen-chars-x"], {}, 2, "--token must be 16"),
+        (["--token", "sixteen chars ok"], {}, 2, "without spaces"),
+        ([], {"SUPERVISOR_WEB_TOKEN": " " * 16}, 2, "--token must be 16"),
+        ([], {"SUPERVISOR_WEB_TOKEN": ""}, 2, "SUPERVISOR_WEB_TOKEN is set but empty"),
+        ([], {"SUPERVISOR_WEB_TOKEN_FILE": ""}, 2, "SUPERVISOR_WEB_TOKEN_FILE is set but empty"),
+        (["--token", "none"], {}, 2, "--token must be 16"),
+        (["--token-file", "/nonexistent/token"], {}, 2, "--token-file /nonexistent/token: No such"),
+        (["--token-file", "/dev/null"], {}, 2, "is not a regular file"),
+        (["--token", "x" * 16, "--token-file", "/etc/hostname"], {}, 2, "not both"),
+        (["--allowed-host", "http://dash.example.com"], {}, 2, "--allowed-host takes a host name"),
+        (["--allowed-host", "*"], {}, 2, "--allowed-host takes a host name"),
+        (["--allowed-host", "dash.example.com:443"], {}, 2, "--allowed-host takes a host name"),
         (["--host", "no such host.invalid"], {}, 2, "--host"),
         (["--db", "/nonexistent/dir/lk.db"], {}, 1, "does not exist"),
     ],
@@ -99,14 +114,58 @@ def test_serves_on_loopback_and_stops_on_term(
 def test_the_token_from_the_environment_guards_every_request(
     db: str, tmp_path: Path, procs: list[WebProcess]
 ) -> None:
-    env = {"SUPERVISOR_WEB_TOKEN": "s3cret-token", "SUPERVISOR_WEB_READ_ONLY": "1"}
+    env = {"SUPERVISOR_WEB_TOKEN": "s3cret-token-0123456", "SUPERVISOR_WEB_READ_ONLY": "1"}
     web = WebProcess(tmp_path, "--db", db, "--port", "0", env=env)
     procs.append(web)
     web.url()
     assert "read-only, token required" in web.out.read_text()
     assert web.get("/")[0] == 401
-    status, html = web.get("/runs/1", {"Authorization": "Bearer s3cret-token"})
+    status, html = web.get("/runs/1", {"Authorization": "Bearer s3cret-token-0123456"})
     assert status == 200 and "read-only" in html and 'method="post"' not in html
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [("", "the token must be 16"), ("        \n", "the token must be 16"),
+     ("short\n", "the token must be 16"), ("\xff" * 20, "is not text"),
+     ("x" * 5000, "larger than 4096 bytes")],
+)  # fmt: skip
+def test_a_token_file_that_holds_no_usable_token_is_one_line(
+    db: str, tmp_path: Path, content: str, says: str
+) -> None:
+    path = tmp_path / "token"
+    path.write_bytes(content.encode("latin-1"))
+    done = run_web("--db", db, "--port", "0", "--token-file", str(path))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("how", ["file", "file-from-env", "env"])
+def test_the_token_and_the_url_can_stay_out_of_ps(
+    db: str, tmp_path: Path, procs: list[WebProcess], how: str
+) -> None:
+    """``ps`` shows every process's arguments to every user: the token and the database URL
+    come from a file or the environment instead (which only the process's user can read)."""
+    token = "Tk-" + "9f3a" * 6
+    path = tmp_path / "token"
+    path.write_text(token + "\n")  # the first line, without its line break
+    path.chmod(0o600)
+    args = ["--port", "0"]
+    env = {"SUPERVISOR_DB": db}
+    if how == "file":
+        args += ["--token-file", str(path)]
+    elif how == "file-from-env":
+        env["SUPERVISOR_WEB_TOKEN_FILE"] = str(path)
+    else:
+        env["SUPERVISOR_WEB_TOKEN"] = token
+    web = WebProcess(tmp_path, *args, env=env)
+    procs.append(web)
+    web.url()
+    cmdline = " ".join(psutil.Process(web.proc.pid).cmdline())
+    assert token not in cmdline and db not in cmdline
+    assert web.get("/")[0] == 401
+    assert web.get("/", {"Authorization": f"Bearer {token}"})[0] == 200
+    assert "token required" in web.out.read_text()
 
 
 def test_starts_and_serves_while_another_process_holds_the_write_lock(

@@ -12,10 +12,11 @@ from supervisor.web.config import WebConfig
 from workerproc.store import Store
 
 
-def client(store: Store, **options: Any) -> TestClient:
-    config = WebConfig(db="test.db", **options).validate()
+def client(store: Store, db: str = "test.db", **options: Any) -> TestClient:
+    config = WebConfig(db=db, **options).validate()
     return TestClient(
         create_app(config, store),
+        base_url="http://localhost",  # a name the dashboard answers (not "testserver")
         raise_server_exceptions=False,
         follow_redirects=False,
     )

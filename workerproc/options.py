@@ -39,6 +39,9 @@ class Opt:
     meaning: str | None = None  # the README's sentence, when it says more than ``help``
     on_supervisor: bool = True  # an option of ``supervisor start``
     on_worker: bool = True  # an option of ``python -m workerproc``
+    envvar: str | None = None  # the environment variable, when not ``SUPERVISOR_<NAME>``
+    secret: bool = False  # taken exactly as given (never stripped, never "none")
+    multiple: bool = False  # a list option that may be given more than once (values add up)
 
     @property
     def long(self) -> str:
@@ -51,7 +54,7 @@ class Opt:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+        return self.envvar or ENV_PREFIX + self.name.upper()
 
     @property
     def label(self) -> str:
@@ -147,6 +150,8 @@ def build(cls: type[T], values: Mapping[str, Any], **extra: Any) -> T:
 
 def parse(d: Declared, text: str) -> Any:
     """A value of ``d``'s type from a command-line or environment string; ValueError if not."""
+    if d.opt.secret:
+        return text  # a token of spaces is refused by its check, never read as "no token"
     text = text.strip()
     if d.optional and text.lower() in ("", "none"):
         return None

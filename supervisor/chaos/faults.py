@@ -37,7 +37,7 @@ from .verifier import FaultEvent, Verifier
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
-    from ..loop.pool import Worker
+    from ..loop.pool import WorkerProcess
 
 SUMMARY_EVERY = 60.0
 OBSERVE_EVERY = 0.05
@@ -155,7 +155,7 @@ class Chaos:
         return Outcome.STRUCK
 
     def _strike(
-        self, arb: Arbiter, fault: str, victim: Worker, t: float, held: list[tuple[int, int]]
+        self, arb: Arbiter, fault: str, victim: WorkerProcess, t: float, held: list[tuple[int, int]]
     ) -> None:
         """``victim`` is frozen and may be struck: keep it stopped (pause: it took effect at
         ``t``, when it froze) or SIGKILL it. Every lease it held (``held``, from the database:
@@ -201,7 +201,7 @@ class Chaos:
             phase=phase,
         )
 
-    def _spare(self, spare: Spare, fault: str, worker: Worker | None) -> Outcome:
+    def _spare(self, spare: Spare, fault: str, worker: WorkerProcess | None) -> Outcome:
         self.spared[spare.how] += 1
         self.spared_why[spare.reason] += 1
         pid = worker.pid if worker is not None else None

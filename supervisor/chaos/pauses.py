@@ -12,12 +12,12 @@ from .verifier import FaultEvent
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
-    from ..loop.pool import Worker
+    from ..loop.pool import WorkerProcess
 
 
 @dataclass
 class Paused:
-    worker: Worker
+    worker: WorkerProcess
     resume_at: float  # arbiter clock
     faults: list[FaultEvent]  # one per lease it held (one with no task if none)
 
@@ -30,7 +30,7 @@ class Pauses:
     def __contains__(self, pid: object) -> bool:
         return pid in self.paused
 
-    def add(self, worker: Worker, resume_at: float, faults: list[FaultEvent]) -> None:
+    def add(self, worker: WorkerProcess, resume_at: float, faults: list[FaultEvent]) -> None:
         self.paused[worker.pid] = Paused(worker, resume_at, faults)
 
     def step(self, arb: Arbiter, now: float) -> None:

@@ -27,7 +27,7 @@ from workerproc.store import Store, StoreError
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
-    from ..loop.pool import Worker
+    from ..loop.pool import WorkerProcess
 
 # A write transaction that changes nothing (owners look like host:pid:start:suffix, never this):
 # it succeeds only when no frozen process holds the database's write lock.
@@ -74,7 +74,7 @@ class Targeting:
 
     # -- before the freeze: from the status slots ---------------------------------------------
     @staticmethod
-    def candidates(arb: Arbiter, fault: str, exclude: Callable[[int], bool]) -> list[Worker]:
+    def candidates(arb: Arbiter, fault: str, exclude: Callable[[int], bool]) -> list[WorkerProcess]:
         """Workers inside a handler (holding a lease); for a kill, any worker if none is."""
         up = [w for w in arb.pool.active() if arb.is_up(w) and not exclude(w.pid)]
         in_handler = [w for w in up if _in_handler(arb.board.read(w.slot), w.pid)]
@@ -82,7 +82,7 @@ class Targeting:
             return sorted(in_handler, key=lambda w: w.slot)
         return sorted(up, key=lambda w: w.slot)  # kill: an idle worker if none holds a lease
 
-    def eligible(self, arb: Arbiter, candidates: list[Worker]) -> list[Worker] | None:
+    def eligible(self, arb: Arbiter, candidates: list[WorkerProcess]) -> list[WorkerProcess] | None:
         """The candidates whose slot shows no task on its last attempt; None: cannot tell."""
         try:
             with arb.gate.session() as store:
@@ -90,7 +90,7 @@ class Targeting:
         except StoreError:
             return None
 
-    def _slot_on_last(self, arb: Arbiter, store: Store, worker: Worker) -> bool:
+    def _slot_on_last(self, arb: Arbiter, store: Store, worker: WorkerProcess) -> bool:
         state = arb.board.read(worker.slot)
         if state is None or state.pid != worker.pid or not state.task_id:
             return False
@@ -99,7 +99,7 @@ class Targeting:
 
     # -- after the freeze: from the database ---------------------------------------------------
     def judge_frozen(
-        self, arb: Arbiter, victim: Worker, fault: str
+        self, arb: Arbiter, victim: WorkerProcess, fault: str
     ) -> tuple[str | None, list[tuple[int, int]]]:
         """Whether to strike the frozen ``victim`` (None) or why it must be let go, and the
         live leases (task id, attempt) the database shows it holding: with slots, several."""

@@ -1,7 +1,9 @@
 """The ``supervisor`` command: ``start`` runs the pool; the rest are operator commands.
 
-Parse -> ``StartConfig`` -> ``validate()`` -> run. Every option can also come from
-``SUPERVISOR_<OPTION>`` (``--help`` shows each variable).
+Parse -> ``StartConfig`` -> ``validate()`` -> run. Every option of ``start`` and ``web`` can
+also come from its variable (``SUPERVISOR_<OPTION>``; ``--help`` shows each); the operator
+commands take only ``--db``, ``--pidfile`` and enqueue's ``--queue`` from the environment: what
+one call does is on its command line.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""Click plumbing: options that read ``SUPERVISOR_<OPTION>`` and errors as one line."""
+"""Click plumbing: declared options (with their ``SUPERVISOR_<OPTION>`` variables), the
+operator commands' options, arguments that are not UTF-8, and errors as one line."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -13,28 +15,24 @@ from click.core import ParameterSource
 from workerproc import options
 from workerproc.options import Declared
 from workerproc.runner import AppLoadError
-from workerproc.store import StoreError
+from workerproc.store import StoreError, redact
 
 from .. import exitcodes
 from ..errors import SupervisorError
 
 F = TypeVar("F", bound=Callable[..., Any])
-ENV_PREFIX = "SUPERVISOR_"
 NO_ARGS_IS_HELP: type[click.UsageError] = getattr(
     click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
 )
 
 
-def envvar_for(decls: Sequence[str]) -> str:
-    longest = max((d for d in decls if d.startswith("--")), key=len)
-    name = longest[2:].split("/")[0]
-    return ENV_PREFIX + name.upper().replace("-", "_")
-
-
-def option(*decls: str, **kwargs: Any) -> Callable[[F], F]:
-    """``click.option`` whose value may also come from ``SUPERVISOR_<OPTION>`` (shown in help)."""
-    kwargs.setdefault("envvar", envvar_for(decls))
-    kwargs.setdefault("show_envvar", True)
+def option(*decls: str, envvar: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """``click.option`` for the operator commands. Only what names a deployment (the database,
+    the pidfile, enqueue's queue) may also come from the environment, through ``envvar`` (shown
+    in help); what one call does — its key, payload, state, delay, filters — comes from its own
+    command line only: an exported SUPERVISOR_KEY once made every enqueue answer the same run."""
+    if envvar is not None:
+        kwargs.update(envvar=envvar, show_envvar=True)
     return click.option(*decls, **kwargs)
 
 
@@ -109,9 +107,15 @@ def declared_option(d: Declared) -> Callable[[F], F]:
         kwargs.update(type=DeclaredValue(d), metavar=o.metavar, required=d.required)
         if not d.required:
             kwargs["default"] = d.default
+    if o.multiple:  # each occurrence is a list itself: ``--allowed-host a,b --allowed-host c``
+        kwargs.update(multiple=True, callback=_joined)
     if d.required:
         kwargs["show_default"] = False
     return click.option(*decls, o.name, **kwargs)
+
+
+def _joined(ctx: click.Context, param: click.Parameter, value: Any) -> tuple[str, ...]:
+    return tuple(item for part in value or () for item in part)
 
 
 def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:
@@ -126,17 +130,52 @@ def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:
 
 
 db_option = option(
-    "--db", required=True, metavar="PATH|URL", help="database file, sqlite:/// or postgresql:// URL"
+    "--db",
+    envvar="SUPERVISOR_DB",
+    required=True,
+    metavar="PATH|URL",
+    help="database file, sqlite:/// or postgresql:// URL",
 )
 pidfile_option = option(
-    "--pidfile", required=True, metavar="FILE", help="the pidfile of the running supervisor"
+    "--pidfile",
+    envvar="SUPERVISOR_PIDFILE",
+    required=True,
+    metavar="FILE",
+    help="the pidfile of the running supervisor",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
 
 
 def fail(message: str, code: int) -> None:
-    click.echo(f"supervisor: error: {message}", err=True)
+    # A driver's error may quote the URL it was given: never a password on the terminal.
+    click.echo(f"supervisor: error: {redact(message)}", err=True)
     sys.exit(code)
+
+
+def _printable(text: str) -> str:
+    """``text`` with the bytes that are not UTF-8 shown as ``\\xff``."""
+    try:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
+def not_utf8(args: Sequence[str]) -> str | None:
+    """Why the command line or a ``SUPERVISOR_*`` variable cannot be taken, or None. Python
+    keeps bytes that are not UTF-8 as lone surrogates, which no database, log or terminal
+    takes; every name, key, payload and path goes to one of them."""
+    for i, arg in enumerate(args, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"argument {i} ('{_printable(arg)}') is not valid UTF-8"
+    for name, value in os.environ.items():
+        if name.startswith(options.ENV_PREFIX):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"{_printable(name)} ('{_printable(value)}') is not valid UTF-8"
+    return None
 
 
 class SupervisorGroup(click.Group):
@@ -150,6 +189,9 @@ class SupervisorGroup(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
+        problem = not_utf8(sys.argv[1:] if args is None else args)
+        if problem is not None:
+            fail(f"{problem}: leasekeeper takes text as UTF-8", exitcodes.USAGE)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except NO_ARGS_IS_HELP as exc:

@@ -9,15 +9,18 @@ from typing import Any
 import click
 
 from workerproc.config import DAY
-from workerproc.store import RunNotFound, StoreCorrupt
+from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
 
 from .. import exitcodes
-from ..errors import NotRunning, SupervisorError
+from ..errors import ConfigError, NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
-from . import ops, render
+from . import render, store_actions
 from .clickutil import RUN_ID, Number, db_option, json_option, option
+
+ENQUEUE_QUEUE = "SUPERVISOR_ENQUEUE_QUEUE"
+RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 
 
 @click.command()
@@ -34,7 +37,7 @@ from .clickutil import RUN_ID, Number, db_option, json_option, option
 )
 @option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
         "there is the answer, nothing new is started")  # fmt: skip
-@option("--queue", default="default", metavar="NAME", help="the run's queue")
+@option("--queue", envvar=ENQUEUE_QUEUE, default="default", metavar="NAME", help="the run's queue")
 @option(
     "--priority",
     type=Number(int, -1000, 1000),
@@ -53,12 +56,19 @@ def enqueue(
     priority: int,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
-    data = ops.parse_json(payload, "--payload", MAX_PAYLOAD)
-    state = ops.parse_json(state_json, "--state")
+    if RETIRED_QUEUE in os.environ:  # renamed: beside start's SUPERVISOR_QUEUES it misled
+        raise ConfigError(
+            f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
+            "(SUPERVISOR_QUEUES is the list of queues start serves)"
+        )
+    data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
+    state = store_actions.parse_json(state_json, "--state")
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
-    with ops.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
-        run_id = ops.enqueue(store, task, data, state, delay, key=key, queue=queue,
+    with store_actions.store_for(
+        db, create=True
+    ) as store:  # never beside a leftover -wal (the store)
+        run_id = store_actions.enqueue(store, task, data, state, delay, key=key, queue=queue,
                              priority=priority)  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
@@ -67,11 +77,12 @@ def enqueue(
 
 @click.command()
 @db_option
-@option("--pidfile", default=None, metavar="FILE", help="also list the supervisor's workers")
+@option("--pidfile", envvar="SUPERVISOR_PIDFILE", default=None, metavar="FILE",
+        help="also list the supervisor's workers")  # fmt: skip
 @json_option
 def status(db: str, pidfile: str | None, as_json: bool) -> None:
     """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         stats = store.stats()
     state, down = None, None
     if pidfile:
@@ -80,7 +91,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
             state = read_state(pidfile)
         except NotRunning as exc:
             down = str(exc)  # a stale state file lists dead workers: show none
-    workers = ops.worker_rows(state, stats)
+    workers = store_actions.worker_rows(state, stats)
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
         doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
@@ -144,8 +155,8 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @json_option
 def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    ops.check_status(status_)
-    with ops.store_for(db) as store:
+    store_actions.check_status(status_)
+    with store_actions.store_for(db) as store:
         found = store.list_runs(status_, limit, queue=queue)
     if as_json:
         click.echo(render.to_json(found))
@@ -180,7 +191,7 @@ WAIT_CODES = {
 def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
     """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled, 14
     still running after --timeout, 15 no such run)."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         try:
             run = store.wait(run_id, timeout)
         except TimeoutError as exc:
@@ -207,8 +218,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks with attempts and errors."""
-    with ops.store_for(db) as store:
-        data = ops.get_run(store, run_id)
+    with store_actions.store_for(db) as store:
+        data = store_actions.get_run(store, run_id)
         now = store.now()
     if as_json:
         click.echo(render.to_json(data))
@@ -237,8 +248,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 @db_option
 def retry(run_id: int, db: str) -> None:
     """Queue a failed or cancelled run again (its attempts start over)."""
-    with ops.store_for(db) as store:
-        ops.retry(store, run_id)
+    with store_actions.store_for(db) as store:
+        store_actions.retry(store, run_id)
     click.echo(f"run {run_id} queued again")
 
 
@@ -247,10 +258,10 @@ def retry(run_id: int, db: str) -> None:
 @db_option
 def cancel(run_id: int, db: str) -> None:
     """Cancel a run that has not finished; a worker holding its task drops it."""
-    with ops.store_for(db) as store:
+    with store_actions.store_for(db) as store:
         if store.get_run(run_id) is None:
             raise RunNotFound(run_id)
-        ops.cancel(store, run_id)
+        store_actions.cancel(store, run_id)
     click.echo(f"run {run_id} cancelled")
 
 
@@ -264,7 +275,7 @@ def cancel(run_id: int, db: str) -> None:
 def check(db: str, quick: bool) -> None:
     """Check the database: the engine's own storage check, then the lease invariants."""
     try:
-        with ops.store_for(db) as store:
+        with store_actions.store_for(db) as store:
             name = store.integrity_check_name(quick)
             damage = store.check_integrity(quick=quick)
             violations = [] if damage else store.integrity_violations()
@@ -274,11 +285,13 @@ def check(db: str, quick: bool) -> None:
         click.echo(line)
     if damage:
         raise SupervisorError(
-            f"{db} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool on it "
-            "and restore it from a backup"
+            f"{redact(db)} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool "
+            "on it and restore it from a backup"
         )
     if violations:
-        raise SupervisorError(f"{db}: {len(violations)} lease invariant(s) violated (above)")
+        raise SupervisorError(
+            f"{redact(db)}: {len(violations)} lease invariant(s) violated (above)"
+        )
     if name is None:
         click.echo("storage not checked: this database offers no check of its own storage "
                    "(PostgreSQL: a superuser runs CREATE EXTENSION amcheck)")  # fmt: skip
@@ -293,9 +306,9 @@ def check(db: str, quick: bool) -> None:
 @option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
 def prune(db: str, older_than: str, batch: int) -> None:
     """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
-    seconds = ops.parse_duration(older_than, "--older-than")
-    with ops.store_for(db) as store:
-        count = ops.prune(store, seconds, batch)
+    seconds = store_actions.parse_duration(older_than, "--older-than")
+    with store_actions.store_for(db) as store:
+        count = store_actions.prune(store, seconds, batch)
     click.echo(f"pruned {count} finished run(s) older than {older_than}")
 
 

@@ -14,6 +14,7 @@ from workerproc.config import WorkerConfig
 
 from .. import exitcodes
 from ..config import start_options
+from ..web.config import WebConfig
 
 
 def _row(cells: Iterable[str]) -> str:
@@ -54,6 +55,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "worker-options": lambda: options_table(
         d for d in options.declared(WorkerConfig) if d.opt.on_worker
     ),
+    "web-options": lambda: options_table(options.declared(WebConfig)),
     "exit-codes": lambda: codes_table(exitcodes.DESCRIPTIONS),
     "worker-exit-codes": lambda: codes_table(worker_exitcodes.MEANINGS),
 }

@@ -28,7 +28,7 @@ from .. import exitcodes
 from ..config import StartConfig
 from ..logs import Progress, event
 from .pidfile import Pidfile
-from .pool import Pool, Worker
+from .pool import Pool, WorkerProcess
 from .reload import Reloads
 from .signals import SignalInbox
 from .storegate import StoreGate
@@ -209,7 +209,7 @@ class Arbiter:
         """A HUP rolling restart is replacing workers."""
         return self.reloads.rolling
 
-    def is_up(self, worker: Worker) -> bool:
+    def is_up(self, worker: WorkerProcess) -> bool:
         """The worker has entered its claim loop (it published its phase)."""
         state = self.board.read(worker.slot)
         return state is not None and state.pid == worker.pid

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from workerproc.store import redact
+
 from .. import exitcodes
 from ..logs import event
 from .arbiter import Arbiter
@@ -51,7 +53,7 @@ class DbGuard:
                 f"{problem}: stopping (a new file at that path is never taken for this pool's "
                 "queue); restore the database and start again",
                 level=logging.ERROR,
-                db=gate.db,
+                db=redact(gate.db),
             )
             arb.stop("the database file is gone", exitcodes.ERROR)
         if gate.corrupt and not self.corrupt:

@@ -152,7 +152,8 @@ def read_pid(path: str) -> int | None:
     except OSError:
         return None
     text = (text or "").strip()
-    return int(text) if text.isdigit() else None
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 10 else None
 
 
 def live_pid(path: str) -> int:

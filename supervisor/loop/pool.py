@@ -42,7 +42,10 @@ class ExitKind(enum.StrEnum):
 
 
 @dataclass
-class Worker:
+class WorkerProcess:
+    """One forked worker process as the supervisor keeps it: pid, slot, owner and why it is
+    stopping (the worker's own loop is ``workerproc.worker``)."""
+
     pid: int
     slot: int
     owner: str
@@ -61,7 +64,7 @@ class Worker:
 
 @dataclass(frozen=True)
 class Exit:
-    worker: Worker
+    worker: WorkerProcess
     code: int | None  # exit code, or None when a signal killed it
     signal: int | None
     ran_for: float
@@ -84,7 +87,7 @@ def imports_app(generation: int) -> bool:
     return generation > 0
 
 
-def classify(code: int | None, worker: Worker, ran_for: float) -> ExitKind:
+def classify(code: int | None, worker: WorkerProcess, ran_for: float) -> ExitKind:
     if code == wexit.BOOT_FAILURE:
         return ExitKind.BOOT_FAILURE
     if worker.retiring is not None or worker.killed or worker.expected_death:
@@ -104,7 +107,7 @@ class Pool:
     clock: Clock = time.monotonic
     kill: Callable[[int, int], None] = os.kill
     waitpid: WaitPid = os.waitpid
-    workers: dict[int, Worker] = field(default_factory=dict)
+    workers: dict[int, WorkerProcess] = field(default_factory=dict)
     target: int = 1
     generation: int = 0
     crash_streak: int = 0  # boot crashes in a row (a worker dead within crash_window)
@@ -115,7 +118,7 @@ class Pool:
     helpers: dict[int, int | None] = field(default_factory=dict)
 
     # -- views -------------------------------------------------------------------------------
-    def active(self) -> list[Worker]:
+    def active(self) -> list[WorkerProcess]:
         return [w for w in self.workers.values() if w.active]
 
     def _free_slot(self) -> int | None:
@@ -126,13 +129,13 @@ class Pool:
     def backoff_remaining(self) -> float:
         return max(0.0, self.next_spawn_at - self.clock())
 
-    def spawn(self, max_tasks: int | None = None) -> Worker | None:
+    def spawn(self, max_tasks: int | None = None) -> WorkerProcess | None:
         """Start one worker now (the caller checked backoff); None when no slot is free."""
         slot = self._free_slot()
         if slot is None:
             return None
         pid, owner = self.spawner(slot, max_tasks)
-        worker = Worker(pid, slot, owner, self.generation, self.clock(), max_tasks)
+        worker = WorkerProcess(pid, slot, owner, self.generation, self.clock(), max_tasks)
         self.workers[pid] = worker
         return worker
 
@@ -147,14 +150,14 @@ class Pool:
         self.next_spawn_at = max(self.next_spawn_at, now + delay)
         return delay
 
-    def kill_on_purpose(self, worker: Worker, signum: int = signal.SIGKILL) -> bool:
+    def kill_on_purpose(self, worker: WorkerProcess, signum: int = signal.SIGKILL) -> bool:
         """A fault injected on purpose (chaos): the death is not a crash and triggers no
         backoff; its leases follow --fast-release like any other death."""
         worker.expected_death = True
         return self.send(worker, signum)
 
     # -- stopping ----------------------------------------------------------------------------
-    def send(self, worker: Worker, signum: int) -> bool:
+    def send(self, worker: WorkerProcess, signum: int) -> bool:
         """Send ``signum``; False when the process is already gone (ESRCH is normal)."""
         try:
             self.kill(worker.pid, signum)
@@ -162,7 +165,7 @@ class Pool:
             return False
         return True
 
-    def retire(self, worker: Worker, why: str, signum: int = signal.SIGTERM) -> None:
+    def retire(self, worker: WorkerProcess, why: str, signum: int = signal.SIGTERM) -> None:
         """Ask ``worker`` to finish its current task and exit; it no longer counts as active."""
         if worker.retiring is None:
             worker.retiring = why
@@ -170,12 +173,12 @@ class Pool:
             worker.term_sent_at = self.clock()
             self.send(worker, signum)
 
-    def kill_now(self, worker: Worker, why: str) -> None:
+    def kill_now(self, worker: WorkerProcess, why: str) -> None:
         worker.retiring = worker.retiring or why
         worker.killed = True
         self.send(worker, signal.SIGKILL)
 
-    def overdue(self, grace: float) -> list[Worker]:
+    def overdue(self, grace: float) -> list[WorkerProcess]:
         """Retiring workers that were asked to stop more than ``grace`` seconds ago."""
         now = self.clock()
         return [
@@ -203,7 +206,7 @@ class Pool:
                 exits.append(self.record_exit(worker, status))
         return exits
 
-    def record_exit(self, worker: Worker, status: int) -> Exit:
+    def record_exit(self, worker: WorkerProcess, status: int) -> Exit:
         now = self.clock()
         ran_for = now - worker.started_at
         code: int | None = None

@@ -1,6 +1,6 @@
 """The loop's steps that report rather than act on workers: ``--drain``'s check of the served
-queues (and its progress line), and the state file that ``status``, ``scale`` and ``health``
-read."""
+queues (its progress line, and the stop once they are empty), and the state file that
+``status``, ``scale`` and ``health`` read."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from .arbiter import Arbiter
 WARN = logging.WARNING
 
 
-def drain(arb: Arbiter) -> None:
+def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
     delayed or leased."""
     if not arb.config.drain or arb.stopping:

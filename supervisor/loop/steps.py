@@ -18,8 +18,8 @@ from ..errors import SupervisorError
 from ..logs import event
 from .arbiter import Arbiter, Phase, Step
 from .guard import stop_corrupt
-from .pool import Exit, ExitKind, Worker
-from .report import drain, publish_state
+from .pool import Exit, ExitKind, WorkerProcess
+from .report import publish_state, stop_when_drained
 from .signals import name as signal_name
 
 WARN = logging.WARNING
@@ -247,7 +247,7 @@ def maintain(arb: Arbiter) -> None:
             arb.wake_at(arb.clock() + 0.05)
 
 
-def _spawn(arb: Arbiter) -> Worker | None:
+def _spawn(arb: Arbiter) -> WorkerProcess | None:
     try:
         worker = arb.pool.spawn(arb.config.max_tasks_for_new_worker(arb.rng))
     except (OSError, SupervisorError) as exc:
@@ -274,10 +274,10 @@ def _spawn(arb: Arbiter) -> Worker | None:
     return worker
 
 
-def _pick_to_retire(arb: Arbiter, candidates: list[Worker]) -> Worker:
+def _pick_to_retire(arb: Arbiter, candidates: list[WorkerProcess]) -> WorkerProcess:
     """Prefer a worker not inside a handler, then the youngest."""
 
-    def busy(w: Worker) -> bool:
+    def busy(w: WorkerProcess) -> bool:
         state = arb.board.read(w.slot)
         return state is not None and state.pid == w.pid and state.phase == HANDLER
 
@@ -313,7 +313,7 @@ def default_steps() -> list[Step]:
         Step("memory", check_memory),
         Step("roll", roll),
         Step("maintain", maintain),
-        Step("drain", drain),
+        Step("drain", stop_when_drained),
         Step("publish", publish_state),
         Step("finish", finish),
     ]

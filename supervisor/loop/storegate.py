@@ -9,7 +9,6 @@ lets the fork path assert that nothing is open.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import Counter
 from collections.abc import Iterator
 
@@ -18,6 +17,7 @@ from workerproc.store import Stats, Store, StoreCorrupt, StoreUnavailable, open_
 from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
 
 from ..errors import SupervisorError
+from .pinned import PinnedFile
 
 # Inside the loop a step must not block on the write lock for long: signals, reaping, chaos
 # resumes and the watchdog wait behind it. A step that finds the database busy (a backup, a
@@ -40,32 +40,17 @@ class StoreGate:
         self.busy_timeout = busy_timeout
         self.open_count = 0
         self.file = db_file(db)
-        self.identity: tuple[int, int] | None = None  # (device, inode) of the file we serve
+        self.pinned = PinnedFile(self.file)  # the file we serve, once pinned
         self.corrupt: str | None = None  # the first "malformed" any session met
 
     def pin(self) -> None:
         """Remember which file the path names now: from here on it must stay that file."""
-        if self.file is not None:
-            st = os.stat(self.file)
-            self.identity = (st.st_dev, st.st_ino)
+        self.pinned.pin()
 
     def file_problem(self) -> str | None:
         """Why the path no longer names the database we opened (deleted, replaced); None if it
         still does. One ``stat``: cheap enough for every turn of the loop."""
-        if self.identity is None or self.file is None:
-            return None
-        try:
-            st = os.stat(self.file)
-        except FileNotFoundError:
-            return f"the database file {self.file} was deleted while the pool was using it"
-        except OSError:
-            return None  # cannot look (permissions): the sessions will say more
-        if (st.st_dev, st.st_ino) != self.identity:
-            return (
-                f"the database file {self.file} was replaced by another file while the pool "
-                f"was using it (inode {self.identity[1]} -> {st.st_ino})"
-            )
-        return None
+        return self.pinned.problem("the pool")
 
     @contextlib.contextmanager
     def session(self, busy_timeout: float | None = None) -> Iterator[Store]:

@@ -14,7 +14,7 @@ from starlette.routing import Route
 
 from workerproc.store import Store
 
-from ..commands import ops
+from ..commands import store_actions
 from ..errors import SupervisorError
 from .security import Secrets, same_origin, session_of
 from .views import MAX_ID, not_found
@@ -62,6 +62,6 @@ class Actions:
         if self.store.get_run(run_id) is None:
             raise not_found(f"no run {run_id}")
         if action == "retry":
-            ops.retry(self.store, run_id)
+            store_actions.retry(self.store, run_id)
         else:
-            ops.cancel(self.store, run_id)
+            store_actions.cancel(self.store, run_id)

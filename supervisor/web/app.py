@@ -1,14 +1,18 @@
 """The dashboard as an ASGI app: routes, the guard in front of them, and error pages.
 
 ``create_app`` takes an open store: the command opens it from ``--db``; tests hand in their own
-(with a fake clock). The app never opens, migrates or closes it.
+(with a fake clock). The app never opens, migrates or closes it. It pins the file ``--db`` names
+(if any) and, once that path names another file or none, answers every page and action with 503
+(``DatabaseWatch``): an open SQLite connection keeps reading a deleted file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jinja2
@@ -20,11 +24,14 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workerproc.identity import parse_owner
-from workerproc.store import Store, StoreError
+from workerproc.store import Store, StoreError, redact
 
 from ..commands.render import short
+from ..loop.pinned import PinnedFile
+from ..loop.storegate import db_file
 from .actions import Actions
 from .config import WebConfig
 from .security import Guard, Secrets
@@ -36,6 +43,9 @@ MAX_BODY = 16 * 1024  # bytes: the largest form is a CSRF token
 
 def create_app(config: WebConfig, store: Store) -> Starlette:
     keys = Secrets(config.token)
+    database = PinnedFile(db_file(config.db))
+    with contextlib.suppress(FileNotFoundError):  # the command opened it: it is there
+        database.pin()
     templates = Jinja2Templates(env=environment())
     pages = Pages(config, store, templates, keys)
     routes: list[BaseRoute] = [
@@ -61,7 +71,7 @@ def create_app(config: WebConfig, store: Store) -> Starlette:
         return response
 
     async def store_error(request: Request, exc: Exception) -> Response:
-        return error_page(request, 503, f"the database does not answer: {exc}")
+        return error_page(request, 503, f"the database does not answer: {redact(str(exc))}")
 
     async def crash(request: Request, exc: Exception) -> Response:
         log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
@@ -69,10 +79,37 @@ def create_app(config: WebConfig, store: Store) -> Starlette:
 
     return Starlette(
         routes=routes,
-        middleware=[Middleware(Guard, secrets_=keys)],
+        middleware=[
+            Middleware(Guard, secrets_=keys, hosts=config.hosts()),
+            Middleware(DatabaseWatch, database=database, error_page=error_page),
+        ],
         exception_handlers={HTTPException: http_error, StoreError: store_error, Exception: crash},
         max_body_size=MAX_BODY,
     )
+
+
+class DatabaseWatch:
+    """ASGI middleware: 503 for every page and action once the database file is gone."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        database: PinnedFile,
+        error_page: Callable[[Request, int, str], Response],
+    ) -> None:
+        self.app = app
+        self.database = database
+        self.error_page = error_page
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not str(scope["path"]).startswith("/static/"):
+            problem = self.database.problem("the dashboard")
+            if problem is not None:
+                message = f"{problem}: nothing is shown or done until the dashboard is restarted"
+                response = self.error_page(Request(scope), 503, message)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def environment() -> jinja2.Environment:
@@ -83,7 +120,8 @@ def environment() -> jinja2.Environment:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty)
+    env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty,
+                       redact=redact)  # fmt: skip
     return env
 
 

@@ -1,5 +1,11 @@
-"""The dashboard's guard, in front of every route: the access token, the session cookie that
-CSRF tokens are bound to, and the headers every response carries.
+"""The dashboard's guard, in front of every route: the ``Host`` allow-list, the access token,
+the session cookie that CSRF tokens are bound to, and the headers every response carries.
+
+- ``Host``: a request must name the dashboard by one of the names it answers (loopback names,
+  its own address, ``--allowed-host``), as Django's ALLOWED_HOSTS does; anything else is 400,
+  before any cookie or CSRF token is made. Without it, DNS rebinding turns any web page into a
+  same-origin client of a dashboard on 127.0.0.1: its name re-resolved to 127.0.0.1, its
+  scripts read our pages and post our forms with our cookie and CSRF token.
 
 - ``--token``: a request passes with ``Authorization: Bearer TOKEN``, or with the cookie a
   first ``?token=TOKEN`` visit set (the visit is redirected at once to the same URL without the
@@ -85,9 +91,10 @@ def _cookie(name: str, value: str) -> str:
 class Guard:
     """ASGI middleware: token, session cookie, security headers (every HTTP request)."""
 
-    def __init__(self, app: ASGIApp, secrets_: Secrets) -> None:
+    def __init__(self, app: ASGIApp, secrets_: Secrets, hosts: tuple[str, ...]) -> None:
         self.app = app
         self.secrets = secrets_
+        self.hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -95,7 +102,7 @@ class Guard:
             return
         headers = Headers(scope=scope)
         cookies = cookies_of(headers)
-        early = self._gate(scope, headers, cookies)
+        early = self._foreign_host(headers) or self._gate(scope, headers, cookies)
         if early is not None:
             for key, value in HEADERS.items():
                 early.headers.setdefault(key, value)
@@ -119,6 +126,16 @@ class Guard:
 
         await self.app(scope, receive, send_with_headers)
 
+    def _foreign_host(self, headers: Headers) -> Response | None:
+        """400 for a ``Host`` this dashboard does not answer to (no cookie, no CSRF token)."""
+        if host_allowed(headers.get("host", ""), self.hosts):
+            return None
+        return PlainTextResponse(
+            "400: this dashboard does not answer to this Host name (add it with "
+            "--allowed-host when a proxy forwards it)\n",
+            status_code=400,
+        )
+
     def _gate(self, scope: Scope, headers: Headers, cookies: dict[str, str]) -> Response | None:
         """A response that ends the request here (401, or the ?token= redirect), or None."""
         if self.secrets.token is None:
@@ -127,7 +144,7 @@ class Guard:
         given = [v for k, v in query if k == "token"]
         if given and self.secrets.token_matches(given[-1]):
             rest = urlencode([(k, v) for k, v in query if k != "token"])
-            target = str(scope["path"]) + (f"?{rest}" if rest else "")
+            target = local_path(str(scope["path"])) + (f"?{rest}" if rest else "")
             response: Response = RedirectResponse(target, status_code=303)
             response.headers.append("set-cookie", _cookie(AUTH_COOKIE, self.secrets.auth_cookie()))
             return response
@@ -139,6 +156,41 @@ class Guard:
             status_code=401,
             headers={"WWW-Authenticate": 'Bearer realm="leasekeeper"'},
         )
+
+
+def local_path(path: str) -> str:
+    """``path`` as a redirect target that stays on this dashboard: ``//evil.example/`` and
+    ``/\\evil.example/`` would be another site's URL to a browser (scheme-relative)."""
+    return "/" + path.lstrip("/\\")
+
+
+def host_name(header: str) -> str:
+    """The name in a ``Host`` header: lower case, without port and trailing dot."""
+    value = header.strip().lower()
+    if value.startswith("["):  # an IPv6 address: [::1]:8000
+        name, bracket, rest = value.partition("]")
+        port = rest.removeprefix(":")
+        ok = bracket and (not rest or (rest.startswith(":") and port.isascii() and port.isdigit()))
+        return name + bracket if ok else ""
+    name, colon, port = value.rpartition(":")
+    if not colon:
+        name = value
+    elif not (port.isascii() and port.isdigit()):
+        return ""
+    return name.removesuffix(".")
+
+
+def host_allowed(header: str, allowed: tuple[str, ...]) -> bool:
+    name = host_name(header)
+    if not name:
+        return False
+    for pattern in allowed:
+        if pattern.startswith("."):
+            if name == pattern[1:] or name.endswith(pattern):
+                return True
+        elif name == pattern:
+            return True
+    return False
 
 
 def session_of(request: Request) -> str:

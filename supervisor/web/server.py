@@ -1,7 +1,12 @@
 """Serve the dashboard: bind the socket ourselves (so a taken port or a bad host is one clear
 line, before anything starts), then hand it to uvicorn, which runs the app in this process
 until TERM or INT. This is its own process: ``supervisor start`` never runs it (the supervisor
-forks, and must hold no thread)."""
+forks, and must hold no thread).
+
+uvicorn speaks HTTP through its h11 protocol with our guard on every connection
+(``connections.py``: a request timeout, and bounds on the connections per client and in all);
+it has no such bound of its own, and its ``limit_concurrency`` counts idle sockets too, so it is
+left off: the guard keeps the open connections, and so the requests in flight, under its bound."""
 
 from __future__ import annotations
 
@@ -11,17 +16,19 @@ import sys
 
 import uvicorn
 
-from workerproc.store import Store
+from workerproc.store import Store, redact
 
 from ..sockets import listen_tcp
 from .app import create_app
 from .config import WebConfig
+from .connections import Connections, guarded_protocol
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
 def bind(host: str, port: int) -> socket.socket:
-    return listen_tcp(host, port, option="--host", backlog=128)
+    # a burst of connects (the guard closes the idle ones) must not overflow the accept queue
+    return listen_tcp(host, port, option="--host", backlog=1024)
 
 
 def url_of(sock: socket.socket) -> str:
@@ -43,7 +50,7 @@ def serve(config: WebConfig, store: Store) -> int:
             lifespan="off",
             server_header=False,
             proxy_headers=False,
-            limit_concurrency=64,
+            http=guarded_protocol(Connections()),
             timeout_graceful_shutdown=5,
         )
     )
@@ -54,6 +61,6 @@ def serve(config: WebConfig, store: Store) -> int:
         signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
     mode = ", read-only" if config.read_only else ""
     auth = ", token required" if config.token else ""
-    print(f"dashboard on {url_of(sock)} ({config.db}{mode}{auth})", flush=True)
+    print(f"dashboard on {url_of(sock)} ({redact(config.db)}{mode}{auth})", flush=True)
     server.run(sockets=[sock])
     return 0

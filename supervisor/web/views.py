@@ -4,6 +4,7 @@ the live part of the page is rendered. Every read is a read: none takes the writ
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from starlette.templating import Jinja2Templates
 from workerproc.store import Stats, Store
 from workerproc.store.types import RUN_STATUSES
 
-from ..commands.ops import worker_rows
+from ..commands.store_actions import worker_rows
 from ..errors import NotRunning
 from ..loop.pidfile import live_pid, read_state
 from . import chaos, charts, timeline
@@ -54,10 +55,13 @@ def not_found(detail: str) -> HTTPException:
     return HTTPException(404, detail)
 
 
+_ID = re.compile(r"[0-9]{1,19}")  # ASCII digits: str.isdigit() takes "²" and "٣" too
+
+
 def _id(text: str | None, what: str) -> int | None:
     if text is None or text == "":
         return None
-    if not text.isdigit() or int(text) > MAX_ID:
+    if not _ID.fullmatch(text) or int(text) > MAX_ID:
         raise not_found(f"{what} must be a run id (got {text[:40]!r})")
     return int(text)
 
