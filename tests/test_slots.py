@@ -17,7 +17,7 @@ from helpers import Drains, wait_for
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
-from workerproc.custody import SLOW_BEHIND
+from workerproc.policy import SLOW_BEHIND
 from workerproc.slots import Execution, Mode
 from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
 from workerproc.store.sqlite import SQLiteStore

@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import threading
-import time
 from collections import deque
 
 from . import exitcodes
@@ -22,16 +21,13 @@ from .app import LeaseLost
 from .config import WorkerConfig
 from .heartbeat import Heartbeat
 from .logs import event
+from .policy import Policy
 from .signals import INTERRUPT, Signals, Waker
 from .slots import Execution, Mode, Stopped
 from .store import Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-# A prefetched lease waits at most this long behind slots that turned out slow (20x what counts
-# as a fast handler: a busy CPU's scheduling delays must not pass for slow handlers), then it
-# goes back unstarted.
-SLOW_BEHIND = 0.1
 # A loop that has not ticked for this long is held by the handler it runs: a timeout of any
 # other async handler is not that one's fault (it cannot run), and is put off.
 STALLED = 0.25
@@ -52,7 +48,7 @@ class Custody:
         self._exit_code: int | None = None  # set by the heartbeat side: exit now
 
     capacity: int
-    _recent: deque[float]
+    policy: Policy
 
     def drain(self, code: int, why: str) -> None:
         raise NotImplementedError
@@ -71,7 +67,7 @@ class Custody:
         """Heartbeat thread: the inline handler turned out slow; give back what waits."""
         with self._lock:
             leases, self.prefetched = list(self.prefetched), deque()
-            self._recent.clear()  # slow after all: prefetch again only after RECENT fast ones
+        self.policy.slow_after_all()
         if not leases:
             return
         self.heartbeat.forget(leases)
@@ -85,28 +81,6 @@ class Custody:
                 level=logging.WARNING,
                 count=len(leases),
             )
-
-    def _slow_behind(self) -> bool:
-        """Every slot is busy, and the youngest handler has run for SLOW_BEHIND: what waits
-        behind them would wait long (so it goes back, and no more is prefetched meanwhile)."""
-        running = self._executions()
-        if len(running) < self.capacity:
-            return False
-        youngest = max((ex.started for ex in running), default=0.0)
-        return time.monotonic() - youngest >= SLOW_BEHIND
-
-    def _handbacks(self) -> list[Commit]:
-        """Prefetched leases go back unstarted when the worker stops taking work, or when the
-        slots they wait behind all turned out slow."""
-        if not self.prefetched:
-            return []
-        if self._accepting() and not self._slow_behind():
-            return []
-        with self._lock:
-            leases, self.prefetched = list(self.prefetched), deque()
-        if self._accepting():  # slow after all: prefetch again only after RECENT fast ones
-            self._recent.clear()
-        return [Commit(lease, "handback") for lease in leases]
 
     # -- heartbeat callbacks (heartbeat thread) --------------------------------------------------
     def _find(self, lease: Lease) -> Execution | None:

@@ -16,7 +16,6 @@ import itertools
 import logging
 import math
 import os
-import random
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,25 +24,18 @@ from . import exitcodes
 from .aioslots import AsyncSlots
 from .app import App
 from .config import WorkerConfig
-from .custody import SLOW_BEHIND, Custody
+from .custody import Custody
 from .exchange import Exchanger, refused
 from .heartbeat import Heartbeat
 from .idle import watch_for_work
 from .logs import event
+from .policy import CONFIRM_WAIT, SLOW_BEHIND, Policy, Start, View
 from .signals import Signals, Waker
 from .slots import Execution, Mode, Stopped, ThreadSlots, conclude, failure, message, mode_for
-from .startrule import StartRule
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
-
-FAST = 0.005  # a handler this quick makes prefetching worthwhile
-ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were all fast
-RECENT = 16  # handler durations the adaptive prefetch looks at
-BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
-HOLD = 0.005  # finished slots wait at most this long for their batch while prefetched work runs
-CONFIRM_WAIT = 5.0  # the longest a turn waits for the renewal of leases about to start
 
 
 class Worker(Custody):
@@ -68,16 +60,11 @@ class Worker(Custody):
         self.parent_pid = parent_pid
         self.pid = os.getpid()
         self.capacity = config.concurrency
-        self.tasks_done = 0
+        self.policy = Policy(config, self.signals)  # every decision; this class acts on them
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self.finished: list[Commit] = []  # last words to write in the next exchange
         self._finished_at: float | None = None  # when the oldest of them finished
-        self._recent: deque[float] = deque(maxlen=RECENT)
-        self._drain_code: int | None = None  # stop claiming, finish the slots, exit this
-        self._drain_until: float | None = None  # ... or give up on them then
-        self._maybe_ready = True  # the last claim got all it asked for (or something changed)
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
-        self.rule = StartRule(config.lease_ttl)
         self._exchanger = Exchanger(
             store, config.lease_ttl, lambda commit, exc: failure(commit.lease, exc, config)
         )
@@ -110,15 +97,14 @@ class Worker(Custody):
                     return exitcodes.OK
                 self._collect()
                 self._start_waiting()
-                handbacks = self._handbacks()
-                want = self._want()
-                if handbacks or self._write_due() or self._claim_due(want):
-                    self._exchange(handbacks, want)
+                turn = self.policy.turn(self._view())
+                if turn.exchange:
+                    self._exchange(turn.hand_back, turn.want)
                     continue
                 code = self._drained()
                 if code is not None:
                     return code
-                self._wait(want)
+                self._wait(turn.want)
         finally:
             self._shutdown()
 
@@ -165,42 +151,26 @@ class Worker(Custody):
               run_id=ex.lease.run_id if ex else None, seconds=round(lag, 1))  # fmt: skip
 
     def _accepting(self) -> bool:
-        return self.signals.stop is None and self._drain_code is None
+        return self.policy.accepting
 
-    def _prefetch(self) -> int:
-        if self._slow_behind():  # what it would claim would only go back again
-            return 0
-        if self.config.prefetch is not None:
-            return self.config.prefetch
-        fast = len(self._recent) == RECENT and max(self._recent) <= FAST
-        return ADAPTIVE_PREFETCH if fast else 0
-
-    def _want(self) -> int:
-        """How many leases to claim now: the free slots, plus the prefetch."""
-        if not self._accepting():
-            return 0
-        return max(0, self.capacity + self._prefetch() - len(self.running) - len(self.prefetched))
-
-    def _write_due(self) -> bool:
-        """Finished slots are written at once, unless prefetched work is still running here:
-        then they wait for it (a bigger batch, fewer transactions), at most HOLD."""
-        if not self.finished:
-            return False
-        if not self.prefetched or not self._accepting():
-            return True
-        held = time.monotonic() - (self._finished_at or 0.0)
-        return held >= HOLD or len(self.finished) >= self.capacity + ADAPTIVE_PREFETCH
-
-    def _claim_due(self, want: int) -> bool:
-        """Claim when a slot is free, or when the prefetched work runs low."""
-        return bool(want) and self._maybe_ready and len(self.prefetched) <= self.capacity
+    def _view(self) -> View:
+        """What the worker holds now, for the policy (one look under the lock)."""
+        with self._lock:
+            running = len(self.running)
+            youngest = (max(ex.started for ex in self.running.values())
+                        if running and running >= self.capacity else -math.inf)  # fmt: skip
+            waiting = len(self.prefetched)
+        return View(running, youngest, waiting, len(self.finished), self._finished_at)
 
     def _drained(self) -> int | None:
-        """Not accepting work and nothing left to do: the exit code."""
-        if self._accepting():
+        """Not accepting work and nothing left to do (or the drain is overdue): the exit code."""
+        if self.policy.accepting:
             return None
-        code = exitcodes.OK if self._drain_code is None else self._drain_code
-        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+        busy = bool(self._completed or self.prefetched or self.finished) or any(
+            ex.stopped is not Stopped.ABANDONED for ex in self._executions()
+        )
+        code = self.policy.drained(busy)
+        if code is not None and busy:
             event(
                 log,
                 "drain_timeout",
@@ -208,13 +178,11 @@ class Worker(Custody):
                 level=logging.ERROR,
                 busy=len(self.running),
             )
-            return code
-        live = [ex for ex in self._executions() if ex.stopped is not Stopped.ABANDONED]
-        return None if live or self._completed or self.prefetched or self.finished else code
+        return code
 
     def drain(self, code: int, why: str) -> None:
         """Stop claiming; exit with ``code`` once the running tasks finished (bounded)."""
-        if self._drain_code is None:
+        if self.policy.drain(code):
             event(
                 log,
                 "worker_draining",
@@ -222,8 +190,6 @@ class Worker(Custody):
                 why=why,
                 code=code,
             )
-            self._drain_code = code
-            self._drain_until = time.monotonic() + self.config.graceful_timeout
         self.waker.wake()
 
     # -- slots ------------------------------------------------------------------------------------
@@ -244,14 +210,15 @@ class Worker(Custody):
         first, nothing prefetched, draining) is the conductor's."""
         self._ended(ex)
         with self._lock:
-            if not self.prefetched or len(self.running) >= self.capacity or not self._accepting():
+            policy = self.policy
+            if not (self.prefetched and policy.slot_free(len(self.running)) and policy.accepting):
                 return None
             lease = self.prefetched[0]
             handler = self.app.handlers.get(lease.task)
             if handler is None or mode_for(handler, self.capacity) is not Mode.THREAD:
                 return None
             confirmed = self.heartbeat.confirmed_at(lease)
-            if confirmed is None or not self.rule.is_fresh(confirmed, time.monotonic()):
+            if confirmed is None or not policy.chains(confirmed):
                 self.waker.wake()
                 return None
             self.prefetched.popleft()
@@ -268,8 +235,7 @@ class Worker(Custody):
             self.heartbeat.finished(ex.lease)
             if not ex.late:  # a handler that never began did no task
                 self.counters.task_done(ex.seconds)
-                self._recent.append(ex.seconds)
-                self.tasks_done += 1
+                self.policy.task_done(ex.seconds)
             if ex.stopped is Stopped.ABANDONED:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
@@ -277,9 +243,8 @@ class Worker(Custody):
                 self._finished_at = self._finished_at or time.monotonic()
             else:
                 self.heartbeat.untrack([ex.lease])
-        limit = self.config.max_tasks
-        if limit is not None and self.tasks_done >= limit:
-            self.drain(exitcodes.RECYCLE, f"recycling after {self.tasks_done} tasks")
+        if self.policy.recycle_due:
+            self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     def _start_waiting(self) -> None:
         """Start prefetched leases on the free slots, each only on a lease confirmed a moment
@@ -287,21 +252,24 @@ class Worker(Custody):
         such lease of this turn in one statement. Slot threads start some themselves: the check
         and the move into ``running`` are one step under the lock."""
         vouched: dict[int, float] | None = None  # renewed at this turn's request: may start
-        while self._accepting():
+        policy = self.policy
+        while policy.accepting:
             with self._lock:
-                if not self.prefetched or len(self.running) >= self.capacity:
+                if not self.prefetched or not policy.slot_free(len(self.running)):
                     return
                 lease = self.prefetched[0]
             confirmed = self.heartbeat.confirmed_at(lease)
-            if confirmed is None:  # lost while it waited: never start it
+            asked = vouched.get(lease.task_id) if vouched is not None else None
+            start = policy.start(confirmed, asked, vouched is not None)
+            if start is Start.DROP:  # lost while it waited: never start it
                 self._drop_waiting(lease)
                 continue
-            asked_for = vouched is not None and vouched.get(lease.task_id, math.inf) <= confirmed
-            if not (asked_for or self.rule.is_fresh(confirmed, time.monotonic())):
-                if vouched is not None:
-                    return  # renewed once this turn and not answered: the next turn tries again
+            if start is Start.LATER:
+                return  # renewed once this turn and not answered: the next turn tries again
+            if start is Start.RENEW:
                 vouched = self._confirm_waiting()
                 continue
+            assert confirmed is not None
             with self._lock:
                 if not self.prefetched or self.prefetched[0] is not lease:
                     continue  # lost (or handed back) meanwhile
@@ -322,7 +290,7 @@ class Worker(Custody):
     def _gate(self, ex: Execution, confirmed: float) -> None:
         lease = ex.lease
         ex.gate(
-            confirmed, self.rule.begin_by(confirmed), lambda: self.heartbeat.confirmed_at(lease)
+            confirmed, self.policy.begin_by(confirmed), lambda: self.heartbeat.confirmed_at(lease)
         )
 
     def _confirm_waiting(self) -> dict[int, float]:
@@ -333,9 +301,8 @@ class Worker(Custody):
         with self._lock:
             free = self.capacity - len(self.running)
             waiting = list(itertools.islice(self.prefetched, max(0, free)))
-        now = time.monotonic()
-        stale = [w for w in waiting if (c := self.heartbeat.confirmed_at(w)) is None or
-                 not self.rule.is_fresh(c, now)]  # fmt: skip
+        renew = self.policy.stale(self.heartbeat.confirmed_at(w) for w in waiting)
+        stale = [w for w, old in zip(waiting, renew, strict=True) if old]
         if not stale:
             return {}
         confirmed = self.heartbeat.confirm(stale, timeout=CONFIRM_WAIT)
@@ -386,7 +353,12 @@ class Worker(Custody):
         self._collect()
 
     # -- the store conversation -------------------------------------------------------------------
-    def _exchange(self, handbacks: list[Commit], want: int) -> None:
+    def _exchange(self, hand_back: bool, want: int) -> None:
+        handbacks: list[Commit] = []
+        if hand_back:  # behind slow slots, or the worker stopped taking work
+            with self._lock:
+                leases, self.prefetched = list(self.prefetched), deque()
+            handbacks = [Commit(lease, "handback") for lease in leases]
         commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
         self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
         claim = dataclasses.replace(self._request, limit=want) if want else None
@@ -408,7 +380,7 @@ class Worker(Custody):
         with self._lock:
             self.prefetched.extend(out.leases)
         if want:
-            self._maybe_ready = len(out.leases) >= want
+            self.policy.claimed(want, len(out.leases))
         self._publish()
         self._publish_counters()
 
@@ -435,18 +407,10 @@ class Worker(Custody):
         another connection, the next delayed task or expiring lease, or the poll interval
         (R7). A claim just answered "nothing", so a due time already past never cuts the
         wait short: that would spin on the write lock."""
-        now = time.monotonic()
-        running = self._executions()
-        deadline = now + (BUSY_WAIT if running else self.config.poll_interval)
-        if self.prefetched and len(running) >= self.capacity:  # a hand-back may be due
-            deadline = min(deadline, max(e.started for e in running) + SLOW_BEHIND)
-        if self._finished_at is not None:  # finished slots wait for their batch
-            deadline = min(deadline, self._finished_at + HOLD)
+        deadline = self.policy.wake_at(self._view(), want)
         if not want:
-            self.signals.absorb(self.waker.wait(max(0.0, deadline - now)))
+            self.signals.absorb(self.waker.wait(max(0.0, deadline - time.monotonic())))
             return
-        if not running:
-            deadline = now + self.config.poll_interval * random.uniform(0.9, 1.1)  # no herd
         watch_for_work(
             self.store,
             self.waker,
@@ -455,7 +419,7 @@ class Worker(Custody):
             queues=self.config.queues,
             interrupted=lambda: bool(self._completed) or self._exit_code is not None,
         )
-        self._maybe_ready = True
+        self.policy.watched()
 
     # -- status and the end -----------------------------------------------------------------------
     def _publish(self, phase: int | None = None) -> None:
