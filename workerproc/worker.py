@@ -23,9 +23,9 @@ from collections.abc import Callable
 from . import exitcodes
 from .aioslots import AsyncSlots
 from .app import App
+from .completer import Completer
 from .config import WorkerConfig
 from .custody import Custody
-from .exchange import Exchanger, refused
 from .heartbeat import Heartbeat
 from .idle import watch_for_work
 from .logs import event
@@ -33,7 +33,7 @@ from .policy import CONFIRM_WAIT, SLOW_BEHIND, Policy, Start, View
 from .signals import Signals, Waker
 from .slots import Execution, Mode, Stopped, ThreadSlots, conclude, failure, message, mode_for
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
-from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreError
+from .store import ClaimRequest, Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
@@ -62,12 +62,7 @@ class Worker(Custody):
         self.capacity = config.concurrency
         self.policy = Policy(config, self.signals)  # every decision; this class acts on them
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
-        self.finished: list[Commit] = []  # last words to write in the next exchange
-        self._finished_at: float | None = None  # when the oldest of them finished
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
-        self._exchanger = Exchanger(
-            store, config.lease_ttl, lambda commit, exc: failure(commit.lease, exc, config)
-        )
         self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                      config.queues)  # fmt: skip
         self._threads = ThreadSlots(self.capacity, config, self._ended_on_thread)
@@ -81,6 +76,12 @@ class Worker(Custody):
             on_death=self._on_heartbeat_death,
             on_stuck=self._on_stuck,
             task_timeout=config.task_timeout,
+        )
+        self.completer = Completer(  # the finished slots' commits, written with the next claim
+            store,
+            config.lease_ttl,
+            self.heartbeat,
+            unwritable=lambda commit, exc: failure(commit.lease, exc, config),
         )
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -160,13 +161,14 @@ class Worker(Custody):
             youngest = (max(ex.started for ex in self.running.values())
                         if running and running >= self.capacity else -math.inf)  # fmt: skip
             waiting = len(self.prefetched)
-        return View(running, youngest, waiting, len(self.finished), self._finished_at)
+        done = self.completer
+        return View(running, youngest, waiting, len(done.pending), done.since)
 
     def _drained(self) -> int | None:
         """Not accepting work and nothing left to do (or the drain is overdue): the exit code."""
         if self.policy.accepting:
             return None
-        busy = bool(self._completed or self.prefetched or self.finished) or any(
+        busy = bool(self._completed or self.prefetched or self.completer.pending) or any(
             ex.stopped is not Stopped.ABANDONED for ex in self._executions()
         )
         code = self.policy.drained(busy)
@@ -239,8 +241,7 @@ class Worker(Custody):
             if ex.stopped is Stopped.ABANDONED:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
-                self.finished.append(ex.commit)
-                self._finished_at = self._finished_at or time.monotonic()
+                self.completer.add(ex.commit)
             else:
                 self.heartbeat.untrack([ex.lease])
         if self.policy.recycle_due:
@@ -282,8 +283,7 @@ class Worker(Custody):
                     self.running[lease.task_id] = ex
             if ex is None:
                 error = f"UnknownTask: no handler named {lease.task!r} in this app"
-                self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
-                self._finished_at = self._finished_at or time.monotonic()
+                self.completer.add(Commit(lease, "fail", reason="unknown_task", error=error))
                 continue
             self._start(ex)
 
@@ -357,30 +357,18 @@ class Worker(Custody):
         handbacks: list[Commit] = []
         if hand_back:  # behind slow slots, or the worker stopped taking work
             with self._lock:
-                leases, self.prefetched = list(self.prefetched), deque()
-            handbacks = [Commit(lease, "handback") for lease in leases]
-        commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
-        self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
+                waiting, self.prefetched = list(self.prefetched), deque()
+            handbacks = [Commit(lease, "handback") for lease in waiting]
         claim = dataclasses.replace(self._request, limit=want) if want else None
-        self._publish(COMMITTING if commits else CLAIMING)
-        out = self._exchanger.exchange(commits, claim)
-        sent = self._exchanger.sent  # the leases' local clock starts when the claim was sent
-        for commit, result in zip(commits, out.results, strict=False):
-            refused(commit, result)
-            if result is CasResult.CONFLICT and commit.kind in ("finish", "advance", "fail"):
-                settled = self._exchanger.settle(commit)
-                if settled is not None:
-                    self.finished.append(settled)
-                    self._finished_at = self._finished_at or time.monotonic()
-                    self.heartbeat.track(commit.lease, sent)
-        for lease in out.leases:
-            self.heartbeat.track(lease, sent)
+        self._publish(COMMITTING if self.completer.pending or handbacks else CLAIMING)
+        leases = self.completer.commit_and_claim(handbacks, claim)
+        for lease in leases:
             self.counters.claims += 1
             self.counters.takeovers += lease.takeover
         with self._lock:
-            self.prefetched.extend(out.leases)
+            self.prefetched.extend(leases)
         if want:
-            self.policy.claimed(want, len(out.leases))
+            self.policy.claimed(want, len(leases))
         self._publish()
         self._publish_counters()
 
@@ -394,12 +382,12 @@ class Worker(Custody):
         for ex in running:
             if ex.mode is Mode.ASYNC:
                 self._aio.cancel(ex, Stopped.QUIT)
-        commits = [*self.finished, *(Commit(ex.lease, "release", error=error) for ex in running)]
+        commits = self.completer.take()
+        commits += [Commit(ex.lease, "release", error=error) for ex in running]
         commits += [Commit(lease, "handback") for lease in waiting]
-        self.finished = []
         if commits:
             self.heartbeat.untrack([c.lease for c in commits])
-            self._exchanger.exchange(commits, None)
+            self.completer.write(commits, None)
 
     # -- waiting ----------------------------------------------------------------------------------
     def _wait(self, want: int) -> None:
@@ -446,7 +434,7 @@ class Worker(Custody):
         if waiting and self._exit_code is None:
             self.heartbeat.untrack(waiting)
             try:
-                self._exchanger.exchange([Commit(lease, "handback") for lease in waiting], None)
+                self.completer.write([Commit(lease, "handback") for lease in waiting], None)
             except StoreError as exc:
                 event(
                     log,
