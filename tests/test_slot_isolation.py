@@ -20,7 +20,7 @@ from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.completer import Completer
 from workerproc.config import WorkerConfig
-from workerproc.slots import Execution
+from workerproc.execution import Execution
 from workerproc.store import CasResult, Commit, Lease, open_store
 from workerproc.worker import Worker
 

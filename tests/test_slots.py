@@ -17,8 +17,8 @@ from helpers import Drains, wait_for
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
+from workerproc.execution import Execution, Mode
 from workerproc.policy import SLOW_BEHIND
-from workerproc.slots import Execution, Mode
 from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
 from workerproc.store.sqlite import SQLiteStore
 from workerproc.worker import Worker

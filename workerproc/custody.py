@@ -11,19 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
 from collections import deque
 
 from . import exitcodes
-from .aioslots import AsyncSlots
-from .app import LeaseLost
 from .config import WorkerConfig
+from .execution import Execution, Stopped
+from .executors import Executors
 from .heartbeat import Heartbeat
 from .logs import event
 from .policy import Policy
-from .signals import INTERRUPT, Signals, Waker
-from .slots import Execution, Mode, Stopped
+from .signals import Signals, Waker
 from .store import Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
@@ -38,7 +36,7 @@ class Custody:
     heartbeat: Heartbeat
     signals: Signals
     waker: Waker
-    _aio: AsyncSlots
+    executors: Executors
 
     def __init__(self) -> None:
         self._lock = threading.Lock()  # running, prefetched and completed, across threads
@@ -107,10 +105,7 @@ class Custody:
         if ex is None:
             return  # a late word about a task already behind us: never interrupt the next
         ex.lost.set()  # a thread's next ctx call raises LeaseLost
-        if ex.mode is Mode.ASYNC:
-            self._aio.cancel(ex, Stopped.LOST)
-        elif ex.mode is Mode.INLINE:
-            self._interrupt_main(LeaseLost)
+        self.executors[ex.mode].interrupt(ex, Stopped.LOST)
 
     def _on_timeout(self, lease: Lease, store: Store) -> bool:
         """``lease``'s handler outlived --task-timeout. False: not its fault yet (another
@@ -118,13 +113,13 @@ class Custody:
         ex = self._find(lease)
         if ex is None:
             return True
-        if ex.mode is Mode.ASYNC:
-            blocked = self._aio.blocked(STALLED)
-            if blocked is not None and blocked[1] is not ex:
-                blocker = blocked[1]
-                if blocker is not None and blocker.stopped is Stopped.TIMEOUT:
-                    self._loop_stuck(blocker, blocked[0], store)  # the blocker's time is up
-                return False
+        executor = self.executors[ex.mode]
+        blocked = executor.blocked(STALLED)  # one handler holds the executor (the event loop)
+        if blocked is not None and blocked[1] is not ex:
+            blocker = blocked[1]
+            if blocker is not None and blocker.stopped is Stopped.TIMEOUT:
+                self._loop_stuck(blocker, blocked[0], store)  # the blocker's time is up
+            return False
         event(
             log,
             "task_timeout",
@@ -135,21 +130,20 @@ class Custody:
             attempt=lease.attempt,
             slot=str(ex.mode),
         )
-        if ex.mode is Mode.ASYNC:
-            blocked = self._aio.blocked(STALLED)
-            if blocked is not None and blocked[1] is ex:  # it holds the loop: no cancel lands
-                ex.stopped = Stopped.TIMEOUT
-                self._loop_stuck(ex, blocked[0], store)
-                return True
-            self._aio.cancel(ex, Stopped.TIMEOUT)  # cancelled: it ends, and is released
+        if blocked is not None:  # it holds the loop itself: no cancel lands
+            ex.stopped = Stopped.TIMEOUT
+            self._loop_stuck(ex, blocked[0], store)
             return True
+        if executor.interrupt(ex, Stopped.TIMEOUT):
+            return True  # cancelled: it ends, and is released
         # A Python call cannot be stopped safely from outside: release the lease now (fenced:
-        # a no-op if its commit came first). Inline, the process goes and its parent replaces
-        # it; on a thread, the worker stops claiming and exits once its other slots finish.
+        # a no-op if its commit came first). On the conductor's thread, the process goes and
+        # its parent replaces it; on a thread, the worker stops claiming and exits once its
+        # other slots finish.
         ex.stopped = Stopped.ABANDONED
         error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
         self._write_now(store, [Commit(lease, "release", error=error)], "the timeout")
-        if ex.mode is Mode.INLINE:
+        if executor.on_conductor:
             os._exit(exitcodes.TASK_TIMEOUT)
         self.heartbeat.forget([lease])
         self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
@@ -162,8 +156,8 @@ class Custody:
         in the database's eyes (a hand-back spends no attempt). All of them are abandoned (their
         endings ignored), and the worker exits once its other slots finish."""
         with self._lock:
-            innocent = [e for e in self.running.values()
-                        if e.mode is Mode.ASYNC and e is not blocker
+            innocent = [e for e in self.running.values()  # the blocked executor's others
+                        if e.mode is blocker.mode and e is not blocker
                         and e.stopped is not Stopped.ABANDONED]  # fmt: skip
         if blocker.stopped is Stopped.ABANDONED:
             return
@@ -219,21 +213,5 @@ class Custody:
             running = list(self.running.values())
         for ex in running:
             ex.lost.set()
-            if ex.mode is Mode.ASYNC:
-                self._aio.cancel(ex, Stopped.LOST)
-            elif ex.mode is Mode.INLINE:
-                self._interrupt_main(LeaseLost)
+            self.executors[ex.mode].interrupt(ex, Stopped.LOST)
         self.waker.wake()
-
-    def _interrupt_main(self, exc: type[BaseException]) -> None:
-        self.signals.interrupt = exc
-        self.waker.wake()
-        main = threading.main_thread().ident
-        # Only when our handler is installed (run_worker does it): SIGUSR1's default action
-        # would kill a process that embeds a Worker without it.
-        if (
-            main is not None
-            and threading.current_thread() is not threading.main_thread()
-            and signal.getsignal(INTERRUPT) == self.signals.on_interrupt
-        ):
-            signal.pthread_kill(main, INTERRUPT)

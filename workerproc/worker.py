@@ -21,17 +21,20 @@ from collections import deque
 from collections.abc import Callable
 
 from . import exitcodes
-from .aioslots import AsyncSlots
 from .app import App
 from .completer import Completer
 from .config import WorkerConfig
 from .custody import Custody
+from .execution import Execution, Mode, Stopped, failure, message, mode_for
+from .executors import Executors
+from .executors.aio import AsyncExecutor
+from .executors.inline import InlineExecutor
+from .executors.threads import ThreadExecutor
 from .heartbeat import Heartbeat
 from .idle import watch_for_work
 from .logs import event
 from .policy import CONFIRM_WAIT, SLOW_BEHIND, Policy, Start, View
 from .signals import Signals, Waker
-from .slots import Execution, Mode, Stopped, ThreadSlots, conclude, failure, message, mode_for
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, Lease, Store, StoreError
 
@@ -65,8 +68,12 @@ class Worker(Custody):
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
         self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                      config.queues)  # fmt: skip
-        self._threads = ThreadSlots(self.capacity, config, self._ended_on_thread)
-        self._aio = AsyncSlots(config, self._ended)
+        self.executors = Executors(  # where handlers run, one executor per mode
+            InlineExecutor(config, self.signals, self.waker, self._ended_inline,
+                           before=self._inline_begins, after=self._inline_ended),
+            ThreadExecutor(self.capacity, config, self._ended_on_thread),
+            AsyncExecutor(config, self._ended),
+        )  # fmt: skip
         self.heartbeat = Heartbeat(
             open_store,
             ttl=config.lease_ttl,
@@ -114,7 +121,7 @@ class Worker(Custody):
             return self._exit_code
         if not self.heartbeat.is_alive():
             return exitcodes.HEARTBEAT_DIED
-        died = self._threads.dead() or self._aio.dead()
+        died = self.executors.dead()
         if died is not None:  # its executions are gone: give their leases back, be replaced
             event(log, "slots_died", f"worker {self.pid}: {message(died)}; exiting",
                   level=logging.ERROR, error=type(died).__name__)  # fmt: skip
@@ -134,8 +141,8 @@ class Worker(Custody):
 
     def _watch_loop(self) -> None:
         """Say once per incident that an async handler blocks the event loop (and so every
-        async slot): the loop has not ticked for ``aioslots.BLOCKED_AFTER``."""
-        blocked = self._aio.blocked()
+        async slot): the loop has not ticked for ``executors.BLOCKED_AFTER``."""
+        blocked = self.executors.blocked()
         if blocked is None:
             self._blocking = None
             return
@@ -321,34 +328,19 @@ class Worker(Custody):
     def _start(self, ex: Execution) -> None:
         self.heartbeat.started(ex.lease)
         self._publish()
-        if ex.mode is Mode.INLINE:
-            self._run_inline(ex)
-        elif ex.mode is Mode.THREAD:
-            self._threads.submit(ex)
-        else:
-            self._aio.submit(ex)
+        self.executors[ex.mode].submit(ex)
 
-    def _run_inline(self, ex: Execution) -> None:
-        """One slot, a plain handler: on the main thread, interruptible by LeaseLost and QUIT.
-        The leases prefetched behind it go back if it turns out slow (the heartbeat thread
-        does it: this thread is busy)."""
+    def _inline_begins(self) -> None:
+        """An inline handler takes the main thread over: the leases prefetched behind it go
+        back if it turns out slow (the heartbeat thread does it: this thread is busy)."""
         if self.prefetched:
             self.heartbeat.after(time.monotonic() + SLOW_BEHIND, self._hand_back_behind)
-        value: object = None
-        raised: BaseException | None = None
-        self.signals.interrupt = None
-        try:
-            self.signals.in_handler = True
-            if ex.may_begin():
-                value = ex.handler(ex.ctx)
-        except BaseException as exc:  # a handler's error, whatever its kind
-            self.signals.in_handler = False
-            raised = exc
-        finally:
-            self.signals.in_handler = False
+
+    def _inline_ended(self) -> None:
         self.heartbeat.cancel_chore()
-        ex.seconds = time.monotonic() - ex.started
-        ex.commit = conclude(ex, value, raised, self.config)
+
+    def _ended_inline(self, ex: Execution) -> None:
+        """The inline handler returned: collect it now, so the next one starts in this turn."""
         self._ended(ex)
         self._collect()
 
@@ -380,8 +372,7 @@ class Worker(Custody):
             self.running.clear()
             self.prefetched.clear()
         for ex in running:
-            if ex.mode is Mode.ASYNC:
-                self._aio.cancel(ex, Stopped.QUIT)
+            self.executors[ex.mode].interrupt(ex, Stopped.QUIT)
         commits = self.completer.take()
         commits += [Commit(ex.lease, "release", error=error) for ex in running]
         commits += [Commit(lease, "handback") for lease in waiting]
@@ -444,6 +435,5 @@ class Worker(Custody):
                     count=len(waiting),
                 )
         self._publish(STOPPING)
-        self._threads.close()
-        self._aio.close()
+        self.executors.close()
         self.heartbeat.close()
