@@ -51,7 +51,7 @@ class Drains(Worker):
     database: tests run it to the end with ``run()``."""
 
     def _wait(self, want: int) -> None:
-        if self.store.stats().pending_work == 0 and not self.running:
+        if self.store.stats().pending_work == 0 and not self.holdings.running:
             self.signals.stop = signal.SIGTERM
             return
         super()._wait(want)

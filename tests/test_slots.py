@@ -132,7 +132,7 @@ class Chains(Drains):
         nxt = super()._ended_on_thread(ex)
         if nxt is not None:
             assert nxt.mode is Mode.THREAD
-            with self._lock:
+            with self.holdings.lock:
                 self.chained += 1
         return nxt
 

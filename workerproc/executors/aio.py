@@ -13,7 +13,7 @@ contained here:
   worker exits ``SLOT_DIED`` to be replaced.
 - **A handler blocks the loop** (``time.sleep``, CPU-bound work, a blocking SDK). A tick every
   ``TICK`` seconds shows the loop's lag; ``blocked`` names the execution the loop is stuck in,
-  so the worker can report it and judge it alone (``custody``): its neighbours' timeouts do not
+  so the worker can report it and judge it alone (``alarms``): its neighbours' timeouts do not
   run while they cannot, and if the blocker outlives ``--task-timeout`` it is released and its
   innocent neighbours are handed back without spending an attempt.
 """

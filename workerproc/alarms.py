@@ -1,27 +1,31 @@
-"""What a worker holds, and what becomes of it when the heartbeat thread reports: a lease lost,
-a handler past --task-timeout, a handler that ignored its lost lease, the heartbeat's own death.
+"""What becomes of a worker's tasks when its heartbeat thread reports: a lease lost, a handler
+past --task-timeout, a handler that ignored its lost lease, the heartbeat's own death; and the
+chore it runs while an inline handler holds the conductor's thread (handing back what waits
+behind a slow one).
 
-``Custody`` keeps the running executions and the prefetched leases (guarded by one lock: the
-conductor, the slot threads, the event loop and the heartbeat all touch them); ``Worker``
-(``worker.py``) builds on it. These callbacks run on the heartbeat thread: they set flags,
-cancel coroutines, interrupt the main thread, and wake the conductor, which does the rest.
+Every method here runs on the heartbeat thread. They set flags, interrupt handlers through their
+executor (``Executor.interrupt``), write what cannot wait on the heartbeat's own connection
+(fenced: a no-op for a lease whose commit came first), and wake the conductor, which does the
+rest. A handler that cannot be interrupted after its timeout costs the worker its slot: the
+worker drains and exits (``TASK_TIMEOUT``) to be replaced, at once when that slot is the
+conductor's own thread.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import threading
-from collections import deque
+from collections.abc import Callable
 
 from . import exitcodes
 from .config import WorkerConfig
 from .execution import Execution, Stopped
 from .executors import Executors
 from .heartbeat import Heartbeat
+from .holdings import Holdings
 from .logs import event
 from .policy import Policy
-from .signals import Signals, Waker
+from .signals import Waker
 from .store import Commit, Lease, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
@@ -31,40 +35,32 @@ log = logging.getLogger("workerproc.worker")
 STALLED = 0.25
 
 
-class Custody:
-    config: WorkerConfig
-    heartbeat: Heartbeat
-    signals: Signals
-    waker: Waker
-    executors: Executors
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # running, prefetched and completed, across threads
-        self.running: dict[int, Execution] = {}  # task id -> a handler running now
-        self.prefetched: deque[Lease] = deque()  # claimed, waiting for a slot
-        self._completed: deque[Execution] = deque()  # ended, not collected yet
-        self._exit_code: int | None = None  # set by the heartbeat side: exit now
-
-    capacity: int
-    policy: Policy
-
-    def drain(self, code: int, why: str) -> None:
-        raise NotImplementedError
-
-    def _accepting(self) -> bool:
-        raise NotImplementedError
-
-    def _executions(self) -> list[Execution]:
-        """The handlers running now (slot threads add and remove them: never iterate
-        ``running`` without the lock)."""
-        with self._lock:
-            return list(self.running.values())
+class Alarms:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        holdings: Holdings,
+        executors: Executors,
+        policy: Policy,
+        heartbeat: Heartbeat,
+        waker: Waker,
+        *,
+        drain: Callable[[int, str], None],
+    ) -> None:
+        self.config = config
+        self.holdings = holdings
+        self.executors = executors
+        self.policy = policy
+        self.heartbeat = heartbeat
+        self.waker = waker
+        self._drain = drain  # stop claiming, exit with this code once the other slots finish
+        self.exit_code: int | None = None  # exit now (the heartbeat died)
 
     # -- prefetched leases that go back unstarted ---------------------------------------------
-    def _hand_back_behind(self, store: Store) -> None:
-        """Heartbeat thread: the inline handler turned out slow; give back what waits."""
-        with self._lock:
-            leases, self.prefetched = list(self.prefetched), deque()
+    def hand_back_behind(self, store: Store) -> None:
+        """A chore the conductor leaves to the heartbeat thread while an inline handler holds
+        its own: that handler turned out slow, so what waits behind it goes back."""
+        leases = self.holdings.take_waiting()
         self.policy.slow_after_all()
         if not leases:
             return
@@ -80,18 +76,15 @@ class Custody:
                 count=len(leases),
             )
 
-    # -- heartbeat callbacks (heartbeat thread) --------------------------------------------------
+    # -- the heartbeat's reports -----------------------------------------------------------------
     def _find(self, lease: Lease) -> Execution | None:
-        with self._lock:
-            ex = self.running.get(lease.task_id)
-            waiting = ex is None and lease in self.prefetched
-            if waiting:
-                self.prefetched.remove(lease)  # lost while it waited: never start it
-        if waiting:
+        ex, waiting = self.holdings.find(lease)
+        if waiting:  # lost (or timed out) while it waited: it never starts
             self.heartbeat.forget([lease])
-        return ex if ex is not None and ex.lease.attempt == lease.attempt else None
+        return ex
 
-    def _on_lost(self, lease: Lease, why: str) -> None:
+    def lease_lost(self, lease: Lease, why: str) -> None:
+        """The heartbeat lost ``lease`` (a refused renewal, or its local deadline passed)."""
         event(
             log,
             "lease_lost",
@@ -107,7 +100,7 @@ class Custody:
         ex.lost.set()  # a thread's next ctx call raises LeaseLost
         self.executors[ex.mode].interrupt(ex, Stopped.LOST)
 
-    def _on_timeout(self, lease: Lease, store: Store) -> bool:
+    def timed_out(self, lease: Lease, store: Store) -> bool:
         """``lease``'s handler outlived --task-timeout. False: not its fault yet (another
         handler blocks the event loop it needs; the heartbeat asks again soon)."""
         ex = self._find(lease)
@@ -142,11 +135,11 @@ class Custody:
         # other slots finish.
         ex.stopped = Stopped.ABANDONED
         error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
-        self._write_now(store, [Commit(lease, "release", error=error)], "the timeout")
+        _write_now(store, [Commit(lease, "release", error=error)], "the timeout")
         if executor.on_conductor:
             os._exit(exitcodes.TASK_TIMEOUT)
         self.heartbeat.forget([lease])
-        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
+        self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
         return True
 
     def _loop_stuck(self, blocker: Execution, lag: float, store: Store) -> None:
@@ -155,8 +148,8 @@ class Custody:
         released with the error; every other async handler is innocent and goes back unstarted
         in the database's eyes (a hand-back spends no attempt). All of them are abandoned (their
         endings ignored), and the worker exits once its other slots finish."""
-        with self._lock:
-            innocent = [e for e in self.running.values()  # the blocked executor's others
+        with self.holdings.lock:
+            innocent = [e for e in self.holdings.running.values()  # the blocked executor's
                         if e.mode is blocker.mode and e is not blocker
                         and e.stopped is not Stopped.ABANDONED]  # fmt: skip
         if blocker.stopped is Stopped.ABANDONED:
@@ -176,26 +169,13 @@ class Custody:
         )
         commits = [Commit(lease, "release", error=error)]
         commits += [Commit(e.lease, "handback") for e in innocent]
-        self._write_now(store, commits, "the blocked loop's tasks")
+        _write_now(store, commits, "the blocked loop's tasks")
         self.heartbeat.forget([c.lease for c in commits])
-        self.drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} blocked the event loop")
+        self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} blocked the event loop")
 
-    @staticmethod
-    def _write_now(store: Store, commits: list[Commit], what: str) -> None:
-        """Fenced writes from the heartbeat thread, on its own connection (a no-op for a lease
-        whose commit came first)."""
-        try:
-            store.commit_many(commits)
-        except StoreError as exc:  # the leases lapse after the ttl: no harm but a delay
-            event(
-                log,
-                "timeout_release_failed",
-                f"could not record {what}: {exc}",
-                level=logging.ERROR,
-                task_id=commits[0].lease.task_id,
-            )
-
-    def _on_stuck(self, lease: Lease) -> None:
+    def handler_stuck(self, lease: Lease) -> None:
+        """``lease`` was lost a whole ttl ago and its handler still runs: it ignores
+        ``LeaseLost``, and only the process's end stops it."""
         event(
             log,
             "lease_stuck",
@@ -207,11 +187,26 @@ class Custody:
         )
         os._exit(exitcodes.LEASE_STUCK)
 
-    def _on_heartbeat_death(self, exc: BaseException) -> None:
-        self._exit_code = exitcodes.HEARTBEAT_DIED
-        with self._lock:
-            running = list(self.running.values())
-        for ex in running:
+    def heartbeat_died(self, exc: BaseException) -> None:
+        """Without a heartbeat, leases would lapse silently: every handler is told its lease
+        is lost, and the worker exits (``HEARTBEAT_DIED``)."""
+        self.exit_code = exitcodes.HEARTBEAT_DIED
+        for ex in self.holdings.executions():
             ex.lost.set()
             self.executors[ex.mode].interrupt(ex, Stopped.LOST)
         self.waker.wake()
+
+
+def _write_now(store: Store, commits: list[Commit], what: str) -> None:
+    """Fenced writes from the heartbeat thread, on its own connection (a no-op for a lease
+    whose commit came first)."""
+    try:
+        store.commit_many(commits)
+    except StoreError as exc:  # the leases lapse after the ttl: no harm but a delay
+        event(
+            log,
+            "timeout_release_failed",
+            f"could not record {what}: {exc}",
+            level=logging.ERROR,
+            task_id=commits[0].lease.task_id,
+        )
