@@ -46,7 +46,7 @@ def test_free_slots_are_claimed_at_once(clock: FakeClock) -> None:
     assert turn.claim and turn.want == 4 and not turn.write and not turn.hand_back
     turn = p.turn(View(running=3, waiting=1))
     assert not turn.claim and turn.want == 0  # every slot has its task: nothing to ask for
-    assert not turn.exchange
+    assert not turn.talks_to_store
 
 
 def test_the_adaptive_prefetch_is_earned_by_recent_fast_handlers_only(clock: FakeClock) -> None:
@@ -76,7 +76,7 @@ def test_a_claim_alone_waits_after_a_short_answer_until_something_changes(
     p = policy(clock, concurrency=4)
     p.claimed(asked=4, got=1)  # the queue ran dry
     turn = p.turn(View(running=1))
-    assert turn.want == 3 and not turn.claim and not turn.exchange
+    assert turn.want == 3 and not turn.claim and not turn.talks_to_store
     turn = p.turn(View(running=1, finished=1))
     assert turn.write and turn.want == 3  # a write is due anyway: the claim rides along
     p.watched()  # the idle wait saw a change, a due time or the poll interval
@@ -187,13 +187,13 @@ def test_a_renewal_asked_for_this_turn_lets_a_lease_start_however_long_it_took(
 def test_stale_names_the_leases_to_renew_before_they_start(clock: FakeClock) -> None:
     p = policy(clock)
     now = clock.now
-    assert p.stale([now, now - 0.5, now - 1.5, None]) == [False, False, True, True]
+    assert p.needs_renewal([now, now - 0.5, now - 1.5, None]) == [False, False, True, True]
 
 
 def test_a_slot_thread_chains_only_a_fresh_lease(clock: FakeClock) -> None:
     p = policy(clock, concurrency=2)
-    assert p.chains(clock.now) and not p.chains(None)
-    assert not p.chains(clock.now - 1.01)
+    assert p.thread_may_start(clock.now) and not p.thread_may_start(None)
+    assert not p.thread_may_start(clock.now - 1.01)
     assert p.slot_free(1) and not p.slot_free(2)
 
 

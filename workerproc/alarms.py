@@ -64,7 +64,7 @@ class Alarms:
         self.policy.slow_after_all()
         if not leases:
             return
-        self.heartbeat.forget(leases)
+        self.heartbeat.untrack(leases, wait=False)
         try:
             store.commit_many([Commit(lease, "handback") for lease in leases])
         except StoreError as exc:  # they lapse after the ttl: no harm but a delay
@@ -80,7 +80,7 @@ class Alarms:
     def _find(self, lease: Lease) -> Execution | None:
         ex, waiting = self.holdings.find(lease)
         if waiting:  # lost (or timed out) while it waited: it never starts
-            self.heartbeat.forget([lease])
+            self.heartbeat.untrack([lease], wait=False)
         return ex
 
     def lease_lost(self, lease: Lease, why: str) -> None:
@@ -138,7 +138,7 @@ class Alarms:
         _write_now(store, [Commit(lease, "release", error=error)], "the timeout")
         if executor.on_conductor:
             os._exit(exitcodes.TASK_TIMEOUT)
-        self.heartbeat.forget([lease])
+        self.heartbeat.untrack([lease], wait=False)
         self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
         return True
 
@@ -170,7 +170,7 @@ class Alarms:
         commits = [Commit(lease, "release", error=error)]
         commits += [Commit(e.lease, "handback") for e in innocent]
         _write_now(store, commits, "the blocked loop's tasks")
-        self.heartbeat.forget([c.lease for c in commits])
+        self.heartbeat.untrack([c.lease for c in commits], wait=False)
         self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} blocked the event loop")
 
     def handler_stuck(self, lease: Lease) -> None:

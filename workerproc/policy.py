@@ -68,7 +68,7 @@ class Turn:
     claim: bool  # claim, even with nothing to write
 
     @property
-    def exchange(self) -> bool:
+    def talks_to_store(self) -> bool:
         """Whether this turn talks to the store (one transaction: writes, then the claim)."""
         return self.hand_back or self.write or self.claim
 
@@ -192,13 +192,13 @@ class Policy:
             return Start.NOW
         return Start.LATER if renewed else Start.RENEW
 
-    def stale(self, confirmations: Iterable[float | None]) -> list[bool]:
+    def needs_renewal(self, confirmations: Iterable[float | None]) -> list[bool]:
         """For each lease about to start, last confirmed at the moment given (None: unknown),
         whether it must be renewed first."""
         now = self.clock()
         return [c is None or not self.rule.is_fresh(c, now) for c in confirmations]
 
-    def chains(self, confirmed: float | None) -> bool:
+    def thread_may_start(self, confirmed: float | None) -> bool:
         """Whether a slot thread whose handler ended may start a waiting lease confirmed at
         ``confirmed`` itself; anything older is the conductor's (it renews first)."""
         return confirmed is not None and self.rule.is_fresh(confirmed, self.clock())

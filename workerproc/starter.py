@@ -104,7 +104,7 @@ class Starter:
             if handler is None or mode_for(handler, policy.capacity) is not Mode.THREAD:
                 return None
             confirmed = self.heartbeat.confirmed_at(lease)
-            if not policy.chains(confirmed):
+            if not policy.thread_may_start(confirmed):
                 self.waker.wake()  # to be renewed first, or dropped
                 return None
             assert confirmed is not None
@@ -117,7 +117,7 @@ class Starter:
     def drop(self, lease: Lease) -> None:
         """A waiting lease that was lost before it started: forget it, write nothing."""
         self.holdings.drop_waiting(lease)
-        self.heartbeat.forget([lease])
+        self.heartbeat.untrack([lease], wait=False)
 
     def _gate(self, ex: Execution, confirmed: float) -> None:
         lease = ex.lease
@@ -134,7 +134,7 @@ class Starter:
         with h.lock:
             free = self.policy.capacity - len(h.running)
             waiting = list(itertools.islice(h.waiting, max(0, free)))
-        renew = self.policy.stale(self.heartbeat.confirmed_at(w) for w in waiting)
+        renew = self.policy.needs_renewal(self.heartbeat.confirmed_at(w) for w in waiting)
         stale = [w for w, old in zip(waiting, renew, strict=True) if old]
         if not stale:
             return {}

@@ -68,7 +68,7 @@ class Worker:
         self.pid = os.getpid()
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
-        self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
+        self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                      config.queues)  # fmt: skip
         self.policy = Policy(config, self.signals)  # every decision; this class acts on them
         self.holdings = Holdings()  # running, waiting, ended: shared with the other threads
@@ -116,8 +116,8 @@ class Worker:
                 self._collect()
                 self.starter.start_waiting()
                 turn = self.policy.turn(self._view())
-                if turn.exchange:
-                    self._exchange(turn.hand_back, turn.want)
+                if turn.talks_to_store:
+                    self._commit_and_claim(turn.hand_back, turn.want)
                     continue
                 code = self._drained()
                 if code is not None:
@@ -137,7 +137,7 @@ class Worker:
                   level=logging.ERROR, error=type(died).__name__)  # fmt: skip
             self._abandon(f"WorkerCrashed: the worker's slots died ({message(died)})")
             return exitcodes.SLOT_DIED
-        self._watch_loop()
+        self._report_blocked()
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             event(
                 log,
@@ -149,7 +149,7 @@ class Worker:
             return exitcodes.PARENT_DIED
         return None
 
-    def _watch_loop(self) -> None:
+    def _report_blocked(self) -> None:
         """Say once per incident that an async handler blocks the event loop (and so every
         async slot): the loop has not ticked for ``executors.BLOCKED_AFTER``."""
         blocked = self.executors.blocked()
@@ -221,7 +221,8 @@ class Worker:
         """An inline handler takes the main thread over: the leases prefetched behind it go
         back if it turns out slow (the heartbeat thread does it: this thread is busy)."""
         if self.holdings.waiting:
-            self.heartbeat.after(time.monotonic() + SLOW_BEHIND, self.alarms.hand_back_behind)
+            chore = self.alarms.hand_back_behind
+            self.heartbeat.schedule_chore(time.monotonic() + SLOW_BEHIND, chore)
 
     def _inline_ended(self) -> None:
         self.heartbeat.cancel_chore()
@@ -242,11 +243,11 @@ class Worker:
             self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     # -- the store conversation -------------------------------------------------------------------
-    def _exchange(self, hand_back: bool, want: int) -> None:
+    def _commit_and_claim(self, hand_back: bool, want: int) -> None:
         handbacks: list[Commit] = []
         if hand_back:  # behind slow slots, or the worker stopped taking work
             handbacks = [Commit(lease, "handback") for lease in self.holdings.take_waiting()]
-        claim = dataclasses.replace(self._request, limit=want) if want else None
+        claim = dataclasses.replace(self._claim_request, limit=want) if want else None
         self._publish(COMMITTING if self.completer.pending or handbacks else CLAIMING)
         leases = self.completer.commit_and_claim(handbacks, claim)
         for lease in leases:
