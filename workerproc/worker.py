@@ -213,8 +213,9 @@ class Worker:
         return self.starter.next_for_thread()
 
     def _ended_inline(self, ex: Execution) -> None:
-        """The inline handler returned: collect it now, so the next one starts in this turn."""
-        self._ended(ex)
+        """The inline handler returned, on this very thread: collect it now (nothing to wake),
+        so the next one starts in this turn."""
+        self.holdings.end(ex)
         self._collect()
 
     def _inline_begins(self) -> None:

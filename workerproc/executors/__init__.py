@@ -18,7 +18,6 @@ callback it was built with.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
 from typing import ClassVar
 
 from ..execution import Execution, Mode, Stopped
@@ -58,25 +57,19 @@ class Executor(abc.ABC):
         """Let idle threads end; a handler still running is abandoned with the process."""
 
 
-class Executors:
-    """A worker's executors, one per mode."""
+class Executors(dict[Mode, Executor]):
+    """A worker's executors, one per mode (a plain mapping: one lookup per task)."""
 
     def __init__(self, *executors: Executor) -> None:
-        self._by_mode = {executor.mode: executor for executor in executors}
-        assert set(self._by_mode) == set(Mode), "one executor per mode"
-
-    def __getitem__(self, mode: Mode) -> Executor:
-        return self._by_mode[mode]
-
-    def __iter__(self) -> Iterator[Executor]:
-        return iter(self._by_mode.values())
+        super().__init__((executor.mode, executor) for executor in executors)
+        assert set(self) == set(Mode), "one executor per mode"
 
     def dead(self) -> BaseException | None:
-        return next((died for e in self if (died := e.dead()) is not None), None)
+        return next((died for e in self.values() if (died := e.dead()) is not None), None)
 
     def blocked(self, after: float = BLOCKED_AFTER) -> tuple[float, Execution | None] | None:
-        return next((held for e in self if (held := e.blocked(after)) is not None), None)
+        return next((held for e in self.values() if (held := e.blocked(after)) is not None), None)
 
     def close(self) -> None:
-        for executor in self:
+        for executor in self.values():
             executor.close()
