@@ -69,7 +69,7 @@ class Worker:
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
         self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
-                                     config.queues)  # fmt: skip
+                                           config.queues)  # fmt: skip
         self.policy = Policy(config, self.signals)  # every decision; this class acts on them
         self.holdings = Holdings()  # running, waiting, ended: shared with the other threads
         self.executors = Executors(  # where handlers run, one executor per mode
