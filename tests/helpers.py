@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from workerproc.heartbeat import Heartbeat
+from workerproc.store import Store
 from workerproc.worker import Worker
 
 T = TypeVar("T")
@@ -49,7 +51,24 @@ class Drains(Worker):
     database: tests run it to the end with ``run()``."""
 
     def _wait(self, want: int) -> None:
-        if self.store.stats().pending_work == 0 and not self.running:
+        if self.store.stats().pending_work == 0 and not self.holdings.running:
             self.signals.stop = signal.SIGTERM
             return
         super()._wait(want)
+
+
+def unstarted_heartbeat(ttl: float = 30.0) -> Heartbeat:
+    """A real heartbeat whose thread never starts: it keeps the leases it is given (``track``,
+    ``confirmed_at``) and renews none. For the parts of a worker that only record leases."""
+
+    def no_store() -> Store:
+        raise AssertionError("the heartbeat was not meant to start")
+
+    return Heartbeat(
+        no_store,
+        ttl=ttl,
+        interval=ttl / 3,
+        on_lost=lambda lease, why: None,
+        on_timeout=lambda lease, store: None,
+        on_death=lambda exc: None,
+    )

@@ -13,14 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helpers import Drains
+from helpers import Drains, unstarted_heartbeat
 from store_backends import Backend
 
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
+from workerproc.completer import Completer
 from workerproc.config import WorkerConfig
-from workerproc.exchange import Exchanger
-from workerproc.slots import Execution
+from workerproc.execution import Execution
 from workerproc.store import CasResult, Commit, Lease, open_store
 from workerproc.worker import Worker
 
@@ -234,8 +234,8 @@ def test_a_commit_the_database_cannot_take_fails_alone_and_the_batch_lands(
             Commit(by_run[good], "finish", new_state={"ok": 1}),
             Commit(by_run[bad], "advance", next_task="\ud800"),
         ]
-        exchanger = Exchanger(s, 30.0)
-        out = exchanger.exchange(commits, None)
+        completer = Completer(s, 30.0, unstarted_heartbeat())
+        out = completer.write(commits, None)
         assert out.results == (CasResult.OK, CasResult.OK)  # the bad one: its failure landed
         done, failed = s.get_run(good), s.get_tasks(bad)[0]
         assert done is not None and done.status == "succeeded"

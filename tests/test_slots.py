@@ -17,8 +17,8 @@ from helpers import Drains, wait_for
 from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
-from workerproc.custody import SLOW_BEHIND
-from workerproc.slots import Execution, Mode
+from workerproc.execution import Execution, Mode
+from workerproc.policy import SLOW_BEHIND
 from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
 from workerproc.store.sqlite import SQLiteStore
 from workerproc.worker import Worker
@@ -132,7 +132,7 @@ class Chains(Drains):
         nxt = super()._ended_on_thread(ex)
         if nxt is not None:
             assert nxt.mode is Mode.THREAD
-            with self._lock:
+            with self.holdings.lock:
                 self.chained += 1
         return nxt
 

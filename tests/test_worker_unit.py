@@ -14,9 +14,9 @@ from helpers import wait_for
 from workerproc import App, exitcodes
 from workerproc.app import LeaseLost, TaskContext
 from workerproc.config import WorkerConfig
+from workerproc.execution import Execution, Mode
 from workerproc.heartbeat import Heartbeat
 from workerproc.signals import INTERRUPT, Waker
-from workerproc.slots import Execution, Mode
 from workerproc.status import DURATION_BOUNDS, Counters, StatusBoard
 from workerproc.store import Lease, Store, StoreUnavailable, open_store
 from workerproc.worker import Worker
@@ -160,7 +160,7 @@ def test_sigterm_with_the_interrupt_is_never_lost(worker_signals):
         signal.pthread_kill(threading.main_thread().ident or 0, INTERRUPT)  # as the heartbeat does
         os.kill(os.getpid(), signal.SIGTERM)
         ex = Execution(LEASE, handler, Mode.INLINE)
-        worker._run_inline(ex)
+        worker.executors[Mode.INLINE].submit(ex)
         assert ex.commit is None  # LeaseLost: whatever it would have written is discarded
         worker.signals.absorb(waker.drain())
         assert worker.signals.stop == signal.SIGTERM

@@ -7,6 +7,9 @@
   go on.
 - A lease is held from its claim to the commit that ends it (``track`` ... ``untrack``), so a
   prefetched task waiting for a slot and a finished one waiting for its batch stay alive too.
+  Before a commit, ``untrack`` also waits for a renewal in flight, so none races the commit;
+  ``untrack(wait=False)`` does not, for a lease no commit follows (lost) and for this thread's
+  own callbacks and chores (no renewal can be in flight while they run).
 - A lease's last *confirmation* is the monotonic moment its last successful claim or renewal
   was *sent* (the store read its "now" after that): ``confirmed_at`` reports it, and the local
   deadline is that moment plus the ttl. A renewal that *errors* (database busy or locked) is
@@ -152,7 +155,7 @@ class Heartbeat:
             if held is not None:
                 held.finished = True
 
-    def after(self, at: float, chore: Callable[[Store], None]) -> None:
+    def schedule_chore(self, at: float, chore: Callable[[Store], None]) -> None:
         """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
         (one pending chore at most): work the conductor cannot do while it runs an inline
         handler, like handing back the tasks prefetched behind it."""
@@ -164,31 +167,25 @@ class Heartbeat:
         with self._cond:
             self._chore = None
 
-    def forget(self, leases: Iterable[Lease]) -> None:
-        """Stop renewing ``leases`` without waiting: for this thread's own chores and
-        callbacks (it cannot race itself)."""
-        with self._cond:
-            for lease in leases:
-                self._held.pop(lease.task_id, None)
-
     def is_lost(self, lease: Lease) -> bool:
         with self._cond:
             held = self._held.get(lease.task_id)
             return held is not None and held.lost_at is not None
 
-    def untrack(self, leases: Iterable[Lease], timeout: float = 30.0) -> set[int]:
-        """Stop renewing ``leases`` before their commit; waits for an in-flight renewal (single
-        flight) so that none races the commit. Returns the task ids seen lost."""
-        lost: set[int] = set()
+    def untrack(self, leases: Iterable[Lease], *, wait: bool = True, timeout: float = 30.0) -> None:
+        """Stop renewing ``leases``. With ``wait`` (before their commit), also wait until no
+        renewal is in flight (single flight, bounded by ``timeout``): none races the commit or
+        lands after it, where its refusal would be false evidence of a zombie; nor does the
+        commit go out while a timeout callback may be ending the process. Without: for leases
+        no commit follows (lost ones), and on this thread, in its own callbacks and chores,
+        where waiting would wait for itself."""
         with self._cond:
             # Forget first: no new renewal can start for them, so the wait cannot starve
             # behind a stream of renewals (the lock is not fair).
             for lease in leases:
-                held = self._held.pop(lease.task_id, None)
-                if held is not None and held.lost_at is not None:
-                    lost.add(lease.task_id)
-            self._cond.wait_for(lambda: not self._busy, timeout=timeout)
-        return lost
+                self._held.pop(lease.task_id, None)
+            if wait:
+                self._cond.wait_for(lambda: not self._busy, timeout=timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:

@@ -1,7 +1,7 @@
 """How a worker with free slots waits for work without touching the write lock (R7).
 
 It reads the database's cheap change token (SQLite: ``PRAGMA data_version``; PostgreSQL: a
-counter its LISTEN connection bumps) every ``CHANGE_CHECK`` seconds, and sleeps until the next
+counter its LISTEN connection bumps) every ``WATCH_EVERY`` seconds, and sleeps until the next
 delayed task or expiring lease of its queues is due, or the poll interval passes, or a signal or
 a finished slot wakes it. A claim just answered "nothing", so a due time already past never
 cuts the wait short: that would spin on the write lock.
@@ -19,7 +19,7 @@ from .store import Store, StoreCorrupt, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-CHANGE_CHECK = 0.005  # how often the cheap change token is read
+WATCH_EVERY = 0.005  # how often an idle worker reads the cheap change token
 
 
 def watch_for_work(
@@ -47,7 +47,7 @@ def watch_for_work(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        woke = waker.wait(min(CHANGE_CHECK, remaining))
+        woke = waker.wait(min(WATCH_EVERY, remaining))
         signals.absorb(woke)
         if woke:
             return

@@ -7,46 +7,46 @@ form by themselves while the previous transaction runs. Short handlers earn a pr
 K leases beyond the free slots, handed back unstarted (no attempt spent) as soon as the slots
 turn out slow. Idle, it sleeps on a self-pipe and polls a cheap change token, never the write
 lock. One heartbeat thread renews every lease the worker holds.
+
+The conductor only acts; its parts decide and keep. ``Policy`` (``policy.py``) makes every
+decision from a ``View`` of what the worker holds (``Holdings``); ``Starter`` starts waiting
+leases under R4's start rule; the ``Executors`` run handlers, one per mode; the ``Completer``
+buffers finished commits and writes them with the next claim; the ``Heartbeat`` renews leases
+and reports to the ``Alarms``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
-import math
 import os
-import random
 import time
-from collections import deque
 from collections.abc import Callable
 
 from . import exitcodes
-from .aioslots import AsyncSlots
+from .alarms import Alarms
 from .app import App
+from .completer import Completer
 from .config import WorkerConfig
-from .custody import SLOW_BEHIND, Custody
-from .exchange import Exchanger, refused
+from .execution import Execution, Stopped, failure, message
+from .executors import Executors
+from .executors.aio import AsyncExecutor
+from .executors.inline import InlineExecutor
+from .executors.threads import ThreadExecutor
 from .heartbeat import Heartbeat
+from .holdings import Holdings
 from .idle import watch_for_work
 from .logs import event
+from .policy import SLOW_BEHIND, Policy, View
 from .signals import Signals, Waker
-from .slots import Execution, Mode, Stopped, ThreadSlots, conclude, failure, message, mode_for
-from .startrule import StartRule
+from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
-from .store import CasResult, ClaimRequest, Commit, Lease, Store, StoreError
+from .store import ClaimRequest, Commit, Store, StoreError
 
 log = logging.getLogger("workerproc.worker")
 
-FAST = 0.005  # a handler this quick makes prefetching worthwhile
-ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were all fast
-RECENT = 16  # handler durations the adaptive prefetch looks at
-BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
-HOLD = 0.005  # finished slots wait at most this long for their batch while prefetched work runs
-CONFIRM_WAIT = 5.0  # the longest a turn waits for the renewal of leases about to start
 
-
-class Worker(Custody):
+class Worker:
     def __init__(
         self,
         store: Store,
@@ -60,41 +60,46 @@ class Worker(Custody):
         parent_pid: int | None = None,
     ) -> None:
         config.validate()
-        super().__init__()
         self.store, self.app, self.config, self.owner = store, app, config, owner
         self.waker = waker or Waker()
         self.signals = Signals()
         self.slot = slot
         self.parent_pid = parent_pid
         self.pid = os.getpid()
-        self.capacity = config.concurrency
-        self.tasks_done = 0
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
-        self.finished: list[Commit] = []  # last words to write in the next exchange
-        self._finished_at: float | None = None  # when the oldest of them finished
-        self._recent: deque[float] = deque(maxlen=RECENT)
-        self._drain_code: int | None = None  # stop claiming, finish the slots, exit this
-        self._drain_until: float | None = None  # ... or give up on them then
-        self._maybe_ready = True  # the last claim got all it asked for (or something changed)
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
-        self.rule = StartRule(config.lease_ttl)
-        self._exchanger = Exchanger(
-            store, config.lease_ttl, lambda commit, exc: failure(commit.lease, exc, config)
-        )
-        self._request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
-                                     config.queues)  # fmt: skip
-        self._threads = ThreadSlots(self.capacity, config, self._ended_on_thread)
-        self._aio = AsyncSlots(config, self._ended)
+        self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
+                                           config.queues)  # fmt: skip
+        self.policy = Policy(config, self.signals)  # every decision; this class acts on them
+        self.holdings = Holdings()  # running, waiting, ended: shared with the other threads
+        self.executors = Executors(  # where handlers run, one executor per mode
+            InlineExecutor(config, self.signals, self.waker, self._ended_inline,
+                           before=self._inline_begins, after=self._inline_ended),
+            ThreadExecutor(config.concurrency, config, self._ended_on_thread),
+            AsyncExecutor(config, self._ended),
+        )  # fmt: skip
+        # The heartbeat reports to the alarms, which tell it what to stop renewing: each needs
+        # the other, so its reports reach the alarms through self (its thread starts in run()).
         self.heartbeat = Heartbeat(
             open_store,
             ttl=config.lease_ttl,
             interval=config.interval,
-            on_lost=self._on_lost,
-            on_timeout=self._on_timeout,
-            on_death=self._on_heartbeat_death,
-            on_stuck=self._on_stuck,
+            on_lost=lambda lease, why: self.alarms.lease_lost(lease, why),  # noqa: PLW0108
+            on_timeout=lambda lease, store: self.alarms.timed_out(lease, store),  # noqa: PLW0108
+            on_death=lambda exc: self.alarms.heartbeat_died(exc),  # noqa: PLW0108
+            on_stuck=lambda lease: self.alarms.handler_stuck(lease),  # noqa: PLW0108
             task_timeout=config.task_timeout,
         )
+        self.alarms = Alarms(config, self.holdings, self.executors, self.policy, self.heartbeat,
+                             self.waker, drain=self.drain)  # fmt: skip
+        self.completer = Completer(  # the finished slots' commits, written with the next claim
+            store,
+            config.lease_ttl,
+            self.heartbeat,
+            unwritable=lambda commit, exc: failure(commit.lease, exc, config),
+        )
+        self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
+                               self.completer, self.waker, starting=self._publish)  # fmt: skip
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -109,31 +114,30 @@ class Worker(Custody):
                     self._abandon("WorkerStopped: QUIT while the task ran")
                     return exitcodes.OK
                 self._collect()
-                self._start_waiting()
-                handbacks = self._handbacks()
-                want = self._want()
-                if handbacks or self._write_due() or self._claim_due(want):
-                    self._exchange(handbacks, want)
+                self.starter.start_waiting()
+                turn = self.policy.turn(self._view())
+                if turn.talks_to_store:
+                    self._commit_and_claim(turn.hand_back, turn.want)
                     continue
                 code = self._drained()
                 if code is not None:
                     return code
-                self._wait(want)
+                self._wait(turn.want)
         finally:
             self._shutdown()
 
     def _health(self) -> int | None:
-        if self._exit_code is not None:
-            return self._exit_code
+        if self.alarms.exit_code is not None:
+            return self.alarms.exit_code
         if not self.heartbeat.is_alive():
             return exitcodes.HEARTBEAT_DIED
-        died = self._threads.dead() or self._aio.dead()
+        died = self.executors.dead()
         if died is not None:  # its executions are gone: give their leases back, be replaced
             event(log, "slots_died", f"worker {self.pid}: {message(died)}; exiting",
                   level=logging.ERROR, error=type(died).__name__)  # fmt: skip
             self._abandon(f"WorkerCrashed: the worker's slots died ({message(died)})")
             return exitcodes.SLOT_DIED
-        self._watch_loop()
+        self._report_blocked()
         if self.parent_pid is not None and os.getppid() != self.parent_pid:
             event(
                 log,
@@ -145,10 +149,10 @@ class Worker(Custody):
             return exitcodes.PARENT_DIED
         return None
 
-    def _watch_loop(self) -> None:
+    def _report_blocked(self) -> None:
         """Say once per incident that an async handler blocks the event loop (and so every
-        async slot): the loop has not ticked for ``aioslots.BLOCKED_AFTER``."""
-        blocked = self._aio.blocked()
+        async slot): the loop has not ticked for ``executors.BLOCKED_AFTER``."""
+        blocked = self.executors.blocked()
         if blocked is None:
             self._blocking = None
             return
@@ -164,57 +168,29 @@ class Worker(Custody):
               level=logging.WARNING, task_id=ex.lease.task_id if ex else None,
               run_id=ex.lease.run_id if ex else None, seconds=round(lag, 1))  # fmt: skip
 
-    def _accepting(self) -> bool:
-        return self.signals.stop is None and self._drain_code is None
-
-    def _prefetch(self) -> int:
-        if self._slow_behind():  # what it would claim would only go back again
-            return 0
-        if self.config.prefetch is not None:
-            return self.config.prefetch
-        fast = len(self._recent) == RECENT and max(self._recent) <= FAST
-        return ADAPTIVE_PREFETCH if fast else 0
-
-    def _want(self) -> int:
-        """How many leases to claim now: the free slots, plus the prefetch."""
-        if not self._accepting():
-            return 0
-        return max(0, self.capacity + self._prefetch() - len(self.running) - len(self.prefetched))
-
-    def _write_due(self) -> bool:
-        """Finished slots are written at once, unless prefetched work is still running here:
-        then they wait for it (a bigger batch, fewer transactions), at most HOLD."""
-        if not self.finished:
-            return False
-        if not self.prefetched or not self._accepting():
-            return True
-        held = time.monotonic() - (self._finished_at or 0.0)
-        return held >= HOLD or len(self.finished) >= self.capacity + ADAPTIVE_PREFETCH
-
-    def _claim_due(self, want: int) -> bool:
-        """Claim when a slot is free, or when the prefetched work runs low."""
-        return bool(want) and self._maybe_ready and len(self.prefetched) <= self.capacity
+    def _view(self) -> View:
+        done = self.completer
+        return self.holdings.view(self.policy.capacity, len(done.pending), done.since)
 
     def _drained(self) -> int | None:
-        """Not accepting work and nothing left to do: the exit code."""
-        if self._accepting():
+        """Not accepting work and nothing left to do (or the drain is overdue): the exit code."""
+        if self.policy.accepting:
             return None
-        code = exitcodes.OK if self._drain_code is None else self._drain_code
-        if self._drain_until is not None and time.monotonic() >= self._drain_until:
+        busy = bool(self.completer.pending) or self.holdings.busy()
+        code = self.policy.drained(busy)
+        if code is not None and busy:
             event(
                 log,
                 "drain_timeout",
                 "slots still busy after --graceful-timeout: exiting without them",
                 level=logging.ERROR,
-                busy=len(self.running),
+                busy=len(self.holdings.running),
             )
-            return code
-        live = [ex for ex in self._executions() if ex.stopped is not Stopped.ABANDONED]
-        return None if live or self._completed or self.prefetched or self.finished else code
+        return code
 
     def drain(self, code: int, why: str) -> None:
         """Stop claiming; exit with ``code`` once the running tasks finished (bounded)."""
-        if self._drain_code is None:
+        if self.policy.drain(code):
             event(
                 log,
                 "worker_draining",
@@ -222,212 +198,80 @@ class Worker(Custody):
                 why=why,
                 code=code,
             )
-            self._drain_code = code
-            self._drain_until = time.monotonic() + self.config.graceful_timeout
         self.waker.wake()
 
-    # -- slots ------------------------------------------------------------------------------------
+    # -- endings ----------------------------------------------------------------------------------
     def _ended(self, ex: Execution) -> None:
         """A handler ended (any thread): its slot is free; the conductor collects it on its
         next turn (woken by the first of a batch: it collects them all)."""
-        with self._lock:
-            self.running.pop(ex.lease.task_id, None)
-            first = not self._completed
-            self._completed.append(ex)
-        if first:
+        if self.holdings.end(ex):
             self.waker.wake()
 
     def _ended_on_thread(self, ex: Execution) -> Execution | None:
-        """A slot thread's handler ended: the thread starts the next prefetched task itself
-        when it has a plain handler and a fresh lease (R4's start rule), so short tasks never
-        wait for a conductor turn. Anything else (an async or unknown task, a lease to renew
-        first, nothing prefetched, draining) is the conductor's."""
+        """A slot thread's handler ended: what the thread runs next (``Starter``)."""
         self._ended(ex)
-        with self._lock:
-            if not self.prefetched or len(self.running) >= self.capacity or not self._accepting():
-                return None
-            lease = self.prefetched[0]
-            handler = self.app.handlers.get(lease.task)
-            if handler is None or mode_for(handler, self.capacity) is not Mode.THREAD:
-                return None
-            confirmed = self.heartbeat.confirmed_at(lease)
-            if confirmed is None or not self.rule.is_fresh(confirmed, time.monotonic()):
-                self.waker.wake()
-                return None
-            self.prefetched.popleft()
-            nxt = self.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
-            self._gate(nxt, confirmed)
-        self.heartbeat.started(lease)
-        return nxt
+        return self.starter.next_for_thread()
+
+    def _ended_inline(self, ex: Execution) -> None:
+        """The inline handler returned, on this very thread: collect it now (nothing to wake),
+        so the next one starts in this turn."""
+        self.holdings.end(ex)
+        self._collect()
+
+    def _inline_begins(self) -> None:
+        """An inline handler takes the main thread over: the leases prefetched behind it go
+        back if it turns out slow (the heartbeat thread does it: this thread is busy)."""
+        if self.holdings.waiting:
+            chore = self.alarms.hand_back_behind
+            self.heartbeat.schedule_chore(time.monotonic() + SLOW_BEHIND, chore)
+
+    def _inline_ended(self) -> None:
+        self.heartbeat.cancel_chore()
 
     def _collect(self) -> None:
-        with self._lock:
-            ended = list(self._completed)
-            self._completed.clear()
-        for ex in ended:
+        for ex in self.holdings.collect():
             self.heartbeat.finished(ex.lease)
             if not ex.late:  # a handler that never began did no task
                 self.counters.task_done(ex.seconds)
-                self._recent.append(ex.seconds)
-                self.tasks_done += 1
+                self.policy.task_done(ex.seconds)
             if ex.stopped is Stopped.ABANDONED:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
-                self.finished.append(ex.commit)
-                self._finished_at = self._finished_at or time.monotonic()
+                self.completer.add(ex.commit)
             else:
                 self.heartbeat.untrack([ex.lease])
-        limit = self.config.max_tasks
-        if limit is not None and self.tasks_done >= limit:
-            self.drain(exitcodes.RECYCLE, f"recycling after {self.tasks_done} tasks")
-
-    def _start_waiting(self) -> None:
-        """Start prefetched leases on the free slots, each only on a lease confirmed a moment
-        ago (R4's start rule, ``startrule``): one that waited longer is renewed first, every
-        such lease of this turn in one statement. Slot threads start some themselves: the check
-        and the move into ``running`` are one step under the lock."""
-        vouched: dict[int, float] | None = None  # renewed at this turn's request: may start
-        while self._accepting():
-            with self._lock:
-                if not self.prefetched or len(self.running) >= self.capacity:
-                    return
-                lease = self.prefetched[0]
-            confirmed = self.heartbeat.confirmed_at(lease)
-            if confirmed is None:  # lost while it waited: never start it
-                self._drop_waiting(lease)
-                continue
-            asked_for = vouched is not None and vouched.get(lease.task_id, math.inf) <= confirmed
-            if not (asked_for or self.rule.is_fresh(confirmed, time.monotonic())):
-                if vouched is not None:
-                    return  # renewed once this turn and not answered: the next turn tries again
-                vouched = self._confirm_waiting()
-                continue
-            with self._lock:
-                if not self.prefetched or self.prefetched[0] is not lease:
-                    continue  # lost (or handed back) meanwhile
-                self.prefetched.popleft()
-                handler = self.app.handlers.get(lease.task)
-                ex = None
-                if handler is not None:
-                    ex = Execution(lease, handler, mode_for(handler, self.capacity))
-                    self._gate(ex, confirmed)
-                    self.running[lease.task_id] = ex
-            if ex is None:
-                error = f"UnknownTask: no handler named {lease.task!r} in this app"
-                self.finished.append(Commit(lease, "fail", reason="unknown_task", error=error))
-                self._finished_at = self._finished_at or time.monotonic()
-                continue
-            self._start(ex)
-
-    def _gate(self, ex: Execution, confirmed: float) -> None:
-        lease = ex.lease
-        ex.gate(
-            confirmed, self.rule.begin_by(confirmed), lambda: self.heartbeat.confirmed_at(lease)
-        )
-
-    def _confirm_waiting(self) -> dict[int, float]:
-        """Renew, in one round of the heartbeat, every lease that waits for one of the free
-        slots and is no longer fresh, and wait for it. Returns when each lease the database
-        confirmed was sent its renewal: they may start this turn however long the round trip
-        took (their window counts from that moment). A refused one is dropped as lost."""
-        with self._lock:
-            free = self.capacity - len(self.running)
-            waiting = list(itertools.islice(self.prefetched, max(0, free)))
-        now = time.monotonic()
-        stale = [w for w in waiting if (c := self.heartbeat.confirmed_at(w)) is None or
-                 not self.rule.is_fresh(c, now)]  # fmt: skip
-        if not stale:
-            return {}
-        confirmed = self.heartbeat.confirm(stale, timeout=CONFIRM_WAIT)
-        for lease in stale:
-            if lease.task_id not in confirmed and self.heartbeat.confirmed_at(lease) is None:
-                self._drop_waiting(lease)  # refused: taken over while it waited
-        return confirmed
-
-    def _drop_waiting(self, lease: Lease) -> None:
-        """A prefetched lease that was lost before it started: forget it, write nothing."""
-        with self._lock:
-            if lease in self.prefetched:
-                self.prefetched.remove(lease)
-        self.heartbeat.forget([lease])
-
-    def _start(self, ex: Execution) -> None:
-        self.heartbeat.started(ex.lease)
-        self._publish()
-        if ex.mode is Mode.INLINE:
-            self._run_inline(ex)
-        elif ex.mode is Mode.THREAD:
-            self._threads.submit(ex)
-        else:
-            self._aio.submit(ex)
-
-    def _run_inline(self, ex: Execution) -> None:
-        """One slot, a plain handler: on the main thread, interruptible by LeaseLost and QUIT.
-        The leases prefetched behind it go back if it turns out slow (the heartbeat thread
-        does it: this thread is busy)."""
-        if self.prefetched:
-            self.heartbeat.after(time.monotonic() + SLOW_BEHIND, self._hand_back_behind)
-        value: object = None
-        raised: BaseException | None = None
-        self.signals.interrupt = None
-        try:
-            self.signals.in_handler = True
-            if ex.may_begin():
-                value = ex.handler(ex.ctx)
-        except BaseException as exc:  # a handler's error, whatever its kind
-            self.signals.in_handler = False
-            raised = exc
-        finally:
-            self.signals.in_handler = False
-        self.heartbeat.cancel_chore()
-        ex.seconds = time.monotonic() - ex.started
-        ex.commit = conclude(ex, value, raised, self.config)
-        self._ended(ex)
-        self._collect()
+        if self.policy.recycle_due:
+            self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     # -- the store conversation -------------------------------------------------------------------
-    def _exchange(self, handbacks: list[Commit], want: int) -> None:
-        commits, self.finished, self._finished_at = [*self.finished, *handbacks], [], None
-        self.heartbeat.untrack([c.lease for c in commits])  # no renewal races these commits
-        claim = dataclasses.replace(self._request, limit=want) if want else None
-        self._publish(COMMITTING if commits else CLAIMING)
-        out = self._exchanger.exchange(commits, claim)
-        sent = self._exchanger.sent  # the leases' local clock starts when the claim was sent
-        for commit, result in zip(commits, out.results, strict=False):
-            refused(commit, result)
-            if result is CasResult.CONFLICT and commit.kind in ("finish", "advance", "fail"):
-                settled = self._exchanger.settle(commit)
-                if settled is not None:
-                    self.finished.append(settled)
-                    self._finished_at = self._finished_at or time.monotonic()
-                    self.heartbeat.track(commit.lease, sent)
-        for lease in out.leases:
-            self.heartbeat.track(lease, sent)
+    def _commit_and_claim(self, hand_back: bool, want: int) -> None:
+        handbacks: list[Commit] = []
+        if hand_back:  # behind slow slots, or the worker stopped taking work
+            handbacks = [Commit(lease, "handback") for lease in self.holdings.take_waiting()]
+        claim = dataclasses.replace(self._claim_request, limit=want) if want else None
+        self._publish(COMMITTING if self.completer.pending or handbacks else CLAIMING)
+        leases = self.completer.commit_and_claim(handbacks, claim)
+        for lease in leases:
             self.counters.claims += 1
             self.counters.takeovers += lease.takeover
-        with self._lock:
-            self.prefetched.extend(out.leases)
+        self.holdings.add_waiting(leases)
         if want:
-            self._maybe_ready = len(out.leases) >= want
+            self.policy.claimed(want, len(leases))
         self._publish()
         self._publish_counters()
 
     def _abandon(self, error: str) -> None:
         """QUIT (or dead slots): give every lease back at once, the running ones released with
         ``error``; handlers on threads die with the process."""
-        with self._lock:
-            running, waiting = list(self.running.values()), list(self.prefetched)
-            self.running.clear()
-            self.prefetched.clear()
+        running, waiting = self.holdings.clear()
         for ex in running:
-            if ex.mode is Mode.ASYNC:
-                self._aio.cancel(ex, Stopped.QUIT)
-        commits = [*self.finished, *(Commit(ex.lease, "release", error=error) for ex in running)]
+            self.executors[ex.mode].interrupt(ex, Stopped.QUIT)
+        commits = self.completer.take()
+        commits += [Commit(ex.lease, "release", error=error) for ex in running]
         commits += [Commit(lease, "handback") for lease in waiting]
-        self.finished = []
         if commits:
             self.heartbeat.untrack([c.lease for c in commits])
-            self._exchanger.exchange(commits, None)
+            self.completer.write(commits, None)
 
     # -- waiting ----------------------------------------------------------------------------------
     def _wait(self, want: int) -> None:
@@ -435,35 +279,29 @@ class Worker(Custody):
         another connection, the next delayed task or expiring lease, or the poll interval
         (R7). A claim just answered "nothing", so a due time already past never cuts the
         wait short: that would spin on the write lock."""
-        now = time.monotonic()
-        running = self._executions()
-        deadline = now + (BUSY_WAIT if running else self.config.poll_interval)
-        if self.prefetched and len(running) >= self.capacity:  # a hand-back may be due
-            deadline = min(deadline, max(e.started for e in running) + SLOW_BEHIND)
-        if self._finished_at is not None:  # finished slots wait for their batch
-            deadline = min(deadline, self._finished_at + HOLD)
+        deadline = self.policy.wake_at(self._view(), want)
         if not want:
-            self.signals.absorb(self.waker.wait(max(0.0, deadline - now)))
+            self.signals.absorb(self.waker.wait(max(0.0, deadline - time.monotonic())))
             return
-        if not running:
-            deadline = now + self.config.poll_interval * random.uniform(0.9, 1.1)  # no herd
+        holdings, alarms = self.holdings, self.alarms
         watch_for_work(
             self.store,
             self.waker,
             self.signals,
             deadline=deadline,
             queues=self.config.queues,
-            interrupted=lambda: bool(self._completed) or self._exit_code is not None,
+            interrupted=lambda: bool(holdings.ended) or alarms.exit_code is not None,
         )
-        self._maybe_ready = True
+        self.policy.watched()
 
     # -- status and the end -----------------------------------------------------------------------
     def _publish(self, phase: int | None = None) -> None:
         if self.slot is None:
             return
-        with self._lock:
-            busy = len(self.running)
-            first = next(iter(self.running.values()), None)
+        h = self.holdings
+        with h.lock:
+            busy = len(h.running)
+            first = next(iter(h.running.values()), None)
         if phase is None:
             phase = HANDLER if busy else IDLE
         lease = first.lease if first is not None else None
@@ -476,13 +314,11 @@ class Worker(Custody):
 
     def _shutdown(self) -> None:
         """Whatever waits unstarted goes back (a claim fused into the last exchange, say)."""
-        with self._lock:
-            waiting = list(self.prefetched)
-            self.prefetched.clear()
-        if waiting and self._exit_code is None:
+        waiting = self.holdings.take_waiting()
+        if waiting and self.alarms.exit_code is None:
             self.heartbeat.untrack(waiting)
             try:
-                self._exchanger.exchange([Commit(lease, "handback") for lease in waiting], None)
+                self.completer.write([Commit(lease, "handback") for lease in waiting], None)
             except StoreError as exc:
                 event(
                     log,
@@ -492,6 +328,5 @@ class Worker(Custody):
                     count=len(waiting),
                 )
         self._publish(STOPPING)
-        self._threads.close()
-        self._aio.close()
+        self.executors.close()
         self.heartbeat.close()

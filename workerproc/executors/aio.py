@@ -13,7 +13,7 @@ contained here:
   worker exits ``SLOT_DIED`` to be replaced.
 - **A handler blocks the loop** (``time.sleep``, CPU-bound work, a blocking SDK). A tick every
   ``TICK`` seconds shows the loop's lag; ``blocked`` names the execution the loop is stuck in,
-  so the worker can report it and judge it alone (``custody``): its neighbours' timeouts do not
+  so the worker can report it and judge it alone (``alarms``): its neighbours' timeouts do not
   run while they cannot, and if the blocker outlives ``--task-timeout`` it is released and its
   innocent neighbours are handed back without spending an attempt.
 """
@@ -25,18 +25,19 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from .config import WorkerConfig
-from .logs import event
-from .signals import main_thread_only
-from .slots import Done, Execution, Stopped, conclude, message
+from ..config import WorkerConfig
+from ..execution import Done, Execution, Mode, Stopped, conclude, message
+from ..logs import event
+from ..signals import main_thread_only
+from . import BLOCKED_AFTER, Executor
 
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger("workerproc.worker")
 
-TICK = 0.05  # the loop marks that it runs this often
-BLOCKED_AFTER = 1.0  # a loop that has not ticked for this long is blocked by a handler
+TICK = 0.05  # the loop marks that it runs this often; one that did not for BLOCKED_AFTER is
+# blocked by a handler
 
 
 def _cancel(ex: Execution) -> None:  # on the loop thread
@@ -44,8 +45,10 @@ def _cancel(ex: Execution) -> None:  # on the loop thread
         ex.task.cancel()
 
 
-class AsyncSlots:
+class AsyncExecutor(Executor):
     """``async def`` handlers on one event loop, on its own thread."""
+
+    mode = Mode.ASYNC
 
     def __init__(self, config: WorkerConfig, done: Done) -> None:
         self._config = config
@@ -138,13 +141,14 @@ class AsyncSlots:
         ex.commit = conclude(ex, value, raised, self._config)
         self._done(ex)
 
-    def cancel(self, ex: Execution, why: Stopped) -> None:
+    def interrupt(self, ex: Execution, why: Stopped) -> bool:
         """Stop ``ex`` for ``why`` (from any thread): its coroutine is cancelled on the loop,
-        or never starts."""
+        or never starts (unless it holds the loop: see ``blocked``)."""
         if ex.stopped is None:
             ex.stopped = why
         if self._loop is not None:
             self._loop.call_soon_threadsafe(_cancel, ex)
+        return True
 
     def close(self, timeout: float = 1.0) -> None:
         loop, thread = self._loop, self._thread

@@ -1,17 +1,9 @@
-"""Where handlers run, and what their ending means for the task.
+"""One handler running for one lease (``Execution``), and what its ending means for the task.
 
-A worker runs up to ``--concurrency`` executions at once (its slots):
-
-- **inline**: with one slot, a plain ``def`` handler runs on the main thread, as it always did:
-  a lost lease interrupts it (``LeaseLost``), QUIT abandons it (``Abort``).
-- **thread**: with several slots, plain handlers run on a pool of threads. A thread cannot be
-  stopped from outside: a lost lease sets ``ctx.lease_lost`` and its next ``ctx`` call raises
-  ``LeaseLost``; its result is discarded either way.
-- **async**: ``async def`` handlers run on one event loop thread; a lost lease, a timeout or
-  QUIT cancels the coroutine.
-
-Every ending becomes the commit the conductor writes under the lease (``conclude``), or None
-when there is nothing to write (the lease is gone).
+A worker runs up to ``--concurrency`` executions at once (its slots), each on the executor of its
+handler's ``Mode`` (``workerproc/executors``): inline on the main thread, on a slot thread, or on
+the event loop. Every ending becomes the commit the conductor writes under the lease
+(``conclude``), or None when there is nothing to write (the lease is gone).
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ import enum
 import inspect
 import logging
 import math
-import queue
 import threading
 import time
 import traceback
@@ -32,7 +23,7 @@ from .app import Handler, LeaseLost, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
 from .logs import event
-from .signals import Abort, main_thread_only
+from .signals import Abort
 from .store import Commit, Lease
 from .store.codec import dumps
 
@@ -43,6 +34,8 @@ log = logging.getLogger("workerproc.worker")
 
 
 class Mode(enum.StrEnum):
+    """Where a handler runs: each mode has its executor (``workerproc/executors``)."""
+
     INLINE = "inline"
     THREAD = "thread"
     ASYNC = "async"
@@ -175,6 +168,9 @@ def _conclude(
                   result=value)  # fmt: skip
 
 
+Done = Callable[[Execution], None]  # a handler ended: the worker records it
+
+
 def run_handler(ex: Execution, config: WorkerConfig) -> None:
     """Run ``ex``'s plain handler on this thread, if it may still begin, and record its
     ending (``ex.commit``, ``ex.seconds``). Never raises."""
@@ -188,57 +184,3 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
         raised = exc
     ex.seconds = time.monotonic() - ex.started
     ex.commit = conclude(ex, value, raised, config)
-
-
-Done = Callable[[Execution], None]
-# A slot thread's handler ended: record it, and say what this thread runs next (None: wait)
-Next = Callable[[Execution], "Execution | None"]
-
-
-class ThreadSlots:
-    """Plain handlers on up to ``size`` threads (started in the worker, never before fork)."""
-
-    def __init__(self, size: int, config: WorkerConfig, done: Next) -> None:
-        self._size = size
-        self._config = config
-        self._done = done
-        self._queue: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-        self.died: BaseException | None = None
-
-    def submit(self, ex: Execution) -> None:
-        if not self._threads:  # the first plain task: start the pool
-            for i in range(self._size):
-                t = threading.Thread(target=self._main, name=f"slot-{i}", daemon=True)
-                t.start()
-                self._threads.append(t)
-        self._queue.put(ex)
-
-    def _main(self) -> None:
-        main_thread_only()
-        ex = self._queue.get()
-        while ex is not None:
-            run_handler(ex, self._config)
-            try:
-                # the next prefetched task, started by this thread (no round trip through the
-                # conductor), or whatever the conductor submits
-                nxt = self._done(ex)
-            except BaseException as exc:  # our own bug: the conductor sees this thread gone
-                self.died = exc
-                event(log, "slot_died", f"slot thread died: {message(exc)}",
-                      level=logging.ERROR, task_id=ex.lease.task_id)  # fmt: skip
-                return
-            ex = nxt or self._queue.get()
-
-    def dead(self) -> BaseException | None:
-        """Why a slot thread ended while the pool was open (None: all of them live)."""
-        return self.died
-
-    def close(self, timeout: float = 1.0) -> None:
-        """Ask idle threads to end; a thread still inside a handler is a daemon and dies with
-        the process."""
-        for _ in self._threads:
-            self._queue.put(None)
-        deadline = time.monotonic() + timeout
-        for t in self._threads:
-            t.join(max(0.0, deadline - time.monotonic()))

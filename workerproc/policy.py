@@ -1,0 +1,250 @@
+"""The worker's decisions, made pure: no thread, no store, no lease object, an injectable clock.
+
+The conductor (``worker.py``) reads what it holds into a ``View`` and asks; this module decides
+and the conductor acts, the way the supervisor's loop runs its steps (``supervisor/loop``):
+
+- **what to claim, and how many** (``Policy.turn``): the free slots, plus a prefetch: ``--prefetch
+  K``, or by default ``ADAPTIVE_PREFETCH`` while the last ``RECENT`` handlers each took at most
+  ``FAST``; none while the slots are slow, and none once the worker stops taking work. A claim
+  alone is sent only when the last one got all it asked for (or something changed since) and the
+  prefetched work runs low; a claim rides along with any write that is due anyway.
+- **when finished commits are written** (``Policy.turn``): at once, unless prefetched work still
+  runs here: then they wait for it (a bigger batch, fewer transactions), at most ``HOLD``.
+- **when prefetched leases go back unstarted** (``Policy.turn``): when every slot is busy and the
+  youngest handler has run for ``SLOW_BEHIND`` (what waits behind them would wait long: the
+  adaptive prefetch is earned again from scratch), or when the worker stops taking work.
+- **when a waiting lease may start** (``Policy.start``, R4's start rule, ``startrule.py``): at
+  once when confirmed a moment ago, after a synchronous renewal when older, never when lost.
+- **when to wake** (``Policy.wake_at``), **when to stop taking work and when to exit**
+  (``Policy.drain``, ``Policy.drained``): TERM, recycling after ``--max-tasks``, a timeout that
+  cost a slot; the running tasks finish first, bounded by ``--graceful-timeout``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from . import exitcodes
+from .config import WorkerConfig
+from .signals import Signals
+from .startrule import StartRule
+
+FAST = 0.005  # a handler this quick makes prefetching worthwhile
+ADAPTIVE_PREFETCH = 32  # the adaptive prefetch, while the recent handlers were all fast
+RECENT = 16  # handler durations the adaptive prefetch looks at
+BUSY_WAIT = 0.5  # with slots busy and none free, look at health this often
+HOLD = 0.005  # finished slots wait at most this long for their batch while prefetched work runs
+CONFIRM_WAIT = 5.0  # the longest a turn waits for the renewal of leases about to start
+# A prefetched lease waits at most this long behind slots that turned out slow (20x what counts
+# as a fast handler: a busy CPU's scheduling delays must not pass for slow handlers), then it
+# goes back unstarted.
+SLOW_BEHIND = 0.1
+
+
+@dataclass(slots=True)
+class View:
+    """What the conductor holds at one moment (read in one step under its lock)."""
+
+    running: int = 0  # handlers running now
+    youngest: float = -math.inf  # monotonic: the latest start among them (with every slot busy)
+    waiting: int = 0  # prefetched leases waiting for a slot
+    finished: int = 0  # commits waiting for the next exchange
+    finished_since: float | None = None  # monotonic: when the oldest of them finished
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What one turn of the conductor does with the store."""
+
+    hand_back: bool  # give every waiting lease back, unstarted
+    want: int  # leases to claim if the turn talks to the store (the free slots and the prefetch)
+    write: bool  # the finished commits are due
+    claim: bool  # claim, even with nothing to write
+
+    @property
+    def talks_to_store(self) -> bool:
+        """Whether this turn talks to the store (one transaction: writes, then the claim)."""
+        return self.hand_back or self.write or self.claim
+
+
+class Start(enum.Enum):
+    """What becomes of the next waiting lease when a slot is free (R4's start rule)."""
+
+    NOW = "now"  # confirmed a moment ago (or renewed at this turn's request): start it
+    RENEW = "renew"  # older: renew it first, with every such lease of this turn, and wait
+    LATER = "later"  # renewed once this turn and not confirmed by it: the next turn tries again
+    DROP = "drop"  # lost while it waited: never start it
+
+
+class Policy:
+    """Decisions of one worker. ``signals`` is what the signals asked for (read, never written);
+    ``clock`` is the monotonic clock the heartbeat's confirmations are measured on."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        signals: Signals,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.capacity = config.concurrency
+        self.signals = signals
+        self.clock = clock
+        self.rule = StartRule(config.lease_ttl)
+        self._config = config
+        self._rng = rng or random.Random()
+        self._recent: deque[float] = deque(maxlen=RECENT)  # the last handlers' durations
+        self.tasks_done = 0
+        self.drain_code: int | None = None  # stop claiming, finish the slots, exit this
+        self.drain_until: float | None = None  # ... or give up on them then
+        self._maybe_ready = True  # the last claim got all it asked for (or something changed)
+
+    # -- taking work ------------------------------------------------------------------------------
+    @property
+    def accepting(self) -> bool:
+        """Whether the worker takes work: no TERM, no drain."""
+        return self.signals.stop is None and self.drain_code is None
+
+    def task_done(self, seconds: float) -> None:
+        """A handler ran for ``seconds`` (one that never began does not count)."""
+        self._recent.append(seconds)
+        self.tasks_done += 1
+
+    @property
+    def recycle_due(self) -> bool:
+        """``--max-tasks`` tasks are done: time to drain (``exitcodes.RECYCLE``)."""
+        limit = self._config.max_tasks
+        return limit is not None and self.tasks_done >= limit
+
+    def slow_after_all(self) -> None:
+        """The prefetched work went back behind slow slots: prefetch again only after RECENT
+        fast handlers. (The one call made from another thread, the heartbeat's, while an inline
+        handler holds the conductor's: a deque's clear is atomic.)"""
+        self._recent.clear()
+
+    def slow_behind(self, view: View, now: float) -> bool:
+        """Every slot is busy, and the youngest handler has run for SLOW_BEHIND: what waits
+        behind them would wait long (so it goes back, and no more is prefetched meanwhile)."""
+        return view.running >= self.capacity and now - view.youngest >= SLOW_BEHIND
+
+    def prefetch(self, slow: bool) -> int:
+        """How many leases to hold beyond the free slots."""
+        if slow:  # what it would claim would only go back again
+            return 0
+        if self._config.prefetch is not None:
+            return self._config.prefetch
+        recent = self._recent
+        fast = len(recent) == RECENT and max(recent) <= FAST
+        return ADAPTIVE_PREFETCH if fast else 0
+
+    def turn(self, view: View) -> Turn:
+        """What this turn does with the store, from what the conductor holds now. Deciding to
+        hand back behind slow slots (while taking work) forgets the recent fast handlers."""
+        now = self.clock()
+        accepting = self.accepting
+        slow = self.slow_behind(view, now)
+        hand_back = bool(view.waiting) and (slow or not accepting)
+        if hand_back and accepting:
+            self.slow_after_all()
+        waiting = 0 if hand_back else view.waiting
+        want = 0
+        if accepting:
+            want = max(0, self.capacity + self.prefetch(slow) - view.running - waiting)
+        write = False
+        if view.finished:
+            if not waiting or not accepting:
+                write = True
+            else:
+                held = now - (view.finished_since or 0.0)
+                write = held >= HOLD or view.finished >= self.capacity + ADAPTIVE_PREFETCH
+        claim = bool(want) and self._maybe_ready and waiting <= self.capacity
+        return Turn(hand_back, want, write, claim)
+
+    def claimed(self, asked: int, got: int) -> None:
+        """A claim for ``asked`` leases got ``got``: fewer means the queue ran dry, so the next
+        claim alone waits until something changes (``watched``)."""
+        self._maybe_ready = got >= asked
+
+    def watched(self) -> None:
+        """The idle wait ended (a change, a due time, the poll interval): work may be ready."""
+        self._maybe_ready = True
+
+    # -- starting (R4) ----------------------------------------------------------------------------
+    def slot_free(self, running: int) -> bool:
+        return running < self.capacity
+
+    def start(self, confirmed: float | None, vouched: float | None, renewed: bool) -> Start:
+        """Whether the next waiting lease, last confirmed at ``confirmed`` (None: lost), may
+        start now. ``vouched``: when a renewal this turn asked for was sent for it; ``renewed``:
+        this turn has asked for one already."""
+        if confirmed is None:
+            return Start.DROP
+        if vouched is not None and vouched <= confirmed:
+            return Start.NOW  # however long that renewal's round trip took
+        if self.rule.is_fresh(confirmed, self.clock()):
+            return Start.NOW
+        return Start.LATER if renewed else Start.RENEW
+
+    def needs_renewal(self, confirmations: Iterable[float | None]) -> list[bool]:
+        """For each lease about to start, last confirmed at the moment given (None: unknown),
+        whether it must be renewed first."""
+        now = self.clock()
+        return [c is None or not self.rule.is_fresh(c, now) for c in confirmations]
+
+    def thread_may_start(self, confirmed: float | None) -> bool:
+        """Whether a slot thread whose handler ended may start a waiting lease confirmed at
+        ``confirmed`` itself; anything older is the conductor's (it renews first)."""
+        return confirmed is not None and self.rule.is_fresh(confirmed, self.clock())
+
+    def begin_by(self, confirmed: float) -> float:
+        """The moment after which a lease confirmed at ``confirmed`` must not begin."""
+        return self.rule.begin_by(confirmed)
+
+    # -- waiting ----------------------------------------------------------------------------------
+    def wake_at(self, view: View, want: int) -> float:
+        """When the conductor's wait ends at the latest: the health look while slots are busy,
+        a hand-back or a held batch coming due, or the poll interval (±10 % while idle and
+        looking for work, so that idle workers do not wake together)."""
+        now = self.clock()
+        poll = self._config.poll_interval
+        if want and not view.running:
+            return now + poll * self._rng.uniform(0.9, 1.1)
+        deadline = now + (BUSY_WAIT if view.running else poll)
+        if view.waiting and view.running >= self.capacity:  # a hand-back may come due
+            deadline = min(deadline, view.youngest + SLOW_BEHIND)
+        if view.finished_since is not None:  # finished slots wait for their batch
+            deadline = min(deadline, view.finished_since + HOLD)
+        return deadline
+
+    # -- stopping ---------------------------------------------------------------------------------
+    def drain(self, code: int) -> bool:
+        """Stop taking work; exit with ``code`` once the running tasks finished, or once
+        --graceful-timeout has passed. False when a drain was under way already (it keeps its
+        code and its deadline)."""
+        if self.drain_code is not None:
+            return False
+        self.drain_code = code
+        self.drain_until = self.clock() + self._config.graceful_timeout
+        return True
+
+    @property
+    def overdue(self) -> bool:
+        """The drain's --graceful-timeout has passed with slots still busy."""
+        return self.drain_until is not None and self.clock() >= self.drain_until
+
+    def drained(self, busy: bool) -> int | None:
+        """The exit code once the worker takes no more work and nothing is left to do (``busy``:
+        a live handler, an ending not collected yet, a waiting lease, a commit not written), or
+        once the drain is overdue; None while it goes on."""
+        if self.accepting:
+            return None
+        if busy and not self.overdue:
+            return None
+        return exitcodes.OK if self.drain_code is None else self.drain_code

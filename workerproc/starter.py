@@ -1,0 +1,145 @@
+"""Starting waiting leases on free slots, each only on a lease confirmed a moment ago (R4's start
+rule: ``startrule.py``, applied by ``Policy.start``).
+
+The conductor starts what waits at each turn (``start_waiting``): a lease confirmed within
+``fresh`` starts at once; an older one is renewed first, synchronously, every such lease of the
+turn in one statement (``Heartbeat.confirm``), and starts on the renewal's answer however long
+its round trip took; a refused renewal (another worker took the task over) never starts. A slot
+thread whose handler ended starts the next waiting lease itself (``next_for_thread``) when it has
+a plain handler and a fresh lease, so short tasks never wait for a conductor turn; anything else
+is left to the conductor. Either way the check and the move into ``running`` are one step under
+the holdings' lock, and each start carries its deadline to the thread that calls the handler
+(``Execution.gate``: the last checks, immediately before the call and at the handler's first
+read of its task).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from .app import App
+from .completer import Completer
+from .execution import Execution, Mode, mode_for
+from .executors import Executors
+from .heartbeat import Heartbeat
+from .holdings import Holdings
+from .policy import CONFIRM_WAIT, Policy, Start
+from .signals import Waker
+from .store import Commit, Lease
+
+
+class Starter:
+    def __init__(
+        self,
+        app: App,
+        holdings: Holdings,
+        policy: Policy,
+        heartbeat: Heartbeat,
+        executors: Executors,
+        completer: Completer,
+        waker: Waker,
+        *,
+        starting: Callable[[], None],
+    ) -> None:
+        self.handlers = app.handlers
+        self.holdings = holdings
+        self.policy = policy
+        self.heartbeat = heartbeat
+        self.executors = executors
+        self.completer = completer
+        self.waker = waker
+        self._starting = starting  # a handler is about to start (the status slot says so)
+
+    def start_waiting(self) -> None:
+        """Start waiting leases on the free slots (the conductor's turn)."""
+        vouched: dict[int, float] | None = None  # renewed at this turn's request: may start
+        h, policy = self.holdings, self.policy
+        while policy.accepting:
+            with h.lock:
+                if not h.waiting or not policy.slot_free(len(h.running)):
+                    return
+                lease = h.waiting[0]
+            confirmed = self.heartbeat.confirmed_at(lease)
+            asked = vouched.get(lease.task_id) if vouched is not None else None
+            start = policy.start(confirmed, asked, vouched is not None)
+            if start is Start.DROP:  # lost while it waited: never start it
+                self.drop(lease)
+                continue
+            if start is Start.LATER:
+                return  # renewed once this turn and not answered: the next turn tries again
+            if start is Start.RENEW:
+                vouched = self._confirm_waiting()
+                continue
+            assert confirmed is not None
+            with h.lock:
+                if not h.waiting or h.waiting[0] is not lease:
+                    continue  # lost (or handed back) meanwhile
+                h.waiting.popleft()
+                handler = self.handlers.get(lease.task)
+                ex = None
+                if handler is not None:
+                    ex = Execution(lease, handler, mode_for(handler, policy.capacity))
+                    self._gate(ex, confirmed)
+                    h.running[lease.task_id] = ex
+            if ex is None:
+                error = f"UnknownTask: no handler named {lease.task!r} in this app"
+                self.completer.add(Commit(lease, "fail", reason="unknown_task", error=error))
+                continue
+            self.heartbeat.started(lease)
+            self._starting()
+            self.executors[ex.mode].submit(ex)
+
+    def next_for_thread(self) -> Execution | None:
+        """What a slot thread whose handler ended runs next: the next waiting lease, when it
+        has a plain handler and is fresh, taken into ``running`` at once. None: nothing, or
+        not this thread's to start (an async or unknown task, a lease to renew first,
+        draining): the conductor is woken for it."""
+        h, policy = self.holdings, self.policy
+        with h.lock:
+            if not (h.waiting and policy.slot_free(len(h.running)) and policy.accepting):
+                return None
+            lease = h.waiting[0]
+            handler = self.handlers.get(lease.task)
+            if handler is None or mode_for(handler, policy.capacity) is not Mode.THREAD:
+                return None
+            confirmed = self.heartbeat.confirmed_at(lease)
+            if not policy.thread_may_start(confirmed):
+                self.waker.wake()  # to be renewed first, or dropped
+                return None
+            assert confirmed is not None
+            h.waiting.popleft()
+            nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
+            self._gate(nxt, confirmed)
+        self.heartbeat.started(lease)
+        return nxt
+
+    def drop(self, lease: Lease) -> None:
+        """A waiting lease that was lost before it started: forget it, write nothing."""
+        self.holdings.drop_waiting(lease)
+        self.heartbeat.untrack([lease], wait=False)
+
+    def _gate(self, ex: Execution, confirmed: float) -> None:
+        lease = ex.lease
+        ex.gate(
+            confirmed, self.policy.begin_by(confirmed), lambda: self.heartbeat.confirmed_at(lease)
+        )
+
+    def _confirm_waiting(self) -> dict[int, float]:
+        """Renew, in one round of the heartbeat, every lease that waits for one of the free
+        slots and is no longer fresh, and wait for it. Returns when each lease the database
+        confirmed was sent its renewal: they may start this turn however long the round trip
+        took (their window counts from that moment). A refused one is dropped as lost."""
+        h = self.holdings
+        with h.lock:
+            free = self.policy.capacity - len(h.running)
+            waiting = list(itertools.islice(h.waiting, max(0, free)))
+        renew = self.policy.needs_renewal(self.heartbeat.confirmed_at(w) for w in waiting)
+        stale = [w for w, old in zip(waiting, renew, strict=True) if old]
+        if not stale:
+            return {}
+        confirmed = self.heartbeat.confirm(stale, timeout=CONFIRM_WAIT)
+        for lease in stale:
+            if lease.task_id not in confirmed and self.heartbeat.confirmed_at(lease) is None:
+                self.drop(lease)  # refused: taken over while it waited
+        return confirmed
