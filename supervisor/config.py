@@ -62,8 +62,6 @@ class ChaosConfig:
         False,
         flag="--chaos",
         help="inject faults into our own workers and verify takeover and fencing",
-        meaning="inject faults into our own workers and verify takeover and fencing "
-        "([Chaos mode](#chaos-mode))",
     )
     interval: float = opt(
         5.0,
@@ -183,7 +181,7 @@ class StartConfig:
         low=0,
         high=65535,
         help="serve Prometheus /metrics (0: any free port, logged)",
-        meaning="serve Prometheus `/metrics` (0: any free port, logged) — see [Metrics](#metrics)",
+        meaning="serve Prometheus `/metrics` (0: any free port, logged)",
     )
     metrics_host: str = opt(
         "127.0.0.1", flag="--metrics-host", metavar="ADDR", help="address for --metrics-port"
