@@ -178,8 +178,10 @@ def measure(rev: str, samples: int, trials: int, rounds: int, tasks: int = 20_00
                   file=sys.stderr, flush=True)  # fmt: skip
             took = takeover(trees, trials, rounds)
         finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
-                           check=False)  # fmt: skip
+            removed = subprocess.run(["git", "worktree", "remove", "--force", str(before)],
+                                     cwd=ROOT, check=False).returncode == 0  # fmt: skip
+    if not removed:  # another git command held the repository's lock: forget the stale entry
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
     return {"pickup": lat, "takeover": took, **{f"runs/s {k}": v for k, v in runs.items()}}
 
 

@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
         env = os.environ.get(o.env)
         default = d.default if env is None else env
         help_text = f"{o.help} (default {options.shown_default(d)}; env {o.env})"
+        help_text = help_text.replace("%", "%%")  # argparse formats help with %
         if d.kind is bool:
             p.add_argument(o.long, action="store_true", default=default, help=help_text)
         else:
