@@ -186,10 +186,13 @@ def _expect(block: Block, stdout: str) -> None:
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The environment a reader's shell would have: no SUPERVISOR_* left over from ours."""
+    """The environment a reader's shell would have after activating the environment this runs
+    in (its ``supervisor`` and ``python`` first on PATH), with no SUPERVISOR_* left over."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SUPERVISOR_")}
     env.pop("JOURNAL_STREAM", None)
     env.pop("PYTHONPATH", None)
+    here = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([here, *(p for p in env.get("PATH", "").split(os.pathsep) if p)])
     env.update(extra or {})
     return env
 
