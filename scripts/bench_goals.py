@@ -33,9 +33,9 @@ def noop_slots(results: dict[str, list[float]], widths: list[int]) -> Goal:
     return what, got, ours >= 3 * huey and ours >= 1.5 * fused
 
 
-def default_width(results: dict[str, list[float]], widths: list[int]) -> Goal:
+def one_slot_each(results: dict[str, list[float]], widths: list[int]) -> Goal:
     top = max(widths)
-    what = f"Default -n {top}: >= 1.2x huey -w {top}"
+    what = f"One slot per worker, -n {top}: >= 1.2x huey -w {top}"
     ours, huey = value(results, f"ours -n {top}"), value(results, f"huey -w {top}")
     if ours is None or huey is None:
         return what, "-", None
@@ -82,7 +82,7 @@ def idle_and_takeover(lat: Any) -> Goal:
 
 def print_goals(widths: list[int], results: dict[str, list[float]],
                 rss: dict[str, dict[str, float]], lat: Any) -> None:  # fmt: skip
-    goals = [noop_slots(results, widths), default_width(results, widths), io_bound(results),
+    goals = [noop_slots(results, widths), one_slot_each(results, widths), io_bound(results),
              worker_rss(rss), idle_and_takeover(lat)]  # fmt: skip
     print("\n| goal (issue 12) | measured | result |")
     print("| --- | --- | --- |")

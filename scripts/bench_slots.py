@@ -143,7 +143,7 @@ def print_tables(args: Any, widths: list[int], results: dict[str, list[float]],
           f"| raw batched ceiling (k={BATCH}), best W | ours / huey | ours / fused "
           "| ours / batched |")  # fmt: skip
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    rows = [(f"-n {top} (default)", f"ours -n {top}")]
+    rows = [(f"-n {top}, one slot each", f"ours -n {top}")]
     rows += [(f"-n {n} --concurrency {c}", shape_key(n, c)) for n, c in SHAPES]
     for label, key in rows:
         o = value(results, key)

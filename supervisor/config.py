@@ -7,6 +7,7 @@ and adds what only the supervisor does; ``ChaosConfig`` is ``--chaos`` and its o
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,7 +21,20 @@ from .errors import ConfigError
 
 LOG_FORMATS = ("text", "json")
 CHAOS_FAULTS = ("kill", "pause")
-MAX_WORKERS = 256  # status slots in the shared board: the most workers one supervisor runs
+MAX_WORKERS = 256  # the shared status board's size: the most workers one supervisor runs
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on: ``-n``'s default, one worker per CPU (as Celery does).
+
+    The affinity mask, not the machine's count, where the platform has one: a container limited
+    to a cpuset, or a ``taskset``, gets as many workers as it has CPUs.
+    """
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # a platform without affinity masks
+        count = os.cpu_count() or 1
+    return max(1, min(count, MAX_WORKERS))
 
 
 @dataclass
@@ -48,8 +62,6 @@ class ChaosConfig:
         False,
         flag="--chaos",
         help="inject faults into our own workers and verify takeover and fencing",
-        meaning="inject faults into our own workers and verify takeover and fencing "
-        "([Chaos mode](#chaos-mode))",
     )
     interval: float = opt(
         5.0,
@@ -116,12 +128,13 @@ class ChaosConfig:
 class StartConfig:
     worker: WorkerConfig
     workers: int = opt(
-        1,
+        cpu_count(),
         flag="--workers",
         short="-n",
         metavar="N",
         low=1,
         high=MAX_WORKERS,
+        shown_default="the CPU count",
         help="worker processes to keep alive",
     )
     drain: bool = opt(
@@ -168,7 +181,7 @@ class StartConfig:
         low=0,
         high=65535,
         help="serve Prometheus /metrics (0: any free port, logged)",
-        meaning="serve Prometheus `/metrics` (0: any free port, logged) — see [Metrics](#metrics)",
+        meaning="serve Prometheus `/metrics` (0: any free port, logged)",
     )
     metrics_host: str = opt(
         "127.0.0.1", flag="--metrics-host", metavar="ADDR", help="address for --metrics-port"

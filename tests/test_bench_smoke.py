@@ -86,7 +86,7 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
         assert float(cells[1]) > 0.2, cells  # the run takes at least one call's length
         assert float(cells[4]) > 5, cells  # a worker's peak RSS (MB) was sampled
     goals = ["No-op, slots: >= 3x huey -w 2 and >= 1.5x the one-transaction raw ceiling",
-             "Default -n 2: >= 1.2x huey -w 2",
+             "One slot per worker, -n 2: >= 1.2x huey -w 2",
              "I/O-bound at 500 slots: no slower than huey with 500 thread workers",
              "Worker RSS at 250 slots <= 120 MB",
              "Idle pickup and takeover: no worse than today"]  # fmt: skip

@@ -99,15 +99,17 @@ def test_status_lists_workers_from_the_supervisor_state(db: str, tmp_path: Path)
         lease = store.claim(owner, ttl=60)
         assert lease
     state = {"pid": 1, "phase": "running", "target": 1, "generation": 0, "tick": time.time()}
-    state["workers"] = [{"pid": os.getpid(), "slot": 0, "owner": owner, "phase": "handler"}]
+    state["workers"] = [{"pid": os.getpid(), "index": 0, "owner": owner, "phase": "handler"}]
     Path(state_path(pidfile)).write_text(json.dumps(state))
     Path(pidfile).write_text(f"{os.getpid()}\n")  # this test process plays the supervisor
     doc = json.loads(invoke("status", "--db", db, "--pidfile", pidfile, "--json").stdout)
     (worker,) = doc["workers"]
     assert worker["pid"] == os.getpid() and worker["rss_mb"] > 0
+    assert worker["index"] == 0 and worker["slots"] == 1  # "slot" means a handler's place only
     assert (worker["task_id"], worker["run_id"], worker["attempt"]) == (lease.task_id, 1, 1)
     text = invoke("status", "--db", db, "--pidfile", pidfile).stdout
     assert "LEASE EXPIRES" in text and "handler" in text
+    assert "INDEX" in text and "SLOT" not in text
 
     Path(pidfile).write_text(f"{_dead_pid()}\n")  # killed: its state file is stale
     doc = json.loads(invoke("status", "--db", db, "--pidfile", pidfile, "--json").stdout)

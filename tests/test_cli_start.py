@@ -13,10 +13,11 @@ import pytest
 from click.testing import CliRunner, Result
 from sv_harness import env_with_tests
 
+from supervisor import config as config_module
 from supervisor import exitcodes
 from supervisor.commands import cli as cli_module
 from supervisor.commands.cli import cli, start
-from supervisor.config import ChaosConfig, StartConfig, start_options
+from supervisor.config import MAX_WORKERS, ChaosConfig, StartConfig, cpu_count, start_options
 from workerproc import options
 from workerproc.config import WorkerConfig
 
@@ -51,7 +52,8 @@ def test_defaults_and_flags(captured: list[StartConfig]) -> None:
     assert result.exit_code == 0, result.output
     (config,) = captured
     w = config.worker
-    assert (config.workers, w.lease_ttl, w.poll_interval, w.max_attempts) == (1, 60.0, 1.0, 3)
+    assert (w.lease_ttl, w.poll_interval, w.max_attempts) == (60.0, 1.0, 3)
+    assert config.workers == cpu_count() == len(os.sched_getaffinity(0))  # one worker per CPU
     assert w.graceful_timeout == 30.0 and config.fast_release and not config.drain
     assert w.task_timeout is None and config.pidfile is None and config.log_format == "text"
 
@@ -69,6 +71,22 @@ def test_defaults_and_flags(captured: list[StartConfig]) -> None:
     assert c.drain and c.pidfile == "p" and c.worker.graceful_timeout == 3.0 and not c.fast_release
     assert (c.max_worker_memory, c.max_tasks_per_worker, c.log_format) == (256.0, 100, "json")
     assert c.worker.heartbeat_interval == 1.0
+
+
+def test_the_default_worker_count_is_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(config_module.os, "sched_getaffinity", lambda pid: {0, 2, 5})
+    assert cpu_count() == 3  # a cpuset or taskset, not the machine's count
+    monkeypatch.setattr(config_module.os, "sched_getaffinity", lambda pid: set(range(1000)))
+    assert cpu_count() == MAX_WORKERS  # never more than one supervisor can run
+
+    def no_affinity(pid: int) -> set[int]:
+        raise OSError("not supported")
+
+    monkeypatch.setattr(config_module.os, "sched_getaffinity", no_affinity)
+    monkeypatch.setattr(config_module.os, "cpu_count", lambda: None)
+    assert cpu_count() == 1
 
 
 def env_value(d: options.Declared) -> tuple[str, object]:

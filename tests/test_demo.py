@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 
 
 def test_demo_processes_everything_under_chaos_and_charges_nothing_twice(tmp_path: Path):
@@ -33,3 +35,16 @@ def test_demo_processes_everything_under_chaos_and_charges_nothing_twice(tmp_pat
     exhausted = "task_attempts_exhausted"
     assert all(r.status == "succeeded" or r.failure_reason == exhausted for r in runs)
     assert sum(r.status == "succeeded" for r in runs) >= 30
+    ignored_by_git(sorted(p.name for p in tmp_path.iterdir()))
+
+
+def ignored_by_git(names: list[str]) -> None:
+    """``scripts/demo`` writes these beside ./demo.db: git must ignore every one, so the demo
+    leaves a clone clean (the -wal, -shm, .lock and -producers files and the chaos report)."""
+    assert {"demo.db", "demo.db-producers", "demo-chaos.json"} <= set(names), names
+    git = shutil.which("git")
+    if git is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    for name in names:
+        check = subprocess.run([git, "check-ignore", "--no-index", "-q", name], cwd=ROOT)
+        assert check.returncode == 0, f"scripts/demo would leave {name} untracked in git"

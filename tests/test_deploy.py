@@ -168,7 +168,7 @@ def test_dockerfile_structure() -> None:
     assert entry == ["supervisor", "start"]
     assert isinstance(json.loads(dict(ins)["CMD"]), list)
     stop = [v for k, v in ins if k == "STOPSIGNAL"]
-    assert stop in ([], ["SIGTERM"]), "TERM is the graceful drain"
+    assert stop in ([], ["SIGTERM"]), "TERM is the graceful stop"
     user = [v for k, v in ins if k == "USER"]
     assert user and user[-1].split(":")[0] not in ("0", "root")
     assert kinds.index("USER") < kinds.index("ENTRYPOINT")
@@ -178,6 +178,8 @@ def test_dockerfile_structure() -> None:
     assert db and any(db.group(1).startswith(v + "/") for v in volumes)
     health = dict(ins)["HEALTHCHECK"]
     assert json.loads(health.split("CMD", 1)[1])[:2] == ["supervisor", "health"]
+    installs = [v for k, v in ins if k == "RUN" and "pip install" in v]
+    assert installs and '".[postgres,web]"' in installs[-1]  # a PostgreSQL URL, the dashboard
     for k, v in ins:  # every COPY source exists in the build context (the repository root)
         if k == "COPY":
             for src in v.split()[:-1]:

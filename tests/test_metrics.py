@@ -56,12 +56,12 @@ def value(
 
 
 # -- the text format ---------------------------------------------------------------------------
-README = Path(__file__).resolve().parent.parent / "README.md"
+METRICS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "metrics.md"
 
 
-def readme_series() -> dict[str, str]:
-    """The README's Metrics table: series name -> type."""
-    text = README.read_text()
+def documented_series() -> dict[str, str]:
+    """The docs site's Metrics table: series name -> type."""
+    text = METRICS_PAGE.read_text()
     table = text[text.index("| series | type | meaning |") :].split("\n\n", 1)[0]
     out = {}
     for row in table.splitlines()[2:]:
@@ -78,8 +78,8 @@ def test_cumulative_buckets_end_with_inf() -> None:
     assert cumulative([0.1, 1.0], [1, 2, 1]) == [("0.1", 1), ("1.0", 3), ("+Inf", 4)]
 
 
-def test_exposition_has_exactly_the_readme_series_and_nothing_else(clock: FakeClock) -> None:
-    """prometheus-client renders the families; the names and types are the README's, with no
+def test_exposition_has_exactly_the_documented_series_and_nothing_else(clock: FakeClock) -> None:
+    """prometheus-client renders the families; the names and types are the docs', with no
     default collector (process, platform, GC) and no thread started."""
     threads = threading.active_count()
     arb = fake_arbiter(clock, FlakyGate())
@@ -87,7 +87,7 @@ def test_exposition_has_exactly_the_readme_series_and_nothing_else(clock: FakeCl
     metrics.install(arb)
     text = metrics.render(arb)
     rendered = dict(re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE))
-    assert rendered == readme_series()
+    assert rendered == documented_series()
     families = {f.name: f for f in text_string_to_metric_families(text)}  # the library parses it
     assert families["leasekeeper_task_duration_seconds"].type == "histogram"
     assert "_created" not in text  # the start time is its own series

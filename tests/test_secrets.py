@@ -180,7 +180,7 @@ def test_the_pool_its_commands_and_its_dashboard_never_show_the_password(tmp_pat
 def test_libpq_service_and_password_files_keep_the_password_out_of_the_url(
     tmp_path: Path,
 ) -> None:
-    """README's PostgreSQL section: the URL names a service; the service file names the database,
+    """docs/how-to/postgresql.md: the URL names a service; the service file names the database,
     the user and a password file. (The test server trusts local connections, so this shows
     that such a URL is taken as it is, not that the server checked the password.)"""
     parts = urlsplit(pg_session.database_url())

@@ -99,6 +99,7 @@ def make_pool(clock: FakeClock, procs: FakeProcs, target: int = 2) -> Pool:
 
 
 def make_arbiter(clock: FakeClock, procs: FakeProcs, **config: Any) -> Arbiter:
+    config.setdefault("workers", 1)  # one worker unless a test asks for more, on any machine
     worker_fields = {f.name for f in dataclasses.fields(WorkerConfig)}
     mine = {k: v for k, v in config.items() if k in worker_fields}
     rest = {k: v for k, v in config.items() if k not in worker_fields}

@@ -53,9 +53,9 @@ def test_overview_lists_the_supervisors_workers_from_its_pidfile(s: Store, tmp_p
     pidfile.write_text(f"{os.getpid()}\n")  # a live pid that started before the file
     state = {"pid": os.getpid(), "phase": "running", "target": 2, "generation": 1, "tick": 0,
              "concurrency": 4,
-             "workers": [{"pid": os.getpid(), "slot": 0, "owner": owner, "phase": "handler",
+             "workers": [{"pid": os.getpid(), "index": 0, "owner": owner, "phase": "handler",
                           "busy": 3},
-                         {"pid": 1, "slot": 1, "owner": "x", "phase": "idle"}]}  # fmt: skip
+                         {"pid": 1, "index": 1, "owner": "x", "phase": "idle"}]}  # fmt: skip
     (tmp_path / "sv.pid.state").write_text(json.dumps(state))
     html = client(s, pidfile=str(pidfile)).get("/").text
     assert "workers (target 2)" in text_of(html)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# The one place the version is written: pyproject.toml reads it (setuptools' dynamic version),
+# and so does everything that reports it.
+__version__ = "0.1.0"
+
 from .app import App, LeaseLost, TaskContext
 from .config import WorkerConfig
 from .store import CasResult, Lease, Store, open_store
@@ -16,5 +20,6 @@ __all__ = [
     "TaskContext",
     "Worker",
     "WorkerConfig",
+    "__version__",
     "open_store",
 ]

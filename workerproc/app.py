@@ -33,6 +33,8 @@ class App:
     def task(self, name: str | None = None) -> Callable[[Handler], Handler]: ...
 
     def task(self, name: str | Handler | None = None) -> Handler | Callable[[Handler], Handler]:
+        """Register a handler: ``@app.task("name")``, or bare ``@app.task`` for the function's
+        own name. A name registered twice for different functions is a ``ValueError``."""
         if callable(name):  # bare @app.task
             return self._register(name.__name__, name)
 
@@ -74,23 +76,44 @@ class TaskContext:
         self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
         self.late = False  # that check failed: the handler never began in earnest
 
-    run_id = property(lambda self: self._lease.run_id)
-    task_id = property(lambda self: self._lease.task_id)
-    task = property(lambda self: self._lease.task)
-    attempt = property(lambda self: self._lease.attempt)
+    @property
+    def run_id(self) -> int:
+        """The run this task is a step of (readable after the lease is lost, for logs)."""
+        return self._lease.run_id
+
+    @property
+    def task_id(self) -> int:
+        """This task's id (readable after the lease is lost)."""
+        return self._lease.task_id
+
+    @property
+    def task(self) -> str:
+        """This task's name: the handler's (readable after the lease is lost)."""
+        return self._lease.task
+
+    @property
+    def attempt(self) -> int:
+        """How many times this task has been claimed, this claim included: the fencing token
+        (readable after the lease is lost)."""
+        return self._lease.attempt
 
     @property
     def payload(self) -> JSON:
+        """The task's JSON payload; ``LeaseLost`` once the lease is lost."""
         self._readable()
         return self._lease.payload
 
     @property
     def state(self) -> JSON:
+        """The run's JSON state when this task was claimed; ``LeaseLost`` once the lease is
+        lost."""
         self._readable()
         return self._lease.state
 
     @property
     def revision(self) -> int:
+        """The run's revision when this task was claimed (its commit is compared with it);
+        ``LeaseLost`` once the lease is lost."""
         self._readable()
         return self._lease.revision
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-OK = 0  # stopped on request (graceful drain finished)
+OK = 0  # stopped on request (a graceful stop)
 BOOT_FAILURE = 3  # cannot even boot (store unreachable, config invalid): do not respawn, stop
 TASK_TIMEOUT = 70  # a handler outlived task_timeout; its lease was released: replace me
 HEARTBEAT_DIED = 71  # the heartbeat thread died; without it leases would silently lapse

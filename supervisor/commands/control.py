@@ -23,7 +23,7 @@ SECONDS = Number(float, 0.1, DAY)  # every wait of these commands: a tenth of a 
 @click.option("--wait", is_flag=True, help="wait until the supervisor has exited")
 @click.option("--timeout", type=SECONDS, default=60.0, show_default=True, metavar="S")
 def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
-    """Stop the supervisor: TERM (graceful drain) or, with --fast, QUIT."""
+    """Stop the supervisor: TERM (graceful stop) or, with --fast, QUIT."""
     pid = remote.send(pidfile, signal.SIGQUIT if fast else signal.SIGTERM)
     click.echo(f"sent {'QUIT' if fast else 'TERM'} to supervisor {pid}")
     if wait and not remote.wait_gone(pid, timeout):

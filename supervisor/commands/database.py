@@ -115,12 +115,12 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         if line := render.reload_line(state.get("reload")):
             click.echo(line)
         rows = [
-            [w["pid"], w["slot"], w["phase"], f"{w['busy']}/{w['slots']}", w["leases"],
+            [w["pid"], w["index"], w["phase"], f"{w['busy']}/{w['slots']}", w["leases"],
              w["rss_mb"], w["task_id"], w["run_id"], w["attempt"],
              render.relative(w["lease_expires_at"], stats.now)]
             for w in workers
         ]  # fmt: skip
-        headers = ["pid", "slot", "phase", "busy", "leases", "rss MB", "task", "run", "attempt",
+        headers = ["pid", "index", "phase", "busy", "leases", "rss MB", "task", "run", "attempt",
                    "lease expires"]  # fmt: skip
         click.echo(render.table(headers, rows) + "\n")
     statuses = ("pending", "running", "succeeded", "failed", "cancelled")

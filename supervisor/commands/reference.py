@@ -1,7 +1,7 @@
-"""The README's reference tables, made from the declarations they describe: options from
-``workerproc.options`` declarations, exit codes from ``DESCRIPTIONS``. ``scripts/readme-tables``
-writes them into README.md between ``<!-- table:NAME -->`` and ``<!-- /table -->``; a test fails
-when the README differs, so the tables cannot drift from the code."""
+"""The reference tables of the README and the docs site, made from the declarations they
+describe: options from ``workerproc.options`` declarations, exit codes from ``DESCRIPTIONS``.
+``scripts/readme-tables`` writes them into every page between ``<!-- table:NAME -->`` and
+``<!-- /table -->``; a test fails when a page differs, so the tables cannot drift from the code."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ _BLOCK = re.compile(
 
 
 def render(readme: str) -> str:
-    """``readme`` with every generated table replaced by what the code declares now."""
+    """``readme`` (any page) with every generated table replaced by what the code declares now."""
 
     def fill(match: re.Match[str]) -> str:
         make = TABLES.get(match["name"])

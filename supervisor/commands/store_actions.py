@@ -132,7 +132,7 @@ def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str
         rows.append(
             {
                 "pid": w["pid"],
-                "slot": w.get("slot"),
+                "index": w.get("index"),
                 "phase": f"retiring ({w['retiring']})" if w.get("retiring") else w.get("phase"),
                 "busy": w.get("busy", 0),
                 "slots": capacity,

@@ -77,7 +77,9 @@ class Exit:
         else:
             assert self.code is not None
             how = f"exited with code {self.code} ({wexit.describe(self.code)})"
-        return f"worker {self.worker.pid} (slot {self.worker.slot}) {how} after {self.ran_for:.1f}s"
+        return (
+            f"worker {self.worker.pid} (index {self.worker.slot}) {how} after {self.ran_for:.1f}s"
+        )
 
 
 def imports_app(generation: int) -> bool:

@@ -79,7 +79,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         workers.append(
             {
                 "pid": w.pid,
-                "slot": w.slot,
+                "index": w.slot,
                 "owner": w.owner,
                 "generation": w.generation,
                 "started_at": round(w.started_at + offset, 3),

@@ -58,7 +58,7 @@ def reap(arb: Arbiter) -> None:
         level = logging.INFO if ex.kind is not ExitKind.CRASHED else WARN
         fields: dict[str, Any] = {
             "worker": ex.worker.pid,
-            "slot": ex.worker.slot,
+            "index": ex.worker.slot,
             "kind": str(ex.kind),
         }
         fields.update(code=ex.code, signal=signal_name(ex.signal) if ex.signal else None)
@@ -260,14 +260,14 @@ def _spawn(arb: Arbiter) -> WorkerProcess | None:
         arb.wake_at(arb.clock() + delay)
         return None
     if worker is None:
-        event("no_slot", "no free status slot: cannot start more workers", level=WARN)
+        event("no_slot", "the status board is full: cannot start more workers", level=WARN)
         return None
     arb.state_dirty = True
     event(
         "worker_started",
-        f"worker {worker.pid} started (slot {worker.slot}, generation {worker.generation})",
+        f"worker {worker.pid} started (index {worker.slot}, generation {worker.generation})",
         worker=worker.pid,
-        slot=worker.slot,
+        index=worker.slot,
         owner=worker.owner,
     )
     arb.events.emit("worker_started", worker=worker)
