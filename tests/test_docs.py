@@ -86,7 +86,7 @@ def classes() -> dict[str, list[ast.ClassDef]]:
 def missing_reference(ref: str) -> str | None:
     """Why ``ref`` names nothing, or None when it exists (or is not a reference)."""
     if m := STATEMENT.match(ref):
-        module = STORE / f"{m[1]}.py"
+        module = STORE / f"{m[1].replace('_', '/', 1)}.py"
         if not module.is_file():
             return f"no module {module.relative_to(ROOT)}"
         return None if m[2] in names(tree(module).body) else f"{m[1]} has no {m[2]}"
@@ -133,7 +133,7 @@ def test_every_index_and_trigger_named_is_in_the_sqlite_schema(tmp_path: Path) -
 def test_every_statement_the_protocol_runs_is_documented() -> None:
     documented = {m[2] for r in spans(doc()) if (m := STATEMENT.match(r)) and m[1] == "sqlite_sql"}
     used: set[str] = set()
-    for module in ("sqlite.py", "sqlite_producer.py"):
+    for module in ("sqlite/store.py", "sqlite/producer.py"):
         used |= set(USED.findall((STORE / module).read_text(encoding="utf-8")))
     assert used, "the protocol modules no longer use sqlite_sql as q: update this test"
     assert used - documented == set(), "statements missing from docs/protocol.md"

@@ -11,8 +11,10 @@ from helpers import FakeClock
 from store_backends import Backend
 from unfenced import unfenced_statements
 
-from workerproc.store import Commit, Store, open_store, postgres_sql, sqlite_sql
-from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from workerproc.store import Commit, Store, open_store
+from workerproc.store.postgres import sql as postgres_sql
+from workerproc.store.sqlite import sql as sqlite_sql
+from workerproc.store.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 
 TTL = 10.0
 

@@ -24,7 +24,7 @@ from workerproc.store import (
     StoreUnavailable,
     open_store,
 )
-from workerproc.store.sqlite_schema import SCHEMA_VERSION
+from workerproc.store.sqlite.schema import SCHEMA_VERSION
 
 
 def rows(path: str) -> tuple[int, int, int]:

@@ -31,7 +31,7 @@ from workerproc.store import (
     open_store,
 )
 from workerproc.store.postgres import PostgresStore
-from workerproc.store.postgres_schema import SCHEMA_VERSION, VERSION_TABLE
+from workerproc.store.postgres.schema import SCHEMA_VERSION, VERSION_TABLE
 
 
 @pytest.fixture

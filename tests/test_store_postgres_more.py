@@ -17,7 +17,7 @@ from test_cli_operator import invoke
 from test_store_postgres import CountingStore
 
 from supervisor import exitcodes
-from workerproc.store import postgres_sql
+from workerproc.store.postgres import sql as postgres_sql
 
 
 @pytest.fixture

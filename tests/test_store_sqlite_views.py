@@ -18,8 +18,8 @@ import pytest
 from store_backends import claim
 
 from workerproc.store import open_store
-from workerproc.store import sqlite_views_sql as v
-from workerproc.store.sqlite_schema import MIGRATIONS
+from workerproc.store.sqlite import reads_sql as v
+from workerproc.store.sqlite.schema import MIGRATIONS
 
 STATUSES = ("succeeded", "failed", "cancelled", "pending", "running")
 

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from workerproc.store import sqlite_sql
+from workerproc.store.sqlite import sql as sqlite_sql
 
 try:
-    from workerproc.store import postgres_sql
+    from workerproc.store.postgres import sql as postgres_sql
 except ImportError:  # no psycopg: only SQLite can be broken (and tested)
     postgres_sql = None  # type: ignore[assignment]
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
 from workerproc.store import Stats, Store, StoreCorrupt, StoreUnavailable, open_store
-from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
+from workerproc.store.sqlite.dialect import DEFAULT_BUSY_TIMEOUT
 
 from ..errors import SupervisorError
 

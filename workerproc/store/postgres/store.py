@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from . import postgres_sql as q
-from .base import Commit, Store
-from .codec import commit_params, dumps, loads
-from .errors import InvalidPayload, RunNotFound
-from .postgres_base import Cursor, Params
-from .postgres_producer import PostgresProducer
-from .postgres_reads import PostgresReads
-from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
+from ..base import Commit, Store
+from ..codec import commit_params, dumps, loads
+from ..errors import InvalidPayload, RunNotFound
+from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
+from . import sql as q
+from .dialect import Cursor, Params
+from .producer import PostgresProducer
+from .reads import PostgresReads
 
 __all__ = ["PostgresStore"]
 

@@ -12,14 +12,14 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
-from .base import DEFAULT_QUEUE, check_timeout
-from .errors import RunNotFound, StoreError
-from .newrun import NewRun
-from .postgres_base import Cursor, PostgresBase
-from .postgres_listen import END
-from .postgres_schema import SCHEMA_VERSION, VERSION_TABLE
-from .postgres_sql import _CLOCK
-from .types import JSON, Run
+from ..base import DEFAULT_QUEUE, check_timeout
+from ..errors import RunNotFound, StoreError
+from ..newrun import NewRun
+from ..types import JSON, Run
+from .dialect import Cursor, PostgresBase
+from .listen import END
+from .schema import SCHEMA_VERSION, VERSION_TABLE
+from .sql import _CLOCK
 
 # Every run of the batch in one statement. Ids are drawn from the runs' sequence in the items'
 # order first, so run (and first-task) ids follow the items; a key already taken (by a run

@@ -8,10 +8,10 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from . import sqlite_sql as q
-from .codec import loads
-from .sqlite_base import SQLiteBase
-from .types import OwnerLease, Rejection, Run, Stats, TaskInfo
+from ..codec import loads
+from ..types import OwnerLease, Rejection, Run, Stats, TaskInfo
+from . import sql as q
+from .dialect import SQLiteBase
 
 
 class SQLiteReads(SQLiteBase):

@@ -7,7 +7,7 @@ JSON goes out as text and is decoded by the store (``codec.loads``).
 
 from __future__ import annotations
 
-from .postgres_sql import _CLOCK, ALIVE
+from .sql import _CLOCK, ALIVE
 
 _RUN_COLUMNS = """id, status, state::text, revision, result::text, failure_reason, last_error,
     created_at, updated_at, finished_at, queue, priority, key, task"""

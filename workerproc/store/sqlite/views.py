@@ -8,9 +8,9 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any
 
-from . import sqlite_views_sql as v
-from .sqlite_base import Params, SQLiteBase
-from .types import AttemptEnd, FinishedBucket, Rejection, Run
+from ..types import AttemptEnd, FinishedBucket, Rejection, Run
+from . import reads_sql as v
+from .dialect import Params, SQLiteBase
 
 MAX_PAGE = 1000  # runs per page, at most
 MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this

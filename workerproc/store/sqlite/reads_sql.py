@@ -5,7 +5,7 @@ bounded index walk, so a page costs the same over a thousand runs or a million.
 
 from __future__ import annotations
 
-from .sqlite_sql import _RUN_COLUMNS
+from .sql import _RUN_COLUMNS
 
 # runs_page: one keyset page. Each filter walks its own index newest first (no filter: the
 # primary key; status: runs_status; task: runs_task; both: SQLite picks one of the two and

@@ -10,10 +10,8 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from . import postgres_reads_sql as r
-from .codec import loads
-from .postgres_base import Cursor, Params, PostgresBase
-from .types import (
+from ..codec import loads
+from ..types import (
     AttemptEnd,
     FinishedBucket,
     OwnerLease,
@@ -22,6 +20,8 @@ from .types import (
     Stats,
     TaskInfo,
 )
+from . import reads_sql as r
+from .dialect import Cursor, Params, PostgresBase
 
 MAX_PAGE = 1000  # runs per page, at most
 MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this

@@ -26,12 +26,12 @@ import psycopg
 from psycopg import errors as pg_errors
 from psycopg import sql
 
-from .base import Clock
-from .errors import InvalidPayload, SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
-from .postgres_listen import END, WORK, Listener, _abandoned
-from .postgres_schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
-from .postgres_sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW_QUERY
-from .urls import redact, split_query
+from ..base import Clock
+from ..errors import InvalidPayload, SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
+from ..urls import redact, split_query
+from .listen import END, WORK, Listener, _abandoned
+from .schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
+from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW_QUERY
 
 T = TypeVar("T")
 Params = dict[str, Any]

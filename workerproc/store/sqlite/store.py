@@ -9,15 +9,15 @@ import sqlite3
 from collections.abc import Sequence
 from typing import Any
 
-from . import sqlite_sql as q
-from .base import Commit, Store
-from .codec import commit_params, dumps, loads
-from .errors import InvalidPayload, RunNotFound
-from .sqlite_base import Params
-from .sqlite_producer import SQLiteProducer
-from .sqlite_reads import SQLiteReads
-from .sqlite_views import SQLiteViews
-from .types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
+from ..base import Commit, Store
+from ..codec import commit_params, dumps, loads
+from ..errors import InvalidPayload, RunNotFound
+from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Lease
+from . import sql as q
+from .dialect import Params
+from .producer import SQLiteProducer
+from .reads import SQLiteReads
+from .views import SQLiteViews
 
 __all__ = ["SQLiteStore"]
 

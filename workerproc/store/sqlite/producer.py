@@ -8,12 +8,12 @@ import sqlite3
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from . import sqlite_sql as q
-from .base import DEFAULT_QUEUE
-from .errors import InvalidPayload, StoreError
-from .newrun import NewRun
-from .sqlite_base import SQLiteBase, translate
-from .types import JSON
+from ..base import DEFAULT_QUEUE
+from ..errors import InvalidPayload, StoreError
+from ..newrun import NewRun
+from ..types import JSON
+from . import sql as q
+from .dialect import SQLiteBase, translate
 
 
 def insert(run: NewRun, c: sqlite3.Connection, now: float) -> int:

@@ -19,9 +19,9 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
-from ..backoff import backoff
-from .base import Clock
-from .errors import (
+from ...backoff import backoff
+from ..base import Clock
+from ..errors import (
     InvalidPayload,
     SchemaTooNew,
     StoreCorrupt,
@@ -29,8 +29,8 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
-from .sqlite_intent import Intent
-from .sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from .intent import Intent
+from .schema import MIGRATIONS, SCHEMA_VERSION
 
 T = TypeVar("T")
 Role = Literal["producer", "worker"]  # who writes, for sqlite_intent's priority hint
