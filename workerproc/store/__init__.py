@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from .base import Clock, Commit, Store
+from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
     InvalidPayload,
     RunNotFound,
@@ -14,12 +14,15 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
-from .sqlite import SQLiteStore
+from .protocol import Store
+from .sqlite.dialect import SQLiteDialect
 from .types import (
     AttemptEnd,
     BatchOutcome,
     CasResult,
     ClaimRequest,
+    Clock,
+    Commit,
     CommitOutcome,
     FinishedBucket,
     Lease,
@@ -33,6 +36,7 @@ from .types import (
 from .urls import POSTGRES_SCHEMES, is_postgres_url, redact
 
 __all__ = [
+    "CHANGE_CHECK",
     "AttemptEnd",
     "BatchOutcome",
     "CasResult",
@@ -71,7 +75,7 @@ def open_store(url_or_path: str, *, clock: Clock | None = None, **options: objec
     tests inject one to move time.
     """
     if "://" not in url_or_path:
-        return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
+        return _opened(SQLiteDialect(url_or_path, clock=clock, **options))  # type: ignore[arg-type]
     parts = urlsplit(url_or_path)
     if parts.scheme == "sqlite":
         query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
@@ -81,15 +85,20 @@ def open_store(url_or_path: str, *, clock: Clock | None = None, **options: objec
         path = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
         if url_or_path.startswith("sqlite:///"):
             path = url_or_path[len("sqlite://") :].split("?", 1)[0]
-        return SQLiteStore(path, clock=clock, **merged)  # type: ignore[arg-type]
+        return _opened(SQLiteDialect(path, clock=clock, **merged))  # type: ignore[arg-type]
     if parts.scheme in POSTGRES_SCHEMES:
         try:
-            from .postgres import PostgresStore  # noqa: PLC0415 - an optional extra
+            from .postgres.dialect import PostgresDialect  # noqa: PLC0415 - an optional extra
         except ImportError as exc:  # the optional driver is missing
             raise StoreError(
                 f"PostgreSQL needs psycopg 3: pip install 'leasekeeper[postgres]' ({exc})"
             ) from None
-        return PostgresStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
+        return _opened(PostgresDialect(url_or_path, clock=clock, **options))  # type: ignore[arg-type]
     raise StoreError(
         f"unsupported store URL scheme {parts.scheme!r} (use a path, sqlite:/// or postgresql://)"
     )
+
+
+def _opened(dialect: Dialect) -> Store:
+    dialect.migrate()
+    return Store(dialect)

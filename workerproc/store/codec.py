@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import InvalidPayload
-from .types import JSON
-
-if TYPE_CHECKING:
-    from .base import Commit
+from .types import JSON, Commit
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB

@@ -1,8 +1,8 @@
-"""PostgreSQL plumbing: one connection per thread (and per process after fork), prepared
-statements, reconnection with backoff, transactions, migrations under an advisory lock, and the
-LISTEN connection (``postgres_listen``) that makes ``change_token`` free and ``wait_change`` a
-sleep. Connections are in autocommit mode: a read is one round trip; a write is an explicit
-transaction (a renewal, one idempotent statement, runs on its own).
+"""PostgreSQL under the protocol: one connection per thread (and per process after fork),
+prepared statements, reconnection with backoff, transactions, and the LISTEN connection
+(``listen``) that makes ``change_token`` free and ``wait_change`` a sleep. Connections are in
+autocommit mode: a read is one round trip; a write is an explicit transaction (a renewal, one
+idempotent statement, runs on its own).
 
 Failures: a connection that dies before our COMMIT was sent lost nothing (the server rolls the
 transaction back), so the transaction is retried once on a new connection; one that dies while
@@ -19,22 +19,24 @@ import re
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors as pg_errors
-from psycopg import sql
+from psycopg.rows import tuple_row
 
-from ..base import Clock
-from ..errors import InvalidPayload, SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
+from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
+from ..errors import InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
+from ..types import Clock
 from ..urls import redact, split_query
+from . import admin
 from .listen import END, WORK, Listener, _abandoned
-from .schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
-from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW_QUERY
+from .schema import SCHEMA_VERSION
+from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW, WATCH_RUN
+from .steps import CATALOGUE
 
 T = TypeVar("T")
-Params = dict[str, Any]
 Cursor = psycopg.Cursor[Any]
 
 DEFAULT_BUSY_TIMEOUT = 5.0
@@ -57,8 +59,45 @@ def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
     return StoreUnavailable(f"{where}: {str(exc).strip() or type(exc).__name__}")
 
 
-class PostgresBase:
-    """Connections, transactions and migrations for the PostgreSQL store."""
+class PostgresTx(Tx):
+    """A transaction on one cursor. ``prefix``: how our tables are named on a caller's own
+    connection (transactional enqueue), whose search path is not our schema."""
+
+    catalogue: ClassVar[Catalogue] = CATALOGUE
+
+    def __init__(self, cur: Cursor, now: float | None, prefix: str = "") -> None:
+        super().__init__(now)
+        self.cur = cur
+        self.prefix = prefix
+        self.prepare: bool | None = None if prefix else True  # never on a caller's connection
+
+    def execute(self, sql: str, params: Params) -> Cursor:
+        return self.cur.execute(sql, params, prepare=self.prepare)
+
+    def time(self) -> float:
+        if self.now is not None:
+            return self.now
+        row = self.execute(NOW, {"now": None}).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    def many(self, name: str, each: Sequence[Params]) -> list[int]:
+        """One statement for every parameter set, pipelined: sent together, read back in one
+        round trip (``executemany``); each answers the rows it changed."""
+        statement = self.catalogue[name]
+        if not isinstance(statement, str):
+            return super().many(name, each)
+        self.cur.executemany(statement, each, returning=True)
+        counts = []
+        for n in range(len(each)):
+            if n:
+                self.cur.nextset()
+            counts.append(len(self.cur.fetchall()))
+        return counts
+
+
+class PostgresDialect(Dialect):
+    """Connections, transactions, notifications for the PostgreSQL store."""
 
     def __init__(
         self,
@@ -99,11 +138,12 @@ class PostgresBase:
         self._local = threading.local()
         self._pid = os.getpid()
         self._closed = False
+        self._create = migrate
+        self._database: str | None = None
         self._listener = Listener(
             conninfo,
             {WORK: NOTIFY_CHANNEL.format(schema=schema), END: END_CHANNEL.format(schema=schema)},
         )
-        self._migrate(create=migrate)
 
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> psycopg.Connection[Any]:
@@ -157,34 +197,31 @@ class PostgresBase:
     def _now_param(self) -> float | None:
         return None if self._clock is None else self._clock()
 
-    def _write(
-        self,
-        fn: Callable[[Cursor, float | None], T],
-        *,
-        runs: Sequence[int] = (),
-        single: bool = False,
-    ) -> T:
-        """One transaction: ``fn(cursor, now)`` where ``now`` is the injected clock or None
-        (the statements read the database clock themselves, after their locks). ``runs``: the
-        runs the transaction will write, locked first in id order when there are several (two
+    def write(
+        self, fn: Callable[[Tx], T], *, runs: Sequence[int] = (), intent: Intent = "write",
+        caller: object = None,
+    ) -> T:  # fmt: skip
+        """One transaction: ``fn(tx)`` where ``tx.now`` is the injected clock or None (the
+        statements read the database clock themselves, after their locks). ``runs``: the runs
+        the transaction will write, locked first in id order when there are several (two
         batches never wait on each other in a cycle) or when the injected clock must be read
-        after the lock. ``single``: ``fn`` sends one idempotent statement that locks what it
-        needs itself (a renewal), so without an injected clock it runs on its own
-        (autocommit: no BEGIN, no COMMIT round trip; a lost connection retries it)."""
-        if single and self._clock is None:
+        after the lock. A ``"statement"`` sends one idempotent statement that locks what it
+        needs itself (a renewal): without an injected clock it runs on its own (autocommit: no
+        BEGIN, no COMMIT round trip; a lost connection retries it)."""
+        if caller is not None:
+            return self._within(caller, fn)
+        if intent == "statement" and self._clock is None:
             return self._transaction(fn, (), "statement")
         ids = sorted(set(runs))
         lock = ids if len(ids) > 1 or (ids and self._clock is not None) else []
         return self._transaction(fn, lock, "write")
 
-    def _read(self, fn: Callable[[Cursor, float | None], T], *, snapshot: bool = False) -> T:
+    def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False) -> T:
         """Reads: each statement on its own (autocommit: one round trip), or with ``snapshot``
         all of them in one REPEATABLE READ transaction."""
         return self._transaction(fn, (), "snapshot" if snapshot else "read")
 
-    def _transaction(
-        self, fn: Callable[[Cursor, float | None], T], lock: Sequence[int], mode: str
-    ) -> T:
+    def _transaction(self, fn: Callable[[Tx], T], lock: Sequence[int], mode: str) -> T:
         attempt = 0
         while True:
             attempt += 1
@@ -193,7 +230,7 @@ class PostgresBase:
             try:
                 if mode in ("read", "statement"):
                     with conn.cursor() as cur:
-                        result = fn(cur, self._now_param())
+                        result = fn(PostgresTx(cur, self._now_param()))
                         done = True
                         return result
                 with conn.transaction(), conn.cursor() as cur:
@@ -201,7 +238,7 @@ class PostgresBase:
                         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     if lock:
                         cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
-                    result = fn(cur, self._now_param())
+                    result = fn(PostgresTx(cur, self._now_param()))
                     done = True
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
@@ -219,82 +256,85 @@ class PostgresBase:
                 raise InvalidPayload(f"a value cannot be written: {str(exc).strip()}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+            except (UnicodeEncodeError, OverflowError) as exc:  # a value it cannot bind
+                raise InvalidPayload(f"a value cannot be written: {exc}") from None
 
-    # -- migrations ----------------------------------------------------------------------------
-    def _version(self, cur: Cursor) -> int:
-        cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.{VERSION_TABLE}",))
-        row = cur.fetchone()
-        if row is None or row[0] is None:
-            cur.execute("SELECT to_regclass(%s)", (f"{self.schema}.runs",))
-            found = cur.fetchone()
-            if found is not None and found[0] is not None:
-                raise StoreCorrupt(
-                    f"{self.where}: schema {self.schema} has a runs table that is not "
-                    "leasekeeper's (no version table)"
-                )
-            return 0
-        cur.execute(sql.SQL("SELECT max(version) FROM {}").format(sql.Identifier(VERSION_TABLE)))
-        got = cur.fetchone()
-        return int(got[0]) if got is not None and got[0] is not None else 0
+    def _within(self, caller: object, fn: Callable[[Tx], T]) -> T:
+        """``fn`` on the caller's own connection, inside the caller's transaction."""
+        conn = admin.callers(caller, self._our_database(), self.schema, self.where)
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".'))
+        except psycopg.Error as exc:  # the caller's transaction decides what happens next
+            raise StoreError(f"{self.where}: {str(exc).strip()}") from None
 
-    def _migrate(self, *, create: bool) -> None:
-        def check(cur: Cursor, _now: float | None) -> int:
-            return self._version(cur)
+    def _our_database(self) -> str:
+        if self._database is None:
+            row = self.read(lambda tx: tx.execute("SELECT current_database()", {}).fetchone())
+            assert row is not None
+            self._database = str(row[0])
+        return self._database
 
-        version = self._read(check)
-        if version == SCHEMA_VERSION:
+    # -- the schema and the engine's own checks ------------------------------------------------
+    def migrate(self) -> None:
+        """Bring the schema to this version, or refuse: a newer one, one that is not ours, or
+        (a reader that may not create it) none at all."""
+        found = self.read(lambda tx: admin.version(self._cursor(tx), self.schema, self.where))
+        if found == SCHEMA_VERSION:
             return
-        if version > SCHEMA_VERSION:
-            raise SchemaTooNew(f"{self.where}: schema v{version} is newer than this leasekeeper")
-        if not create:
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(f"{self.where}: schema v{found} is newer than this leasekeeper")
+        if not self._create:
             raise StoreError(
                 f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
-                f"(found v{version}); `supervisor start` or `enqueue` creates it"
+                f"(found v{found}); `supervisor start` or `enqueue` creates it"
             )
-        self._write(self._migrate_locked)
+        self.write(lambda tx: admin.migrate_locked(self._cursor(tx), self.schema, self.where))
 
-    def _migrate_locked(self, cur: Cursor, _now: float | None) -> None:
-        # Two hosts starting at once: the second waits here, then finds nothing left to do.
-        cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"leasekeeper:{self.schema}",))
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
-        version = self._version(cur)
-        if version == 0:
-            cur.execute(
-                sql.SQL(
-                    "CREATE TABLE {} (version integer PRIMARY KEY,"
-                    " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-                ).format(sql.Identifier(VERSION_TABLE))
-            )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            cur.execute(MIGRATIONS[target - 1].encode(), prepare=False)  # a script: no parameters
-            cur.execute(
-                sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(
-                    sql.Identifier(VERSION_TABLE)
-                ),
-                (target,),
-            )
+    @staticmethod
+    def _cursor(tx: Tx) -> Cursor:
+        assert isinstance(tx, PostgresTx)
+        return tx.cur
+
+    def storage_check(self, quick: bool = False) -> str | None:
+        if self.read(lambda tx: admin.amcheck(self._cursor(tx))) is None:
+            return None
+        return "amcheck bt_index_check" if quick else "amcheck bt_index_check + verify_heapam"
+
+    def check_storage(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """amcheck when the extension is installed (a superuser runs ``CREATE EXTENSION
+        amcheck``); without it nothing is checked and nothing is found (``storage_check``
+        says so: None)."""
+        namespace = self.read(lambda tx: admin.amcheck(self._cursor(tx)))
+        if namespace is None:
+            return []
+        return self.read(lambda tx: admin.check_storage(self._cursor(tx), namespace,
+                                                        self.schema, quick, limit))  # fmt: skip
 
     # -- time, notifications, closing ----------------------------------------------------------
     def now(self) -> float:
         if self._clock is not None:
             return self._clock()
+        return self.read(lambda tx: tx.time())
 
-        def read(cur: Cursor, now: float | None) -> float:
-            cur.execute(NOW_QUERY, {"now": now}, prepare=True)
-            row = cur.fetchone()
-            assert row is not None
-            return float(row[0])
-
-        return self._read(read)
-
-    def change_token(self) -> int:
+    def change_token(self, channel: Channel | None = None) -> int:
         self._alive()
-        return self._listener.token()
+        return self._listener.token(channel)
 
-    def wait_change(self, token: int, timeout: float) -> int:
+    def wait_change(self, token: int, timeout: float, channel: Channel | None = None) -> int:
         """Sleep on LISTEN until a notification moves the token, or ``timeout`` passes."""
         self._alive()
-        return self._listener.wait(token, max(0.0, timeout))
+        return self._listener.wait(token, max(0.0, timeout), channel)
+
+    def watch(self, run_id: int) -> None:
+        """LISTEN on the end channel first, then mark the run watched, so no end can slip
+        between: from now on its end sends a NOTIFY (unwatched runs end without one)."""
+        self._alive()
+        self._listener.token(END)
+        self.write(lambda tx: tx.execute(WATCH_RUN, {"run_id": run_id}), intent="statement")
+
+    def claimed(self) -> None:
+        self._listener.idle_over()
 
     def _alive(self) -> None:
         if self._closed:
