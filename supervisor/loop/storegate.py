@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
-from workerproc.store import Stats, Store, StoreCorrupt, StoreUnavailable, open_store
+from workerproc.store import Operator, Stats, StoreCorrupt, StoreUnavailable, open_store
 from workerproc.store.sqlite.dialect import DEFAULT_BUSY_TIMEOUT
 
 from ..errors import SupervisorError
@@ -68,7 +68,7 @@ class StoreGate:
         return None
 
     @contextlib.contextmanager
-    def session(self, busy_timeout: float | None = None) -> Iterator[Store]:
+    def session(self, busy_timeout: float | None = None) -> Iterator[Operator]:
         problem = self.file_problem()
         if problem:  # never open (and so never create) whatever the path names now
             raise StoreUnavailable(problem)

@@ -22,7 +22,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from workerproc.identity import parse_owner
-from workerproc.store import Store, StoreError
+from workerproc.store import Operator, StoreError
 
 from ..commands.render import short
 from .actions import Actions
@@ -34,7 +34,7 @@ log = logging.getLogger("supervisor.web")
 MAX_BODY = 16 * 1024  # bytes: the largest form is a CSRF token
 
 
-def create_app(config: WebConfig, store: Store) -> Starlette:
+def create_app(config: WebConfig, store: Operator) -> Starlette:
     keys = Secrets(config.token)
     templates = Jinja2Templates(env=environment())
     pages = Pages(config, store, templates, keys)

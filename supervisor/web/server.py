@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from workerproc.store import Store
+from workerproc.store import Operator
 
 from ..sockets import listen_tcp
 from .app import create_app
@@ -29,7 +29,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
-def serve(config: WebConfig, store: Store) -> int:
+def serve(config: WebConfig, store: Operator) -> int:
     sock = bind(config.host, config.port)
     if config.token is None and config.host not in LOOPBACK:
         print(f"supervisor: warning: serving on {config.host} without --token: anyone who can "

@@ -15,6 +15,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .protocol import Store
+from .roles import Inspector, Operator, Producer, WorkerStore
 from .sqlite.dialect import SQLiteDialect
 from .types import (
     AttemptEnd,
@@ -45,9 +46,12 @@ __all__ = [
     "Commit",
     "CommitOutcome",
     "FinishedBucket",
+    "Inspector",
     "InvalidPayload",
     "Lease",
+    "Operator",
     "OwnerLease",
+    "Producer",
     "QueueCounts",
     "Rejection",
     "Run",
@@ -60,6 +64,7 @@ __all__ = [
     "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
+    "WorkerStore",
     "is_postgres_url",
     "open_store",
     "redact",
