@@ -353,9 +353,9 @@ class CountingDialect(PostgresDialect):
 
 def counting_store(url: str) -> Store:
     """A store on ``url`` whose dialect counts its transactions."""
-    dialect = CountingDialect(url)
-    dialect.migrate()
-    return Store(dialect)
+    store = open_store(url)
+    store.dialect.__class__ = CountingDialect  # the same dialect, counting
+    return store
 
 
 def test_change_token_costs_no_round_trip_and_wakes_on_notify(pg: PostgresBackend) -> None:

@@ -22,6 +22,7 @@ from workerproc.store import (
     StoreError,
     codec,
     open_store,
+    resolve,
 )
 from workerproc.store.codec import MAX_STATE, check_run_options
 from workerproc.store.types import JSON, RUN_STATUSES
@@ -41,7 +42,8 @@ def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
 @contextlib.contextmanager
 def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
     """Open the store; reading commands refuse to create a missing database file (or, on
-    PostgreSQL, a missing schema)."""
+    PostgreSQL, a missing schema). A bad address or option is refused first (exit 2)."""
+    resolve(db)
     path = db_file(db)
     if not create and path is not None and not os.path.exists(path):
         raise SupervisorError(f"database {path} does not exist")

@@ -15,21 +15,21 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, TypeVar
-from urllib.parse import urlencode, urlsplit, urlunsplit
+from urllib.parse import urlencode
 
 import psycopg
 from psycopg import errors as pg_errors
 from psycopg.rows import tuple_row
 
 from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
-from ..errors import InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
+from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
+from ..settings import PostgresOptions
 from ..types import Clock
-from ..urls import redact, split_query
+from ..urls import redact
 from . import admin
 from .listen import END, WORK, Listener, _abandoned
 from .schema import SCHEMA_VERSION
@@ -39,18 +39,6 @@ from .steps import CATALOGUE
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
 
-DEFAULT_BUSY_TIMEOUT = 5.0
-DEFAULT_SCHEMA = "leasekeeper"
-# A frozen process (SIGSTOP, a debugger, a frozen VM) inside one of our transactions must not
-# hold a run's row lock for long: the server ends such a session (and rolls its transaction
-# back). Our transactions never wait on user code, so the bound can be tight: a worker asks for
-# a quarter of its lease ttl (``idle_in_transaction``; runner.run_worker), so a run locked by a
-# stopped exchange is free again long before its lease could be taken over.
-IDLE_IN_TRANSACTION = 5.0
-_OUR_OPTIONS = ("schema", "busy_timeout", "idle_in_transaction")
-# at most 40 characters: the notification channels ("leasekeeper.<schema>.end") must stay
-# within PostgreSQL's 63-byte identifiers
-_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
 _RETRIES = 5  # deadlocks, serialization failures, one lost connection
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 
@@ -100,49 +88,28 @@ class PostgresDialect(Dialect):
     """Connections, transactions, notifications for the PostgreSQL store."""
 
     def __init__(
-        self,
-        url: str,
-        *,
-        clock: Clock | None = None,
-        busy_timeout: float | str = DEFAULT_BUSY_TIMEOUT,
-        schema: str | None = None,
-        migrate: bool = True,
-        idle_in_transaction: float | str = IDLE_IN_TRANSACTION,
+        self, conninfo: str, options: PostgresOptions | None = None, *, clock: Clock | None = None
     ) -> None:
-        conninfo, ours = split_query(url, _OUR_OPTIONS)
-        schema = schema or ours.get("schema") or DEFAULT_SCHEMA
-        if not _SCHEMA_NAME.fullmatch(schema):
-            raise StoreError(f"schema must match {_SCHEMA_NAME.pattern} (got {schema!r})")
-        try:
-            timeout = float(ours.get("busy_timeout", busy_timeout))
-        except ValueError:
-            raise StoreError("busy_timeout must be a number of seconds") from None
-        if not 0 < timeout <= 3600:
-            raise StoreError("busy_timeout must be above 0 and at most 3600 seconds")
-        try:
-            idle = float(ours.get("idle_in_transaction", idle_in_transaction))
-        except ValueError:
-            raise StoreError("idle_in_transaction must be a number of seconds") from None
-        if not 0.01 <= idle <= 3600:
-            raise StoreError("idle_in_transaction must be from 0.01 to 3600 seconds")
-        self.idle_in_transaction = idle
+        """``conninfo``: a libpq URL or connection string, without our options. Nothing is
+        opened yet: the first statement connects."""
+        options = options or PostgresOptions()
         self.conninfo = conninfo
-        self.schema = schema
-        self.busy_timeout = timeout
+        self.schema = options.schema
+        self.busy_timeout = options.busy_timeout
+        self.idle_in_transaction = options.idle_in_transaction
         # the URL this store reports opens the same database and schema again
-        parts = urlsplit(conninfo)
-        query = "&".join(q for q in (parts.query, urlencode({"schema": schema})) if q)
-        self.url = urlunsplit(parts._replace(query=query))
+        glue = "&" if "?" in conninfo else "?"
+        self.url = f"{conninfo}{glue}{urlencode({'schema': self.schema})}"
         self.where = redact(self.url)
         self._clock = clock
         self._local = threading.local()
         self._pid = os.getpid()
         self._closed = False
-        self._create = migrate
+        self._create = options.migrate
         self._database: str | None = None
+        channels = {WORK: NOTIFY_CHANNEL, END: END_CHANNEL}
         self._listener = Listener(
-            conninfo,
-            {WORK: NOTIFY_CHANNEL.format(schema=schema), END: END_CHANNEL.format(schema=schema)},
+            conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
         )
 
     # -- connections ---------------------------------------------------------------------------
@@ -190,6 +157,8 @@ class PostgresDialect(Dialect):
                     raise _unavailable(exc, f"{self.where}: cannot connect") from None
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, _BACKOFF_MAX)
+            except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: a usage error
+                raise InvalidOption(f"{self.where}: {str(exc).strip()}") from None
             except psycopg.Error as exc:
                 raise StoreError(f"{self.where}: {exc}") from None
 

@@ -23,6 +23,7 @@ from typing import ClassVar, NoReturn, TypeVar
 from ...backoff import backoff
 from ..dialect import Catalogue, Channel, Cursor, Dialect, Intent, Params, Tx
 from ..errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
+from ..settings import SQLiteOptions
 from ..types import Clock
 from .errors import is_busy, is_readonly, translate, unbindable, undecodable
 from .intent import Intent as Producers
@@ -31,8 +32,6 @@ from .steps import CATALOGUE
 
 T = TypeVar("T")
 
-SYNCHRONOUS = ("FULL", "NORMAL")
-DEFAULT_BUSY_TIMEOUT = 5.0
 _MIN_SLEEP, _MAX_SLEEP = 0.0005, 0.005  # a newcomer's backoff (see _retrying)
 _AGED, _AGED_SLEEP = 0.02, 0.0003  # after 20 ms of waiting: poll every ~0.3 ms
 
@@ -58,22 +57,16 @@ class SQLiteTx(Tx):
 
 class SQLiteDialect(Dialect):
     def __init__(
-        self,
-        path: str,
-        *,
-        clock: Clock | None = None,
-        synchronous: str = "FULL",
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        self, path: str, options: SQLiteOptions | None = None, *, clock: Clock | None = None
     ) -> None:
-        synchronous = synchronous.upper()
-        if synchronous not in SYNCHRONOUS:
-            raise StoreError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}")
+        """Nothing is opened or created yet: ``migrate`` creates the file and its schema."""
+        options = options or SQLiteOptions()
         self.path = path
-        self.url = f"sqlite:///{os.path.abspath(path)}?synchronous={synchronous.lower()}"
-        self.where = path
-        self.synchronous = synchronous
-        self.busy_timeout = busy_timeout
         absolute = "/" + os.path.abspath(path).lstrip("/")  # "//x" would read as a URI host
+        self.url = f"sqlite://{absolute}?synchronous={options.synchronous.lower()}"
+        self.where = path
+        self.synchronous = options.synchronous
+        self.busy_timeout = options.busy_timeout
         self._uri = f"file:{urllib.parse.quote(absolute)}?mode=rw"
         self._clock: Clock = clock or time.time
         self._local = threading.local()
