@@ -9,7 +9,7 @@ run is ours now, and the next statement, with a fresh snapshot, sees the head).
 
 from __future__ import annotations
 
-from ..codec import loads
+from ..codec import check_owner, check_queue, loads
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..types import ClaimRequest, Lease
@@ -23,7 +23,8 @@ CLAIM_TURNS = 1000
 def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
     """Up to ``req.limit`` leases, each of a different run, in the order the backend returns
     them (each turn sees what the earlier turns wrote: R1 holds across the batch)."""
-    queues = None if req.queues is None else list(dict.fromkeys(req.queues))
+    check_owner(req.owner)
+    queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues == [] or req.limit < 1:
         return []
     name = "CLAIM" if queues is None else "CLAIM_QUEUES"

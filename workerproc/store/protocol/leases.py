@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import overload
 
-from ..codec import commit_params, dumps
+from ..codec import check_owner, commit_params, dumps
 from ..dialect import Dialect, Params, Tx
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease
 from . import claims
@@ -45,6 +45,7 @@ class Leases:
             return []
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("renew_many renews the leases of one owner")
+        check_owner(leases[0].owner)
         run_ids = sorted({lease.run_id for lease in leases})
         params: Params = {
             "task_ids": [lease.task_id for lease in leases],

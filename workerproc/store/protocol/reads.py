@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..codec import loads
+from ..codec import check_name, check_queue, loads
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import RunNotFound
 from ..types import AttemptEnd, FinishedBucket, OwnerLease, Rejection, Run, Stats, TaskInfo
@@ -69,6 +69,8 @@ class Reads:
         self, status: str | None = None, limit: int = 100, *, queue: str | None = None
     ) -> list[Run]:
         """Runs newest first: of one status (and queue), of one queue, or all."""
+        if queue is not None:
+            check_queue(queue)
         if status is not None:
             statement = "LIST_RUNS_BY_STATUS"
         else:
@@ -136,7 +138,7 @@ class Reads:
         if queues is None:
             statement, params = "NEXT_READY", {}
         else:
-            statement, params = "NEXT_READY_QUEUES", {"queues": list(queues)}
+            statement, params = "NEXT_READY_QUEUES", {"queues": [check_queue(q) for q in queues]}
         row = self.dialect.read(lambda tx: tx.one(statement, params))
         return None if row is None or row[0] is None else float(row[0])
 
@@ -182,6 +184,8 @@ class Reads:
         """One keyset page of runs, newest first: ids below ``before`` (or above ``after``)."""
         if before is not None and after is not None:
             raise ValueError("runs_page takes before or after, not both")
+        if task is not None:
+            check_name(task)
         params: Params = {"status": status, "task": task,
                                      "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
         if after is not None:
