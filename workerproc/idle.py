@@ -15,11 +15,9 @@ from collections.abc import Callable, Sequence
 
 from .logs import event
 from .signals import Signals, Waker
-from .store import Store, StoreCorrupt, StoreError
+from .store import CHANGE_CHECK, Store, StoreCorrupt, StoreError
 
 log = logging.getLogger("workerproc.worker")
-
-CHANGE_CHECK = 0.005  # how often the cheap change token is read
 
 
 def watch_for_work(

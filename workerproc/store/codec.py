@@ -6,6 +6,9 @@ state or result of at most ``MAX_STATE`` bytes, and at most ``MAX_DEPTH`` levels
 (Python's JSON decoder recurses: a value nested a thousand deep could not be decoded by the
 worker that claims it). They are checked where values enter: ``start_run``, ``advance``,
 ``finish``, a handler's return value, and the CLI's ``--payload``/``--state``.
+
+The limits of the names the store keeps (task names, keys, queues, owners) live here too, the
+same on every backend.
 """
 
 from __future__ import annotations
