@@ -1,8 +1,9 @@
 """PostgreSQL's catalogue: every name of the protocol's vocabulary (``store.dialect.STATEMENTS``),
 as one statement of ``sql``/``reads_sql`` or as a step below: where the statement's text
-depends on its parameters (the claim of N named queues), where the run rows are locked by a
-statement of their own first (``RELEASE_OWNER``), or where the caller's own connection needs
-our schema named (transactional enqueue). Steps read their statements at each call."""
+depends on its parameters (the claim of N named queues), where its parameters go as arrays (the
+leases of ``RENEW_MANY``), where the run rows are locked by a statement of their own first
+(``RELEASE_OWNER``), or where the caller's own connection needs our schema named (transactional
+enqueue). Steps read their statements at each call."""
 
 from __future__ import annotations
 
@@ -20,6 +21,23 @@ if TYPE_CHECKING:
 def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
     """The claim for the named queues (no name twice): one walk per queue."""
     rows: list[Row] = tx.execute(q.claim_sql(len(params["queues"])), params).fetchall()
+    return rows
+
+
+def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
+    """Every lease in one statement, as arrays; it locks the runs in id order itself and
+    records each refusal."""
+    leases = params["leases"]
+    arrays = {
+        "task_ids": [lease.task_id for lease in leases],
+        "attempts": [lease.attempt for lease in leases],
+        "runs": [lease.run_id for lease in leases],
+        "run_ids": sorted({lease.run_id for lease in leases}),
+        "owner": params["owner"],
+        "ttl": params["ttl"],
+        "now": params["now"],
+    }
+    rows: list[Row] = tx.execute(q.RENEW_MANY, arrays).fetchall()
     return rows
 
 
@@ -62,6 +80,7 @@ def find_by_keys(tx: PostgresTx, params: Params) -> list[Row]:
 
 STEPS: dict[str, Step] = {
     "CLAIM_QUEUES": claim_queues,
+    "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,

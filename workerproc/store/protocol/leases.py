@@ -46,15 +46,7 @@ class Leases:
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("renew_many renews the leases of one owner")
         check_owner(leases[0].owner)
-        run_ids = sorted({lease.run_id for lease in leases})
-        params: Params = {
-            "task_ids": [lease.task_id for lease in leases],
-            "attempts": [lease.attempt for lease in leases],
-            "runs": [lease.run_id for lease in leases],
-            "run_ids": run_ids,
-            "owner": leases[0].owner,
-            "ttl": float(ttl),
-        }
+        params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl)}
 
         def renew(tx: Tx) -> list[float | None]:
             rows = tx.rows("RENEW_MANY", {**params, "now": tx.now})
@@ -64,7 +56,8 @@ class Leases:
                 for lease in leases
             ]
 
-        return self.dialect.write(renew, runs=run_ids, intent="statement")
+        runs = [lease.run_id for lease in leases]
+        return self.dialect.write(renew, runs=runs, intent="statement")
 
     # -- the pinned lease protocol (DESIGN.md) -----------------------------------------------
     @overload

@@ -1,7 +1,8 @@
 """SQLite's catalogue: every name of the protocol's vocabulary (``store.dialect.STATEMENTS``),
 as one statement of ``sql``/``reads_sql`` or as a step below, where one logical step is several
 statements here (SQLite has no writable CTEs) or its parameters go in another shape (lists as
-JSON arrays). Steps read their statements from the modules at each call."""
+JSON arrays). Steps read their statements from the modules at each call, and run them on the
+transaction's connection itself (the hot path: no Python frame between)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     its run's state (the claim's trigger marked the run running) and the claim's "now"."""
     rows = []
     for task_id, run_id, name, payload, attempts, base, expires, takeover in sorted(
-        tx.execute(statement, params).fetchall()
+        tx.conn.execute(statement, params).fetchall()
     ):
-        state, revision = tx.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
+        state, revision = tx.conn.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
         rows.append((run_id, state, revision, task_id, name, payload, attempts, base, expires,
                      params["now"], takeover))  # fmt: skip
     return rows
@@ -40,47 +41,47 @@ def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
     """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs; then each lease
     it did not renew is recorded as refused (on PostgreSQL the statement does that itself)."""
-    leases = list(zip(params["task_ids"], params["attempts"], params["runs"], strict=True))
-    pairs = json.dumps([[task_id, attempt] for task_id, attempt, _ in leases])
-    rows: list[Row] = tx.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
+    leases = params["leases"]
+    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in leases])
+    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
     renewed = {(task_id, attempt) for task_id, attempt, _ in rows}
-    for task_id, attempt, run_id in leases:
-        if (task_id, attempt) not in renewed:
-            tx.execute(q.INSERT_REJECTION, {"task_id": task_id, "owner": params["owner"],
-                                            "attempt": attempt, "now": params["now"],
-                                            "run_id": run_id, "op": "renew"})  # fmt: skip
+    for lease in leases:
+        if (lease.task_id, lease.attempt) not in renewed:
+            tx.conn.execute(q.INSERT_REJECTION, {"task_id": lease.task_id, "owner": lease.owner,
+                                            "attempt": lease.attempt, "now": params["now"],
+                                            "run_id": lease.run_id, "op": "renew"})  # fmt: skip
     return rows
 
 
 def finish(tx: SQLiteTx, params: Params) -> list[Row]:
     """The fenced compare-and-set that ends the run, then (only if it matched) the task done."""
-    if tx.execute(q.CAS_FINISH, params).rowcount == 0:
+    if tx.conn.execute(q.CAS_FINISH, params).rowcount == 0:
         return []
-    tx.execute(q.TASK_DONE, params)
+    tx.conn.execute(q.TASK_DONE, params)
     return [(params["run_id"],)]
 
 
 def advance(tx: SQLiteTx, params: Params) -> list[Row]:
     """The fenced compare-and-set, then the task done, the run moved to another queue if one
     is given, and the next task inserted."""
-    if tx.execute(q.CAS_STATE, params).rowcount == 0:
+    if tx.conn.execute(q.CAS_STATE, params).rowcount == 0:
         return []
-    tx.execute(q.TASK_DONE, params)
+    tx.conn.execute(q.TASK_DONE, params)
     if params["queue"] is not None:
-        tx.execute(q.MOVE_RUN, params)
-    tx.execute(q.CAS_NEXT_TASK, params)
+        tx.conn.execute(q.MOVE_RUN, params)
+    tx.conn.execute(q.CAS_NEXT_TASK, params)
     return [(params["run_id"],)]
 
 
 def release(tx: SQLiteTx, params: Params) -> list[Row]:
     """Is the lease live? Then its attempt's end goes into the history, the task goes back
     after the delay, and the error (if any) onto the run."""
-    if tx.execute(q.CHECK_FENCE, params).fetchone() is None:
+    if tx.conn.execute(q.CHECK_FENCE, params).fetchone() is None:
         return []
-    tx.execute(q.ATTEMPT_ENDED, {**params, "outcome": "released"})
-    tx.execute(q.RELEASE_TASK, params)
+    tx.conn.execute(q.ATTEMPT_ENDED, {**params, "outcome": "released"})
+    tx.conn.execute(q.RELEASE_TASK, params)
     if params["error"] is not None:
-        tx.execute(q.RUN_ERROR, params)
+        tx.conn.execute(q.RUN_ERROR, params)
     return [(params["run_id"],)]
 
 
@@ -92,23 +93,25 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     for run in params["runs"]:
         new = {"state": run.state, "name": run.task, "queue": run.queue,
                "priority": run.priority, "key": run.key, "now": now}  # fmt: skip
-        row = tx.execute(q.INSERT_RUN, new).fetchone()
+        row = tx.conn.execute(q.INSERT_RUN, new).fetchone()
         if row is None:
             rows.append((0, False))
             continue
         first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay}
-        tx.execute(q.INSERT_TASK, {**first, "now": now})
+        tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         rows.append((row[0], True))
     return rows
 
 
 def find_by_keys(tx: SQLiteTx, params: Params) -> list[Row]:
-    rows = ((key, tx.execute(q.FIND_BY_KEY, {"key": key}).fetchone()) for key in params["keys"])
+    rows = (
+        (key, tx.conn.execute(q.FIND_BY_KEY, {"key": key}).fetchone()) for key in params["keys"]
+    )
     return [(key, row[0]) for key, row in rows if row is not None]
 
 
 def next_ready_queues(tx: SQLiteTx, params: Params) -> list[Row]:
-    return tx.execute(r.NEXT_READY_QUEUES, {"queues": json.dumps(params["queues"])}).fetchall()
+    return tx.conn.execute(r.NEXT_READY_QUEUES, {"queues": json.dumps(params["queues"])}).fetchall()
 
 
 STEPS: dict[str, Step] = {
