@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import abc
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -102,6 +102,9 @@ class Tx(abc.ABC):
     """One transaction in progress (or one read): runs the catalogue's statements by name."""
 
     catalogue: ClassVar[Catalogue]
+    # The engine sends ``many`` statements at once (one round trip): the protocol then sends a
+    # batch of one-step commits together, by kind. Without it, they go one by one, in order.
+    pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
 
     def __init__(self, now: float | None) -> None:
@@ -138,7 +141,11 @@ class Tx(abc.ABC):
         return cur.rowcount if cur.description is None else len(cur.fetchall())
 
     def many(self, name: str, each: Sequence[Params]) -> list[int]:
-        """``count`` for each parameter set, in order (a dialect may pipeline them)."""
+        """``count`` for each parameter set, in order (a ``pipelined`` dialect sends them at
+        once)."""
+        entry = self.catalogue[name]
+        if not isinstance(entry, str):
+            return [len(entry(self, params)) for params in each]
         return [self.count(name, params) for params in each]
 
 
@@ -155,12 +162,13 @@ class Dialect(abc.ABC):
 
     @abc.abstractmethod
     def write(
-        self, fn: Callable[[Tx], T], *, runs: Sequence[int] = (), intent: Intent = "write",
+        self, fn: Callable[[Tx], T], *, runs: Iterable[int] = (), intent: Intent = "write",
         caller: object = None,
     ) -> T:  # fmt: skip
         """``fn`` in one write transaction; ``runs``: the runs it will write (a dialect with
-        row locks locks them first, in id order). With ``caller``, the caller's own open
-        transaction on the same database instead: it commits or rolls back, not us."""
+        row locks locks them first, in id order; one without never reads them). With
+        ``caller``, the caller's own open transaction on the same database instead: it
+        commits or rolls back, not us."""
 
     @abc.abstractmethod
     def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False) -> T:

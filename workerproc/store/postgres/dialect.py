@@ -17,7 +17,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlencode
 
@@ -52,6 +52,7 @@ class PostgresTx(Tx):
     connection (transactional enqueue), whose search path is not our schema."""
 
     catalogue: ClassVar[Catalogue] = CATALOGUE
+    pipelined: ClassVar[bool] = True
 
     def __init__(self, cur: Cursor, now: float | None, prefix: str = "") -> None:
         super().__init__(now)
@@ -167,7 +168,7 @@ class PostgresDialect(Dialect):
         return None if self._clock is None else self._clock()
 
     def write(
-        self, fn: Callable[[Tx], T], *, runs: Sequence[int] = (), intent: Intent = "write",
+        self, fn: Callable[[Tx], T], *, runs: Iterable[int] = (), intent: Intent = "write",
         caller: object = None,
     ) -> T:  # fmt: skip
         """One transaction: ``fn(tx)`` where ``tx.now`` is the injected clock or None (the

@@ -113,9 +113,8 @@ leased AS (
       AND (t.lease_owner IS NULL OR t.lease_expires_at <= granted.now)
     RETURNING t.run_id, t.id, t.name, t.payload::text AS payload, t.attempts, t.attempt_base,
         t.lease_expires_at, t.claimed_at, t.prev_owner IS NOT NULL AS takeover)
-SELECT picked.id, picked.state, picked.revision, leased.id, leased.name, leased.payload,
-    leased.attempts, leased.attempt_base, leased.lease_expires_at, leased.claimed_at,
-    leased.takeover
+SELECT leased.id, picked.id, leased.name, leased.payload, leased.attempts, leased.attempt_base,
+    leased.lease_expires_at, leased.takeover, leased.claimed_at, picked.state, picked.revision
 FROM picked LEFT JOIN leased ON leased.run_id = picked.id
 ORDER BY picked.p DESC, picked.head_at, picked.head_created, picked.head_id"""
 

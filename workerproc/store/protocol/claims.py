@@ -1,8 +1,8 @@
 """The claim (R1, R6, B10), written once: the loop that turns a backend's ``CLAIM`` rows into
 leases, inside the caller's write transaction.
 
-A ``CLAIM`` row is ``(run_id, state, revision, task_id, name, payload, attempts, attempt_base,
-expires_at, claimed_at, takeover)``; ``task_id`` is None for a run the statement locked but
+A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
+takeover, claimed_at, state, revision)``; ``task_id`` is None for a run the statement locked but
 could not lease, because its head was written after the statement's snapshot (PostgreSQL: the
 run is ours now, and the next statement, with a fresh snapshot, sees the head).
 """
@@ -40,7 +40,7 @@ def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
             break
         got = 0
         for row in rows:
-            if row[3] is not None:
+            if row[0] is not None:
                 got += 1
                 lease = _lease(tx, req, row)
                 if lease is not None:
@@ -56,8 +56,8 @@ def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
 def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
-    (run_id, state, revision, task_id, name, payload, attempts, base, expires_at, claimed_at,
-     takeover) = row  # fmt: skip
+    (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
+     revision) = row  # fmt: skip
     if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
         attempt_ended(tx, task_id, "exhausted")
         dropped = tx.one("DROP_EXHAUSTED_LEASE", {"task_id": task_id})

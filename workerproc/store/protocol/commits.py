@@ -54,15 +54,11 @@ def _refusal(tx: Tx, params: Params, kind: str) -> CasResult:
 
 
 def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
-    """Every commit, each judged on its own, answers in order. Commits of different runs that
-    are one step each touch disjoint rows: they go together, one ``Tx.many`` per kind (one
-    round trip where the dialect pipelines); anything else (a run twice, a drop or a fail)
-    goes one by one, in order."""
-    if (
-        len(commits) < 2
-        or len({commit.lease.run_id for commit in commits}) < len(commits)
-        or any(commit.kind not in ONE_STEP for commit in commits)
-    ):
+    """Every commit, each judged on its own, answers in order. Where the dialect pipelines,
+    commits of different runs that are one step each (they touch disjoint rows) go together,
+    one ``Tx.many`` per kind: one round trip. Anything else (a run twice, a drop or a fail, a
+    dialect without pipelining) goes one by one, in order."""
+    if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
         return [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
     params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
     by_kind: dict[str, list[int]] = {}
@@ -77,6 +73,15 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         CasResult.OK if changed[i] else _refusal(tx, params[i], commit.kind)
         for i, commit in enumerate(commits)
     ]
+
+
+def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
+    runs: set[int] = set()
+    for commit in commits:
+        if commit.kind not in ONE_STEP or commit.lease.run_id in runs:
+            return False
+        runs.add(commit.lease.run_id)
+    return True
 
 
 def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:

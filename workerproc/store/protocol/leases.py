@@ -31,7 +31,7 @@ class Leases:
             leases = claims.claim(tx, claim) if claim is not None and claim.limit > 0 else []
             return BatchOutcome(results, tuple(leases))
 
-        runs = [commit.lease.run_id for commit in commits]
+        runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")
         if out.leases:
             self.dialect.claimed()

@@ -17,7 +17,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from typing import ClassVar, NoReturn, TypeVar
 
 from ...backoff import backoff
@@ -76,7 +76,7 @@ class SQLiteDialect(Dialect):
 
     # -- transactions --------------------------------------------------------------------------
     def write(
-        self, fn: Callable[[Tx], T], *, runs: Sequence[int] = (), intent: Intent = "write",
+        self, fn: Callable[[Tx], T], *, runs: Iterable[int] = (), intent: Intent = "write",
         caller: object = None,
     ) -> T:  # fmt: skip
         """One write transaction: BEGIN IMMEDIATE, then read the clock, then ``fn``. A

@@ -18,16 +18,14 @@ if TYPE_CHECKING:
 
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
-    """A claim's rows in the protocol's shape (``protocol.claims``), in task id order, each with
-    its run's state (the claim's trigger marked the run running) and the claim's "now"."""
-    rows = []
-    for task_id, run_id, name, payload, attempts, base, expires, takeover in sorted(
-        tx.conn.execute(statement, params).fetchall()
-    ):
-        state, revision = tx.conn.execute(q.RUN_STATE, {"run_id": run_id}).fetchone()
-        rows.append((run_id, state, revision, task_id, name, payload, attempts, base, expires,
-                     params["now"], takeover))  # fmt: skip
-    return rows
+    """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
+    statement's own, then the claim's "now" and the run's state (the claim's trigger marked
+    the run running)."""
+    execute, now = tx.conn.execute, params["now"]
+    return [
+        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1]}).fetchone())
+        for row in sorted(execute(statement, params).fetchall())
+    ]
 
 
 def claim(tx: SQLiteTx, params: Params) -> list[Row]:
