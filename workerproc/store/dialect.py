@@ -14,8 +14,8 @@ runs what the protocol names, on its engine:
   *step*: a few lines of Python for a logical step that is several statements on that engine
   (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
   the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
-- ``Tx.many``: one statement for each of many parameter sets; pipelined where the engine can
-  (PostgreSQL: one round trip), a loop elsewhere.
+- ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
+  sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
   own storage check.
 """
