@@ -173,3 +173,35 @@ def test_the_claim_walks_each_level_bounded_by_now(
         assert "Index Cond:" in lines[i + 1] and "head_at <= " in lines[i + 1], plan
         assert "Rows Removed by Filter" not in lines[i + 3], plan
     assert "Seq Scan on runs" not in plan, plan
+
+
+# -- the pipelined batch -------------------------------------------------------------------------
+def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's capability (``Tx.pipelined``): the finishes and releases of a batch over
+    different runs go out as one ``executemany`` per kind, never one statement each; a refused
+    one (a lease taken over) still answers lease_lost on its own, in its place."""
+    from workerproc.store import Commit  # noqa: PLC0415
+    from workerproc.store.postgres.dialect import PostgresTx  # noqa: PLC0415
+
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 6)
+    leases = store.claim("w", 30, limit=6)
+    stale = leases[5]
+    store.release(stale)  # its next claim is a new attempt: this lease is a zombie's now
+    assert store.claim("other", 30) is not None
+    one_by_one: list[str] = []
+    real = PostgresTx.execute
+    monkeypatch.setattr(PostgresTx, "execute", lambda self, sql, params: (
+        one_by_one.append(sql), real(self, sql, params))[1])  # fmt: skip
+    commits = [Commit(lease, "finish", expected_revision=0, new_state={}) for lease in leases[:3]]
+    commits += [Commit(leases[3], "release"), Commit(leases[4], "release"),
+                Commit(stale, "finish", expected_revision=0, new_state={})]  # fmt: skip
+    out = store.commit_many(commits)
+    assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
+    assert all(
+        "INSERT INTO fence_rejections" in sql or "SELECT t.run_id" in sql for sql in one_by_one
+    ), one_by_one  # only the refused finish was asked why, one statement at a time
+    assert [r.op for r in store.fence_rejections()][-1] == "finish"
+    store.close()
