@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workerproc.store import Commit, StoreUnavailable, open_store
-from workerproc.store.sqlite import SQLiteStore
+from workerproc.store.sqlite.dialect import SQLiteDialect
 
 NEVER = 10**9  # max_attempts for benchmarks that cycle claim -> release on the same tasks
 
@@ -143,7 +143,7 @@ def claim_latencies(paths: list[str], samples: int, limit: int | None = None) ->
 
 def _hammer(url: str, k: int, duration: float, barrier: Any, out: Any, lock_probe: bool) -> None:
     store = open_store(url)  # this process's own connection, opened after fork
-    assert isinstance(store, SQLiteStore)
+    assert isinstance(store.dialect, SQLiteDialect)
     done, waits, errors = 0, [], 0
     barrier.wait(60)
     started = time.perf_counter()
@@ -152,7 +152,7 @@ def _hammer(url: str, k: int, duration: float, barrier: Any, out: Any, lock_prob
         try:
             if lock_probe:  # BEGIN IMMEDIATE (with the store's retries) + COMMIT, nothing else
                 t0 = time.perf_counter()
-                store._write(lambda c, now: None)
+                store.dialect.write(lambda tx: None)
                 waits.append(time.perf_counter() - t0)
             lease = store.claim(f"p{k}", 600)
             if lease is None:

@@ -18,7 +18,17 @@ from typing import Any
 import pg_session
 import psycopg
 
-from workerproc.store import Clock, Lease, Store, open_store
+from workerproc.store import (
+    CasResult,
+    ClaimRequest,
+    Clock,
+    Commit,
+    CommitOutcome,
+    Lease,
+    Store,
+    open_store,
+)
+from workerproc.store.types import JSON
 
 
 class Backend(abc.ABC):
@@ -185,3 +195,42 @@ def claim(s: Store, owner: str = "w1", ttl: float = TTL, **kw: int) -> Lease:
 def snapshot(s: Store, *run_ids: int) -> list[object]:
     """Everything the store says about ``run_ids``: to show that nothing changed."""
     return [(s.get_run(r), s.get_tasks(r)) for r in run_ids]
+
+
+# -- calls the product has no caller for, written over what it has ------------------------------
+def commit(s: Store, last_word: Commit, *, claim: ClaimRequest | None = None) -> CommitOutcome:
+    """One commit under its lease and, in the same transaction, the next claim."""
+    out = s.commit_many((last_word,), claim=claim)
+    return CommitOutcome(out.results[0], out.leases[0] if out.leases else None)
+
+
+def advance(
+    s: Store,
+    lease: Lease,
+    expected_revision: int,
+    new_state: JSON,
+    next_task: str,
+    payload: JSON = None,
+    delay: float = 0,
+) -> CasResult:
+    step = Commit(lease, "advance", expected_revision=expected_revision, new_state=new_state,
+                  next_task=next_task, next_payload=payload, delay=delay)  # fmt: skip
+    return commit(s, step).result
+
+
+def finish(
+    s: Store, lease: Lease, expected_revision: int, new_state: JSON, result: JSON = None
+) -> CasResult:
+    step = Commit(lease, "finish", expected_revision=expected_revision, new_state=new_state,
+                  result=result)  # fmt: skip
+    return commit(s, step).result
+
+
+def renew_until(s: Store, lease: Lease, ttl: float) -> float | None:
+    """Renew one lease: its new expiry, or None when it is lost or expired."""
+    return s.renew_many([lease], ttl)[0]
+
+
+def fail_run(s: Store, run_id: int, reason: str, error: str | None = None) -> bool:
+    """An operator's fail of a live run (the store ends it as it cancels one)."""
+    return s._end_run(run_id, "FAIL_RUN", {"reason": reason, "error": error})

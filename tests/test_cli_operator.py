@@ -14,6 +14,7 @@ from pathlib import Path
 import pg_session
 import pytest
 from click.testing import CliRunner, Result
+from store_backends import fail_run
 
 from supervisor import exitcodes
 from supervisor.commands.cli import cli
@@ -135,7 +136,7 @@ def test_runs_filters_limits_and_json(db: str) -> None:
     with open_store(db) as store:
         for i in range(5):
             store.start_run("t", {"i": i})
-        store.fail_run(2, "boom", "ValueError: x")
+        fail_run(store, 2, "boom", "ValueError: x")
         store.cancel_run(3)
     result = invoke("runs", "--db", db)
     assert result.exit_code == 0 and len(result.stdout.strip().splitlines()) == 6
@@ -172,7 +173,7 @@ def test_unknown_or_malformed_run_id(db: str, command: str) -> None:
 def test_retry_a_failed_run_and_refuse_a_pending_one(db: str) -> None:
     with open_store(db) as store:
         store.start_run("t")
-        store.fail_run(1, "boom")
+        fail_run(store, 1, "boom")
     result = invoke("retry", "1", "--db", db)
     assert result.exit_code == 0 and "queued again" in result.stdout
     with open_store(db) as store:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
+from store_backends import fail_run, finish
 from sv_harness import Supervisor, env_with_tests
 
 from supervisor import exitcodes
@@ -88,9 +89,9 @@ def test_wait_exits_with_how_the_run_ended(db: str, ending: str, code: int) -> N
             if ending == "succeeded":
                 lease = store.claim("h:1:1.00:w", 30)
                 assert lease is not None
-                store.finish(lease, lease.revision, {}, result={"ok": True})
+                finish(store, lease, lease.revision, {}, result={"ok": True})
             elif ending == "failed":
-                store.fail_run(run_id, "boom", "ValueError: no")
+                fail_run(store, run_id, "boom", "ValueError: no")
             else:
                 store.cancel_run(run_id)
 

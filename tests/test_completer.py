@@ -27,19 +27,19 @@ from workerproc.store import (
     StoreError,
     StoreReadOnly,
     StoreUnavailable,
+    open_store,
 )
-from workerproc.store.sqlite import SQLiteStore
 
 OWNER = "host:1:1.00:w"
 TTL = 30.0
 
 
-class Faulty(SQLiteStore):
+class Faulty(Store):
     """The real store; its next ``failures`` batched writes raise ``error`` (a busy database,
     a read-only file), and it counts every conversation."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, db: str) -> None:
+        super().__init__(open_store(db).dialect)
         self.failures = 0
         self.error: StoreError = StoreUnavailable("database is locked")
         self.calls: list[tuple[int, int]] = []  # (commits, leases asked for)

@@ -1,6 +1,7 @@
 """docs/protocol.md cannot drift from the code: every statement, function, class, test, index and
-trigger it names in backticks must exist, every statement the SQLite protocol code runs must be
-named there, and every rule's section must name the test that proves it."""
+trigger it names in backticks must exist, every statement the SQLite backend runs must be named
+there, its statement index must hold the protocol's whole vocabulary (and nothing else), and
+every rule's section must name the test that proves it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from workerproc.store import open_store
+from workerproc.store.dialect import STATEMENTS
+from workerproc.store.sqlite.steps import STEPS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "protocol.md"
@@ -20,12 +23,14 @@ STORE = ROOT / "workerproc" / "store"
 CODE_DIRS = ("workerproc", "supervisor", "tests")
 
 SPAN = re.compile(r"`([^`\n]+)`")
-STATEMENT = re.compile(r"^(\w+_sql)\.([A-Z_][A-Z0-9_]*)$")  # sqlite_sql.CLAIM
+STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
+STATEMENT_MODULES = ("sql.py", "reads_sql.py")  # where a backend's SQL constants live
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence
 SCHEMA_REF = re.compile(r"\b(triggers?|index(?:es)?|tables?)\s+`(\w+)`")
 PLURAL = {"triggers": "trigger", "indexes": "index", "tables": "table"}
-USED = re.compile(r"\bq\.([A-Z][A-Z0-9_]*)\b")  # how the protocol modules use sqlite_sql
+PART = re.compile(r"\b[qr]\.([A-Z][A-Z0-9_]*)\b")  # how a backend's steps use its statements
+NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a name of the protocol's vocabulary
 RULE = re.compile(r"^#{2,3} ((?:R[1-7]|B(?:[1-9]|10)):)", re.MULTILINE)
 
 
@@ -86,10 +91,12 @@ def classes() -> dict[str, list[ast.ClassDef]]:
 def missing_reference(ref: str) -> str | None:
     """Why ``ref`` names nothing, or None when it exists (or is not a reference)."""
     if m := STATEMENT.match(ref):
-        module = STORE / f"{m[1]}.py"
-        if not module.is_file():
-            return f"no module {module.relative_to(ROOT)}"
-        return None if m[2] in names(tree(module).body) else f"{m[1]} has no {m[2]}"
+        modules = [STORE / m[1] / name for name in STATEMENT_MODULES]
+        missing = [path for path in modules if not path.is_file()]
+        if missing:
+            return f"no module {missing[0].relative_to(ROOT)}"
+        found = any(m[2] in names(tree(path).body) for path in modules)
+        return None if found else f"the {m[1]} backend has no statement {m[2]}"
     if m := PATH_REF.match(ref):
         path = ROOT / m[1]
         if "/" not in m[1] and m[2] is None:  # a bare file name: somewhere in the project
@@ -130,13 +137,25 @@ def test_every_index_and_trigger_named_is_in_the_sqlite_schema(tmp_path: Path) -
     assert {kind for kind, _ in named} >= {"trigger", "index", "table"}
 
 
-def test_every_statement_the_protocol_runs_is_documented() -> None:
-    documented = {m[2] for r in spans(doc()) if (m := STATEMENT.match(r)) and m[1] == "sqlite_sql"}
-    used: set[str] = set()
-    for module in ("sqlite.py", "sqlite_producer.py"):
-        used |= set(USED.findall((STORE / module).read_text(encoding="utf-8")))
-    assert used, "the protocol modules no longer use sqlite_sql as q: update this test"
+def sqlite_runs() -> set[str]:
+    """Every SQL constant the SQLite backend runs: its catalogue's plain statements (the
+    vocabulary less its steps) and the statements its steps run."""
+    steps = (STORE / "sqlite" / "steps.py").read_text(encoding="utf-8")
+    return (set(STATEMENTS) - set(STEPS)) | set(PART.findall(steps))
+
+
+def test_every_statement_the_sqlite_backend_runs_is_documented() -> None:
+    documented = {m[2] for r in spans(doc()) if (m := STATEMENT.match(r)) and m[1] == "sqlite"}
+    used = sqlite_runs()
+    assert {"CAS_FINISH", "RUN_STATE", "CHECK_FENCE"} <= used, "the steps changed: update this test"
     assert used - documented == set(), "statements missing from docs/protocol.md"
+
+
+def test_the_statement_index_holds_the_whole_vocabulary() -> None:
+    index = doc().split("\n## Statement index", 1)[1].split("\n## ", 1)[0]
+    named = {r for r in spans(index) if NAME.match(r)}
+    assert named - STATEMENTS == set(), "the index names what the protocol does not run"
+    assert STATEMENTS - named == set(), "names of the vocabulary missing from the index"
 
 
 def sections() -> dict[str, str]:
@@ -157,7 +176,9 @@ def test_every_rule_names_its_statements_code_and_proof(rule: str) -> None:
     body = sections()[rule]
     refs = spans(body)
     assert "**SQLite statements:**" in body, f"{rule}: which statement enforces it?"
-    assert any(STATEMENT.match(r) for r in refs), f"{rule}: no sqlite_sql statement named"
+    assert any((m := STATEMENT.match(r)) and m[1] == "sqlite" for r in refs), (
+        f"{rule}: no SQLite statement named"
+    )
     assert "**Python:**" in body and "**Proof:**" in body, f"{rule}: Python or Proof missing"
     proof = body.split("**Proof:**", 1)[1]
     assert any(r.startswith("tests/") and "::" in r for r in spans(proof)), f"{rule}: no test"

@@ -22,7 +22,7 @@ from supervisor import exitcodes
 from supervisor.commands.cli import cli
 from workerproc import TaskContext, options
 from workerproc.config import WorkerConfig
-from workerproc.store import InvalidPayload, Store, open_store
+from workerproc.store import Commit, InvalidPayload, Store, open_store
 from workerproc.store.codec import MAX_DEPTH, MAX_PAYLOAD
 
 
@@ -168,3 +168,65 @@ def test_standalone_worker_help_lists_every_declared_option() -> None:
         if d.opt.on_worker:
             assert d.opt.long in done.stdout
     assert "%" in done.stdout  # the jitter's "±25 %" is shown, not swallowed
+
+
+# -- names: the same limits on every backend (issue 22, items 8 and 11) -------------------------
+BAD_NAMES = {
+    "NUL": "a\x00b",
+    "a lone surrogate": "a\udcffb",
+    "one character too many": "x" * 201,
+    "100,000 characters": "x" * 100_000,
+}
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_NAMES))
+@pytest.mark.parametrize("field", ["task", "key", "queue"])
+def test_every_backend_refuses_the_same_names_on_every_path(
+    s: Store, backend: Backend, field: str, bad: str
+) -> None:
+    """A key, task name or queue name one backend could store and another could not is
+    refused on both alike (InvalidPayload, never UnicodeEncodeError), whether it comes through
+    start_run, start_runs, the caller's transaction or an advance; nothing is written."""
+    value = BAD_NAMES[bad] if field != "key" or bad != "one character too many" else "k" * 256
+    item = {"task": "t", field: value}
+    with pytest.raises(InvalidPayload):
+        s.start_run(**item)  # type: ignore[arg-type]
+    with pytest.raises(InvalidPayload):
+        s.start_runs([{"task": "t"}, item])
+    conn = backend.app_connection()
+    try:
+        with pytest.raises(InvalidPayload):
+            s.start_runs([item], tx=conn)
+    finally:
+        conn.rollback()
+        conn.close()
+    assert s.list_runs() == []
+    if field != "key":  # an advance names its next task and, maybe, another queue
+        s.start_run("t")
+        lease = s.claim("w", 60)
+        assert lease is not None
+        step = {"next_task": value} if field == "task" else {"next_task": "n", "next_queue": value}
+        with pytest.raises(InvalidPayload):
+            s.commit_many([Commit(lease, "advance", expected_revision=0, new_state={}, **step)])
+        assert [t.name for t in s.get_tasks(lease.run_id)] == ["t"]
+
+
+@pytest.mark.parametrize("bad", sorted(BAD_NAMES))
+def test_a_name_no_store_could_hold_is_refused_when_looked_up_too(s: Store, bad: str) -> None:
+    """A lookup by such a name (the CLI's --queue, the dashboard's task filter, a claim's
+    queues and owner) is InvalidPayload on every backend, not an empty answer on one and an
+    encoding error on another."""
+    value = BAD_NAMES[bad]
+    s.start_run("t")
+    lookups = {
+        "list_runs": lambda: s.list_runs(queue=value),
+        "runs_page": lambda: s.runs_page(task=value),
+        "next_ready_at": lambda: s.next_ready_at([value]),
+        "claim's queues": lambda: s.claim("w", 60, queues=[value]),
+        "claim's owner": lambda: s.claim(value if len(value) < 200 else "w" * 256, 60),
+    }
+    for what, lookup in lookups.items():
+        with pytest.raises(InvalidPayload):
+            lookup()
+            pytest.fail(f"{what} took {bad}")
+    assert s.stats().leased == 0

@@ -19,16 +19,15 @@ from workerproc.app import LeaseLost
 from workerproc.config import WorkerConfig
 from workerproc.execution import Execution, Mode
 from workerproc.policy import SLOW_BEHIND
-from workerproc.store import BatchOutcome, ClaimRequest, Commit, open_store
-from workerproc.store.sqlite import SQLiteStore
+from workerproc.store import BatchOutcome, ClaimRequest, Commit, Store, open_store
 from workerproc.worker import Worker
 
 
-class Spy(SQLiteStore):
+class Spy(Store):
     """The real store, counting the conversations: every commit_many and what it asked."""
 
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
+    def __init__(self, db: str) -> None:
+        super().__init__(open_store(db).dialect)
         self.exchanges: list[tuple[int, int]] = []  # (commits written, leases asked for)
 
     def commit_many(

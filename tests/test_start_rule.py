@@ -247,12 +247,15 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
     the time the answer came."""
     from workerproc import App, exitcodes  # noqa: PLC0415
     from workerproc.config import WorkerConfig  # noqa: PLC0415
-    from workerproc.store.sqlite import SQLiteStore  # noqa: PLC0415
+    from workerproc.store import Store  # noqa: PLC0415
 
     db = str(tmp_path / "lk.db")
     renewals: list[int] = []
 
-    class SlowRenewals(SQLiteStore):
+    class SlowRenewals(Store):
+        def __init__(self, db: str) -> None:
+            super().__init__(open_store(db).dialect)
+
         def renew_many(self, leases: Any, ttl: float) -> list[float | None]:
             renewals.append(len(leases))
             time.sleep(0.15)

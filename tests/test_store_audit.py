@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from helpers import FakeClock
-from store_backends import Backend
-from unfenced import unfenced_statements
+from store_backends import Backend, commit, finish
+from unfenced import sources, unfenced_statements
 
-from workerproc.store import Commit, Store, open_store, postgres_sql, sqlite_sql
-from workerproc.store.sqlite_schema import MIGRATIONS, SCHEMA_VERSION
+from workerproc.store import Commit, Store, open_store
+from workerproc.store.sqlite.schema import MIGRATIONS, SCHEMA_VERSION
 
 TTL = 10.0
 
@@ -41,7 +41,7 @@ class TestEvidence:
         assert live is not None
         assert not s.renew(zombie, TTL)
         assert s.compare_and_set(zombie, 0, {"x": 1}) == "lease_lost"
-        assert s.commit(Commit(zombie, "finish", new_state={"x": 2})).result == "lease_lost"
+        assert commit(s, Commit(zombie, "finish", new_state={"x": 2})).result == "lease_lost"
         assert not s.ack(zombie)
         rejections = s.fence_rejections()
         assert [r.op for r in rejections] == ["renew", "compare_and_set", "finish", "ack"]
@@ -117,7 +117,7 @@ def zombie_finish(backend: Backend) -> tuple[bool, str, int]:
         now[0] += 11
         assert s.claim("b", 10) is not None
         renewed = s.renew_many([zombie], 10)[0] is not None
-        return renewed, str(s.finish(zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
+        return renewed, str(finish(s, zombie, 0, {"by": "zombie"})), len(s.integrity_violations())
     finally:
         s.close()
 
@@ -130,9 +130,12 @@ def test_the_broken_test_store_really_lets_a_zombie_write(
     assert zombie_finish(backend) == (False, "lease_lost", 0)
     (tmp_path / "unfenced").mkdir()
     other = type(backend)(str(tmp_path / "unfenced"))  # a fresh database
-    module = postgres_sql if backend.name == "postgres" else sqlite_sql
-    for name, sql in unfenced_statements(module).items():  # undone by monkeypatch afterwards
-        monkeypatch.setattr(module, name, sql)
+    module, catalogue = sources(backend.name)
+    for name, sql in unfenced_statements(backend.name).items():  # undone by monkeypatch afterwards
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, sql)
+        if isinstance(catalogue.get(name), str):
+            monkeypatch.setitem(catalogue, name, sql)
     assert zombie_finish(other) == (True, "ok", 1)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
+from store_backends import advance, finish
 
 from workerproc.store import (
     InvalidPayload,
@@ -24,7 +25,7 @@ from workerproc.store import (
     StoreUnavailable,
     open_store,
 )
-from workerproc.store.sqlite_schema import SCHEMA_VERSION
+from workerproc.store.sqlite.schema import SCHEMA_VERSION
 
 
 def rows(path: str) -> tuple[int, int, int]:
@@ -117,9 +118,9 @@ def test_non_json_is_rejected_and_writes_nothing(
         lambda: store.start_run("t", payload=bad),
         lambda: store.start_run("t", state=bad),
         lambda: store.compare_and_set(lease, 0, bad),
-        lambda: store.advance(lease, 0, bad, "next"),
-        lambda: store.advance(lease, 0, None, "next", payload=bad),
-        lambda: store.finish(lease, 0, None, result=bad),
+        lambda: advance(store, lease, 0, bad, "next"),
+        lambda: advance(store, lease, 0, None, "next", payload=bad),
+        lambda: finish(store, lease, 0, None, result=bad),
     ]
     before = rows(db_path)
     for call in calls:
@@ -166,7 +167,7 @@ def test_exclusive_lock_past_busy_timeout_is_unavailable_and_reads_work(db_path:
 
 def test_busy_timeout_in_url(db_path: str) -> None:
     store = open_store(f"sqlite:///{db_path}?busy_timeout=0.2")
-    assert isinstance(store, Store) and store.busy_timeout == 0.2  # type: ignore[attr-defined]
+    assert isinstance(store, Store) and store.dialect.busy_timeout == 0.2  # type: ignore[attr-defined]
     store.close()
 
 
@@ -218,7 +219,7 @@ def test_new_database_opened_by_many_processes_at_once(db_path: str) -> None:
 def test_sqlite_url_and_synchronous(db_path: str, suffix: str, level: int) -> None:
     store = open_store(f"sqlite:///{db_path}{suffix}")
     run_id = store.start_run("t")
-    conn = store._conn()  # type: ignore[attr-defined]
+    conn = store.dialect._conn()  # type: ignore[attr-defined]
     assert conn.execute("PRAGMA synchronous").fetchone()[0] == level
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1

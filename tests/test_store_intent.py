@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from workerproc.store import ClaimRequest, open_store
-from workerproc.store.sqlite_intent import YIELD_MAX, Intent
+from workerproc.store.sqlite.intent import YIELD_MAX, Intent
 
 
 def test_an_announced_producer_is_seen_until_its_transaction_ends(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import FakeClock, wait_for
-from store_backends import TTL, Backend, claim, snapshot
+from store_backends import TTL, Backend, advance, claim, commit, fail_run, finish, snapshot
 
 from workerproc.store import (
     CasResult,
@@ -22,7 +22,7 @@ class TestStoreOperations:
     def test_advance_casts_state_enqueues_next_and_acks(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("a", state={"n": 0})
         lease = claim(s)
-        assert s.advance(lease, 0, {"n": 1}, "b", payload={"x": 1}) is CasResult.OK
+        assert advance(s, lease, 0, {"n": 1}, "b", payload={"x": 1}) is CasResult.OK
         first, second = s.get_tasks(run_id)
         assert first.done_at == clock.now and first.lease_owner is None
         assert (second.name, second.payload, second.available_at) == ("b", {"x": 1}, clock.now)
@@ -31,7 +31,7 @@ class TestStoreOperations:
 
     def test_advance_with_delay_makes_a_delayed_task(self, s: Store, clock: FakeClock) -> None:
         s.start_run("a")
-        assert s.advance(claim(s), 0, None, "b", delay=30) is CasResult.OK
+        assert advance(s, claim(s), 0, None, "b", delay=30) is CasResult.OK
         assert s.claim("w1", TTL) is None
         assert s.next_ready_at() == clock.now + 30
         clock.advance(30)
@@ -41,13 +41,13 @@ class TestStoreOperations:
         run_id = s.start_run("a")
         lease = claim(s)
         before = snapshot(s, run_id)
-        assert s.advance(lease, 7, {"n": 1}, "b") is CasResult.CONFLICT
+        assert advance(s, lease, 7, {"n": 1}, "b") is CasResult.CONFLICT
         assert snapshot(s, run_id) == before
 
     def test_finish_succeeds_run_with_result(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("a", state={"n": 0})
         lease = claim(s)
-        assert s.finish(lease, 0, {"n": 1}, result={"ok": True}) is CasResult.OK
+        assert finish(s, lease, 0, {"n": 1}, result={"ok": True}) is CasResult.OK
         run = s.get_run(run_id)
         assert run is not None
         assert (run.status, run.state, run.revision, run.result) == (
@@ -59,11 +59,11 @@ class TestStoreOperations:
     @pytest.mark.parametrize(
         "call",
         [
-            lambda s, lease: s.advance(lease, 0, {"bad": object()}, "b"),
-            lambda s, lease: s.advance(lease, 0, None, "b", payload={1j}),
-            lambda s, lease: s.advance(lease, 0, None, ""),
-            lambda s, lease: s.finish(lease, 0, {"n": float("nan")}),
-            lambda s, lease: s.finish(lease, 0, None, result=b"bytes"),
+            lambda s, lease: advance(s, lease, 0, {"bad": object()}, "b"),
+            lambda s, lease: advance(s, lease, 0, None, "b", payload={1j}),
+            lambda s, lease: advance(s, lease, 0, None, ""),
+            lambda s, lease: finish(s, lease, 0, {"n": float("nan")}),
+            lambda s, lease: finish(s, lease, 0, None, result=b"bytes"),
             lambda s, lease: s.compare_and_set(lease, 0, {"n": {1, 2}}),
         ],
         ids=["advance-state", "advance-payload", "advance-noname", "finish-nan", "finish-result",
@@ -81,7 +81,7 @@ class TestStoreOperations:
     def test_commit_fail_fails_run_and_keeps_task(self, s: Store) -> None:
         run_id = s.start_run("a")
         lease = claim(s)
-        out = s.commit(Commit(lease, "fail", reason="bad_input", error="Traceback ..."))
+        out = commit(s, Commit(lease, "fail", reason="bad_input", error="Traceback ..."))
         assert out.result is CasResult.OK
         run = s.get_run(run_id)
         assert run is not None and (run.status, run.failure_reason, run.last_error) == (
@@ -94,7 +94,7 @@ class TestStoreOperations:
         run_id = s.start_run("a", state={"n": 0})
         lease = claim(s)
         assert s.cancel_run(run_id)
-        assert s.commit(Commit(lease, "drop")).result is CasResult.OK
+        assert commit(s, Commit(lease, "drop")).result is CasResult.OK
         run = s.get_run(run_id)
         assert run is not None and (run.status, run.state) == ("cancelled", {"n": 0})
         assert s.get_tasks(run_id)[0].done_at is not None
@@ -103,11 +103,11 @@ class TestStoreOperations:
         s.start_run("a")
         other = s.start_run("b")
         lease = claim(s)
-        commit = Commit(lease, "finish", expected_revision=0, new_state=None)
-        out = s.commit(commit, claim=ClaimRequest("w1", TTL))
+        done = Commit(lease, "finish", expected_revision=0, new_state=None)
+        out = commit(s, done, claim=ClaimRequest("w1", TTL))
         assert out.result is CasResult.OK
         assert out.next_lease is not None and out.next_lease.run_id == other
-        lost = s.commit(commit, claim=ClaimRequest("w1", TTL))  # lost lease: still claims
+        lost = commit(s, done, claim=ClaimRequest("w1", TTL))  # lost lease: still claims
         assert lost.result is CasResult.LEASE_LOST and lost.next_lease is None
 
     # -- operators ----------------------------------------------------------------------------
@@ -117,8 +117,8 @@ class TestStoreOperations:
         assert s.cancel_run(run_id)
         assert not s.cancel_run(run_id)  # already ended
         assert s.compare_and_set(lease, 0, {"n": 1}) is CasResult.CONFLICT
-        assert s.advance(lease, 0, {"n": 1}, "b") is CasResult.CONFLICT
-        assert s.finish(lease, 0, {"n": 1}) is CasResult.CONFLICT
+        assert advance(s, lease, 0, {"n": 1}, "b") is CasResult.CONFLICT
+        assert finish(s, lease, 0, {"n": 1}) is CasResult.CONFLICT
         run = s.get_run(run_id)
         assert run is not None and (run.status, run.state, run.revision) == (
             "cancelled",
@@ -131,7 +131,7 @@ class TestStoreOperations:
     def test_retry_run_fencing_attempts_never_repeat(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("a")
         zombie = claim(s, "w1", max_attempts=1)  # attempt 1, still live
-        assert s.fail_run(run_id, "operator", "stuck")
+        assert fail_run(s, run_id, "operator", "stuck")
         assert s.retry_run(run_id)
         run = s.get_run(run_id)
         assert run is not None and (run.status, run.failure_reason) == ("pending", None)
@@ -218,8 +218,8 @@ class TestStoreOperations:
 
     def test_fail_run(self, s: Store) -> None:
         run_id = s.start_run("a")
-        assert s.fail_run(run_id, "operator", "why")
-        assert not s.fail_run(run_id, "again")
+        assert fail_run(s, run_id, "operator", "why")
+        assert not fail_run(s, run_id, "again")
         run = s.get_run(run_id)
         assert run is not None and (run.failure_reason, run.last_error) == ("operator", "why")
 
@@ -273,7 +273,7 @@ class TestStoreOperations:
         second = s.start_run("b")
         assert s.get_run(second + 1) is None and s.get_tasks(second + 1) == []
         lease = claim(s)
-        assert s.advance(lease, 0, None, "a2", payload=[1, 2]) is CasResult.OK
+        assert advance(s, lease, 0, None, "a2", payload=[1, 2]) is CasResult.OK
         tasks = s.get_tasks(first)
         assert [(t.name, t.payload, t.attempts) for t in tasks] == [
             ("a", {"p": 1}, 1),
@@ -283,6 +283,6 @@ class TestStoreOperations:
         assert [r.id for r in s.list_runs()] == [second, first]
         assert [r.id for r in s.list_runs(limit=1)] == [second]
         assert [r.id for r in s.list_runs("running")] == [first]
-        assert s.fail_run(second, "x")
+        assert fail_run(s, second, "x")
         assert [r.id for r in s.list_runs(status="failed")] == [second]
         assert s.list_runs(status="cancelled") == []

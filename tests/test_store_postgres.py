@@ -20,18 +20,19 @@ import pg_session
 import psycopg
 import pytest
 from helpers import wait_for
-from store_backends import PostgresBackend
+from store_backends import PostgresBackend, advance, finish, renew_until
 
 from supervisor.loop.storegate import StoreGate
 from workerproc.store import (
     SchemaTooNew,
+    Store,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
     open_store,
 )
-from workerproc.store.postgres import PostgresStore
-from workerproc.store.postgres_schema import SCHEMA_VERSION, VERSION_TABLE
+from workerproc.store.postgres.dialect import PostgresDialect
+from workerproc.store.postgres.schema import SCHEMA_VERSION, VERSION_TABLE
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ SKEWED = textwrap.dedent(
             out = {"lease": None if lease is None else lease.__dict__}
         elif op["do"] == "renew":
             from workerproc.store import Lease
-            out = {"renewed": store.renew_until(Lease(**op["lease"]), op["ttl"])}
+            out = {"renewed": store.renew_many([Lease(**op["lease"])], op["ttl"])[0]}
         elif op["do"] == "now":
             out = {"store_now": store.now(), "host_now": time.time()}
         print(json.dumps(out), flush=True)
@@ -238,7 +239,7 @@ def test_an_exchange_frozen_mid_transaction_frees_its_run_within_the_idle_bound(
 
     def exchange() -> None:
         try:
-            frozen._write(stall, runs=[run_id])  # type: ignore[attr-defined]
+            frozen.dialect.write(lambda tx: stall(tx.cur, tx.now), runs=[run_id])  # type: ignore[attr-defined]
             outcome.append(None)
         except StoreError as exc:
             outcome.append(exc)
@@ -280,14 +281,14 @@ def test_a_terminated_connection_is_replaced_and_nothing_is_lost(pg: PostgresBac
 
 def test_a_renewal_without_a_connection_is_an_error_not_a_lost_lease(pg: PostgresBackend) -> None:
     store = open_store(pg.url + "&busy_timeout=0.5")
-    assert isinstance(store, PostgresStore)
+    assert isinstance(store.dialect, PostgresDialect)
     store.start_run("t")
     lease = store.claim("w", 30)
     assert lease is not None
-    store.conninfo = "postgresql://postgres@127.0.0.1:1/nowhere"  # the server is gone
+    store.dialect.conninfo = "postgresql://postgres@127.0.0.1:1/nowhere"  # the server is gone
     terminate(pg)
     with pytest.raises(StoreUnavailable):
-        store.renew_until(lease, 30)
+        renew_until(store, lease, 30)
     store.close()
     assert pg.open().renew(lease, 30)  # the lease itself was never lost
 
@@ -305,8 +306,8 @@ def _busy_worker(url: str, k: int, out_dir: str) -> None:
                     break
                 time.sleep(0.05)
                 continue
-            if store.advance(lease, lease.revision, {"k": k}, "again") if lease.task == "first" \
-                    else store.finish(lease, lease.revision, {"k": k}):  # fmt: skip
+            if advance(store, lease, lease.revision, {"k": k}, "again") if lease.task == "first" \
+                    else finish(store, lease, lease.revision, {"k": k}):  # fmt: skip
                 done += 1
         except StoreUnavailable:
             errors += 1
@@ -340,26 +341,33 @@ def test_workers_survive_their_backends_being_killed_under_load(
 
 
 # -- change_token --------------------------------------------------------------------------------
-class CountingStore(PostgresStore):
+class CountingDialect(PostgresDialect):
     """Counts the store's own transactions: change_token must not make any."""
 
     transactions = 0
 
     def _transaction(self, *args: Any, **kwargs: Any) -> Any:
-        CountingStore.transactions += 1
+        CountingDialect.transactions += 1
         return super()._transaction(*args, **kwargs)
 
 
+def counting_store(url: str) -> Store:
+    """A store on ``url`` whose dialect counts its transactions."""
+    store = open_store(url)
+    store.dialect.__class__ = CountingDialect  # the same dialect, counting
+    return store
+
+
 def test_change_token_costs_no_round_trip_and_wakes_on_notify(pg: PostgresBackend) -> None:
-    reader, writer = CountingStore(pg.url), pg.open()
+    reader, writer = counting_store(pg.url), pg.open()
     token = reader.change_token()
-    before = CountingStore.transactions
+    before = CountingDialect.transactions
     for _ in range(200):
         assert reader.change_token() == token  # nothing happened: no query either
-    assert CountingStore.transactions == before
+    assert CountingDialect.transactions == before
     writer.start_run("a")
     wait_for(lambda: reader.change_token() != token, timeout=10, interval=0.005)
-    assert CountingStore.transactions == before
+    assert CountingDialect.transactions == before
     reader.close()
     writer.close()
 
@@ -405,7 +413,7 @@ def test_one_store_serves_many_threads_each_on_its_own_connection(pg: PostgresBa
         def read(cur: Any, _now: Any) -> int:
             return int(cur.execute("SELECT pg_backend_pid()").fetchone()[0])
 
-        pids.add(store._read(read))  # type: ignore[attr-defined]
+        pids.add(store.dialect.read(lambda tx: read(tx.cur, tx.now)))  # type: ignore[attr-defined]
 
     threads = [threading.Thread(target=work) for _ in range(4)]
     for t in threads:

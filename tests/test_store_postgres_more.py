@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from helpers import wait_for
-from store_backends import PostgresBackend
+from store_backends import PostgresBackend, finish
 from test_cli_operator import invoke
-from test_store_postgres import CountingStore
+from test_store_postgres import CountingDialect, counting_store
 
 from supervisor import exitcodes
-from workerproc.store import postgres_sql
+from workerproc.store.postgres import sql as postgres_sql
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def watched(pg: PostgresBackend, run_id: int) -> bool:
 def test_wait_sleeps_until_its_run_ends_and_other_work_does_not_wake_it(
     pg: PostgresBackend,
 ) -> None:
-    waiter, writer = CountingStore(pg.url), pg.open()
+    waiter, writer = counting_store(pg.url), pg.open()
     run_id = writer.start_run("t")
     out: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: out.update(run=waiter.wait(run_id, timeout=120)))
@@ -43,17 +43,17 @@ def test_wait_sleeps_until_its_run_ends_and_other_work_does_not_wake_it(
     try:
         wait_for(lambda: watched(pg, run_id), what="the waiter's mark on its run")
         time.sleep(0.1)  # the waiter reads the run once after its mark
-        before = CountingStore.transactions
+        before = CountingDialect.transactions
         for _ in range(20):  # new work notifies the idle workers' channel, not the waiter's
             writer.start_run("other")
         time.sleep(0.5)  # a poller would read the run dozens of times meanwhile
-        assert CountingStore.transactions - before <= 1
+        assert CountingDialect.transactions - before <= 1
         lease = writer.claim("w", 60)
         assert lease is not None and lease.run_id == run_id
-        assert writer.finish(lease, lease.revision, {"done": True}, result=7).value == "ok"
+        assert finish(writer, lease, lease.revision, {"done": True}, result=7).value == "ok"
         thread.join(30)
         assert out["run"].status == "succeeded" and out["run"].result == 7
-        assert CountingStore.transactions - before <= 3  # woken once: one read of the run
+        assert CountingDialect.transactions - before <= 3  # woken once: one read of the run
     finally:
         thread.join(30)
         waiter.close()
@@ -68,7 +68,7 @@ def test_an_unwatched_run_ends_without_a_notification(pg: PostgresBackend) -> No
         listener.execute(f'LISTEN "leasekeeper.{pg.schema}.end"')
         run_id = store.start_run("t")
         lease = store.claim("w", 60)
-        assert lease is not None and store.finish(lease, 0, {}).value == "ok"
+        assert lease is not None and finish(store, lease, 0, {}).value == "ok"
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
         watchedrun = store.start_run("t")
         assert store.wait(run_id, timeout=5).status == "succeeded"  # over: returns at once
@@ -78,18 +78,18 @@ def test_an_unwatched_run_ends_without_a_notification(pg: PostgresBackend) -> No
 
 
 def test_wait_change_sleeps_on_notify_and_times_out(pg: PostgresBackend) -> None:
-    reader, writer = CountingStore(pg.url), pg.open()
+    reader, writer = counting_store(pg.url), pg.open()
     token = reader.change_token()
-    before = CountingStore.transactions
+    before = CountingDialect.transactions
     started = time.monotonic()
-    assert reader.wait_change(token, 0.3) == token
+    assert reader.dialect.wait_change(token, 0.3) == token
     assert time.monotonic() - started >= 0.3
     timer = threading.Timer(0.2, lambda: writer.start_run("a"))
     timer.start()
     started = time.monotonic()
-    assert reader.wait_change(token, 60) != token
+    assert reader.dialect.wait_change(token, 60) != token
     assert time.monotonic() - started < 30  # woken by the notification, not the timeout
-    assert CountingStore.transactions == before  # no query while it slept
+    assert CountingDialect.transactions == before  # no query while it slept
     timer.join()
     reader.close()
     writer.close()
@@ -173,3 +173,35 @@ def test_the_claim_walks_each_level_bounded_by_now(
         assert "Index Cond:" in lines[i + 1] and "head_at <= " in lines[i + 1], plan
         assert "Rows Removed by Filter" not in lines[i + 3], plan
     assert "Seq Scan on runs" not in plan, plan
+
+
+# -- the pipelined batch -------------------------------------------------------------------------
+def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL's capability (``Tx.pipelined``): the finishes and releases of a batch over
+    different runs go out as one ``executemany`` per kind, never one statement each; a refused
+    one (a lease taken over) still answers lease_lost on its own, in its place."""
+    from workerproc.store import Commit  # noqa: PLC0415
+    from workerproc.store.postgres.dialect import PostgresTx  # noqa: PLC0415
+
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 6)
+    leases = store.claim("w", 30, limit=6)
+    stale = leases[5]
+    store.release(stale)  # its next claim is a new attempt: this lease is a zombie's now
+    assert store.claim("other", 30) is not None
+    one_by_one: list[str] = []
+    real = PostgresTx.execute
+    monkeypatch.setattr(PostgresTx, "execute", lambda self, sql, params: (
+        one_by_one.append(sql), real(self, sql, params))[1])  # fmt: skip
+    commits = [Commit(lease, "finish", expected_revision=0, new_state={}) for lease in leases[:3]]
+    commits += [Commit(leases[3], "release"), Commit(leases[4], "release"),
+                Commit(stale, "finish", expected_revision=0, new_state={})]  # fmt: skip
+    out = store.commit_many(commits)
+    assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
+    assert all(
+        "INSERT INTO fence_rejections" in sql or "SELECT t.run_id" in sql for sql in one_by_one
+    ), one_by_one  # only the refused finish was asked why, one statement at a time
+    assert [r.op for r in store.fence_rejections()][-1] == "finish"
+    store.close()

@@ -14,7 +14,7 @@ import pg_session
 import psycopg
 import pytest
 from helpers import FakeClock
-from store_backends import TTL, Backend, claim
+from store_backends import TTL, Backend, advance, claim, commit, fail_run, finish
 
 from workerproc.store import CasResult, Commit, InvalidPayload, Store, StoreError, open_store
 
@@ -35,7 +35,7 @@ def test_a_key_makes_the_start_idempotent(s: Store) -> None:
 def test_a_key_survives_the_runs_end(s: Store) -> None:
     run_id = s.start_run("t", key="k")
     lease = claim(s)
-    assert s.finish(lease, lease.revision, {"done": True}) is CasResult.OK
+    assert finish(s, lease, lease.revision, {"done": True}) is CasResult.OK
     assert s.start_run("t", key="k") == run_id  # finished, not pruned: still the same run
     assert len(s.list_runs()) == 1
 
@@ -201,9 +201,9 @@ def test_wait_returns_when_the_run_ends(backend: Backend, ending: str) -> None:
         try:
             time.sleep(0.2)
             if ending == "succeeded":
-                other.finish(lease, lease.revision, {"ok": 1}, result="done")
+                finish(other, lease, lease.revision, {"ok": 1}, result="done")
             elif ending == "failed":
-                other.fail_run(run_id, "boom")
+                fail_run(other, run_id, "boom")
             else:
                 other.cancel_run(run_id)
         finally:
@@ -320,13 +320,13 @@ def test_a_batch_claim_orders_across_queues_by_priority(s: Store) -> None:
 def test_advance_keeps_the_runs_queue_or_moves_it(s: Store) -> None:
     run_id = s.start_run("prepare", queue="cheap")
     lease = claim(s)
-    assert s.advance(lease, lease.revision, {}, "call") is CasResult.OK
+    assert advance(s, lease, lease.revision, {}, "call") is CasResult.OK
     assert s.claim("w", TTL, queues=["model"]) is None
     lease = s.claim("w", TTL, queues=["cheap"])
     assert lease is not None and lease.task == "call"
     moved = Commit(lease, "advance", expected_revision=lease.revision, new_state={},
                    next_task="render", next_queue="gpu")  # fmt: skip
-    assert s.commit(moved).result is CasResult.OK
+    assert commit(s, moved).result is CasResult.OK
     got = s.claim("w", TTL, queues=["gpu"])
     assert got is not None and got.task == "render" and got.run_id == run_id
     run = s.get_run(run_id)

@@ -11,7 +11,7 @@ import sys
 import threading
 
 from helpers import FakeClock, wait_for
-from store_backends import TTL, Backend, claim, snapshot
+from store_backends import TTL, Backend, advance, claim, fail_run, finish, renew_until, snapshot
 
 from workerproc.store import CasResult, Lease, Store
 
@@ -132,7 +132,7 @@ class TestLeaseProtocol:
 
     def test_r1_skips_failed_and_cancelled_runs(self, s: Store, clock: FakeClock) -> None:
         failed, cancelled, alive = (s.start_run(n) for n in ("f", "c", "a"))
-        assert s.fail_run(failed, "operator")
+        assert fail_run(s, failed, "operator")
         assert s.cancel_run(cancelled)
         assert claim(s).run_id == alive
         assert s.claim("w2", TTL) is None
@@ -151,7 +151,7 @@ class TestLeaseProtocol:
         clock.advance(4)
         lease = claim(s)
         assert lease.run_id == early
-        assert s.advance(lease, 0, None, "e10", delay=5) is CasResult.OK  # t0+10, created t0+5
+        assert advance(s, lease, 0, None, "e10", delay=5) is CasResult.OK  # t0+10, created t0+5
         clock.advance(100)
         order = [claim(s, f"w{i}").task for i in range(5)]
         assert order == ["b10", "c10", "d10", "e10", "a30"]
@@ -221,9 +221,9 @@ class TestLeaseProtocol:
         old = claim(s, "w1", 10)
         clock.advance(10)
         new = claim(s, "w2", 10)
-        assert s.renew_until(old, 100) is None
-        assert s.renew_until(Lease(**{**new.__dict__, "attempt": old.attempt}), 100) is None
-        assert s.renew_until(new, 100) == clock.now + 100
+        assert renew_until(s, old, 100) is None
+        assert renew_until(s, Lease(**{**new.__dict__, "attempt": old.attempt}), 100) is None
+        assert renew_until(s, new, 100) == clock.now + 100
 
     def test_r2_zombie_after_takeover_changes_nothing(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("t", state={"v": 0})
@@ -232,23 +232,23 @@ class TestLeaseProtocol:
         live = claim(s, "w2", 10)
         before = snapshot(s, run_id)
         assert s.compare_and_set(zombie, 0, {"v": 666}) is CasResult.LEASE_LOST
-        assert s.advance(zombie, 0, {"v": 666}, "next") is CasResult.LEASE_LOST
-        assert s.finish(zombie, 0, {"v": 666}) is CasResult.LEASE_LOST
+        assert advance(s, zombie, 0, {"v": 666}, "next") is CasResult.LEASE_LOST
+        assert finish(s, zombie, 0, {"v": 666}) is CasResult.LEASE_LOST
         assert not s.renew(zombie, TTL) and not s.ack(zombie) and not s.release(zombie)
         assert snapshot(s, run_id) == before
-        assert s.finish(live, 0, {"v": 1}) is CasResult.OK
+        assert finish(s, live, 0, {"v": 1}) is CasResult.OK
 
     # -- R3: renewal -------------------------------------------------------------------------
     def test_r3_renew_is_max_old_now_plus_ttl(self, s: Store, clock: FakeClock) -> None:
         s.start_run("t")
         t0 = clock.now
         lease = claim(s, "w1", 60)
-        assert s.renew_until(lease, 10) == t0 + 60  # a shorter ttl never shortens the lease
+        assert renew_until(s, lease, 10) == t0 + 60  # a shorter ttl never shortens the lease
         clock.advance(55)
-        assert s.renew_until(lease, 10) == t0 + 65  # now + ttl, not old + ttl
-        assert s.renew_until(lease, 10) == t0 + 65  # repeated heartbeats do not pile up
+        assert renew_until(s, lease, 10) == t0 + 65  # now + ttl, not old + ttl
+        assert renew_until(s, lease, 10) == t0 + 65  # repeated heartbeats do not pile up
         clock.advance(5)
-        assert s.renew_until(lease, 30) == t0 + 90
+        assert renew_until(s, lease, 30) == t0 + 90
         assert s.get_tasks(lease.run_id)[0].lease_expires_at == t0 + 90
 
     def test_r3_expired_lease_cannot_be_renewed_even_if_nobody_took_it(
@@ -257,7 +257,7 @@ class TestLeaseProtocol:
         run_id = s.start_run("t")
         lease = claim(s, "w1", 10)
         clock.advance(10)  # expires_at == now: expired
-        assert s.renew_until(lease, 60) is None
+        assert renew_until(s, lease, 60) is None
         (task,) = s.get_tasks(run_id)
         assert task.lease_expires_at == clock.now  # not revived
         assert claim(s, "w2").attempt == 2  # the task went back to the queue
@@ -324,7 +324,7 @@ class TestLeaseProtocol:
         out: dict[str, object] = {}
 
         def waiter() -> None:
-            out["renewed"] = s.renew_until(held, 10)
+            out["renewed"] = renew_until(s, held, 10)
             out["claimed"] = s.claim("w2", 10)
 
         with backend.hold_write_lock():

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from store_backends import claim
+from store_backends import claim, finish
 
 from workerproc.store import open_store
-from workerproc.store import sqlite_views_sql as v
-from workerproc.store.sqlite_schema import MIGRATIONS
+from workerproc.store.sqlite import reads_sql as v
+from workerproc.store.sqlite.schema import MIGRATIONS
 
 STATUSES = ("succeeded", "failed", "cancelled", "pending", "running")
 
@@ -75,12 +75,12 @@ def vm_steps(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> i
 
 
 PAGES: dict[str, tuple[str, dict[str, object]]] = {
-    "newest": (v.RUNS_BEFORE[False, False], {"before": 2**63 - 1}),
-    "status": (v.RUNS_BEFORE[True, False], {"status": "failed"}),
-    "task": (v.RUNS_BEFORE[False, True], {"task": "task3"}),
-    "both": (v.RUNS_BEFORE[True, True], {"status": "succeeded", "task": "task5"}),
-    "newer, status": (v.RUNS_AFTER[True, False], {"status": "failed", "after": 0}),
-    "newer, task": (v.RUNS_AFTER[False, True], {"task": "task3", "after": 0}),
+    "newest": (v.RUNS_BEFORE, {"before": 2**63 - 1}),
+    "status": (v.RUNS_BEFORE_STATUS, {"status": "failed"}),
+    "task": (v.RUNS_BEFORE_TASK, {"task": "task3"}),
+    "both": (v.RUNS_BEFORE_STATUS_TASK, {"status": "succeeded", "task": "task5"}),
+    "newer, status": (v.RUNS_AFTER_STATUS, {"status": "failed", "after": 0}),
+    "newer, task": (v.RUNS_AFTER_TASK, {"task": "task3", "after": 0}),
 }
 
 
@@ -164,13 +164,13 @@ def test_claim_and_commit_write_no_history_row_and_run_no_extra_statement(
     def happy() -> int:
         s = open_store(db_path)
         lease = claim(s, "w1")
-        assert s.finish(lease, 0, {"ok": 1}).value == "ok"
-        return s._conn().total_changes  # type: ignore[attr-defined]
+        assert finish(s, lease, 0, {"ok": 1}).value == "ok"
+        return s.dialect._conn().total_changes  # type: ignore[attr-defined]
 
     def takeover() -> int:
         s = open_store(db_path)
         assert claim(s, "w2").takeover
-        return s._conn().total_changes  # type: ignore[attr-defined]
+        return s.dialect._conn().total_changes  # type: ignore[attr-defined]
 
     def orphan() -> None:
         store.start_run("t")

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
     precondition,
     rule,
 )
+from store_backends import advance, finish, renew_until
 
 from workerproc.store import CasResult, ClaimRequest, Commit, Lease, Store, open_store
 
@@ -281,12 +282,12 @@ class LeaseProtocol(RuleBasedStateMachine):
     @rule(i=PICK, ttl=st.sampled_from([1.0, 5.0, 20.0]))
     def renew(self, i: int, ttl: float) -> None:
         lease = self.pick(i)
-        if self.check_stale(lease, lambda: self.store.renew_until(lease, ttl), None):
+        if self.check_stale(lease, lambda: renew_until(self.store, lease, ttl), None):
             return
         t = self.tasks[lease.task_id]
         assert t.expires is not None
         t.expires = max(t.expires, self.now + ttl)
-        assert self.store.renew_until(lease, ttl) == t.expires
+        assert renew_until(self.store, lease, ttl) == t.expires
 
     def finish_task(self, t: MTask) -> None:
         t.done, t.owner, t.expires = True, None, None
@@ -328,9 +329,9 @@ class LeaseProtocol(RuleBasedStateMachine):
         expected_rev = lease.revision + off
         calls = {
             "cas": lambda: self.store.compare_and_set(lease, expected_rev, {"v": value}),
-            "advance": lambda: self.store.advance(lease, expected_rev, {"v": value}, "next",
+            "advance": lambda: advance(self.store, lease, expected_rev, {"v": value}, "next",
                                                   delay=delay),
-            "finish": lambda: self.store.finish(lease, expected_rev, {"v": value}),
+            "finish": lambda: finish(self.store, lease, expected_rev, {"v": value}),
         }  # fmt: skip
         if self.check_stale(lease, calls[kind], CasResult.LEASE_LOST):
             return

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import FakeClock
-from store_backends import TTL, claim
+from store_backends import TTL, advance, claim, commit, finish
 
 from workerproc.store import Commit, Store
 
@@ -47,7 +47,7 @@ class TestRunsPage:
     def test_a_runs_task_is_its_first_task_even_after_it_advanced(self, s: Store) -> None:
         run_id = s.start_run("prepare", state={})
         lease = claim(s)
-        assert s.advance(lease, 0, {"n": 1}, "call").value == "ok"
+        assert advance(s, lease, 0, {"n": 1}, "call").value == "ok"
         assert ids(s.runs_page(task="prepare")) == [run_id]
         assert s.runs_page(task="call") == []
 
@@ -65,7 +65,7 @@ class TestAttemptHistory:
         run_id = s.start_run("t", state={})
         lease = claim(s, "w1")
         clock.advance(2)
-        assert s.finish(lease, 0, {"done": True}).value == "ok"
+        assert finish(s, lease, 0, {"done": True}).value == "ok"
         assert s.attempt_history(run_id) == []
         (task,) = s.get_tasks(run_id)
         assert (task.done_owner, task.done_attempt, task.claimed_at) == ("w1", 1, clock.now - 2)
@@ -82,7 +82,7 @@ class TestAttemptHistory:
         third = claim(s, "w3", 10)
         assert third.takeover
         clock.advance(3)
-        assert s.commit(Commit(third, "fail", reason="gave_up", error="nope")).result == "ok"
+        assert commit(s, Commit(third, "fail", reason="gave_up", error="nope")).result == "ok"
         history = s.attempt_history(run_id)
         got = [(h.attempt, h.owner, h.outcome, h.error, h.taken_by) for h in history]
         assert got == [
@@ -158,9 +158,9 @@ def test_finished_since_counts_runs_per_bucket_by_outcome(s: Store, clock: FakeC
             continue
         lease = claim(s)
         if outcome == "ok":
-            assert s.finish(lease, 0, {"step": step}).value == "ok"
+            assert finish(s, lease, 0, {"step": step}).value == "ok"
         else:
-            assert s.commit(Commit(lease, "fail", reason="x")).result == "ok"
+            assert commit(s, Commit(lease, "fail", reason="x")).result == "ok"
     s.start_run("t")  # still pending: not counted
     got = [(b.start - start, b.succeeded, b.failed, b.cancelled)
            for b in s.finished_since(start, 60)]  # fmt: skip

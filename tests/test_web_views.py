@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import FakeClock
-from store_backends import Backend, claim
+from store_backends import Backend, advance, claim, commit, finish
 from web_helpers import client, csrf_of, text_of
 
 from supervisor.chaos.verifier import FaultEvent, Verifier
@@ -25,7 +25,7 @@ def test_overview_shows_the_queue_runs_by_status_and_the_last_hour(
     s.start_run("t")
     s.start_run("later", delay=60)
     lease = claim(s, "host:42:1.0:abcd")
-    assert lease.run_id == done and s.finish(lease, 0, {"ok": True}).value == "ok"
+    assert lease.run_id == done and finish(s, lease, 0, {"ok": True}).value == "ok"
     claim(s, "host:43:1.0:ef01")
     page = client(s).get("/")
     assert page.status_code == 200
@@ -111,7 +111,7 @@ class TestRunPage:
         third = claim(s, "host:103:1.0:cccc", 30)
         assert s.compare_and_set(zombie, 0, {"late": 1}).value == "lease_lost"
         clock.advance(2)
-        assert s.advance(third, 0, {"n": 1}, "call").value == "ok"
+        assert advance(s, third, 0, {"n": 1}, "call").value == "ok"
         claim(s, "host:104:1.0:dddd", 30)  # the second task, held now
         html = client(s).get(f"/runs/{run_id}").text
         text = text_of(html)
@@ -131,7 +131,7 @@ class TestRunPage:
     def test_state_result_and_failure_are_shown(self, s: Store) -> None:
         run_id = s.start_run("t", state={"tokens": 12})
         lease = claim(s)
-        s.commit(Commit(lease, "fail", reason="gave_up", error="RuntimeError: <b>no</b>"))
+        commit(s, Commit(lease, "fail", reason="gave_up", error="RuntimeError: <b>no</b>"))
         html = client(s).get(f"/runs/{run_id}").text
         assert "&#34;tokens&#34;: 12" in html or '"tokens": 12' in html
         assert "gave_up" in html and "&lt;b&gt;no&lt;/b&gt;" in html  # escaped, never markup

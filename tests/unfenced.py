@@ -3,21 +3,26 @@
 Test code only: ``disable_fencing()`` rewrites, in this process, every statement of each backend
 that carries the fence (task id AND owner AND attempt AND a live lease) so that it only asks
 "this task, not done yet". Any former holder may then renew, commit and ack: exactly the zombie
-writes the chaos verifier must catch. Nothing in ``workerproc`` or ``supervisor`` knows this
-module exists; a supervisor gets it by importing ``apps.chaos_unfenced`` as its app before it
-forks, so every worker inherits the broken statements.
+writes the chaos verifier must catch. A backend's statements live in two places: the constants
+of its ``sql`` module (which its steps read at each call) and its catalogue (the statements the
+protocol runs by name); both are rewritten. Nothing in ``workerproc`` or ``supervisor`` knows
+this module exists; a supervisor gets it by importing ``apps.chaos_unfenced`` as its app before
+it forks, so every worker inherits the broken statements.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
-from workerproc.store import sqlite_sql
+from workerproc.store.sqlite import sql as sqlite_sql
+from workerproc.store.sqlite import steps as sqlite_steps
 
 try:
-    from workerproc.store import postgres_sql
+    from workerproc.store.postgres import sql as postgres_sql
+    from workerproc.store.postgres import steps as postgres_steps
 except ImportError:  # no psycopg: only SQLite can be broken (and tested)
-    postgres_sql = None  # type: ignore[assignment]
+    postgres_sql = postgres_steps = None  # type: ignore[assignment]
 
 # each backend's fences, and what they are reduced to
 SQLITE = {
@@ -40,11 +45,20 @@ POSTGRES = (
 )
 
 
-def unfenced_statements(module: ModuleType = sqlite_sql) -> dict[str, str]:
-    """Each fenced statement of a backend's SQL module, by name, with the fence reduced."""
-    fences = SQLITE if module is sqlite_sql else POSTGRES
+def sources(backend: str = "sqlite") -> tuple[ModuleType, dict[str, Any]]:
+    """Where a backend's statements live: its ``sql`` module and its catalogue."""
+    if backend == "sqlite":
+        return sqlite_sql, sqlite_steps.CATALOGUE
+    assert postgres_sql is not None and postgres_steps is not None, "psycopg is not installed"
+    return postgres_sql, postgres_steps.CATALOGUE
+
+
+def unfenced_statements(backend: str = "sqlite") -> dict[str, str]:
+    """Each fenced statement of a backend, by name, with the fence reduced."""
+    fences = SQLITE if backend == "sqlite" else POSTGRES
+    module, catalogue = sources(backend)
     found = {}
-    for name, value in vars(module).items():
+    for name, value in [*vars(module).items(), *catalogue.items()]:
         if name.isupper() and isinstance(value, str):
             broken = value
             for fence, weak in fences.items():
@@ -60,8 +74,12 @@ def unfenced_statements(module: ModuleType = sqlite_sql) -> dict[str, str]:
 
 def disable_fencing() -> None:
     """Break fencing for the rest of this process (and every process it forks afterwards)."""
-    for module in (sqlite_sql, postgres_sql):
-        if module is None:
+    for backend in ("sqlite", "postgres"):
+        if backend == "postgres" and postgres_sql is None:
             continue
-        for name, sql in unfenced_statements(module).items():
-            setattr(module, name, sql)
+        module, catalogue = sources(backend)
+        for name, sql in unfenced_statements(backend).items():
+            if hasattr(module, name):
+                setattr(module, name, sql)
+            if isinstance(catalogue.get(name), str):
+                catalogue[name] = sql

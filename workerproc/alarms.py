@@ -26,7 +26,7 @@ from .holdings import Holdings
 from .logs import event
 from .policy import Policy
 from .signals import Waker
-from .store import Commit, Lease, Store, StoreError
+from .store import Commit, Lease, StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.worker")
 
@@ -57,7 +57,7 @@ class Alarms:
         self.exit_code: int | None = None  # exit now (the heartbeat died)
 
     # -- prefetched leases that go back unstarted ---------------------------------------------
-    def hand_back_behind(self, store: Store) -> None:
+    def hand_back_behind(self, store: WorkerStore) -> None:
         """A chore the conductor leaves to the heartbeat thread while an inline handler holds
         its own: that handler turned out slow, so what waits behind it goes back."""
         leases = self.holdings.take_waiting()
@@ -100,7 +100,7 @@ class Alarms:
         ex.lost.set()  # a thread's next ctx call raises LeaseLost
         self.executors[ex.mode].interrupt(ex, Stopped.LOST)
 
-    def timed_out(self, lease: Lease, store: Store) -> bool:
+    def timed_out(self, lease: Lease, store: WorkerStore) -> bool:
         """``lease``'s handler outlived --task-timeout. False: not its fault yet (another
         handler blocks the event loop it needs; the heartbeat asks again soon)."""
         ex = self._find(lease)
@@ -142,7 +142,7 @@ class Alarms:
         self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
         return True
 
-    def _loop_stuck(self, blocker: Execution, lag: float, store: Store) -> None:
+    def _loop_stuck(self, blocker: Execution, lag: float, store: WorkerStore) -> None:
         """Heartbeat thread: ``blocker`` holds the event loop past its --task-timeout, so no
         cancel can reach it (or anything else on the loop). It alone is guilty: its lease is
         released with the error; every other async handler is innocent and goes back unstarted
@@ -197,7 +197,7 @@ class Alarms:
         self.waker.wake()
 
 
-def _write_now(store: Store, commits: list[Commit], what: str) -> None:
+def _write_now(store: WorkerStore, commits: list[Commit], what: str) -> None:
     """Fenced writes from the heartbeat thread, on its own connection (a no-op for a lease
     whose commit came first)."""
     try:

@@ -37,10 +37,10 @@ from .store import (
     Commit,
     InvalidPayload,
     Lease,
-    Store,
     StoreCorrupt,
     StoreError,
     StoreReadOnly,
+    WorkerStore,
 )
 
 log = logging.getLogger("workerproc.worker")
@@ -70,7 +70,7 @@ def release_unwritable(commit: Commit, exc: InvalidPayload) -> Commit:
 class Completer:
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         ttl: float,
         renewals: Renewals,
         *,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from .logs import event
 from .signals import main_thread_only
-from .store import Lease, Store, StoreError
+from .store import Lease, StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.heartbeat")
 
@@ -61,12 +61,12 @@ class Held:
 class Heartbeat:
     def __init__(
         self,
-        open_store: Callable[[], Store],
+        open_store: Callable[[], WorkerStore],
         *,
         ttl: float,
         interval: float,
         on_lost: Callable[[Lease, str], None],
-        on_timeout: Callable[[Lease, Store], bool | None],
+        on_timeout: Callable[[Lease, WorkerStore], bool | None],
         on_death: Callable[[BaseException], None],
         on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
@@ -84,7 +84,7 @@ class Heartbeat:
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
-        self._chore: tuple[float, Callable[[Store], None]] | None = None
+        self._chore: tuple[float, Callable[[WorkerStore], None]] | None = None
         self.renewals = 0  # statements sent
         self._rounds_begun = 0  # renewal rounds sent ...
         self._rounds_ended = 0  # ... and ended (answered or failed): ``confirm`` waits on them
@@ -155,7 +155,7 @@ class Heartbeat:
             if held is not None:
                 held.finished = True
 
-    def schedule_chore(self, at: float, chore: Callable[[Store], None]) -> None:
+    def schedule_chore(self, at: float, chore: Callable[[WorkerStore], None]) -> None:
         """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
         (one pending chore at most): work the conductor cannot do while it runs an inline
         handler, like handing back the tasks prefetched behind it."""
@@ -197,7 +197,7 @@ class Heartbeat:
     # -- the thread ------------------------------------------------------------------------------
     def _main(self) -> None:
         main_thread_only()
-        store: Store | None = None
+        store: WorkerStore | None = None
         try:
             store = self._open_store()
             while self._step(store):
@@ -236,7 +236,7 @@ class Heartbeat:
             wake = min(wake, held.due)
         return wake, due, timeouts, stuck
 
-    def _step(self, store: Store) -> bool:
+    def _step(self, store: WorkerStore) -> bool:
         with self._cond:
             while True:
                 if self._closed:
@@ -285,7 +285,7 @@ class Heartbeat:
                 self._cond.notify_all()
         return True
 
-    def _renew(self, store: Store) -> None:
+    def _renew(self, store: WorkerStore) -> None:
         # Renew every live lease still held, not only the due ones: one statement per tick.
         # Past a local deadline we still ask the database: it decides (R5), and a refusal is
         # recorded there as evidence that a zombie tried and was turned away.

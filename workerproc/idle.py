@@ -1,10 +1,10 @@
 """How a worker with free slots waits for work without touching the write lock (R7).
 
 It reads the database's cheap change token (SQLite: ``PRAGMA data_version``; PostgreSQL: a
-counter its LISTEN connection bumps) every ``WATCH_EVERY`` seconds, and sleeps until the next
-delayed task or expiring lease of its queues is due, or the poll interval passes, or a signal or
-a finished slot wakes it. A claim just answered "nothing", so a due time already past never
-cuts the wait short: that would spin on the write lock.
+counter its LISTEN connection bumps) every ``CHANGE_CHECK`` seconds (the store declares it), and
+sleeps until the next delayed task or expiring lease of its queues is due, or the poll interval
+passes, or a signal or a finished slot wakes it. A claim just answered "nothing", so a due time
+already past never cuts the wait short: that would spin on the write lock.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ from collections.abc import Callable, Sequence
 
 from .logs import event
 from .signals import Signals, Waker
-from .store import Store, StoreCorrupt, StoreError
+from .store import CHANGE_CHECK, StoreCorrupt, StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.worker")
 
-WATCH_EVERY = 0.005  # how often an idle worker reads the cheap change token
-
 
 def watch_for_work(
-    store: Store,
+    store: WorkerStore,
     waker: Waker,
     signals: Signals,
     *,
@@ -47,7 +45,7 @@ def watch_for_work(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        woke = waker.wait(min(WATCH_EVERY, remaining))
+        woke = waker.wait(min(CHANGE_CHECK, remaining))
         signals.absorb(woke)
         if woke:
             return

@@ -21,7 +21,7 @@ from .identity import make_owner
 from .logs import event
 from .signals import Waker
 from .status import StatusSlot
-from .store import Store, StoreCorrupt, StoreError, is_postgres_url, open_store
+from .store import StoreCorrupt, StoreError, WorkerStore, is_postgres_url, open_store
 from .worker import Worker
 
 __all__ = ["AppLoadError", "WorkerConfig", "exit_with_parent", "load_app", "run_worker"]
@@ -152,6 +152,6 @@ def run_worker(
         waker.close()
 
 
-def _close(store: Store) -> None:
+def _close(store: WorkerStore) -> None:
     with contextlib.suppress(StoreError):
         store.close()

@@ -41,7 +41,7 @@ from .policy import SLOW_BEHIND, Policy, View
 from .signals import Signals, Waker
 from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
-from .store import ClaimRequest, Commit, Store, StoreError
+from .store import ClaimRequest, Commit, StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.worker")
 
@@ -49,12 +49,12 @@ log = logging.getLogger("workerproc.worker")
 class Worker:
     def __init__(
         self,
-        store: Store,
+        store: WorkerStore,
         app: App,
         config: WorkerConfig,
         *,
         owner: str,
-        open_store: Callable[[], Store],
+        open_store: Callable[[], WorkerStore],
         waker: Waker | None = None,
         slot: StatusSlot | None = None,
         parent_pid: int | None = None,

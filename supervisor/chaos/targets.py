@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import psutil
 
 from workerproc.status import HANDLER, SlotState
-from workerproc.store import Store, StoreError
+from workerproc.store import Inspector, StoreError
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
@@ -52,7 +52,7 @@ def wait_settled(pid: int, gone: bool, timeout: float = 0.5) -> bool:
     return False
 
 
-def tries(store: Store, task_id: int, attempt: int) -> int | None:
+def tries(store: Inspector, task_id: int, attempt: int) -> int | None:
     """Attempts the task has spent since its last retry, if ``attempt`` is still its latest."""
     task = store.get_task(task_id)
     if task is None or task.done_at is not None or task.attempts != attempt:
@@ -90,7 +90,7 @@ class Targeting:
         except StoreError:
             return None
 
-    def _slot_on_last(self, arb: Arbiter, store: Store, worker: WorkerProcess) -> bool:
+    def _slot_on_last(self, arb: Arbiter, store: Inspector, worker: WorkerProcess) -> bool:
         state = arb.board.read(worker.slot)
         if state is None or state.pid != worker.pid or not state.task_id:
             return False

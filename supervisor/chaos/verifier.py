@@ -14,7 +14,7 @@ import statistics
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from workerproc.store import Store
+from workerproc.store import Inspector
 
 # A kill with fast release is taken over as soon as a worker is free: a few ms when one is idle,
 # one handler's length when all are busy. The bound leaves room for a busy, loaded machine.
@@ -70,7 +70,7 @@ class Verifier:
             return FAST_RELEASE_BOUND
         return self.ttl + self.poll_interval + TTL_PATH_MARGIN
 
-    def start(self, store: Store) -> None:
+    def start(self, store: Inspector) -> None:
         """Rejections from before chaos began are not ours to count."""
         old = store.fence_rejections(after=0)
         self._after = old[-1].id if old else 0
@@ -84,7 +84,7 @@ class Verifier:
         if message not in self.violations:
             self.violations.append(message)
 
-    def observe(self, store: Store, now: float, *, final: bool = False) -> None:
+    def observe(self, store: Inspector, now: float, *, final: bool = False) -> None:
         for ev in self.events:
             if ev.outcome == "pending":
                 self._judge(store, ev, now, final)
@@ -124,7 +124,7 @@ class Verifier:
                 out.append((since, at))
         return [(max(a, start), min(b, end)) for a, b in out if b > start and a < end]
 
-    def _judge(self, store: Store, ev: FaultEvent, now: float, final: bool) -> None:
+    def _judge(self, store: Inspector, ev: FaultEvent, now: float, final: bool) -> None:
         assert ev.task_id is not None and ev.attempt is not None
         task = store.get_task(ev.task_id)
         if task is None:
@@ -162,11 +162,11 @@ class Verifier:
             ev.outcome = "unresolved"  # the pool stopped before its bound ran out
 
     @staticmethod
-    def _run_over(store: Store, run_id: int) -> bool:
+    def _run_over(store: Inspector, run_id: int) -> bool:
         run = store.get_run(run_id)
         return run is None or run.terminal
 
-    def _count_rejections(self, store: Store) -> None:
+    def _count_rejections(self, store: Inspector) -> None:
         paused = {(e.task_id, e.attempt): e for e in self.events if e.fault == "pause"}
         for rejection in store.fence_rejections(after=self._after):
             self._after = rejection.id

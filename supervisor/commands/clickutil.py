@@ -15,7 +15,7 @@ from click.core import ParameterSource
 from workerproc import options
 from workerproc.options import Declared
 from workerproc.runner import AppLoadError
-from workerproc.store import StoreError, redact
+from workerproc.store import InvalidOption, StoreError, redact
 
 from .. import exitcodes
 from ..errors import SupervisorError
@@ -208,6 +208,8 @@ class SupervisorGroup(click.Group):
             fail(str(exc), exc.exit_code)
         except AppLoadError as exc:
             fail(str(exc), exitcodes.APP_LOAD)
+        except InvalidOption as exc:  # a --db URL or store option that names nothing valid
+            fail(str(exc), exitcodes.USAGE)
         except StoreError as exc:
             fail(str(exc), exitcodes.ERROR)
         except OSError as exc:  # a pidfile or log directory we cannot write, say

@@ -13,7 +13,18 @@ from typing import Any
 import psutil
 
 from workerproc.identity import parse_owner
-from workerproc.store import InvalidPayload, RunNotFound, Store, StoreError, codec, open_store
+from workerproc.store import (
+    Inspector,
+    InvalidPayload,
+    Operator,
+    Producer,
+    RunNotFound,
+    Store,
+    StoreError,
+    codec,
+    open_store,
+    resolve,
+)
 from workerproc.store.codec import MAX_STATE, check_run_options
 from workerproc.store.types import JSON, RUN_STATUSES
 
@@ -32,7 +43,8 @@ def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
 @contextlib.contextmanager
 def store_for(db: str, *, create: bool = False) -> Iterator[Store]:
     """Open the store; reading commands refuse to create a missing database file (or, on
-    PostgreSQL, a missing schema)."""
+    PostgreSQL, a missing schema). A bad address or option is refused first (exit 2)."""
+    resolve(db)
     path = db_file(db)
     if not create and path is not None and not os.path.exists(path):
         raise SupervisorError(f"database {path} does not exist")
@@ -60,14 +72,14 @@ def parse_duration(text: str, what: str) -> float:
     return seconds
 
 
-def prune(store: Store, older_than: float, batch: int) -> int:
+def prune(store: Operator, older_than: float, batch: int) -> int:
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ConfigError(f"--batch must be between 1 and {PRUNE_BATCH_MAX}")
     return store.prune(older_than, batch=batch)
 
 
 def enqueue(
-    store: Store,
+    store: Producer,
     task: str,
     payload: JSON,
     state: JSON,
@@ -89,14 +101,14 @@ def check_status(status: str | None) -> None:
         raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
 
 
-def get_run(store: Store, run_id: int) -> dict[str, Any]:
+def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
     run = store.get_run(run_id)
     if run is None:
         raise RunNotFound(run_id)
     return {"run": run, "tasks": store.get_tasks(run_id)}
 
 
-def retry(store: Store, run_id: int) -> None:
+def retry(store: Operator, run_id: int) -> None:
     if store.retry_run(run_id):
         return
     run = store.get_run(run_id)
@@ -106,7 +118,7 @@ def retry(store: Store, run_id: int) -> None:
     raise SupervisorError(f"run {run_id} is {status}: only failed or cancelled runs can be retried")
 
 
-def cancel(store: Store, run_id: int) -> None:
+def cancel(store: Operator, run_id: int) -> None:
     if store.cancel_run(run_id):
         return
     run = store.get_run(run_id)

@@ -13,8 +13,15 @@ from collections import Counter
 from collections.abc import Iterator
 
 from workerproc.identity import owner_is_dead
-from workerproc.store import Stats, Store, StoreCorrupt, StoreUnavailable, open_store
-from workerproc.store.sqlite_base import DEFAULT_BUSY_TIMEOUT
+from workerproc.store import (
+    DEFAULT_BUSY_TIMEOUT,
+    Operator,
+    Stats,
+    StoreCorrupt,
+    StoreUnavailable,
+    open_store,
+    sqlite_file,
+)
 
 from ..errors import SupervisorError
 from .pinned import PinnedFile
@@ -26,12 +33,8 @@ LOOP_BUSY_TIMEOUT = 0.5
 
 
 def db_file(db: str) -> str | None:
-    """The file behind a path or sqlite:/// URL (None for other schemes)."""
-    if "://" not in db:
-        return db
-    if db.startswith("sqlite:///"):
-        return db[len("sqlite://") :].split("?", 1)[0]
-    return None
+    """The file behind a path or SQLite URL (None for PostgreSQL): the store's own parser."""
+    return sqlite_file(db)
 
 
 class StoreGate:
@@ -53,7 +56,7 @@ class StoreGate:
         return self.pinned.problem("the pool")
 
     @contextlib.contextmanager
-    def session(self, busy_timeout: float | None = None) -> Iterator[Store]:
+    def session(self, busy_timeout: float | None = None) -> Iterator[Operator]:
         problem = self.file_problem()
         if problem:  # never open (and so never create) whatever the path names now
             raise StoreUnavailable(problem)

@@ -12,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from workerproc.store import Store
+from workerproc.store import Operator
 
 from ..commands import store_actions
 from ..errors import SupervisorError
@@ -23,7 +23,7 @@ FORM_TYPE = "application/x-www-form-urlencoded"
 
 
 class Actions:
-    def __init__(self, store: Store, keys: Secrets) -> None:
+    def __init__(self, store: Operator, keys: Secrets) -> None:
         self.store = store
         self.keys = keys
 

@@ -27,7 +27,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workerproc.identity import parse_owner
-from workerproc.store import Store, StoreError, redact
+from workerproc.store import Operator, StoreError, redact
 
 from ..commands.render import short
 from ..loop.pinned import PinnedFile
@@ -41,7 +41,7 @@ log = logging.getLogger("supervisor.web")
 MAX_BODY = 16 * 1024  # bytes: the largest form is a CSRF token
 
 
-def create_app(config: WebConfig, store: Store) -> Starlette:
+def create_app(config: WebConfig, store: Operator) -> Starlette:
     keys = Secrets(config.token)
     database = PinnedFile(db_file(config.db))
     with contextlib.suppress(FileNotFoundError):  # the command opened it: it is there

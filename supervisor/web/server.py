@@ -16,7 +16,7 @@ import sys
 
 import uvicorn
 
-from workerproc.store import Store, redact
+from workerproc.store import Operator, redact
 
 from ..sockets import listen_tcp
 from .app import create_app
@@ -36,7 +36,7 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
 
 
-def serve(config: WebConfig, store: Store) -> int:
+def serve(config: WebConfig, store: Operator) -> int:
     sock = bind(config.host, config.port)
     if config.token is None and config.host not in LOOPBACK:
         print(f"supervisor: warning: serving on {config.host} without --token: anyone who can "

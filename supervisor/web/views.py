@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
-from workerproc.store import Stats, Store
+from workerproc.store import Inspector, Stats
 from workerproc.store.types import RUN_STATUSES
 
 from ..commands.store_actions import worker_rows
@@ -68,7 +68,7 @@ def _id(text: str | None, what: str) -> int | None:
 
 class Pages:
     def __init__(
-        self, config: WebConfig, store: Store, templates: Jinja2Templates, keys: Secrets
+        self, config: WebConfig, store: Inspector, templates: Jinja2Templates, keys: Secrets
     ) -> None:
         self.config = config
         self.store = store

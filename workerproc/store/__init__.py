@@ -1,11 +1,14 @@
-"""The lease store: the only code that speaks SQL. ``open_store`` picks the backend by URL."""
+"""The lease store: the only code that speaks SQL (``protocol/`` over a backend's dialect,
+``sqlite/`` or ``postgres/``). ``open_store`` picks the backend by URL; callers depend on the
+role they use (``roles``)."""
 
 from __future__ import annotations
 
-from urllib.parse import parse_qs, urlsplit
+from typing import Unpack
 
-from .base import Clock, Commit, Store
+from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
+    InvalidOption,
     InvalidPayload,
     RunNotFound,
     SchemaTooNew,
@@ -14,12 +17,17 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
-from .sqlite import SQLiteStore
+from .protocol import Store
+from .roles import Inspector, Operator, Producer, WorkerStore
+from .settings import DEFAULT_BUSY_TIMEOUT, SQLiteOptions, StoreOptions, resolve
+from .sqlite.dialect import SQLiteDialect
 from .types import (
     AttemptEnd,
     BatchOutcome,
     CasResult,
     ClaimRequest,
+    Clock,
+    Commit,
     CommitOutcome,
     FinishedBucket,
     Lease,
@@ -30,9 +38,11 @@ from .types import (
     Stats,
     TaskInfo,
 )
-from .urls import POSTGRES_SCHEMES, is_postgres_url, redact
+from .urls import is_postgres_url, redact, sqlite_file
 
 __all__ = [
+    "CHANGE_CHECK",
+    "DEFAULT_BUSY_TIMEOUT",
     "AttemptEnd",
     "BatchOutcome",
     "CasResult",
@@ -41,9 +51,13 @@ __all__ = [
     "Commit",
     "CommitOutcome",
     "FinishedBucket",
+    "Inspector",
+    "InvalidOption",
     "InvalidPayload",
     "Lease",
+    "Operator",
     "OwnerLease",
+    "Producer",
     "QueueCounts",
     "Rejection",
     "Run",
@@ -56,40 +70,39 @@ __all__ = [
     "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
+    "WorkerStore",
     "is_postgres_url",
     "open_store",
     "redact",
+    "resolve",
+    "sqlite_file",
 ]
 
 
-def open_store(url_or_path: str, *, clock: Clock | None = None, **options: object) -> Store:
-    """Open a store: a file path or ``sqlite:///path[?synchronous=normal]`` opens SQLite;
-    ``postgresql://user@host/db[?schema=NAME&busy_timeout=S]`` opens PostgreSQL (the
-    ``postgres`` extra installs its driver).
+def open_store(
+    url_or_path: str, *, clock: Clock | None = None, **options: Unpack[StoreOptions]
+) -> Store:
+    """Open a store: a file path or ``sqlite:///path[?synchronous=normal&busy_timeout=S]`` opens
+    SQLite; ``postgresql://user@host/db[?schema=NAME&busy_timeout=S&...]`` opens PostgreSQL
+    (the ``postgres`` extra installs its driver; every other query parameter is libpq's).
 
-    ``clock`` (seconds, float) replaces the wall clock (the database clock on PostgreSQL):
-    tests inject one to move time.
+    ``options`` are the backend's declared ones (``settings.SQLiteOptions``,
+    ``settings.PostgresOptions``); a keyword argument wins over the URL's query. Anything
+    else is refused with one line (``InvalidOption``), before any file is created. ``clock``
+    (seconds, float) replaces the wall clock (the database clock on PostgreSQL): tests inject
+    one to move time.
     """
-    if "://" not in url_or_path:
-        return SQLiteStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
-    parts = urlsplit(url_or_path)
-    if parts.scheme == "sqlite":
-        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
-        merged: dict[str, object] = {**query, **options}
-        if "busy_timeout" in merged:
-            merged["busy_timeout"] = float(merged["busy_timeout"])  # type: ignore[arg-type]
-        path = parts.path if not parts.netloc else f"/{parts.netloc}{parts.path}"
-        if url_or_path.startswith("sqlite:///"):
-            path = url_or_path[len("sqlite://") :].split("?", 1)[0]
-        return SQLiteStore(path, clock=clock, **merged)  # type: ignore[arg-type]
-    if parts.scheme in POSTGRES_SCHEMES:
+    target = resolve(url_or_path, **options)
+    dialect: Dialect
+    if isinstance(target.options, SQLiteOptions):
+        dialect = SQLiteDialect(target.where, target.options, clock=clock)
+    else:
         try:
-            from .postgres import PostgresStore  # noqa: PLC0415 - an optional extra
+            from .postgres.dialect import PostgresDialect  # noqa: PLC0415 - an optional extra
         except ImportError as exc:  # the optional driver is missing
             raise StoreError(
                 f"PostgreSQL needs psycopg 3: pip install 'leasekeeper[postgres]' ({exc})"
             ) from None
-        return PostgresStore(url_or_path, clock=clock, **options)  # type: ignore[arg-type]
-    raise StoreError(
-        f"unsupported store URL scheme {parts.scheme!r} (use a path, sqlite:/// or postgresql://)"
-    )
+        dialect = PostgresDialect(target.where, target.options, clock=clock)
+    dialect.migrate()
+    return Store(dialect)

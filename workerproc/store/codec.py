@@ -6,19 +6,19 @@ state or result of at most ``MAX_STATE`` bytes, and at most ``MAX_DEPTH`` levels
 (Python's JSON decoder recurses: a value nested a thousand deep could not be decoded by the
 worker that claims it). They are checked where values enter: ``start_run``, ``advance``,
 ``finish``, a handler's return value, and the CLI's ``--payload``/``--state``.
+
+The limits of the names the store keeps (task names, keys, queues, owners) live here too, the
+same on every backend.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .errors import InvalidPayload
-from .types import JSON
-
-if TYPE_CHECKING:
-    from .base import Commit
+from .types import JSON, Commit
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
@@ -87,10 +87,15 @@ def parse(text: str, what: str, limit: int = MAX_STATE) -> JSON:
     return value
 
 
+# The names the store keeps, the same limits on every backend (and for every path that writes
+# or looks one up: start_run, start_runs, advance, claims, the CLI's filters), so a value one
+# backend takes is never one another refuses. Free text (an error, a reason) is cleaned instead
+# (``clean_text``).
 QUEUE_NAME = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 PRIORITY_RANGE = (-1000, 1000)
 MAX_KEY = 255
 MAX_NAME = 200  # a task's name
+MAX_OWNER = 255  # a lease's owner (a worker's is host:pid:start-time:random)
 MAX_ERROR = 4000  # an error kept on a task and its run
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -141,19 +146,41 @@ def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     return text
 
 
-def check_run_options(queue: str, priority: int, key: str | None) -> None:
-    """A run's queue, priority and idempotency key, as the schema allows them."""
+def check_queue(queue: object) -> str:
+    """A queue's name: 1-64 characters of ``[A-Za-z0-9_.:-]`` (so no NUL, nothing to encode)."""
     if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
         raise InvalidPayload(
-            f"queue must be 1-64 characters of letters, digits and _.:- (got {queue!r})"
+            f"queue must be 1-64 characters of letters, digits and _.:- (got {shown(queue)})"
         )
+    return queue
+
+
+def check_key(key: object) -> str:
+    """An idempotency key: a string of 1 to ``MAX_KEY`` characters, valid Unicode, no NUL."""
+    return _text(key, "key", MAX_KEY)
+
+
+def check_owner(owner: object) -> str:
+    """A lease's owner: a string of 1 to ``MAX_OWNER`` characters, valid Unicode, no NUL."""
+    return _text(owner, "a lease's owner", MAX_OWNER)
+
+
+def _text(value: object, what: str, limit: int) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit:
+        raise InvalidPayload(f"{what} must be a string of 1 to {limit} characters")
+    if "\x00" in value or not _unicode(value):
+        raise InvalidPayload(f"{what} must be valid Unicode without NUL (got {value!r})")
+    return value
+
+
+def check_run_options(queue: str, priority: int, key: str | None) -> None:
+    """A run's queue, priority and idempotency key, as the schema allows them."""
+    check_queue(queue)
     low, high = PRIORITY_RANGE
     if not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high:
         raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
-    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_KEY):
-        raise InvalidPayload(f"key must be a string of 1 to {MAX_KEY} characters")
-    if key is not None and ("\x00" in key or not _unicode(key)):
-        raise InvalidPayload(f"key must be valid Unicode without NUL (got {key!r})")
+    if key is not None:
+        check_key(key)
 
 
 def commit_params(commit: Commit) -> dict[str, Any]:

@@ -26,6 +26,11 @@ class SchemaTooNew(StoreError):
     """The database was written by a newer leasekeeper; refuse rather than guess."""
 
 
+class InvalidOption(StoreError, ValueError):
+    """A store URL or option that names nothing valid: an unknown scheme or option, a SQLite URL
+    with a host, a value out of its range. Nothing was opened or created: a usage error."""
+
+
 class InvalidPayload(StoreError, ValueError):
     """A payload, state or result that is not JSON-serializable. Nothing was written."""
 

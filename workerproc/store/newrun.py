@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .base import DEFAULT_QUEUE
 from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps
 from .errors import InvalidPayload
-from .types import JSON
+from .types import DEFAULT_QUEUE, JSON
 
 START_FIELDS = frozenset({"task", "payload", "state", "delay", "key", "queue", "priority"})
 
@@ -29,15 +28,9 @@ class NewRun:
 
     @classmethod
     def make(
-        cls,
-        task: str,
-        payload: JSON = None,
-        state: JSON = None,
-        delay: float = 0,
-        key: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
-    ) -> NewRun:
+        cls, task: str, payload: JSON, state: JSON, delay: float, key: str | None, queue: str,
+        priority: int,
+    ) -> NewRun:  # fmt: skip
         check_name(task)
         check_run_options(queue, priority, key)
         try:
@@ -62,4 +55,6 @@ class NewRun:
         if unknown or "task" not in item:
             what = f"unknown fields {sorted(unknown)}" if unknown else "no 'task'"
             raise InvalidPayload(f"a start_runs item has {what}")
-        return cls.make(**item)
+        get = item.get
+        return cls.make(item["task"], get("payload"), get("state"), get("delay", 0), get("key"),
+                        get("queue", DEFAULT_QUEUE), get("priority", 0))  # fmt: skip

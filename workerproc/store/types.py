@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 JSON = Any  # a value that survives json.dumps/json.loads unchanged
+Clock = Callable[[], float]  # seconds, float: the store's clock (tests inject one)
+
+DEFAULT_QUEUE = "default"
 
 RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
@@ -41,6 +44,35 @@ class Lease:
     @property
     def fence(self) -> tuple[int, str, int]:
         return (self.task_id, self.owner, self.attempt)
+
+
+CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback"]
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The last word of one execution of a task, written under its lease in one transaction.
+
+    - ``finish``: CAS the run's state at ``expected_revision``, mark it succeeded with ``result``.
+    - ``advance``: CAS the state, enqueue ``next_task`` (``next_payload``, after ``delay``).
+    - ``release``: give the task back for another attempt after ``delay``, keeping ``error``.
+    - ``fail``: fail the run with ``reason`` (and ``error``); the task stays for ``retry_run``.
+    - ``drop``: the run moved on without us (cancelled, say): mark the task done, touch nothing.
+    - ``handback``: a claimed task that never started goes back at once; the claim does not
+      count against ``max_attempts`` (the fencing token still moved on).
+    """
+
+    lease: Lease
+    kind: CommitKind
+    expected_revision: int = 0
+    new_state: JSON = None
+    next_task: str | None = None
+    next_payload: JSON = None
+    next_queue: str | None = None  # advance: move the run to this queue (None: stay)
+    delay: float = 0.0
+    result: JSON = None
+    error: str | None = None
+    reason: str | None = None
 
 
 @dataclass(frozen=True)

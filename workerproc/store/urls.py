@@ -1,15 +1,101 @@
-"""Database URLs, without any driver: which backend a URL names, and what logs may show of it."""
+"""Database URLs, without any driver, parsed in one place: which backend a URL or path names,
+where its database is, the options its query gives, and what logs may show of it (``redact``).
+
+- A path (``/var/lib/lk.db``, ``lk.db``) or ``sqlite:///absolute/path.db`` (``sqlite:path.db``:
+  a relative path) opens SQLite; its query holds only our options (``synchronous``,
+  ``busy_timeout``).
+- ``postgresql://...`` or ``postgres://...`` is a libpq URL, passed on as written (``postgresql:///db
+  ?host=/run/postgresql`` and ``[::1]`` hosts included) but for our own options in its query.
+- Scheme names are case-insensitive; any other scheme, or a SQLite URL with a host
+  (``sqlite://relative.db``), is refused with one line: nothing is opened or created.
+"""
 
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import unquote, unquote_plus
 
-POSTGRES_SCHEMES = ("postgresql", "postgres")
+from .errors import InvalidOption
+
+SCHEMES: dict[str, Literal["sqlite", "postgres"]] = {
+    "sqlite": "sqlite",
+    "postgresql": "postgres",
+    "postgres": "postgres",
+}
+
+
+@dataclass(frozen=True)
+class Address:
+    """A store's address, parsed: the backend, where the database is (SQLite: the file's path;
+    PostgreSQL: the URL before its query), and the query's ``(name, value, as written)``."""
+
+    backend: Literal["sqlite", "postgres"]
+    where: str
+    query: tuple[tuple[str, str, str], ...] = ()
+
+    def split(self, ours: Collection[str]) -> tuple[dict[str, str], str]:
+        """Our options from the query, and the address with the rest of the query as it was
+        written (PostgreSQL: what libpq reads)."""
+        mine = {name: value for name, value, _ in self.query if name in ours}
+        theirs = [raw for name, _, raw in self.query if name not in ours]
+        return mine, self.where + ("?" + "&".join(theirs) if theirs else "")
+
+
+def parse_url(url_or_path: str) -> Address:
+    """Where ``url_or_path`` leads; InvalidOption (one line) for what names no store."""
+    scheme, colon, rest = url_or_path.partition(":")
+    backend = SCHEMES.get(scheme.lower()) if colon else None
+    if backend is None:
+        if "://" in url_or_path:
+            raise InvalidOption(
+                f"unsupported store URL scheme {scheme!r} (use a path, sqlite:/// or postgresql://)"
+            )
+        if not url_or_path:
+            raise InvalidOption("no database given (a path, sqlite:///path or postgresql://...)")
+        return Address("sqlite", url_or_path)
+    base, _, raw_query = rest.partition("?")
+    query = tuple(_pairs(raw_query))
+    if backend == "postgres":
+        return Address("postgres", scheme.lower() + ":" + base, query)
+    if base.startswith("//"):
+        host, _, path = base[2:].partition("/")
+        if host:
+            raise InvalidOption(
+                f"{redact(url_or_path)}: a SQLite URL names no host; write "
+                "sqlite:///absolute/path.db (three slashes) or the path itself"
+            )
+        base = "/" + path.lstrip("/")  # sqlite:////abs/path is /abs/path too
+    if not base.strip("/") or base.endswith("/"):
+        raise InvalidOption(f"{url_or_path}: no database file in this SQLite URL")
+    return Address("sqlite", base, query)
+
+
+def _pairs(raw_query: str) -> list[tuple[str, str, str]]:
+    pairs = []
+    for raw in raw_query.split("&"):
+        if raw:
+            name, _, value = raw.partition("=")
+            pairs.append((unquote_plus(name), unquote_plus(value), raw))
+    return pairs
 
 
 def is_postgres_url(url_or_path: str) -> bool:
-    return "://" in url_or_path and urlsplit(url_or_path).scheme in POSTGRES_SCHEMES
+    try:
+        return parse_url(url_or_path).backend == "postgres"
+    except InvalidOption:
+        return False
+
+
+def sqlite_file(url_or_path: str) -> str | None:
+    """The database file behind a path or SQLite URL (None: PostgreSQL, or no store at all)."""
+    try:
+        address = parse_url(url_or_path)
+    except InvalidOption:
+        return None
+    return address.where if address.backend == "sqlite" else None
 
 
 # Query options that carry a secret (libpq's ``password``, ``sslpassword`` for the client key,
@@ -57,15 +143,3 @@ def _masked_option(option: str) -> str:
     key, eq, _ = option.partition("=")
     name = unquote(key).strip().lower()
     return f"{key}={MASK}" if eq and any(w in name for w in SECRET_WORDS) else option
-
-
-def split_query(url: str, ours: tuple[str, ...]) -> tuple[str, dict[str, str]]:
-    """The URL without the query options named in ``ours``, and those options."""
-    parts = urlsplit(url)
-    mine, theirs = {}, []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in ours:
-            mine[key] = value
-        else:
-            theirs.append((key, value))
-    return urlunsplit(parts._replace(query=urlencode(theirs))), mine

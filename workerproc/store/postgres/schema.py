@@ -4,7 +4,7 @@ Everything lives in one schema (``leasekeeper`` unless the URL names another), s
 deployments can share a database and our ``runs``/``tasks`` never meet an application's.
 Times are ``double precision`` seconds since the epoch, as on SQLite: the injected test clock
 round-trips exactly, and ``expires_at = now + ttl`` is the same float on both backends. In
-production every time comes from ``clock_timestamp()`` (see ``postgres_sql``).
+production every time comes from ``clock_timestamp()`` (see ``sql``).
 
 The per-run claim facts live on the run row, kept exact by triggers (as on SQLite):
 ``head_at``/``head_created``/``head_id`` copy the key of the run's first pending task in R1
@@ -18,7 +18,7 @@ then update a row we already hold), so two transactions never wait on each other
 
 Notifications: a run whose ``ready_at`` appears or moves earlier (enqueue, advance, release,
 retry, a dead owner's leases released) sends ``NOTIFY`` on the schema's channel; idle workers
-listen (``postgres_listen``). A watched run's end (``Store.wait``) notifies the ``.end`` channel.
+listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` channel.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ MIGRATIONS: list[str] = [
     # the attempt history; notifications for waiters.
     # - A run belongs to one queue and has a priority. Claims walk each priority level of the
     #   served queues in head order: ``runs_claim`` for named queues, ``runs_prio`` for all of
-    #   them, so every walk is bounded by ``head_at <= now`` (postgres_sql, docs/protocol.md).
+    #   them, so every walk is bounded by ``head_at <= now`` (sql.py, docs/protocol.md).
     # - A run's key is unique while the run exists (``ON CONFLICT`` finds the first run).
     # - ``runs.task`` names a run's first task (set once by the start, indexed for the runs
     #   filter); ``tasks.done_owner`` keeps who committed, set by the statement that marks a task

@@ -1,4 +1,8 @@
-"""Every SQL statement of the SQLite backend, each named with its one-line purpose.
+"""The SQLite backend's writes: claims, renewals, fenced commits, producers and operators, each
+statement named with its one-line purpose (its reads are in ``reads_sql``). A name of
+``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are parts
+that ``steps`` composes into one logical step (``FINISH`` is ``CAS_FINISH`` then
+``TASK_DONE``).
 
 Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows changed
 means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIATE`` succeeded.
@@ -75,7 +79,7 @@ CLAIM = _CLAIM.format(served=_EVERY_QUEUE)
 CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
 # claim: hand the run's state to the handler (the claim's trigger marked the run running).
-RUN_STATE = "SELECT state, revision FROM runs WHERE id = :run_id"  # the trigger marked it running
+RUN_STATE = "SELECT state, revision FROM runs WHERE id = :run_id"
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
 DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
@@ -113,8 +117,9 @@ SUCCEED_IF_EMPTY = f"""UPDATE runs SET status = 'succeeded', finished_at = :now,
 HANDBACK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
     attempt_base = attempt_base + 1 WHERE {_FENCE}"""
 
-# release: give the task back after a delay, keeping the error.
-RELEASE = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
+# release: give the task back after a delay, keeping the error (``steps.release`` first checks
+# the fence and keeps the attempt's end in the history, ATTEMPT_ENDED).
+RELEASE_TASK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
     available_at = :now + :delay, last_error = coalesce(:error, last_error)
     WHERE {_FENCE}"""
 RUN_ERROR = "UPDATE runs SET last_error = :error, updated_at = :now WHERE id = :run_id"
@@ -164,44 +169,16 @@ PRUNE_RUNS = """DELETE FROM runs WHERE id IN (
 PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
 
-# reads
-_RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
-    created_at, updated_at, finished_at, queue, priority, key, task"""
-GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
-# newest first; a filter by status walks runs_status, by queue alone the rowid order
-LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
-LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
-    WHERE status = :status AND (:queue IS NULL OR queue = :queue) ORDER BY id DESC LIMIT :limit"""
-LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue
-    ORDER BY id DESC LIMIT :limit"""
-_TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
-    done_owner"""
-GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = :run_id ORDER BY id"
-GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = :task_id"
-LIST_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections
-    WHERE id > :after ORDER BY id LIMIT :limit"""
-# integrity (chaos verifier): a finished task committed by an attempt that was superseded
-SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
-    WHERE done_at IS NOT NULL AND done_attempt IS NOT NULL AND done_attempt != attempts"""
-# integrity: a run holding two live leases at once (R1 forbids it)
-OVERLAPPING_LEASES = """SELECT run_id, count(*) FROM tasks
-    WHERE lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
-    GROUP BY run_id HAVING count(*) > 1"""
-RUN_COUNTS = "SELECT queue, status, count(*) FROM runs GROUP BY queue, status"
-TASK_COUNTS = f"""SELECT r.queue,
-    coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),
-    coalesce(sum(t.lease_owner IS NULL AND t.available_at > :now), 0),
-    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at > :now), 0),
-    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at <= :now), 0)
-    FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
-    WHERE t.done_at IS NULL AND r.status IN {ALIVE} GROUP BY r.queue"""
-LIVE_LEASES = """SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
-    WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner"""
-# idle workers: the earliest moment a claim could succeed in the queues they serve (one index
-# seek per queue; never a scan of the pending runs)
-_NEXT_READY = """WITH RECURSIVE served(q) AS ({served})
-    SELECT min((SELECT min(ready_at) FROM runs WHERE queue = served.q AND ready_at IS NOT NULL))
-    FROM served WHERE q IS NOT NULL"""
-NEXT_READY = _NEXT_READY.format(served=_EVERY_QUEUE)
-NEXT_READY_QUEUES = _NEXT_READY.format(served=_NAMED_QUEUES)
+# -- the attempt history, written on the unhappy paths only (never on claim -> commit) --------
+# a release, a failure or an exhausted claim ends the task's current attempt without a commit;
+# read from the row before the statement that clears its lease (the fence was checked already)
+ATTEMPT_ENDED = """INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at,
+        ended_at, outcome, error)
+    SELECT run_id, id, attempts, lease_owner, claimed_at, :now, :outcome, :error FROM tasks
+    WHERE id = :task_id AND lease_owner IS NOT NULL"""
+# retry_run drops the leases still held on the run's pending tasks (a cancelled run's holder)
+ATTEMPTS_DROPPED_BY_RETRY = """INSERT INTO task_attempts (run_id, task_id, attempt, owner,
+        claimed_at, ended_at, outcome, error)
+    SELECT run_id, id, attempts, lease_owner, claimed_at, :now, 'released',
+        'the run was retried: this lease was dropped' FROM tasks
+    WHERE run_id = :run_id AND done_at IS NULL AND lease_owner IS NOT NULL"""

@@ -1,5 +1,6 @@
-"""What the PostgreSQL backend reads without writing (runs, tasks, evidence, counts, the
-dashboard's views, the idle workers' cheap reads), each statement named with its purpose.
+"""The PostgreSQL backend's reads: runs, tasks, the evidence, counts, the idle workers' cheap
+reads, the dashboard's pages and the engine's storage check (amcheck), each statement named with
+its purpose.
 
 Every list is a bounded index walk, so a page costs the same over a thousand runs or a million.
 JSON goes out as text and is decoded by the store (``codec.loads``).
@@ -7,7 +8,7 @@ JSON goes out as text and is decoded by the store (``codec.loads``).
 
 from __future__ import annotations
 
-from .postgres_sql import _CLOCK, ALIVE
+from .sql import _CLOCK, ALIVE
 
 _RUN_COLUMNS = """id, status, state::text, revision, result::text, failure_reason, last_error,
     created_at, updated_at, finished_at, queue, priority, key, task"""
@@ -34,8 +35,6 @@ SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
 OVERLAPPING_LEASES = f"""SELECT run_id, count(*) FROM tasks
     WHERE lease_owner IS NOT NULL AND lease_expires_at > (SELECT {_CLOCK}) AND done_at IS NULL
     GROUP BY run_id HAVING count(*) > 1"""
-
-NOW = f"SELECT {_CLOCK}"
 
 # stats, in one snapshot: runs by queue and status, pending tasks by queue and state, leases
 RUN_COUNTS = "SELECT queue, status, count(*) FROM runs GROUP BY queue, status"
@@ -66,22 +65,20 @@ NEXT_READY_QUEUES = _NEXT_READY.format(served="SELECT unnest(%(queues)s::text[])
 # runs_page: one keyset page; each filter walks its own index newest first (no filter: the
 # primary key; status: runs_status; task: runs_task; both: one of the two). ``before`` is
 # always bound (the largest id by default): one statement per (filter, direction).
-_FILTERS = {
-    (False, False): "",
-    (True, False): "status = %(status)s AND ",
-    (False, True): "task = %(task)s AND ",
-    (True, True): "status = %(status)s AND task = %(task)s AND ",
-}
-RUNS_BEFORE = {
-    key: f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {where}id < %(before)s
+_BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {{where}}id < %(before)s
         ORDER BY id DESC LIMIT %(limit)s"""
-    for key, where in _FILTERS.items()
-}
-RUNS_AFTER = {  # the newer page, read upwards (the caller reverses it)
-    key: f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {where}id > %(after)s
+# the newer page, read upwards (the caller reverses it)
+_AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {{where}}id > %(after)s
         ORDER BY id ASC LIMIT %(limit)s"""
-    for key, where in _FILTERS.items()
-}
+_STATUS, _TASK = "status = %(status)s AND ", "task = %(task)s AND "
+RUNS_BEFORE = _BEFORE.format(where="")
+RUNS_BEFORE_STATUS = _BEFORE.format(where=_STATUS)
+RUNS_BEFORE_TASK = _BEFORE.format(where=_TASK)
+RUNS_BEFORE_STATUS_TASK = _BEFORE.format(where=_STATUS + _TASK)
+RUNS_AFTER = _AFTER.format(where="")
+RUNS_AFTER_STATUS = _AFTER.format(where=_STATUS)
+RUNS_AFTER_TASK = _AFTER.format(where=_TASK)
+RUNS_AFTER_STATUS_TASK = _AFTER.format(where=_STATUS + _TASK)
 # task_names: the distinct first-task names, skipping through runs_task (one probe per name)
 TASK_NAMES = """WITH RECURSIVE names(name) AS (
         SELECT (SELECT min(task) FROM runs)

@@ -1,6 +1,7 @@
-"""The lease protocol's SQL on PostgreSQL (claims, renewals, fenced writes, operators), each
-statement named with its one-line purpose. Reads live in ``postgres_reads_sql``, producers in
-``postgres_producer_sql``.
+"""The PostgreSQL backend's writes: claims, renewals, fenced commits, producers and operators,
+each statement named with its one-line purpose (its reads are in ``reads_sql``). A name of
+``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are parts
+that ``steps`` or the dialect run (``LOCK_RUNS``, ``WATCH_RUN``).
 
 Time: ``%(now)s`` is NULL in production, and then every statement reads the database clock
 (``clock_timestamp()``) once, inside the statement; a test injects its clock through the same
@@ -15,6 +16,8 @@ changed (the store counts what it fetches). JSON goes out as text: the store dec
 from __future__ import annotations
 
 from functools import cache
+
+from .schema import VERSION_TABLE
 
 ALIVE = "('pending', 'running')"
 _CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
@@ -110,9 +113,8 @@ leased AS (
       AND (t.lease_owner IS NULL OR t.lease_expires_at <= granted.now)
     RETURNING t.run_id, t.id, t.name, t.payload::text AS payload, t.attempts, t.attempt_base,
         t.lease_expires_at, t.claimed_at, t.prev_owner IS NOT NULL AS takeover)
-SELECT picked.id, picked.state, picked.revision, leased.id, leased.name, leased.payload,
-    leased.attempts, leased.attempt_base, leased.lease_expires_at, leased.claimed_at,
-    leased.takeover
+SELECT leased.id, picked.id, leased.name, leased.payload, leased.attempts, leased.attempt_base,
+    leased.lease_expires_at, leased.takeover, leased.claimed_at, picked.state, picked.revision
 FROM picked LEFT JOIN leased ON leased.run_id = picked.id
 ORDER BY picked.p DESC, picked.head_at, picked.head_created, picked.head_id"""
 
@@ -137,6 +139,9 @@ def claim_sql(queues: int | None) -> str:
         level = f"""SELECT * FROM ({union}) AS merged
         ORDER BY head_at, head_created, head_id LIMIT %(limit)s"""
     return _CLAIM.format(levels=_NAMED_LEVELS, level=level)
+
+
+CLAIM = claim_sql(None)  # every queue (CLAIM_QUEUES: ``steps.claim_queues``)
 
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
@@ -271,7 +276,7 @@ ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, atte
     WHERE run_id = %(run_id)s AND done_at IS NULL AND lease_owner IS NOT NULL"""
 
 # -- operators: the run row first, then its tasks -------------------------------------------
-LOCK_RUN = "SELECT status FROM runs WHERE id = %(run_id)s FOR UPDATE"
+RUN_STATUS = "SELECT status FROM runs WHERE id = %(run_id)s FOR UPDATE"
 CANCEL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
     updated_at = now FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
 PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL"
@@ -283,7 +288,7 @@ RETRY_TASKS = f"""{_CLOCK_CTE} UPDATE tasks SET attempt_base = attempts, availab
     lease_owner = NULL, lease_expires_at = NULL
     FROM clock WHERE run_id = %(run_id)s AND done_at IS NULL"""
 # release_owner: the supervisor reaped this owner; its leases expire now. Runs first, in id
-# order (two releases never wait on each other in a cycle), then their tasks.
+# order (two releases never wait on each other in a cycle), then their tasks (``steps``).
 LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
     SELECT run_id FROM tasks WHERE lease_owner = %(owner)s AND done_at IS NULL)
     ORDER BY id FOR UPDATE"""
@@ -301,4 +306,42 @@ PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < (SELECT {_CLOCK}) - %(age)s
     ORDER BY at LIMIT %(limit)s) RETURNING id"""
 
-NOW_QUERY = f"SELECT {_CLOCK}"
+# the store's clock: the database's (or the injected one, handed back)
+NOW = f"SELECT {_CLOCK}"
+
+# -- producers (B7) ---------------------------------------------------------------------------
+# Every run of the batch in one statement. Ids are drawn from the runs' sequence in the items'
+# order first, so run (and first-task) ids follow the items; a key already taken (by a run
+# that exists, or by an earlier item of the same batch) inserts nothing and FIND_BY_KEYS,
+# a second statement with a fresh snapshot, answers the first run's id. ``{s}``: the schema
+# prefix (empty on our own connections, whose search path is the schema; the caller's
+# connection gets qualified names).
+_INSERT_RUNS = f"""
+WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+i AS MATERIALIZED (
+    SELECT i.*, nextval(pg_get_serial_sequence('{{s}}runs', 'id')) AS id
+    FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
+                %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
+                %(priorities)s::int[])
+         WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, n)
+    ORDER BY i.n),
+new_runs AS (
+    INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at)
+    SELECT i.id, i.state::json, i.task, i.queue, i.priority, i.key, clock.now, clock.now
+    FROM i, clock ORDER BY i.n
+    ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
+first_tasks AS (
+    INSERT INTO {{s}}tasks (run_id, name, payload, available_at, created_at)
+    SELECT i.id, i.task, i.payload::json, clock.now + i.delay, clock.now
+    FROM i JOIN new_runs USING (id), clock ORDER BY i.n)
+SELECT i.id, new_runs.id IS NOT NULL FROM i LEFT JOIN new_runs USING (id) ORDER BY i.n"""
+_FIND_BY_KEYS = "SELECT key, id FROM {s}runs WHERE key = ANY(%(keys)s::text[])"
+INSERT_RUNS = _INSERT_RUNS.format(s="")
+FIND_BY_KEYS = _FIND_BY_KEYS.format(s="")
+
+# wait(): from now on, this run's end sends a NOTIFY on the end channel
+WATCH_RUN = "UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watched"
+# transactional enqueue: the caller's connection reaches our schema, at our version, in our
+# database
+CALLERS_DATABASE = f"""SELECT current_database(),
+    (SELECT max(version) FROM {{s}}{VERSION_TABLE})"""

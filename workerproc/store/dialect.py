@@ -1,0 +1,212 @@
+"""What the protocol (``store/protocol/``) needs from a database engine: a small ``Dialect``.
+
+The protocol decides (who may write, what a refusal means, which run fails); a dialect only
+runs what the protocol names, on its engine:
+
+- ``write`` and ``read`` run a function in a transaction, with one contract on every engine:
+  the function gets a ``Tx``, runs named statements through it, and its result is returned
+  once the transaction committed. ``tx.now`` is the "now" parameter every statement gets: a
+  number read once the transaction holds its write lock (SQLite), or None when the
+  statements read the database clock themselves, after their own locks (PostgreSQL in
+  production; an injected clock is read after the locks too).
+- Named statements: every backend's catalogue defines exactly the names of ``STATEMENTS``
+  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL, or to a
+  *step*: a few lines of Python for a logical step that is several statements on that engine
+  (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
+  the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
+- ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
+  sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
+- The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
+  own storage check.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Literal, Protocol, TypeVar
+
+T = TypeVar("T")
+Params = dict[str, Any]
+Row = tuple[Any, ...]
+Step = Callable[[Any, Params], list[Row]]  # (the backend's Tx, parameters) -> rows
+Catalogue = Mapping[str, str | Step]
+
+# What a write is, for a dialect that treats some writes apart: a worker's exchange (commits
+# and claims), a producer's start, one idempotent statement that locks what it needs itself
+# (a renewal), or anything else.
+Intent = Literal["write", "exchange", "start", "statement"]
+Channel = Literal["work", "end"]  # a run became claimable; a watched run ended
+
+# How often a polled change token is read (SQLite's ``PRAGMA data_version``, a cheap local
+# read): the idle worker's pickup latency, and ``wait`` on SQLite.
+CHANGE_CHECK = 0.005
+
+# The protocol's vocabulary: every name it runs through a Tx, defined by every catalogue.
+STATEMENTS = frozenset(
+    {
+        # claims (R1, R6, B10)
+        "CLAIM", "CLAIM_QUEUES", "DROP_EXHAUSTED_LEASE", "FAIL_RUN", "ATTEMPT_ENDED",
+        # renewals (R3, B5)
+        "RENEW_MANY",
+        # fenced commits (R2, R5, B3, B4) and the pinned single-lease calls
+        "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
+        "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
+        # producers (B7)
+        "INSERT_RUNS", "FIND_BY_KEYS",
+        # operators (B1, B2)
+        "RUN_STATUS", "CANCEL_RUN", "PENDING_TASKS", "RETRY_RUN", "ATTEMPTS_DROPPED_BY_RETRY",
+        "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",
+        # reads
+        "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
+        "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",
+        "RUN_COUNTS", "TASK_COUNTS", "LIVE_LEASES", "NEXT_READY", "NEXT_READY_QUEUES",
+        # the dashboard's reads
+        "RUNS_BEFORE", "RUNS_BEFORE_STATUS", "RUNS_BEFORE_TASK", "RUNS_BEFORE_STATUS_TASK",
+        "RUNS_AFTER", "RUNS_AFTER_STATUS", "RUNS_AFTER_TASK", "RUNS_AFTER_STATUS_TASK",
+        "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
+    }
+)  # fmt: skip
+
+
+def catalogue(modules: Sequence[object], steps: Mapping[str, Step]) -> dict[str, str | Step]:
+    """A backend's catalogue: for every name of ``STATEMENTS``, its step, or else the SQL
+    constant of that name in ``modules`` (a name found nowhere stays out: the catalogue test
+    names it)."""
+    found: dict[str, str | Step] = {}
+    for name in STATEMENTS:
+        if name in steps:
+            found[name] = steps[name]
+            continue
+        for module in modules:
+            sql = getattr(module, name, None)
+            if isinstance(sql, str):
+                found[name] = sql
+                break
+    return found
+
+
+class Cursor(Protocol):
+    """What a DB-API cursor answers (sqlite3 and psycopg alike)."""
+
+    @property
+    def description(self) -> object: ...
+    @property
+    def rowcount(self) -> int: ...
+    def fetchall(self) -> list[Any]: ...
+    def fetchone(self) -> Any: ...
+
+
+class Tx(abc.ABC):
+    """One transaction in progress (or one read): runs the catalogue's statements by name."""
+
+    catalogue: ClassVar[Catalogue]
+    # The engine sends ``many`` statements at once (one round trip): the protocol then sends a
+    # batch of one-step commits together, by kind. Without it, they go one by one, in order.
+    pipelined: ClassVar[bool] = False
+    now: float | None  # the "now" parameter of every statement (see the module's docstring)
+
+    def __init__(self, now: float | None) -> None:
+        self.now = now
+
+    @abc.abstractmethod
+    def execute(self, sql: str, params: Params) -> Cursor:
+        """Run one SQL statement of this backend (a catalogue's, or a step's part)."""
+
+    @abc.abstractmethod
+    def time(self) -> float:
+        """The moment this transaction stands at, as a number (``now`` when it is one)."""
+
+    def rows(self, name: str, params: Params) -> list[Row]:
+        entry = self.catalogue[name]
+        if isinstance(entry, str):
+            return self.execute(entry, params).fetchall()
+        return entry(self, params)
+
+    def one(self, name: str, params: Params) -> Row | None:
+        entry = self.catalogue[name]
+        if isinstance(entry, str):
+            row: Row | None = self.execute(entry, params).fetchone()
+            return row
+        rows = entry(self, params)
+        return rows[0] if rows else None
+
+    def count(self, name: str, params: Params) -> int:
+        """Rows the statement changed (a statement that returns rows: one per row changed)."""
+        entry = self.catalogue[name]
+        if not isinstance(entry, str):
+            return len(entry(self, params))
+        cur = self.execute(entry, params)
+        return cur.rowcount if cur.description is None else len(cur.fetchall())
+
+    def many(self, name: str, each: Sequence[Params]) -> list[int]:
+        """``count`` for each parameter set, in order (a ``pipelined`` dialect sends them at
+        once)."""
+        entry = self.catalogue[name]
+        if not isinstance(entry, str):
+            return [len(entry(self, params)) for params in each]
+        return [self.count(name, params) for params in each]
+
+
+class Dialect(abc.ABC):
+    """One database engine under the protocol. ``url`` opens the same database again;
+    ``where`` is what messages may show of it (no password)."""
+
+    url: str
+    where: str
+
+    @abc.abstractmethod
+    def migrate(self) -> None:
+        """Create the schema or bring it forward (refusing a newer one, or what is not ours)."""
+
+    @abc.abstractmethod
+    def write(
+        self, fn: Callable[[Tx], T], *, runs: Iterable[int] = (), intent: Intent = "write",
+        caller: object = None,
+    ) -> T:  # fmt: skip
+        """``fn`` in one write transaction; ``runs``: the runs it will write (a dialect with
+        row locks locks them first, in id order; one without never reads them). With
+        ``caller``, the caller's own open transaction on the same database instead: it
+        commits or rolls back, not us."""
+
+    @abc.abstractmethod
+    def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        """``fn`` without the write lock; with ``snapshot``, every statement in one snapshot."""
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The store's clock (injectable; the database clock on PostgreSQL)."""
+
+    @abc.abstractmethod
+    def change_token(self, channel: Channel | None = None) -> int:
+        """A number that changes when another connection commits (on ``channel``; None: any).
+        Cheap; never the write lock."""
+
+    def wait_change(self, token: int, timeout: float, channel: Channel | None = None) -> int:
+        """Sleep until the change token differs from ``token`` or ``timeout`` passes; return
+        the current token. Here by polling every ``CHANGE_CHECK``; a dialect with
+        notifications sleeps on them."""
+        deadline = time.monotonic() + timeout
+        while (current := self.change_token(channel)) == token and time.monotonic() < deadline:
+            time.sleep(min(CHANGE_CHECK, max(0.0, deadline - time.monotonic())))
+        return current
+
+    def watch(self, run_id: int) -> None:  # noqa: B027 - most engines need nothing
+        """Before ``wait`` sleeps on the ``end`` channel: make the run's end move it."""
+
+    def claimed(self) -> None:  # noqa: B027 - most engines need nothing
+        """A claim handed out leases: a dialect that listens while idle may stop."""
+
+    @abc.abstractmethod
+    def storage_check(self, quick: bool = False) -> str | None:
+        """What ``check_storage`` runs, named for people; None when this database offers no
+        check of its storage (``check_storage`` then checks nothing and finds nothing)."""
+
+    @abc.abstractmethod
+    def check_storage(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """What the engine finds wrong with its own storage, at most ``limit`` lines; empty
+        when sound. Corruption is reported, never raised."""
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,322 @@
+"""PostgreSQL under the protocol: one connection per thread (and per process after fork),
+prepared statements, reconnection with backoff, transactions, and the LISTEN connection
+(``listen``) that makes ``change_token`` free and ``wait_change`` a sleep. Connections are in
+autocommit mode: a read is one round trip; a write is an explicit transaction (a renewal, one
+idempotent statement, runs on its own).
+
+Failures: a connection that dies before our COMMIT was sent lost nothing (the server rolls the
+transaction back), so the transaction is retried once on a new connection; one that dies while
+committing is ambiguous and raises ``StoreUnavailable`` (the caller's fence makes a retry safe).
+A deadlock or serialization failure is retried; a lock wait past ``busy_timeout`` raises
+``StoreUnavailable``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import urlencode
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg.rows import tuple_row
+
+from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
+from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
+from ..settings import PostgresOptions
+from ..types import Clock
+from ..urls import redact
+from . import admin
+from .listen import END, WORK, Listener, _abandoned
+from .schema import SCHEMA_VERSION
+from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW, WATCH_RUN
+from .steps import CATALOGUE
+
+T = TypeVar("T")
+Cursor = psycopg.Cursor[Any]
+
+_RETRIES = 5  # deadlocks, serialization failures, one lost connection
+_BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
+
+
+def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
+    return StoreUnavailable(f"{where}: {str(exc).strip() or type(exc).__name__}")
+
+
+class PostgresTx(Tx):
+    """A transaction on one cursor. ``prefix``: how our tables are named on a caller's own
+    connection (transactional enqueue), whose search path is not our schema."""
+
+    catalogue: ClassVar[Catalogue] = CATALOGUE
+    pipelined: ClassVar[bool] = True
+
+    def __init__(self, cur: Cursor, now: float | None, prefix: str = "") -> None:
+        super().__init__(now)
+        self.cur = cur
+        self.prefix = prefix
+        self.prepare: bool | None = None if prefix else True  # never on a caller's connection
+
+    def execute(self, sql: str, params: Params) -> Cursor:
+        return self.cur.execute(sql, params, prepare=self.prepare)
+
+    def time(self) -> float:
+        if self.now is not None:
+            return self.now
+        row = self.execute(NOW, {"now": None}).fetchone()
+        assert row is not None
+        return float(row[0])
+
+    def many(self, name: str, each: Sequence[Params]) -> list[int]:
+        """One statement for every parameter set, pipelined: sent together, read back in one
+        round trip (``executemany``); each answers the rows it changed."""
+        statement = self.catalogue[name]
+        if not isinstance(statement, str):
+            return super().many(name, each)
+        self.cur.executemany(statement, each, returning=True)
+        counts = []
+        for n in range(len(each)):
+            if n:
+                self.cur.nextset()
+            counts.append(len(self.cur.fetchall()))
+        return counts
+
+
+class PostgresDialect(Dialect):
+    """Connections, transactions, notifications for the PostgreSQL store."""
+
+    def __init__(
+        self, conninfo: str, options: PostgresOptions | None = None, *, clock: Clock | None = None
+    ) -> None:
+        """``conninfo``: a libpq URL or connection string, without our options. Nothing is
+        opened yet: the first statement connects."""
+        options = options or PostgresOptions()
+        self.conninfo = conninfo
+        self.schema = options.schema
+        self.busy_timeout = options.busy_timeout
+        self.idle_in_transaction = options.idle_in_transaction
+        # the URL this store reports opens the same database and schema again
+        glue = "&" if "?" in conninfo else "?"
+        self.url = f"{conninfo}{glue}{urlencode({'schema': self.schema})}"
+        self.where = redact(self.url)
+        self._clock = clock
+        self._local = threading.local()
+        self._pid = os.getpid()
+        self._closed = False
+        self._create = options.migrate
+        self._database: str | None = None
+        channels = {WORK: NOTIFY_CHANNEL, END: END_CHANNEL}
+        self._listener = Listener(
+            conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
+        )
+
+    # -- connections ---------------------------------------------------------------------------
+    def _conn(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise StoreError("the store is closed")
+        if self._pid != os.getpid():  # a forked child: never touch inherited connections
+            old = getattr(self._local, "conn", None)
+            if old is not None:
+                _abandoned.append(old)
+            self._listener.abandon()
+            self._local = threading.local()
+            self._pid = os.getpid()
+        conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.broken:
+            conn.close()
+            conn = None
+        if conn is None:
+            conn = self._connect()
+            self._local.conn = conn
+        return conn
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        """Connect, retrying with backoff until busy_timeout (a restarting server, say)."""
+        deadline = time.monotonic() + self.busy_timeout
+        backoff = _BACKOFF_MIN
+        while True:
+            try:
+                conn = psycopg.connect(
+                    self.conninfo,
+                    autocommit=True,  # transactions are explicit (see _run)
+                    prepare_threshold=0,  # every statement is prepared on first use
+                    connect_timeout=max(2, int(self.busy_timeout + 0.999)),
+                    application_name="leasekeeper",
+                    options=(
+                        f"-c search_path={self.schema}"
+                        f" -c lock_timeout={int(self.busy_timeout * 1000)}"
+                        f" -c idle_in_transaction_session_timeout="
+                        f"{max(10, int(self.idle_in_transaction * 1000))}"
+                    ),
+                )
+                return conn
+            except psycopg.OperationalError as exc:
+                if time.monotonic() + backoff >= deadline:
+                    raise _unavailable(exc, f"{self.where}: cannot connect") from None
+                time.sleep(backoff * (0.5 + random.random()))
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+            except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: a usage error
+                raise InvalidOption(f"{self.where}: {str(exc).strip()}") from None
+            except psycopg.Error as exc:
+                raise StoreError(f"{self.where}: {exc}") from None
+
+    # -- transactions --------------------------------------------------------------------------
+    def _now_param(self) -> float | None:
+        return None if self._clock is None else self._clock()
+
+    def write(
+        self, fn: Callable[[Tx], T], *, runs: Iterable[int] = (), intent: Intent = "write",
+        caller: object = None,
+    ) -> T:  # fmt: skip
+        """One transaction: ``fn(tx)`` where ``tx.now`` is the injected clock or None (the
+        statements read the database clock themselves, after their locks). ``runs``: the runs
+        the transaction will write, locked first in id order when there are several (two
+        batches never wait on each other in a cycle) or when the injected clock must be read
+        after the lock. A ``"statement"`` sends one idempotent statement that locks what it
+        needs itself (a renewal): without an injected clock it runs on its own (autocommit: no
+        BEGIN, no COMMIT round trip; a lost connection retries it)."""
+        if caller is not None:
+            return self._within(caller, fn)
+        if intent == "statement" and self._clock is None:
+            return self._transaction(fn, (), "statement")
+        ids = sorted(set(runs))
+        lock = ids if len(ids) > 1 or (ids and self._clock is not None) else []
+        return self._transaction(fn, lock, "write")
+
+    def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+        """Reads: each statement on its own (autocommit: one round trip), or with ``snapshot``
+        all of them in one REPEATABLE READ transaction."""
+        return self._transaction(fn, (), "snapshot" if snapshot else "read")
+
+    def _transaction(self, fn: Callable[[Tx], T], lock: Sequence[int], mode: str) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            conn = self._conn()
+            done = False  # fn returned: an error now comes from COMMIT (ambiguous)
+            try:
+                if mode in ("read", "statement"):
+                    with conn.cursor() as cur:
+                        result = fn(PostgresTx(cur, self._now_param()))
+                        done = True
+                        return result
+                with conn.transaction(), conn.cursor() as cur:
+                    if mode == "snapshot":
+                        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                    if lock:
+                        cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
+                    result = fn(PostgresTx(cur, self._now_param()))
+                    done = True
+                return result
+            except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
+                if attempt >= _RETRIES:
+                    raise _unavailable(exc, self.where) from None
+                time.sleep(random.uniform(0.001, 0.01) * attempt)
+            except pg_errors.LockNotAvailable as exc:
+                msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({exc})"
+                raise StoreUnavailable(msg) from None
+            except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
+                if (done and mode != "read") or attempt >= 2 or not conn.broken:
+                    raise _unavailable(exc, self.where) from None
+                # the server never saw our COMMIT: nothing was written; try a new connection
+            except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
+                raise InvalidPayload(f"a value cannot be written: {str(exc).strip()}") from None
+            except psycopg.Error as exc:
+                raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+            except (UnicodeEncodeError, OverflowError) as exc:  # a value it cannot bind
+                raise InvalidPayload(f"a value cannot be written: {exc}") from None
+
+    def _within(self, caller: object, fn: Callable[[Tx], T]) -> T:
+        """``fn`` on the caller's own connection, inside the caller's transaction."""
+        conn = admin.callers(caller, self._our_database(), self.schema, self.where)
+        try:
+            with conn.cursor(row_factory=tuple_row) as cur:
+                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".'))
+        except psycopg.Error as exc:  # the caller's transaction decides what happens next
+            raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+
+    def _our_database(self) -> str:
+        if self._database is None:
+            row = self.read(lambda tx: tx.execute("SELECT current_database()", {}).fetchone())
+            assert row is not None
+            self._database = str(row[0])
+        return self._database
+
+    # -- the schema and the engine's own checks ------------------------------------------------
+    def migrate(self) -> None:
+        """Bring the schema to this version, or refuse: a newer one, one that is not ours, or
+        (a reader that may not create it) none at all."""
+        found = self.read(lambda tx: admin.version(self._cursor(tx), self.schema, self.where))
+        if found == SCHEMA_VERSION:
+            return
+        if found > SCHEMA_VERSION:
+            raise SchemaTooNew(f"{self.where}: schema v{found} is newer than this leasekeeper")
+        if not self._create:
+            raise StoreError(
+                f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
+                f"(found v{found}); `supervisor start` or `enqueue` creates it"
+            )
+        self.write(lambda tx: admin.migrate_locked(self._cursor(tx), self.schema, self.where))
+
+    @staticmethod
+    def _cursor(tx: Tx) -> Cursor:
+        assert isinstance(tx, PostgresTx)
+        return tx.cur
+
+    def storage_check(self, quick: bool = False) -> str | None:
+        if self.read(lambda tx: admin.amcheck(self._cursor(tx))) is None:
+            return None
+        return "amcheck bt_index_check" if quick else "amcheck bt_index_check + verify_heapam"
+
+    def check_storage(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """amcheck when the extension is installed (a superuser runs ``CREATE EXTENSION
+        amcheck``); without it nothing is checked and nothing is found (``storage_check``
+        says so: None)."""
+        namespace = self.read(lambda tx: admin.amcheck(self._cursor(tx)))
+        if namespace is None:
+            return []
+        return self.read(lambda tx: admin.check_storage(self._cursor(tx), namespace,
+                                                        self.schema, quick, limit))  # fmt: skip
+
+    # -- time, notifications, closing ----------------------------------------------------------
+    def now(self) -> float:
+        if self._clock is not None:
+            return self._clock()
+        return self.read(lambda tx: tx.time())
+
+    def change_token(self, channel: Channel | None = None) -> int:
+        self._alive()
+        return self._listener.token(channel)
+
+    def wait_change(self, token: int, timeout: float, channel: Channel | None = None) -> int:
+        """Sleep on LISTEN until a notification moves the token, or ``timeout`` passes."""
+        self._alive()
+        return self._listener.wait(token, max(0.0, timeout), channel)
+
+    def watch(self, run_id: int) -> None:
+        """LISTEN on the end channel first, then mark the run watched, so no end can slip
+        between: from now on its end sends a NOTIFY (unwatched runs end without one)."""
+        self._alive()
+        self._listener.token(END)
+        self.write(lambda tx: tx.execute(WATCH_RUN, {"run_id": run_id}), intent="statement")
+
+    def claimed(self) -> None:
+        self._listener.idle_over()
+
+    def _alive(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+        if self._pid != os.getpid():
+            self._conn()  # resets per-process state (the listener too)
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if self._pid == os.getpid():
+            if conn is not None:
+                conn.close()
+            self._listener.close()
+        self._local = threading.local()
+        self._closed = True

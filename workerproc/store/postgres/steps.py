@@ -1,0 +1,88 @@
+"""PostgreSQL's catalogue: every name of the protocol's vocabulary (``store.dialect.STATEMENTS``),
+as one statement of ``sql``/``reads_sql`` or as a step below: where the statement's text
+depends on its parameters (the claim of N named queues), where its parameters go as arrays (the
+leases of ``RENEW_MANY``), where the run rows are locked by a statement of their own first
+(``RELEASE_OWNER``), or where the caller's own connection needs our schema named (transactional
+enqueue). Steps read their statements at each call."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING
+
+from ..dialect import Params, Row, Step, catalogue
+from . import reads_sql as r
+from . import sql as q
+
+if TYPE_CHECKING:
+    from .dialect import PostgresTx
+
+
+def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
+    """The claim for the named queues (no name twice): one walk per queue."""
+    rows: list[Row] = tx.execute(q.claim_sql(len(params["queues"])), params).fetchall()
+    return rows
+
+
+def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
+    """Every lease in one statement, as arrays; it locks the runs in id order itself and
+    records each refusal."""
+    leases = params["leases"]
+    arrays = {
+        "task_ids": [lease.task_id for lease in leases],
+        "attempts": [lease.attempt for lease in leases],
+        "runs": [lease.run_id for lease in leases],
+        "run_ids": sorted({lease.run_id for lease in leases}),
+        "owner": params["owner"],
+        "ttl": params["ttl"],
+        "now": params["now"],
+    }
+    rows: list[Row] = tx.execute(q.RENEW_MANY, arrays).fetchall()
+    return rows
+
+
+def release_owner(tx: PostgresTx, params: Params) -> list[Row]:
+    """The owner's runs locked in id order, then its live leases expired: one row each."""
+    tx.execute(q.LOCK_OWNER_RUNS, params)
+    rows: list[Row] = tx.execute(q.RELEASE_OWNER, params).fetchall()
+    return rows
+
+
+@cache
+def _qualified(template: str, prefix: str) -> str:
+    return template.format(s=prefix)
+
+
+def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
+    """Every run of the batch (``NewRun``) in one statement, each column an array (names
+    qualified on the caller's connection)."""
+    runs = params["runs"]
+    columns = {
+        "states": [r.state for r in runs],
+        "tasks": [r.task for r in runs],
+        "payloads": [r.payload for r in runs],
+        "delays": [r.delay for r in runs],
+        "keys": [r.key for r in runs],
+        "queues": [r.queue for r in runs],
+        "priorities": [r.priority for r in runs],
+        "now": params["now"],
+    }
+    statement = q.INSERT_RUNS if not tx.prefix else _qualified(q._INSERT_RUNS, tx.prefix)
+    rows: list[Row] = tx.execute(statement, columns).fetchall()
+    return rows
+
+
+def find_by_keys(tx: PostgresTx, params: Params) -> list[Row]:
+    statement = q.FIND_BY_KEYS if not tx.prefix else _qualified(q._FIND_BY_KEYS, tx.prefix)
+    rows: list[Row] = tx.execute(statement, params).fetchall()
+    return rows
+
+
+STEPS: dict[str, Step] = {
+    "CLAIM_QUEUES": claim_queues,
+    "RENEW_MANY": renew_many,
+    "RELEASE_OWNER": release_owner,
+    "INSERT_RUNS": insert_runs,
+    "FIND_BY_KEYS": find_by_keys,
+}
+CATALOGUE = catalogue([q, r], STEPS)

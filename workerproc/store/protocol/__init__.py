@@ -1,0 +1,34 @@
+"""The lease protocol written once (docs/protocol.md, R1-R7 and B1-B10), over a ``Dialect``:
+claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
+producers, operators and reads. ``Store`` is all of it; callers depend on the part they use
+(``store/roles.py``)."""
+
+from __future__ import annotations
+
+from ..dialect import Dialect
+from .leases import Leases
+from .operators import Operators
+from .producers import Producers
+from .reads import Reads
+
+
+class Store(Leases, Producers, Operators, Reads):
+    """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
+    fenced call matches task id, owner and attempt and requires the lease to be live; the
+    store reads "now" only once it holds the write lock."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self.dialect = dialect
+        self.url = dialect.url
+
+    def close(self) -> None:
+        self.dialect.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["Store"]

@@ -1,0 +1,102 @@
+"""The claim (R1, R6, B10), written once: the loop that turns a backend's ``CLAIM`` rows into
+leases, inside the caller's write transaction.
+
+A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
+takeover, claimed_at, state, revision)``; ``task_id`` is None for a run the statement locked but
+could not lease, because its head was written after the statement's snapshot (PostgreSQL: the
+run is ours now, and the next statement, with a fresh snapshot, sees the head).
+"""
+
+from __future__ import annotations
+
+from ..codec import check_owner, check_queue, loads
+from ..dialect import Params, Row, Tx
+from ..errors import InvalidPayload
+from ..types import ClaimRequest, Lease
+
+# One claim runs at most this many statements. Each turn hands out leases, fails runs
+# (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
+# bound is never reached in practice: it only keeps a claim from ever looping for good.
+CLAIM_TURNS = 1000
+
+
+def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
+    """Up to ``req.limit`` leases, each of a different run, in the order the backend returns
+    them (each turn sees what the earlier turns wrote: R1 holds across the batch)."""
+    check_owner(req.owner)
+    queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
+    if queues == [] or req.limit < 1:
+        return []
+    name = "CLAIM" if queues is None else "CLAIM_QUEUES"
+    params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues}
+    leases: list[Lease] = []
+    unseen = 0  # turns in a row that leased nothing, only found runs with unseen heads
+    for _ in range(CLAIM_TURNS):
+        ask = params["limit"] = req.limit - len(leases)
+        if ask <= 0:
+            break
+        rows = tx.rows(name, params)
+        if not rows:
+            break
+        got = 0
+        for row in rows:
+            if row[0] is not None:
+                got += 1
+                lease = _lease(tx, req, row)
+                if lease is not None:
+                    leases.append(lease)
+        unseen = 0 if got else unseen + 1
+        if unseen > 1:  # held runs whose head even a fresh snapshot cannot lease
+            break
+        if got == len(rows) < ask:  # it took every run it could lock and lease
+            break
+    return leases
+
+
+def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
+    """The lease a claimed row gives, or None when the claim failed its run instead: attempts
+    exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
+    (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
+     revision) = row  # fmt: skip
+    if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+        attempt_ended(tx, task_id, "exhausted")
+        dropped = tx.one("DROP_EXHAUSTED_LEASE", {"task_id": task_id})
+        # no handler raised: every attempt died, timed out or lost its lease
+        error = (dropped[0] if dropped else None) or (
+            f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
+            "worker died, timed out or lost its lease each time)"
+        )
+        fail_run(tx, run_id, "task_attempts_exhausted", error)
+        return None
+    try:
+        decoded = loads(payload, "its payload"), loads(state, "its run's state")
+    except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
+        attempt_ended(tx, task_id, "failed", str(exc))
+        tx.count("DROP_EXHAUSTED_LEASE", {"task_id": task_id})
+        fail_run(tx, run_id, "undecodable_payload", f"task {task_id}: {exc}")
+        return None
+    return Lease(
+        task_id=task_id,
+        run_id=run_id,
+        task=name,
+        payload=decoded[0],
+        attempt=attempts,
+        owner=req.owner,
+        expires_at=float(expires_at),
+        claimed_at=float(claimed_at),
+        state=decoded[1],
+        revision=revision,
+        tries=attempts - base,
+        takeover=bool(takeover),
+    )
+
+
+def fail_run(tx: Tx, run_id: int, reason: str, error: str | None) -> int:
+    """Fail a live run; how many runs changed (0: it was over already)."""
+    return tx.count("FAIL_RUN", {"run_id": run_id, "reason": reason, "error": error, "now": tx.now})
+
+
+def attempt_ended(tx: Tx, task_id: int, outcome: str, error: str | None = None) -> None:
+    """Keep the current attempt of ``task_id`` in the history before its lease is cleared."""
+    params = {"task_id": task_id, "now": tx.now, "outcome": outcome, "error": error}
+    tx.count("ATTEMPT_ENDED", params)

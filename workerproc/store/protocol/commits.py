@@ -1,0 +1,106 @@
+"""Fenced writes (R2, R5, B3, B4), written once: each commit kind, the fence every one of them
+carries, and what a refusal means. Every function runs inside the caller's write transaction.
+
+Every write after a claim matches task id AND owner AND attempt AND a live lease (the fence,
+``fence``); a write that matches nothing changed nothing and is refused: recorded as evidence
+(``INSERT_REJECTION``) in the transaction that refused it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..dialect import Params, Tx
+from ..types import CasResult, Commit, Lease
+from .claims import attempt_ended, fail_run
+
+# The commits that are one logical step each (a row back: written; none: refused), by the
+# catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
+ONE_STEP = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
+            "handback": "HANDBACK"}  # fmt: skip
+CAS_KINDS = frozenset({"finish", "advance"})  # their refusal may be a conflict, not a lost lease
+
+
+def fence(lease: Lease, now: float | None) -> Params:
+    """The parameters every fenced statement matches (R2), and the run it locks first."""
+    return {
+        "task_id": lease.task_id,
+        "owner": lease.owner,
+        "attempt": lease.attempt,
+        "now": now,
+        "run_id": lease.run_id,
+    }
+
+
+def rejected(tx: Tx, fenced: Params, op: str) -> None:
+    """Keep a refused write as evidence, in the transaction that refused it."""
+    tx.count("INSERT_REJECTION", {**fenced, "op": op})
+
+
+def refused(tx: Tx, params: Params, op: str) -> CasResult:
+    """A fenced compare-and-set changed nothing: a lost lease (recorded) or a moved run."""
+    if tx.one("CHECK_FENCE", params) is None:
+        rejected(tx, params, op)
+        return CasResult.LEASE_LOST
+    return CasResult.CONFLICT
+
+
+def _refusal(tx: Tx, params: Params, kind: str) -> CasResult:
+    """What a one-step commit that changed nothing answers."""
+    if kind in CAS_KINDS:
+        return refused(tx, params, kind)
+    rejected(tx, params, kind)  # a release or hand-back is fenced by its own statement
+    return CasResult.LEASE_LOST
+
+
+def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
+    """Every commit, each judged on its own, answers in order. Where the dialect pipelines,
+    commits of different runs that are one step each (they touch disjoint rows) go together,
+    one ``Tx.many`` per kind: one round trip. Anything else (a run twice, a drop or a fail, a
+    dialect without pipelining) goes one by one, in order."""
+    if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
+        return [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
+    params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
+    by_kind: dict[str, list[int]] = {}
+    for i, commit in enumerate(commits):
+        by_kind.setdefault(commit.kind, []).append(i)
+    changed = [0] * len(commits)
+    for kind, members in by_kind.items():
+        counts = tx.many(ONE_STEP[kind], [params[i] for i in members])
+        for i, n in zip(members, counts, strict=True):
+            changed[i] = n
+    return [
+        CasResult.OK if changed[i] else _refusal(tx, params[i], commit.kind)
+        for i, commit in enumerate(commits)
+    ]
+
+
+def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
+    runs: set[int] = set()
+    for commit in commits:
+        if commit.kind not in ONE_STEP or commit.lease.run_id in runs:
+            return False
+        runs.add(commit.lease.run_id)
+    return True
+
+
+def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
+    """One commit under its lease."""
+    params = {**encoded, **fence(commit.lease, tx.now)}
+    kind = commit.kind
+    step = ONE_STEP.get(kind)
+    if step is not None:  # the hot path: the fence rides in the step itself
+        return CasResult.OK if tx.count(step, params) else _refusal(tx, params, kind)
+    if tx.one("CHECK_FENCE", params) is None:
+        rejected(tx, params, kind)
+        return CasResult.LEASE_LOST
+    if kind == "drop":
+        tx.count("TASK_DONE", params)
+        return CasResult.OK
+    if kind == "fail":
+        if fail_run(tx, commit.lease.run_id, params["reason"], params["error"]) == 0:
+            return CasResult.CONFLICT
+        attempt_ended(tx, commit.lease.task_id, "failed", params["error"])
+        tx.count("TASK_FAILED", params)
+        return CasResult.OK
+    raise ValueError(f"unknown commit kind {kind!r}")

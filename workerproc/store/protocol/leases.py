@@ -1,0 +1,128 @@
+"""What lease holders call: the worker's batched exchange and renewal (what ``WorkerStore``
+holds), and the pinned single-lease calls of DESIGN.md (``claim``, ``renew``, ``ack``,
+``release``, ``compare_and_set``), each a thin composition of the same steps."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import overload
+
+from ..codec import check_owner, commit_params, dumps
+from ..dialect import Dialect, Params, Tx
+from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease
+from . import claims
+from .commits import apply_all, fence, refused, rejected
+
+
+class Leases:
+    dialect: Dialect
+
+    # -- the worker's calls --------------------------------------------------------------------
+    def commit_many(
+        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+    ) -> BatchOutcome:
+        """Write every commit under its own lease (each a fenced write answering ok, conflict
+        or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
+        tasks (B4). Every value is encoded first: a bad one writes nothing."""
+        encoded = [commit_params(commit) for commit in commits]
+
+        def exchange(tx: Tx) -> BatchOutcome:
+            results = tuple(apply_all(tx, commits, encoded))
+            leases = claims.claim(tx, claim) if claim is not None and claim.limit > 0 else []
+            return BatchOutcome(results, tuple(leases))
+
+        runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
+        out = self.dialect.write(exchange, runs=runs, intent="exchange")
+        if out.leases:
+            self.dialect.claimed()
+        return out
+
+    def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]:
+        """R3 for every lease of one owner in one step (B5): each lease's new expiry,
+        ``max(old, now + ttl)``, or None where that lease is lost or expired (each refusal
+        recorded like any other)."""
+        if not leases:
+            return []
+        if len({lease.owner for lease in leases}) != 1:
+            raise ValueError("renew_many renews the leases of one owner")
+        check_owner(leases[0].owner)
+        params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl)}
+
+        def renew(tx: Tx) -> list[float | None]:
+            rows = tx.rows("RENEW_MANY", {**params, "now": tx.now})
+            renewed = {(task_id, attempt): at for task_id, attempt, at in rows}
+            return [
+                None if (at := renewed.get((lease.task_id, lease.attempt))) is None else float(at)
+                for lease in leases
+            ]
+
+        runs = [lease.run_id for lease in leases]
+        return self.dialect.write(renew, runs=runs, intent="statement")
+
+    # -- the pinned lease protocol (DESIGN.md) -----------------------------------------------
+    @overload
+    def claim(
+        self, owner: str, ttl: float, *, max_attempts: int = 3, limit: None = None,
+        queues: Sequence[str] | None = None,
+    ) -> Lease | None: ...  # fmt: skip
+    @overload
+    def claim(
+        self, owner: str, ttl: float, *, max_attempts: int = 3, limit: int,
+        queues: Sequence[str] | None = None,
+    ) -> list[Lease]: ...  # fmt: skip
+
+    def claim(
+        self,
+        owner: str,
+        ttl: float,
+        *,
+        max_attempts: int = 3,
+        limit: int | None = None,
+        queues: Sequence[str] | None = None,
+    ) -> Lease | list[Lease] | None:
+        """R1: claim the first ready task (or, with ``limit=k``, up to k tasks of k different
+        runs) in the served ``queues`` (None: all), a higher priority first: an exchange that
+        commits nothing."""
+        request = ClaimRequest(
+            owner, ttl, max_attempts, 1 if limit is None else limit,
+            None if queues is None else tuple(queues),
+        )  # fmt: skip
+        leases = list(self.commit_many((), claim=request).leases)
+        if limit is None:
+            return leases[0] if leases else None
+        return leases
+
+    def renew(self, lease: Lease, ttl: float) -> bool:
+        """R3 for one lease: ``renew_many`` of one."""
+        return self.renew_many([lease], ttl)[0] is not None
+
+    def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool:
+        """Give the task back for another attempt after ``delay``: a release commit."""
+        commit = Commit(lease, "release", delay=delay, error=error)
+        return self.commit_many((commit,)).results[0] is CasResult.OK
+
+    def ack(self, lease: Lease) -> bool:
+        """Mark the task done under its lease; a run whose last task is done has succeeded."""
+
+        def ack(tx: Tx) -> bool:
+            params = fence(lease, tx.now)
+            if tx.count("TASK_DONE", params) == 0:
+                rejected(tx, params, "ack")
+                return False
+            tx.count("SUCCEED_IF_EMPTY", params)
+            return True
+
+        return self.dialect.write(ack, runs=[lease.run_id])
+
+    def compare_and_set(self, lease: Lease, expected_revision: int, new_state: JSON) -> CasResult:
+        """R5: the run's state moves only at ``expected_revision`` of a live run, under the
+        lease: ``ok``, ``conflict`` (the revision moved, or the run is over) or ``lease_lost``."""
+        state = dumps(new_state, "state")
+
+        def cas(tx: Tx) -> CasResult:
+            params = {**fence(lease, tx.now), "state": state, "revision": expected_revision}
+            if tx.count("CAS_STATE", params) == 0:
+                return refused(tx, params, "compare_and_set")
+            return CasResult.OK
+
+        return self.dialect.write(cas, runs=[lease.run_id])

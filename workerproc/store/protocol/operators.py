@@ -1,0 +1,75 @@
+"""Operators' writes (B1, B2), written once: cancel and retry a run, release a dead owner's
+leases, prune finished runs. Each holds the run (its row lock on PostgreSQL) before its tasks."""
+
+from __future__ import annotations
+
+from ..dialect import Dialect, Params, Tx
+from ..errors import RunNotFound
+
+
+class Operators:
+    dialect: Dialect
+
+    def cancel_run(self, run_id: int) -> bool:
+        """Cancel a live run; False when it was over already. Its holder's next commit
+        answers ``conflict``."""
+        return self._end_run(run_id, "CANCEL_RUN", {})
+
+    def _end_run(self, run_id: int, statement: str, params: Params) -> bool:
+        """End a live run with ``statement`` (``CANCEL_RUN``, ``FAIL_RUN``)."""
+
+        def end(tx: Tx) -> bool:
+            status(tx, run_id)
+            return tx.count(statement, {**params, "run_id": run_id, "now": tx.now}) == 1
+
+        return self.dialect.write(end, runs=[run_id])
+
+    def retry_run(self, run_id: int) -> bool:
+        """B2: a failed or cancelled run with pending work starts a new attempt generation
+        (``attempt_base = attempts``; due now; old leases dropped). False otherwise."""
+
+        def retry(tx: Tx) -> bool:
+            if status(tx, run_id) not in ("failed", "cancelled"):
+                return False
+            params = {"run_id": run_id, "now": tx.now}
+            pending = tx.one("PENDING_TASKS", params)
+            if pending is None or pending[0] == 0:
+                return False
+            tx.count("RETRY_RUN", params)
+            tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
+            tx.count("RETRY_TASKS", params)
+            return True
+
+        return self.dialect.write(retry, runs=[run_id])
+
+    def release_owner(self, owner: str) -> int:
+        """B1: expire every live lease of ``owner`` (known dead); returns how many."""
+
+        def release(tx: Tx) -> int:
+            return tx.count("RELEASE_OWNER", {"owner": owner, "now": tx.now})
+
+        return self.dialect.write(release)
+
+    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+        """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
+        (and refused-write records as old), ``batch`` runs per write transaction so no lock
+        is held long; returns how many runs went."""
+        params = {"age": float(older_than), "limit": int(batch)}
+
+        def delete(statement: str) -> int:
+            return self.dialect.write(lambda tx: tx.count(statement, {**params, "now": tx.now}))
+
+        total = 0
+        while (n := delete("PRUNE_RUNS")) > 0:
+            total += n
+        while delete("PRUNE_REJECTIONS") > 0:
+            pass
+        return total
+
+
+def status(tx: Tx, run_id: int) -> str:
+    """The run's status, the run held (PostgreSQL: its row locked); RunNotFound otherwise."""
+    row = tx.one("RUN_STATUS", {"run_id": run_id})
+    if row is None:
+        raise RunNotFound(run_id)
+    return str(row[0])

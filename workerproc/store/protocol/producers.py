@@ -1,0 +1,68 @@
+"""Producers (B7), written once: start runs, one or many, in the store's own transaction or
+inside the caller's (transactional enqueue), every value checked and encoded first
+(``NewRun``), a key already taken answered with its run's id."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..dialect import Dialect, Tx
+from ..errors import StoreError
+from ..newrun import NewRun
+from ..types import DEFAULT_QUEUE, JSON
+
+
+class Producers:
+    dialect: Dialect
+
+    def start_run(
+        self,
+        task: str,
+        payload: JSON = None,
+        state: JSON = None,
+        delay: float = 0,
+        *,
+        key: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        tx: Any = None,
+    ) -> int:
+        """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None).
+
+        ``key`` makes the start idempotent: while a run with that key exists, starting again
+        returns its id and creates nothing. ``tx``: the caller's own open transaction on the
+        same database (a ``sqlite3.Connection`` for SQLite, a ``psycopg.Connection`` for
+        PostgreSQL), so the run exists if and only if the caller's transaction commits; the
+        caller commits or rolls back."""
+        (run_id,) = self._start(
+            [NewRun.make(task, payload, state, delay, key, queue, priority)], tx
+        )
+        return run_id
+
+    def start_runs(self, items: Iterable[Mapping[str, Any]], *, tx: Any = None) -> list[int]:
+        """Start many runs in one transaction; each item has ``start_run``'s parameter names
+        (only ``task`` is required). Returns the run ids in the items' order."""
+        return self._start([NewRun.from_item(item) for item in items], tx)
+
+    def _start(self, runs: list[NewRun], caller: Any) -> list[int]:
+        if not runs:
+            return []
+        return self.dialect.write(lambda tx: insert(tx, runs), intent="start", caller=caller)
+
+
+def insert(tx: Tx, runs: list[NewRun]) -> list[int]:
+    """Insert the runs and their first tasks, ids in the runs' order; a run whose key is taken
+    (by a run that exists, or by an earlier run of the same batch) inserts nothing and answers
+    that run's id."""
+    rows = tx.rows("INSERT_RUNS", {"runs": runs, "now": tx.now})
+    ids = [int(run_id) for run_id, _ in rows]
+    taken = [i for i, (_, inserted) in enumerate(rows) if not inserted]
+    if taken:  # keys that name a run already there: the first run's id, nothing created
+        keys = [runs[i].key for i in taken]
+        found: dict[str | None, int] = dict(tx.rows("FIND_BY_KEYS", {"keys": keys}))
+        for i in taken:
+            if runs[i].key not in found:
+                raise StoreError(f"{runs[i].key!r}: a run with this key was not found")
+            ids[i] = int(found[runs[i].key])
+    return ids

@@ -1,0 +1,222 @@
+"""What the store answers without writing, written once: runs, tasks, the evidence, counts, the
+dashboard's pages, the idle workers' cheap reads, and ``wait``. Readers never take the write
+lock; JSON comes out of the database as text and is decoded here (``codec.loads``)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+
+from ..codec import check_name, check_queue, loads
+from ..dialect import Dialect, Params, Row, Tx
+from ..errors import RunNotFound
+from ..types import AttemptEnd, FinishedBucket, OwnerLease, Rejection, Run, Stats, TaskInfo
+
+MAX_PAGE = 1000  # runs per page, at most
+MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this
+MAX_WAIT = 366 * 86_400.0  # a wait longer than a year is a mistake: wait without a timeout
+
+
+def check_timeout(timeout: float | None) -> float | None:
+    """``wait``'s timeout: None (no limit) or a number of seconds from 0 to ``MAX_WAIT``;
+    ValueError otherwise (NaN and infinities included)."""
+    if timeout is None:
+        return None
+    try:
+        seconds = float(timeout)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_WAIT:
+        raise ValueError(
+            f"timeout must be from 0 to {MAX_WAIT:g} seconds, or None (got {timeout!r})"
+        )
+    return seconds
+
+
+def run_of(row: Row) -> Run:
+    rid, status, state, revision, result, reason, error, created, updated, finished = row[:10]
+    queue, priority, key, task = row[10:]
+    return Run(
+        rid, status, loads(state, f"run {rid}'s state"), revision,
+        loads(result, f"run {rid}'s result"), reason, error, created, updated, finished,
+        queue, priority, key, task,
+    )  # fmt: skip
+
+
+def task_of(row: Row) -> TaskInfo:
+    return TaskInfo(row[0], row[1], row[2], loads(row[3], f"task {row[0]}'s payload"), *row[4:])
+
+
+class Reads:
+    dialect: Dialect
+
+    def _rows(self, statement: str, params: Params) -> list[Row]:
+        return self.dialect.read(lambda tx: tx.rows(statement, params))
+
+    def get_run(self, run_id: int) -> Run | None:
+        row = self.dialect.read(lambda tx: tx.one("GET_RUN", {"run_id": run_id}))
+        return None if row is None else run_of(row)
+
+    def get_tasks(self, run_id: int) -> list[TaskInfo]:
+        return [task_of(row) for row in self._rows("GET_TASKS", {"run_id": run_id})]
+
+    def get_task(self, task_id: int) -> TaskInfo | None:
+        row = self.dialect.read(lambda tx: tx.one("GET_TASK", {"task_id": task_id}))
+        return None if row is None else task_of(row)
+
+    def list_runs(
+        self, status: str | None = None, limit: int = 100, *, queue: str | None = None
+    ) -> list[Run]:
+        """Runs newest first: of one status (and queue), of one queue, or all."""
+        if queue is not None:
+            check_queue(queue)
+        if status is not None:
+            statement = "LIST_RUNS_BY_STATUS"
+        else:
+            statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
+        params = {"status": status, "limit": limit, "queue": queue}
+        return [run_of(row) for row in self._rows(statement, params)]
+
+    def stats(self) -> Stats:
+        """Runs by queue and status, pending tasks by queue and state, and the live leases,
+        all read in one snapshot."""
+
+        def read(tx: Tx) -> Stats:
+            now = tx.time()
+            run_rows = tx.rows("RUN_COUNTS", {})
+            task_rows = tx.rows("TASK_COUNTS", {"now": now})
+            leases = [OwnerLease(*row) for row in tx.rows("LIVE_LEASES", {})]
+            return Stats.from_counts(now, run_rows, task_rows, leases)
+
+        return self.dialect.read(read, snapshot=True)
+
+    # -- the evidence and the integrity checks ---------------------------------------------------
+    def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
+        """Writes the fence refused (a zombie's renewal or commit, say), oldest first."""
+        rows = self._rows("LIST_REJECTIONS", {"after": after, "limit": limit})
+        return [Rejection(*row) for row in rows]
+
+    def integrity_violations(self) -> list[str]:
+        """What must never be in the database: a finished task committed by a superseded
+        attempt, or a run holding two live leases at once. Empty when all is well."""
+
+        def read(tx: Tx) -> list[str]:
+            found = [
+                f"task {t} of run {r} was committed by attempt {done} although attempt "
+                f"{latest} had superseded it (a zombie write was accepted)"
+                for t, r, done, latest in tx.rows("SUPERSEDED_COMMITS", {})
+            ]
+            found += [
+                f"run {r} holds {n} live leases at once (its steps overlap)"
+                for r, n in tx.rows("OVERLAPPING_LEASES", {"now": tx.now})
+            ]
+            return found
+
+        return self.dialect.read(read)
+
+    def check_integrity(self, quick: bool = False, limit: int = 100) -> list[str]:
+        """What the database engine finds wrong with its own storage: damaged pages, broken
+        indexes, missing rows (SQLite: ``PRAGMA integrity_check``, or ``quick_check`` when
+        ``quick``; PostgreSQL: amcheck). At most ``limit`` lines, each for people; empty when
+        sound. Corruption is reported, never raised."""
+        return self.dialect.check_storage(quick, max(1, int(limit)))
+
+    def integrity_check_name(self, quick: bool = False) -> str | None:
+        """What ``check_integrity`` runs, named for people; None when this database offers no
+        check of its storage (PostgreSQL without amcheck)."""
+        return self.dialect.storage_check(quick)
+
+    # -- the idle worker's cheap reads ---------------------------------------------------------
+    def change_token(self) -> int:
+        """A number that changes when another connection commits. Cheap; no write lock."""
+        return self.dialect.change_token()
+
+    def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
+        """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
+        value: claimable now)."""
+        if queues is None:
+            statement, params = "NEXT_READY", {}
+        else:
+            statement, params = "NEXT_READY_QUEUES", {"queues": [check_queue(q) for q in queues]}
+        row = self.dialect.read(lambda tx: tx.one(statement, params))
+        return None if row is None or row[0] is None else float(row[0])
+
+    def now(self) -> float:
+        """The store's clock (injectable; the database clock on PostgreSQL)."""
+        return self.dialect.now()
+
+    def wait(self, run_id: int, timeout: float | None = None) -> Run:
+        """Block until the run is succeeded, failed or cancelled and return it; TimeoutError
+        after ``timeout`` seconds. Sleeps on the change token between looks, never spins."""
+        timeout = check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        run = self._run(run_id)
+        if run.terminal:
+            return run
+        self.dialect.watch(run_id)  # from here on, the run's end moves the token
+        while True:
+            token = self.dialect.change_token("end")
+            run = self._run(run_id)
+            if run.terminal:
+                return run
+            left = 3600.0 if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"run {run_id} is still {run.status} after {timeout:g} s")
+            self.dialect.wait_change(token, min(left, 3600.0), "end")
+
+    def _run(self, run_id: int) -> Run:
+        run = self.get_run(run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return run
+
+    # -- the dashboard -------------------------------------------------------------------------
+    def runs_page(
+        self,
+        status: str | None = None,
+        task: str | None = None,
+        *,
+        before: int | None = None,
+        after: int | None = None,
+        limit: int = 50,
+    ) -> list[Run]:
+        """One keyset page of runs, newest first: ids below ``before`` (or above ``after``)."""
+        if before is not None and after is not None:
+            raise ValueError("runs_page takes before or after, not both")
+        if task is not None:
+            check_name(task)
+        params: Params = {"status": status, "task": task,
+                                     "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
+        if after is not None:
+            statement, params["after"] = "RUNS_AFTER", after
+        else:
+            statement, params["before"] = "RUNS_BEFORE", 2**63 - 1 if before is None else before
+        statement += ("_STATUS" if status is not None else "") + (
+            "_TASK" if task is not None else ""
+        )
+        runs = [run_of(row) for row in self._rows(statement, params)]
+        return runs[::-1] if after is not None else runs
+
+    def task_names(self, limit: int = 100) -> list[str]:
+        """The distinct names of runs' first tasks (what ``runs_page(task=...)`` filters on)."""
+        return [row[0] for row in self._rows("TASK_NAMES", {"limit": max(1, limit)})]
+
+    def attempt_history(self, run_id: int) -> list[AttemptEnd]:
+        """The attempts of a run's tasks that ended without a commit, oldest first."""
+        return [AttemptEnd(*row) for row in self._rows("ATTEMPT_HISTORY", {"run_id": run_id})]
+
+    def run_rejections(self, run_id: int) -> list[Rejection]:
+        """The writes the fence refused for this run's tasks, oldest first."""
+        return [Rejection(*row) for row in self._rows("RUN_REJECTIONS", {"run_id": run_id})]
+
+    def finished_since(
+        self, since: float, bucket: float, *, newest: int = 100_000
+    ) -> list[FinishedBucket]:
+        """Runs finished since ``since`` per ``bucket`` seconds (only non-empty buckets),
+        looking at the ``newest`` runs only: a bounded read, whatever the table's size."""
+        if not bucket > 0:
+            raise ValueError("bucket must be > 0 seconds")
+        params = {"since": since, "bucket": bucket, "newest": max(1, min(newest, MAX_NEWEST))}
+        return [FinishedBucket(since + slot * bucket, bucket, ok, bad, off)
+                for slot, ok, bad, off in self._rows("FINISHED_SINCE", params)]  # fmt: skip

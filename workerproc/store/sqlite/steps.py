@@ -1,0 +1,126 @@
+"""SQLite's catalogue: every name of the protocol's vocabulary (``store.dialect.STATEMENTS``),
+as one statement of ``sql``/``reads_sql`` or as a step below, where one logical step is several
+statements here (SQLite has no writable CTEs) or its parameters go in another shape (lists as
+JSON arrays). Steps read their statements from the modules at each call, and run them on the
+transaction's connection itself (the hot path: no Python frame between)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from ..dialect import Params, Row, Step, catalogue
+from . import reads_sql as r
+from . import sql as q
+
+if TYPE_CHECKING:
+    from .dialect import SQLiteTx
+
+
+def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
+    """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
+    statement's own, then the claim's "now" and the run's state (the claim's trigger marked
+    the run running)."""
+    execute, now = tx.conn.execute, params["now"]
+    return [
+        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1]}).fetchone())
+        for row in sorted(execute(statement, params).fetchall())
+    ]
+
+
+def claim(tx: SQLiteTx, params: Params) -> list[Row]:
+    return _claimed(tx, q.CLAIM, params)
+
+
+def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
+    return _claimed(tx, q.CLAIM_QUEUES, {**params, "queues": json.dumps(params["queues"])})
+
+
+def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
+    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs; then each lease
+    it did not renew is recorded as refused (on PostgreSQL the statement does that itself)."""
+    leases = params["leases"]
+    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in leases])
+    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
+    renewed = {(task_id, attempt) for task_id, attempt, _ in rows}
+    for lease in leases:
+        if (lease.task_id, lease.attempt) not in renewed:
+            tx.conn.execute(q.INSERT_REJECTION, {"task_id": lease.task_id, "owner": lease.owner,
+                                            "attempt": lease.attempt, "now": params["now"],
+                                            "run_id": lease.run_id, "op": "renew"})  # fmt: skip
+    return rows
+
+
+def finish(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The fenced compare-and-set that ends the run, then (only if it matched) the task done."""
+    if tx.conn.execute(q.CAS_FINISH, params).rowcount == 0:
+        return []
+    tx.conn.execute(q.TASK_DONE, params)
+    return [(params["run_id"],)]
+
+
+def advance(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The fenced compare-and-set, then the task done, the run moved to another queue if one
+    is given, and the next task inserted."""
+    if tx.conn.execute(q.CAS_STATE, params).rowcount == 0:
+        return []
+    tx.conn.execute(q.TASK_DONE, params)
+    if params["queue"] is not None:
+        tx.conn.execute(q.MOVE_RUN, params)
+    tx.conn.execute(q.CAS_NEXT_TASK, params)
+    return [(params["run_id"],)]
+
+
+def release(tx: SQLiteTx, params: Params) -> list[Row]:
+    """Is the lease live? Then its attempt's end goes into the history, the task goes back
+    after the delay, and the error (if any) onto the run."""
+    if tx.conn.execute(q.CHECK_FENCE, params).fetchone() is None:
+        return []
+    tx.conn.execute(q.ATTEMPT_ENDED, {**params, "outcome": "released"})
+    tx.conn.execute(q.RELEASE_TASK, params)
+    if params["error"] is not None:
+        tx.conn.execute(q.RUN_ERROR, params)
+    return [(params["run_id"],)]
+
+
+def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
+    """Each run (``NewRun``) and its first task, one after the other: ``(id, True)``, or
+    ``(0, False)`` where the run's key is taken (nothing inserted)."""
+    rows: list[Row] = []
+    now = params["now"]
+    for run in params["runs"]:
+        new = {"state": run.state, "name": run.task, "queue": run.queue,
+               "priority": run.priority, "key": run.key, "now": now}  # fmt: skip
+        row = tx.conn.execute(q.INSERT_RUN, new).fetchone()
+        if row is None:
+            rows.append((0, False))
+            continue
+        first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay}
+        tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
+        rows.append((row[0], True))
+    return rows
+
+
+def find_by_keys(tx: SQLiteTx, params: Params) -> list[Row]:
+    rows = (
+        (key, tx.conn.execute(q.FIND_BY_KEY, {"key": key}).fetchone()) for key in params["keys"]
+    )
+    return [(key, row[0]) for key, row in rows if row is not None]
+
+
+def next_ready_queues(tx: SQLiteTx, params: Params) -> list[Row]:
+    return tx.conn.execute(r.NEXT_READY_QUEUES, {"queues": json.dumps(params["queues"])}).fetchall()
+
+
+STEPS: dict[str, Step] = {
+    "CLAIM": claim,
+    "CLAIM_QUEUES": claim_queues,
+    "RENEW_MANY": renew_many,
+    "FINISH": finish,
+    "ADVANCE": advance,
+    "RELEASE": release,
+    "INSERT_RUNS": insert_runs,
+    "FIND_BY_KEYS": find_by_keys,
+    "NEXT_READY_QUEUES": next_ready_queues,
+}
+CATALOGUE = catalogue([q, r], STEPS)
