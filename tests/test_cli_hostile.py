@@ -113,3 +113,13 @@ def test_the_database_and_the_pidfile_still_come_from_the_environment(db: str) -
     assert done.returncode == 0 and done.stdout.strip() == b"1", done.stderr
     shown = supervisor("runs", env={"SUPERVISOR_DB": db})
     assert shown.returncode == 0 and b"pending" in shown.stdout
+
+
+def test_a_database_error_that_spans_lines_is_one_line() -> None:
+    """libpq puts a hint on a line of its own ("Is the server running on that host ...?"): the
+    CLI prints one line, with the password masked, and a non-zero exit code."""
+    done = supervisor("status", "--db", "postgresql://lk:hunter2@127.0.0.1:1/db?connect_timeout=2")
+    err = done.stderr.decode()
+    assert done.returncode != 0 and err.count("\n") == 1, err
+    assert err.startswith("supervisor: error: ") and "Traceback" not in err
+    assert "hunter2" not in err and "127.0.0.1" in err

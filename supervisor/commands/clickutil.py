@@ -147,8 +147,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="print JSON f
 
 
 def fail(message: str, code: int) -> None:
-    # A driver's error may quote the URL it was given: never a password on the terminal.
-    click.echo(f"supervisor: error: {redact(message)}", err=True)
+    # A driver's error may quote the URL it was given: never a password on the terminal. It may
+    # also span lines (libpq adds a hint on a line of its own): one line, always.
+    line = " ".join(redact(message).split())
+    click.echo(f"supervisor: error: {line}", err=True)
     sys.exit(code)
 
 
