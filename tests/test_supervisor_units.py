@@ -12,6 +12,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -381,7 +382,9 @@ def test_inbox_records_and_wakes() -> None:
         assert time.monotonic() - started < 2.0
         assert inbox.pop_all() == [signal.SIGTTIN]
         with blocked():
-            os.kill(os.getpid(), signal.SIGTTOU)
+            # aimed at this thread: a process-wide kill may be taken by another thread of the
+            # test process (pytest-xdist's), which does not block it
+            signal.pthread_kill(threading.get_ident(), signal.SIGTTOU)
             assert inbox.pop_all() == []  # blocked: pending, not delivered
         inbox.wait(1.0)
         assert inbox.pop_all() == [signal.SIGTTOU]
