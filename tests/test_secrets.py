@@ -28,7 +28,15 @@ from supervisor.commands.cli import cli as supervisor_cli
 from supervisor.logs import JsonFormatter, TextFormatter
 from supervisor.web.app import create_app
 from supervisor.web.config import WebConfig
-from workerproc.store import InvalidOption, Store, StoreError, StoreUnavailable, open_store, redact
+from workerproc.store import (
+    Commit,
+    InvalidOption,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+    redact,
+)
 
 
 @pytest.mark.parametrize(
@@ -129,6 +137,25 @@ def test_log_lines_mask_a_url_in_the_message_and_in_the_traceback(
                                (StoreUnavailable, exc, None))  # fmt: skip
     line = formatter.format(record)
     assert "hunter" not in line and line.count("u:***@h/db") == 2 and "password=***" in line
+
+
+def test_an_error_kept_on_a_run_never_keeps_a_password(s: Store) -> None:
+    """A handler's error may quote the URL of a database it could not reach: ``show``, the
+    dashboard's run page and every backup would show it on."""
+    said = "OperationalError: cannot reach postgresql://app:hunter2@db/x?sslpassword=hunter3"
+    s.start_run("t")
+    lease = s.claim("w", 60)
+    assert lease is not None
+    s.commit_many([Commit(lease, "release", error=said)])
+    lease = s.claim("w", 60)
+    assert lease is not None
+    s.commit_many([Commit(lease, "fail", reason=said, error=said)])
+    run = s.get_run(lease.run_id)
+    assert run is not None and run.status == "failed"
+    (task,) = s.get_tasks(lease.run_id)
+    kept = [run.last_error, run.failure_reason, task.last_error]
+    assert all("app:***@db/x?sslpassword=***" in (text or "") for text in kept), kept
+    assert "hunter" not in repr(kept)
 
 
 # -- the dashboard -----------------------------------------------------------------------------
