@@ -68,6 +68,28 @@ def test_a_variable_that_is_not_utf8_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert os.listdir(tmp_path) == []  # no file was made under any name
 
 
+@pytest.mark.parametrize(
+    ("args", "env"),
+    [([b"--db", b"DIR/\xff.db"], {}), ([b"--db", b"DIR/q.db", b"--queues", b"\xff"], {}),
+     ([], {b"SUPERVISOR_DB": b"DIR/\xfe.db"})],
+)  # fmt: skip
+def test_the_standalone_worker_refuses_what_is_not_utf8_with_one_line(
+    tmp_path: Path, args: list[bytes], env: dict[bytes, bytes]
+) -> None:
+    """``python -m workerproc`` takes the same text as ``supervisor``: its sqlite3 once raised
+    UnicodeEncodeError (a traceback) on a path that is not UTF-8."""
+    where = str(tmp_path).encode()
+    environ = {k.encode(): v.encode() for k, v in env_with_tests().items()}
+    environ.update({k: v.replace(b"DIR", where) for k, v in env.items()})
+    argv = [a.replace(b"DIR", where) for a in args] + [b"--app", b"apps.basic:app"]
+    done = subprocess.run([sys.executable.encode(), b"-m", b"workerproc", *argv],
+                          capture_output=True, timeout=60, check=False, env=environ)  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith("python -m workerproc: error: ") and "is not valid UTF-8" in err
+    assert os.listdir(tmp_path) == []
+
+
 def test_text_that_is_utf8_is_taken_as_it_is(db: str) -> None:
     done = supervisor("enqueue", "tâche", "--key", "clé-1", "--queue", "llm-1", "--db", db)
     assert done.returncode == 0, done.stderr

@@ -1,9 +1,12 @@
 """No password is ever shown (issue 22, item 1): ``redact`` masks every place a database URL can
 carry one, and every place that shows a URL uses it — start lines, page footers (404 pages too),
-error lines and pages, logs, the state file behind ``status``, metrics and the chaos report."""
+error lines and pages, the store's own errors, logs, the state file behind ``status``, metrics
+and the chaos report."""
 
 from __future__ import annotations
 
+import logging
+import os
 import secrets
 import subprocess
 import sys
@@ -13,15 +16,27 @@ from urllib.parse import urlsplit
 
 import pg_session
 import pytest
+from click.testing import CliRunner
 from hypothesis import given
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 from sv_harness import Supervisor, env_with_tests
 from web_process import WebProcess
 
+from supervisor import exitcodes
+from supervisor.commands.cli import cli as supervisor_cli
+from supervisor.logs import JsonFormatter, TextFormatter
 from supervisor.web.app import create_app
 from supervisor.web.config import WebConfig
-from workerproc.store import Store, StoreUnavailable, redact
+from workerproc.store import (
+    Commit,
+    InvalidOption,
+    Store,
+    StoreError,
+    StoreUnavailable,
+    open_store,
+    redact,
+)
 
 
 @pytest.mark.parametrize(
@@ -47,6 +62,10 @@ from workerproc.store import Store, StoreUnavailable, redact
         ('bad URI: "postgresql://u:hunter2@[::1:1/db"\n', 'bad URI: "postgresql://u:***@[::1:1/db"\n'),
         ("a postgresql://u:hunter2@h/x and postgres://v:hunter3@g/y",
          "a postgresql://u:***@h/x and postgres://v:***@g/y"),
+        # our schemes without "//" (refused, but quoted by nobody with the password)
+        ("postgresql:db?password=hunter2", "postgresql:db?password=***"),
+        ("at POSTGRES:/db?sslpassword=hunter2&x=1.", "at POSTGRES:/db?sslpassword=***&x=1."),
+        ("error: sqlite: no file", "error: sqlite: no file"),
     ],
 )  # fmt: skip
 def test_redact_masks_every_password_a_url_can_carry(url: str, shown: str) -> None:
@@ -69,6 +88,74 @@ def test_no_form_of_a_url_shows_its_password(password: str, host: str) -> None:
     for form in forms:  # exactly the password is masked: the host stays as written
         url = form.format(pw=password, host=host)
         assert redact(url) == form.format(pw="***", host=host), url
+
+
+# -- what the store says, and what the CLI and the logs print -----------------------------------
+REFUSED = [
+    "postgresql:db?password=hunter2",  # no "//": libpq would quote it back in its error
+    "postgres:?host=127.0.0.1&password=hunter2",
+    "host=127.0.0.1 dbname=test password=hunter2",  # a libpq keyword/value string
+    "postgresql://[::1:1/db?password=hunter2",  # libpq quotes the URL it cannot read
+    "sqlite:///?password=hunter2",
+]
+
+
+@pytest.fixture
+def here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)  # a stray file (named after the string, say) shows here
+    return tmp_path
+
+
+@pytest.mark.parametrize("given", REFUSED)
+def test_no_error_of_the_store_quotes_a_password(here: Path, given: str) -> None:
+    with pytest.raises(StoreError) as refused:
+        open_store(given)
+    assert isinstance(refused.value, InvalidOption), refused.value
+    assert "hunter2" not in str(refused.value)
+    assert os.listdir(here) == []
+
+
+@pytest.mark.parametrize("given", REFUSED)
+@pytest.mark.parametrize("command", [["enqueue", "t"], ["runs"], ["web", "--port", "0"]])
+def test_no_error_line_of_the_cli_quotes_a_password(
+    here: Path, given: str, command: list[str]
+) -> None:
+    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
+    result = CliRunner().invoke(supervisor_cli, [*command, "--db", given], env=clean)  # type: ignore[arg-type]
+    assert result.exit_code == exitcodes.USAGE, result.output
+    assert result.stderr.count("\n") == 1 and "hunter2" not in result.output, result.output
+    assert os.listdir(here) == []
+
+
+@pytest.mark.parametrize("formatter", [TextFormatter(False), JsonFormatter(False)])
+def test_log_lines_mask_a_url_in_the_message_and_in_the_traceback(
+    formatter: logging.Formatter,
+) -> None:
+    exc = StoreUnavailable("cannot connect: postgresql://u:hunter2@h/db?password=hunter3")
+    record = logging.LogRecord("supervisor", logging.ERROR, __file__, 1,
+                               "lost postgresql://u:hunter2@h/db", None,
+                               (StoreUnavailable, exc, None))  # fmt: skip
+    line = formatter.format(record)
+    assert "hunter" not in line and line.count("u:***@h/db") == 2 and "password=***" in line
+
+
+def test_an_error_kept_on_a_run_never_keeps_a_password(s: Store) -> None:
+    """A handler's error may quote the URL of a database it could not reach: ``show``, the
+    dashboard's run page and every backup would show it on."""
+    said = "OperationalError: cannot reach postgresql://app:hunter2@db/x?sslpassword=hunter3"
+    s.start_run("t")
+    lease = s.claim("w", 60)
+    assert lease is not None
+    s.commit_many([Commit(lease, "release", error=said)])
+    lease = s.claim("w", 60)
+    assert lease is not None
+    s.commit_many([Commit(lease, "fail", reason=said, error=said)])
+    run = s.get_run(lease.run_id)
+    assert run is not None and run.status == "failed"
+    (task,) = s.get_tasks(lease.run_id)
+    kept = [run.last_error, run.failure_reason, task.last_error]
+    assert all("app:***@db/x?sslpassword=***" in (text or "") for text in kept), kept
+    assert "hunter" not in repr(kept)
 
 
 # -- the dashboard -----------------------------------------------------------------------------

@@ -72,6 +72,13 @@ def test_a_libpq_url_keeps_every_part_but_our_options() -> None:
         ("sqlite:///", "no database file"),
         ("mysql:///x", "unsupported store URL scheme 'mysql'"),
         ("", "no database given"),
+        ("sqlite:///{dir}/a.db#x", "a SQLite URL has no #fragment"),  # not a file 'a.db#x'
+        ("sqlite:///{dir}/a.db?busy_timeout=1&busy_timeout=2", "busy_timeout is given twice"),
+        ("postgresql://h/db?schema=a&schema=b", "schema is given twice"),
+        ("postgresql:db", "a PostgreSQL URL starts with postgresql://"),  # libpq: no URL
+        ("POSTGRES:/db?host=h", "a PostgreSQL URL starts with postgres://"),
+        ("host=localhost dbname=jobs", "not a libpq keyword/value string"),  # nor a file name
+        (" user = lk", "not a libpq keyword/value string"),
     ],
 )
 def test_a_bad_address_is_one_line_and_creates_nothing(here: Path, given: str, words: str) -> None:
@@ -126,7 +133,8 @@ def invoke(*args: str) -> Result:
 @pytest.mark.parametrize(
     "given",
     ["sqlite://relative.db", "sqlite:///{dir}/a.db?busy_timeout=abc",
-     "sqlite:///{dir}/a.db?busy_timeout=nan", "sqlite:///{dir}/a.db?foo=bar", "mysql:///x"],
+     "sqlite:///{dir}/a.db?busy_timeout=nan", "sqlite:///{dir}/a.db?foo=bar", "mysql:///x",
+     "sqlite:///{dir}/a.db#x", "postgresql:db", "host=localhost dbname=jobs"],
 )  # fmt: skip
 @pytest.mark.parametrize("command", [["enqueue", "t"], ["status"], ["runs"]])
 def test_the_cli_says_one_line_exits_2_and_creates_nothing(

@@ -1,6 +1,8 @@
 """The dashboard's connection guard (supervisor/web/connections.py), rule by rule, on a real
-uvicorn server in a thread with small bounds and a short request timeout, serving an app of the
-test's own (one route answers at once, one waits until the test lets it go)."""
+uvicorn server in a thread with small bounds, serving an app of the test's own (one route
+answers at once, one waits until the test lets it go). The timeout's rules run with a short
+request timeout; the bounds' rules with one far longer than any wait of theirs, so only the
+bound can have closed a connection (and a loaded machine's pauses cannot)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from helpers import wait_for
 
 from supervisor.web.connections import Connections, guarded_protocol
 
-TIMEOUT = 0.5  # the request timeout of these servers
+TIMEOUT = 0.5  # the request timeout of the ``server`` fixture
+LONG_TIMEOUT = 100.0  # the ``bounded`` fixture's: past every wait_for below (30 s)
 PER_CLIENT, LIMIT = 3, 5
 
 
@@ -46,11 +49,23 @@ class App:
 
 @pytest.fixture
 def server() -> Iterator[tuple[tuple[str, int], App]]:
+    with serving(TIMEOUT) as running:
+        yield running
+
+
+@pytest.fixture
+def bounded() -> Iterator[tuple[tuple[str, int], App]]:
+    with serving(LONG_TIMEOUT) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def serving(request_timeout: float) -> Iterator[tuple[tuple[str, int], App]]:
     app = App()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
-    protocol = guarded_protocol(Connections(LIMIT, PER_CLIENT), TIMEOUT)
+    protocol = guarded_protocol(Connections(LIMIT, PER_CLIENT), request_timeout)
     config = uvicorn.Config(app, lifespan="off", log_level="warning", http=protocol)
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(srv.serve(sockets=[sock])), daemon=True)
@@ -160,8 +175,8 @@ def test_the_handlers_own_time_is_not_counted(server: Any) -> None:
     assert response(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_a_client_over_its_bound_loses_its_oldest_idle_connection(server: Any) -> None:
-    target, _ = server
+def test_a_client_over_its_bound_loses_its_oldest_idle_connection(bounded: Any) -> None:
+    target, _ = bounded
     idle = [connect(target, first=b"GET / HTTP/1.1\r\n") for _ in range(PER_CLIENT)]
     fresh = connect(target)
     wait_for(lambda: is_closed(idle[0]), timeout=30, what="the oldest idle one closed")
@@ -169,8 +184,8 @@ def test_a_client_over_its_bound_loses_its_oldest_idle_connection(server: Any) -
     assert request(fresh, "/fast").startswith(b"HTTP/1.1 200")
 
 
-def test_busy_connections_are_never_closed_to_make_room(server: Any) -> None:
-    target, app = server
+def test_busy_connections_are_never_closed_to_make_room(bounded: Any) -> None:
+    target, app = bounded
     busy = [connect(target) for _ in range(PER_CLIENT)]
     for sock in busy:
         sock.sendall(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -184,8 +199,8 @@ def test_busy_connections_are_never_closed_to_make_room(server: Any) -> None:
         assert response(sock).startswith(b"HTTP/1.1 200")
 
 
-def test_all_clients_together_are_bounded_too(server: Any) -> None:
-    target, _ = server
+def test_all_clients_together_are_bounded_too(bounded: Any) -> None:
+    target, _ = bounded
     idle = [connect(target, source=f"127.0.0.{10 + i}", first=b"GET / HTTP/1.1\r\n")
             for i in range(LIMIT)]  # fmt: skip
     fresh = connect(target, source="127.0.0.99")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from web_helpers import client, csrf_of
 
 from supervisor.web.config import WebConfig
 from supervisor.web.security import host_allowed
+from workerproc.identity import owner_is_dead, parse_owner
 from workerproc.store import Store, open_store
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
@@ -117,6 +119,19 @@ def test_a_pidfile_that_only_looks_like_a_pid_is_no_supervisor(s: Store, tmp_pat
     pidfile.write_text("²\n")  # str.isdigit() says yes, int() says no
     page = client(s, pidfile=str(pidfile)).get("/")
     assert page.status_code == 200 and "no supervisor is running: no pid in" in page.text
+
+
+def test_a_lease_owner_that_only_looks_like_a_pid_is_shown_and_judged_alive(s: Store) -> None:
+    """Any caller names its lease's owner: ``host:²:start:x`` once made the leases page and a
+    run's page a 500, and the supervisor's reaper raise."""
+    owner = f"{socket.gethostname()}:²:1.00:x"
+    run_id = s.start_run("t")
+    assert s.claim(owner, 60) is not None
+    c = client(s)
+    for url in ("/leases", f"/runs/{run_id}"):
+        page = c.get(url)
+        assert page.status_code == 200 and ":²:" in page.text, url
+    assert parse_owner(owner) is None and not owner_is_dead(owner)
 
 
 # -- item 5: a deleted or replaced database ----------------------------------------------------

@@ -54,6 +54,11 @@ def config_from(args: argparse.Namespace) -> WorkerConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    problem = options.not_utf8(sys.argv[1:] if argv is None else argv)
+    if problem is not None:  # a path or queue name no database, log or terminal takes
+        print(f"python -m workerproc: error: {problem}: leasekeeper takes text as UTF-8",
+              file=sys.stderr)  # fmt: skip
+        return USAGE
     args = parser().parse_args(argv)
     try:
         config = config_from(args)

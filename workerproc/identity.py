@@ -33,7 +33,9 @@ def make_owner(*, pid: int | None = None, suffix: str | None = None) -> str:
 
 def parse_owner(owner: str) -> OwnerId | None:
     parts = owner.rsplit(":", 3)
-    if len(parts) != 4 or not parts[1].isdigit():
+    # ASCII digits only: str.isdigit() takes "²", which int() refuses (any caller names its
+    # lease's owner, and the reaper, status and the dashboard all read it)
+    if len(parts) != 4 or not (parts[1].isascii() and parts[1].isdigit()):
         return None
     return OwnerId(parts[0], int(parts[1]), parts[2], parts[3])
 

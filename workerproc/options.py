@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -199,3 +200,29 @@ def _num(value: float) -> str:
 def _either(choices: tuple[str, ...], many: bool) -> str:
     listed = ", ".join(choices)
     return f"a comma-separated list of {listed}" if many else f"one of {listed}"
+
+
+def _printable(text: str) -> str:
+    """``text`` with the bytes that are not UTF-8 shown as ``\\xff``."""
+    try:
+        return os.fsencode(text).decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode()
+
+
+def not_utf8(args: Sequence[str]) -> str | None:
+    """Why the command line or a ``SUPERVISOR_*`` variable cannot be taken, or None. Python
+    keeps bytes that are not UTF-8 as lone surrogates, which no database, log or terminal
+    takes; every name, key, payload and path goes to one of them."""
+    for i, arg in enumerate(args, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            return f"argument {i} ('{_printable(arg)}') is not valid UTF-8"
+    for name, value in os.environ.items():
+        if name.startswith(ENV_PREFIX):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return f"{_printable(name)} ('{_printable(value)}') is not valid UTF-8"
+    return None

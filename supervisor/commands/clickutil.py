@@ -1,10 +1,10 @@
 """Click plumbing: declared options (with their ``SUPERVISOR_<OPTION>`` variables), the
-operator commands' options, arguments that are not UTF-8, and errors as one line."""
+operator commands' options, arguments that are not UTF-8 (``options.not_utf8``), and errors as
+one line."""
 
 from __future__ import annotations
 
 import math
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -154,32 +154,6 @@ def fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
-def _printable(text: str) -> str:
-    """``text`` with the bytes that are not UTF-8 shown as ``\\xff``."""
-    try:
-        return os.fsencode(text).decode("utf-8", "backslashreplace")
-    except UnicodeError:
-        return text.encode("utf-8", "backslashreplace").decode()
-
-
-def not_utf8(args: Sequence[str]) -> str | None:
-    """Why the command line or a ``SUPERVISOR_*`` variable cannot be taken, or None. Python
-    keeps bytes that are not UTF-8 as lone surrogates, which no database, log or terminal
-    takes; every name, key, payload and path goes to one of them."""
-    for i, arg in enumerate(args, 1):
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:
-            return f"argument {i} ('{_printable(arg)}') is not valid UTF-8"
-    for name, value in os.environ.items():
-        if name.startswith(options.ENV_PREFIX):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return f"{_printable(name)} ('{_printable(value)}') is not valid UTF-8"
-    return None
-
-
 class SupervisorGroup(click.Group):
     """Turns every error users can cause into one line on stderr and an exit code."""
 
@@ -191,7 +165,7 @@ class SupervisorGroup(click.Group):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> Any:
-        problem = not_utf8(sys.argv[1:] if args is None else args)
+        problem = options.not_utf8(sys.argv[1:] if args is None else args)
         if problem is not None:
             fail(f"{problem}: leasekeeper takes text as UTF-8", exitcodes.USAGE)
         try:

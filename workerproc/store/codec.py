@@ -19,6 +19,7 @@ from typing import Any
 
 from .errors import InvalidPayload
 from .types import JSON, Commit
+from .urls import redact
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
@@ -135,10 +136,12 @@ def check_name(name: object, what: str = "task name") -> str:
 
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     """Free text we keep (an error, a reason) made storable everywhere: at most ``limit``
-    characters, NUL and lone surrogates written as escapes instead of refused."""
+    characters, NUL and lone surrogates written as escapes instead of refused, and the
+    password of any URL it quotes masked (``redact``: a handler's error may quote the URL of
+    a database it could not reach, and ``show``, the dashboard and backups show it on)."""
     if text is None:
         return None
-    text = str(text)[:limit]
+    text = redact(str(text)[: limit + 1000])[:limit]  # masked before a cut ends a URL early
     if "\x00" in text:
         text = text.replace("\x00", "\\x00")
     if not _unicode(text):

@@ -6,8 +6,11 @@ where its database is, the options its query gives, and what logs may show of it
   ``busy_timeout``).
 - ``postgresql://...`` or ``postgres://...`` is a libpq URL, passed on as written (``postgresql:///db
   ?host=/run/postgresql`` and ``[::1]`` hosts included) but for our own options in its query.
-- Scheme names are case-insensitive; any other scheme, or a SQLite URL with a host
-  (``sqlite://relative.db``), is refused with one line: nothing is opened or created.
+- Scheme names are case-insensitive; any other scheme, a SQLite URL with a host
+  (``sqlite://relative.db``) or a ``#fragment``, a PostgreSQL URL without its ``//`` (libpq
+  reads ``postgresql:db`` as no URL at all), an option of ours given twice, and a libpq
+  keyword/value string (``host=h password=p``: no URL, and no file name either) are refused
+  with one line that never quotes a password: nothing is opened or created.
 """
 
 from __future__ import annotations
@@ -38,8 +41,14 @@ class Address:
 
     def split(self, ours: Collection[str]) -> tuple[dict[str, str], str]:
         """Our options from the query, and the address with the rest of the query as it was
-        written (PostgreSQL: what libpq reads)."""
-        mine = {name: value for name, value, _ in self.query if name in ours}
+        written (PostgreSQL: what libpq reads). An option of ours given twice is refused: which
+        one counts would be a guess."""
+        mine: dict[str, str] = {}
+        for name, value, _ in self.query:
+            if name in ours:
+                if name in mine:
+                    raise InvalidOption(f"{name} is given twice in the database URL")
+                mine[name] = value
         theirs = [raw for name, _, raw in self.query if name not in ours]
         return mine, self.where + ("?" + "&".join(theirs) if theirs else "")
 
@@ -55,8 +64,23 @@ def parse_url(url_or_path: str) -> Address:
             )
         if not url_or_path:
             raise InvalidOption("no database given (a path, sqlite:///path or postgresql://...)")
+        if _CONNINFO.match(url_or_path):  # never quoted: it may hold password=...
+            raise InvalidOption(
+                "--db takes a URL, not a libpq keyword/value string: write "
+                "postgresql://USER@HOST:PORT/DBNAME?sslmode=... (./NAME for a file named so)"
+            )
         return Address("sqlite", url_or_path)
+    if backend == "postgres" and not rest.startswith("//"):
+        raise InvalidOption(
+            f"a PostgreSQL URL starts with {scheme.lower()}:// (e.g. {scheme.lower()}:///DBNAME"
+            "?host=/run/postgresql); libpq reads no other form"
+        )
     base, _, raw_query = rest.partition("?")
+    if backend == "sqlite" and "#" in url_or_path:
+        raise InvalidOption(
+            f"{redact(url_or_path)}: a SQLite URL has no #fragment (for a file whose name holds "
+            "'#', give the path itself)"
+        )
     query = tuple(_pairs(raw_query))
     if backend == "postgres":
         return Address("postgres", scheme.lower() + ":" + base, query)
@@ -69,7 +93,7 @@ def parse_url(url_or_path: str) -> Address:
             )
         base = "/" + path.lstrip("/")  # sqlite:////abs/path is /abs/path too
     if not base.strip("/") or base.endswith("/"):
-        raise InvalidOption(f"{url_or_path}: no database file in this SQLite URL")
+        raise InvalidOption(f"{redact(url_or_path)}: no database file in this SQLite URL")
     return Address("sqlite", base, query)
 
 
@@ -102,7 +126,15 @@ def sqlite_file(url_or_path: str) -> str | None:
 # ``oauth_client_secret``; and any option of ours or a driver's named like one).
 SECRET_WORDS = ("password", "secret", "token")
 MASK = "***"
-_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s\"'<>`]*")
+# Any scheme's URL, and ours without "//" too (``postgresql:db?password=...`` is refused, but
+# its refusal and anything else that quotes it must not show the password either).
+_URL = re.compile(
+    r"(?:[A-Za-z][A-Za-z0-9+.\-]*://|(?<![\w.+\-])(?i:postgres(?:ql)?|sqlite):)[^\s\"'<>`]*"
+)
+# A libpq keyword/value connection string starts with one of these (``host=h dbname=d``).
+_CONNINFO = re.compile(
+    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options)\s*=", re.I
+)
 
 
 def redact(url: str) -> str:
@@ -113,13 +145,15 @@ def redact(url: str) -> str:
     URLs too (a driver's error may repeat the URL it was given): each URL in it is masked. The
     rest is kept as written (IPv6 hosts keep their brackets; nothing is re-encoded).
     """
-    if "://" not in url:
+    if ":" not in url:
         return url
     return _URL.sub(lambda m: _masked(m.group()), url)
 
 
 def _masked(url: str) -> str:
-    scheme, rest = url.split("://", 1)
+    scheme, slashes, rest = url.partition("://")
+    if not slashes:  # postgresql:db?password=...
+        scheme, slashes, rest = url.partition(":")
     head, mark, tail = _split_at(rest, "?#")
     # The userinfo ends at the last "@" before the query: a password may hold a raw "@" or "/"
     # (invalid, but then it must not be shown either). "sqlite:///a@b.db" has no authority.
@@ -131,7 +165,7 @@ def _masked(url: str) -> str:
     if mark == "?":
         query, hash_, fragment = tail.partition("#")
         tail = "&".join(_masked_option(o) for o in query.split("&")) + hash_ + fragment
-    return f"{scheme}://{head}{mark}{tail}"
+    return f"{scheme}{slashes}{head}{mark}{tail}"
 
 
 def _split_at(text: str, marks: str) -> tuple[str, str, str]:

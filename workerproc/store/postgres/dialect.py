@@ -43,8 +43,13 @@ _RETRIES = 5  # deadlocks, serialization failures, one lost connection
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 
 
+def _said(exc: BaseException) -> str:
+    """What the driver said, without a password: libpq quotes the URL it could not read."""
+    return redact(str(exc).strip() or type(exc).__name__)
+
+
 def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
-    return StoreUnavailable(f"{where}: {str(exc).strip() or type(exc).__name__}")
+    return StoreUnavailable(f"{where}: {_said(exc)}")
 
 
 class PostgresTx(Tx):
@@ -159,9 +164,9 @@ class PostgresDialect(Dialect):
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: a usage error
-                raise InvalidOption(f"{self.where}: {str(exc).strip()}") from None
+                raise InvalidOption(f"{self.where}: {_said(exc)}") from None
             except psycopg.Error as exc:
-                raise StoreError(f"{self.where}: {exc}") from None
+                raise StoreError(f"{self.where}: {_said(exc)}") from None
 
     # -- transactions --------------------------------------------------------------------------
     def _now_param(self) -> float | None:
@@ -216,7 +221,7 @@ class PostgresDialect(Dialect):
                     raise _unavailable(exc, self.where) from None
                 time.sleep(random.uniform(0.001, 0.01) * attempt)
             except pg_errors.LockNotAvailable as exc:
-                msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({exc})"
+                msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({_said(exc)})"
                 raise StoreUnavailable(msg) from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 if (done and mode != "read") or attempt >= 2 or not conn.broken:
@@ -225,7 +230,7 @@ class PostgresDialect(Dialect):
             except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
                 raise InvalidPayload(f"a value cannot be written: {str(exc).strip()}") from None
             except psycopg.Error as exc:
-                raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+                raise StoreError(f"{self.where}: {_said(exc)}") from None
             except (UnicodeEncodeError, OverflowError) as exc:  # a value it cannot bind
                 raise InvalidPayload(f"a value cannot be written: {exc}") from None
 
@@ -236,7 +241,7 @@ class PostgresDialect(Dialect):
             with conn.cursor(row_factory=tuple_row) as cur:
                 return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".'))
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
-            raise StoreError(f"{self.where}: {str(exc).strip()}") from None
+            raise StoreError(f"{self.where}: {_said(exc)}") from None
 
     def _our_database(self) -> str:
         if self._database is None:
