@@ -257,7 +257,7 @@ def test_a_conflict_is_settled_in_the_next_batch(backend: Backend) -> None:
         assert not setup.completer.pending
         assert store.stats().leased == 0
         run = store.get_run(moved)
-        assert run is not None and run.status == "running"  # given back for another attempt
+        assert run is not None and run.status == "pending"  # given back: nothing leases it
 
 
 def test_a_lost_lease_is_discarded_and_a_conflict_that_cannot_be_read_lapses(

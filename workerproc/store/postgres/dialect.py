@@ -38,8 +38,9 @@ from ..types import Clock
 from ..urls import redact
 from . import admin
 from .listen import END, WORK, Listener, _abandoned
+from .ops_sql import NOW, WATCH_RUN
 from .schema import SCHEMA_VERSION
-from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW, WATCH_RUN
+from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
 from .steps import CATALOGUE
 
 T = TypeVar("T")
@@ -77,10 +78,11 @@ class PostgresTx(Tx):
     catalogue: ClassVar[Catalogue] = CATALOGUE
     pipelined: ClassVar[bool] = True
 
-    def __init__(self, cur: Cursor, now: float | None, prefix: str = "") -> None:
+    def __init__(self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "") -> None:
         super().__init__(now)
         self.cur = cur
         self.prefix = prefix
+        self.schema = schema  # with a prefix: the schema it names
         self.prepare: bool | None = None if prefix else True  # never on a caller's connection
 
     def execute(self, sql: str, params: Params) -> Cursor:
@@ -180,6 +182,7 @@ class PostgresDialect(Dialect):
                         f" -c lock_timeout={int(self.busy_timeout * 1000)}"
                         f" -c idle_in_transaction_session_timeout="
                         f"{max(10, int(self.idle_in_transaction * 1000))}"
+                        " -c enable_bitmapscan=off"
                     ),
                 )
                 return conn
@@ -279,7 +282,7 @@ class PostgresDialect(Dialect):
         conn = admin.callers(caller, self._our_database(), self.schema, self.where)
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".'))
+                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema))
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
             raise StoreError(f"{self.where}: {str(exc).strip()}") from None
 
