@@ -118,6 +118,10 @@ def setup(fmt: str = "text", stream: TextIO | None = None) -> Progress:
         JsonFormatter(timestamps) if fmt == "json" else TextFormatter(timestamps, "worker")
     )
     _attach(logging.getLogger("workerproc"), worker_handler)
+    # psycopg warns of every error it ignores while a failed connection is torn down (an
+    # aborted pipeline, a terminated backend); the store discards such a connection and the
+    # worker tells the incident once (workerproc/outage.py), so those lines are only noise.
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
     return progress
 
 

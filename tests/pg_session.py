@@ -76,7 +76,10 @@ def truncate(url: str) -> None:
     """Empty a test schema's tables (cheaper than a new schema for many short examples)."""
     schema = url.rsplit("schema=", 1)[1]
     with psycopg.connect(database_url(), autocommit=True, connect_timeout=5) as conn:
-        conn.execute(
-            f'TRUNCATE "{schema}".runs, "{schema}".tasks, "{schema}".fence_rejections, '
-            f'"{schema}".task_attempts RESTART IDENTITY'
-        )
+        tables = conn.execute(
+            "SELECT string_agg(format('%%I.%%I', schemaname, tablename), ', ') FROM pg_tables "
+            "WHERE schemaname = %s AND tablename <> 'leasekeeper_schema'",
+            (schema,),
+        ).fetchone()
+        assert tables is not None and tables[0], f"no tables in schema {schema}"
+        conn.execute(f"TRUNCATE {tables[0]} RESTART IDENTITY")

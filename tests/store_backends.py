@@ -28,6 +28,9 @@ from workerproc.store import (
     Store,
     open_store,
 )
+from workerproc.store.dialect import Tx
+from workerproc.store.protocol.claims import fail_run as protocol_fail_run
+from workerproc.store.protocol.operators import status
 from workerproc.store.types import JSON
 
 
@@ -139,12 +142,22 @@ class PostgresBackend(Backend):
         return conn
 
     def add_task(self, run_id: int, name: str, available_at: float, created_at: float) -> int:
-        with self.connect() as conn:
+        """A task written by hand, as the schema asks of it since v3: in the same transaction
+        as the run's head columns (the store's own statements set them; no trigger does)."""
+        with self.connect() as conn, conn.transaction():
+            conn.execute("SELECT 1 FROM runs WHERE id = %s FOR UPDATE", (run_id,))
             row = conn.execute(
                 "INSERT INTO tasks (run_id, name, available_at, created_at) "
                 "VALUES (%s, %s, %s, %s) RETURNING id",
                 (run_id, name, available_at, created_at),
             ).fetchone()
+            conn.execute(
+                "UPDATE runs SET (head_at, head_created, head_id) = (SELECT available_at, "
+                "created_at, id FROM tasks WHERE run_id = runs.id AND done_at IS NULL "
+                "ORDER BY available_at, created_at, id LIMIT 1) "
+                "WHERE id = %s AND status = 'pending'",
+                (run_id,),
+            )
         assert row is not None
         return int(row[0])
 
@@ -232,5 +245,10 @@ def renew_until(s: Store, lease: Lease, ttl: float) -> float | None:
 
 
 def fail_run(s: Store, run_id: int, reason: str, error: str | None = None) -> bool:
-    """An operator's fail of a live run (the store ends it as it cancels one)."""
-    return s._end_run(run_id, "FAIL_RUN", {"reason": reason, "error": error})
+    """An operator's fail of a live run (the store ends it as it cancels one, and counts it)."""
+
+    def end(tx: Tx) -> bool:
+        _, queue = status(tx, run_id)
+        return protocol_fail_run(tx, run_id, queue, reason, error) == 1
+
+    return s.dialect.write(end, runs=[run_id])

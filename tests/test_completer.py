@@ -154,6 +154,29 @@ def test_a_busy_database_is_retried_with_backoff(faulty: Faulty) -> None:
     assert sent == pytest.approx(setup.clock.now)  # the try that succeeded, not the first
 
 
+def test_an_outage_is_told_once_when_it_begins_and_once_when_it_ends(
+    faulty: Faulty, caplog: pytest.LogCaptureFixture
+) -> None:
+    setup = Setup(faulty)
+    faulty.start_runs([{"task": "t"}] * 2)
+    (lease,) = setup.claim(1)
+    setup.completer.add(Commit(lease, "finish", new_state={}))
+    faulty.failures = 30
+    began = setup.clock.now
+    with caplog.at_level(logging.INFO, logger="workerproc.worker"):
+        leases = setup.completer.commit_and_claim((), request(1))
+        lasted = setup.clock.now - began
+        setup.completer.commit_and_claim((), request(1))  # no incident: nothing more is said
+    assert len(leases) == 1
+    told = [r.getMessage() for r in caplog.records]
+    assert told == [
+        "the database did not answer (commit: database is locked); retrying with backoff "
+        "until it does (logged once per incident)",
+        f"the database answers again after {lasted:.1f}s (30 failed tries)",
+    ]
+    assert setup.completer.outage.incidents == 1
+
+
 def test_a_commit_is_given_up_after_a_ttl_and_a_claim_alone_after_one_try(
     faulty: Faulty, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -167,7 +190,10 @@ def test_a_commit_is_given_up_after_a_ttl_and_a_claim_alone_after_one_try(
         out = setup.completer.write([Commit(lease, "finish", new_state={})], request(1))
     assert out == BatchOutcome(())  # gave up: its lease lapses, the task is taken over
     assert TTL <= setup.clock.now - begun <= TTL + 1.0
-    assert any("giving up on a commit" in r.getMessage() for r in caplog.records)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("giving up on 1 commit after ") for m in messages)
+    # the incident is told once, not once per try (the log stays readable through an outage)
+    assert sum(m.startswith("the database did not answer") for m in messages) == 1
     faulty.calls.clear()
     assert setup.completer.commit_and_claim((), request(1)) == ()
     assert len(faulty.calls) == 1  # nothing is lost by claiming later
@@ -231,7 +257,7 @@ def test_a_conflict_is_settled_in_the_next_batch(backend: Backend) -> None:
         assert not setup.completer.pending
         assert store.stats().leased == 0
         run = store.get_run(moved)
-        assert run is not None and run.status == "running"  # given back for another attempt
+        assert run is not None and run.status == "pending"  # given back: nothing leases it
 
 
 def test_a_lost_lease_is_discarded_and_a_conflict_that_cannot_be_read_lapses(

@@ -24,7 +24,7 @@ CODE_DIRS = ("workerproc", "supervisor", "tests")
 
 SPAN = re.compile(r"`([^`\n]+)`")
 STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
-STATEMENT_MODULES = ("sql.py", "reads_sql.py")  # where a backend's SQL constants live
+STATEMENT_MODULES = ("sql.py", "ops_sql.py", "reads_sql.py")  # where a backend's SQL constants live
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence
 SCHEMA_REF = re.compile(r"\b(triggers?|index(?:es)?|tables?)\s+`(\w+)`")
@@ -92,9 +92,9 @@ def missing_reference(ref: str) -> str | None:
     """Why ``ref`` names nothing, or None when it exists (or is not a reference)."""
     if m := STATEMENT.match(ref):
         modules = [STORE / m[1] / name for name in STATEMENT_MODULES]
-        missing = [path for path in modules if not path.is_file()]
-        if missing:
-            return f"no module {missing[0].relative_to(ROOT)}"
+        modules = [path for path in modules if path.is_file()]
+        if not modules:
+            return f"no statement module in workerproc/store/{m[1]}/"
         found = any(m[2] in names(tree(path).body) for path in modules)
         return None if found else f"the {m[1]} backend has no statement {m[2]}"
     if m := PATH_REF.match(ref):

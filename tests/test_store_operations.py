@@ -258,7 +258,9 @@ class TestStoreOperations:
         clock.advance(6)  # c's lease (w3) expired
         st = s.stats()
         assert st.now == clock.now
-        assert st.runs == {"running": 3, "pending": 2, "succeeded": 1, "cancelled": 1}
+        # running: a live lease holds it (b); a released run (a) and one whose lease expired
+        # (c) are pending, as are e and g
+        assert st.runs == {"running": 1, "pending": 4, "succeeded": 1, "cancelled": 1}
         assert (st.ready, st.delayed, st.leased, st.expired) == (2, 1, 1, 1)
         assert st.pending_work == 5
         default = st.queues["default"]
@@ -282,7 +284,12 @@ class TestStoreOperations:
         assert tasks[0].created_at == clock.now and tasks[0].done_at == clock.now
         assert [r.id for r in s.list_runs()] == [second, first]
         assert [r.id for r in s.list_runs(limit=1)] == [second]
-        assert [r.id for r in s.list_runs("running")] == [first]
+        assert s.list_runs("running") == []  # a2 is not leased yet
+        assert [r.id for r in s.list_runs("pending")] == [second, first]
+        held = claim(s)
+        assert [r.id for r in s.list_runs("running")] == [held.run_id]
+        assert [r.id for r in s.list_runs("pending")] == [second if held.run_id == first else first]
+        assert s.release(held)
         assert fail_run(s, second, "x")
         assert [r.id for r in s.list_runs(status="failed")] == [second]
         assert s.list_runs(status="cancelled") == []

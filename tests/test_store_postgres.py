@@ -393,11 +393,19 @@ def test_integrity_reports_a_superseded_commit_and_overlapping_leases(
     assert lease is not None and store.ack(lease)
     with pg.connect() as conn:  # what a zombie write would leave, and what a broken claim would
         conn.execute("UPDATE tasks SET attempts = 2 WHERE run_id = %s", (one,))
+        with pytest.raises(psycopg.errors.UniqueViolation):  # two leases in one run: the key
+            conn.execute(
+                "INSERT INTO leases (run_id, task_id, owner, attempts, attempt_base, "
+                "expires_at, claimed_at) VALUES (%s, 1, 'x', 1, 0, 1e12, 0), "
+                "(%s, 1, 'y', 1, 0, 1e12, 0)",
+                (two, two),
+            )
+        # the one a broken claim could still leave: a live lease on a task that is not the
+        # run's pending one
         conn.execute(
-            "INSERT INTO tasks (run_id, name, available_at, created_at, lease_owner, "
-            "lease_expires_at, attempts) VALUES (%s, 't', 0, 0, 'x', 1e12, 1), "
-            "(%s, 't', 0, 0, 'y', 1e12, 1)",
-            (two, two),
+            "INSERT INTO leases (run_id, task_id, owner, attempts, attempt_base, expires_at, "
+            "claimed_at) VALUES (%s, %s, 'x', 1, 0, 1e12, 0)",
+            (two, lease.task_id),
         )
     found = store.integrity_violations()
     assert any("superseded" in v and f"run {one}" in v for v in found)

@@ -18,6 +18,7 @@ import pytest
 from store_backends import claim, finish
 
 from workerproc.store import open_store
+from workerproc.store.protocol.reads import status_filter
 from workerproc.store.sqlite import reads_sql as v
 from workerproc.store.sqlite.schema import MIGRATIONS
 
@@ -76,10 +77,10 @@ def vm_steps(conn: sqlite3.Connection, sql: str, params: dict[str, object]) -> i
 
 PAGES: dict[str, tuple[str, dict[str, object]]] = {
     "newest": (v.RUNS_BEFORE, {"before": 2**63 - 1}),
-    "status": (v.RUNS_BEFORE_STATUS, {"status": "failed"}),
+    "status": (v.RUNS_BEFORE_STATUS, status_filter("failed")),
     "task": (v.RUNS_BEFORE_TASK, {"task": "task3"}),
-    "both": (v.RUNS_BEFORE_STATUS_TASK, {"status": "succeeded", "task": "task5"}),
-    "newer, status": (v.RUNS_AFTER_STATUS, {"status": "failed", "after": 0}),
+    "both": (v.RUNS_BEFORE_STATUS_TASK, {**status_filter("succeeded"), "task": "task5"}),
+    "newer, status": (v.RUNS_AFTER_STATUS, {**status_filter("failed"), "after": 0}),
     "newer, task": (v.RUNS_AFTER_TASK, {"task": "task3", "after": 0}),
 }
 
@@ -93,7 +94,7 @@ def test_a_page_of_runs_walks_an_index_and_costs_the_same_at_any_size(
     for n, path in dbs.items():
         conn = sqlite3.connect(path)
         # deep in the table: the page below the middle id, as "older" links would ask
-        params = {"status": None, "task": None, "limit": 10, "before": n // 2, **extra}
+        params = {"status": None, "task": None, "limit": 10, "before": n // 2, "now": 0.0, **extra}
         detail = plan(conn, sql, params)
         assert not any(d.startswith("SCAN") for d in detail), detail
         assert not any("TEMP B-TREE" in d for d in detail), detail

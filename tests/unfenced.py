@@ -39,8 +39,10 @@ POSTGRES = (
     {}
     if postgres_sql is None
     else {
-        postgres_sql._FENCE: "t.id = %(task_id)s AND t.done_at IS NULL",
-        postgres_sql._FENCE_EACH: "t.id = i.task_id AND t.done_at IS NULL",
+        postgres_sql._FENCE: "l.run_id = %(run_id)s AND l.task_id = %(task_id)s",
+        postgres_sql._FENCE_EACH: "l.run_id = i.run_id AND l.task_id = i.task_id",
+        # as on SQLite: the broken renewal answers for the attempt that asked
+        "RETURNING l.task_id, l.attempts AS attempt": "RETURNING l.task_id, i.attempt AS attempt",
     }
 )
 

@@ -9,8 +9,9 @@ hand-backs) and claims the next tasks in ONE transaction, each commit fenced on 
   The claimed leases are held from the moment the claim was *sent* (R4's local deadline).
 - **A busy database** is retried with backoff for up to a ttl; a commit that never lands is
   safe (its lease lapses and the task is taken over). A claim alone is tried once: nothing is
-  lost by claiming later. A database that stays read-only for ``READONLY_EXIT`` ends the
-  process (``StoreReadOnly``), so that a new one reopens it.
+  lost by claiming later. Failures are told once per incident (``Outage``), not per try. A
+  database that stays read-only for ``READONLY_EXIT`` ends the process (``StoreReadOnly``),
+  so that a new one reopens it.
 - **One slot's bad value never fails its neighbours.** A batch the store refuses as a whole
   because one of its values cannot be written (``InvalidPayload``: our checks, or the
   database's) is written again one commit at a time, and the commit that cannot be written is
@@ -30,6 +31,7 @@ from typing import Protocol
 
 from .backoff import backoff
 from .logs import event
+from .outage import Outage
 from .store import (
     BatchOutcome,
     CasResult,
@@ -77,8 +79,10 @@ class Completer:
         unwritable: Callable[[Commit, InvalidPayload], Commit] = release_unwritable,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        outage: Outage | None = None,
     ) -> None:
         self.store = store
+        self.outage = outage or Outage(clock)  # shared with the heartbeat: one log per incident
         self.ttl = ttl
         self.renewals = renewals
         self.unwritable = unwritable  # what to write instead of a commit that cannot be
@@ -162,26 +166,23 @@ class Completer:
             else:
                 self.readonly_since = None
                 self.sent = started
+                self.outage.answered()
                 return out
             tries += 1
-            if not commits or self.clock() >= deadline:
-                what = "giving up on a commit" if commits else "claim failed, will retry"
+            self.outage.failed("commit" if commits else "claim", error)
+            if not commits:
+                return BatchOutcome(())  # the conductor claims again after its backoff
+            if self.clock() >= deadline:
                 event(
                     log,
-                    "commit_gave_up" if commits else "claim_failed",
-                    f"{what}: {error}",
+                    "commit_gave_up",
+                    f"giving up on {len(commits)} commit{'s' if len(commits) > 1 else ''} "
+                    f"after {tries} tries: {error} (their leases lapse and the tasks are "
+                    "taken over)",
                     level=logging.WARNING,
                     commits=len(commits),
                 )
                 return BatchOutcome(())
-            event(
-                log,
-                "commit_retry",
-                f"commit failed, retrying: {error}",
-                level=logging.WARNING,
-                commits=len(commits),
-                tries=tries,
-            )
             self.sleep(backoff(tries, RETRY_BASE, RETRY_CAP))
 
     def _one_by_one(self, commits: Sequence[Commit], claim: ClaimRequest | None) -> BatchOutcome:

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from .logs import event
+from .outage import Outage
 from .signals import main_thread_only
 from .store import Lease, StoreError, WorkerStore
 
@@ -70,8 +71,10 @@ class Heartbeat:
         on_death: Callable[[BaseException], None],
         on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
+        outage: Outage | None = None,
     ) -> None:
         self._open_store = open_store
+        self.outage = outage or Outage()  # shared with the exchange: one log per incident
         self.ttl = ttl
         self.interval = interval
         self.task_timeout = task_timeout
@@ -295,19 +298,14 @@ class Heartbeat:
         try:
             expiries = store.renew_many([h.lease for h in batch], self.ttl)
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
-            event(
-                log,
-                "renewal_retry",
-                f"lease renewal failed, retrying: {exc}",
-                level=logging.WARNING,
-                leases=len(batch),
-            )
+            self.outage.failed("renewal", exc)
             now = time.monotonic()
             for held in batch:
                 held.due = now + min(RETRY_INTERVAL, self.interval)
                 if now >= held.deadline(self.ttl):
                     self._lose(held, "the local lease deadline passed while the database was busy")
             return
+        self.outage.answered()
         self.renewals += 1
         for held, expiry in zip(batch, expiries, strict=True):
             if expiry is None:

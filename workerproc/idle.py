@@ -9,15 +9,12 @@ already past never cuts the wait short: that would spin on the write lock.
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Sequence
 
-from .logs import event
+from .outage import Outage
 from .signals import Signals, Waker
 from .store import CHANGE_CHECK, StoreCorrupt, StoreError, WorkerStore
-
-log = logging.getLogger("workerproc.worker")
 
 
 def watch_for_work(
@@ -28,6 +25,7 @@ def watch_for_work(
     deadline: float,
     queues: Sequence[str] | None,
     interrupted: Callable[[], bool],
+    outage: Outage,
 ) -> None:
     """Return at ``deadline`` (monotonic), when another connection made work claimable, or
     when a signal or ``interrupted()`` (a slot finished, the worker must exit) says so."""
@@ -39,7 +37,7 @@ def watch_for_work(
     except StoreCorrupt:
         raise
     except StoreError as exc:
-        event(log, "idle_check_failed", f"idle check failed: {exc}", level=logging.WARNING)
+        outage.failed("idle check", exc)
         token = -1
     while not signals.asked and not interrupted():
         remaining = deadline - time.monotonic()

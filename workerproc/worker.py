@@ -37,6 +37,7 @@ from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
 from .logs import event
+from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
 from .signals import Signals, Waker
 from .starter import Starter
@@ -78,6 +79,7 @@ class Worker:
             ThreadExecutor(config.concurrency, config, self._ended_on_thread),
             AsyncExecutor(config, self._ended),
         )  # fmt: skip
+        self.outage = Outage()  # a database that stops answering, told once per incident
         # The heartbeat reports to the alarms, which tell it what to stop renewing: each needs
         # the other, so its reports reach the alarms through self (its thread starts in run()).
         self.heartbeat = Heartbeat(
@@ -89,6 +91,7 @@ class Worker:
             on_death=lambda exc: self.alarms.heartbeat_died(exc),  # noqa: PLW0108
             on_stuck=lambda lease: self.alarms.handler_stuck(lease),  # noqa: PLW0108
             task_timeout=config.task_timeout,
+            outage=self.outage,
         )
         self.alarms = Alarms(config, self.holdings, self.executors, self.policy, self.heartbeat,
                              self.waker, drain=self.drain)  # fmt: skip
@@ -97,6 +100,7 @@ class Worker:
             config.lease_ttl,
             self.heartbeat,
             unwritable=lambda commit, exc: failure(commit.lease, exc, config),
+            outage=self.outage,
         )
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish)  # fmt: skip
@@ -291,6 +295,7 @@ class Worker:
             deadline=deadline,
             queues=self.config.queues,
             interrupted=lambda: bool(holdings.ended) or alarms.exit_code is not None,
+            outage=self.outage,
         )
         self.policy.watched()
 

@@ -58,6 +58,8 @@ STATEMENTS = frozenset(
         # operators (B1, B2)
         "RUN_STATUS", "CANCEL_RUN", "PENDING_TASKS", "RETRY_RUN", "ATTEMPTS_DROPPED_BY_RETRY",
         "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",
+        # finished runs counted as they end (stats reads no finished run)
+        "COUNT_ENDED", "RUN_TOTALS",
         # reads
         "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
         "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",

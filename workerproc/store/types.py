@@ -13,6 +13,12 @@ Clock = Callable[[], float]  # seconds, float: the store's clock (tests inject o
 DEFAULT_QUEUE = "default"
 
 RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+# how a status filter reads: (the status stored, whether a live lease holds the run or None);
+# "running" is stored as "pending" (a live lease says running: no write when a lease ends)
+STORED_STATUS: dict[str, tuple[str, bool | None]] = {
+    "pending": ("pending", False), "running": ("pending", True), "succeeded": ("succeeded", None),
+    "failed": ("failed", None), "cancelled": ("cancelled", None),
+}  # fmt: skip
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
@@ -40,6 +46,7 @@ class Lease:
     revision: int = 0
     tries: int = 1  # attempts since the run was last retried: what max_attempts bounds (R6)
     takeover: bool = False  # the previous holder's lease expired (or was released as dead)
+    queue: str = DEFAULT_QUEUE  # the run's queue when it was claimed (where its end counts)
 
     @property
     def fence(self) -> tuple[int, str, int]:
@@ -183,8 +190,9 @@ class Stats:
         task_rows: Sequence[Sequence[Any]],
         leases: list[OwnerLease],
     ) -> Stats:
-        """Both backends' count rows: ``(queue, status, runs)`` and ``(queue, ready, delayed,
-        leased, expired)``, summed per queue and over all of them."""
+        """Both backends' count rows: ``(queue, status, runs)`` (the live runs' and the finished
+        runs' totals) and ``(queue, ready, delayed, leased, expired)``, summed per queue and
+        over all of them."""
         runs: dict[str, int] = {}
         by_queue: dict[str, dict[str, int]] = {}
         for queue, status, n in run_rows:

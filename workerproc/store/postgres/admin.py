@@ -13,8 +13,8 @@ from psycopg.rows import tuple_row
 
 from ..errors import StoreCorrupt, StoreError
 from . import reads_sql as r
+from .ops_sql import CALLERS_DATABASE
 from .schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
-from .sql import CALLERS_DATABASE
 
 Cursor = psycopg.Cursor[Any]
 

@@ -4,15 +4,20 @@ prepared statements, reconnection with backoff, transactions, and the LISTEN con
 autocommit mode: a read is one round trip; a write is an explicit transaction (a renewal, one
 idempotent statement, runs on its own).
 
-Failures: a connection that dies before our COMMIT was sent lost nothing (the server rolls the
-transaction back), so the transaction is retried once on a new connection; one that dies while
-committing is ambiguous and raises ``StoreUnavailable`` (the caller's fence makes a retry safe).
-A deadlock or serialization failure is retried; a lock wait past ``busy_timeout`` raises
-``StoreUnavailable``.
+Failures: a connection is used only while it is healthy (not broken, idle, out of pipeline
+mode: ``_healthy``); after any failure that is not a clean answer of the server (a broken or
+terminated connection, an aborted pipeline, a transaction left open) it is closed and a new one
+is made before the next try, so a failed connection is never used again. A connection that dies
+before our COMMIT was sent lost nothing (the server rolls the transaction back), so the
+transaction is retried once on a new connection; one that dies while committing is ambiguous
+and raises ``StoreUnavailable`` (the caller's fence makes a retry safe, and its retries back
+off). A deadlock or serialization failure is retried; a lock wait past ``busy_timeout`` raises
+``StoreUnavailable``. Messages keep the driver's first line (libpq adds hints on others).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import threading
@@ -23,6 +28,7 @@ from urllib.parse import urlencode
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
 from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
@@ -32,8 +38,9 @@ from ..types import Clock
 from ..urls import redact
 from . import admin
 from .listen import END, WORK, Listener, _abandoned
+from .ops_sql import NOW, WATCH_RUN
 from .schema import SCHEMA_VERSION
-from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL, NOW, WATCH_RUN
+from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
 from .steps import CATALOGUE
 
 T = TypeVar("T")
@@ -44,12 +51,25 @@ _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 
 
 def _said(exc: BaseException) -> str:
-    """What the driver said, without a password: libpq quotes the URL it could not read."""
-    return redact(str(exc).strip() or type(exc).__name__)
+    """What the driver said, in its first line (libpq adds hints such as "This probably means
+    ..." on others) and without a password (libpq quotes the URL it could not read)."""
+    text = str(exc).strip()
+    return redact(text.splitlines()[0].strip() if text else type(exc).__name__)
 
 
 def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
     return StoreUnavailable(f"{where}: {_said(exc)}")
+
+
+def _healthy(conn: psycopg.Connection[Any]) -> bool:
+    """Fit for the next transaction: open, idle (no transaction left open or aborted, no result
+    pending) and out of pipeline mode. A connection that failed in any other way is never used
+    again: libpq can leave one in an aborted pipeline that refuses every later query."""
+    return (
+        not conn.broken
+        and conn.info.transaction_status == TransactionStatus.IDLE
+        and conn.pgconn.pipeline_status == PipelineStatus.OFF
+    )
 
 
 class PostgresTx(Tx):
@@ -59,10 +79,11 @@ class PostgresTx(Tx):
     catalogue: ClassVar[Catalogue] = CATALOGUE
     pipelined: ClassVar[bool] = True
 
-    def __init__(self, cur: Cursor, now: float | None, prefix: str = "") -> None:
+    def __init__(self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "") -> None:
         super().__init__(now)
         self.cur = cur
         self.prefix = prefix
+        self.schema = schema  # with a prefix: the schema it names
         self.prepare: bool | None = None if prefix else True  # never on a caller's connection
 
     def execute(self, sql: str, params: Params) -> Cursor:
@@ -130,13 +151,20 @@ class PostgresDialect(Dialect):
             self._local = threading.local()
             self._pid = os.getpid()
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
-        if conn is not None and conn.broken:
-            conn.close()
+        if conn is not None and not _healthy(conn):
+            self._discard(conn)
             conn = None
         if conn is None:
             conn = self._connect()
             self._local.conn = conn
         return conn
+
+    def _discard(self, conn: psycopg.Connection[Any]) -> None:
+        """Close a connection that failed and forget it: the next try makes a new one."""
+        if getattr(self._local, "conn", None) is conn:
+            self._local.conn = None
+        with contextlib.suppress(Exception):  # closing what already failed may fail too
+            conn.close()
 
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect, retrying with backoff until busy_timeout (a restarting server, say)."""
@@ -155,6 +183,7 @@ class PostgresDialect(Dialect):
                         f" -c lock_timeout={int(self.busy_timeout * 1000)}"
                         f" -c idle_in_transaction_session_timeout="
                         f"{max(10, int(self.idle_in_transaction * 1000))}"
+                        " -c enable_bitmapscan=off"
                     ),
                 )
                 return conn
@@ -217,29 +246,44 @@ class PostgresDialect(Dialect):
                     done = True
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
+                self._unless_healthy(conn)
                 if attempt >= _RETRIES:
                     raise _unavailable(exc, self.where) from None
                 time.sleep(random.uniform(0.001, 0.01) * attempt)
             except pg_errors.LockNotAvailable as exc:
-                msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s ({_said(exc)})"
-                raise StoreUnavailable(msg) from None
+                self._unless_healthy(conn)
+                msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s"
+                raise StoreUnavailable(f"{msg} ({_said(exc)})") from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
-                if (done and mode != "read") or attempt >= 2 or not conn.broken:
+                self._discard(conn)  # terminated, broken or wedged: never used again
+                if (done and mode != "read") or attempt >= 2:
                     raise _unavailable(exc, self.where) from None
                 # the server never saw our COMMIT: nothing was written; try a new connection
             except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
-                raise InvalidPayload(f"a value cannot be written: {str(exc).strip()}") from None
+                self._unless_healthy(conn)
+                raise InvalidPayload(f"a value cannot be written: {_said(exc)}") from None
             except psycopg.Error as exc:
+                self._unless_healthy(conn)
                 raise StoreError(f"{self.where}: {_said(exc)}") from None
             except (UnicodeEncodeError, OverflowError) as exc:  # a value it cannot bind
+                self._unless_healthy(conn)
                 raise InvalidPayload(f"a value cannot be written: {exc}") from None
+            except BaseException:  # an interrupt mid-transaction: the state is unknown
+                self._discard(conn)
+                raise
+
+    def _unless_healthy(self, conn: psycopg.Connection[Any]) -> None:
+        """After a clean answer of the server the connection stays; after anything that left
+        it open, busy or in pipeline mode, it goes."""
+        if not _healthy(conn):
+            self._discard(conn)
 
     def _within(self, caller: object, fn: Callable[[Tx], T]) -> T:
         """``fn`` on the caller's own connection, inside the caller's transaction."""
         conn = admin.callers(caller, self._our_database(), self.schema, self.where)
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".'))
+                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema))
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
             raise StoreError(f"{self.where}: {_said(exc)}") from None
 

@@ -8,77 +8,106 @@ JSON goes out as text and is decoded by the store (``codec.loads``).
 
 from __future__ import annotations
 
-from .sql import _CLOCK, ALIVE
+from .sql import _CLOCK, _EVERY_LEVEL, _NAMED_LEVELS
 
-_RUN_COLUMNS = """id, status, state::text, revision, result::text, failure_reason, last_error,
-    created_at, updated_at, finished_at, queue, priority, key, task"""
-GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = %(run_id)s"
-# newest first; a filter by status walks runs_status, by queue alone the primary key
-LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT %(limit)s"
-LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
-    WHERE status = %(status)s AND (%(queue)s::text IS NULL OR queue = %(queue)s)
-    ORDER BY id DESC LIMIT %(limit)s"""
-LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = %(queue)s
-    ORDER BY id DESC LIMIT %(limit)s"""
-_TASK_COLUMNS = """id, run_id, name, payload::text, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
-    done_owner"""
-GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE run_id = %(run_id)s ORDER BY id"
-GET_TASK = f"SELECT {_TASK_COLUMNS} FROM tasks WHERE id = %(task_id)s"
+# a live lease holds the run: ``running`` (the row says ``pending``: schema v3)
+_HELD = f"""EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL
+        AND l.expires_at > {_CLOCK})"""
+_RUN_COLUMNS = f"""r.id, CASE WHEN r.status = 'pending' AND {_HELD} THEN 'running'
+        ELSE r.status END,
+    r.state::text, r.revision, r.result::text, r.failure_reason, r.last_error, r.created_at,
+    r.updated_at, r.finished_at, r.queue, r.priority, r.key, r.task"""
+GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.id = %(run_id)s"
+# a status filter: the stored status (``%(stored)s``: running is stored as pending), and
+# whether a live lease holds the run (``%(held)s``: NULL when the status says nothing of it)
+_STATUS = f"""r.status = %(stored)s AND (%(held)s::bool IS NULL OR {_HELD} = %(held)s)"""
+# newest first; a filter by status walks runs_status (succeeded: the primary key), by queue
+# alone the primary key
+LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs AS r ORDER BY r.id DESC LIMIT %(limit)s"
+LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs AS r
+    WHERE {_STATUS} AND (%(queue)s::text IS NULL OR r.queue = %(queue)s)
+    ORDER BY r.id DESC LIMIT %(limit)s"""
+LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.queue = %(queue)s
+    ORDER BY r.id DESC LIMIT %(limit)s"""
+# a task's lease is its run's lease row, while that row names it (a free one: no holder);
+# while it has one, its counts are the lease's
+_TASK_COLUMNS = """t.id, t.run_id, t.name, t.payload::text, t.available_at, t.created_at,
+    l.owner, CASE WHEN l.owner IS NOT NULL THEN l.expires_at END,
+    coalesce(l.attempts, t.attempts), coalesce(l.attempt_base, t.attempt_base), t.last_error,
+    t.done_at, coalesce(l.claimed_at, t.claimed_at), t.done_attempt, t.done_owner"""
+_TASKS = """tasks AS t LEFT JOIN leases AS l ON l.run_id = t.run_id AND l.task_id = t.id"""
+GET_TASKS = f"SELECT {_TASK_COLUMNS} FROM {_TASKS} WHERE t.run_id = %(run_id)s ORDER BY t.id"
+GET_TASK = f"SELECT {_TASK_COLUMNS} FROM {_TASKS} WHERE t.id = %(task_id)s"
 LIST_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections
     WHERE id > %(after)s ORDER BY id LIMIT %(limit)s"""
 
 # integrity (chaos verifier): a finished task committed by an attempt that was superseded
 SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
     WHERE done_at IS NOT NULL AND done_attempt IS NOT NULL AND done_attempt != attempts"""
-# integrity: a run holding two live leases at once (R1 forbids it)
-OVERLAPPING_LEASES = f"""SELECT run_id, count(*) FROM tasks
-    WHERE lease_owner IS NOT NULL AND lease_expires_at > (SELECT {_CLOCK}) AND done_at IS NULL
-    GROUP BY run_id HAVING count(*) > 1"""
+# integrity: a run holding two live leases at once (R1 forbids it; since v3 the lease table's
+# primary key cannot hold two, and this finds what a broken claim could still leave: a live
+# lease on a task that is done or belongs to another run)
+OVERLAPPING_LEASES = f"""SELECT l.run_id, 2 FROM leases AS l
+    LEFT JOIN tasks AS t ON t.id = l.task_id AND t.run_id = l.run_id AND t.done_at IS NULL
+    WHERE l.owner IS NOT NULL AND l.expires_at > (SELECT {_CLOCK}) AND t.id IS NULL"""
 
-# stats, in one snapshot: runs by queue and status, pending tasks by queue and state, leases
-RUN_COUNTS = "SELECT queue, status, count(*) FROM runs GROUP BY queue, status"
+# stats, in one snapshot, never reading a finished run: the live runs by queue and status
+# (runs_status), the finished ones from their totals, pending tasks by queue and state, leases
+RUN_COUNTS = f"""SELECT r.queue, CASE WHEN {_HELD} THEN 'running' ELSE 'pending' END, count(*)
+    FROM runs AS r WHERE r.status = 'pending' GROUP BY 1, 2"""
+RUN_TOTALS = """SELECT queue, status, sum(n)::bigint FROM run_totals GROUP BY queue, status
+    HAVING sum(n) <> 0"""
 TASK_COUNTS = f"""SELECT r.queue,
-    count(*) FILTER (WHERE t.lease_owner IS NULL AND t.available_at <= c.now),
-    count(*) FILTER (WHERE t.lease_owner IS NULL AND t.available_at > c.now),
-    count(*) FILTER (WHERE t.lease_owner IS NOT NULL AND t.lease_expires_at > c.now),
-    count(*) FILTER (WHERE t.lease_owner IS NOT NULL AND t.lease_expires_at <= c.now)
-    FROM (SELECT {_CLOCK} AS now) AS c, tasks AS t JOIN runs AS r ON r.id = t.run_id
-    WHERE t.done_at IS NULL AND r.status IN {ALIVE} GROUP BY r.queue"""
-LIVE_LEASES = """SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
-    WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner"""
+    count(*) FILTER (WHERE l.owner IS NULL AND t.available_at <= c.now),
+    count(*) FILTER (WHERE l.owner IS NULL AND t.available_at > c.now),
+    count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > c.now),
+    count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at <= c.now)
+    FROM (SELECT {_CLOCK} AS now) AS c, runs AS r JOIN {_TASKS} ON t.run_id = r.id
+    WHERE r.status = 'pending' AND t.done_at IS NULL GROUP BY r.queue"""
+LIVE_LEASES = """SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expires_at
+    FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
+    WHERE l.owner IS NOT NULL ORDER BY l.owner"""
 
-# idle workers: the earliest moment a claim could succeed in the queues they serve: one index
-# probe per queue (runs_ready leads with the queue), the queues with pending work found by a
-# loose index scan when every queue is served
-_NEXT_READY = """WITH RECURSIVE served(q) AS ({served})
-    SELECT min((SELECT min(ready_at) FROM runs WHERE queue = served.q AND ready_at IS NOT NULL))
-    FROM served WHERE q IS NOT NULL"""
-_EVERY_QUEUE = """SELECT min(queue) FROM runs WHERE ready_at IS NOT NULL
-    UNION ALL
-    SELECT (SELECT min(queue) FROM runs WHERE ready_at IS NOT NULL AND queue > served.q)
-    FROM served WHERE q IS NOT NULL"""
-NEXT_READY = _NEXT_READY.format(served=_EVERY_QUEUE)
-NEXT_READY_QUEUES = _NEXT_READY.format(served="SELECT unnest(%(queues)s::text[])")
+# idle workers: the earliest moment a claim could succeed in the queues they serve: the first
+# due run of each queue and priority level that no live lease holds (the claim index, walked
+# past the few held runs at its front), or the end of the first live lease on a run of theirs
+# (if its head is due by then). A past value only says "claimable now"
+_NEXT_READY = f"""WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+{{levels}}
+SELECT least(
+    (SELECT min(x.head_at) FROM levels AS lv CROSS JOIN LATERAL (
+        SELECT r.head_at FROM runs AS r
+        WHERE {{queue}}r.priority = lv.p AND r.head_at IS NOT NULL AND r.status = 'pending'
+          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                          AND l.expires_at > (SELECT now FROM clock))
+        ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
+    (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l JOIN runs AS r
+     ON r.id = l.run_id
+     WHERE l.expires_at > (SELECT now FROM clock) AND r.head_at IS NOT NULL{{served}}))"""
+NEXT_READY = _NEXT_READY.format(levels=_EVERY_LEVEL, queue="", served="")
+NEXT_READY_QUEUES = _NEXT_READY.format(
+    levels=_NAMED_LEVELS, queue="r.queue = lv.q AND ",
+    served=" AND r.queue = ANY(%(queues)s::text[])",
+)  # fmt: skip
 
 # -- the dashboard ------------------------------------------------------------------------------
 # runs_page: one keyset page; each filter walks its own index newest first (no filter: the
 # primary key; status: runs_status; task: runs_task; both: one of the two). ``before`` is
 # always bound (the largest id by default): one statement per (filter, direction).
-_BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {{where}}id < %(before)s
-        ORDER BY id DESC LIMIT %(limit)s"""
+_BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE {{where}}r.id < %(before)s
+        ORDER BY r.id DESC LIMIT %(limit)s"""
 # the newer page, read upwards (the caller reverses it)
-_AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE {{where}}id > %(after)s
-        ORDER BY id ASC LIMIT %(limit)s"""
-_STATUS, _TASK = "status = %(status)s AND ", "task = %(task)s AND "
+_AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE {{where}}r.id > %(after)s
+        ORDER BY r.id ASC LIMIT %(limit)s"""
+_BY_TASK, _BY_STATUS = "r.task = %(task)s AND ", f"{_STATUS} AND "
 RUNS_BEFORE = _BEFORE.format(where="")
-RUNS_BEFORE_STATUS = _BEFORE.format(where=_STATUS)
-RUNS_BEFORE_TASK = _BEFORE.format(where=_TASK)
-RUNS_BEFORE_STATUS_TASK = _BEFORE.format(where=_STATUS + _TASK)
+RUNS_BEFORE_STATUS = _BEFORE.format(where=_BY_STATUS)
+RUNS_BEFORE_TASK = _BEFORE.format(where=_BY_TASK)
+RUNS_BEFORE_STATUS_TASK = _BEFORE.format(where=_BY_STATUS + _BY_TASK)
 RUNS_AFTER = _AFTER.format(where="")
-RUNS_AFTER_STATUS = _AFTER.format(where=_STATUS)
-RUNS_AFTER_TASK = _AFTER.format(where=_TASK)
-RUNS_AFTER_STATUS_TASK = _AFTER.format(where=_STATUS + _TASK)
+RUNS_AFTER_STATUS = _AFTER.format(where=_BY_STATUS)
+RUNS_AFTER_TASK = _AFTER.format(where=_BY_TASK)
+RUNS_AFTER_STATUS_TASK = _AFTER.format(where=_BY_STATUS + _BY_TASK)
 # task_names: the distinct first-task names, skipping through runs_task (one probe per name)
 TASK_NAMES = """WITH RECURSIVE names(name) AS (
         SELECT (SELECT min(task) FROM runs)

@@ -6,17 +6,32 @@ Times are ``double precision`` seconds since the epoch, as on SQLite: the inject
 round-trips exactly, and ``expires_at = now + ttl`` is the same float on both backends. In
 production every time comes from ``clock_timestamp()`` (see ``sql``).
 
-The per-run claim facts live on the run row, kept exact by triggers (as on SQLite):
-``head_at``/``head_created``/``head_id`` copy the key of the run's first pending task in R1
-order (NULL when the run is over or has nothing pending); ``lease_until`` is the latest expiry of
-a lease held on one of its pending tasks (NULL: none); ``ready_at`` (generated) is when a claim
-may next pick the run. A claim locks the run row ``FOR UPDATE SKIP LOCKED`` and its
-``lease_until`` is re-checked on the newest row version after the lock (docs/protocol.md).
+Since v3 (issue 21) the hot path writes each row once and fires no trigger:
 
-Lock order: every transaction that changes a run's tasks locks the run row first (the triggers
-then update a row we already hold), so two transactions never wait on each other in a cycle.
+- A run's claim facts live on its row: ``head_at``/``head_created``/``head_id`` copy the key
+  of its first pending task in R1 order (NULL when the run is over or has nothing pending).
+  The statements that change a run's tasks set them in the same statement (``sql``); nothing
+  else does (a task written by hand must set them too: ``PLACE_RUN``).
+- A lease is a row of ``leases``, keyed by its run: one lease per run at a time is the primary
+  key itself (R1). A claim inserts it, or takes over an expired one in place; renewals update
+  only its expiry (a HOT update: no index changes, so it is pruned on its page); the commit
+  deletes it and writes the task once (done, with the attempt that committed). A task's
+  attempt count lives on its lease row while it has one, on the task row otherwise. A handed
+  back lease stays, free (no owner), so the next claim counts on from it.
+- So a one-step run leaves one dead row version in ``runs`` (its end) and one in ``tasks``
+  (its commit); the lease row is small and its table holds only the live leases.
+- ``run_totals`` counts finished runs per queue and status, kept by the statements that end,
+  retry and prune runs (several shards per key, so writers seldom wait on each other's row):
+  ``stats()`` reads no finished run.
+- ``workers`` lists the worker processes of every host, kept by their heartbeats.
+- A run is ``running`` while a live lease holds it: the status column says ``pending`` (the
+  reads say ``running``), so a hand-back or an expiry needs no write to the run.
 
-Notifications: a run whose ``ready_at`` appears or moves earlier (enqueue, advance, release,
+Lock order: every transaction that changes a run's tasks or its lease locks the run row first
+(``FOR UPDATE``), so two transactions never wait on each other in a cycle, and a lease row is
+only ever written by the holder of its run's row lock.
+
+Notifications: a statement that makes work claimable (enqueue, advance, release, hand-back,
 retry, a dead owner's leases released) sends ``NOTIFY`` on the schema's channel; idle workers
 listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` channel.
 """
@@ -258,6 +273,81 @@ MIGRATIONS: list[str] = [
               AND (NEW.status IN ('pending', 'running') OR NEW.head_at IS NOT NULL
                    OR NEW.lease_until IS NOT NULL))
         EXECUTE FUNCTION leasekeeper_runs_changed();
+    """,
+    # 3: the hot path writes each row once and fires no trigger (issue 21; the module's
+    # docstring). Live leases move to their own table; the claim-column triggers and functions
+    # go (the statements keep the columns exact); stored 'running' becomes 'pending' (a live
+    # lease says running); finished runs are counted as they end; workers are listed.
+    """
+    CREATE TABLE leases (
+        run_id          bigint  PRIMARY KEY,
+        task_id         bigint  NOT NULL,
+        owner           text,               -- NULL: handed back, free (its counts stay)
+        attempts        integer NOT NULL CHECK (attempts >= 1),
+        attempt_base    integer NOT NULL CHECK (attempt_base BETWEEN 0 AND attempts),
+        expires_at      double precision NOT NULL,
+        claimed_at      double precision NOT NULL,
+        -- the lease this one took over in place (the claim's history row is written from it)
+        prev_task       bigint,
+        prev_owner      text,
+        prev_attempts   integer,
+        prev_base       integer,
+        prev_claimed_at double precision,
+        prev_expires_at double precision
+    ) WITH (fillfactor = 50);  -- room on every page: renewals stay HOT
+    CREATE INDEX leases_owner ON leases (owner) WHERE owner IS NOT NULL;
+    INSERT INTO leases (run_id, task_id, owner, attempts, attempt_base, expires_at, claimed_at)
+        SELECT DISTINCT ON (run_id) run_id, id, lease_owner, attempts, attempt_base,
+            lease_expires_at, coalesce(claimed_at, lease_expires_at)
+        FROM tasks WHERE lease_owner IS NOT NULL AND done_at IS NULL AND attempts >= 1
+        ORDER BY run_id, lease_expires_at DESC;
+
+    DROP TRIGGER tasks_inserted ON tasks;
+    DROP TRIGGER tasks_updated ON tasks;
+    DROP TRIGGER tasks_takeover ON tasks;
+    DROP TRIGGER runs_alive_changed ON runs;
+    DROP TRIGGER runs_ready_earlier ON runs;
+    DROP FUNCTION leasekeeper_tasks_changed();
+    DROP FUNCTION leasekeeper_runs_changed();
+    DROP FUNCTION leasekeeper_claim_columns(bigint, boolean);
+    DROP FUNCTION leasekeeper_notify();
+    DROP FUNCTION leasekeeper_taken_over();
+    ALTER TABLE tasks DROP COLUMN lease_owner, DROP COLUMN lease_expires_at,
+        DROP COLUMN prev_owner;
+    DROP INDEX runs_ready;
+    ALTER TABLE runs DROP COLUMN ready_at, DROP COLUMN lease_until;
+
+    UPDATE runs SET status = 'pending' WHERE status = 'running';
+    ALTER TABLE runs DROP CONSTRAINT runs_status_check;
+    ALTER TABLE runs ADD CONSTRAINT runs_status_check
+        CHECK (status IN ('pending', 'succeeded', 'failed', 'cancelled'));
+    -- the statuses operators filter on; succeeded runs are most of the table and are found by
+    -- walking the primary key (a run that ends writes one index entry less)
+    DROP INDEX runs_status;
+    CREATE INDEX runs_status ON runs (status, id) WHERE status <> 'succeeded';
+
+    CREATE TABLE run_totals (
+        queue  text    NOT NULL,
+        status text    NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled')),
+        shard  integer NOT NULL,
+        n      bigint  NOT NULL,
+        PRIMARY KEY (queue, status, shard)
+    );
+    INSERT INTO run_totals (queue, status, shard, n)
+        SELECT queue, status, 0, count(*) FROM runs
+        WHERE status IN ('succeeded', 'failed', 'cancelled') GROUP BY queue, status;
+
+    CREATE TABLE workers (
+        owner        text    PRIMARY KEY,
+        host         text    NOT NULL,
+        pid          integer NOT NULL,
+        started_at   double precision NOT NULL,
+        heartbeat_at double precision NOT NULL,
+        slots        integer NOT NULL,
+        queues       text,               -- a JSON array; NULL: every queue
+        version      text    NOT NULL,
+        state        text    NOT NULL DEFAULT 'running'
+    ) WITH (fillfactor = 50);
     """,
 ]
 

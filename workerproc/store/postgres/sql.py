@@ -1,84 +1,122 @@
-"""The PostgreSQL backend's writes: claims, renewals, fenced commits, producers and operators,
-each statement named with its one-line purpose (its reads are in ``reads_sql``). A name of
-``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are parts
-that ``steps`` or the dialect run (``LOCK_RUNS``, ``WATCH_RUN``).
+"""The PostgreSQL backend's claims, renewals and fenced commits, each statement named with its
+one-line purpose (producers and operators are in ``ops_sql``, reads in ``reads_sql``). A name
+of ``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are
+parts that ``steps`` or the dialect run (``LOCK_RUNS``).
 
 Time: ``%(now)s`` is NULL in production, and then every statement reads the database clock
 (``clock_timestamp()``) once, inside the statement; a test injects its clock through the same
 parameter. Fenced statements lock the run row FIRST (the ``run`` CTE) and read "now" only after
 that lock is held, so a write that waited behind another is judged at the instant it got its
-turn. Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows
-means the caller's lease is lost. Statements whose row count matters return a row per row
-changed (the store counts what it fetches). JSON goes out as text: the store decodes it
-(``codec.loads``), so a value no worker can decode fails its run instead of its claimer.
+turn. A lease is the run's row of ``leases`` (schema v3); fenced statements match its task id
+AND owner AND attempt AND a live expiry (R2): zero rows means the caller's lease is lost.
+Statements whose row count matters return a row per row changed (the store counts what it
+fetches). JSON goes out as text: the store decodes it (``codec.loads``), so a value no worker
+can decode fails its run instead of its claimer.
+
+No trigger runs on this path: each statement keeps the run's head columns exact itself (the
+schema's docstring), deletes the lease it ends and writes the task once.
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-from .schema import VERSION_TABLE
-
-ALIVE = "('pending', 'running')"
+ALIVE = "('pending')"  # a run that may still change (a lease on it says "running")
 _CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
 # "now", read once per statement, for statements that lock nothing first
 _CLOCK_CTE = f"WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now)"
-# the run row of the lease, locked first (lock order: run, then its tasks)
+# the run row of the lease, locked first (lock order: run, then its lease and tasks)
 _LOCK_RUN = "run AS MATERIALIZED (SELECT id FROM runs WHERE id = %(run_id)s FOR UPDATE)"
 # "now" read after the run lock is held (a row of the locked CTE must exist first)
 _NOW_AFTER_LOCK = f"clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM run)"
 _LOCKED = f"WITH {_LOCK_RUN}, {_NOW_AFTER_LOCK}"
-
-# The fence every write after a claim carries (R2, R5), with ``clock`` in the FROM list.
-# (tests/unfenced.py rewrites these two constants to break the fence on purpose.)
-_FENCE = """t.id = %(task_id)s AND t.lease_owner = %(owner)s AND t.attempts = %(attempt)s
-    AND t.lease_expires_at > clock.now AND t.done_at IS NULL"""
-# the same fence for each lease of a batch (``i``: one row per lease, of one owner)
-_FENCE_EACH = """t.id = i.task_id AND t.attempts = i.attempt AND t.lease_owner = %(owner)s
-    AND t.lease_expires_at > clock.now AND t.done_at IS NULL"""
-
-NOTIFY_CHANNEL = "leasekeeper.{schema}"  # work: a run's ready_at appeared or moved earlier
+# work became claimable: idle workers listen on the schema's channel (folded per transaction)
+NOTIFY = "pg_notify('leasekeeper.' || current_schema(), '')"
+NOTIFY_CHANNEL = "leasekeeper.{schema}"  # work: a run became claimable, or will be sooner
 END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
+
+# The fence every write after a claim carries (R2, R5): the run's lease is this one, and live;
+# ``l`` is the lease row, ``clock`` in the FROM list. (tests/unfenced.py rewrites these two
+# constants to break the fence on purpose.)
+_FENCE = """l.run_id = %(run_id)s AND l.task_id = %(task_id)s AND l.owner = %(owner)s
+    AND l.attempts = %(attempt)s AND l.expires_at > clock.now"""
+# the same fence for each lease of a batch (``i``: one row per lease, of one owner)
+_FENCE_EACH = """l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
+    AND l.owner = %(owner)s AND l.expires_at > clock.now"""
+# the lease ends: its row goes, and what it counted is written on its task (once)
+_ENDED = f"""fenced AS MATERIALIZED (
+    DELETE FROM leases AS l USING clock WHERE {_FENCE} RETURNING l.*)"""
+_COUNTS_OF = """attempts = f.attempts, attempt_base = f.attempt_base, claimed_at = f.claimed_at"""
+
+
+def head_of(run: str, *, without: str | None = None, extra: str | None = None) -> str:
+    """The head columns of run ``run``: its first pending task in R1 order (available_at,
+    created_at, id), leaving out task ``without`` and counting ``extra`` (a row of those three
+    written by the same statement, which its snapshot cannot see yet)."""
+    skip = f" AND h.id <> {without}" if without else ""
+    more = f" UNION ALL SELECT {extra}" if extra else ""
+    return f"""(head_at, head_created, head_id) = (SELECT * FROM (
+        SELECT h.available_at, h.created_at, h.id FROM tasks AS h
+        WHERE h.run_id = {run} AND h.done_at IS NULL{skip}{more}) AS first ORDER BY 1, 2, 3
+        LIMIT 1)"""
+
+
+_NO_HEAD = "head_at = NULL, head_created = NULL, head_id = NULL"
 
 # -- claims (R1) ----------------------------------------------------------------------------------
 # One statement leases the head task of up to ``%(limit)s`` runs of the served queues, a higher
 # priority first, then in head order (the head is a run's first pending task in R1 order,
-# (available_at, created_at, id), kept on the run row by triggers).
+# (available_at, created_at, id), kept on the run row).
 #
 # - ``levels``: the priority levels that have pending runs, found by a loose index scan (one
 #   index probe per level: ``max(priority) < the last one``).
 # - per level, highest first, a range scan of the claim index bounded by ``head_at <= now``
 #   (delayed runs are never walked, however many there are) picks runs that are alive, due and
-#   hold no live lease (``lease_until``), ``FOR UPDATE SKIP LOCKED``: a run another claimer holds
-#   is skipped, never waited for. Rows are locked one by one as the ``LIMIT`` pulls them, so no
-#   more runs are locked than are claimed. With several named queues each queue's walk of a
-#   level locks up to the limit before the merge (a sort) picks the first ``limit`` of them:
-#   PostgreSQL cannot merge locked walks lazily (a locked row's sort key may have changed), so
-#   up to limit x (queues - 1) runs more stay locked, unclaimed, until the transaction ends
-#   (other claimers skip them meanwhile, and take the next ones).
-# - Under READ COMMITTED a run changed by a transaction that committed after this statement's
-#   snapshot is locked in its newest version and the WHERE clause re-checked on that version
-#   (EvalPlanQual): a lease another claimer committed meanwhile is seen in ``lease_until``.
-#   Each picked row is a different run and gives one task, so not even one statement hands out
-#   two leases in one run.
+#   hold no live lease, ``FOR UPDATE SKIP LOCKED``: a run another claimer holds is skipped,
+#   never waited for. Rows are locked one by one as the ``LIMIT`` pulls them, so no more runs
+#   are locked than are claimed. Several named queues are walked unlocked, each in head order,
+#   merged (one ordered stream), and each run of the stream is locked as the limit pulls it.
+# - The walk's snapshot may be older than a lease another claimer committed meanwhile: the
+#   lease row itself arbitrates. ``leased`` inserts the run's lease, or takes an expired (or
+#   handed back) one over in place, only where the newest lease row has ended
+#   (``ON CONFLICT ... WHERE``); a run locked but not leased comes back without a task and
+#   the store claims again (a fresh snapshot). A run whose head was written after the snapshot
+#   comes back the same way. Each run gives one task, so not even one statement can hand out
+#   two leases in one run, and the lease table's primary key could not hold two.
 # - ``granted``: "now" read again once every picked run is locked (``count(*)`` pulls them all).
 #   The walk's "now" was read before its locks: a run whose last lease ended while the walk was
-#   on its way (EvalPlanQual saw the new version) would otherwise get a lease stamped before the
-#   previous one ended. The lease starts, and its ttl counts, from the moment it was granted.
-# - ``leased``: each picked run's head task gets the lease (owner, expiry, attempt + 1). A run
-#   comes back without a task when its head was written after the snapshot: the store claims
-#   again in the same transaction (it holds the run; the next snapshot sees the head).
+#   on its way would otherwise get a lease stamped before the previous one ended. The lease
+#   starts, and its ttl counts, from the moment it was granted.
+# - A takeover counts on from the lease it replaces (the same task: attempt + 1) and writes the
+#   replaced attempt into the history (``taken``); a lease that moves to another task of the
+#   run (a task written ahead of it by hand) leaves its counts on its own task first (``kept``).
 # - The leases come back in claim order (priority, then head order), so a worker that claims
 #   more than it can start at once starts them in that order too.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
-          AND r.finished_at IS NULL
-          AND (r.lease_until IS NULL OR r.lease_until <= (SELECT now FROM clock))"""
-_PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.head_at,
+          AND r.status = 'pending'
+          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                          AND l.expires_at > (SELECT now FROM clock))"""
+_PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
             r.head_created
         FROM runs AS r
         WHERE {{queue}}{_CLAIMABLE}
         ORDER BY r.head_at, r.head_created, r.head_id
         LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED"""
+# one queue's claimable runs of a level in head order, not locked (several queues' walks merge);
+# its own bound keeps it an index walk whatever the statistics say, with room for the runs
+# other claimers hold meanwhile (skipped by the lock)
+_WALK = f"""SELECT r.id, r.head_at, r.head_created, r.head_id FROM runs AS r
+            WHERE r.queue = (%(queues)s::text[])[{{i}}] AND {_CLAIMABLE}
+            ORDER BY r.head_at, r.head_created, r.head_id LIMIT 4 * %(limit)s + 64"""
+# each run of the merged walks, locked as the limit pulls it (and still claimable)
+_LOCK_EACH = """SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
+            r.head_created
+        FROM ({walks}) AS w(id, head_at, head_created, head_id)
+        CROSS JOIN LATERAL (SELECT * FROM runs AS r WHERE r.id = w.id
+            AND r.head_at <= (SELECT now FROM clock) AND r.status || '' = 'pending'
+            FOR UPDATE SKIP LOCKED) AS r
+        ORDER BY w.head_at, w.head_created, w.head_id
+        LIMIT %(limit)s"""
 # every queue: the levels and the walks use runs_prio (priority DESC, head order)
 _EVERY_LEVEL = """levels(p) AS (
     SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL)
@@ -98,63 +136,101 @@ _CLAIM = f"""
 WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 {{levels}},
 picked AS MATERIALIZED (
-    SELECT c.id, c.head_id, c.state, c.revision, lv.p, c.head_at, c.head_created
+    SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created
     FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
     CROSS JOIN LATERAL ({{level}}) AS c
     LIMIT %(limit)s),
 granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM picked) AS locked),
+heads AS MATERIALIZED (
+    SELECT p.id AS run_id, t.id AS task_id, t.name, t.payload::text AS payload, t.attempts,
+        t.attempt_base
+    FROM picked AS p CROSS JOIN granted
+    CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
+                        AND t.done_at IS NULL) AS t
+    WHERE p.head_at <= granted.now),
 leased AS (
-    UPDATE tasks AS t SET prev_owner = t.lease_owner, lease_owner = %(owner)s,
-        lease_expires_at = granted.now + %(ttl)s, attempts = t.attempts + 1,
-        claimed_at = granted.now
-    FROM picked, granted
-    WHERE t.id = picked.head_id AND t.run_id = picked.id AND t.done_at IS NULL
-      AND t.available_at <= granted.now
-      AND (t.lease_owner IS NULL OR t.lease_expires_at <= granted.now)
-    RETURNING t.run_id, t.id, t.name, t.payload::text AS payload, t.attempts, t.attempt_base,
-        t.lease_expires_at, t.claimed_at, t.prev_owner IS NOT NULL AS takeover)
-SELECT leased.id, picked.id, leased.name, leased.payload, leased.attempts, leased.attempt_base,
-    leased.lease_expires_at, leased.takeover, leased.claimed_at, picked.state, picked.revision
-FROM picked LEFT JOIN leased ON leased.run_id = picked.id
-ORDER BY picked.p DESC, picked.head_at, picked.head_created, picked.head_id"""
+    INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
+                             claimed_at)
+    SELECT h.run_id, h.task_id, %(owner)s, h.attempts + 1, h.attempt_base,
+        granted.now + %(ttl)s, granted.now
+    FROM heads AS h, granted
+    ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
+        attempts = CASE WHEN l.task_id = excluded.task_id THEN l.attempts + 1
+                        ELSE excluded.attempts END,
+        attempt_base = CASE WHEN l.task_id = excluded.task_id THEN l.attempt_base
+                            ELSE excluded.attempt_base END,
+        expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
+        prev_task = l.task_id, prev_owner = l.owner, prev_attempts = l.attempts,
+        prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
+        prev_expires_at = l.expires_at
+    WHERE l.expires_at <= excluded.claimed_at
+    RETURNING l.run_id, l.task_id, l.attempts, l.attempt_base, l.expires_at, l.claimed_at,
+        l.prev_task, l.prev_owner, l.prev_attempts, l.prev_base, l.prev_claimed_at,
+        l.prev_expires_at),
+taken AS (
+    INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
+                               taken_by)
+    SELECT run_id, prev_task, prev_attempts, prev_owner, prev_claimed_at, prev_expires_at,
+        'taken_over', %(owner)s
+    FROM leased WHERE prev_owner IS NOT NULL),
+kept AS (
+    UPDATE tasks AS t SET attempts = x.prev_attempts, attempt_base = x.prev_base,
+        claimed_at = x.prev_claimed_at
+    FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
+SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
+    x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue
+FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
+ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
+
+
+MAX_CLAIM_TEXTS = 256  # limits up to this are written into the claim's text (see claim_sql)
 
 
 @cache
-def claim_sql(queues: int | None) -> str:
+def claim_sql(queues: int | None, limit: int | None = None) -> str:
     """The claim for every queue (None) or for ``queues`` named queues (``%(queues)s``, no
-    name twice)."""
+    name twice). With ``limit``, the number of leases is written into the text instead of
+    ``%(limit)s``: a prepared statement's generic plan then knows it is a short walk of the
+    claim index (a parameter's LIMIT is planned as a tenth of the table), and the session
+    plans it once instead of at every claim. A worker asks for a handful of limits only."""
+    sql = _claim_sql(queues)
+    return sql if limit is None else sql.replace("%(limit)s", str(int(limit)))
+
+
+def _claim_sql(queues: int | None) -> str:
     if queues is None:
         return _CLAIM.format(levels=_EVERY_LEVEL, level=_PICK.format(queue=""))
     if queues < 1:
         raise ValueError("a claim serves at least one queue")
-    walks = [
-        _PICK.format(queue=f"r.queue = (%(queues)s::text[])[{i}] AND ")
-        for i in range(1, queues + 1)
-    ]
-    level = walks[0]
-    if queues > 1:  # each walk locks up to the limit; the sort picks the first of them
-        union = "\n        UNION ALL ".join(
-            f"SELECT * FROM ({w}) AS w{i}" for i, w in enumerate(walks)
+    if queues == 1:
+        level = _PICK.format(queue="r.queue = (%(queues)s::text[])[1] AND ")
+    else:  # the queues' walks merge unlocked; each run is locked as the limit pulls it
+        walks = "\n            UNION ALL ".join(
+            f"({_WALK.format(i=i)})" for i in range(1, queues + 1)
         )
-        level = f"""SELECT * FROM ({union}) AS merged
-        ORDER BY head_at, head_created, head_id LIMIT %(limit)s"""
+        level = _LOCK_EACH.format(walks=walks)
     return _CLAIM.format(levels=_NAMED_LEVELS, level=level)
 
 
-CLAIM = claim_sql(None)  # every queue (CLAIM_QUEUES: ``steps.claim_queues``)
+CLAIM = claim_sql(None)  # every queue, any limit (``steps.claim`` writes the limit in)
 
 
-# claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
-DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
-    WHERE id = %(task_id)s RETURNING last_error"""
+# claim (R6): a claim past max_attempts hands nothing out: the lease goes (its counts stay on
+# the task), the run fails (FAIL_RUN); the task's last error says why
+DROP_EXHAUSTED_LEASE = """WITH gone AS (
+    DELETE FROM leases WHERE run_id = %(run_id)s AND task_id = %(task_id)s
+    RETURNING task_id, attempts, attempt_base, claimed_at)
+UPDATE tasks AS t SET attempts = g.attempts, attempt_base = g.attempt_base,
+    claimed_at = g.claimed_at FROM gone AS g WHERE t.id = g.task_id RETURNING t.last_error"""
 FAIL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'failed', failure_reason = %(reason)s,
-    last_error = coalesce(%(error)s, last_error), finished_at = now, updated_at = now
-    FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
+    last_error = coalesce(%(error)s, last_error), finished_at = now, updated_at = now,
+    {_NO_HEAD} FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
 
 # -- renewals (R3) --------------------------------------------------------------------------------
 # every lease of one owner in one statement: the runs are locked in id order first (no cycle
 # with a batched commit), "now" is read after; each lease matches its own (task id, attempt)
-# and the new expiry is max(old, now + ttl); a lease refused is recorded as evidence
+# and the new expiry is max(old, now + ttl) (a HOT update: only the expiry changes); a lease
+# refused is recorded as evidence
 RENEW_MANY = f"""
 WITH run AS MATERIALIZED (
     SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
@@ -162,14 +238,14 @@ clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM run) AS
 i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[])
       AS i(task_id, attempt, run_id)),
 renewed AS (
-    UPDATE tasks AS t SET lease_expires_at = greatest(t.lease_expires_at, clock.now + %(ttl)s)
+    UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s)
     FROM i, clock WHERE {_FENCE_EACH}
-    RETURNING t.id, i.attempt, t.lease_expires_at),
+    RETURNING l.task_id, l.attempts AS attempt, l.expires_at),
 refused AS (
     INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
     SELECT clock.now, i.task_id, i.run_id, %(owner)s, i.attempt, 'renew' FROM i, clock
-    WHERE (i.task_id, i.attempt) NOT IN (SELECT id, attempt FROM renewed))
-SELECT id, attempt, lease_expires_at FROM renewed"""
+    WHERE (i.task_id, i.attempt) NOT IN (SELECT task_id, attempt FROM renewed))
+SELECT task_id, attempt, expires_at FROM renewed"""
 
 # -- fenced writes (R2, R5) -------------------------------------------------------------------
 # a batch locks its runs in id order before its first write (two batches never wait on each
@@ -177,12 +253,19 @@ SELECT id, attempt, lease_expires_at FROM renewed"""
 LOCK_RUNS = "SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE"
 
 # every fenced commit that is not one statement first asks: is this lease still the live one?
-CHECK_FENCE = f"{_LOCKED} SELECT t.run_id FROM tasks AS t, clock WHERE {_FENCE}"
+CHECK_FENCE = f"{_LOCKED} SELECT l.run_id FROM leases AS l, clock WHERE {_FENCE}"
 
-# ack / drop: the task is done; its lease is cleared (who held it stays)
-TASK_DONE = f"""{_LOCKED}
-UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s, done_owner = t.lease_owner,
-    lease_owner = NULL, lease_expires_at = NULL FROM clock WHERE {_FENCE} RETURNING t.id"""
+# ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
+# alive moves its head to its next pending task, if any
+TASK_DONE = f"""{_LOCKED}, {_ENDED},
+done AS (
+    UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s,
+        done_owner = %(owner)s, {_COUNTS_OF} FROM fenced AS f, clock WHERE t.id = f.task_id),
+moved AS (
+    UPDATE runs AS r SET {head_of("r.id", without="f.task_id")}, updated_at = clock.now
+    FROM fenced AS f, clock WHERE r.id = f.run_id AND r.status IN {ALIVE}
+    RETURNING r.head_id)
+SELECT f.task_id, (SELECT {NOTIFY} FROM moved WHERE head_id IS NOT NULL) FROM fenced AS f"""
 
 # every refused fenced write is kept: evidence that a zombie tried and was turned away
 INSERT_REJECTION = f"""INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
@@ -191,157 +274,89 @@ INSERT_REJECTION = f"""INSERT INTO fence_rejections (at, task_id, run_id, owner,
 
 # ack: a run whose last task is acknowledged has succeeded
 SUCCEED_IF_EMPTY = f"""{_CLOCK_CTE} UPDATE runs SET status = 'succeeded',
-    finished_at = now, updated_at = now FROM clock
+    finished_at = now, updated_at = now, {_NO_HEAD} FROM clock
     WHERE id = %(run_id)s AND status IN {ALIVE}
       AND NOT EXISTS (SELECT 1 FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL)"""
 
 # handback: a claimed task that never started goes back at once; its claim does not count
-# against max_attempts (attempt_base moves with attempts); the fencing token still moved on
+# against max_attempts (attempt_base moves with attempts); the fencing token still moved on.
+# The lease row stays, free (no owner), so the next claim counts on from it.
 HANDBACK = f"""{_LOCKED}
-UPDATE tasks AS t SET lease_owner = NULL, lease_expires_at = NULL,
-    attempt_base = t.attempt_base + 1 FROM clock WHERE {_FENCE} RETURNING t.id"""
+UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
+    attempt_base = l.attempt_base + 1 FROM clock WHERE {_FENCE} RETURNING l.task_id, {NOTIFY}"""
 
+_RELEASED_HEAD = head_of("r.id", without="x.id", extra="x.available_at, x.created_at, x.id")
 # release, one statement: give the task back after a delay, keeping the error (on the task and
-# the run) and the attempt's end in the history (read before the lease is cleared)
-RELEASE = f"""{_LOCKED},
-fenced AS MATERIALIZED (
-    SELECT t.id, t.run_id, t.attempts, t.lease_owner, t.claimed_at FROM tasks AS t, clock
-    WHERE {_FENCE}),
+# the run) and the attempt's end in the history; the run's head follows the task
+RELEASE = f"""{_LOCKED}, {_ENDED},
 history AS (
     INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
                                error)
-    SELECT run_id, id, attempts, lease_owner, claimed_at, clock.now, 'released', %(error)s
-    FROM fenced, clock),
+    SELECT f.run_id, f.task_id, f.attempts, f.owner, f.claimed_at, clock.now, 'released',
+        %(error)s FROM fenced AS f, clock),
 released AS (
-    UPDATE tasks AS t SET lease_owner = NULL, lease_expires_at = NULL,
-        available_at = clock.now + %(delay)s, last_error = coalesce(%(error)s, t.last_error)
-    FROM fenced, clock WHERE t.id = fenced.id),
-run_error AS (
-    UPDATE runs AS r SET last_error = %(error)s, updated_at = clock.now FROM fenced, clock
-    WHERE r.id = fenced.run_id AND %(error)s::text IS NOT NULL)
-SELECT id FROM fenced"""
+    UPDATE tasks AS t SET available_at = clock.now + %(delay)s,
+        last_error = coalesce(%(error)s, t.last_error), {_COUNTS_OF}
+    FROM fenced AS f, clock WHERE t.id = f.task_id
+    RETURNING t.id, t.available_at, t.created_at),
+moved AS (
+    UPDATE runs AS r SET {_RELEASED_HEAD},
+        last_error = coalesce(%(error)s, r.last_error), updated_at = clock.now
+    FROM released AS x, clock WHERE r.id = %(run_id)s AND r.status IN {ALIVE})
+SELECT f.task_id, {NOTIFY} FROM fenced AS f"""
 
-# fail (fenced): the holder fails its run; the task keeps its place for retry_run
-TASK_FAILED = f"""{_LOCKED}
-UPDATE tasks AS t SET lease_owner = NULL, lease_expires_at = NULL,
-    last_error = coalesce(%(error)s, t.last_error) FROM clock WHERE {_FENCE}"""
+# fail (fenced): the holder fails its run (FAIL_RUN first); its lease goes, the task keeps its
+# place for retry_run
+TASK_FAILED = f"""{_LOCKED}, {_ENDED}
+UPDATE tasks AS t SET last_error = coalesce(%(error)s, t.last_error), {_COUNTS_OF}
+    FROM fenced AS f WHERE t.id = f.task_id RETURNING t.id"""
 
 # compare_and_set (R5): the state moves only at the expected revision of a live run; the fence
 # rides along, so the happy path is one statement; the run row is locked before "now"
 _CAS_WHERE = f"""r.id = %(run_id)s AND r.revision = %(revision)s AND r.status IN {ALIVE}
-      AND EXISTS (SELECT 1 FROM tasks AS t WHERE {_FENCE} AND t.run_id = %(run_id)s)"""
+      AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})"""
 CAS_STATE = f"""{_LOCKED}
 UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
 
 # finish / advance, the hot path, one statement each: the CAS above (fence included), then,
-# only if it matched, the task is done and (advance) the next task inserted, the run moved to
-# ``%(queue)s`` if one is given. A row comes back only when the CAS matched. Finish clears the
-# run's claim columns itself (a finished run has none), so no trigger rewrites the run.
-_TASK_DONE_AFTER_CAS = f"""done AS (
+# only if it matched, the lease goes and its task is written done, once. Finish clears the
+# run's head (a finished run has none); advance inserts the next task (its id drawn first) and
+# makes it the head (unless a task of the run comes before it), moves the run to
+# ``%(queue)s`` if one is given, and tells idle workers. A row comes back only when the CAS
+# matched.
+_DONE_AFTER_CAS = f"""fenced AS MATERIALIZED (
+    DELETE FROM leases AS l USING cas, clock WHERE {_FENCE} RETURNING l.*),
+done AS (
     UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s,
-        done_owner = t.lease_owner, lease_owner = NULL, lease_expires_at = NULL
-    FROM clock, cas WHERE {_FENCE})"""
+        done_owner = %(owner)s, {_COUNTS_OF} FROM fenced AS f, clock WHERE t.id = f.task_id)"""
 FINISH = f"""{_LOCKED},
 cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     status = 'succeeded', result = %(result)s::json, finished_at = clock.now,
-    updated_at = clock.now, head_at = NULL, head_created = NULL, head_id = NULL,
-    lease_until = NULL FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
-{_TASK_DONE_AFTER_CAS}
+    updated_at = clock.now, {_NO_HEAD} FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
+{_DONE_AFTER_CAS}
 SELECT id FROM cas"""
+_ADVANCED_HEAD = head_of(
+    "r.id", without="%(task_id)s", extra="clock.now + %(delay)s, clock.now, next.id"
+)
 ADVANCE = f"""{_LOCKED},
+next AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id),
 cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    queue = coalesce(%(queue)s::text, r.queue), updated_at = clock.now
-    FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
-{_TASK_DONE_AFTER_CAS},
-next_task AS (INSERT INTO tasks (run_id, name, payload, available_at, created_at)
-    SELECT cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now
-    FROM cas, clock)
-SELECT id FROM cas"""
+    queue = coalesce(%(queue)s::text, r.queue), updated_at = clock.now,
+    {_ADVANCED_HEAD}
+    FROM clock, next WHERE {_CAS_WHERE} RETURNING r.id),
+{_DONE_AFTER_CAS},
+next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at)
+    SELECT next.id, cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now
+    FROM cas, next, clock)
+SELECT id, {NOTIFY} FROM cas"""
 
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) ------------
-# an exhausted claim or a failure ends the task's current attempt without a commit; read from
-# the row before the statement that clears its lease (the fence was checked already)
+# an exhausted claim or a failure ends the lease's attempt without a commit; read from the
+# lease before the statement that ends it (the fence was checked already)
 ATTEMPT_ENDED = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at,
         ended_at, outcome, error)
-    SELECT run_id, id, attempts, lease_owner, claimed_at, clock.now, %(outcome)s, %(error)s
-    FROM tasks, (SELECT {_CLOCK} AS now) AS clock
-    WHERE id = %(task_id)s AND lease_owner IS NOT NULL"""
-# retry_run drops the leases still held on the run's pending tasks (a cancelled run's holder)
-ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner,
-        claimed_at, ended_at, outcome, error)
-    SELECT run_id, id, attempts, lease_owner, claimed_at, clock.now, 'released',
-        'the run was retried: this lease was dropped'
-    FROM tasks, (SELECT {_CLOCK} AS now) AS clock
-    WHERE run_id = %(run_id)s AND done_at IS NULL AND lease_owner IS NOT NULL"""
-
-# -- operators: the run row first, then its tasks -------------------------------------------
-RUN_STATUS = "SELECT status FROM runs WHERE id = %(run_id)s FOR UPDATE"
-CANCEL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
-    updated_at = now FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
-PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL"
-# retry_run: a new attempt generation. attempts keeps counting (the fencing token never
-# repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
-RETRY_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
-    finished_at = NULL, updated_at = now FROM clock WHERE id = %(run_id)s"""
-RETRY_TASKS = f"""{_CLOCK_CTE} UPDATE tasks SET attempt_base = attempts, available_at = now,
-    lease_owner = NULL, lease_expires_at = NULL
-    FROM clock WHERE run_id = %(run_id)s AND done_at IS NULL"""
-# release_owner: the supervisor reaped this owner; its leases expire now. Runs first, in id
-# order (two releases never wait on each other in a cycle), then their tasks (``steps``).
-LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
-    SELECT run_id FROM tasks WHERE lease_owner = %(owner)s AND done_at IS NULL)
-    ORDER BY id FOR UPDATE"""
-RELEASE_OWNER = f"""{_CLOCK_CTE}
-UPDATE tasks AS t SET lease_expires_at = clock.now FROM clock
-    WHERE t.lease_owner = %(owner)s AND t.lease_expires_at > clock.now AND t.done_at IS NULL
-    RETURNING t.id"""
-
-# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
-# attempt history go with them, ON DELETE CASCADE); refused-write evidence likewise
-PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
-    SELECT id FROM runs WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED) RETURNING id"""
-PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (
-    SELECT id FROM fence_rejections WHERE at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY at LIMIT %(limit)s) RETURNING id"""
-
-# the store's clock: the database's (or the injected one, handed back)
-NOW = f"SELECT {_CLOCK}"
-
-# -- producers (B7) ---------------------------------------------------------------------------
-# Every run of the batch in one statement. Ids are drawn from the runs' sequence in the items'
-# order first, so run (and first-task) ids follow the items; a key already taken (by a run
-# that exists, or by an earlier item of the same batch) inserts nothing and FIND_BY_KEYS,
-# a second statement with a fresh snapshot, answers the first run's id. ``{s}``: the schema
-# prefix (empty on our own connections, whose search path is the schema; the caller's
-# connection gets qualified names).
-_INSERT_RUNS = f"""
-WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
-i AS MATERIALIZED (
-    SELECT i.*, nextval(pg_get_serial_sequence('{{s}}runs', 'id')) AS id
-    FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
-                %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
-                %(priorities)s::int[])
-         WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, n)
-    ORDER BY i.n),
-new_runs AS (
-    INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at)
-    SELECT i.id, i.state::json, i.task, i.queue, i.priority, i.key, clock.now, clock.now
-    FROM i, clock ORDER BY i.n
-    ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
-first_tasks AS (
-    INSERT INTO {{s}}tasks (run_id, name, payload, available_at, created_at)
-    SELECT i.id, i.task, i.payload::json, clock.now + i.delay, clock.now
-    FROM i JOIN new_runs USING (id), clock ORDER BY i.n)
-SELECT i.id, new_runs.id IS NOT NULL FROM i LEFT JOIN new_runs USING (id) ORDER BY i.n"""
-_FIND_BY_KEYS = "SELECT key, id FROM {s}runs WHERE key = ANY(%(keys)s::text[])"
-INSERT_RUNS = _INSERT_RUNS.format(s="")
-FIND_BY_KEYS = _FIND_BY_KEYS.format(s="")
-
-# wait(): from now on, this run's end sends a NOTIFY on the end channel
-WATCH_RUN = "UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watched"
-# transactional enqueue: the caller's connection reaches our schema, at our version, in our
-# database
-CALLERS_DATABASE = f"""SELECT current_database(),
-    (SELECT max(version) FROM {{s}}{VERSION_TABLE})"""
+    SELECT l.run_id, l.task_id, l.attempts, l.owner, l.claimed_at, clock.now, %(outcome)s,
+        %(error)s
+    FROM leases AS l, (SELECT {_CLOCK} AS now) AS clock
+    WHERE l.run_id = %(run_id)s AND l.task_id = %(task_id)s AND l.owner IS NOT NULL"""

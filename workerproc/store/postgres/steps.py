@@ -11,6 +11,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Step, catalogue
+from . import ops_sql as o
 from . import reads_sql as r
 from . import sql as q
 
@@ -18,10 +19,21 @@ if TYPE_CHECKING:
     from .dialect import PostgresTx
 
 
+def _claim(tx: PostgresTx, queues: int | None, params: Params) -> list[Row]:
+    limit = params["limit"]
+    text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None)
+    rows: list[Row] = tx.execute(text, params).fetchall()
+    return rows
+
+
+def claim(tx: PostgresTx, params: Params) -> list[Row]:
+    """The claim for every queue, its limit written into its text (``sql.claim_sql``)."""
+    return _claim(tx, None, params)
+
+
 def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
     """The claim for the named queues (no name twice): one walk per queue."""
-    rows: list[Row] = tx.execute(q.claim_sql(len(params["queues"])), params).fetchall()
-    return rows
+    return _claim(tx, len(params["queues"]), params)
 
 
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
@@ -43,14 +55,14 @@ def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
 
 def release_owner(tx: PostgresTx, params: Params) -> list[Row]:
     """The owner's runs locked in id order, then its live leases expired: one row each."""
-    tx.execute(q.LOCK_OWNER_RUNS, params)
-    rows: list[Row] = tx.execute(q.RELEASE_OWNER, params).fetchall()
+    tx.execute(o.LOCK_OWNER_RUNS, params)
+    rows: list[Row] = tx.execute(o.RELEASE_OWNER, params).fetchall()
     return rows
 
 
 @cache
-def _qualified(template: str, prefix: str) -> str:
-    return template.format(s=prefix)
+def _qualified(template: str, prefix: str, channel: str = "") -> str:
+    return template.format(s=prefix, channel=channel)
 
 
 def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
@@ -67,22 +79,26 @@ def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
         "priorities": [r.priority for r in runs],
         "now": params["now"],
     }
-    statement = q.INSERT_RUNS if not tx.prefix else _qualified(q._INSERT_RUNS, tx.prefix)
+    statement = o.INSERT_RUNS
+    if tx.prefix:  # the caller's connection: our names qualified, our channel spelt out
+        channel = "'" + f"leasekeeper.{tx.schema}".replace("'", "''") + "'"
+        statement = _qualified(o._INSERT_RUNS, tx.prefix, channel)
     rows: list[Row] = tx.execute(statement, columns).fetchall()
     return rows
 
 
 def find_by_keys(tx: PostgresTx, params: Params) -> list[Row]:
-    statement = q.FIND_BY_KEYS if not tx.prefix else _qualified(q._FIND_BY_KEYS, tx.prefix)
+    statement = o.FIND_BY_KEYS if not tx.prefix else _qualified(o._FIND_BY_KEYS, tx.prefix)
     rows: list[Row] = tx.execute(statement, params).fetchall()
     return rows
 
 
 STEPS: dict[str, Step] = {
+    "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
 }
-CATALOGUE = catalogue([q, r], STEPS)
+CATALOGUE = catalogue([q, o, r], STEPS)

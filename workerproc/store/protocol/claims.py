@@ -2,9 +2,10 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision)``; ``task_id`` is None for a run the statement locked but
-could not lease, because its head was written after the statement's snapshot (PostgreSQL: the
-run is ours now, and the next statement, with a fresh snapshot, sees the head).
+takeover, claimed_at, state, revision, queue)``; ``task_id`` is None for a run the statement
+locked but could not lease: its head was written after the statement's snapshot, or a lease
+another claimer committed meanwhile still holds it (PostgreSQL: the next statement, with a
+fresh snapshot, sees either).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from ..codec import check_owner, check_queue, loads
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..types import ClaimRequest, Lease
+from .totals import ended
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
@@ -57,23 +59,23 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
     (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
-     revision) = row  # fmt: skip
+     revision, queue) = row  # fmt: skip
     if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
-        attempt_ended(tx, task_id, "exhausted")
-        dropped = tx.one("DROP_EXHAUSTED_LEASE", {"task_id": task_id})
+        attempt_ended(tx, run_id, task_id, "exhausted")
+        dropped = tx.one("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
         # no handler raised: every attempt died, timed out or lost its lease
         error = (dropped[0] if dropped else None) or (
             f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
             "worker died, timed out or lost its lease each time)"
         )
-        fail_run(tx, run_id, "task_attempts_exhausted", error)
+        fail_run(tx, run_id, queue, "task_attempts_exhausted", error)
         return None
     try:
         decoded = loads(payload, "its payload"), loads(state, "its run's state")
     except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
-        attempt_ended(tx, task_id, "failed", str(exc))
-        tx.count("DROP_EXHAUSTED_LEASE", {"task_id": task_id})
-        fail_run(tx, run_id, "undecodable_payload", f"task {task_id}: {exc}")
+        attempt_ended(tx, run_id, task_id, "failed", str(exc))
+        tx.count("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
+        fail_run(tx, run_id, queue, "undecodable_payload", f"task {task_id}: {exc}")
         return None
     return Lease(
         task_id=task_id,
@@ -88,15 +90,25 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         revision=revision,
         tries=attempts - base,
         takeover=bool(takeover),
+        queue=queue,
     )
 
 
-def fail_run(tx: Tx, run_id: int, reason: str, error: str | None) -> int:
-    """Fail a live run; how many runs changed (0: it was over already)."""
-    return tx.count("FAIL_RUN", {"run_id": run_id, "reason": reason, "error": error, "now": tx.now})
+def fail_run(tx: Tx, run_id: int, queue: str, reason: str, error: str | None) -> int:
+    """Fail a live run (of ``queue``, where it is counted); how many runs changed (0: it was
+    over already)."""
+    params = {"run_id": run_id, "reason": reason, "error": error, "now": tx.now}
+    changed = tx.count("FAIL_RUN", params)
+    if changed:
+        ended(tx, queue, "failed")
+    return changed
 
 
-def attempt_ended(tx: Tx, task_id: int, outcome: str, error: str | None = None) -> None:
-    """Keep the current attempt of ``task_id`` in the history before its lease is cleared."""
-    params = {"task_id": task_id, "now": tx.now, "outcome": outcome, "error": error}
+def attempt_ended(
+    tx: Tx, run_id: int, task_id: int, outcome: str, error: str | None = None
+) -> None:
+    """Keep the current attempt of ``task_id`` (of ``run_id``) in the history before its lease
+    is cleared."""
+    params = {"run_id": run_id, "task_id": task_id, "now": tx.now, "outcome": outcome,
+              "error": error}  # fmt: skip
     tx.count("ATTEMPT_ENDED", params)

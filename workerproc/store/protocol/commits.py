@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..dialect import Params, Tx
 from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
+from .totals import counted
 
 # The commits that are one logical step each (a row back: written; none: refused), by the
 # catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
@@ -59,7 +60,9 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
     one ``Tx.many`` per kind: one round trip. Anything else (a run twice, a drop or a fail, a
     dialect without pipelining) goes one by one, in order."""
     if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
-        return [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
+        results = [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
+        _count_finished(tx, commits, results)
+        return results
     params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
     by_kind: dict[str, list[int]] = {}
     for i, commit in enumerate(commits):
@@ -69,10 +72,18 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         counts = tx.many(ONE_STEP[kind], [params[i] for i in members])
         for i, n in zip(members, counts, strict=True):
             changed[i] = n
-    return [
+    results = [
         CasResult.OK if changed[i] else _refusal(tx, params[i], commit.kind)
         for i, commit in enumerate(commits)
     ]
+    _count_finished(tx, commits, results)
+    return results
+
+
+def _count_finished(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
+    """The runs that finishes ended, counted in the same transaction (``totals``)."""
+    counted(tx, [(c.lease.queue, "succeeded", 1) for c, r in zip(commits, results, strict=True)
+                 if c.kind == "finish" and r is CasResult.OK])  # fmt: skip
 
 
 def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
@@ -98,9 +109,10 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
         tx.count("TASK_DONE", params)
         return CasResult.OK
     if kind == "fail":
-        if fail_run(tx, commit.lease.run_id, params["reason"], params["error"]) == 0:
+        lease = commit.lease
+        if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"]) == 0:
             return CasResult.CONFLICT
-        attempt_ended(tx, commit.lease.task_id, "failed", params["error"])
+        attempt_ended(tx, lease.run_id, lease.task_id, "failed", params["error"])
         tx.count("TASK_FAILED", params)
         return CasResult.OK
     raise ValueError(f"unknown commit kind {kind!r}")

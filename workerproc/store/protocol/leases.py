@@ -12,6 +12,7 @@ from ..dialect import Dialect, Params, Tx
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease
 from . import claims
 from .commits import apply_all, fence, refused, rejected
+from .totals import ended
 
 
 class Leases:
@@ -109,7 +110,8 @@ class Leases:
             if tx.count("TASK_DONE", params) == 0:
                 rejected(tx, params, "ack")
                 return False
-            tx.count("SUCCEED_IF_EMPTY", params)
+            if tx.count("SUCCEED_IF_EMPTY", params):
+                ended(tx, lease.queue, "succeeded")
             return True
 
         return self.dialect.write(ack, runs=[lease.run_id])

@@ -3,8 +3,9 @@ leases, prune finished runs. Each holds the run (its row lock on PostgreSQL) bef
 
 from __future__ import annotations
 
-from ..dialect import Dialect, Params, Tx
+from ..dialect import Dialect, Tx
 from ..errors import RunNotFound
+from .totals import counted, ended
 
 
 class Operators:
@@ -13,23 +14,23 @@ class Operators:
     def cancel_run(self, run_id: int) -> bool:
         """Cancel a live run; False when it was over already. Its holder's next commit
         answers ``conflict``."""
-        return self._end_run(run_id, "CANCEL_RUN", {})
 
-    def _end_run(self, run_id: int, statement: str, params: Params) -> bool:
-        """End a live run with ``statement`` (``CANCEL_RUN``, ``FAIL_RUN``)."""
+        def cancel(tx: Tx) -> bool:
+            _, queue = status(tx, run_id)
+            if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
+                return False
+            ended(tx, queue, "cancelled")
+            return True
 
-        def end(tx: Tx) -> bool:
-            status(tx, run_id)
-            return tx.count(statement, {**params, "run_id": run_id, "now": tx.now}) == 1
-
-        return self.dialect.write(end, runs=[run_id])
+        return self.dialect.write(cancel, runs=[run_id])
 
     def retry_run(self, run_id: int) -> bool:
         """B2: a failed or cancelled run with pending work starts a new attempt generation
         (``attempt_base = attempts``; due now; old leases dropped). False otherwise."""
 
         def retry(tx: Tx) -> bool:
-            if status(tx, run_id) not in ("failed", "cancelled"):
+            was, queue = status(tx, run_id)
+            if was not in ("failed", "cancelled"):
                 return False
             params = {"run_id": run_id, "now": tx.now}
             pending = tx.one("PENDING_TASKS", params)
@@ -38,6 +39,7 @@ class Operators:
             tx.count("RETRY_RUN", params)
             tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
             tx.count("RETRY_TASKS", params)
+            counted(tx, [(queue, was, -1)])
             return True
 
         return self.dialect.write(retry, runs=[run_id])
@@ -56,20 +58,26 @@ class Operators:
         is held long; returns how many runs went."""
         params = {"age": float(older_than), "limit": int(batch)}
 
-        def delete(statement: str) -> int:
-            return self.dialect.write(lambda tx: tx.count(statement, {**params, "now": tx.now}))
+        def runs(tx: Tx) -> int:
+            gone = tx.rows("PRUNE_RUNS", {**params, "now": tx.now})  # (queue, status) each
+            counted(tx, [(queue, status, -1) for queue, status in gone])
+            return len(gone)
+
+        def rejections(tx: Tx) -> int:
+            return tx.count("PRUNE_REJECTIONS", {**params, "now": tx.now})
 
         total = 0
-        while (n := delete("PRUNE_RUNS")) > 0:
+        while (n := self.dialect.write(runs)) > 0:
             total += n
-        while delete("PRUNE_REJECTIONS") > 0:
+        while self.dialect.write(rejections) > 0:
             pass
         return total
 
 
-def status(tx: Tx, run_id: int) -> str:
-    """The run's status, the run held (PostgreSQL: its row locked); RunNotFound otherwise."""
+def status(tx: Tx, run_id: int) -> tuple[str, str]:
+    """The run's stored status and its queue, the run held (PostgreSQL: its row locked);
+    RunNotFound otherwise."""
     row = tx.one("RUN_STATUS", {"run_id": run_id})
     if row is None:
         raise RunNotFound(run_id)
-    return str(row[0])
+    return str(row[0]), str(row[1])

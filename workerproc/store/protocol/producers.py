@@ -55,9 +55,9 @@ def insert(tx: Tx, runs: list[NewRun]) -> list[int]:
     """Insert the runs and their first tasks, ids in the runs' order; a run whose key is taken
     (by a run that exists, or by an earlier run of the same batch) inserts nothing and answers
     that run's id."""
-    rows = tx.rows("INSERT_RUNS", {"runs": runs, "now": tx.now})
-    ids = [int(run_id) for run_id, _ in rows]
-    taken = [i for i, (_, inserted) in enumerate(rows) if not inserted]
+    rows = tx.rows("INSERT_RUNS", {"runs": runs, "now": tx.now})  # (id, inserted, ...) each
+    ids = [int(row[0]) for row in rows]
+    taken = [i for i, row in enumerate(rows) if not row[1]]
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
         found: dict[str | None, int] = dict(tx.rows("FIND_BY_KEYS", {"keys": keys}))

@@ -11,7 +11,17 @@ from collections.abc import Sequence
 from ..codec import check_name, check_queue, loads
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import RunNotFound
-from ..types import AttemptEnd, FinishedBucket, OwnerLease, Rejection, Run, Stats, TaskInfo
+from ..types import (
+    RUN_STATUSES,
+    STORED_STATUS,
+    AttemptEnd,
+    FinishedBucket,
+    OwnerLease,
+    Rejection,
+    Run,
+    Stats,
+    TaskInfo,
+)
 
 MAX_PAGE = 1000  # runs per page, at most
 MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this
@@ -48,22 +58,34 @@ def task_of(row: Row) -> TaskInfo:
     return TaskInfo(row[0], row[1], row[2], loads(row[3], f"task {row[0]}'s payload"), *row[4:])
 
 
+def status_filter(status: str) -> Params:
+    """A status filter's parameters: ``stored``, the status as the row has it, and ``held``,
+    whether a live lease must hold the run (None: either). ``running`` is a pending run that a
+    live lease holds, ``pending`` one that none does."""
+    if status not in STORED_STATUS:
+        raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
+    stored, held = STORED_STATUS[status]
+    return {"status": status, "stored": stored, "held": held}
+
+
 class Reads:
     dialect: Dialect
 
     def _rows(self, statement: str, params: Params) -> list[Row]:
-        return self.dialect.read(lambda tx: tx.rows(statement, params))
+        """The rows of a read; every read is given "now" (a run's status says whether a live
+        lease holds it)."""
+        return self.dialect.read(lambda tx: tx.rows(statement, {**params, "now": tx.now}))
 
     def get_run(self, run_id: int) -> Run | None:
-        row = self.dialect.read(lambda tx: tx.one("GET_RUN", {"run_id": run_id}))
-        return None if row is None else run_of(row)
+        rows = self._rows("GET_RUN", {"run_id": run_id})
+        return run_of(rows[0]) if rows else None
 
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
         return [task_of(row) for row in self._rows("GET_TASKS", {"run_id": run_id})]
 
     def get_task(self, task_id: int) -> TaskInfo | None:
-        row = self.dialect.read(lambda tx: tx.one("GET_TASK", {"task_id": task_id}))
-        return None if row is None else task_of(row)
+        rows = self._rows("GET_TASK", {"task_id": task_id})
+        return task_of(rows[0]) if rows else None
 
     def list_runs(
         self, status: str | None = None, limit: int = 100, *, queue: str | None = None
@@ -75,16 +97,18 @@ class Reads:
             statement = "LIST_RUNS_BY_STATUS"
         else:
             statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
-        params = {"status": status, "limit": limit, "queue": queue}
+        params = {"limit": limit, "queue": queue, **(status_filter(status) if status else {})}
         return [run_of(row) for row in self._rows(statement, params)]
 
     def stats(self) -> Stats:
         """Runs by queue and status, pending tasks by queue and state, and the live leases,
-        all read in one snapshot."""
+        all read in one snapshot. No finished run is read: the live runs are counted, the
+        finished ones come from their totals (``totals``), so the cost follows the live work,
+        not the history."""
 
         def read(tx: Tx) -> Stats:
             now = tx.time()
-            run_rows = tx.rows("RUN_COUNTS", {})
+            run_rows = tx.rows("RUN_COUNTS", {"now": now}) + tx.rows("RUN_TOTALS", {})
             task_rows = tx.rows("TASK_COUNTS", {"now": now})
             leases = [OwnerLease(*row) for row in tx.rows("LIVE_LEASES", {})]
             return Stats.from_counts(now, run_rows, task_rows, leases)
@@ -139,8 +163,8 @@ class Reads:
             statement, params = "NEXT_READY", {}
         else:
             statement, params = "NEXT_READY_QUEUES", {"queues": [check_queue(q) for q in queues]}
-        row = self.dialect.read(lambda tx: tx.one(statement, params))
-        return None if row is None or row[0] is None else float(row[0])
+        rows = self._rows(statement, params)
+        return None if not rows or rows[0][0] is None else float(rows[0][0])
 
     def now(self) -> float:
         """The store's clock (injectable; the database clock on PostgreSQL)."""
@@ -188,6 +212,8 @@ class Reads:
             check_name(task)
         params: Params = {"status": status, "task": task,
                                      "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
+        if status is not None:
+            params.update(status_filter(status))
         if after is not None:
             statement, params["after"] = "RUNS_AFTER", after
         else:

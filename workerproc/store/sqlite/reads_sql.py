@@ -8,13 +8,20 @@ from __future__ import annotations
 
 from .sql import _EVERY_QUEUE, _NAMED_QUEUES, ALIVE
 
-_RUN_COLUMNS = """id, status, state, revision, result, failure_reason, last_error,
-    created_at, updated_at, finished_at, queue, priority, key, task"""
+# a live lease holds the run: ``running`` (the row says ``pending``: schema v9)
+_HELD = """EXISTS (SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id
+        AND l.lease_owner IS NOT NULL AND l.lease_expires_at > :now AND l.done_at IS NULL)"""
+_RUN_COLUMNS = f"""id, CASE WHEN status = 'pending' AND {_HELD} THEN 'running' ELSE status END,
+    state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
+    queue, priority, key, task"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
+# a status filter: the stored status (``:stored``: running is stored as pending), and whether a
+# live lease holds the run (``:held``: NULL when the status says nothing of it)
+_STATUS = f"status = :stored AND (:held IS NULL OR {_HELD} = :held)"
 # newest first; a filter by status walks runs_status, by queue alone the rowid order
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
 LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
-    WHERE status = :status AND (:queue IS NULL OR queue = :queue) ORDER BY id DESC LIMIT :limit"""
+    WHERE {_STATUS} AND (:queue IS NULL OR queue = :queue) ORDER BY id DESC LIMIT :limit"""
 LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue
     ORDER BY id DESC LIMIT :limit"""
 _TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
@@ -31,7 +38,12 @@ SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
 OVERLAPPING_LEASES = """SELECT run_id, count(*) FROM tasks
     WHERE lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
     GROUP BY run_id HAVING count(*) > 1"""
-RUN_COUNTS = "SELECT queue, status, count(*) FROM runs GROUP BY queue, status"
+# stats never read a finished run: the live runs by queue and status (runs_status), the
+# finished ones from their totals
+RUN_COUNTS = f"""SELECT queue, CASE WHEN {_HELD} THEN 'running' ELSE 'pending' END, count(*)
+    FROM runs WHERE status IN {ALIVE} GROUP BY 1, 2"""
+RUN_TOTALS = """SELECT queue, status, sum(n) FROM run_totals GROUP BY queue, status
+    HAVING sum(n) <> 0"""
 TASK_COUNTS = f"""SELECT r.queue,
     coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),
     coalesce(sum(t.lease_owner IS NULL AND t.available_at > :now), 0),
@@ -58,15 +70,15 @@ _BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs
 # the newer page, read upwards (the caller reverses it)
 _AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs
     WHERE {{where}}id > :after ORDER BY id ASC LIMIT :limit"""
-_STATUS, _TASK = "status = :status AND ", "task = :task AND "
+_BY_STATUS, _BY_TASK = f"{_STATUS} AND ", "task = :task AND "
 RUNS_BEFORE = _BEFORE.format(where="")
-RUNS_BEFORE_STATUS = _BEFORE.format(where=_STATUS)
-RUNS_BEFORE_TASK = _BEFORE.format(where=_TASK)
-RUNS_BEFORE_STATUS_TASK = _BEFORE.format(where=_STATUS + _TASK)
+RUNS_BEFORE_STATUS = _BEFORE.format(where=_BY_STATUS)
+RUNS_BEFORE_TASK = _BEFORE.format(where=_BY_TASK)
+RUNS_BEFORE_STATUS_TASK = _BEFORE.format(where=_BY_STATUS + _BY_TASK)
 RUNS_AFTER = _AFTER.format(where="")
-RUNS_AFTER_STATUS = _AFTER.format(where=_STATUS)
-RUNS_AFTER_TASK = _AFTER.format(where=_TASK)
-RUNS_AFTER_STATUS_TASK = _AFTER.format(where=_STATUS + _TASK)
+RUNS_AFTER_STATUS = _AFTER.format(where=_BY_STATUS)
+RUNS_AFTER_TASK = _AFTER.format(where=_BY_TASK)
+RUNS_AFTER_STATUS_TASK = _AFTER.format(where=_BY_STATUS + _BY_TASK)
 
 # task_names: the distinct first-task names by skipping through runs_task (one seek per name,
 # never a scan of the runs).

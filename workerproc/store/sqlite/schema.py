@@ -28,7 +28,7 @@ _READY_AT = f"""
 """
 
 # v3: the same, and a run whose task just got a live lease is 'running' (so a claim needs no
-# second UPDATE of the run)
+# second UPDATE of the run; since v9 'running' is read from the leases, never written)
 _READY_AT_V3 = f"""
     UPDATE runs SET {_HEAD_AND_READY},
         status = CASE WHEN runs.status = 'pending' AND NEW.lease_owner IS NOT NULL
@@ -230,6 +230,50 @@ MIGRATIONS: list[str] = [
         WHEN OLD.id > (SELECT high FROM run_ids) BEGIN
         UPDATE run_ids SET high = OLD.id;
     END;
+    """,
+    # 9 (issue 21): a run is 'running' while a live lease holds it, read from its tasks, never
+    # written (a hand-back or an expiry needs no write to the run, and cannot leave a run
+    # 'running' with nothing leased); finished runs are counted as they end (run_totals:
+    # stats() reads no finished run); the worker processes of every host are listed (workers).
+    f"""
+    DROP TRIGGER tasks_lease_extended;
+    CREATE TRIGGER tasks_lease_extended AFTER UPDATE OF lease_owner, lease_expires_at ON tasks
+        WHEN {_EXTENDED} BEGIN
+        UPDATE runs SET ready_at = max(coalesce(ready_at, NEW.lease_expires_at),
+                                       NEW.lease_expires_at)
+        WHERE id = NEW.run_id AND status IN ('pending', 'running');
+    END;
+    DROP TRIGGER tasks_ready_update;
+    CREATE TRIGGER tasks_ready_update
+        AFTER UPDATE OF available_at, lease_owner, lease_expires_at, done_at ON tasks
+        WHEN NOT ({_EXTENDED})
+         AND (SELECT status FROM runs WHERE id = NEW.run_id) IN ('pending', 'running') BEGIN
+        {_READY_AT.format(run="NEW.run_id")}
+    END;
+    UPDATE runs SET status = 'pending' WHERE status = 'running';
+
+    CREATE TABLE run_totals (
+        queue  TEXT    NOT NULL,
+        status TEXT    NOT NULL CHECK (status IN ('succeeded', 'failed', 'cancelled')),
+        shard  INTEGER NOT NULL,
+        n      INTEGER NOT NULL,
+        PRIMARY KEY (queue, status, shard)
+    ) WITHOUT ROWID;
+    INSERT INTO run_totals (queue, status, shard, n)
+        SELECT queue, status, 0, count(*) FROM runs
+        WHERE status IN ('succeeded', 'failed', 'cancelled') GROUP BY queue, status;
+
+    CREATE TABLE workers (
+        owner        TEXT    PRIMARY KEY,
+        host         TEXT    NOT NULL,
+        pid          INTEGER NOT NULL,
+        started_at   REAL    NOT NULL,
+        heartbeat_at REAL    NOT NULL,
+        slots        INTEGER NOT NULL,
+        queues       TEXT,               -- a JSON array; NULL: every queue
+        version      TEXT    NOT NULL,
+        state        TEXT    NOT NULL DEFAULT 'running'
+    ) WITHOUT ROWID;
     """,
 ]
 

@@ -10,7 +10,7 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
-ALIVE = "('pending', 'running')"
+ALIVE = "('pending', 'running')"  # a run that may still change ('running': before schema v9)
 
 # The fence every write after a claim carries (R2, R5).
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
@@ -78,8 +78,8 @@ _EVERY_QUEUE = """SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
 CLAIM = _CLAIM.format(served=_EVERY_QUEUE)
 CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
-# claim: hand the run's state to the handler (the claim's trigger marked the run running).
-RUN_STATE = "SELECT state, revision FROM runs WHERE id = :run_id"
+# claim: hand the run's state (and its queue) to the handler.
+RUN_STATE = "SELECT state, revision, queue FROM runs WHERE id = :run_id"
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
 DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
@@ -149,7 +149,7 @@ MOVE_RUN = "UPDATE runs SET queue = :queue WHERE id = :run_id"
 # operators
 CANCEL_RUN = f"""UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
     WHERE id = :run_id AND status IN {ALIVE}"""
-RUN_STATUS = "SELECT status FROM runs WHERE id = :run_id"
+RUN_STATUS = "SELECT status, queue FROM runs WHERE id = :run_id"
 PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL"
 # retry_run: a new attempt generation. attempts keeps counting (the fencing token never
 # repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
@@ -165,9 +165,14 @@ RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
 PRUNE_RUNS = """DELETE FROM runs WHERE id IN (
     SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < :now - :age LIMIT :limit)"""
+      AND finished_at < :now - :age LIMIT :limit) RETURNING queue, status"""
 PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
+
+# finished runs counted as they end, retry and go (``protocol.totals``)
+COUNT_ENDED = """INSERT INTO run_totals (queue, status, shard, n)
+    VALUES (:queue, :status, :shard, :n)
+    ON CONFLICT (queue, status, shard) DO UPDATE SET n = n + excluded.n"""
 
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) --------
 # a release, a failure or an exhausted claim ends the task's current attempt without a commit;

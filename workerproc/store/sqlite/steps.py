@@ -19,8 +19,7 @@ if TYPE_CHECKING:
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
-    statement's own, then the claim's "now" and the run's state (the claim's trigger marked
-    the run running)."""
+    statement's own, then the claim's "now", the run's state and its queue."""
     execute, now = tx.conn.execute, params["now"]
     return [
         (*row, now, *execute(q.RUN_STATE, {"run_id": row[1]}).fetchone())
