@@ -145,7 +145,7 @@ def test_runs_filters_limits_and_json(db: str) -> None:
     limited = json.loads(invoke("runs", "--db", db, "--limit", "2", "--json").stdout)
     assert [r["id"] for r in limited] == [5, 4]
     line = error_line(invoke("runs", "--db", db, "--status", "bogus"), exitcodes.USAGE)
-    assert "--status must be one of" in line
+    assert "is not one of 'pending', 'running'" in line
     assert "--limit" in error_line(invoke("runs", "--db", db, "--limit", "0"), exitcodes.USAGE)
 
 
@@ -200,7 +200,7 @@ def test_prune_deletes_old_finished_runs_only(db: str) -> None:
         store.start_run("fresh")
         assert store.cancel_run(4)  # finished just now
     result = invoke("prune", "--db", db, "--older-than", "1h", "--batch", "1")
-    assert result.exit_code == 0 and "pruned 2 finished run(s)" in result.stdout
+    assert result.exit_code == 0 and "pruned 2 finished runs" in result.stdout
     with open_store(db) as store:
         assert [r.id for r in store.list_runs()] == [4, 3]  # 3 is old but not finished
         assert store.get_tasks(1) == []

@@ -11,6 +11,7 @@ import click
 from workerproc.config import DAY
 from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
+from workerproc.store.types import RUN_STATUSES
 
 from .. import exitcodes
 from ..errors import ConfigError, NotRunning, SupervisorError
@@ -110,7 +111,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     if state is not None:
         click.echo(
             f"supervisor {state.get('pid')}: {state.get('phase')}, "
-            f"{len(workers)} workers (target {state.get('target')})"
+            f"{render.plural(len(workers), 'worker')} (target {state.get('target')})"
         )
         if line := render.reload_line(state.get("reload")):
             click.echo(line)
@@ -143,7 +144,13 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 
 @click.command()
 @db_option
-@option("--status", "status_", default=None, metavar="S", help="only runs with this status")
+@option(
+    "--status",
+    "status_",
+    type=click.Choice(RUN_STATUSES),
+    default=None,
+    help="only runs with this status",
+)
 @option("--queue", default=None, metavar="NAME", help="only runs of this queue")
 @option(
     "--limit",
@@ -155,7 +162,6 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @json_option
 def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    store_actions.check_status(status_)
     with store_actions.store_for(db) as store:
         found = store.list_runs(status_, limit, queue=queue)
     if as_json:
@@ -302,14 +308,32 @@ def check(db: str, quick: bool) -> None:
 
 @click.command()
 @db_option
-@option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m (1s-3650d)")
+@option(
+    "--older-than",
+    required=True,
+    metavar="DURATION",
+    help="a number and its unit: s, m, h, d or w (e.g. 7d, 12h, 30m; 1s-3650d)",
+)
 @option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
 def prune(db: str, older_than: str, batch: int) -> None:
     """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
     seconds = store_actions.parse_duration(older_than, "--older-than")
     with store_actions.store_for(db) as store:
         count = store_actions.prune(store, seconds, batch)
-    click.echo(f"pruned {count} finished run(s) older than {older_than}")
+    click.echo(f"pruned {render.plural(count, 'finished run')} older than {older_than}")
 
 
-ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune]
+@click.command()
+@db_option
+def migrate(db: str) -> None:
+    """Create the database's schema, or bring it to this version (start and enqueue do it
+    themselves; the reading commands never do)."""
+    path = db_file(db)
+    new = path is not None and not os.path.lexists(path)
+    with store_actions.store_for(db, create=True) as store:
+        click.echo(f"{redact(store.url)}: the schema is current")
+    if new:
+        click.echo(f"created a new database {path}", err=True)
+
+
+ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune, migrate]

@@ -26,10 +26,11 @@ from workerproc.store import (
     resolve,
 )
 from workerproc.store.codec import MAX_STATE, check_run_options
-from workerproc.store.types import JSON, RUN_STATUSES
+from workerproc.store.types import JSON
 
 from ..errors import ConfigError, SupervisorError
 from ..loop.storegate import db_file
+from .render import run_status
 
 
 def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
@@ -62,11 +63,13 @@ PRUNE_BATCH_MAX = 10_000
 
 
 def parse_duration(text: str, what: str) -> float:
-    """``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range."""
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range. The unit is required:
+    a bare ``1`` could mean a second or a day, and a prune deletes what it matched."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
-    if match is None:
-        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w (got {text!r})")
-    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if match is None or not match.group(2):
+        unit = " (a unit is required)" if match is not None else ""
+        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w{unit} (got {text!r})")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if not DURATION_MIN <= seconds <= DURATION_MAX:
         raise ConfigError(f"{what} must be between 1s and 3650d (got {text!r})")
     return seconds
@@ -96,11 +99,6 @@ def enqueue(
     return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority)
 
 
-def check_status(status: str | None) -> None:
-    if status is not None and status not in RUN_STATUSES:
-        raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
-
-
 def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
     run = store.get_run(run_id)
     if run is None:
@@ -112,17 +110,23 @@ def retry(store: Operator, run_id: int) -> None:
     if store.retry_run(run_id):
         return
     run = store.get_run(run_id)
-    status = run.status if run else "?"
-    if status in ("failed", "cancelled"):
-        raise SupervisorError(f"run {run_id} is {status} but has no task left to retry")
-    raise SupervisorError(f"run {run_id} is {status}: only failed or cancelled runs can be retried")
+    if run is None:
+        raise RunNotFound(run_id)
+    if run.status in ("failed", "cancelled"):
+        raise SupervisorError(f"{run_status(run_id, run.status)} but has no task left to retry")
+    raise SupervisorError(
+        f"{run_status(run_id, run.status)}: only failed or cancelled runs can be retried"
+    )
 
 
 def cancel(store: Operator, run_id: int) -> None:
     if store.cancel_run(run_id):
         return
     run = store.get_run(run_id)
-    raise SupervisorError(f"run {run_id} is already {run.status if run else 'gone'}")
+    if run is None:
+        raise RunNotFound(run_id)
+    ended = "was already cancelled" if run.status == "cancelled" else f"already {run.status}"
+    raise SupervisorError(f"run {run_id} {ended}")
 
 
 def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:

@@ -254,10 +254,17 @@ class PostgresDialect(Dialect):
             return
         if found > SCHEMA_VERSION:
             raise SchemaTooNew(f"{self.where}: schema v{found} is newer than this leasekeeper")
-        if not self._create:
+        if not self._create:  # a reader: say what creates it (or brings it forward)
+            if found == 0:
+                raise StoreError(
+                    f"{self.where}: no leasekeeper schema {self.schema!r} in this database yet: "
+                    "`supervisor migrate --db URL` creates it (`supervisor start` and "
+                    "`supervisor enqueue` do too)"
+                )
             raise StoreError(
-                f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
-                f"(found v{found}); `supervisor start` or `enqueue` creates it"
+                f"{self.where}: leasekeeper schema {self.schema!r} is at v{found}, this "
+                f"leasekeeper needs v{SCHEMA_VERSION}: `supervisor migrate --db URL` brings it "
+                "forward (`supervisor start` and `supervisor enqueue` do too)"
             )
         self.write(lambda tx: admin.migrate_locked(self._cursor(tx), self.schema, self.where))
 
