@@ -158,9 +158,10 @@ def test_show_a_run_and_its_tasks(db: str) -> None:
     result = invoke("show", "1", "--db", db)
     assert result.exit_code == 0
     assert "status:     running" in result.stdout and '"tokens": 3' in result.stdout
-    assert "RuntimeError: flaky" in result.stdout and "ATTEMPTS" in result.stdout
+    assert "RuntimeError: flaky" in result.stdout and "EXECUTIONS  CLAIMS" in result.stdout
     doc = json.loads(invoke("show", "1", "--db", db, "--json").stdout)
     assert doc["run"]["state"] == {"tokens": 3} and doc["tasks"][0]["attempts"] == 1
+    assert (doc["tasks"][0]["executions"], doc["tasks"][0]["claims"]) == (1, 1)
 
 
 @pytest.mark.parametrize("command", ["show", "retry", "cancel"])

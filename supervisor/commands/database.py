@@ -223,7 +223,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @db_option
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
-    """One run: state, result, failure and its tasks with attempts and errors."""
+    """One run: state, result, failure and its tasks: how many times each ran (executions) and
+    was claimed (claims: also a claim that found the attempt budget spent), and its errors."""
     with store_actions.store_for(db) as store:
         data = store_actions.get_run(store, run_id)
         now = store.now()
@@ -241,12 +242,12 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     for key, value in fields:
         click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
-        [t.id, t.name, t.attempts, render.when(t.done_at) or "no",
-         t.lease_owner, render.relative(t.lease_expires_at, now), t.last_error]
+        [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
+         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"]]
         for t in data["tasks"]
     ]  # fmt: skip
-    click.echo("\n" + render.table(["task", "name", "attempts", "done", "owner", "lease", "error"],
-                                   rows))  # fmt: skip
+    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
+    click.echo("\n" + render.table(headers, rows))
 
 
 @click.command()

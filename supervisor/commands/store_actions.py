@@ -5,9 +5,10 @@ workers. ``database.py`` (the commands) and the dashboard's actions call these."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psutil
@@ -26,7 +27,7 @@ from workerproc.store import (
     resolve,
 )
 from workerproc.store.codec import MAX_STATE, check_run_options
-from workerproc.store.types import JSON
+from workerproc.store.types import JSON, AttemptEnd, TaskInfo
 
 from ..errors import ConfigError, SupervisorError
 from ..loop.storegate import db_file
@@ -99,11 +100,30 @@ def enqueue(
     return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority)
 
 
+# Attempts that reached a handler and ended without a commit (an exhausted claim never ran one)
+RAN = frozenset({"released", "failed", "taken_over"})
+
+
+def executions(task: TaskInfo, history: Sequence[AttemptEnd]) -> int:
+    """How many times ``task`` was handed to a handler: its attempts that ended without a
+    commit (released, failed, taken over), the one that committed, and the one holding its
+    lease now. Its ``attempts`` counts claims (the fencing token): also the claim that found
+    the attempt budget spent (R6) and a prefetched lease handed back unstarted."""
+    ended = sum(1 for a in history if a.task_id == task.id and a.outcome in RAN)
+    return ended + (task.done_attempt is not None) + (task.lease_owner is not None)
+
+
 def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
+    """A run and its tasks, each with its executions and its claims (``show``)."""
     run = store.get_run(run_id)
     if run is None:
         raise RunNotFound(run_id)
-    return {"run": run, "tasks": store.get_tasks(run_id)}
+    history = store.attempt_history(run_id)
+    tasks = [
+        {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}
+        for t in store.get_tasks(run_id)
+    ]
+    return {"run": run, "tasks": tasks}
 
 
 def retry(store: Operator, run_id: int) -> None:
