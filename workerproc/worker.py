@@ -105,6 +105,8 @@ class Worker:
     def run(self) -> int:
         self.heartbeat.start()
         try:
+            # B11: the app's per-task options, where every worker's claims read them
+            self.store.register_tasks(self.app.task_options())
             while True:
                 self.signals.absorb(self.waker.drain())
                 code = self._health()

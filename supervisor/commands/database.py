@@ -38,13 +38,28 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 )
 @option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
         "there is the answer, nothing new is started")  # fmt: skip
-@option("--queue", envvar=ENQUEUE_QUEUE, default="default", metavar="NAME", help="the run's queue")
+@option(
+    "--queue",
+    envvar=ENQUEUE_QUEUE,
+    default=None,
+    metavar="NAME",
+    help="the run's queue (default: the one TASK declares with --app, else 'default')",
+)
 @option(
     "--priority",
     type=Number(int, -1000, 1000),
-    default=0,
+    default=None,
     metavar="N",
-    help="higher is claimed first within the queues a worker serves",
+    help="higher is claimed first within the queues a worker serves (default: the one TASK "
+    "declares with --app, else 0)",
+)
+@option(
+    "--app",
+    "app_spec",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the workerproc.App that runs TASK: a name it lacks is refused, and TASK's declared "
+    "queue and priority apply",
 )
 def enqueue(
     task: str,
@@ -53,8 +68,9 @@ def enqueue(
     state_json: str,
     delay: float,
     key: str | None,
-    queue: str,
-    priority: int,
+    queue: str | None,
+    priority: int | None,
+    app_spec: str | None,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
     if RETIRED_QUEUE in os.environ:  # renamed: beside start's SUPERVISOR_QUEUES it misled
@@ -62,6 +78,10 @@ def enqueue(
             f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
             "(SUPERVISOR_QUEUES is the list of queues start serves)"
         )
+    if app_spec is not None:  # before anything is parsed or created: a typo fails here
+        declared = store_actions.declared_task(app_spec, task)
+        queue = declared.queue if queue is None else queue
+        priority = declared.priority if priority is None else priority
     data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = store_actions.parse_json(state_json, "--state")
     path = db_file(db)
@@ -69,8 +89,10 @@ def enqueue(
     with store_actions.store_for(
         db, create=True
     ) as store:  # never beside a leftover -wal (the store)
-        run_id = store_actions.enqueue(store, task, data, state, delay, key=key, queue=queue,
-                             priority=priority)  # fmt: skip
+        run_id = store_actions.enqueue(
+            store, task, data, state, delay, key=key,
+            queue="default" if queue is None else queue, priority=priority or 0,
+        )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
         click.echo(f"created a new database {path}", err=True)

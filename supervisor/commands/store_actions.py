@@ -14,6 +14,7 @@ from typing import Any
 import psutil
 
 from workerproc.identity import parse_owner
+from workerproc.runner import load_app
 from workerproc.store import (
     Inspector,
     InvalidPayload,
@@ -22,6 +23,7 @@ from workerproc.store import (
     RunNotFound,
     Store,
     StoreError,
+    TaskOptions,
     codec,
     open_store,
     resolve,
@@ -80,6 +82,17 @@ def prune(store: Operator, older_than: float, batch: int) -> int:
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ConfigError(f"--batch must be between 1 and {PRUNE_BATCH_MAX}")
     return store.prune(older_than, batch=batch)
+
+
+def declared_task(app_spec: str, task: str) -> TaskOptions:
+    """``task``'s declared options in the app ``app_spec`` names (imported here, as ``start``
+    would); refused when the app has no such task (AppLoadError when it cannot be imported)."""
+    app = load_app(app_spec)
+    found = app.tasks.get(task)
+    if found is None:
+        names = ", ".join(sorted(app.tasks)[:20]) or "none"
+        raise ConfigError(f"{app_spec} has no task {task!r} (its tasks: {names})")
+    return found.options
 
 
 def enqueue(

@@ -37,6 +37,7 @@ from .types import (
     Run,
     Stats,
     TaskInfo,
+    TaskOptions,
 )
 from .urls import is_postgres_url, redact, sqlite_file
 
@@ -70,6 +71,7 @@ __all__ = [
     "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
+    "TaskOptions",
     "WorkerStore",
     "is_postgres_url",
     "open_store",

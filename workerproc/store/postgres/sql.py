@@ -114,7 +114,8 @@ leased AS (
     RETURNING t.run_id, t.id, t.name, t.payload::text AS payload, t.attempts, t.attempt_base,
         t.lease_expires_at, t.claimed_at, t.prev_owner IS NOT NULL AS takeover)
 SELECT leased.id, picked.id, leased.name, leased.payload, leased.attempts, leased.attempt_base,
-    leased.lease_expires_at, leased.takeover, leased.claimed_at, picked.state, picked.revision
+    leased.lease_expires_at, leased.takeover, leased.claimed_at, picked.state, picked.revision,
+    (SELECT o.options::text FROM task_options AS o WHERE o.name = leased.name)
 FROM picked LEFT JOIN leased ON leased.run_id = picked.id
 ORDER BY picked.p DESC, picked.head_at, picked.head_created, picked.head_id"""
 
@@ -345,3 +346,9 @@ WATCH_RUN = "UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watche
 # database
 CALLERS_DATABASE = f"""SELECT current_database(),
     (SELECT max(version) FROM {{s}}{VERSION_TABLE})"""
+
+# -- per-task options (B11) -----------------------------------------------------------------
+SET_TASK_OPTIONS = f"""INSERT INTO task_options (name, options, updated_at)
+    VALUES (%(name)s, %(options)s::json, {_CLOCK})
+    ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
+DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = %(name)s"

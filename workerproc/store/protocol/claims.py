@@ -2,14 +2,16 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision)``; ``task_id`` is None for a run the statement locked but
-could not lease, because its head was written after the statement's snapshot (PostgreSQL: the
-run is ours now, and the next statement, with a fresh snapshot, sees the head).
+takeover, claimed_at, state, revision, options)``; ``task_id`` is None for a run the statement
+locked but could not lease, because its head was written after the statement's snapshot
+(PostgreSQL: the run is ours now, and the next statement, with a fresh snapshot, sees the head).
+``options`` is the task's declared options as the ``task_options`` table keeps them (JSON text,
+None: none declared): its ``max_attempts`` bounds the claim (R6, B11) instead of the claimer's.
 """
 
 from __future__ import annotations
 
-from ..codec import check_owner, check_queue, loads
+from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..types import ClaimRequest, Lease
@@ -57,13 +59,15 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
     (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
-     revision) = row  # fmt: skip
-    if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+     revision, stored) = row  # fmt: skip
+    options = task_options(stored)
+    limit = options.max_attempts or req.max_attempts  # B11: the task's own bound, if declared
+    if attempts - base > limit:  # R6: attempt max+1 never runs
         attempt_ended(tx, task_id, "exhausted")
         dropped = tx.one("DROP_EXHAUSTED_LEASE", {"task_id": task_id})
         # no handler raised: every attempt died, timed out or lost its lease
         error = (dropped[0] if dropped else None) or (
-            f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
+            f"{limit} attempts of task {name!r} ended without a commit (the "
             "worker died, timed out or lost its lease each time)"
         )
         fail_run(tx, run_id, "task_attempts_exhausted", error)
@@ -88,6 +92,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         revision=revision,
         tries=attempts - base,
         takeover=bool(takeover),
+        options=options,
     )
 
 
