@@ -1,9 +1,9 @@
-"""The handler side: ``App`` and the ``@app.task`` decorator and its task objects. What a
-handler gets is ``context.py``."""
+"""The handler side: ``App``, the ``@app.task`` decorator and its task objects, and the worker
+lifecycle hooks. What a handler gets is ``context.py``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, overload
 
 from .context import LeaseLost, TaskContext
@@ -11,17 +11,23 @@ from .store import TaskOptions
 from .tasks import Task, declare
 
 Handler = Callable[[TaskContext], Any]
+# A worker lifecycle hook: a plain function, or an ``async def`` one (run on the worker's loop)
+Hook = Callable[[], None] | Callable[[], Awaitable[None]]
 R = TypeVar("R")
+H = TypeVar("H", bound=Hook)
 
-__all__ = ["App", "Handler", "LeaseLost", "Task", "TaskContext"]
+__all__ = ["App", "Handler", "Hook", "LeaseLost", "Task", "TaskContext"]
 
 
 class App:
-    """A registry of tasks: ``app = App()``, then ``@app.task`` on each handler."""
+    """A registry of tasks and worker hooks: ``app = App()``, then ``@app.task`` on each
+    handler and, for what each worker process sets up once, ``@app.on_worker_start``."""
 
     def __init__(self) -> None:
         self.handlers: dict[str, Handler] = {}  # name -> function: what a worker calls
         self.tasks: dict[str, Task[Any]] = {}  # name -> task object
+        self.worker_start: list[Hook] = []
+        self.worker_stop: list[Hook] = []
 
     @overload
     def task(self, name: Callable[[TaskContext], R], /) -> Task[R]: ...
@@ -88,3 +94,22 @@ class App:
     def task_options(self) -> dict[str, TaskOptions]:
         """Every task's declared options, by name (what a worker writes to the database)."""
         return {name: task.options for name, task in self.tasks.items()}
+
+    # -- worker lifecycle hooks --------------------------------------------------------------
+    def on_worker_start(self, fn: H) -> H:
+        """Run ``fn`` in each worker process once it has started (after the fork), before it
+        claims its first task: where a worker creates what its handlers share (an HTTP client,
+        a model client, a database pool). An ``async def`` hook runs on the event loop that
+        runs the ``async def`` handlers, so what it creates is bound to that loop. A hook that
+        raises stops the worker before it claims anything (it exits 3 and the supervisor
+        stops: a pool that cannot set up must not run). Hooks run in registration order."""
+        self.worker_start.append(fn)
+        return fn
+
+    def on_worker_stop(self, fn: H) -> H:
+        """Run ``fn`` in each worker process as it stops, after its last task (drain, recycle,
+        a graceful stop; never after SIGKILL): close what the start hooks opened. Stop hooks
+        run in reverse registration order; one that raises is logged and the others still
+        run."""
+        self.worker_stop.append(fn)
+        return fn

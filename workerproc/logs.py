@@ -9,6 +9,12 @@ from typing import Any
 
 
 def event(
-    logger: logging.Logger, name: str, message: str, *, level: int = logging.INFO, **fields: Any
+    logger: logging.Logger,
+    name: str,
+    message: str,
+    *,
+    level: int = logging.INFO,
+    exc_info: BaseException | None = None,
+    **fields: Any,
 ) -> None:
-    logger.log(level, message, extra={"event": name, "fields": fields})
+    logger.log(level, message, exc_info=exc_info, extra={"event": name, "fields": fields})

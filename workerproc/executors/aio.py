@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude, message
@@ -112,6 +113,17 @@ class AsyncExecutor(Executor):
 
         current = asyncio.current_task(loop)  # a dict lookup; safe from another thread
         return lag, self._by_task.get(current)
+
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run ``awaitable`` on the loop (started if it was not) from another thread, and wait
+        for its result: a worker lifecycle hook of ``async def`` (``hooks``)."""
+        loop = self._start()
+        import asyncio  # noqa: PLC0415 - imported by _start, so this is a lookup
+
+        async def wrapped() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), loop).result()
 
     def submit(self, ex: Execution) -> None:
         loop = self._start()
