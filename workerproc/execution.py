@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .app import Handler, LeaseLost, Task, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
-from .logs import event
+from .logs import event, running
 from .signals import Abort
 from .store import Commit, Lease
 from .store.codec import dumps
@@ -194,7 +194,8 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
     ex.started = time.monotonic()
     try:
         if ex.may_begin():
-            value = ex.handler(ex.ctx)
+            with running(ex.lease):  # its own log records carry its task
+                value = ex.handler(ex.ctx)
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
     ex.seconds = time.monotonic() - ex.started
