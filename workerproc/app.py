@@ -1,14 +1,18 @@
-"""The handler side: ``App``, the ``@app.task`` decorator and its task objects, and the worker
-lifecycle hooks. What a handler gets is ``context.py``."""
+"""The handler side: ``App``, the ``@app.task`` decorator and its task objects, the worker
+lifecycle hooks, and the test mode's entry point. What a handler gets is ``context.py``."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .context import LeaseLost, TaskContext
 from .store import TaskOptions
+from .store.types import JSON
 from .tasks import Task, declare
+
+if TYPE_CHECKING:
+    from .store import Run, Store
 
 Handler = Callable[[TaskContext], Any]
 # A worker lifecycle hook: a plain function, or an ``async def`` one (run on the worker's loop)
@@ -113,3 +117,26 @@ class App:
         run."""
         self.worker_stop.append(fn)
         return fn
+
+    # -- the test mode -------------------------------------------------------------------------
+    def run_inline(
+        self,
+        task: str | Task[Any],
+        payload: JSON = None,
+        *,
+        state: JSON = None,
+        steps: int | None = None,
+        store: Store | None = None,
+        raise_errors: bool = True,
+        hooks: bool = True,
+        max_attempts: int = 3,
+    ) -> Run:
+        """Run ``task`` in this process, through every step of its run (or ``steps`` of them),
+        against a temporary SQLite store (or ``store``), and return the run as it ended:
+        ``run.status``, ``run.state``, ``run.result``. See ``workerproc.testing``."""
+        from .testing import run_inline  # noqa: PLC0415 - the test mode, only when used
+
+        return run_inline(
+            self, task, payload, state=state, steps=steps, store=store,
+            raise_errors=raise_errors, hooks=hooks, max_attempts=max_attempts,
+        )  # fmt: skip
