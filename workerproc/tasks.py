@@ -12,8 +12,8 @@ name (B11), so every worker on every host applies the same ones.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import options as declared_options
 from .config import WorkerConfig
@@ -23,7 +23,7 @@ from .store.types import DEFAULT_QUEUE, JSON
 
 if TYPE_CHECKING:
     from .context import TaskContext
-    from .store import Producer
+    from .store import AsyncStore, Producer
 
 R = TypeVar("R")
 
@@ -98,6 +98,19 @@ class Task(Generic[R]):
         chosen = queue if queue is not None else options.queue or DEFAULT_QUEUE
         return chosen, priority if priority is not None else options.priority or 0
 
+    @overload
+    def start(
+        self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
+        queue: str | None = None, priority: int | None = None, delay: float = 0,
+        store: AsyncStore, tx: None = None,
+    ) -> Awaitable[int]: ...  # fmt: skip
+    @overload
+    def start(
+        self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
+        queue: str | None = None, priority: int | None = None, delay: float = 0,
+        store: Producer, tx: Any = None,
+    ) -> int: ...  # fmt: skip
+
     def start(
         self,
         payload: JSON = None,
@@ -107,16 +120,30 @@ class Task(Generic[R]):
         queue: str | None = None,
         priority: int | None = None,
         delay: float = 0,
-        store: Producer,
+        store: Producer | AsyncStore,
         tx: Any = None,
-    ) -> int:
+    ) -> int | Awaitable[int]:
         """Start a run whose first task is this one; returns its id (``store.start_run``, with
         the task's declared queue and priority unless ``queue``/``priority`` say otherwise).
-        ``tx``: the caller's own transaction (transactional enqueue)."""
+        With an async store (``open_async_store``) it returns an awaitable of the id. ``tx``:
+        the caller's own transaction (transactional enqueue; the sync store only)."""
         where, level = self._where(queue, priority)
         extra = {} if tx is None else {"tx": tx}
         return store.start_run(self.name, payload, state, delay, key=key, queue=where,
                                priority=level, **extra)  # fmt: skip
+
+    @overload
+    def start_many(
+        self, payloads: Iterable[JSON], *, state: JSON = None,
+        keys: Iterable[str | None] | None = None, queue: str | None = None,
+        priority: int | None = None, delay: float = 0, store: AsyncStore, tx: None = None,
+    ) -> Awaitable[list[int]]: ...  # fmt: skip
+    @overload
+    def start_many(
+        self, payloads: Iterable[JSON], *, state: JSON = None,
+        keys: Iterable[str | None] | None = None, queue: str | None = None,
+        priority: int | None = None, delay: float = 0, store: Producer, tx: Any = None,
+    ) -> list[int]: ...  # fmt: skip
 
     def start_many(
         self,
@@ -127,12 +154,12 @@ class Task(Generic[R]):
         queue: str | None = None,
         priority: int | None = None,
         delay: float = 0,
-        store: Producer,
+        store: Producer | AsyncStore,
         tx: Any = None,
-    ) -> list[int]:
+    ) -> list[int] | Awaitable[list[int]]:
         """Start one run of this task per payload, in one transaction (``store.start_runs``);
         ``keys``, if given, holds one idempotency key (or None) per payload. Returns the run
-        ids in order."""
+        ids in order (an awaitable of them with an async store)."""
         where, level = self._where(queue, priority)
         payloads = list(payloads)
         chosen = [None] * len(payloads) if keys is None else list(keys)

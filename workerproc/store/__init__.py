@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from .aio import AsyncStore, open_async_store
 from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
     InvalidOption,
@@ -44,6 +45,7 @@ from .urls import is_postgres_url, redact, sqlite_file
 __all__ = [
     "CHANGE_CHECK",
     "DEFAULT_BUSY_TIMEOUT",
+    "AsyncStore",
     "AttemptEnd",
     "BatchOutcome",
     "CasResult",
@@ -74,6 +76,7 @@ __all__ = [
     "TaskOptions",
     "WorkerStore",
     "is_postgres_url",
+    "open_async_store",
     "open_store",
     "redact",
     "resolve",

@@ -133,25 +133,28 @@ class PostgresDialect(Dialect):
             self._local.conn = conn
         return conn
 
+    def session(self) -> dict[str, Any]:
+        """How every connection of this store is opened (the async store's too)."""
+        return {
+            "autocommit": True,  # transactions are explicit (see _run)
+            "prepare_threshold": 0,  # every statement is prepared on first use
+            "connect_timeout": max(2, int(self.busy_timeout + 0.999)),
+            "application_name": "leasekeeper",
+            "options": (
+                f"-c search_path={self.schema}"
+                f" -c lock_timeout={int(self.busy_timeout * 1000)}"
+                f" -c idle_in_transaction_session_timeout="
+                f"{max(10, int(self.idle_in_transaction * 1000))}"
+            ),
+        }
+
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect, retrying with backoff until busy_timeout (a restarting server, say)."""
         deadline = time.monotonic() + self.busy_timeout
         backoff = _BACKOFF_MIN
         while True:
             try:
-                conn = psycopg.connect(
-                    self.conninfo,
-                    autocommit=True,  # transactions are explicit (see _run)
-                    prepare_threshold=0,  # every statement is prepared on first use
-                    connect_timeout=max(2, int(self.busy_timeout + 0.999)),
-                    application_name="leasekeeper",
-                    options=(
-                        f"-c search_path={self.schema}"
-                        f" -c lock_timeout={int(self.busy_timeout * 1000)}"
-                        f" -c idle_in_transaction_session_timeout="
-                        f"{max(10, int(self.idle_in_transaction * 1000))}"
-                    ),
-                )
+                conn = psycopg.connect(self.conninfo, **self.session())
                 return conn
             except psycopg.OperationalError as exc:
                 if time.monotonic() + backoff >= deadline:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Step, catalogue
+from ..dialect import Params, Row, Shaped, Step, catalogue
 from . import reads_sql as r
 from . import sql as q
 
@@ -53,11 +53,10 @@ def _qualified(template: str, prefix: str) -> str:
     return template.format(s=prefix)
 
 
-def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
-    """Every run of the batch (``NewRun``) in one statement, each column an array (names
-    qualified on the caller's connection)."""
+def _insert_runs_shape(params: Params) -> Params:
+    """Every run of the batch (``NewRun``) in one statement, each column an array."""
     runs = params["runs"]
-    columns = {
+    return {
         "states": [r.state for r in runs],
         "tasks": [r.task for r in runs],
         "payloads": [r.payload for r in runs],
@@ -67,15 +66,12 @@ def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
         "priorities": [r.priority for r in runs],
         "now": params["now"],
     }
-    statement = q.INSERT_RUNS if not tx.prefix else _qualified(q._INSERT_RUNS, tx.prefix)
-    rows: list[Row] = tx.execute(statement, columns).fetchall()
-    return rows
 
 
-def find_by_keys(tx: PostgresTx, params: Params) -> list[Row]:
-    statement = q.FIND_BY_KEYS if not tx.prefix else _qualified(q._FIND_BY_KEYS, tx.prefix)
-    rows: list[Row] = tx.execute(statement, params).fetchall()
-    return rows
+# names qualified on the caller's connection (transactional enqueue); the async store runs these
+# two steps itself (``Shaped``)
+insert_runs = Shaped(lambda prefix: _qualified(q._INSERT_RUNS, prefix), _insert_runs_shape)
+find_by_keys = Shaped(lambda prefix: _qualified(q._FIND_BY_KEYS, prefix), lambda p: p)
 
 
 STEPS: dict[str, Step] = {
