@@ -145,10 +145,13 @@ def handler(stream: TextIO, fmt: logging.Formatter) -> logging.Handler:
 
 
 def attach(logger: logging.Logger, out: logging.Handler, level: int) -> None:
-    """``out`` becomes ``logger``'s only handler, at ``level``; a named logger no longer
-    propagates (its records are written once)."""
+    """``out`` becomes ``logger``'s handler, at ``level``, in place of any we attached before.
+    A named logger of ours gets no other (and no longer propagates: its records are written
+    once); the root logger keeps the handlers others put there (a test runner's capture)."""
     for old in list(logger.handlers):
-        logger.removeHandler(old)
+        if logger.name != "root" or getattr(old, "leasekeeper", False):
+            logger.removeHandler(old)
+    out.leasekeeper = True  # type: ignore[attr-defined]
     logger.addHandler(out)
     logger.setLevel(level)
     if logger.name != "root":
