@@ -134,7 +134,7 @@ class TaskContext:
         dumps(new_state, "state")  # reject a bad value here, at the call that made it
         dumps(payload, "payload", MAX_PAYLOAD)
         # a Task object stands for its name
-        name = check_name(next if isinstance(next, str) else next.name, "advance's next task")
+        name = check_name(next.name if isinstance(next, Task) else next, "advance's next task")
         if queue is None and (declared := self._tasks.get(name)) is not None:
             queue = declared.options.queue
         if queue is not None:
