@@ -7,15 +7,14 @@ when stderr is not a TTY (logs piped to a file stay clean).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
 from typing import Any, TextIO
 
+from workerproc.logs import attach, formatter, handler, level_of
 from workerproc.logs import event as log_event
-from workerproc.store import redact
 
 LOGGER_NAME = "supervisor"
 log = logging.getLogger(LOGGER_NAME)
@@ -25,37 +24,6 @@ def event(name: str, message: str, *, level: int = logging.INFO, **fields: Any) 
     """Log one lifecycle event of the supervisor (``workerproc.logs.event``, the one way both
     sides log: ``name`` is stable for scripts, ``message`` is for people)."""
     log_event(log, name, message, level=level, **fields)
-
-
-class TextFormatter(logging.Formatter):
-    def __init__(self, timestamps: bool, who: str = "supervisor") -> None:
-        fmt = "%(asctime)s " if timestamps else ""
-        super().__init__(fmt + who + "[%(process)d] %(levelname)s %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        return redact(super().format(record))  # a store error may quote the database URL
-
-
-class JsonFormatter(logging.Formatter):
-    def __init__(self, timestamps: bool) -> None:
-        super().__init__()
-        self.timestamps = timestamps
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {}
-        if self.timestamps:
-            doc["ts"] = round(record.created, 3)
-        doc.update(
-            level=record.levelname.lower(),
-            pid=record.process,
-            logger=record.name,
-            event=getattr(record, "event", "log"),
-            msg=record.getMessage(),
-        )
-        doc.update(getattr(record, "fields", {}))
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return redact(json.dumps(doc, default=str, separators=(",", ":")))
 
 
 class Progress:
@@ -103,34 +71,28 @@ class ProgressAwareHandler(logging.StreamHandler):  # type: ignore[type-arg]
         self.progress.redraw()
 
 
-def setup(fmt: str = "text", stream: TextIO | None = None) -> Progress:
-    """Configure the supervisor logger; return the progress line bound to the same stream."""
+def setup(fmt: str = "text", stream: TextIO | None = None, level: str = "info") -> Progress:
+    """Configure logging for the supervisor and the workers it forks (they inherit it): our
+    lifecycle events and every other record (the app's handlers', its libraries') at ``level``,
+    one line each, tagged ``supervisor[pid]`` or ``worker[pid]``. Return the progress line bound
+    to the same stream."""
     stream = stream or sys.stderr
     timestamps = not os.environ.get("JOURNAL_STREAM")
+    threshold = level_of(level)
     progress = Progress(stream)
-    handler = ProgressAwareHandler(stream, progress)
-    formatter = JsonFormatter(timestamps) if fmt == "json" else TextFormatter(timestamps)
-    handler.setFormatter(formatter)
-    _attach(log, handler)
-    # Forked workers inherit this: their lines look like ours, tagged worker[pid].
-    worker_handler = logging.StreamHandler(stream)
-    worker_handler.setFormatter(
-        JsonFormatter(timestamps) if fmt == "json" else TextFormatter(timestamps, "worker")
-    )
-    _attach(logging.getLogger("workerproc"), worker_handler)
+    ours = ProgressAwareHandler(stream, progress)
+    ours.setFormatter(formatter(fmt, timestamps, "supervisor", os.getpid()))
+    attach(log, ours, threshold)
+    # Forked workers inherit these: their lines look like ours, tagged worker[pid], and a
+    # handler's own records carry its task (TaskFields).
+    attach(logging.getLogger("workerproc"), handler(stream, formatter(fmt, timestamps)), threshold)
+    attach(logging.getLogger(), handler(stream, formatter(fmt, timestamps, "supervisor",
+                                                          os.getpid())), threshold)  # fmt: skip
     # psycopg warns of every error it ignores while a failed connection is torn down (an
     # aborted pipeline, a terminated backend); the store discards such a connection and the
     # worker tells the incident once (workerproc/outage.py), so those lines are only noise.
     logging.getLogger("psycopg").setLevel(logging.ERROR)
     return progress
-
-
-def _attach(logger: logging.Logger, handler: logging.Handler) -> None:
-    for old in list(logger.handlers):
-        logger.removeHandler(old)
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
 
 
 def drain_progress(done: int, total: int, failed: int, started: float) -> str:

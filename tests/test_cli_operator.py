@@ -145,7 +145,7 @@ def test_runs_filters_limits_and_json(db: str) -> None:
     limited = json.loads(invoke("runs", "--db", db, "--limit", "2", "--json").stdout)
     assert [r["id"] for r in limited] == [5, 4]
     line = error_line(invoke("runs", "--db", db, "--status", "bogus"), exitcodes.USAGE)
-    assert "--status must be one of" in line
+    assert "is not one of 'pending', 'running'" in line
     assert "--limit" in error_line(invoke("runs", "--db", db, "--limit", "0"), exitcodes.USAGE)
 
 
@@ -159,9 +159,10 @@ def test_show_a_run_and_its_tasks(db: str) -> None:
     assert result.exit_code == 0
     # given back after an error: nothing leases it, so it is pending again (issue 21)
     assert "status:     pending" in result.stdout and '"tokens": 3' in result.stdout
-    assert "RuntimeError: flaky" in result.stdout and "ATTEMPTS" in result.stdout
+    assert "RuntimeError: flaky" in result.stdout and "EXECUTIONS  CLAIMS" in result.stdout
     doc = json.loads(invoke("show", "1", "--db", db, "--json").stdout)
     assert doc["run"]["state"] == {"tokens": 3} and doc["tasks"][0]["attempts"] == 1
+    assert (doc["tasks"][0]["executions"], doc["tasks"][0]["claims"]) == (1, 1)
 
 
 @pytest.mark.parametrize("command", ["show", "retry", "cancel"])
@@ -201,7 +202,7 @@ def test_prune_deletes_old_finished_runs_only(db: str) -> None:
         store.start_run("fresh")
         assert store.cancel_run(4)  # finished just now
     result = invoke("prune", "--db", db, "--older-than", "1h", "--batch", "1")
-    assert result.exit_code == 0 and "pruned 2 finished run(s)" in result.stdout
+    assert result.exit_code == 0 and "pruned 2 finished runs" in result.stdout
     with open_store(db) as store:
         assert [r.id for r in store.list_runs()] == [4, 3]  # 3 is old but not finished
         assert store.get_tasks(1) == []

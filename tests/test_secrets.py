@@ -25,9 +25,9 @@ from web_process import WebProcess
 
 from supervisor import exitcodes
 from supervisor.commands.cli import cli as supervisor_cli
-from supervisor.logs import JsonFormatter, TextFormatter
 from supervisor.web.app import create_app
 from supervisor.web.config import WebConfig
+from workerproc.logs import JsonFormatter, TextFormatter
 from workerproc.store import (
     Commit,
     InvalidOption,

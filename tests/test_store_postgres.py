@@ -67,7 +67,8 @@ SKEWED = textwrap.dedent(
         op = json.loads(line)
         if op["do"] == "claim":
             lease = store.claim("skewed", op["ttl"])
-            out = {"lease": None if lease is None else lease.__dict__}
+            out = {"lease": None if lease is None else
+                   {k: v for k, v in lease.__dict__.items() if k != "options"}}
         elif op["do"] == "renew":
             from workerproc.store import Lease
             out = {"renewed": store.renew_many([Lease(**op["lease"])], op["ttl"])[0]}

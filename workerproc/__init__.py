@@ -6,20 +6,24 @@ from __future__ import annotations
 # and so does everything that reports it.
 __version__ = "0.1.0"
 
-from .app import App, LeaseLost, TaskContext
+from .app import App, LeaseLost, Task, TaskContext
 from .config import WorkerConfig
-from .store import CasResult, Lease, Store, open_store
+from .store import AsyncStore, CasResult, Lease, Store, TaskOptions, open_async_store, open_store
 from .worker import Worker
 
 __all__ = [
     "App",
+    "AsyncStore",
     "CasResult",
     "Lease",
     "LeaseLost",
     "Store",
+    "Task",
     "TaskContext",
+    "TaskOptions",
     "Worker",
     "WorkerConfig",
     "__version__",
+    "open_async_store",
     "open_store",
 ]

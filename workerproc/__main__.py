@@ -7,12 +7,11 @@ variables as ``supervisor start``); bad values print one line and exit 2.
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 from typing import Any, NoReturn
 
-from . import exitcodes, options
+from . import exitcodes, logs, options
 from .config import WorkerConfig
 from .runner import AppLoadError, load_app, run_worker
 
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"python -m workerproc: error: {exc}", file=sys.stderr)
         return USAGE
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logs.configure(config.log_level)  # every record, the handlers' own too, tagged with its task
     try:
         app = load_app(config.app)
     except AppLoadError as exc:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from . import exitcodes
 from .config import WorkerConfig
-from .execution import Execution, Stopped
+from .execution import Execution, Stopped, task_timeout
 from .executors import Executors
 from .heartbeat import Heartbeat
 from .holdings import Holdings
@@ -116,8 +116,8 @@ class Alarms:
         event(
             log,
             "task_timeout",
-            f"task {lease.task_id} attempt {lease.attempt} outlived "
-            f"--task-timeout ({self.config.task_timeout:g}s)",
+            f"task {lease.task_id} attempt {lease.attempt} outlived its timeout "
+            f"({self._limit(lease)})",
             level=logging.ERROR,
             task_id=lease.task_id,
             attempt=lease.attempt,
@@ -134,13 +134,19 @@ class Alarms:
         # its parent replaces it; on a thread, the worker stops claiming and exits once its
         # other slots finish.
         ex.stopped = Stopped.ABANDONED
-        error = f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s"
+        error = f"TaskTimeout: handler ran longer than {task_timeout(lease, self.config) or 0:g} s"
         _write_now(store, [Commit(lease, "release", error=error)], "the timeout")
         if executor.on_conductor:
             os._exit(exitcodes.TASK_TIMEOUT)
         self.heartbeat.untrack([lease], wait=False)
         self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
         return True
+
+    def _limit(self, lease: Lease) -> str:
+        """The timeout ``lease`` outlived, for people: its own, or the pool's."""
+        if lease.options.timeout is not None:
+            return f"timeout={lease.options.timeout:g}s of @app.task({lease.task!r})"
+        return f"--task-timeout {self.config.task_timeout or 0:g}s"
 
     def _loop_stuck(self, blocker: Execution, lag: float, store: WorkerStore) -> None:
         """Heartbeat thread: ``blocker`` holds the event loop past its --task-timeout, so no
@@ -159,13 +165,13 @@ class Alarms:
         lease = blocker.lease
         event(log, "loop_stuck",
               f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} outlived "
-              f"--task-timeout, the event loop blocked for {lag:.1f}s: releasing it, handing back "
+              f"its timeout, the event loop blocked for {lag:.1f}s: releasing it, handing back "
               f"{len(innocent)} other async tasks, then exiting", level=logging.ERROR,
               task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
               attempt=lease.attempt, handed_back=len(innocent))  # fmt: skip
         error = (
-            f"TaskTimeout: handler ran longer than {self.config.task_timeout:g} s and blocked "
-            "the event loop (an async handler calling blocking code)"
+            f"TaskTimeout: handler ran longer than {task_timeout(lease, self.config) or 0:g} s "
+            "and blocked the event loop (an async handler calling blocking code)"
         )
         commits = [Commit(lease, "release", error=error)]
         commits += [Commit(e.lease, "handback") for e in innocent]

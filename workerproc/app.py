@@ -1,199 +1,142 @@
-"""The handler side: ``App``, the ``@app.task`` decorator and the ``TaskContext`` handlers get."""
+"""The handler side: ``App``, the ``@app.task`` decorator and its task objects, the worker
+lifecycle hooks, and the test mode's entry point. What a handler gets is ``context.py``."""
 
 from __future__ import annotations
 
-import math
-import threading
-import time
-from collections.abc import Callable
-from typing import Any, overload
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from .store import Commit, InvalidPayload, Lease
-from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
+from .context import LeaseLost, TaskContext
+from .store import TaskOptions
 from .store.types import JSON
+from .tasks import Task, declare
 
-Handler = Callable[["TaskContext"], Any]
+if TYPE_CHECKING:
+    from .store import Run, Store
 
+Handler = Callable[[TaskContext], Any]
+# A worker lifecycle hook: a plain function, or an ``async def`` one (run on the worker's loop)
+Hook = Callable[[], None] | Callable[[], Awaitable[None]]
+R = TypeVar("R")
+H = TypeVar("H", bound=Hook)
 
-class LeaseLost(BaseException):
-    """This execution lost its lease: another worker owns the task now. Derives from
-    BaseException so a handler's ``except Exception`` cannot swallow it; the worker discards
-    whatever the execution would have written."""
+__all__ = ["App", "Handler", "Hook", "LeaseLost", "Task", "TaskContext"]
 
 
 class App:
-    """A registry of task handlers: ``app = App()`` then ``@app.task("name")``."""
+    """A registry of tasks and worker hooks: ``app = App()``, then ``@app.task`` on each
+    handler and, for what each worker process sets up once, ``@app.on_worker_start``."""
 
     def __init__(self) -> None:
-        self.handlers: dict[str, Handler] = {}
+        self.handlers: dict[str, Handler] = {}  # name -> function: what a worker calls
+        self.tasks: dict[str, Task[Any]] = {}  # name -> task object
+        self.worker_start: list[Hook] = []
+        self.worker_stop: list[Hook] = []
 
     @overload
-    def task(self, name: Handler) -> Handler: ...
+    def task(self, name: Callable[[TaskContext], R], /) -> Task[R]: ...
     @overload
-    def task(self, name: str | None = None) -> Callable[[Handler], Handler]: ...
+    def task(
+        self, name: str | None = None, /, *, max_attempts: int | None = None,
+        retry_backoff: float | None = None, timeout: float | None = None,
+        queue: str | None = None, priority: int | None = None,
+    ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
 
-    def task(self, name: str | Handler | None = None) -> Handler | Callable[[Handler], Handler]:
-        """Register a handler: ``@app.task("name")``, or bare ``@app.task`` for the function's
-        own name. A name registered twice for different functions is a ``ValueError``."""
+    def task(
+        self,
+        name: str | Callable[[TaskContext], Any] | None = None,
+        /,
+        *,
+        max_attempts: int | None = None,
+        retry_backoff: float | None = None,
+        timeout: float | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+    ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
+        """Register a handler and return its task object: ``@app.task`` (the function's own
+        name), ``@app.task("name")``, or with options that override the pool's for this task:
+
+        - ``max_attempts``: deliveries before the run fails (``--max-attempts``);
+        - ``retry_backoff``: the first retry delay after a handler error, doubling per attempt
+          (``--retry-backoff``; ``--retry-backoff-max`` still caps it, unless it is lower);
+        - ``timeout``: the hard limit of one execution in seconds (``--task-timeout``);
+        - ``queue``, ``priority``: where runs of it start (``task.start``,
+          ``supervisor enqueue --app``) and the queue a run moves to when ``advance`` makes
+          it the next task.
+
+        They are checked here (a ``ValueError`` at import) and kept in the database by task
+        name when a worker starts, so every worker on every host applies the same ones. A name
+        registered twice for different functions is a ``ValueError``."""
+        declared = {"max_attempts": max_attempts, "retry_backoff": retry_backoff,
+                    "timeout": timeout, "queue": queue, "priority": priority}  # fmt: skip
         if callable(name):  # bare @app.task
-            return self._register(name.__name__, name)
+            return self._register(None, name, declared)
+        given = name
 
-        def decorate(fn: Handler) -> Handler:
-            return self._register(name or fn.__name__, fn)
+        def decorate(fn: Callable[[TaskContext], Any]) -> Task[Any]:
+            return self._register(given, fn, declared)
 
         return decorate
 
-    def _register(self, name: str, fn: Handler) -> Handler:
+    def _register(
+        self, name: str | None, fn: Callable[[TaskContext], Any], declared: dict[str, Any]
+    ) -> Task[Any]:
+        if isinstance(fn, Task):  # a task object registered again (here, or in another app):
+            name = name or fn.name  # its name and options, unless given anew
+            if all(v is None for v in declared.values()):
+                declared = {**declared, **fn.options.declared}
+            fn = fn.fn
+        name = name or str(getattr(fn, "__name__", ""))
+        options = declare(name, **declared)
         if name in self.handlers and self.handlers[name] is not fn:
             raise ValueError(f"task {name!r} is registered twice")
+        task: Task[Any] = Task(name, fn, options)
         self.handlers[name] = fn
+        self.tasks[name] = task
+        return task
+
+    def task_options(self) -> dict[str, TaskOptions]:
+        """Every task's declared options, by name (what a worker writes to the database)."""
+        return {name: task.options for name, task in self.tasks.items()}
+
+    # -- worker lifecycle hooks --------------------------------------------------------------
+    def on_worker_start(self, fn: H) -> H:
+        """Run ``fn`` in each worker process once it has started (after the fork), before it
+        claims its first task: where a worker creates what its handlers share (an HTTP client,
+        a model client, a database pool). An ``async def`` hook runs on the event loop that
+        runs the ``async def`` handlers, so what it creates is bound to that loop. A hook that
+        raises stops the worker before it claims anything (it exits 3 and the supervisor
+        stops: a pool that cannot set up must not run). Hooks run in registration order."""
+        self.worker_start.append(fn)
         return fn
 
+    def on_worker_stop(self, fn: H) -> H:
+        """Run ``fn`` in each worker process as it stops, after its last task (drain, recycle,
+        a graceful stop; never after SIGKILL): close what the start hooks opened. Stop hooks
+        run in reverse registration order; one that raises is logged and the others still
+        run."""
+        self.worker_stop.append(fn)
+        return fn
 
-class TaskContext:
-    """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
-    last word; the worker writes it under the lease when the handler returns, in one transaction
-    with the claims of the next tasks. Returning without either finishes the run with its state
-    unchanged and the return value (JSON) as its result.
-
-    Once the lease is lost, reading the run's data (``payload``, ``state``, ``revision``) and
-    every call (``advance``, ``finish``, ``raise_if_lost``) raise ``LeaseLost``: a handler on a
-    slot thread cannot be interrupted from outside, so this is where it learns it (an inline
-    handler is also interrupted; an async one is cancelled). Which step this is (``run_id``,
-    ``task_id``, ``task``, ``attempt``) stays readable, for logs."""
-
-    def __init__(self, lease: Lease, lost: threading.Event) -> None:
-        self._lease = lease
-        self._lost = lost
-        self.commit: Commit | None = None
-        # R4's start rule, once more at the handler's first read of its task (its payload or
-        # state: what a paid call is made of), so no wait between the worker's last check and
-        # that read (another thread holding the GIL while the process was stopped, say) lets a
-        # stale lease begin. A renewal since the start confirms the lease anew: then the read
-        # is fine however late it comes.
-        self.begin_by: float | None = None  # monotonic; None once checked
-        self.confirmed = 0.0  # the confirmation the start was judged on
-        self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
-        self.late = False  # that check failed: the handler never began in earnest
-
-    @property
-    def run_id(self) -> int:
-        """The run this task is a step of (readable after the lease is lost, for logs)."""
-        return self._lease.run_id
-
-    @property
-    def task_id(self) -> int:
-        """This task's id (readable after the lease is lost)."""
-        return self._lease.task_id
-
-    @property
-    def task(self) -> str:
-        """This task's name: the handler's (readable after the lease is lost)."""
-        return self._lease.task
-
-    @property
-    def attempt(self) -> int:
-        """How many times this task has been claimed, this claim included: the fencing token
-        (readable after the lease is lost)."""
-        return self._lease.attempt
-
-    @property
-    def payload(self) -> JSON:
-        """The task's JSON payload; ``LeaseLost`` once the lease is lost."""
-        self._readable()
-        return self._lease.payload
-
-    @property
-    def state(self) -> JSON:
-        """The run's JSON state when this task was claimed; ``LeaseLost`` once the lease is
-        lost."""
-        self._readable()
-        return self._lease.state
-
-    @property
-    def revision(self) -> int:
-        """The run's revision when this task was claimed (its commit is compared with it);
-        ``LeaseLost`` once the lease is lost."""
-        self._readable()
-        return self._lease.revision
-
-    def _readable(self) -> None:
-        self.raise_if_lost()
-        if self.begin_by is not None:
-            latest = self.latest()
-            renewed = latest is not None and latest > self.confirmed
-            if not renewed and time.monotonic() > self.begin_by:
-                self.late = True
-                raise LeaseLost()
-            self.begin_by = None
-
-    @property
-    def lease_lost(self) -> bool:
-        """An early hint only (R5): the database decides at commit time."""
-        return self._lost.is_set()
-
-    def raise_if_lost(self) -> None:
-        """Raise ``LeaseLost`` if the lease is gone: a checkpoint for long loops."""
-        if self._lost.is_set():
-            raise LeaseLost()
-
-    def _record(self, commit: Commit) -> None:
-        self.raise_if_lost()
-        if self.commit is not None:
-            raise RuntimeError("advance/finish may be called once per execution")
-        self.commit = commit
-
-    def advance(
+    # -- the test mode -------------------------------------------------------------------------
+    def run_inline(
         self,
-        new_state: JSON,
-        next: str,
+        task: str | Task[Any],
         payload: JSON = None,
-        delay: float = 0,
         *,
-        queue: str | None = None,
-    ) -> None:
-        """Move the run to ``new_state`` and enqueue task ``next`` (after ``delay`` seconds),
-        in the run's queue or, with ``queue``, in that one (the run moves there). Every value
-        is checked here, with the limits every backend stores: a bad one raises
-        ``InvalidPayload`` (a ``ValueError``) at this call."""
-        self.raise_if_lost()
-        dumps(new_state, "state")  # reject a bad value here, at the call that made it
-        dumps(payload, "payload", MAX_PAYLOAD)
-        check_name(next, "advance's next task")
-        if queue is not None:
-            check_run_options(queue, 0, None)
-        try:
-            seconds = float(delay)
-        except Exception:
-            seconds = math.nan
-        if not 0 <= seconds <= MAX_DELAY:  # refuses nan and inf too
-            raise InvalidPayload(
-                f"delay must be from 0 to {MAX_DELAY:g} seconds (got {shown(delay)})"
-            )
-        self._record(
-            Commit(
-                self._lease,
-                "advance",
-                expected_revision=self._lease.revision,
-                new_state=new_state,
-                next_task=next,
-                next_payload=payload,
-                next_queue=queue,
-                delay=seconds,
-            )
-        )
+        state: JSON = None,
+        steps: int | None = None,
+        store: Store | None = None,
+        raise_errors: bool = True,
+        hooks: bool = True,
+        max_attempts: int = 3,
+    ) -> Run:
+        """Run ``task`` in this process, through every step of its run (or ``steps`` of them),
+        against a temporary SQLite store (or ``store``), and return the run as it ended:
+        ``run.status``, ``run.state``, ``run.result``. See ``workerproc.testing``."""
+        from .testing import run_inline  # noqa: PLC0415 - the test mode, only when used
 
-    def finish(self, new_state: JSON, result: JSON = None) -> None:
-        """Move the run to ``new_state`` and mark it succeeded with ``result``."""
-        self.raise_if_lost()
-        dumps(new_state, "state")
-        dumps(result, "result")
-        self._record(
-            Commit(
-                self._lease,
-                "finish",
-                expected_revision=self._lease.revision,
-                new_state=new_state,
-                result=result,
-            )
-        )
+        return run_inline(
+            self, task, payload, state=state, steps=steps, store=store,
+            raise_errors=raise_errors, hooks=hooks, max_attempts=max_attempts,
+        )  # fmt: skip

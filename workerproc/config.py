@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import options
+from .logs import LEVELS
 from .options import opt
 from .store import InvalidPayload
 from .store.codec import check_run_options
@@ -110,6 +111,15 @@ class WorkerConfig:
         high=DAY,
         help="how long a stopping worker may finish its running tasks (then the supervisor "
         "SIGKILLs it; a worker that must exit gives up on its other slots)",
+    )
+    log_level: str = opt(
+        "info",
+        flag="--log-level",
+        metavar="LEVEL",
+        choices=LEVELS,
+        help="the lowest level logged, of the pool's events and your handlers' own records "
+        "(logging.getLogger(__name__) in a task: each carries its run, task, attempt and "
+        "worker): debug, info, warning, error or critical",
     )
     max_tasks: int | None = opt(
         None,

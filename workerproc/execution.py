@@ -15,14 +15,14 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from .app import Handler, LeaseLost, TaskContext
+from .app import Handler, LeaseLost, Task, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
-from .logs import event
+from .logs import event, running
 from .signals import Abort
 from .store import Commit, Lease
 from .store.codec import dumps
@@ -66,9 +66,10 @@ class Execution:
     commit: Commit | None = None  # the last word, once the handler ended
     seconds: float = 0.0  # time in the handler
     task: asyncio.Task[None] | None = None  # async: the coroutine's task, on the loop thread
+    tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost)
+        self.ctx = TaskContext(self.lease, self.lost, self.tasks)
 
     def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
         """The start was judged on the lease's confirmation at ``confirmed``: after
@@ -114,17 +115,31 @@ def describe_error(exc: BaseException, limit: int = 2000) -> str:
     return f"{message(exc)}\n{tb}"[:limit]
 
 
+def max_attempts(lease: Lease, config: WorkerConfig) -> int:
+    """The task's own bound when it declares one (B11), else the pool's."""
+    return lease.options.max_attempts or config.max_attempts
+
+
+def task_timeout(lease: Lease, config: WorkerConfig) -> float | None:
+    """The task's own hard limit when it declares one (B11), else the pool's."""
+    return lease.options.timeout or config.task_timeout
+
+
 def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
-    """A handler raised: release with backoff, or fail the run on its last attempt."""
+    """A handler raised: release with backoff, or fail the run on its last attempt (the
+    task's declared ``max_attempts`` and ``retry_backoff`` where it has them)."""
     error = describe_error(exc)
     event(log, "task_failed",
           f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} failed: "
           f"{message(exc)}", level=logging.WARNING, task_id=lease.task_id,
           run_id=lease.run_id, task=lease.task, attempt=lease.attempt,
           error=type(exc).__name__)  # fmt: skip
-    if lease.tries >= config.max_attempts:
+    if lease.tries >= max_attempts(lease, config):
         return Commit(lease, "fail", reason="task_attempts_exhausted", error=error)
-    delay = backoff(lease.tries, config.retry_backoff, config.retry_backoff_max)
+    first = lease.options.retry_backoff
+    if first is None:
+        first = config.retry_backoff
+    delay = backoff(lease.tries, first, max(first, config.retry_backoff_max))
     return Commit(lease, "release", delay=delay, error=error)
 
 
@@ -153,7 +168,7 @@ def _conclude(
               level=logging.WARNING, task_id=lease.task_id, attempt=lease.attempt)  # fmt: skip
         return Commit(lease, "handback")
     if ex.stopped is Stopped.TIMEOUT:
-        error = f"TaskTimeout: handler ran longer than {config.task_timeout:g} s"
+        error = f"TaskTimeout: handler ran longer than {task_timeout(lease, config) or 0:g} s"
         return Commit(lease, "release", delay=0.0, error=error)
     if ex.stopped is Stopped.QUIT or isinstance(raised, Abort):
         return Commit(lease, "release", error="WorkerStopped: QUIT while the task ran")
@@ -179,7 +194,8 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
     ex.started = time.monotonic()
     try:
         if ex.may_begin():
-            value = ex.handler(ex.ctx)
+            with running(ex.lease):  # its own log records carry its task
+                value = ex.handler(ex.ctx)
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
     ex.seconds = time.monotonic() - ex.started

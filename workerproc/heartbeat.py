@@ -142,13 +142,15 @@ class Heartbeat:
             }
 
     def started(self, lease: Lease) -> None:
-        """The handler of ``lease`` starts now: its task timeout counts from here."""
+        """The handler of ``lease`` starts now: its task timeout (its own declared one, else
+        ``task_timeout``) counts from here."""
         with self._cond:
             held = self._held.get(lease.task_id)
             if held is not None:
                 held.started = time.monotonic()
-                if self.task_timeout is not None:  # look again when it is due, not a tick later
-                    held.timeout_at = held.started + self.task_timeout
+                limit = lease.options.timeout or self.task_timeout  # the task's own (B11)
+                if limit is not None:  # look again when it is due, not a tick later
+                    held.timeout_at = held.started + limit
                     self._cond.notify_all()
 
     def finished(self, lease: Lease) -> None:

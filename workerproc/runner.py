@@ -18,7 +18,7 @@ from . import exitcodes
 from .app import App
 from .config import WorkerConfig
 from .identity import make_owner
-from .logs import event
+from .logs import event, set_worker
 from .signals import Waker
 from .status import StatusSlot
 from .store import StoreCorrupt, StoreError, WorkerStore, is_postgres_url, open_store
@@ -96,6 +96,7 @@ def run_worker(
     if parent_pid is not None and not exit_with_parent(parent_pid):
         return exitcodes.PARENT_DIED
     owner = owner or make_owner()
+    set_worker(None if slot is None else slot.index)  # what a handler's log records carry
     options: dict[str, Any] = dict(store_options or {})
     if is_postgres_url(config.db):  # a stopped worker's transaction ends well inside its ttl
         options.setdefault("idle_in_transaction", config.lease_ttl * LOCK_HOLD_SHARE)

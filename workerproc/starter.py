@@ -43,6 +43,7 @@ class Starter:
         starting: Callable[[], None],
     ) -> None:
         self.handlers = app.handlers
+        self.tasks = app.tasks
         self.holdings = holdings
         self.policy = policy
         self.heartbeat = heartbeat
@@ -79,7 +80,8 @@ class Starter:
                 handler = self.handlers.get(lease.task)
                 ex = None
                 if handler is not None:
-                    ex = Execution(lease, handler, mode_for(handler, policy.capacity))
+                    mode = mode_for(handler, policy.capacity)
+                    ex = Execution(lease, handler, mode, tasks=self.tasks)
                     self._gate(ex, confirmed)
                     h.running[lease.task_id] = ex
             if ex is None:
@@ -109,7 +111,8 @@ class Starter:
                 return None
             assert confirmed is not None
             h.waiting.popleft()
-            nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD)
+            nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD,
+                                                       tasks=self.tasks)  # fmt: skip
             self._gate(nxt, confirmed)
         self.heartbeat.started(lease)
         return nxt

@@ -64,6 +64,7 @@ class SlotState(NamedTuple):
 
 class StatusSlot:
     def __init__(self, buf: mmap.mmap, index: int) -> None:
+        self.index = index  # the worker's place in its pool (``status``'s INDEX)
         self._buf = buf
         self._offset = index * _STRIDE
         self._counters_at = self._offset + _SLOT.size

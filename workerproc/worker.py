@@ -21,14 +21,15 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from . import exitcodes
+from . import exitcodes, hooks
 from .alarms import Alarms
 from .app import App
 from .completer import Completer
 from .config import WorkerConfig
-from .execution import Execution, Stopped, failure, message
+from .execution import Execution, Mode, Stopped, failure, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
 from .executors.inline import InlineExecutor
@@ -69,6 +70,7 @@ class Worker:
         self.pid = os.getpid()
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
+        self._hooks_started = False  # the start hooks ran: the stop hooks run at the end
         self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
                                            config.queues)  # fmt: skip
         self.policy = Policy(config, self.signals)  # every decision; this class acts on them
@@ -109,6 +111,11 @@ class Worker:
     def run(self) -> int:
         self.heartbeat.start()
         try:
+            # B11: the app's per-task options, where every worker's claims read them
+            self.store.register_tasks(self.app.task_options())
+            if hooks.start(self.app.worker_start, self._on_loop) is not None:
+                return exitcodes.BOOT_FAILURE  # it cannot work as its app expects: no claim
+            self._hooks_started = True
             while True:
                 self.signals.absorb(self.waker.drain())
                 code = self._health()
@@ -333,5 +340,13 @@ class Worker:
                     count=len(waiting),
                 )
         self._publish(STOPPING)
+        if self._hooks_started:  # after the last task, while the handlers' loop still runs
+            hooks.stop(self.app.worker_stop, self._on_loop)
         self.executors.close()
         self.heartbeat.close()
+
+    def _on_loop(self, awaitable: Awaitable[Any]) -> Any:
+        """An ``async def`` hook runs on the loop of the async handlers (``hooks``)."""
+        executor = self.executors[Mode.ASYNC]
+        assert isinstance(executor, AsyncExecutor)
+        return executor.run(awaitable)

@@ -2,7 +2,8 @@
 
 **The rule: chaos never costs a task its last allowed attempt.** A victim is first frozen
 (SIGSTOP: its status slot and its leases cannot change any more) and struck only if every lease
-it holds in the database leaves its task at least one more try under ``--max-attempts`` (and,
+it holds in the database leaves its task at least one more try under ``--max-attempts`` (or the
+task's own declared bound, B11) (and,
 for a pause, if the database's write lock is free, so the frozen victim cannot stall everyone
 else's leases); otherwise it is let go at once (SIGCONT, a freeze of milliseconds) and the fault
 counts as *spared*. So no task is faulted on more than ``max_attempts - 1`` of its attempts, and
@@ -52,12 +53,13 @@ def wait_settled(pid: int, gone: bool, timeout: float = 0.5) -> bool:
     return False
 
 
-def tries(store: Inspector, task_id: int, attempt: int) -> int | None:
-    """Attempts the task has spent since its last retry, if ``attempt`` is still its latest."""
+def tries(store: Inspector, task_id: int, attempt: int) -> tuple[int, str] | None:
+    """Attempts the task has spent since its last retry, and its name, if ``attempt`` is still
+    its latest."""
     task = store.get_task(task_id)
     if task is None or task.done_at is not None or task.attempts != attempt:
         return None
-    return task.attempts - task.attempt_base
+    return task.attempts - task.attempt_base, task.name
 
 
 @dataclass
@@ -90,12 +92,21 @@ class Targeting:
         except StoreError:
             return None
 
+    def on_last(self, store: Inspector, task_id: int, attempt: int) -> bool:
+        """``attempt`` of the task is its last allowed one: its own declared bound (B11, as the
+        claim reads it from the database), else the pool's ``--max-attempts``."""
+        spent = tries(store, task_id, attempt)
+        if spent is None:
+            return False
+        declared = store.task_options().get(spent[1])
+        limit = (declared.max_attempts if declared else None) or self.max_attempts
+        return spent[0] >= limit
+
     def _slot_on_last(self, arb: Arbiter, store: Inspector, worker: WorkerProcess) -> bool:
         state = arb.board.read(worker.slot)
         if state is None or state.pid != worker.pid or not state.task_id:
             return False
-        spent = tries(store, state.task_id, state.attempt)
-        return spent is not None and spent >= self.max_attempts
+        return self.on_last(store, state.task_id, state.attempt)
 
     # -- after the freeze: from the database ---------------------------------------------------
     def judge_frozen(
@@ -110,8 +121,7 @@ class Targeting:
                 for lease in stats.leases:
                     if lease.owner != victim.owner or lease.expires_at <= stats.now:
                         continue
-                    spent = tries(store, lease.task_id, lease.attempt)
-                    if spent is not None and spent >= self.max_attempts:
+                    if self.on_last(store, lease.task_id, lease.attempt):
                         return "last_attempt", held
                     held.append((lease.task_id, lease.attempt))
                 if fault == "pause":

@@ -12,6 +12,8 @@ from typing import Any
 
 import click
 
+from workerproc import __version__
+
 from ..config import start_config, start_options
 from . import control, database, web
 from .clickutil import SupervisorGroup, declared_options
@@ -21,6 +23,8 @@ CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 @click.group(name="supervisor", cls=SupervisorGroup, context_settings=CONTEXT)
+@click.version_option(__version__, "--version", "-V", prog_name="supervisor",
+                      message="%(prog)s (leasekeeper) %(version)s")  # fmt: skip
 def cli() -> None:
     """leasekeeper's supervisor: run a pool of workers and operate its database."""
 

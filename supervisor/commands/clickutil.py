@@ -89,6 +89,17 @@ class Number(click.ParamType):  # type: ignore[type-arg]
 RUN_ID = Number(int, 1, 2**63 - 1)
 
 
+class DeclaredOption(click.Option):
+    """A declared option in ``--help``: its default reads as the README shows it (``default:
+    1``, ``default: ttl / 3``), never in click's parentheses for a default given as text."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if isinstance(self.show_default, str) and "default" in extra:
+            extra["default"] = self.show_default
+        return extra
+
+
 def declared_option(d: Declared) -> Callable[[F], F]:
     """The click option of one declaration: flag, env var, default, help and checks from it."""
     o = d.opt
@@ -111,7 +122,7 @@ def declared_option(d: Declared) -> Callable[[F], F]:
         kwargs.update(multiple=True, callback=_joined)
     if d.required:
         kwargs["show_default"] = False
-    return click.option(*decls, o.name, **kwargs)
+    return click.option(*decls, o.name, cls=DeclaredOption, **kwargs)
 
 
 def _joined(ctx: click.Context, param: click.Parameter, value: Any) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from .. import exitcodes
 from ..errors import SupervisorError
 from . import remote
 from .clickutil import Number, pidfile_option
+from .render import plural
 
 SECONDS = Number(float, 0.1, DAY)  # every wait of these commands: a tenth of a second to a day
 
@@ -21,13 +22,23 @@ SECONDS = Number(float, 0.1, DAY)  # every wait of these commands: a tenth of a 
 @pidfile_option
 @click.option("--fast", is_flag=True, help="QUIT: kill workers now (their tasks run again)")
 @click.option("--wait", is_flag=True, help="wait until the supervisor has exited")
-@click.option("--timeout", type=SECONDS, default=60.0, show_default=True, metavar="S")
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    default=60.0,
+    show_default=True,
+    metavar="S",
+    help="with --wait: give up after S seconds (exit 1; the supervisor goes on stopping)",
+)
 def stop(pidfile: str, fast: bool, wait: bool, timeout: float) -> None:
     """Stop the supervisor: TERM (graceful stop) or, with --fast, QUIT."""
     pid = remote.send(pidfile, signal.SIGQUIT if fast else signal.SIGTERM)
     click.echo(f"sent {'QUIT' if fast else 'TERM'} to supervisor {pid}")
-    if wait and not remote.wait_gone(pid, timeout):
+    if not wait:
+        return
+    if not remote.wait_gone(pid, timeout):
         raise SupervisorError(f"supervisor {pid} still running after {timeout:g}s")
+    click.echo(f"supervisor {pid} stopped")
 
 
 @click.command()
@@ -52,15 +63,22 @@ def reload(pidfile: str, wait: bool, timeout: float) -> None:
         click.echo(f"sent HUP to supervisor {pid}")
         return
     result = remote.reload(pidfile, timeout)
-    click.echo(
-        f"reload {result.id} done: {result.workers} workers on generation {result.generation}"
-    )
+    on = plural(result.workers, "worker")
+    click.echo(f"reload {result.id} done: {on} on generation {result.generation}")
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
 @click.argument("count", metavar="N|+K|-K")
 @pidfile_option
-@click.option("--timeout", type=SECONDS, default=10.0, show_default=True, metavar="S")
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    default=10.0,
+    show_default=True,
+    metavar="S",
+    help="give up when one step (one worker more or fewer) is not confirmed within S seconds "
+    "(exit 1)",
+)
 def scale(count: str, pidfile: str, timeout: float) -> None:
     """Set the number of workers (TTIN/TTOU, one confirmed step at a time)."""
     result = remote.scale(pidfile, count, timeout)

@@ -11,6 +11,7 @@ import click
 from workerproc.config import DAY
 from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
+from workerproc.store.types import RUN_STATUSES
 
 from .. import exitcodes
 from ..errors import ConfigError, NotRunning, SupervisorError
@@ -37,13 +38,28 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 )
 @option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
         "there is the answer, nothing new is started")  # fmt: skip
-@option("--queue", envvar=ENQUEUE_QUEUE, default="default", metavar="NAME", help="the run's queue")
+@option(
+    "--queue",
+    envvar=ENQUEUE_QUEUE,
+    default=None,
+    metavar="NAME",
+    help="the run's queue (default: the one TASK declares with --app, else 'default')",
+)
 @option(
     "--priority",
     type=Number(int, -1000, 1000),
-    default=0,
+    default=None,
     metavar="N",
-    help="higher is claimed first within the queues a worker serves",
+    help="higher is claimed first within the queues a worker serves (default: the one TASK "
+    "declares with --app, else 0)",
+)
+@option(
+    "--app",
+    "app_spec",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="the workerproc.App that runs TASK: a name it lacks is refused, and TASK's declared "
+    "queue and priority apply",
 )
 def enqueue(
     task: str,
@@ -52,8 +68,9 @@ def enqueue(
     state_json: str,
     delay: float,
     key: str | None,
-    queue: str,
-    priority: int,
+    queue: str | None,
+    priority: int | None,
+    app_spec: str | None,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
     if RETIRED_QUEUE in os.environ:  # renamed: beside start's SUPERVISOR_QUEUES it misled
@@ -61,6 +78,10 @@ def enqueue(
             f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
             "(SUPERVISOR_QUEUES is the list of queues start serves)"
         )
+    if app_spec is not None:  # before anything is parsed or created: a typo fails here
+        declared = store_actions.declared_task(app_spec, task)
+        queue = declared.queue if queue is None else queue
+        priority = declared.priority if priority is None else priority
     data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
     state = store_actions.parse_json(state_json, "--state")
     path = db_file(db)
@@ -68,8 +89,10 @@ def enqueue(
     with store_actions.store_for(
         db, create=True
     ) as store:  # never beside a leftover -wal (the store)
-        run_id = store_actions.enqueue(store, task, data, state, delay, key=key, queue=queue,
-                             priority=priority)  # fmt: skip
+        run_id = store_actions.enqueue(
+            store, task, data, state, delay, key=key,
+            queue="default" if queue is None else queue, priority=priority or 0,
+        )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
         click.echo(f"created a new database {path}", err=True)
@@ -110,7 +133,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     if state is not None:
         click.echo(
             f"supervisor {state.get('pid')}: {state.get('phase')}, "
-            f"{len(workers)} workers (target {state.get('target')})"
+            f"{render.plural(len(workers), 'worker')} (target {state.get('target')})"
         )
         if line := render.reload_line(state.get("reload")):
             click.echo(line)
@@ -143,7 +166,13 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 
 @click.command()
 @db_option
-@option("--status", "status_", default=None, metavar="S", help="only runs with this status")
+@option(
+    "--status",
+    "status_",
+    type=click.Choice(RUN_STATUSES),
+    default=None,
+    help="only runs with this status",
+)
 @option("--queue", default=None, metavar="NAME", help="only runs of this queue")
 @option(
     "--limit",
@@ -155,7 +184,6 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
 @json_option
 def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
     """List runs, newest first."""
-    store_actions.check_status(status_)
     with store_actions.store_for(db) as store:
         found = store.list_runs(status_, limit, queue=queue)
     if as_json:
@@ -217,7 +245,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @db_option
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
-    """One run: state, result, failure and its tasks with attempts and errors."""
+    """One run: state, result, failure and its tasks: how many times each ran (executions) and
+    was claimed (claims: also a claim that found the attempt budget spent), and its errors."""
     with store_actions.store_for(db) as store:
         data = store_actions.get_run(store, run_id)
         now = store.now()
@@ -235,12 +264,12 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     for key, value in fields:
         click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
-        [t.id, t.name, t.attempts, render.when(t.done_at) or "no",
-         t.lease_owner, render.relative(t.lease_expires_at, now), t.last_error]
+        [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
+         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"]]
         for t in data["tasks"]
     ]  # fmt: skip
-    click.echo("\n" + render.table(["task", "name", "attempts", "done", "owner", "lease", "error"],
-                                   rows))  # fmt: skip
+    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
+    click.echo("\n" + render.table(headers, rows))
 
 
 @click.command()
@@ -302,14 +331,32 @@ def check(db: str, quick: bool) -> None:
 
 @click.command()
 @db_option
-@option("--older-than", required=True, metavar="DURATION", help="e.g. 7d, 12h, 30m (1s-3650d)")
+@option(
+    "--older-than",
+    required=True,
+    metavar="DURATION",
+    help="a number and its unit: s, m, h, d or w (e.g. 7d, 12h, 30m; 1s-3650d)",
+)
 @option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
 def prune(db: str, older_than: str, batch: int) -> None:
     """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
     seconds = store_actions.parse_duration(older_than, "--older-than")
     with store_actions.store_for(db) as store:
         count = store_actions.prune(store, seconds, batch)
-    click.echo(f"pruned {count} finished run(s) older than {older_than}")
+    click.echo(f"pruned {render.plural(count, 'finished run')} older than {older_than}")
 
 
-ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune]
+@click.command()
+@db_option
+def migrate(db: str) -> None:
+    """Create the database's schema, or bring it to this version (start and enqueue do it
+    themselves; the reading commands never do)."""
+    path = db_file(db)
+    new = path is not None and not os.path.lexists(path)
+    with store_actions.store_for(db, create=True) as store:
+        click.echo(f"{redact(store.url)}: the schema is current")
+    if new:
+        click.echo(f"created a new database {path}", err=True)
+
+
+ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune, migrate]

@@ -21,6 +21,7 @@ from ..loop.pidfile import (
     state_touched_age,
     supervisor_pid,
 )
+from .render import plural
 
 
 def send(pidfile: str, signum: int) -> int:
@@ -164,6 +165,10 @@ def _reload_timeout(
     return f"reload {seen.get('id')} did not finish within {timeout:g}s ({progress}); it goes on"
 
 
+def _free(free: object) -> str:
+    return f"{free} workers are free" if free != 1 else "1 worker is free"
+
+
 def health(pidfile: str, max_age: float, max_stall: float = 60.0) -> tuple[int, str]:
     """(exit code, message): alive, ticking and making progress -> 0.
 
@@ -189,11 +194,11 @@ def health(pidfile: str, max_age: float, max_stall: float = 60.0) -> tuple[int, 
         free = (state.get("progress") or {}).get("free", "?")
         return exitcodes.STALLED, (
             f"supervisor {pid}: no task claimed for {stalled:.1f}s although work is ready and "
-            f"{free} workers are free (is the database read-only, locked or full?)"
+            f"{_free(free)} (is the database read-only, locked or full?)"
         )
     workers = state.get("workers", [])
     return exitcodes.OK, (
-        f"supervisor {pid} healthy: {state.get('phase')}, {len(workers)} workers "
+        f"supervisor {pid} healthy: {state.get('phase')}, {plural(len(workers), 'worker')} "
         f"(target {state.get('target')}), last tick {age:.1f}s ago"
     )
 

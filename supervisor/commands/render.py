@@ -9,6 +9,21 @@ from dataclasses import asdict, is_dataclass
 from typing import Any
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 worker``, ``2 workers`` (``nouns``: an irregular plural)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
+# How a run's status reads after "run N": "run 1 succeeded", never "run 1 is succeeded".
+_STATUS_PHRASES = {"pending": "is pending", "running": "is running", "succeeded": "succeeded",
+                   "failed": "failed", "cancelled": "was cancelled"}  # fmt: skip
+
+
+def run_status(run_id: int, status: str) -> str:
+    """``run 3 succeeded``, ``run 3 is running``, ``run 3 was cancelled``."""
+    return f"run {run_id} {_STATUS_PHRASES.get(status, f'is {status}')}"
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [len(h) for h in headers]

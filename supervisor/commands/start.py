@@ -152,7 +152,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
 
 def run_start(config: StartConfig) -> int:
     config.validate()
-    progress = logs.setup(config.log_format)
+    progress = logs.setup(config.log_format, level=config.worker.log_level)
     inbox = SignalInbox()
     inbox.install()
     pidfile = Pidfile(config.pidfile) if config.pidfile else None

@@ -5,14 +5,16 @@ workers. ``database.py`` (the commands) and the dashboard's actions call these."
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psutil
 
 from workerproc.identity import parse_owner
+from workerproc.runner import load_app
 from workerproc.store import (
     Inspector,
     InvalidPayload,
@@ -21,15 +23,17 @@ from workerproc.store import (
     RunNotFound,
     Store,
     StoreError,
+    TaskOptions,
     codec,
     open_store,
     resolve,
 )
 from workerproc.store.codec import MAX_STATE, check_run_options
-from workerproc.store.types import JSON, RUN_STATUSES
+from workerproc.store.types import JSON, AttemptEnd, TaskInfo
 
 from ..errors import ConfigError, SupervisorError
 from ..loop.storegate import db_file
+from .render import run_status
 
 
 def parse_json(text: str, what: str, limit: int = MAX_STATE) -> JSON:
@@ -62,11 +66,13 @@ PRUNE_BATCH_MAX = 10_000
 
 
 def parse_duration(text: str, what: str) -> float:
-    """``90``, ``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range."""
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range. The unit is required:
+    a bare ``1`` could mean a second or a day, and a prune deletes what it matched."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
-    if match is None:
-        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w (got {text!r})")
-    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
+    if match is None or not match.group(2):
+        unit = " (a unit is required)" if match is not None else ""
+        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w{unit} (got {text!r})")
+    seconds = float(match.group(1)) * _UNITS[match.group(2)]
     if not DURATION_MIN <= seconds <= DURATION_MAX:
         raise ConfigError(f"{what} must be between 1s and 3650d (got {text!r})")
     return seconds
@@ -76,6 +82,17 @@ def prune(store: Operator, older_than: float, batch: int) -> int:
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ConfigError(f"--batch must be between 1 and {PRUNE_BATCH_MAX}")
     return store.prune(older_than, batch=batch)
+
+
+def declared_task(app_spec: str, task: str) -> TaskOptions:
+    """``task``'s declared options in the app ``app_spec`` names (imported here, as ``start``
+    would); refused when the app has no such task (AppLoadError when it cannot be imported)."""
+    app = load_app(app_spec)
+    found = app.tasks.get(task)
+    if found is None:
+        names = ", ".join(sorted(app.tasks)[:20]) or "none"
+        raise ConfigError(f"{app_spec} has no task {task!r} (its tasks: {names})")
+    return found.options
 
 
 def enqueue(
@@ -96,33 +113,53 @@ def enqueue(
     return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority)
 
 
-def check_status(status: str | None) -> None:
-    if status is not None and status not in RUN_STATUSES:
-        raise ConfigError(f"--status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
+# Attempts that reached a handler and ended without a commit (an exhausted claim never ran one)
+RAN = frozenset({"released", "failed", "taken_over"})
+
+
+def executions(task: TaskInfo, history: Sequence[AttemptEnd]) -> int:
+    """How many times ``task`` was handed to a handler: its attempts that ended without a
+    commit (released, failed, taken over), the one that committed, and the one holding its
+    lease now. Its ``attempts`` counts claims (the fencing token): also the claim that found
+    the attempt budget spent (R6) and a prefetched lease handed back unstarted."""
+    ended = sum(1 for a in history if a.task_id == task.id and a.outcome in RAN)
+    return ended + (task.done_attempt is not None) + (task.lease_owner is not None)
 
 
 def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
+    """A run and its tasks, each with its executions and its claims (``show``)."""
     run = store.get_run(run_id)
     if run is None:
         raise RunNotFound(run_id)
-    return {"run": run, "tasks": store.get_tasks(run_id)}
+    history = store.attempt_history(run_id)
+    tasks = [
+        {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}
+        for t in store.get_tasks(run_id)
+    ]
+    return {"run": run, "tasks": tasks}
 
 
 def retry(store: Operator, run_id: int) -> None:
     if store.retry_run(run_id):
         return
     run = store.get_run(run_id)
-    status = run.status if run else "?"
-    if status in ("failed", "cancelled"):
-        raise SupervisorError(f"run {run_id} is {status} but has no task left to retry")
-    raise SupervisorError(f"run {run_id} is {status}: only failed or cancelled runs can be retried")
+    if run is None:
+        raise RunNotFound(run_id)
+    if run.status in ("failed", "cancelled"):
+        raise SupervisorError(f"{run_status(run_id, run.status)} but has no task left to retry")
+    raise SupervisorError(
+        f"{run_status(run_id, run.status)}: only failed or cancelled runs can be retried"
+    )
 
 
 def cancel(store: Operator, run_id: int) -> None:
     if store.cancel_run(run_id):
         return
     run = store.get_run(run_id)
-    raise SupervisorError(f"run {run_id} is already {run.status if run else 'gone'}")
+    if run is None:
+        raise RunNotFound(run_id)
+    ended = "was already cancelled" if run.status == "cancelled" else f"already {run.status}"
+    raise SupervisorError(f"run {run_id} {ended}")
 
 
 def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:

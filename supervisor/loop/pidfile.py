@@ -54,7 +54,7 @@ class Pidfile:
         if not os.path.isdir(directory):
             raise SupervisorError(f"pidfile directory {directory} does not exist")
         try:
-            self._lock.acquire()
+            self._lock_current()
         except filelock.Timeout:
             try:
                 holder = read_pid(self.path)
@@ -73,6 +73,18 @@ class Pidfile:
         except OSError as exc:
             self._lock.release()
             raise SupervisorError(f"cannot write the pidfile {self.path}: {exc.strerror}") from None
+
+    def _lock_current(self) -> None:
+        """Lock ``FILE.lock``, and be sure the lock is on the file that path names now: a
+        supervisor that stops removes the file before it unlocks it (nothing is left behind),
+        so a lock taken on a file opened just before that removal locks nothing anyone else
+        sees; then the path's new file is locked instead (or found held)."""
+        for _ in range(3):
+            self._lock.acquire()
+            if _same_file(self.path + ".lock", _find_fd(self.path + ".lock")):
+                return
+            self._lock.release()
+        raise filelock.Timeout(self.path + ".lock")
 
     def _state_text(self, state: dict[str, Any]) -> str:
         doc = {"pid": os.getpid(), "tick": round(time.time(), 3), **state}
@@ -112,6 +124,10 @@ class Pidfile:
             for path in (self.path, state_path(self.path)):
                 with contextlib.suppress(OSError):
                     os.remove(path)
+        lock = self.path + ".lock"
+        if self._lock.is_locked and _same_file(lock, self._fd_identity):
+            with contextlib.suppress(OSError):  # removed while still locked (see _lock_current)
+                os.remove(lock)
         with contextlib.suppress(Exception):
             self._lock.release()
 
@@ -143,6 +159,17 @@ def _find_fd(path: str) -> tuple[int, int, int] | None:
             if (st.st_dev, st.st_ino) == (target.st_dev, target.st_ino):
                 return (fd, st.st_dev, st.st_ino)
     return None
+
+
+def _same_file(path: str, identity: tuple[int, int, int] | None) -> bool:
+    """``path`` names the file our descriptor ``identity`` (fd, dev, inode) has open."""
+    if identity is None:
+        return False
+    try:
+        st = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == identity[1:]
 
 
 def read_pid(path: str) -> int | None:

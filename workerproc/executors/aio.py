@@ -23,11 +23,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any
 
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude, message
-from ..logs import event
+from ..logs import event, running
 from ..signals import main_thread_only
 from . import BLOCKED_AFTER, Executor
 
@@ -113,6 +114,17 @@ class AsyncExecutor(Executor):
         current = asyncio.current_task(loop)  # a dict lookup; safe from another thread
         return lag, self._by_task.get(current)
 
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        """Run ``awaitable`` on the loop (started if it was not) from another thread, and wait
+        for its result: a worker lifecycle hook of ``async def`` (``hooks``)."""
+        loop = self._start()
+        import asyncio  # noqa: PLC0415 - imported by _start, so this is a lookup
+
+        async def wrapped() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), loop).result()
+
     def submit(self, ex: Execution) -> None:
         loop = self._start()
         import asyncio  # noqa: PLC0415 - imported by _start, so this is a lookup
@@ -129,7 +141,8 @@ class AsyncExecutor(Executor):
         ex.started = time.monotonic()
         try:
             if ex.may_begin():  # not cancelled before it began, and its lease still fresh
-                value = await ex.handler(ex.ctx)
+                with running(ex.lease):  # its own log records carry its task
+                    value = await ex.handler(ex.ctx)
         except asyncio.CancelledError:
             if ex.stopped is None:  # the handler cancelled itself: an error like any other
                 raised = RuntimeError("the handler was cancelled")

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from ..app import LeaseLost
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude
+from ..logs import running
 from ..signals import INTERRUPT, Signals, Waker
 from . import Executor
 
@@ -51,7 +52,8 @@ class InlineExecutor(Executor):
         try:
             signals.in_handler = True
             if ex.may_begin():
-                value = ex.handler(ex.ctx)
+                with running(ex.lease):  # its own log records carry its task
+                    value = ex.handler(ex.ctx)
         except BaseException as exc:  # a handler's error, whatever its kind
             signals.in_handler = False
             raised = exc

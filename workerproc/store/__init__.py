@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Unpack
 
+from .aio import AsyncStore, open_async_store
 from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
     InvalidOption,
@@ -37,12 +38,14 @@ from .types import (
     Run,
     Stats,
     TaskInfo,
+    TaskOptions,
 )
 from .urls import is_postgres_url, redact, sqlite_file
 
 __all__ = [
     "CHANGE_CHECK",
     "DEFAULT_BUSY_TIMEOUT",
+    "AsyncStore",
     "AttemptEnd",
     "BatchOutcome",
     "CasResult",
@@ -70,8 +73,10 @@ __all__ = [
     "StoreReadOnly",
     "StoreUnavailable",
     "TaskInfo",
+    "TaskOptions",
     "WorkerStore",
     "is_postgres_url",
+    "open_async_store",
     "open_store",
     "redact",
     "resolve",

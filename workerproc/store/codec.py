@@ -13,12 +13,13 @@ same on every backend.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
 
 from .errors import InvalidPayload
-from .types import JSON, Commit
+from .types import JSON, NO_OPTIONS, Commit, TaskOptions
 from .urls import redact
 
 MAX_DEPTH = 100
@@ -205,3 +206,29 @@ def commit_params(commit: Commit) -> dict[str, Any]:
     if commit.kind == "fail":
         params["reason"] = clean_text(commit.reason or "failed", MAX_NAME)
     return params
+
+
+@functools.lru_cache(maxsize=256)
+def task_options(text: str | None) -> TaskOptions:
+    """A task's declared options as the database keeps them (JSON text; None: none declared).
+    A value of the wrong kind is left out, never fatal: the pool's own option applies."""
+    if not text:
+        return NO_OPTIONS
+    try:
+        found = json.loads(text)
+    except ValueError:
+        return NO_OPTIONS
+    if not isinstance(found, dict):
+        return NO_OPTIONS
+    kinds = {"max_attempts": int, "retry_backoff": float, "timeout": float, "queue": str,
+             "priority": int}  # fmt: skip
+    kept: dict[str, Any] = {}
+    for name, kind in kinds.items():
+        value = found.get(name)
+        if isinstance(value, bool) or value is None:
+            continue
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if isinstance(value, kind):
+            kept[name] = value
+    return TaskOptions(**kept)

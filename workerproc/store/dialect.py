@@ -25,6 +25,7 @@ from __future__ import annotations
 import abc
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol, TypeVar
 
 T = TypeVar("T")
@@ -68,8 +69,24 @@ STATEMENTS = frozenset(
         "RUNS_BEFORE", "RUNS_BEFORE_STATUS", "RUNS_BEFORE_TASK", "RUNS_BEFORE_STATUS_TASK",
         "RUNS_AFTER", "RUNS_AFTER_STATUS", "RUNS_AFTER_TASK", "RUNS_AFTER_STATUS_TASK",
         "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
+        # per-task options (B11)
+        "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
     }
 )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Shaped:
+    """A step that is one statement whose parameters take another shape on its engine (lists
+    as arrays, say): callable as any step, and readable by a transaction that is not a ``Tx``
+    (the async store sends ``statement(prefix)`` with ``shape(params)`` itself)."""
+
+    statement: Callable[[str], str]  # the SQL, for a schema prefix ("" on our connections)
+    shape: Callable[[Params], Params]
+
+    def __call__(self, tx: Any, params: Params) -> list[Row]:
+        rows: list[Row] = tx.execute(self.statement(tx.prefix), self.shape(params)).fetchall()
+        return rows
 
 
 def catalogue(modules: Sequence[object], steps: Mapping[str, Step]) -> dict[str, str | Step]:

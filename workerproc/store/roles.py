@@ -4,7 +4,8 @@
 plays, so what it may call is written down and a test can hand in a smaller fake:
 
 - ``WorkerStore``: a worker: its exchange (commit and claim in one transaction), the
-  heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads.
+  heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads, and the
+  declaration of its app's per-task options when it starts.
 - ``Producer``: code that starts runs and waits for them (users, ``supervisor enqueue``).
 - ``Inspector``: what reads without writing: ``status``, ``runs``, ``show``, ``check``, the
   dashboard's pages, metrics, the chaos verifier.
@@ -30,6 +31,7 @@ from .types import (
     Run,
     Stats,
     TaskInfo,
+    TaskOptions,
 )
 
 
@@ -50,6 +52,7 @@ class WorkerStore(Role, Protocol):
     def change_token(self) -> int: ...
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None: ...
     def now(self) -> float: ...
+    def register_tasks(self, declared: Mapping[str, TaskOptions]) -> int: ...
 
 
 class Producer(Role, Protocol):
@@ -90,6 +93,7 @@ class Inspector(Role, Protocol):
     def finished_since(
         self, since: float, bucket: float, *, newest: int = 100_000
     ) -> list[FinishedBucket]: ...
+    def task_options(self) -> dict[str, TaskOptions]: ...
 
 
 class Operator(Inspector, Protocol):

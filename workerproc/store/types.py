@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,28 @@ class CasResult(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class TaskOptions:
+    """What ``@app.task(...)`` declares for one task, kept in the database by task name (the
+    ``task_options`` table), so every worker on every host reads the same values in its claim.
+    None: the pool's own option (``--max-attempts``, ``--retry-backoff``, ``--task-timeout``;
+    the queue and priority a run is started with)."""
+
+    max_attempts: int | None = None  # deliveries of the task before its run fails (R6)
+    retry_backoff: float | None = None  # the first retry delay after a handler error
+    timeout: float | None = None  # the hard limit of one execution, in seconds
+    queue: str | None = None  # the queue its runs start in, and move to when it is next
+    priority: int | None = None  # the priority its runs start with
+
+    @property
+    def declared(self) -> dict[str, Any]:
+        """The options given (not None), by name: what the database keeps."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+NO_OPTIONS = TaskOptions()
+
+
+@dataclass(frozen=True)
 class Lease:
     """One claim of one task: the holder's proof, matched on every later write (R2)."""
 
@@ -47,6 +70,7 @@ class Lease:
     tries: int = 1  # attempts since the run was last retried: what max_attempts bounds (R6)
     takeover: bool = False  # the previous holder's lease expired (or was released as dead)
     queue: str = DEFAULT_QUEUE  # the run's queue when it was claimed (where its end counts)
+    options: TaskOptions = NO_OPTIONS  # the task's declared options, read in the claim
 
     @property
     def fence(self) -> tuple[int, str, int]:

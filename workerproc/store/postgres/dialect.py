@@ -166,26 +166,31 @@ class PostgresDialect(Dialect):
         with contextlib.suppress(Exception):  # closing what already failed may fail too
             conn.close()
 
+    def session(self) -> dict[str, Any]:
+        """How every connection of this store is opened (the async store's too)."""
+        return {
+            "autocommit": True,  # transactions are explicit (see _run)
+            "prepare_threshold": 0,  # every statement is prepared on first use
+            "connect_timeout": max(2, int(self.busy_timeout + 0.999)),
+            "application_name": "leasekeeper",
+            "options": (
+                f"-c search_path={self.schema}"
+                f" -c lock_timeout={int(self.busy_timeout * 1000)}"
+                f" -c idle_in_transaction_session_timeout="
+                f"{max(10, int(self.idle_in_transaction * 1000))}"
+                # every statement of ours is a bounded index walk; after a bulk enqueue the
+                # planner would otherwise read every pending run per claim (docs/protocol.md)
+                " -c enable_bitmapscan=off"
+            ),
+        }
+
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect, retrying with backoff until busy_timeout (a restarting server, say)."""
         deadline = time.monotonic() + self.busy_timeout
         backoff = _BACKOFF_MIN
         while True:
             try:
-                conn = psycopg.connect(
-                    self.conninfo,
-                    autocommit=True,  # transactions are explicit (see _run)
-                    prepare_threshold=0,  # every statement is prepared on first use
-                    connect_timeout=max(2, int(self.busy_timeout + 0.999)),
-                    application_name="leasekeeper",
-                    options=(
-                        f"-c search_path={self.schema}"
-                        f" -c lock_timeout={int(self.busy_timeout * 1000)}"
-                        f" -c idle_in_transaction_session_timeout="
-                        f"{max(10, int(self.idle_in_transaction * 1000))}"
-                        " -c enable_bitmapscan=off"
-                    ),
-                )
+                conn = psycopg.connect(self.conninfo, **self.session())
                 return conn
             except psycopg.OperationalError as exc:
                 if time.monotonic() + backoff >= deadline:
@@ -303,10 +308,17 @@ class PostgresDialect(Dialect):
             return
         if found > SCHEMA_VERSION:
             raise SchemaTooNew(f"{self.where}: schema v{found} is newer than this leasekeeper")
-        if not self._create:
+        if not self._create:  # a reader: say what creates it (or brings it forward)
+            if found == 0:
+                raise StoreError(
+                    f"{self.where}: no leasekeeper schema {self.schema!r} in this database yet: "
+                    "`supervisor migrate --db URL` creates it (`supervisor start` and "
+                    "`supervisor enqueue` do too)"
+                )
             raise StoreError(
-                f"{self.where}: no leasekeeper schema {self.schema!r} at v{SCHEMA_VERSION} "
-                f"(found v{found}); `supervisor start` or `enqueue` creates it"
+                f"{self.where}: leasekeeper schema {self.schema!r} is at v{found}, this "
+                f"leasekeeper needs v{SCHEMA_VERSION}: `supervisor migrate --db URL` brings it "
+                "forward (`supervisor start` and `supervisor enqueue` do too)"
             )
         self.write(lambda tx: admin.migrate_locked(self._cursor(tx), self.schema, self.where))
 

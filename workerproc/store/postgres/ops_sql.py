@@ -113,3 +113,9 @@ WATCH_RUN = "UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watche
 # database
 CALLERS_DATABASE = f"""SELECT current_database(),
     (SELECT max(version) FROM {{s}}{VERSION_TABLE})"""
+
+# -- per-task options (B11) -----------------------------------------------------------------
+SET_TASK_OPTIONS = f"""INSERT INTO task_options (name, options, updated_at)
+    VALUES (%(name)s, %(options)s::json, {_CLOCK})
+    ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
+DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = %(name)s"

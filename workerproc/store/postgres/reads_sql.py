@@ -138,3 +138,6 @@ OUR_INDEXES = """SELECT c.oid::regclass::text FROM pg_index AS i
 OUR_TABLES = """SELECT c.oid::regclass::text FROM pg_class AS c
     JOIN pg_namespace AS n ON n.oid = c.relnamespace
     WHERE n.nspname = %(schema)s AND c.relkind = 'r' ORDER BY c.relname"""
+
+# per-task options (B11): every task that declares some (a few rows)
+TASK_OPTIONS = "SELECT name, options::text FROM task_options ORDER BY name"

@@ -349,6 +349,17 @@ MIGRATIONS: list[str] = [
         state        text    NOT NULL DEFAULT 'running'
     ) WITH (fillfactor = 50);
     """,
+    # 4: per-task options (B11): what ``@app.task(max_attempts=..., ...)`` declares, by task
+    # name, written by each worker as it starts; the claim reads its tasks' rows (a primary key
+    # lookup per leased task, in the claiming statement), so every worker on every host bounds
+    # a task's attempts alike. A few rows: one per task that declares options.
+    """
+    CREATE TABLE task_options (
+        name       text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
+        options    json NOT NULL,
+        updated_at double precision NOT NULL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

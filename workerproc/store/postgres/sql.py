@@ -178,7 +178,8 @@ kept AS (
         claimed_at = x.prev_claimed_at
     FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
-    x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue
+    x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
+    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name)
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Step, catalogue
+from ..dialect import Params, Row, Shaped, Step, catalogue
 from . import ops_sql as o
 from . import reads_sql as r
 from . import sql as q
@@ -65,11 +65,10 @@ def _qualified(template: str, prefix: str, channel: str = "") -> str:
     return template.format(s=prefix, channel=channel)
 
 
-def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
-    """Every run of the batch (``NewRun``) in one statement, each column an array (names
-    qualified on the caller's connection)."""
+def _insert_runs_shape(params: Params) -> Params:
+    """Every run of the batch (``NewRun``) in one statement, each column an array."""
     runs = params["runs"]
-    columns = {
+    return {
         "states": [r.state for r in runs],
         "tasks": [r.task for r in runs],
         "payloads": [r.payload for r in runs],
@@ -79,18 +78,22 @@ def insert_runs(tx: PostgresTx, params: Params) -> list[Row]:
         "priorities": [r.priority for r in runs],
         "now": params["now"],
     }
-    statement = o.INSERT_RUNS
-    if tx.prefix:  # the caller's connection: our names qualified, our channel spelt out
-        channel = "'" + f"leasekeeper.{tx.schema}".replace("'", "''") + "'"
-        statement = _qualified(o._INSERT_RUNS, tx.prefix, channel)
-    rows: list[Row] = tx.execute(statement, columns).fetchall()
-    return rows
 
 
-def find_by_keys(tx: PostgresTx, params: Params) -> list[Row]:
-    statement = o.FIND_BY_KEYS if not tx.prefix else _qualified(o._FIND_BY_KEYS, tx.prefix)
-    rows: list[Row] = tx.execute(statement, params).fetchall()
-    return rows
+def _insert_runs(prefix: str) -> str:
+    """INSERT_RUNS for a schema prefix: on the caller's connection (``"schema".``) our names
+    qualified and our notification channel spelt out (its search path is not our schema)."""
+    if not prefix:
+        return o.INSERT_RUNS
+    schema = prefix[1:-2].replace('""', '"')
+    channel = "'" + f"leasekeeper.{schema}".replace("'", "''") + "'"
+    return _qualified(o._INSERT_RUNS, prefix, channel)
+
+
+# names qualified on the caller's connection (transactional enqueue); the async store runs these
+# two steps itself (``Shaped``)
+insert_runs = Shaped(_insert_runs, _insert_runs_shape)
+find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda p: p)
 
 
 STEPS: dict[str, Step] = {

@@ -2,15 +2,17 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue)``; ``task_id`` is None for a run the statement
-locked but could not lease: its head was written after the statement's snapshot, or a lease
-another claimer committed meanwhile still holds it (PostgreSQL: the next statement, with a
-fresh snapshot, sees either).
+takeover, claimed_at, state, revision, queue, options)``; ``task_id`` is None for a run the
+statement locked but could not lease: its head was written after the statement's snapshot, or a
+lease another claimer committed meanwhile still holds it (PostgreSQL: the next statement, with a
+fresh snapshot, sees either). ``options`` is the task's declared options as the
+``task_options`` table keeps them (JSON text, None: none declared): its ``max_attempts`` bounds
+the claim (R6, B11) instead of the claimer's.
 """
 
 from __future__ import annotations
 
-from ..codec import check_owner, check_queue, loads
+from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..types import ClaimRequest, Lease
@@ -59,13 +61,15 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
     (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
-     revision, queue) = row  # fmt: skip
-    if attempts - base > req.max_attempts:  # R6: attempt max+1 never runs
+     revision, queue, stored) = row  # fmt: skip
+    options = task_options(stored)
+    limit = options.max_attempts or req.max_attempts  # B11: the task's own bound, if declared
+    if attempts - base > limit:  # R6: attempt max+1 never runs
         attempt_ended(tx, run_id, task_id, "exhausted")
         dropped = tx.one("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
         # no handler raised: every attempt died, timed out or lost its lease
         error = (dropped[0] if dropped else None) or (
-            f"{req.max_attempts} attempts of task {name!r} ended without a commit (the "
+            f"{limit} attempts of task {name!r} ended without a commit (the "
             "worker died, timed out or lost its lease each time)"
         )
         fail_run(tx, run_id, queue, "task_attempts_exhausted", error)
@@ -91,6 +95,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         tries=attempts - base,
         takeover=bool(takeover),
         queue=queue,
+        options=options,
     )
 
 

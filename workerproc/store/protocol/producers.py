@@ -11,6 +11,7 @@ from ..dialect import Dialect, Tx
 from ..errors import StoreError
 from ..newrun import NewRun
 from ..types import DEFAULT_QUEUE, JSON
+from .programs import Program, drive
 
 
 class Producers:
@@ -52,15 +53,20 @@ class Producers:
 
 
 def insert(tx: Tx, runs: list[NewRun]) -> list[int]:
+    """``inserting`` on ``tx`` (the sync store, and the caller's own transaction)."""
+    return drive(inserting(runs, tx.now), tx)
+
+
+def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
     """Insert the runs and their first tasks, ids in the runs' order; a run whose key is taken
     (by a run that exists, or by an earlier run of the same batch) inserts nothing and answers
-    that run's id."""
-    rows = tx.rows("INSERT_RUNS", {"runs": runs, "now": tx.now})  # (id, inserted, ...) each
+    that run's id. A program (``programs``): the sync and the async store run this same one."""
+    rows = yield "INSERT_RUNS", {"runs": runs, "now": now}  # (id, inserted, ...) each
     ids = [int(row[0]) for row in rows]
     taken = [i for i, row in enumerate(rows) if not row[1]]
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
-        found: dict[str | None, int] = dict(tx.rows("FIND_BY_KEYS", {"keys": keys}))
+        found: dict[str | None, int] = dict((yield "FIND_BY_KEYS", {"keys": keys}))
         for i in taken:
             if runs[i].key not in found:
                 raise StoreError(f"{runs[i].key!r}: a run with this key was not found")

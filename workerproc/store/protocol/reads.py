@@ -22,6 +22,7 @@ from ..types import (
     Stats,
     TaskInfo,
 )
+from .programs import Steps, perform
 
 MAX_PAGE = 1000  # runs per page, at most
 MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this
@@ -42,6 +43,28 @@ def check_timeout(timeout: float | None) -> float | None:
             f"timeout must be from 0 to {MAX_WAIT:g} seconds, or None (got {timeout!r})"
         )
     return seconds
+
+
+def waiting(run_id: int, timeout: float | None) -> Steps[Run]:
+    """``wait``, written once for the sync and the async store: look at the run; unless it
+    ended, watch it (from then on its end moves the change token), then, until it ends or the
+    timeout passes, read the token, look again, and sleep until the token moves. Raises
+    TimeoutError, and RunNotFound (from the ``run`` operation)."""
+    timeout = check_timeout(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    run: Run = yield ("run", run_id)
+    if run.terminal:
+        return run
+    yield ("watch", run_id)
+    while True:
+        token = yield ("token",)
+        run = yield ("run", run_id)
+        if run.terminal:
+            return run
+        left = 3600.0 if deadline is None else deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"run {run_id} is still {run.status} after {timeout:g} s")
+        yield ("sleep", token, min(left, 3600.0))
 
 
 def run_of(row: Row) -> Run:
@@ -173,21 +196,13 @@ class Reads:
     def wait(self, run_id: int, timeout: float | None = None) -> Run:
         """Block until the run is succeeded, failed or cancelled and return it; TimeoutError
         after ``timeout`` seconds. Sleeps on the change token between looks, never spins."""
-        timeout = check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        run = self._run(run_id)
-        if run.terminal:
-            return run
-        self.dialect.watch(run_id)  # from here on, the run's end moves the token
-        while True:
-            token = self.dialect.change_token("end")
-            run = self._run(run_id)
-            if run.terminal:
-                return run
-            left = 3600.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"run {run_id} is still {run.status} after {timeout:g} s")
-            self.dialect.wait_change(token, min(left, 3600.0), "end")
+        dialect = self.dialect
+        return perform(waiting(run_id, timeout), {
+            "run": self._run,
+            "watch": dialect.watch,
+            "token": lambda: dialect.change_token("end"),
+            "sleep": lambda token, seconds: dialect.wait_change(token, seconds, "end"),
+        })  # fmt: skip
 
     def _run(self, run_id: int) -> Run:
         run = self.get_run(run_id)

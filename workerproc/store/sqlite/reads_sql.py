@@ -102,3 +102,6 @@ FINISHED_SINCE = """SELECT CAST((finished_at - :since) / :bucket AS INTEGER) AS 
         coalesce(sum(status = 'cancelled'), 0)
     FROM (SELECT status, finished_at FROM runs ORDER BY id DESC LIMIT :newest)
     WHERE finished_at >= :since GROUP BY slot ORDER BY slot"""
+
+# per-task options (B11): every task that declares some (a few rows)
+TASK_OPTIONS = "SELECT name, options FROM task_options ORDER BY name"

@@ -275,6 +275,17 @@ MIGRATIONS: list[str] = [
         state        TEXT    NOT NULL DEFAULT 'running'
     ) WITHOUT ROWID;
     """,
+    # 10: per-task options (B11): what ``@app.task(max_attempts=..., ...)`` declares, by task
+    # name, written by each worker as it starts; a claim reads its task's row (one primary key
+    # lookup, in the statement that reads the run's state), so every worker bounds a task's
+    # attempts alike. A few rows: one per task that declares options.
+    """
+    CREATE TABLE task_options (
+        name       TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
+        options    TEXT NOT NULL CHECK (json_valid(options)),
+        updated_at REAL NOT NULL
+    );
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

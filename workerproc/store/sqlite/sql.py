@@ -78,8 +78,10 @@ _EVERY_QUEUE = """SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
 CLAIM = _CLAIM.format(served=_EVERY_QUEUE)
 CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
-# claim: hand the run's state (and its queue) to the handler.
-RUN_STATE = "SELECT state, revision, queue FROM runs WHERE id = :run_id"
+# claim: hand the run's state and its queue to the handler, and the claimed task's declared
+# options (B11; NULL: none)
+RUN_STATE = """SELECT state, revision, queue,
+    (SELECT options FROM task_options WHERE name = :name) FROM runs WHERE id = :run_id"""
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
 DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
@@ -187,3 +189,9 @@ ATTEMPTS_DROPPED_BY_RETRY = """INSERT INTO task_attempts (run_id, task_id, attem
     SELECT run_id, id, attempts, lease_owner, claimed_at, :now, 'released',
         'the run was retried: this lease was dropped' FROM tasks
     WHERE run_id = :run_id AND done_at IS NULL AND lease_owner IS NOT NULL"""
+
+# -- per-task options (B11) -----------------------------------------------------------------
+SET_TASK_OPTIONS = """INSERT INTO task_options (name, options, updated_at)
+    VALUES (:name, :options, :now)
+    ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
+DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = :name"

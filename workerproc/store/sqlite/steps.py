@@ -19,10 +19,11 @@ if TYPE_CHECKING:
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
-    statement's own, then the claim's "now", the run's state and its queue."""
+    statement's own, then the claim's "now", the run's state, its queue and the task's
+    declared options."""
     execute, now = tx.conn.execute, params["now"]
     return [
-        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1]}).fetchone())
+        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone())
         for row in sorted(execute(statement, params).fetchall())
     ]
 

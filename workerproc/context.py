@@ -1,0 +1,176 @@
+"""What a handler gets: the ``TaskContext`` of the task it runs, and ``LeaseLost``."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .store import Commit, InvalidPayload, Lease
+from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
+from .store.types import JSON
+from .tasks import Task
+
+
+class LeaseLost(BaseException):
+    """This execution lost its lease: another worker owns the task now. Derives from
+    BaseException so a handler's ``except Exception`` cannot swallow it; the worker discards
+    whatever the execution would have written."""
+
+
+class TaskContext:
+    """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
+    last word; the worker writes it under the lease when the handler returns, in one transaction
+    with the claims of the next tasks. Returning without either finishes the run with its state
+    unchanged and the return value (JSON) as its result.
+
+    Once the lease is lost, reading the run's data (``payload``, ``state``, ``revision``) and
+    every call (``advance``, ``finish``, ``raise_if_lost``) raise ``LeaseLost``: a handler on a
+    slot thread cannot be interrupted from outside, so this is where it learns it (an inline
+    handler is also interrupted; an async one is cancelled). Which step this is (``run_id``,
+    ``task_id``, ``task``, ``attempt``) stays readable, for logs."""
+
+    def __init__(
+        self, lease: Lease, lost: threading.Event, tasks: Mapping[str, Task[Any]] | None = None
+    ) -> None:
+        self._lease = lease
+        self._lost = lost
+        self._tasks = tasks or {}  # the app's tasks: where ``advance`` finds a task's queue
+        self.commit: Commit | None = None
+        # R4's start rule, once more at the handler's first read of its task (its payload or
+        # state: what a paid call is made of), so no wait between the worker's last check and
+        # that read (another thread holding the GIL while the process was stopped, say) lets a
+        # stale lease begin. A renewal since the start confirms the lease anew: then the read
+        # is fine however late it comes.
+        self.begin_by: float | None = None  # monotonic; None once checked
+        self.confirmed = 0.0  # the confirmation the start was judged on
+        self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
+        self.late = False  # that check failed: the handler never began in earnest
+
+    @property
+    def run_id(self) -> int:
+        """The run this task is a step of (readable after the lease is lost, for logs)."""
+        return self._lease.run_id
+
+    @property
+    def task_id(self) -> int:
+        """This task's id (readable after the lease is lost)."""
+        return self._lease.task_id
+
+    @property
+    def task(self) -> str:
+        """This task's name: the handler's (readable after the lease is lost)."""
+        return self._lease.task
+
+    @property
+    def attempt(self) -> int:
+        """How many times this task has been claimed, this claim included: the fencing token
+        (readable after the lease is lost)."""
+        return self._lease.attempt
+
+    @property
+    def payload(self) -> JSON:
+        """The task's JSON payload; ``LeaseLost`` once the lease is lost."""
+        self._readable()
+        return self._lease.payload
+
+    @property
+    def state(self) -> JSON:
+        """The run's JSON state when this task was claimed; ``LeaseLost`` once the lease is
+        lost."""
+        self._readable()
+        return self._lease.state
+
+    @property
+    def revision(self) -> int:
+        """The run's revision when this task was claimed (its commit is compared with it);
+        ``LeaseLost`` once the lease is lost."""
+        self._readable()
+        return self._lease.revision
+
+    def _readable(self) -> None:
+        self.raise_if_lost()
+        if self.begin_by is not None:
+            latest = self.latest()
+            renewed = latest is not None and latest > self.confirmed
+            if not renewed and time.monotonic() > self.begin_by:
+                self.late = True
+                raise LeaseLost()
+            self.begin_by = None
+
+    @property
+    def lease_lost(self) -> bool:
+        """An early hint only (R5): the database decides at commit time."""
+        return self._lost.is_set()
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LeaseLost`` if the lease is gone: a checkpoint for long loops."""
+        if self._lost.is_set():
+            raise LeaseLost()
+
+    def _record(self, commit: Commit) -> None:
+        self.raise_if_lost()
+        if self.commit is not None:
+            raise RuntimeError("advance/finish may be called once per execution")
+        self.commit = commit
+
+    def advance(
+        self,
+        new_state: JSON,
+        next: str | Task[Any],
+        payload: JSON = None,
+        delay: float = 0,
+        *,
+        queue: str | None = None,
+    ) -> None:
+        """Move the run to ``new_state`` and enqueue task ``next`` (a task object, or its name)
+        after ``delay`` seconds: in ``queue`` if given, else in the queue ``next`` declares
+        (``@app.task(queue=...)``), else in the run's own queue (the run moves with it). Every
+        value is checked here, with the limits every backend stores: a bad one raises
+        ``InvalidPayload`` (a ``ValueError``) at this call."""
+        self.raise_if_lost()
+        dumps(new_state, "state")  # reject a bad value here, at the call that made it
+        dumps(payload, "payload", MAX_PAYLOAD)
+        # a Task object stands for its name
+        name = check_name(next.name if isinstance(next, Task) else next, "advance's next task")
+        if queue is None and (declared := self._tasks.get(name)) is not None:
+            queue = declared.options.queue
+        if queue is not None:
+            check_run_options(queue, 0, None)
+        try:
+            seconds = float(delay)
+        except Exception:
+            seconds = math.nan
+        if not 0 <= seconds <= MAX_DELAY:  # refuses nan and inf too
+            raise InvalidPayload(
+                f"delay must be from 0 to {MAX_DELAY:g} seconds (got {shown(delay)})"
+            )
+        self._record(
+            Commit(
+                self._lease,
+                "advance",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                next_task=name,
+                next_payload=payload,
+                next_queue=queue,
+                delay=seconds,
+            )
+        )
+
+    def finish(self, new_state: JSON, result: JSON = None) -> None:
+        """Move the run to ``new_state`` and mark it succeeded with ``result``."""
+        self.raise_if_lost()
+        dumps(new_state, "state")
+        dumps(result, "result")
+        self._record(
+            Commit(
+                self._lease,
+                "finish",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                result=result,
+            )
+        )

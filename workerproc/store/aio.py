@@ -1,0 +1,166 @@
+"""The async producer API, for FastAPI, aiohttp and any other event loop: ``await``able
+``start_run``, ``start_runs``, ``wait`` and ``get_run`` that never block the loop.
+
+A thin layer over the protocol: every value is checked and encoded by the same ``NewRun``, a
+start runs the same program (``protocol.producers.inserting``), a wait the same steps
+(``protocol.reads.waiting``), rows are decoded by the same ``run_of``, and the statements are
+the backend's own catalogue. Only the transport differs, per backend (``AsyncBackend``):
+
+- PostgreSQL (``postgres/aio.py``): psycopg's ``AsyncConnection``, a small pool of them, and
+  one listening connection whose notifications wake the waits.
+- SQLite (``sqlite/aio.py``): the sync dialect on threads of the store's own, one connection
+  per thread (a connection never crosses threads), and one thread that watches the change
+  token while something waits.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar, Unpack
+
+from .dialect import Params, Row
+from .errors import RunNotFound, StoreError
+from .newrun import NewRun
+from .protocol.producers import inserting
+from .protocol.programs import Operation, Program
+from .protocol.reads import run_of, waiting
+from .settings import SQLiteOptions, StoreOptions, resolve
+from .types import DEFAULT_QUEUE, JSON, Clock, Run
+
+T = TypeVar("T")
+
+
+class AsyncBackend(abc.ABC):
+    """One engine under the async store: transactions that run a program, reads, the change
+    token of run ends and sleeping on it."""
+
+    url: str
+
+    @abc.abstractmethod
+    async def write(self, program: Callable[[float | None], Program[T]]) -> T:
+        """Run the program ``program(now)`` makes in one write transaction; its answer."""
+
+    @abc.abstractmethod
+    async def rows(self, name: str, params: Params) -> list[Row]:
+        """One catalogue statement's rows, outside a transaction (a read)."""
+
+    @abc.abstractmethod
+    def watching(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """While a wait runs: what moves the token (a listener, a poller) is kept up."""
+
+    @abc.abstractmethod
+    async def watch(self, run_id: int) -> None:
+        """From now on, the run's end moves the token."""
+
+    @abc.abstractmethod
+    def token(self) -> int:
+        """A number that changes when a watched run ends (or anything else commits)."""
+
+    @abc.abstractmethod
+    async def wait_change(self, token: int, timeout: float) -> int:
+        """Sleep until the token differs from ``token`` or ``timeout`` passes; the token."""
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+
+class AsyncStore:
+    """The producer side of the store, awaitable (``open_async_store``): start runs, read one,
+    wait for one to end. The same checks, keys and answers as ``Store``'s methods of the same
+    names; ``async with`` closes it."""
+
+    def __init__(self, backend: AsyncBackend) -> None:
+        self.backend = backend
+        self.url = backend.url
+
+    async def start_run(
+        self,
+        task: str,
+        payload: JSON = None,
+        state: JSON = None,
+        delay: float = 0,
+        *,
+        key: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+    ) -> int:
+        """Start a run whose first task is ``task`` (``Store.start_run``): its id. ``key``
+        makes it idempotent: while a run with that key exists, its id is the answer."""
+        (run_id,) = await self._start(
+            [NewRun.make(task, payload, state, delay, key, queue, priority)]
+        )
+        return run_id
+
+    async def start_runs(self, items: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Start many runs in one transaction (``Store.start_runs``): their ids, in order."""
+        return await self._start([NewRun.from_item(item) for item in items])
+
+    async def _start(self, runs: list[NewRun]) -> list[int]:
+        if not runs:
+            return []
+        return await self.backend.write(lambda now: inserting(runs, now))
+
+    async def get_run(self, run_id: int) -> Run | None:
+        """The run, or None."""
+        rows = await self.backend.rows("GET_RUN", {"run_id": run_id})
+        return run_of(rows[0]) if rows else None
+
+    async def wait(self, run_id: int, timeout: float | None = None) -> Run:
+        """Until the run is succeeded, failed or cancelled: the run (``Store.wait``);
+        TimeoutError after ``timeout`` seconds, RunNotFound for a run that does not exist.
+        Sleeps on notifications (PostgreSQL) or the change token (SQLite), never spins."""
+        steps = waiting(run_id, timeout)
+        async with self.backend.watching():
+            answer: Any = None
+            try:
+                while True:
+                    answer = await self._do(steps.send(answer))
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    async def _do(self, op: Operation) -> Any:
+        kind = op[0]
+        if kind == "run":
+            run = await self.get_run(op[1])
+            if run is None:
+                raise RunNotFound(op[1])
+            return run
+        if kind == "watch":
+            return await self.backend.watch(op[1])
+        if kind == "token":
+            return self.backend.token()
+        return await self.backend.wait_change(op[1], op[2])
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def __aenter__(self) -> AsyncStore:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def open_async_store(
+    url_or_path: str, *, clock: Clock | None = None, **options: Unpack[StoreOptions]
+) -> AsyncStore:
+    """Open the async store of ``url_or_path`` (what ``open_store`` takes: a file path,
+    ``sqlite:///…`` or ``postgresql://…``, the same options), creating or migrating the schema
+    first, without blocking the loop."""
+    target = resolve(url_or_path, **options)
+    backend: AsyncBackend
+    if isinstance(target.options, SQLiteOptions):
+        from .sqlite.aio import SQLiteAsync  # noqa: PLC0415 - one backend per store
+
+        backend = await SQLiteAsync.open(target.where, target.options, clock)
+    else:
+        try:
+            from .postgres.aio import PostgresAsync  # noqa: PLC0415 - an optional extra
+        except ImportError as exc:
+            raise StoreError(
+                f"PostgreSQL needs psycopg 3: pip install 'leasekeeper[postgres]' ({exc})"
+            ) from None
+        backend = await PostgresAsync.open(target.where, target.options, clock)
+    return AsyncStore(backend)

@@ -1,0 +1,229 @@
+"""The async store on PostgreSQL (``store/aio.py``): psycopg's ``AsyncConnection``.
+
+- A small pool of connections (``POOL``), each opened as the sync store opens its own
+  (``PostgresDialect.session``: our schema first on the search path, the same lock and idle
+  bounds), one transaction at a time on each. The statements are the backend's catalogue;
+  a step that is one statement of another shape (``Shaped``) is sent as that statement.
+- A write is ``BEGIN``, the program's statements, ``COMMIT``; a deadlock or serialization
+  failure is retried, a connection that failed is never used again.
+- Waits share one listening connection: ``LISTEN`` on the schema's end channel, a counter
+  bumped by each notification (and when the connection is lost: notifications may have been
+  missed), and a condition the waits sleep on.
+- The schema is created or migrated by the sync dialect, once, on a thread (``open``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.pq import TransactionStatus
+
+from ..aio import AsyncBackend
+from ..dialect import Params, Row, Shaped
+from ..errors import InvalidPayload, StoreError, StoreUnavailable
+from ..protocol.programs import Program
+from ..settings import PostgresOptions
+from ..types import Clock
+from .dialect import PostgresDialect
+from .ops_sql import WATCH_RUN
+from .sql import END_CHANNEL
+from .steps import CATALOGUE
+
+T = TypeVar("T")
+Connection = psycopg.AsyncConnection[Any]
+IDLE = TransactionStatus.IDLE
+POOL = 8  # connections at most: each runs one transaction at a time
+_RETRIES = 5  # deadlocks and serialization failures
+
+
+class PostgresAsync(AsyncBackend):
+    def __init__(self, dialect: PostgresDialect, clock: Clock | None = None) -> None:
+        self.dialect = dialect
+        self.url = dialect.url
+        self._clock = clock
+        self._idle: list[Connection] = []
+        self._slots = asyncio.Semaphore(POOL)
+        self._closed = False
+        self._ended = 0  # notifications of watched runs' ends (and lost listeners)
+        self._changed = asyncio.Condition()
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+
+    @classmethod
+    async def open(
+        cls, conninfo: str, options: PostgresOptions, clock: Clock | None
+    ) -> PostgresAsync:
+        dialect = PostgresDialect(conninfo, options, clock=clock)
+        try:
+            await asyncio.to_thread(_migrate, dialect)  # the sync dialect's, off the loop
+        except BaseException:
+            dialect.close()
+            raise
+        return cls(dialect, clock)
+
+    # -- connections -----------------------------------------------------------------------------
+    async def _connect(self) -> Connection:
+        try:
+            return await psycopg.AsyncConnection.connect(self.dialect.conninfo,
+                                                         **self.dialect.session())  # fmt: skip
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"{self.dialect.where}: cannot connect: {_line(exc)}") from None
+        except psycopg.Error as exc:
+            raise StoreError(f"{self.dialect.where}: {_line(exc)}") from None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[Connection]:
+        if self._closed:
+            raise StoreError("the store is closed")
+        async with self._slots:
+            conn = self._idle.pop() if self._idle else await self._connect()
+            healthy = False
+            try:
+                yield conn
+                healthy = not conn.broken and conn.info.transaction_status == IDLE
+            finally:
+                if healthy and not self._closed:
+                    self._idle.append(conn)
+                else:
+                    await conn.close()
+
+    # -- statements ------------------------------------------------------------------------------
+    def _now(self) -> float | None:
+        return None if self._clock is None else self._clock()
+
+    @staticmethod
+    async def _run(cur: psycopg.AsyncCursor[Any], name: str, params: Params) -> list[Row]:
+        entry = CATALOGUE[name]
+        if isinstance(entry, Shaped):
+            statement, params = entry.statement(""), entry.shape(params)
+        elif isinstance(entry, str):
+            statement = entry
+        else:  # a step of several statements: not one the producers run
+            raise StoreError(f"the async store cannot run the step {name}")
+        await cur.execute(statement, params, prepare=True)
+        return [] if cur.description is None else await cur.fetchall()
+
+    async def write(self, program: Callable[[float | None], Program[T]]) -> T:
+        for attempt in range(1, _RETRIES + 1):
+            try:
+                async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+                    steps = program(self._now())
+                    try:
+                        name, params = next(steps)
+                        while True:
+                            name, params = steps.send(await self._run(cur, name, params))
+                    except StopIteration as done:
+                        result: T = done.value
+                return result
+            except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
+                if attempt >= _RETRIES:
+                    raise StoreUnavailable(f"{self.dialect.where}: {_line(exc)}") from None
+                await asyncio.sleep(random.uniform(0.001, 0.01) * attempt)
+            except psycopg.Error as exc:
+                raise _translated(exc, self.dialect.where) from None
+            except (UnicodeEncodeError, OverflowError) as exc:
+                raise InvalidPayload(f"a value cannot be written: {exc}") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def rows(self, name: str, params: Params) -> list[Row]:
+        try:
+            async with self._connection() as conn, conn.cursor() as cur:
+                # every read is given "now", as the sync store's (a run's status reads its lease)
+                return await self._run(cur, name, {**params, "now": self.dialect._now_param()})
+        except psycopg.Error as exc:
+            raise _translated(exc, self.dialect.where) from None
+
+    # -- waiting ---------------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def watching(self) -> AsyncIterator[None]:
+        if self._listener is None or self._listener.done():
+            self._listening.clear()
+            self._listener = asyncio.create_task(self._listen())
+        yield
+
+    async def _listen(self) -> None:
+        """LISTEN on the end channel; each notification bumps the counter and wakes the waits.
+        A lost connection bumps it too, and the next wait listens anew."""
+        channel = END_CHANNEL.format(schema=self.dialect.schema)
+        try:
+            conn = await self._connect()
+        except StoreError:
+            await self._bump()
+            self._listening.set()  # the waits fall back to their timeouts: they look again
+            return
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            self._listening.set()
+            async for _ in conn.notifies():
+                await self._bump()
+        except psycopg.Error:
+            await self._bump()
+        finally:
+            self._listening.set()
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+
+    async def _bump(self) -> None:
+        async with self._changed:
+            self._ended += 1
+            self._changed.notify_all()
+
+    async def watch(self, run_id: int) -> None:
+        """Listening first, then the run marked watched, so no end slips between."""
+        await self._listening.wait()
+        try:
+            async with self._connection() as conn:
+                await conn.execute(WATCH_RUN, {"run_id": run_id}, prepare=True)
+        except psycopg.Error as exc:
+            raise _translated(exc, self.dialect.where) from None
+
+    def token(self) -> int:
+        return self._ended
+
+    async def wait_change(self, token: int, timeout: float) -> int:
+        async with self._changed:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait_for(lambda: self._ended != token),
+                                       min(timeout, 60.0))  # fmt: skip
+        return self._ended
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._listener is not None:
+            self._listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._listener
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+        self.dialect.close()
+
+
+def _migrate(dialect: PostgresDialect) -> None:
+    try:
+        dialect.migrate()
+    finally:
+        dialect.close()  # its connection was this thread's: closed here, by this thread
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__
+
+
+def _translated(exc: psycopg.Error, where: str) -> StoreError:
+    if isinstance(exc, psycopg.DataError):  # a value PostgreSQL cannot take (NUL in text)
+        return InvalidPayload(f"a value cannot be written: {_line(exc)}")
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return StoreUnavailable(f"{where}: {_line(exc)}")
+    return StoreError(f"{where}: {_line(exc)}")

@@ -1,0 +1,174 @@
+"""Task objects: what ``@app.task`` returns. A task is still its function (call it, test it), and
+it knows its name and its declared options, so code starts runs of it by the object itself
+(``summarise.start(payload, store=store)``): a misspelt task is a ``NameError`` at import, not a
+run that fails ``unknown_task`` at run time.
+
+Declared options (``@app.task(max_attempts=5, retry_backoff=2, timeout=120, queue="llm",
+priority=10)``) are checked here, at import, with the ranges of the pool options they stand in
+for (``WorkerConfig``'s declarations: one range, written once); the database keeps them by task
+name (B11), so every worker on every host applies the same ones.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+from . import options as declared_options
+from .config import WorkerConfig
+from .store import InvalidPayload, TaskOptions
+from .store.codec import check_name, check_run_options
+from .store.types import DEFAULT_QUEUE, JSON
+
+if TYPE_CHECKING:
+    from .context import TaskContext
+    from .store import AsyncStore, Producer
+
+R = TypeVar("R")
+
+# Each per-task option and the pool option whose range it keeps (``WorkerConfig``).
+POOL_OPTION = {"max_attempts": "max_attempts", "retry_backoff": "retry_backoff",
+               "timeout": "task_timeout"}  # fmt: skip
+
+
+def declare(
+    task: str,
+    *,
+    max_attempts: int | None = None,
+    retry_backoff: float | None = None,
+    timeout: float | None = None,
+    queue: str | None = None,
+    priority: int | None = None,
+) -> TaskOptions:
+    """The options ``@app.task(task, ...)`` declares, checked; ``ValueError`` names the bad one."""
+    ranges = {d.field: d for d in declared_options.declared(WorkerConfig)}
+    given = {"max_attempts": max_attempts, "retry_backoff": retry_backoff, "timeout": timeout}
+    for name, value in given.items():
+        if value is None:
+            continue
+        d = ranges[POOL_OPTION[name]]
+        whole = d.kind is int
+        if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+            kind = "a whole number" if whole else "a number of seconds"
+            raise ValueError(f"@app.task({task!r}): {name} must be {kind} (got {value!r})")
+        if declared_options.check(d, value) is not None:
+            raise ValueError(
+                f"@app.task({task!r}): {name} must be {d.opt.bounds()} (got {value!r}), like "
+                f"{d.opt.long}"
+            )
+    try:
+        if queue is not None:
+            check_run_options(queue, 0, None)
+        if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise InvalidPayload(f"priority must be a whole number (got {priority!r})")
+            check_run_options(DEFAULT_QUEUE, priority, None)
+    except InvalidPayload as exc:
+        raise ValueError(f"@app.task({task!r}): {exc}") from None
+    return TaskOptions(
+        max_attempts=max_attempts,
+        retry_backoff=None if retry_backoff is None else float(retry_backoff),
+        timeout=None if timeout is None else float(timeout),
+        queue=queue,
+        priority=priority,
+    )
+
+
+class Task(Generic[R]):
+    """One task of an ``App``: its ``name``, its function ``fn`` and its declared ``options``.
+    Calling it calls the function; ``start`` and ``start_many`` start runs whose first task it
+    is, in its declared queue and with its declared priority unless told otherwise."""
+
+    def __init__(self, name: str, fn: Callable[[TaskContext], R], options: TaskOptions) -> None:
+        self.name = check_name(name)
+        self.fn = fn
+        self.options = options
+        functools.update_wrapper(self, fn)  # its name, docstring and module, for tools
+
+    def __call__(self, ctx: TaskContext) -> R:
+        return self.fn(ctx)
+
+    def __repr__(self) -> str:
+        declared = ", ".join(f"{k}={v!r}" for k, v in self.options.declared.items())
+        return f"<Task {self.name!r}{' ' + declared if declared else ''}>"
+
+    def _where(self, queue: str | None, priority: int | None) -> tuple[str, int]:
+        options = self.options
+        chosen = queue if queue is not None else options.queue or DEFAULT_QUEUE
+        return chosen, priority if priority is not None else options.priority or 0
+
+    @overload
+    def start(
+        self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
+        queue: str | None = None, priority: int | None = None, delay: float = 0,
+        store: AsyncStore, tx: None = None,
+    ) -> Awaitable[int]: ...  # fmt: skip
+    @overload
+    def start(
+        self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
+        queue: str | None = None, priority: int | None = None, delay: float = 0,
+        store: Producer, tx: Any = None,
+    ) -> int: ...  # fmt: skip
+
+    def start(
+        self,
+        payload: JSON = None,
+        *,
+        state: JSON = None,
+        key: str | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float = 0,
+        store: Producer | AsyncStore,
+        tx: Any = None,
+    ) -> int | Awaitable[int]:
+        """Start a run whose first task is this one; returns its id (``store.start_run``, with
+        the task's declared queue and priority unless ``queue``/``priority`` say otherwise).
+        With an async store (``open_async_store``) it returns an awaitable of the id. ``tx``:
+        the caller's own transaction (transactional enqueue; the sync store only)."""
+        where, level = self._where(queue, priority)
+        extra = {} if tx is None else {"tx": tx}
+        return store.start_run(self.name, payload, state, delay, key=key, queue=where,
+                               priority=level, **extra)  # fmt: skip
+
+    @overload
+    def start_many(
+        self, payloads: Iterable[JSON], *, state: JSON = None,
+        keys: Iterable[str | None] | None = None, queue: str | None = None,
+        priority: int | None = None, delay: float = 0, store: AsyncStore, tx: None = None,
+    ) -> Awaitable[list[int]]: ...  # fmt: skip
+    @overload
+    def start_many(
+        self, payloads: Iterable[JSON], *, state: JSON = None,
+        keys: Iterable[str | None] | None = None, queue: str | None = None,
+        priority: int | None = None, delay: float = 0, store: Producer, tx: Any = None,
+    ) -> list[int]: ...  # fmt: skip
+
+    def start_many(
+        self,
+        payloads: Iterable[JSON],
+        *,
+        state: JSON = None,
+        keys: Iterable[str | None] | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float = 0,
+        store: Producer | AsyncStore,
+        tx: Any = None,
+    ) -> list[int] | Awaitable[list[int]]:
+        """Start one run of this task per payload, in one transaction (``store.start_runs``);
+        ``keys``, if given, holds one idempotency key (or None) per payload. Returns the run
+        ids in order (an awaitable of them with an async store)."""
+        where, level = self._where(queue, priority)
+        payloads = list(payloads)
+        chosen = [None] * len(payloads) if keys is None else list(keys)
+        if len(chosen) != len(payloads):
+            raise ValueError(f"start_many: {len(payloads)} payloads but {len(chosen)} keys")
+        items = [
+            {"task": self.name, "payload": p, "state": state, "key": k, "queue": where,
+             "priority": level, "delay": delay}
+            for p, k in zip(payloads, chosen, strict=True)
+        ]  # fmt: skip
+        extra = {} if tx is None else {"tx": tx}
+        return store.start_runs(items, **extra)

@@ -1,0 +1,230 @@
+"""The test mode: run a task, or a whole run through all its steps, in this process, against a
+temporary store, so users unit-test their handlers without a pool.
+
+``app.run_inline(task, payload)`` starts a run of ``task`` in a fresh SQLite database of its own
+(a temporary directory, removed afterwards), then claims and runs its tasks one at a time, the
+way a worker does: the same claim, the same ``TaskContext``, the same commit under the lease,
+the same retries, backoff and per-task options. Plain handlers run on the calling thread,
+``async def`` ones on an event loop thread of their own (as in a worker, so a test that is itself
+``async`` may call it too). The store's clock is the test's: a delay or a retry backoff passes
+at once, so a run that waits an hour between steps finishes in milliseconds.
+
+- ``raise_errors`` (default): the first exception a handler raises is raised from
+  ``run_inline`` (after the store recorded it as a worker would): the test fails with the
+  handler's own traceback. Without it, handler errors are retried with backoff up to the
+  task's ``max_attempts``, and the run ends failed, as in production.
+- ``steps``: stop after that many steps of the run (``steps=1``: run one handler).
+- ``hooks`` (default): the app's ``on_worker_start`` hooks run first and its ``on_worker_stop``
+  hooks last, as in a worker.
+- ``store``: a store of your own (``temporary_store()``, or the ``leasekeeper_store`` fixture of
+  ``workerproc.pytest_plugin``) to look at afterwards; ``run_inline`` then runs whatever that
+  store has ready, one task at a time, until this run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import hooks as lifecycle
+from .config import WorkerConfig
+from .execution import Execution, Mode, conclude, mode_for
+from .logs import running
+from .store import CasResult, Commit, Lease, Run, Store, open_store
+from .store.types import JSON
+from .tasks import Task
+
+if TYPE_CHECKING:
+    import asyncio
+
+    from .app import App
+
+OWNER = "inline:0:0:test"  # the owner of every lease the test mode takes
+TTL = 24 * 3600.0  # a lease never expires while a test's handler runs
+MAX_STEPS = 10_000  # a run that never ends (a handler that always advances) stops here
+
+
+class TestClock:
+    """The temporary store's clock: the wall clock's reading when the test began, moved
+    forward only by ``run_inline`` when the run waits (a delay, a retry backoff)."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance_to(self, moment: float) -> None:
+        self.now = max(self.now, moment)
+
+
+# The test clock of each temporary store: run_inline moves it when a run waits.
+_clocks: weakref.WeakKeyDictionary[Store, TestClock] = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def temporary_store(*, clock: Callable[[], float] | None = None) -> Iterator[Store]:
+    """A store on a fresh SQLite database in a temporary directory, removed afterwards. Its
+    clock is a ``TestClock`` unless ``clock`` is given: ``run_inline`` on it lets delays and
+    retry backoffs pass at once."""
+    own = TestClock() if clock is None else None
+    with tempfile.TemporaryDirectory(prefix="leasekeeper-test-") as where:
+        store = open_store(os.path.join(where, "test.db"), clock=own or clock)
+        if own is not None:
+            _clocks[store] = own
+        try:
+            yield store
+        finally:
+            store.close()
+
+
+class _Loop:
+    """An event loop on a thread of its own, started at the first ``async def`` handler or
+    hook: where the test mode runs them, as a worker does."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def run(self, awaitable: Awaitable[Any]) -> Any:
+        import asyncio  # noqa: PLC0415 - only a test with async handlers pays for it
+
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._thread = threading.Thread(target=self._loop.run_forever,
+                                            name="inline-async", daemon=True)  # fmt: skip
+            self._thread.start()
+
+        async def wrapped() -> Any:
+            return await awaitable
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+
+    def close(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        if not thread.is_alive():
+            loop.close()
+
+
+def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit | None, Any]:
+    """Run one handler as a worker's slot would; its commit, and what it raised."""
+    value: object = None
+    raised: BaseException | None = None
+
+    async def on_the_loop() -> Any:
+        with running(ex.lease):  # in the loop's task: its own log records carry its task
+            return await ex.handler(ex.ctx)
+
+    try:
+        if ex.mode is Mode.ASYNC:
+            value = loop.run(on_the_loop())
+        else:
+            with running(ex.lease):
+                value = ex.handler(ex.ctx)
+    except BaseException as exc:  # a handler's error, whatever its kind
+        raised = exc
+    return conclude(ex, value, raised, config), raised
+
+
+def _write(store: Store, commit: Commit) -> None:
+    """Write ``commit``; a conflict (the run was moved under it) is settled as a worker does."""
+    if store.commit_many([commit]).results[0] is not CasResult.CONFLICT:
+        return
+    run = store.get_run(commit.lease.run_id)
+    if run is None or run.terminal:
+        store.commit_many([Commit(commit.lease, "drop")])
+    else:
+        store.commit_many([Commit(commit.lease, "release")])
+
+
+def run_inline(
+    app: App,
+    task: str | Task[Any],
+    payload: JSON = None,
+    *,
+    state: JSON = None,
+    steps: int | None = None,
+    store: Store | None = None,
+    raise_errors: bool = True,
+    hooks: bool = True,
+    max_attempts: int = 3,
+) -> Run:
+    """Run ``task`` of ``app`` through its run in this process (see the module's docstring);
+    the run as it ended (or after ``steps`` steps)."""
+    name = task if isinstance(task, str) else task.name
+    if name not in app.tasks:
+        raise ValueError(f"the app has no task {name!r} (its tasks: {', '.join(app.tasks)})")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be at least 1 (got {steps})")
+    with contextlib.ExitStack() as stack:
+        if store is None:
+            store = stack.enter_context(temporary_store())
+        clock = _clocks.get(store)
+        store.register_tasks(app.task_options())
+        run_id = app.tasks[name].start(payload, state=state, store=store)
+        loop = _Loop()
+        stack.callback(loop.close)
+        if hooks:
+            failed = lifecycle.start(app.worker_start, loop.run)
+            if failed is not None:
+                raise failed
+            stack.callback(lifecycle.stop, app.worker_stop, loop.run)
+        config = WorkerConfig(db=store.url, app="inline:app", max_attempts=max_attempts)
+        done = 0
+        for _ in range(MAX_STEPS):
+            run = _get(store, run_id)
+            if run.terminal or (steps is not None and done >= steps):
+                return run
+            lease = store.claim(OWNER, TTL, max_attempts=max_attempts)
+            if lease is None:
+                _wait(store, clock, run)
+                continue
+            raised = _step(app, store, lease, loop, config)
+            done += lease.run_id == run_id
+            if raised is not None and raise_errors:
+                raise raised
+        raise RuntimeError(f"run {run_id} did not end within {MAX_STEPS} steps")
+    raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+
+def _get(store: Store, run_id: int) -> Run:
+    run = store.get_run(run_id)
+    if run is None:
+        raise RuntimeError(f"run {run_id} is gone from the store")
+    return run
+
+
+def _wait(store: Store, clock: TestClock | None, run: Run) -> None:
+    """Nothing is ready: move the test's clock to the next task's moment (a delay, a backoff),
+    or, on a store of the caller's own, sleep until then."""
+    due = store.next_ready_at()
+    if due is None:
+        raise RuntimeError(f"run {run.id} is {run.status} but no task of it can run")
+    if clock is not None:
+        clock.advance_to(due)
+    else:
+        time.sleep(min(1.0, max(0.001, due - store.now())))
+
+
+def _step(app: App, store: Store, lease: Lease, loop: _Loop, config: WorkerConfig) -> Any:
+    """Run the leased task and write its commit; what its handler raised (None: nothing)."""
+    handler = app.handlers.get(lease.task)
+    if handler is None:
+        error = f"UnknownTask: no handler named {lease.task!r} in this app"
+        store.commit_many([Commit(lease, "fail", reason="unknown_task", error=error)])
+        return LookupError(f"task {lease.task!r} of run {lease.run_id}: no handler has that name")
+    ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks)
+    commit, raised = _execute(ex, loop, config)
+    if commit is not None:
+        _write(store, commit)
+    return raised
