@@ -246,6 +246,34 @@ class TestStoreOperations:
             reader.close()
             writer.close()
 
+    def test_a_run_reads_running_only_while_a_live_lease_holds_it(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """Issue 21: after a graceful stop handed back its prefetched tasks, a run showed
+        ``running`` with nothing leased. Running is read from the leases, never written."""
+        run_id = s.start_run("t")
+
+        def shown() -> tuple[str, str, dict[str, int]]:
+            run = s.get_run(run_id)
+            assert run is not None
+            listed = [r.id for r in s.list_runs("running")]
+            return run.status, "listed" if run_id in listed else "-", s.stats().runs
+
+        held = claim(s, "w1", 10)
+        assert shown() == ("running", "listed", {"running": 1})
+        assert s.commit_many([Commit(held, "handback")]).results[0] is CasResult.OK
+        assert shown() == ("pending", "-", {"pending": 1})  # handed back: nothing leases it
+        claim(s, "w1", 10)
+        clock.advance(10)  # the lease expired: nobody holds the run (claimable again)
+        assert shown() == ("pending", "-", {"pending": 1})
+        held = claim(s, "w2", 10)
+        assert held.takeover and shown()[0] == "running"
+        assert s.release_owner("w2") == 1  # a dead worker's lease, released
+        assert shown() == ("pending", "-", {"pending": 1})
+        assert s.release(claim(s, "w3", 10), delay=5)
+        assert shown() == ("pending", "-", {"pending": 1})
+        assert [r.id for r in s.list_runs("pending")] == [run_id]
+
     def test_stats_counts(self, s: Store, clock: FakeClock) -> None:
         # a delayed, b leased, c expired, d done, e and g ready, f cancelled: every count differs
         runs = [s.start_run(n) for n in "abcdefg"]

@@ -15,7 +15,7 @@ from store_backends import Backend, advance, claim, commit, finish
 from web_helpers import client, csrf_of, text_of
 
 from supervisor.chaos.verifier import FaultEvent, Verifier
-from workerproc.store import Commit, Stats, Store
+from workerproc.store import Commit, Stats, Store, WorkerInfo
 
 
 def test_overview_shows_the_queue_runs_by_status_and_the_last_hour(
@@ -35,6 +35,21 @@ def test_overview_shows_the_queue_runs_by_status_and_the_last_hour(
     assert "last hour: 1 succeeded" in html
     assert html.count('<rect class="ok"') == 1  # the one finished run, drawn
     assert "Workers" not in html  # no --pidfile
+
+
+def test_overview_lists_every_hosts_worker_processes_from_the_database(
+    s: Store, clock: FakeClock
+) -> None:
+    """Issue 21: no pidfile needed (another host's pool shows as well as this one's)."""
+    html = client(s).get("/").text
+    assert "No worker process is listed in the database" in html
+    s.worker_seen(WorkerInfo("db7:41:1.0:aa", "db7", 41, 1.0, 2.0, 16, ("llm",), "9.9"),
+                  starting=True)  # fmt: skip
+    s.worker_seen(WorkerInfo("web3:42:1.0:bb", "web3", 42, 1.0, 20.0, 4, None, "9.9"))
+    clock.advance(7)  # db7 missed three beats; web3 did not
+    text = text_of(client(s).get("/").text)
+    assert "1 alive on 1 host(s), 4 slots" in text
+    assert "db7 41 silent 16 llm 9.9" in text and "web3 42 running 4 (all) 9.9" in text
 
 
 def test_a_fragment_is_the_live_part_only(s: Store) -> None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from .logs import event
 from .outage import Outage
+from .presence import Presence
 from .signals import main_thread_only
 from .store import Lease, StoreError, WorkerStore
 
@@ -72,8 +73,11 @@ class Heartbeat:
         on_stuck: Callable[[Lease], None] | None = None,
         task_timeout: float | None = None,
         outage: Outage | None = None,
+        presence: Presence | None = None,
     ) -> None:
         self._open_store = open_store
+        self.presence = presence  # the worker's row in the store's worker list, kept here
+        self._beat_at = 0.0  # monotonic: when the presence is next written (0: at once)
         self.outage = outage or Outage()  # shared with the exchange: one log per incident
         self.ttl = ttl
         self.interval = interval
@@ -207,6 +211,8 @@ class Heartbeat:
             store = self._open_store()
             while self._step(store):
                 pass
+            if self.presence is not None:
+                self.presence.leave(store)
         except BaseException as exc:  # a dead heartbeat must stop the worker
             event(log, "heartbeat_died", f"heartbeat thread died: {exc!r}", level=logging.ERROR)
             self._on_death(exc)
@@ -219,6 +225,8 @@ class Heartbeat:
         wake = now + self.idle_wait
         if self._chore is not None:
             wake = min(wake, self._chore[0])
+        if self.presence is not None:
+            wake = min(wake, self._beat_at)
         due, timeouts, stuck = [], [], []
         for held in self._held.values():
             if held.lost_at is not None:
@@ -249,7 +257,8 @@ class Heartbeat:
                 now = time.monotonic()
                 wake, due, timeouts, stuck = self._next(now)
                 chore = self._chore if self._chore is not None and self._chore[0] <= now else None
-                if due or timeouts or stuck or chore:
+                beat = self.presence is not None and self._beat_at <= now
+                if due or timeouts or stuck or chore or beat:
                     break
                 if self._urgent:  # a round was asked for and nothing is held: it is over
                     self._rounds_begun += 1
@@ -268,8 +277,12 @@ class Heartbeat:
                 self._chore = None
             if due:
                 self._rounds_begun += 1
+            if beat:
+                self._beat_at = now + self.presence.every if self.presence else 0.0
             self._busy = True  # untrack() waits: no renewal races a commit
         try:
+            if beat and self.presence is not None:
+                self.presence.beat(store)
             if chore is not None:
                 chore[1](store)
             for held in timeouts:

@@ -40,6 +40,7 @@ from .idle import watch_for_work
 from .logs import event
 from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
+from .presence import Presence
 from .signals import Signals, Waker
 from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
@@ -94,6 +95,7 @@ class Worker:
             on_stuck=lambda lease: self.alarms.handler_stuck(lease),  # noqa: PLW0108
             task_timeout=config.task_timeout,
             outage=self.outage,
+            presence=self._presence(owner, config),
         )
         self.alarms = Alarms(config, self.holdings, self.executors, self.policy, self.heartbeat,
                              self.waker, drain=self.drain)  # fmt: skip
@@ -106,6 +108,17 @@ class Worker:
         )
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish)  # fmt: skip
+
+    def _presence(self, owner: str, config: WorkerConfig) -> Presence:
+        """The worker's row in the store's worker list, kept by the heartbeat thread."""
+        return Presence(
+            owner,
+            every=config.interval,
+            slots=config.concurrency,
+            queues=config.queues,
+            draining=lambda: self.signals.asked,
+            outage=self.outage,
+        )
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> int:

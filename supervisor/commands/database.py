@@ -104,9 +104,11 @@ def enqueue(
         help="also list the supervisor's workers")  # fmt: skip
 @json_option
 def status(db: str, pidfile: str | None, as_json: bool) -> None:
-    """Workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
+    """The worker processes every host lists in the database, this host's supervisor and its
+    workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
     with store_actions.store_for(db) as store:
         stats = store.stats()
+        pool = store.workers()
     state, down = None, None
     if pidfile:
         try:
@@ -118,6 +120,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
         doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
+        doc["pool"] = pool
         doc["queues"] = stats.queues
         doc["supervisor"] = (
             None
@@ -130,6 +133,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         return
     if down:
         click.echo(down + "\n")
+    click.echo(store_actions.pool_lines(pool, stats.now) + "\n")
     if state is not None:
         click.echo(
             f"supervisor {state.get('pid')}: {state.get('phase')}, "

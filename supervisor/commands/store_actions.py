@@ -29,10 +29,11 @@ from workerproc.store import (
     resolve,
 )
 from workerproc.store.codec import MAX_STATE, check_run_options
-from workerproc.store.types import JSON, AttemptEnd, TaskInfo
+from workerproc.store.types import JSON, AttemptEnd, TaskInfo, WorkerInfo
 
 from ..errors import ConfigError, SupervisorError
 from ..loop.storegate import db_file
+from . import render
 from .render import run_status
 
 
@@ -160,6 +161,27 @@ def cancel(store: Operator, run_id: int) -> None:
         raise RunNotFound(run_id)
     ended = "was already cancelled" if run.status == "cancelled" else f"already {run.status}"
     raise SupervisorError(f"run {run_id} {ended}")
+
+
+def pool_lines(pool: list[WorkerInfo], now: float) -> str:
+    """The worker processes of every host, as the database lists them (``status``)."""
+    if not pool:
+        return "no worker process is listed in the database"
+    alive = [w for w in pool if w.alive]
+    hosts = len({w.host for w in alive})
+    head = (
+        f"{render.plural(len(alive), 'worker process', 'worker processes')} alive on "
+        f"{render.plural(hosts, 'host')}, {render.plural(sum(w.slots for w in alive), 'slot')}"
+    )
+    rows = [
+        [w.host, w.pid, w.state if w.alive else "silent", render.plural(w.slots, "slot"),
+         ",".join(w.queues) if w.queues else "(all)", w.version,
+         render.relative(w.heartbeat_at, now)]
+        for w in pool
+    ]  # fmt: skip
+    table = render.table(["host", "pid", "state", "slots", "queues", "version", "last beat"],
+                         rows)  # fmt: skip
+    return f"{head}\n{table}"
 
 
 def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:

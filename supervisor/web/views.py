@@ -99,8 +99,10 @@ class Pages:
         stats = self.stats()
         chart = self.cache.get("chart", CHART_EVERY, self._throughput)
         supervisor, workers, down = self._supervisor(stats)
+        pool = self.cache.get("pool", STATS_EVERY, self.store.workers)
         return self.render(request, "overview.html", stats=stats, chart=chart,
-                           supervisor=supervisor, workers=workers, down=down)  # fmt: skip
+                           supervisor=supervisor, workers=workers, down=down,
+                           pool=pool)  # fmt: skip
 
     def _throughput(self) -> charts.Chart:
         since = (self.store.now() // 60 - 59) * 60  # 60 whole minutes, this one the last

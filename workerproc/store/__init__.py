@@ -39,6 +39,7 @@ from .types import (
     Stats,
     TaskInfo,
     TaskOptions,
+    WorkerInfo,
 )
 from .urls import is_postgres_url, redact, sqlite_file
 
@@ -74,6 +75,7 @@ __all__ = [
     "StoreUnavailable",
     "TaskInfo",
     "TaskOptions",
+    "WorkerInfo",
     "WorkerStore",
     "is_postgres_url",
     "open_async_store",

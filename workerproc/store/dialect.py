@@ -61,6 +61,8 @@ STATEMENTS = frozenset(
         "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",
         # finished runs counted as they end (stats reads no finished run)
         "COUNT_ENDED", "RUN_TOTALS",
+        # the worker processes of every host, kept by their heartbeats
+        "WORKER_SEEN", "WORKER_GONE", "PRUNE_WORKERS", "LIST_WORKERS",
         # reads
         "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
         "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",

@@ -160,6 +160,25 @@ class TaskInfo:
 
 
 @dataclass(frozen=True)
+class WorkerInfo:
+    """A worker process as the ``workers`` table lists it, kept by its heartbeat (issue 21):
+    any host, a producer or the dashboard can tell that a pool is claiming without a pidfile.
+    ``alive``: it beat within three of its heartbeat periods (``beat_every``)."""
+
+    owner: str
+    host: str
+    pid: int
+    started_at: float
+    beat_every: float
+    slots: int
+    queues: tuple[str, ...] | None
+    version: str
+    state: str = "running"  # or "draining": it claims no more and finishes what it holds
+    heartbeat_at: float = 0.0
+    alive: bool = True
+
+
+@dataclass(frozen=True)
 class Rejection:
     """A fenced write the database refused: the lease (owner, attempt) was no longer live."""
 

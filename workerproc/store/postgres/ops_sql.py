@@ -68,6 +68,18 @@ COUNT_ENDED = """INSERT INTO run_totals AS o (queue, status, shard, n)
     VALUES (%(queue)s, %(status)s, %(shard)s, %(n)s)
     ON CONFLICT (queue, status, shard) DO UPDATE SET n = o.n + excluded.n"""
 
+# the worker processes of every host (``protocol.workers``): each heartbeat writes its row (a
+# HOT update: no index changes); a clean stop deletes it; a row silent for ten of its periods
+# (and a minute) goes at the next worker's start
+WORKER_SEEN = f"""INSERT INTO workers AS w (owner, host, pid, started_at, heartbeat_at,
+        beat_every, slots, queues, version, state)
+    VALUES (%(owner)s, %(host)s, %(pid)s, %(started_at)s, {_CLOCK}, %(beat_every)s, %(slots)s,
+            %(queues)s, %(version)s, %(state)s)
+    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
+        state = excluded.state, slots = excluded.slots"""
+WORKER_GONE = "DELETE FROM workers WHERE owner = %(owner)s"
+PRUNE_WORKERS = f"DELETE FROM workers WHERE heartbeat_at < {_CLOCK} - 10 * beat_every - 60"
+
 # the store's clock: the database's (or the injected one, handed back)
 NOW = f"SELECT {_CLOCK}"
 

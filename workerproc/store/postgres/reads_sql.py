@@ -68,6 +68,10 @@ LIVE_LEASES = """SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expi
     FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
     WHERE l.owner IS NOT NULL ORDER BY l.owner"""
 
+# the worker processes of every host, each with whether it beat within three of its periods
+LIST_WORKERS = f"""SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
+    state, heartbeat_at, heartbeat_at > {_CLOCK} - 3 * beat_every FROM workers
+    ORDER BY host, started_at, pid"""
 # idle workers: the earliest moment a claim could succeed in the queues they serve: the first
 # due run of each queue and priority level that no live lease holds (the claim index, walked
 # past the few held runs at its front), or the end of the first live lease on a run of theirs
@@ -120,13 +124,15 @@ ATTEMPT_HISTORY = """SELECT task_id, attempt, owner, claimed_at, ended_at, outco
     taken_by FROM task_attempts WHERE run_id = %(run_id)s ORDER BY task_id, attempt, id"""
 RUN_REJECTIONS = """SELECT id, at, task_id, run_id, owner, attempt, op FROM fence_rejections
     WHERE task_id IN (SELECT id FROM tasks WHERE run_id = %(run_id)s) ORDER BY id"""
-# finished_since: runs finished per bucket among the newest runs (a primary-key walk from the
-# end: bounded, whatever the table's size)
+# finished_since: runs finished per bucket since ``since``, at most the ``newest`` of them: a
+# backward walk of runs_finished from now, so the chart costs what finished in its window,
+# however long the history
 FINISHED_SINCE = """SELECT floor((finished_at - %(since)s) / %(bucket)s)::bigint AS slot,
         count(*) FILTER (WHERE status = 'succeeded'), count(*) FILTER (WHERE status = 'failed'),
         count(*) FILTER (WHERE status = 'cancelled')
-    FROM (SELECT status, finished_at FROM runs ORDER BY id DESC LIMIT %(newest)s) AS newest
-    WHERE finished_at >= %(since)s GROUP BY slot ORDER BY slot"""
+    FROM (SELECT status, finished_at FROM runs WHERE finished_at >= %(since)s
+          ORDER BY finished_at DESC LIMIT %(newest)s) AS newest
+    GROUP BY slot ORDER BY slot"""
 
 # -- the engine's own check of its storage (amcheck) --------------------------------------------
 AMCHECK = """SELECT n.nspname, e.extversion FROM pg_extension AS e

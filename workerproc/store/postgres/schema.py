@@ -343,6 +343,7 @@ MIGRATIONS: list[str] = [
         pid          integer NOT NULL,
         started_at   double precision NOT NULL,
         heartbeat_at double precision NOT NULL,
+        beat_every   double precision NOT NULL,  -- its heartbeat's period
         slots        integer NOT NULL,
         queues       text,               -- a JSON array; NULL: every queue
         version      text    NOT NULL,

@@ -53,6 +53,10 @@ TASK_COUNTS = f"""SELECT r.queue,
     WHERE t.done_at IS NULL AND r.status IN {ALIVE} GROUP BY r.queue"""
 LIVE_LEASES = """SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
     WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner"""
+# the worker processes of every host, each with whether it beat within three of its periods
+LIST_WORKERS = """SELECT owner, host, pid, started_at, beat_every, slots, queues, version, state,
+    heartbeat_at, heartbeat_at > :now - 3 * beat_every FROM workers
+    ORDER BY host, started_at, pid"""
 # idle workers: the earliest moment a claim could succeed in the queues they serve (one index
 # seek per queue; never a scan of the pending runs)
 _NEXT_READY = """WITH RECURSIVE served(q) AS ({served})

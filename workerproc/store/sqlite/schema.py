@@ -269,6 +269,7 @@ MIGRATIONS: list[str] = [
         pid          INTEGER NOT NULL,
         started_at   REAL    NOT NULL,
         heartbeat_at REAL    NOT NULL,
+        beat_every   REAL    NOT NULL,   -- its heartbeat's period
         slots        INTEGER NOT NULL,
         queues       TEXT,               -- a JSON array; NULL: every queue
         version      TEXT    NOT NULL,

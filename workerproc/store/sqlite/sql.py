@@ -176,6 +176,18 @@ COUNT_ENDED = """INSERT INTO run_totals (queue, status, shard, n)
     VALUES (:queue, :status, :shard, :n)
     ON CONFLICT (queue, status, shard) DO UPDATE SET n = n + excluded.n"""
 
+# the worker processes of every host (``protocol.workers``): each heartbeat writes its row; a
+# clean stop deletes it; a row silent for ten of its periods (and a minute) goes at the next
+# worker's start
+WORKER_SEEN = """INSERT INTO workers (owner, host, pid, started_at, heartbeat_at, beat_every,
+        slots, queues, version, state)
+    VALUES (:owner, :host, :pid, :started_at, :now, :beat_every, :slots, :queues, :version,
+            :state)
+    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
+        state = excluded.state, slots = excluded.slots"""
+WORKER_GONE = "DELETE FROM workers WHERE owner = :owner"
+PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < :now - 10 * beat_every - 60"
+
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) --------
 # a release, a failure or an exhausted claim ends the task's current attempt without a commit;
 # read from the row before the statement that clears its lease (the fence was checked already)

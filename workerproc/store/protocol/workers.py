@@ -1,0 +1,58 @@
+"""The worker processes of every host, kept in the database by their heartbeats (issue 21):
+``status --db URL``, the dashboard and a producer see that a pool is claiming, where and with
+how many slots, without a pidfile on that host (Solid Queue's processes table is the model).
+
+A worker writes its row when it starts and at every heartbeat period (one small statement; on
+PostgreSQL a HOT update), and deletes it when it stops cleanly. A worker killed outright leaves
+its row behind: it reads as not ``alive`` once it has been silent for three of its periods,
+and the next worker to start deletes rows silent for ten of them (and a minute).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..codec import check_owner
+from ..dialect import Dialect, Tx
+from ..types import WorkerInfo
+
+
+class Workers:
+    dialect: Dialect
+
+    def worker_seen(self, worker: WorkerInfo, *, starting: bool = False) -> None:
+        """``worker`` is alive now (``starting``: its first beat; rows long silent go)."""
+        check_owner(worker.owner)
+        queues = None if worker.queues is None else json.dumps(list(worker.queues))
+        params = {"owner": worker.owner, "host": worker.host, "pid": worker.pid,
+                  "started_at": worker.started_at, "beat_every": worker.beat_every,
+                  "slots": worker.slots, "queues": queues, "version": worker.version,
+                  "state": worker.state}  # fmt: skip
+
+        def seen(tx: Tx) -> None:
+            if starting:
+                tx.count("PRUNE_WORKERS", {"now": tx.now})
+            tx.count("WORKER_SEEN", {**params, "now": tx.now})
+
+        self.dialect.write(seen, intent="write" if starting else "statement")
+
+    def worker_gone(self, owner: str) -> None:
+        """``owner`` stopped cleanly: its row goes."""
+        check_owner(owner)
+        self.dialect.write(lambda tx: tx.count("WORKER_GONE", {"owner": owner}),
+                           intent="statement")  # fmt: skip
+
+    def workers(self) -> list[WorkerInfo]:
+        """Every worker process of every host, by host and start; ``alive`` says which beat
+        lately."""
+        rows = self.dialect.read(lambda tx: tx.rows("LIST_WORKERS", {"now": tx.now}))
+        return [_worker(*row) for row in rows]
+
+
+def _worker(
+    owner: str, host: str, pid: int, started: float, every: float, slots: int,
+    queues: str | None, version: str, state: str, beat: float, alive: object,
+) -> WorkerInfo:  # fmt: skip
+    served = None if queues is None else tuple(json.loads(queues))
+    return WorkerInfo(owner, host, pid, started, every, slots, served, version, state, beat,
+                      bool(alive))  # fmt: skip
