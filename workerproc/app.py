@@ -3,10 +3,11 @@ lifecycle hooks, and the test mode's entry point. What a handler gets is ``conte
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .context import LeaseLost, TaskContext
+from .limits import LimitSpec
 from .store import TaskOptions
 from .store.types import JSON
 from .tasks import Task, declare
@@ -32,6 +33,37 @@ class App:
         self.tasks: dict[str, Task[Any]] = {}  # name -> task object
         self.worker_start: list[Hook] = []
         self.worker_stop: list[Hook] = []
+        self.limits: dict[str, LimitSpec] = {}  # name -> its declared numbers
+
+    def limit(
+        self,
+        name: str,
+        *,
+        rate: str | float | None = None,
+        burst: float | None = None,
+        concurrency: int | None = None,
+        tokens: str | float | None = None,
+        token_burst: float | None = None,
+        per: str | None = None,
+    ) -> LimitSpec:
+        """Declare a limit that tasks wait behind (``@app.task(limits=[name])``), kept in the
+        database for every worker on every host and enforced in the claim:
+
+        - ``rate``: starts per time (``"500/m"``, ``"10/s"``), ``burst`` of them at once;
+        - ``concurrency``: handlers running at once (live leases);
+        - ``tokens``: a token budget per time (``"200000/m"``), ``token_burst`` at once; each
+          run reserves its task's ``tokens`` and settles what ``ctx.usage`` reports;
+        - ``per``: one budget per value of this payload field (a tenant, say); runs of
+          different keys take turns.
+
+        Checked here (a ``ValueError`` at import). Workers write the numbers when they start;
+        ``supervisor limits set`` changes them at run time until a release declares others."""
+        spec = LimitSpec.declare(name, rate=rate, burst=burst, concurrency=concurrency,
+                                 tokens=tokens, token_burst=token_burst, per=per)  # fmt: skip
+        if name in self.limits and self.limits[name] != spec:
+            raise ValueError(f"limit {name!r} is declared twice, with other numbers")
+        self.limits[name] = spec
+        return spec
 
     @overload
     def task(self, name: Callable[[TaskContext], R], /) -> Task[R]: ...
@@ -40,6 +72,7 @@ class App:
         self, name: str | None = None, /, *, max_attempts: int | None = None,
         retry_backoff: float | None = None, timeout: float | None = None,
         queue: str | None = None, priority: int | None = None,
+        limits: Sequence[str] | None = None, tokens: int | None = None,
     ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
 
     def task(
@@ -52,6 +85,8 @@ class App:
         timeout: float | None = None,
         queue: str | None = None,
         priority: int | None = None,
+        limits: Sequence[str] | None = None,
+        tokens: int | None = None,
     ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
@@ -62,13 +97,17 @@ class App:
         - ``timeout``: the hard limit of one execution in seconds (``--task-timeout``);
         - ``queue``, ``priority``: where runs of it start (``task.start``,
           ``supervisor enqueue --app``) and the queue a run moves to when ``advance`` makes
-          it the next task.
+          it the next task;
+        - ``limits``: the limits (``app.limit``) its runs wait behind, at most three, and
+          ``tokens``: what each run reserves from their token budgets (``ctx.usage`` settles
+          what it really used).
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
         registered twice for different functions is a ``ValueError``."""
         declared = {"max_attempts": max_attempts, "retry_backoff": retry_backoff,
-                    "timeout": timeout, "queue": queue, "priority": priority}  # fmt: skip
+                    "timeout": timeout, "queue": queue, "priority": priority,
+                    "limits": limits, "tokens": tokens}  # fmt: skip
         if callable(name):  # bare @app.task
             return self._register(None, name, declared)
         given = name

@@ -48,6 +48,7 @@ class TaskContext:
         self.confirmed = 0.0  # the confirmation the start was judged on
         self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
         self.late = False  # that check failed: the handler never began in earnest
+        self.used_tokens: int | None = None  # what ``usage`` reported, settled at the commit
 
     @property
     def run_id(self) -> int:
@@ -159,6 +160,15 @@ class TaskContext:
                 delay=seconds,
             )
         )
+
+    def usage(self, *, tokens: int) -> None:
+        """Report what this execution used of its limits' token budgets (a model's usage,
+        say): the commit settles it against the task's reservation in the same fenced
+        transaction, so a zombie's report never counts. Reports add up."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**12:
+            raise InvalidPayload(f"usage(tokens=...) takes a whole number from 0 (got {tokens!r})")
+        self.raise_if_lost()
+        self.used_tokens = (self.used_tokens or 0) + tokens
 
     def finish(self, new_state: JSON, result: JSON = None) -> None:
         """Move the run to ``new_state`` and mark it succeeded with ``result``."""

@@ -8,6 +8,7 @@ the event loop. Every ending becomes the commit the conductor writes under the l
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import inspect
 import logging
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .app import Handler, LeaseLost, Task, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
+from .limits import RetryAfter
 from .logs import event, running
 from .signals import Abort
 from .store import Commit, Lease
@@ -174,13 +176,21 @@ def _conclude(
         return Commit(lease, "release", error="WorkerStopped: QUIT while the task ran")
     if ex.stopped is Stopped.LOST or ex.lost.is_set() or isinstance(raised, LeaseLost):
         return None  # someone else owns the task: whatever this execution made is discarded
+    used = ex.ctx.used_tokens
+    if isinstance(raised, RetryAfter):  # a limit said "not now": back, no attempt spent
+        event(log, "retry_after",
+              f"task {lease.task_id} ({lease.task}) attempt {lease.attempt}: {raised}"
+              f"{'' if raised.limit else ' (its limits go on)'}", task_id=lease.task_id,
+              run_id=lease.run_id, attempt=lease.attempt, seconds=raised.seconds)  # fmt: skip
+        return Commit(lease, "retry_after", delay=raised.seconds, pause=raised.limit,
+                      error=f"RetryAfter: {raised}", used_tokens=used)  # fmt: skip
     if raised is not None:  # any other exception, KeyboardInterrupt and SystemExit included
-        return failure(lease, raised, config)
+        return dataclasses.replace(failure(lease, raised, config), used_tokens=used)
     if ex.ctx.commit is not None:
-        return ex.ctx.commit
+        return dataclasses.replace(ex.ctx.commit, used_tokens=used)
     dumps(value, "the handler's return value")  # InvalidPayload: a failure, like any other
     return Commit(lease, "finish", expected_revision=lease.revision, new_state=lease.state,
-                  result=value)  # fmt: skip
+                  result=value, used_tokens=used)  # fmt: skip
 
 
 Done = Callable[[Execution], None]  # a handler ended: the worker records it

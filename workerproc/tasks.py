@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 from . import options as declared_options
 from .config import WorkerConfig
+from .limits import check_task_limits
 from .store import InvalidPayload, TaskOptions
 from .store.codec import check_name, check_run_options
 from .store.types import DEFAULT_QUEUE, JSON
@@ -40,8 +41,11 @@ def declare(
     timeout: float | None = None,
     queue: str | None = None,
     priority: int | None = None,
+    limits: Iterable[str] | None = None,
+    tokens: int | None = None,
 ) -> TaskOptions:
     """The options ``@app.task(task, ...)`` declares, checked; ``ValueError`` names the bad one."""
+    names, reservation = check_task_limits(task, limits, tokens)
     ranges = {d.field: d for d in declared_options.declared(WorkerConfig)}
     given = {"max_attempts": max_attempts, "retry_backoff": retry_backoff, "timeout": timeout}
     for name, value in given.items():
@@ -72,6 +76,8 @@ def declare(
         timeout=None if timeout is None else float(timeout),
         queue=queue,
         priority=priority,
+        limits=names,
+        tokens=reservation,
     )
 
 

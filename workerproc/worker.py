@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -124,8 +125,11 @@ class Worker:
     def run(self) -> int:
         self.heartbeat.start()
         try:
-            # B11: the app's per-task options, where every worker's claims read them
+            # B11: the app's per-task options, where every worker's claims read them; its
+            # limits (issue 24), whose numbers every claim obeys
             self.store.register_tasks(self.app.task_options())
+            for told in self.store.declare_limits(self.app.limits, by=socket.gethostname()):
+                event(log, "limit_redeclared", told, level=logging.WARNING)
             if hooks.start(self.app.worker_start, self._on_loop) is not None:
                 return exitcodes.BOOT_FAILURE  # it cannot work as its app expects: no claim
             self._hooks_started = True

@@ -231,4 +231,10 @@ def task_options(text: str | None) -> TaskOptions:
             value = float(value)
         if isinstance(value, kind):
             kept[name] = value
+    limits = found.get("limits")
+    if isinstance(limits, list) and all(isinstance(n, str) for n in limits) and limits:
+        kept["limits"] = tuple(limits)
+    tokens = found.get("tokens")
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= 0:
+        kept["tokens"] = tokens
     return TaskOptions(**kept)

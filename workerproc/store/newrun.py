@@ -3,12 +3,14 @@ every backend inserts the same way (``start_run``, ``start_runs``, transactional
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps
 from .errors import InvalidPayload
+from .limits import UNGATED, Gating
 from .types import DEFAULT_QUEUE, JSON
 
 START_FIELDS = frozenset({"task", "payload", "state", "delay", "key", "queue", "priority"})
@@ -25,6 +27,10 @@ class NewRun:
     key: str | None
     queue: str
     priority: int
+    gating: Gating = UNGATED  # what its task's limits make of it (``protocol.limits``)
+
+    def gated(self, gating: Gating) -> NewRun:
+        return dataclasses.replace(self, gating=gating)
 
     @classmethod
     def make(

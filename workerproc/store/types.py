@@ -43,6 +43,8 @@ class TaskOptions:
     timeout: float | None = None  # the hard limit of one execution, in seconds
     queue: str | None = None  # the queue its runs start in, and move to when it is next
     priority: int | None = None  # the priority its runs start with
+    limits: tuple[str, ...] | None = None  # the limits its runs wait behind (issue 24)
+    tokens: int | None = None  # the tokens a run reserves from its limits' budgets
 
     @property
     def declared(self) -> dict[str, Any]:
@@ -71,13 +73,15 @@ class Lease:
     takeover: bool = False  # the previous holder's lease expired (or was released as dead)
     queue: str = DEFAULT_QUEUE  # the run's queue when it was claimed (where its end counts)
     options: TaskOptions = NO_OPTIONS  # the task's declared options, read in the claim
+    gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of (issue 24)
+    reserved: int | None = None  # the tokens its claim reserved from them
 
     @property
     def fence(self) -> tuple[int, str, int]:
         return (self.task_id, self.owner, self.attempt)
 
 
-CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback"]
+CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback", "retry_after"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,11 @@ class Commit:
     - ``drop``: the run moved on without us (cancelled, say): mark the task done, touch nothing.
     - ``handback``: a claimed task that never started goes back at once; the claim does not
       count against ``max_attempts`` (the fencing token still moved on).
+    - ``retry_after``: a limit said "not now" (``RetryAfter``): the task goes back after
+      ``delay`` without spending an attempt, and (``pause``) its limits pause that long.
+
+    ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
+    lease's reservation in the same transaction (issue 24).
     """
 
     lease: Lease
@@ -104,6 +113,8 @@ class Commit:
     result: JSON = None
     error: str | None = None
     reason: str | None = None
+    used_tokens: int | None = None
+    pause: bool = True
 
 
 @dataclass(frozen=True)

@@ -36,19 +36,26 @@ retried AS (
         attempt_base = coalesce((SELECT d.attempts FROM dropped AS d WHERE d.task_id = t.id),
                                 t.attempts)
     FROM clock WHERE t.run_id = %(run_id)s AND t.done_at IS NULL
-    RETURNING t.available_at, t.created_at, t.id),
+    RETURNING t.available_at, t.created_at, t.id, t.line),
 placed AS (
-    UPDATE runs SET (head_at, head_created, head_id) = (
-        SELECT available_at, created_at, id FROM retried ORDER BY 1, 2, 3 LIMIT 1)
+    UPDATE runs SET (head_at, line_at, head_created, head_id, line) = (
+        SELECT CASE WHEN line IS NULL THEN available_at END,
+            CASE WHEN line IS NOT NULL THEN available_at END, created_at, id, line
+        FROM retried ORDER BY available_at, created_at, id LIMIT 1)
     WHERE id = %(run_id)s AND status IN {ALIVE})
 SELECT id, {NOTIFY} FROM retried"""
 # release_owner: the supervisor reaped this owner; its leases expire now. Runs first, in id
 # order (two releases never wait on each other in a cycle), then their leases (``steps``).
 LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
     SELECT run_id FROM leases WHERE owner = %(owner)s) ORDER BY id FOR UPDATE"""
-RELEASE_OWNER = f"""{_CLOCK_CTE}
-UPDATE leases AS l SET expires_at = clock.now FROM clock
-    WHERE l.owner = %(owner)s AND l.expires_at > clock.now RETURNING l.task_id, {NOTIFY}"""
+RELEASE_OWNER = f"""{_CLOCK_CTE},
+expired AS (UPDATE leases AS l SET expires_at = clock.now FROM clock
+    WHERE l.owner = %(owner)s AND l.expires_at > clock.now
+    RETURNING l.task_id, l.gate_a, l.gate_b, l.gate_c),
+reopened AS (UPDATE gates AS g SET ready_at = least(coalesce(g.ready_at, clock.now), clock.now)
+    FROM clock WHERE g.gate IN (SELECT gate_a FROM expired UNION SELECT gate_b FROM expired
+                                UNION SELECT gate_c FROM expired))
+SELECT task_id, {NOTIFY} FROM expired"""
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
 # attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
@@ -98,19 +105,24 @@ i AS MATERIALIZED (
         nextval(pg_get_serial_sequence('{{s}}tasks', 'id')) AS task_id
     FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
-                %(priorities)s::int[])
-         WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, n)
+                %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
+                %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[])
+         WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
+                              gate_b, gate_c, tokens, n)
     ORDER BY i.n),
 new_runs AS (
     INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at,
-                           head_at, head_created, head_id)
+                           head_at, line_at, head_created, head_id, line)
     SELECT i.id, i.state::json, i.task, i.queue, i.priority, i.key, clock.now, clock.now,
-        clock.now + i.delay, clock.now, i.task_id
+        CASE WHEN i.line IS NULL THEN clock.now + i.delay END,
+        CASE WHEN i.line IS NOT NULL THEN clock.now + i.delay END, clock.now, i.task_id, i.line
     FROM i, clock ORDER BY i.n
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
 first_tasks AS (
-    INSERT INTO {{s}}tasks (id, run_id, name, payload, available_at, created_at)
-    SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now
+    INSERT INTO {{s}}tasks (id, run_id, name, payload, available_at, created_at, line, gate_a,
+                            gate_b, gate_c, tokens)
+    SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now, i.line,
+        i.gate_a, i.gate_b, i.gate_c, i.tokens
     FROM i JOIN new_runs USING (id), clock ORDER BY i.n)
 SELECT i.id, new_runs.id IS NOT NULL,
     CASE WHEN new_runs.id IS NOT NULL THEN pg_notify({{channel}}, '') END

@@ -75,7 +75,9 @@ LIST_WORKERS = f"""SELECT owner, host, pid, started_at, beat_every, slots, queue
 # idle workers: the earliest moment a claim could succeed in the queues they serve: the first
 # due run of each queue and priority level that no live lease holds (the claim index, walked
 # past the few held runs at its front), or the end of the first live lease on a run of theirs
-# (if its head is due by then). A past value only says "claimable now"
+# (if its head is due by then), or the first gate whose line may admit a run (gates are not
+# kept per queue: a worker may wake once for another queue's line). A past value only says
+# "claimable now"
 _NEXT_READY = f"""WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 {{levels}}
 SELECT least(
@@ -87,7 +89,8 @@ SELECT least(
         ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
     (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l JOIN runs AS r
      ON r.id = l.run_id
-     WHERE l.expires_at > (SELECT now FROM clock) AND r.head_at IS NOT NULL{{served}}))"""
+     WHERE l.expires_at > (SELECT now FROM clock) AND r.head_at IS NOT NULL{{served}}),
+    (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL))"""
 NEXT_READY = _NEXT_READY.format(levels=_EVERY_LEVEL, queue="", served="")
 NEXT_READY_QUEUES = _NEXT_READY.format(
     levels=_NAMED_LEVELS, queue="r.queue = lv.q AND ",

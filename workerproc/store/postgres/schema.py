@@ -361,6 +361,59 @@ MIGRATIONS: list[str] = [
         updated_at double precision NOT NULL
     );
     """,
+    # 5 (issue 24): flow control. ``limits`` holds each limit's numbers (what the app declared,
+    # what an operator set); ``gates`` one bucket per limit and key (the rate and token
+    # buckets, a pause, and ``ready_at``: when its line may next admit a run). A task names its
+    # gates (``gate_a``..``gate_c``: at most three limits), its token reservation and its
+    # ``line``, the gate it queues behind; a lease copies its task's gates and holds its
+    # reservation. A gated run leaves the claim index for its line (``runs_line``): its head
+    # time is ``line_at`` (``head_at`` stays NULL), so a claim never walks runs that wait on a
+    # full gate. Concurrency is counted from live leases (``leases_gate_*``): a lease that ends
+    # or expires frees its slot by itself, and a takeover never counts twice.
+    """
+    ALTER TABLE tasks ADD COLUMN gate_a text, ADD COLUMN gate_b text, ADD COLUMN gate_c text,
+        ADD COLUMN line text, ADD COLUMN tokens integer;
+    ALTER TABLE runs ADD COLUMN line text, ADD COLUMN line_at double precision;
+    ALTER TABLE leases ADD COLUMN gate_a text, ADD COLUMN gate_b text, ADD COLUMN gate_c text,
+        ADD COLUMN reserved integer, ADD COLUMN prev_reserved integer;
+    CREATE INDEX runs_line ON runs (line, queue, priority DESC, line_at, head_created, head_id)
+        WHERE line_at IS NOT NULL;
+    CREATE INDEX leases_gate_a ON leases (gate_a) WHERE gate_a IS NOT NULL;
+    CREATE INDEX leases_gate_b ON leases (gate_b) WHERE gate_b IS NOT NULL;
+    CREATE INDEX leases_gate_c ON leases (gate_c) WHERE gate_c IS NOT NULL;
+
+    CREATE TABLE limits (
+        name        text PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 64),
+        per         text,
+        rate        double precision,
+        burst       double precision,
+        concurrency integer,
+        tokens      double precision,
+        token_burst double precision,
+        declared    json NOT NULL,
+        declared_by text NOT NULL,
+        declared_at double precision NOT NULL,
+        overrides   json,
+        set_at      double precision
+    );
+    CREATE TABLE gates (
+        gate         text PRIMARY KEY,
+        lim          text NOT NULL,
+        key          text NOT NULL,
+        level        double precision,
+        level_at     double precision,
+        tok_level    double precision,
+        tok_at       double precision,
+        paused_until double precision NOT NULL DEFAULT 0,
+        ready_at     double precision,
+        blocked_by   text,
+        starts       bigint NOT NULL DEFAULT 0,
+        used_tokens  bigint NOT NULL DEFAULT 0
+    ) WITH (fillfactor = 50);
+    CREATE INDEX gates_ready ON gates (ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX gates_lim ON gates (lim, key);
+    CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

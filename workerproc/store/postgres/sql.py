@@ -52,16 +52,20 @@ _COUNTS_OF = """attempts = f.attempts, attempt_base = f.attempt_base, claimed_at
 def head_of(run: str, *, without: str | None = None, extra: str | None = None) -> str:
     """The head columns of run ``run``: its first pending task in R1 order (available_at,
     created_at, id), leaving out task ``without`` and counting ``extra`` (a row of those three
-    written by the same statement, which its snapshot cannot see yet)."""
+    and its line, written by the same statement, which its snapshot cannot see yet). A head
+    with limits puts the run in its line (``line``, ``line_at``), not in the claim index
+    (``head_at`` NULL): schema v5."""
     skip = f" AND h.id <> {without}" if without else ""
     more = f" UNION ALL SELECT {extra}" if extra else ""
-    return f"""(head_at, head_created, head_id) = (SELECT * FROM (
-        SELECT h.available_at, h.created_at, h.id FROM tasks AS h
-        WHERE h.run_id = {run} AND h.done_at IS NULL{skip}{more}) AS first ORDER BY 1, 2, 3
-        LIMIT 1)"""
+    return f"""(head_at, line_at, head_created, head_id, line) = (
+        SELECT CASE WHEN f.line IS NULL THEN f.a END, CASE WHEN f.line IS NOT NULL THEN f.a END,
+            f.c, f.i, f.line
+        FROM (SELECT h.available_at AS a, h.created_at AS c, h.id AS i, h.line AS line
+              FROM tasks AS h WHERE h.run_id = {run} AND h.done_at IS NULL{skip}{more}) AS f
+        ORDER BY f.a, f.c, f.i LIMIT 1)"""
 
 
-_NO_HEAD = "head_at = NULL, head_created = NULL, head_id = NULL"
+_NO_HEAD = "head_at = NULL, head_created = NULL, head_id = NULL, line_at = NULL, line = NULL"
 
 # -- claims (R1) ----------------------------------------------------------------------------------
 # One statement leases the head task of up to ``%(limit)s`` runs of the served queues, a higher
@@ -132,27 +136,23 @@ levels(q, p) AS (
     SELECT q, (SELECT max(priority) FROM runs
                WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
     FROM levels WHERE levels.p IS NOT NULL)"""
-_CLAIM = f"""
-WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
-{{levels}},
-picked AS MATERIALIZED (
-    SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created
-    FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
-    CROSS JOIN LATERAL ({{level}}) AS c
-    LIMIT %(limit)s),
-granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM picked) AS locked),
+# granted, heads, leased, taken, kept: what every claim does with the runs it picked (the
+# walk's, or a gated claim's admitted ones): read "now" again, lease each run's head (its gates
+# and its reservation with it), and answer in claim order
+_LEASING = f"""granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM picked)
+    AS locked),
 heads AS MATERIALIZED (
     SELECT p.id AS run_id, t.id AS task_id, t.name, t.payload::text AS payload, t.attempts,
-        t.attempt_base
+        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens
     FROM picked AS p CROSS JOIN granted
     CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
                         AND t.done_at IS NULL) AS t
     WHERE p.head_at <= granted.now),
 leased AS (
     INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-                             claimed_at)
+                             claimed_at, gate_a, gate_b, gate_c, reserved)
     SELECT h.run_id, h.task_id, %(owner)s, h.attempts + 1, h.attempt_base,
-        granted.now + %(ttl)s, granted.now
+        granted.now + %(ttl)s, granted.now, h.gate_a, h.gate_b, h.gate_c, h.tokens
     FROM heads AS h, granted
     ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
         attempts = CASE WHEN l.task_id = excluded.task_id THEN l.attempts + 1
@@ -160,13 +160,17 @@ leased AS (
         attempt_base = CASE WHEN l.task_id = excluded.task_id THEN l.attempt_base
                             ELSE excluded.attempt_base END,
         expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
+        gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
+        reserved = excluded.reserved,
         prev_task = l.task_id, prev_owner = l.owner, prev_attempts = l.attempts,
         prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-        prev_expires_at = l.expires_at
+        prev_expires_at = l.expires_at,
+        prev_reserved = CASE WHEN l.owner IS NOT NULL THEN l.reserved END
     WHERE l.expires_at <= excluded.claimed_at
     RETURNING l.run_id, l.task_id, l.attempts, l.attempt_base, l.expires_at, l.claimed_at,
         l.prev_task, l.prev_owner, l.prev_attempts, l.prev_base, l.prev_claimed_at,
-        l.prev_expires_at),
+        l.prev_expires_at, l.gate_a, l.gate_b, l.gate_c, l.reserved,
+        CASE WHEN l.prev_owner IS NOT NULL THEN l.prev_reserved END AS given_back),
 taken AS (
     INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
                                taken_by)
@@ -179,9 +183,30 @@ kept AS (
     FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
     x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
-    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name)
+    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name),
+    x.gate_a, x.gate_b, x.gate_c, x.reserved, x.given_back
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
+_CLAIM = f"""
+WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+{{levels}},
+picked AS MATERIALIZED (
+    SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created
+    FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
+    CROSS JOIN LATERAL ({{level}}) AS c
+    LIMIT %(limit)s),
+{_LEASING.replace("{", "{{").replace("}", "}}")}"""
+# a gated claim (``protocol/gates.py``) leases the head task of each run it admitted from its
+# gates' lines (locked already, by LINE_RUNS), as any claim does
+CLAIM_RUNS = f"""
+WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+picked AS MATERIALIZED (
+    SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.priority AS p,
+        r.line_at AS head_at, r.head_created
+    FROM runs AS r WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
+      AND r.line_at <= (SELECT now FROM clock)
+    ORDER BY r.id FOR UPDATE),
+{_LEASING}"""
 
 
 MAX_CLAIM_TEXTS = 256  # limits up to this are written into the claim's text (see claim_sql)
@@ -286,7 +311,7 @@ HANDBACK = f"""{_LOCKED}
 UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
     attempt_base = l.attempt_base + 1 FROM clock WHERE {_FENCE} RETURNING l.task_id, {NOTIFY}"""
 
-_RELEASED_HEAD = head_of("r.id", without="x.id", extra="x.available_at, x.created_at, x.id")
+_RELEASED_HEAD = head_of("r.id", without="x.id", extra="x.available_at, x.created_at, x.id, x.line")
 # release, one statement: give the task back after a delay, keeping the error (on the task and
 # the run) and the attempt's end in the history; the run's head follows the task
 RELEASE = f"""{_LOCKED}, {_ENDED},
@@ -299,7 +324,7 @@ released AS (
     UPDATE tasks AS t SET available_at = clock.now + %(delay)s,
         last_error = coalesce(%(error)s, t.last_error), {_COUNTS_OF}
     FROM fenced AS f, clock WHERE t.id = f.task_id
-    RETURNING t.id, t.available_at, t.created_at),
+    RETURNING t.id, t.available_at, t.created_at, t.line),
 moved AS (
     UPDATE runs AS r SET {_RELEASED_HEAD},
         last_error = coalesce(%(error)s, r.last_error), updated_at = clock.now
@@ -338,7 +363,7 @@ cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
 {_DONE_AFTER_CAS}
 SELECT id FROM cas"""
 _ADVANCED_HEAD = head_of(
-    "r.id", without="%(task_id)s", extra="clock.now + %(delay)s, clock.now, next.id"
+    "r.id", without="%(task_id)s", extra="clock.now + %(delay)s, clock.now, next.id, %(line)s"
 )
 ADVANCE = f"""{_LOCKED},
 next AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id),
@@ -347,8 +372,10 @@ cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     {_ADVANCED_HEAD}
     FROM clock, next WHERE {_CAS_WHERE} RETURNING r.id),
 {_DONE_AFTER_CAS},
-next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at)
-    SELECT next.id, cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now
+next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
+                                 gate_a, gate_b, gate_c, tokens)
+    SELECT next.id, cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now,
+        %(line)s, %(gate_a)s, %(gate_b)s, %(gate_c)s, %(tokens)s
     FROM cas, next, clock)
 SELECT id, {NOTIFY} FROM cas"""
 

@@ -11,6 +11,8 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Shaped, Step, catalogue
+from ..limits import split_gate
+from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
 from . import sql as q
@@ -76,6 +78,11 @@ def _insert_runs_shape(params: Params) -> Params:
         "keys": [r.key for r in runs],
         "queues": [r.queue for r in runs],
         "priorities": [r.priority for r in runs],
+        "lines": [r.gating.line for r in runs],
+        "gates_a": [r.gating.params()["gate_a"] for r in runs],
+        "gates_b": [r.gating.params()["gate_b"] for r in runs],
+        "gates_c": [r.gating.params()["gate_c"] for r in runs],
+        "tokens": [r.gating.tokens for r in runs],
         "now": params["now"],
     }
 
@@ -96,7 +103,16 @@ insert_runs = Shaped(_insert_runs, _insert_runs_shape)
 find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda p: p)
 
 
+def place_gates(tx: PostgresTx, params: Params) -> list[Row]:
+    """PLACE_GATES with each gate's limit and key as arrays beside it."""
+    split = [split_gate(g) for g in params["gates"]]
+    shaped = {**params, "lims": [x[0] for x in split], "keys": [x[1] for x in split]}
+    rows: list[Row] = tx.execute(g.PLACE_GATES, shaped).fetchall()
+    return rows
+
+
 STEPS: dict[str, Step] = {
+    "PLACE_GATES": place_gates,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
@@ -104,4 +120,4 @@ STEPS: dict[str, Step] = {
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
 }
-CATALOGUE = catalogue([q, o, r], STEPS)
+CATALOGUE = catalogue([q, o, g, r], STEPS)

@@ -12,31 +12,54 @@ the claim (R6, B11) instead of the claimer's.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
+
 from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..types import ClaimRequest, Lease
+from . import gates
 from .totals import ended
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
 # bound is never reached in practice: it only keeps a claim from ever looping for good.
 CLAIM_TURNS = 1000
+_turns = itertools.count()  # which goes first, gated runs or the others: each in turn
 
 
 def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
-    """Up to ``req.limit`` leases, each of a different run, in the order the backend returns
-    them (each turn sees what the earlier turns wrote: R1 holds across the batch)."""
+    """Up to ``req.limit`` leases, each of a different run: runs whose tasks have limits from
+    their gates' lines (``gates.admitted``), the others in the backend's order (each turn sees
+    what the earlier turns wrote: R1 holds across the batch). Which of the two asks first
+    alternates from claim to claim, so that neither can starve the other."""
     check_owner(req.owner)
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues == [] or req.limit < 1:
         return []
+    req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
+    opened = gates.opened(tx)
+    if not opened:  # no line may admit a run now: the claim is the plain one
+        return _claim(tx, req, req.limit)
+    if next(_turns) % 2:
+        leases = gates.admitted(tx, req, req.limit, _lease, opened)
+        return leases + _claim(tx, req, req.limit - len(leases))
+    leases = _claim(tx, req, req.limit)
+    return leases + gates.admitted(tx, req, req.limit - len(leases), _lease, opened)
+
+
+def _claim(tx: Tx, req: ClaimRequest, limit: int) -> list[Lease]:
+    """Up to ``limit`` leases of runs without limits (those in no line)."""
+    if limit < 1:
+        return []
+    queues = None if req.queues is None else list(req.queues)
     name = "CLAIM" if queues is None else "CLAIM_QUEUES"
     params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues}
     leases: list[Lease] = []
     unseen = 0  # turns in a row that leased nothing, only found runs with unseen heads
     for _ in range(CLAIM_TURNS):
-        ask = params["limit"] = req.limit - len(leases)
+        ask = params["limit"] = limit - len(leases)
         if ask <= 0:
             break
         rows = tx.rows(name, params)
@@ -61,7 +84,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
     (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
-     revision, queue, stored) = row  # fmt: skip
+     revision, queue, stored) = row[:13]  # fmt: skip
     options = task_options(stored)
     limit = options.max_attempts or req.max_attempts  # B11: the task's own bound, if declared
     if attempts - base > limit:  # R6: attempt max+1 never runs
@@ -96,6 +119,8 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         takeover=bool(takeover),
         queue=queue,
         options=options,
+        gates=tuple(g for g in row[13:16] if g) if len(row) > 13 else (),
+        reserved=row[16] if len(row) > 16 else None,
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..dialect import Params, Tx
 from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
+from .gates import settle
 from .totals import counted
 
 # The commits that are one logical step each (a row back: written; none: refused), by the
@@ -62,6 +63,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
     if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
         results = [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
         _count_finished(tx, commits, results)
+        settle(tx, commits, results)
         return results
     params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
     by_kind: dict[str, list[int]] = {}
@@ -77,6 +79,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         for i, commit in enumerate(commits)
     ]
     _count_finished(tx, commits, results)
+    settle(tx, commits, results)
     return results
 
 
@@ -107,6 +110,10 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
         return CasResult.LEASE_LOST
     if kind == "drop":
         tx.count("TASK_DONE", params)
+        return CasResult.OK
+    if kind == "retry_after":  # a release after the delay that spends no attempt
+        tx.count("RELEASE", params)
+        tx.count("UNSPEND", params)
         return CasResult.OK
     if kind == "fail":
         lease = commit.lease

@@ -9,13 +9,16 @@ from typing import overload
 
 from ..codec import check_owner, commit_params, dumps
 from ..dialect import Dialect, Params, Tx
+from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease
 from . import claims
 from .commits import apply_all, fence, refused, rejected
+from .limits import Limits
+from .producers import placing
 from .totals import ended
 
 
-class Leases:
+class Leases(Limits):
     dialect: Dialect
 
     # -- the worker's calls --------------------------------------------------------------------
@@ -26,9 +29,22 @@ class Leases:
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
         tasks (B4). Every value is encoded first: a bad one writes nothing."""
         encoded = [commit_params(commit) for commit in commits]
+        nexts: dict[int, Gating] = {}
+        if any(c.kind == "advance" for c in commits):  # where each next task waits, if gated
+            keeper = self.gatekeeper()
+            for i, commit in enumerate(commits):
+                if commit.kind == "advance":
+                    name = encoded[i]["name"]
+                    got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
+                    encoded[i].update(got.params())
+                    if got.line:
+                        nexts[i] = got
 
         def exchange(tx: Tx) -> BatchOutcome:
             results = tuple(apply_all(tx, commits, encoded))
+            placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
+            if placed:
+                tx.count("PLACE_GATES", placing(placed, tx.now))
             leases = claims.claim(tx, claim) if claim is not None and claim.limit > 0 else []
             return BatchOutcome(results, tuple(leases))
 

@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..dialect import Dialect, Tx
+from ..dialect import Dialect, Params, Tx
 from ..errors import StoreError
+from ..limits import Gating
 from ..newrun import NewRun
 from ..types import DEFAULT_QUEUE, JSON
+from .limits import Limits
 from .programs import Program, drive
 
 
-class Producers:
+class Producers(Limits):
     dialect: Dialect
 
     def start_run(
@@ -49,6 +51,7 @@ class Producers:
     def _start(self, runs: list[NewRun], caller: Any) -> list[int]:
         if not runs:
             return []
+        runs = self.gatekeeper().runs(runs)  # where each waits, if its task has limits
         return self.dialect.write(lambda tx: insert(tx, runs), intent="start", caller=caller)
 
 
@@ -64,6 +67,9 @@ def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
     rows = yield "INSERT_RUNS", {"runs": runs, "now": now}  # (id, inserted, ...) each
     ids = [int(row[0]) for row in rows]
     taken = [i for i, row in enumerate(rows) if not row[1]]
+    placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
+    if placed:  # gated runs joined their lines: each gate exists, each line may admit now
+        yield "PLACE_GATES", placing(placed, now)
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
         found: dict[str | None, int] = dict((yield "FIND_BY_KEYS", {"keys": keys}))
@@ -72,3 +78,11 @@ def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
                 raise StoreError(f"{runs[i].key!r}: a run with this key was not found")
             ids[i] = int(found[runs[i].key])
     return ids
+
+
+def placing(gatings: list[Gating], now: float | None) -> Params:
+    """``PLACE_GATES``'s parameters: every gate the runs name (created when new), and the
+    lines they joined (each may admit a run now, unless it is closed for a while)."""
+    gates = sorted({g for x in gatings for g in x.gates})
+    lines = sorted({x.line for x in gatings if x.line})
+    return {"gates": gates, "lines": lines, "now": now}

@@ -59,9 +59,13 @@ LIST_WORKERS = """SELECT owner, host, pid, started_at, beat_every, slots, queues
     ORDER BY host, started_at, pid"""
 # idle workers: the earliest moment a claim could succeed in the queues they serve (one index
 # seek per queue; never a scan of the pending runs)
+# (and the first gate whose line may admit a run: gates are not kept per queue, so a worker
+# may wake for a line of another queue once, and find nothing)
 _NEXT_READY = """WITH RECURSIVE served(q) AS ({served})
-    SELECT min((SELECT min(ready_at) FROM runs WHERE queue = served.q AND ready_at IS NOT NULL))
-    FROM served WHERE q IS NOT NULL"""
+    SELECT min(at) FROM (
+        SELECT (SELECT min(ready_at) FROM runs WHERE queue = served.q AND ready_at IS NOT NULL)
+            AS at FROM served WHERE q IS NOT NULL
+        UNION ALL SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL)"""
 NEXT_READY = _NEXT_READY.format(served=_EVERY_QUEUE)
 NEXT_READY_QUEUES = _NEXT_READY.format(served=_NAMED_QUEUES)
 

@@ -36,6 +36,26 @@ _READY_AT_V3 = f"""
     WHERE id = NEW.run_id;
 """
 
+# v11 (limits): a run whose first pending task waits behind a limit is in its gate's line, not
+# in the claim index: its head time is ``line_at`` (``head_at`` and ``ready_at`` stay NULL, so
+# no ungated claim and no idle worker's wake-up ever reads it) and ``line`` names the gate
+_HEAD_LINE_AND_READY = """(head_at, line_at, head_created, head_id, ready_at, line) = (
+        SELECT CASE WHEN h.line IS NULL THEN h.available_at END,
+               CASE WHEN h.line IS NOT NULL THEN h.available_at END, h.created_at, h.id,
+               CASE WHEN h.line IS NULL
+                    THEN max(h.available_at, coalesce(l.until, h.available_at)) END,
+               h.line
+        FROM (SELECT available_at, created_at, id, line FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL
+              ORDER BY available_at, created_at, id LIMIT 1) AS h,
+             (SELECT max(lease_expires_at) AS until FROM tasks
+              WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
+        WHERE runs.status IN ('pending', 'running'))"""
+_PLACED = f"""
+    UPDATE runs SET {_HEAD_LINE_AND_READY}
+    WHERE id = {{run}};
+"""
+
 # a lease granted or extended on a pending task, nothing else moved: the head stays (v7)
 _EXTENDED = """NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL AND OLD.done_at IS NULL
         AND NEW.available_at = OLD.available_at
@@ -286,6 +306,89 @@ MIGRATIONS: list[str] = [
         options    TEXT NOT NULL CHECK (json_valid(options)),
         updated_at REAL NOT NULL
     );
+    """,
+    # 11 (issue 24): flow control. ``limits`` holds each limit's numbers (what the app
+    # declared, what an operator set); ``gates`` one bucket per limit and key (the rate and
+    # token buckets, a pause, and ``ready_at``: when its line may next admit a run). A task
+    # names its gates (``gate_a``..``gate_c``, at most three limits) and its token reservation;
+    # its ``line`` is the gate it queues behind. A gated run leaves the claim index for its
+    # line (``runs_line``), so a claim never walks runs that wait on a full gate. Concurrency
+    # is counted from live leases (``tasks_gate_*``): a lease that ends or expires frees its
+    # slot by itself, and a takeover never counts twice.
+    f"""
+    ALTER TABLE tasks ADD COLUMN gate_a TEXT;
+    ALTER TABLE tasks ADD COLUMN gate_b TEXT;
+    ALTER TABLE tasks ADD COLUMN gate_c TEXT;
+    ALTER TABLE tasks ADD COLUMN line TEXT;
+    ALTER TABLE tasks ADD COLUMN tokens INTEGER;
+    ALTER TABLE runs ADD COLUMN line TEXT;
+    ALTER TABLE runs ADD COLUMN line_at REAL;
+    CREATE INDEX runs_line ON runs (line, queue, priority DESC, line_at, head_created, head_id)
+        WHERE line_at IS NOT NULL;
+    CREATE INDEX tasks_gate_a ON tasks (gate_a) WHERE gate_a IS NOT NULL
+        AND lease_owner IS NOT NULL;
+    CREATE INDEX tasks_gate_b ON tasks (gate_b) WHERE gate_b IS NOT NULL
+        AND lease_owner IS NOT NULL;
+    CREATE INDEX tasks_gate_c ON tasks (gate_c) WHERE gate_c IS NOT NULL
+        AND lease_owner IS NOT NULL;
+
+    CREATE TABLE limits (
+        name        TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 64),
+        per         TEXT,
+        rate        REAL,
+        burst       REAL,
+        concurrency INTEGER,
+        tokens      REAL,
+        token_burst REAL,
+        declared    TEXT NOT NULL CHECK (json_valid(declared)),
+        declared_by TEXT NOT NULL,
+        declared_at REAL NOT NULL,
+        overrides   TEXT CHECK (overrides IS NULL OR json_valid(overrides)),
+        set_at      REAL
+    );
+    CREATE TABLE gates (
+        gate         TEXT PRIMARY KEY,
+        lim          TEXT NOT NULL,
+        key          TEXT NOT NULL,
+        level        REAL,
+        level_at     REAL,
+        tok_level    REAL,
+        tok_at       REAL,
+        paused_until REAL NOT NULL DEFAULT 0,
+        ready_at     REAL,
+        blocked_by   TEXT,
+        starts       INTEGER NOT NULL DEFAULT 0,
+        used_tokens  INTEGER NOT NULL DEFAULT 0
+    ) WITHOUT ROWID;
+    CREATE INDEX gates_ready ON gates (ready_at) WHERE ready_at IS NOT NULL;
+    CREATE INDEX gates_lim ON gates (lim, key);
+    CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
+
+    DROP TRIGGER tasks_ready_insert;
+    CREATE TRIGGER tasks_ready_insert AFTER INSERT ON tasks BEGIN
+        {_PLACED.format(run="NEW.run_id")}
+    END;
+    DROP TRIGGER tasks_ready_update;
+    CREATE TRIGGER tasks_ready_update
+        AFTER UPDATE OF available_at, lease_owner, lease_expires_at, done_at ON tasks
+        WHEN NOT ({_EXTENDED})
+         AND (SELECT status FROM runs WHERE id = NEW.run_id) IN ('pending', 'running') BEGIN
+        {_PLACED.format(run="NEW.run_id")}
+    END;
+    DROP TRIGGER tasks_lease_extended;
+    CREATE TRIGGER tasks_lease_extended AFTER UPDATE OF lease_owner, lease_expires_at ON tasks
+        WHEN {_EXTENDED} BEGIN
+        UPDATE runs SET ready_at = max(coalesce(ready_at, NEW.lease_expires_at),
+                                       NEW.lease_expires_at)
+        WHERE id = NEW.run_id AND status IN ('pending', 'running') AND line IS NULL;
+    END;
+    DROP TRIGGER runs_ready_status;
+    CREATE TRIGGER runs_ready_status AFTER UPDATE OF status ON runs
+        WHEN (OLD.status IN ('pending', 'running')) != (NEW.status IN ('pending', 'running'))
+         AND NOT (NEW.status NOT IN ('pending', 'running') AND NEW.head_at IS NULL
+                  AND NEW.ready_at IS NULL AND NEW.line_at IS NULL) BEGIN
+        {_PLACED.format(run="NEW.id")}
+    END;
     """,
 ]
 

@@ -24,8 +24,12 @@ INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created
             :state, :name, :queue, :priority, :key, :now, :now)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
-INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
-    VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
+# (a task with limits names its gates, its line and its reservation: ``store/limits.py``; the
+# head trigger puts its run in the line instead of the claim index)
+INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at, line, gate_a,
+        gate_b, gate_c, tokens)
+    VALUES (:run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
+            :tokens)"""
 
 # claim (R1): one statement picks the first ``:limit`` claimable runs of the served queues, a
 # higher priority first, then in head order (the head is a run's first pending task in
@@ -140,11 +144,11 @@ CAS_STATE = f"""UPDATE runs SET state = :state, revision = revision + 1, updated
 # status trigger has nothing to recompute)
 CAS_FINISH = f"""UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
     result = :result, finished_at = :now, updated_at = :now,
-    head_at = NULL, head_created = NULL, head_id = NULL, ready_at = NULL
+    head_at = NULL, head_created = NULL, head_id = NULL, ready_at = NULL, line_at = NULL,
+    line = NULL
     WHERE id = :run_id AND revision = :revision AND status IN {ALIVE}
       AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)"""
-CAS_NEXT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at)
-    VALUES (:run_id, :name, :payload, :now + :delay, :now)"""
+CAS_NEXT_TASK = INSERT_TASK
 # advance to another queue: the run (and so its next task) moves there
 MOVE_RUN = "UPDATE runs SET queue = :queue WHERE id = :run_id"
 
@@ -159,9 +163,14 @@ RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
     lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL"""
 RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
     updated_at = :now WHERE id = :run_id"""
-# release_owner: the supervisor reaped this owner; its leases expire now.
-RELEASE_OWNER = """UPDATE tasks SET lease_expires_at = :now
+# release_owner: the supervisor reaped this owner; its leases expire now, and the gates whose
+# slots they held may admit again (``steps.release_owner``)
+EXPIRE_OWNER = """UPDATE tasks SET lease_expires_at = :now
     WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+REOPEN_OWNER_GATES = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now)
+    WHERE gate IN (SELECT gate_a FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
+                   UNION SELECT gate_b FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
+                   UNION SELECT gate_c FROM tasks WHERE lease_owner = :owner AND done_at IS NULL)"""
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
@@ -207,3 +216,102 @@ SET_TASK_OPTIONS = """INSERT INTO task_options (name, options, updated_at)
     VALUES (:name, :options, :now)
     ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
 DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = :name"
+
+
+# -- flow control (issue 24: ``protocol/limits.py``, ``protocol/gates.py``) ---------------------
+# a task's live leases on a gate: the slots of its concurrency cap that are held (``g``: gates)
+_LIVE_ON = """(SELECT count(*) FROM tasks WHERE {col} = g.gate AND lease_owner IS NOT NULL
+        AND lease_expires_at > :now AND done_at IS NULL)"""
+_FIRST_END_ON = """SELECT min(lease_expires_at) AS e FROM tasks WHERE {col} = g.gate
+        AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL"""
+_LIVE = " + ".join(_LIVE_ON.format(col=c) for c in ("gate_a", "gate_b", "gate_c"))
+_FIRST_END = " UNION ALL ".join(_FIRST_END_ON.format(col=c) for c in ("gate_a", "gate_b",
+                                                                      "gate_c"))  # fmt: skip
+LIMIT_SPECS = "SELECT name, per, rate, burst, concurrency, tokens, token_burst FROM limits"
+LIMIT_ROWS = """SELECT name, per, rate, burst, concurrency, tokens, token_burst, declared,
+    declared_by, overrides, declared_at, set_at FROM limits ORDER BY name"""
+# an app's declaration replaces what was declared and what an operator set
+DECLARE_LIMIT = """INSERT INTO limits (name, per, rate, burst, concurrency, tokens, token_burst,
+        declared, declared_by, declared_at)
+    VALUES (:name, :per, :rate, :burst, :concurrency, :tokens, :token_burst, :declared, :by, :now)
+    ON CONFLICT (name) DO UPDATE SET per = excluded.per, rate = excluded.rate,
+        burst = excluded.burst, concurrency = excluded.concurrency, tokens = excluded.tokens,
+        token_burst = excluded.token_burst, declared = excluded.declared,
+        declared_by = excluded.declared_by, declared_at = excluded.declared_at,
+        overrides = NULL, set_at = NULL"""
+# an operator's numbers (``limits set``); its gates may have room now (steps: REOPEN_LIMIT)
+SET_LIMIT_NUMBERS = """UPDATE limits SET rate = :rate, burst = :burst, concurrency = :concurrency,
+    tokens = :tokens, token_burst = :token_burst, overrides = :overrides, set_at = :now
+    WHERE name = :name"""
+REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now)
+    WHERE lim = :name"""
+# each gate of a limit: its key, live leases, runs waiting in its line, pause
+_KEYS = f"""SELECT g.key AS key, {_LIVE} AS live, (SELECT count(*) FROM runs AS r
+        WHERE r.line = g.gate AND r.line_at IS NOT NULL AND r.status IN {ALIVE}
+          AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                          AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now))
+        AS waiting,
+    CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused, g.used_tokens AS used
+    FROM gates AS g WHERE g.lim = :lim"""
+LIMIT_KEYS = f"""SELECT key, live, waiting, paused FROM ({_KEYS})
+    ORDER BY waiting + live DESC, key LIMIT :limit"""
+LIMIT_USE = f"SELECT sum(live), sum(waiting), sum(used) FROM ({_KEYS})"
+# the gates whose line may admit a run now, the one served least recently first
+OPEN_GATES = """SELECT gate FROM gates WHERE ready_at <= :now ORDER BY ready_at, gate
+    LIMIT :limit"""
+# one gate, its limit's numbers, its buckets, its live leases and the first of them to end
+GATE_STATE = f"""SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
+    g.level_at, g.tok_level, g.tok_at, g.paused_until, {_LIVE},
+    (SELECT min(e) FROM ({_FIRST_END}))
+    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = :gate"""
+# the first claimable runs of a line in the served queues (a JSON array; NULL: all): their head
+# task, its reservation, what an expired lease on it still holds (a takeover gives it back),
+# and its gates
+LINE_RUNS = f"""SELECT r.id, t.id, t.tokens,
+        CASE WHEN t.lease_owner IS NOT NULL THEN t.tokens END, t.gate_a, t.gate_b, t.gate_c
+    FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+    WHERE r.line = :line AND r.line_at <= :now AND +r.status IN {ALIVE}
+      AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+    ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id LIMIT :limit"""
+# when a line may next have a claimable run: its first due run, or its first lease to end
+LINE_NEXT = f"""SELECT min(coalesce((SELECT max(a.lease_expires_at) FROM tasks AS a
+        WHERE a.run_id = r.id AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now),
+        r.line_at))
+    FROM runs AS r WHERE r.line = :line AND r.line_at IS NOT NULL AND r.status IN {ALIVE}"""
+# lease the head task of each admitted run (R1-R3 as in CLAIM); a takeover's predecessor held
+# the task's reservation until its lease expired: it is given back (the last column)
+CLAIM_RUNS = f"""UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner,
+    lease_expires_at = :now + :ttl, attempts = attempts + 1, claimed_at = :now
+    WHERE id IN (SELECT head_id FROM runs WHERE id IN (SELECT value FROM json_each(:run_ids))
+                 AND line_at <= :now AND status IN {ALIVE})
+      AND done_at IS NULL AND (lease_owner IS NULL OR lease_expires_at <= :now)
+    RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+        prev_owner IS NOT NULL, gate_a, gate_b, gate_c, tokens,
+        CASE WHEN prev_owner IS NOT NULL THEN tokens END"""
+# what a claim made of a gate: its buckets, its starts, when its line may next admit a run
+GATE_WRITE = """UPDATE gates SET level = :level, level_at = :level_at, tok_level = :tok_level,
+    tok_at = :tok_at, starts = starts + :starts,
+    ready_at = CASE WHEN :keep THEN ready_at ELSE :ready_at END,
+    blocked_by = CASE WHEN :keep THEN blocked_by ELSE :blocked_by END
+    WHERE gate = :gate"""
+# a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
+# RetryAfter's pause; its line and the lines it kept closed may admit again (steps)
+SETTLE_GATE = """UPDATE gates SET
+    tok_level = CASE WHEN tok_level IS NULL THEN NULL ELSE tok_level + :back END,
+    level = CASE WHEN level IS NULL THEN NULL ELSE level + :unstart END,
+    starts = starts - :unstart, used_tokens = used_tokens + :charged,
+    paused_until = CASE WHEN :pause IS NULL THEN paused_until
+                        ELSE max(paused_until, :now + :pause) END,
+    ready_at = CASE WHEN :pause IS NULL THEN min(coalesce(ready_at, :now), :now)
+                    ELSE max(paused_until, :now + :pause) END
+    WHERE gate = :gate"""
+REOPEN_BLOCKED = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+    blocked_by = NULL WHERE blocked_by = :gate"""
+# gated runs joined their lines: each gate exists; each line may admit now (unless it is
+# closed for a while: its ready_at stays)
+NEW_GATE = "INSERT OR IGNORE INTO gates (gate, lim, key) VALUES (:gate, :lim, :key)"
+LINE_JOINED = "UPDATE gates SET ready_at = coalesce(ready_at, :now) WHERE gate = :gate"
+# RetryAfter: the release spent no attempt
+UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = :task_id"

@@ -10,6 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Step, catalogue
+from ..limits import split_gate
 from . import reads_sql as r
 from . import sql as q
 
@@ -95,7 +96,8 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
         if row is None:
             rows.append((0, False))
             continue
-        first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay}
+        first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay,
+                 **run.gating.params()}  # fmt: skip
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         rows.append((row[0], True))
     return rows
@@ -112,6 +114,53 @@ def next_ready_queues(tx: SQLiteTx, params: Params) -> list[Row]:
     return tx.conn.execute(r.NEXT_READY_QUEUES, {"queues": json.dumps(params["queues"])}).fetchall()
 
 
+def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
+    """CLAIM_RUNS for the admitted runs, each row in the claim's shape (``_claimed``) with its
+    gates, its reservation and what its predecessor's reservation gives back."""
+    execute, now = tx.conn.execute, params["now"]
+    found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
+    rows = []
+    for row in sorted(found.fetchall()):
+        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone()
+        rows.append((*row[:8], now, *state, *row[8:]))
+    return rows
+
+
+def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
+    queues = params["queues"]
+    shaped = {**params, "queues": None if queues is None else json.dumps(queues)}
+    return tx.conn.execute(q.LINE_RUNS, shaped).fetchall()
+
+
+def set_limit(tx: SQLiteTx, params: Params) -> list[Row]:
+    changed = tx.conn.execute(q.SET_LIMIT_NUMBERS, params).rowcount
+    tx.conn.execute(q.REOPEN_LIMIT, params)
+    return [(params["name"],)] * changed
+
+
+def gate_settle(tx: SQLiteTx, params: Params) -> list[Row]:
+    changed = tx.conn.execute(q.SETTLE_GATE, params).rowcount
+    tx.conn.execute(q.REOPEN_BLOCKED, params)
+    return [(params["gate"],)] * changed
+
+
+def place_gates(tx: SQLiteTx, params: Params) -> list[Row]:
+    for gate in params["gates"]:
+        lim, key = split_gate(gate)
+        tx.conn.execute(q.NEW_GATE, {"gate": gate, "lim": lim, "key": key})
+    for line in params["lines"]:
+        tx.conn.execute(q.LINE_JOINED, {"gate": line, "now": params["now"]})
+    return [(g,) for g in params["lines"]]
+
+
+def release_owner(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The owner's live leases expire now; the gates they held slots of may admit again."""
+    changed = tx.conn.execute(q.EXPIRE_OWNER, params).rowcount
+    if changed:
+        tx.conn.execute(q.REOPEN_OWNER_GATES, params)
+    return [(params["owner"],)] * changed
+
+
 STEPS: dict[str, Step] = {
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
@@ -122,5 +171,11 @@ STEPS: dict[str, Step] = {
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
     "NEXT_READY_QUEUES": next_ready_queues,
+    "CLAIM_RUNS": claim_runs,
+    "LINE_RUNS": line_runs,
+    "SET_LIMIT": set_limit,
+    "GATE_SETTLE": gate_settle,
+    "PLACE_GATES": place_gates,
+    "RELEASE_OWNER": release_owner,
 }
 CATALOGUE = catalogue([q, r], STEPS)

@@ -1,0 +1,179 @@
+"""Flow control's values (issue 24), with no SQL: a limit's numbers (``LimitSpec``), the gate a
+task waits behind for each of its limits, and the buckets' arithmetic. The protocol
+(``protocol/gates.py``) keeps them in the database and decides in the claim.
+
+A **limit** has a name and any of: a rate (starts per second, with a ``burst``), a concurrency
+cap (live leases at once), a token budget (tokens per second, with a ``token_burst``), and a
+``per`` field: then it is one budget per value of ``payload[per]`` (a tenant, say). A **gate**
+is one budget: ``name`` for a limit without ``per``, ``name`` and the payload's value for one
+with it (``gate_of``). A task declares at most ``MAX_LIMITS`` limits; its **line** is the gate it
+queues behind (its first limit with ``per``, else its first), where claims take runs round-robin
+across keys.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InvalidPayload
+
+MAX_LIMITS = 3  # limits per task (a task's gates are three columns: indexed, never parsed)
+MAX_KEY = 200  # characters of a ``per`` key
+SEP = "\x1f"  # between a limit's name and its key, in a gate's name
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*(s|sec|m|min|h|hour|d|day)\s*$")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+NUMBERS = ("rate", "burst", "concurrency", "tokens", "token_burst")
+MAX_NUMBER = 1e9
+
+
+def per_second(text: str | float | int, what: str) -> float:
+    """``"500/m"`` -> 8.333 per second; a bare number is per second. ValueError otherwise."""
+    if isinstance(text, bool):
+        raise ValueError(f"{what} must be a rate like '500/m' (got {text!r})")
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _RATE.match(str(text))
+        if not m:
+            raise ValueError(f"{what} must be a rate like '500/m', '10/s' or '2/5m' (got {text!r})")
+        count, span, unit = float(m[1]), float(m[2] or 1), UNITS[m[3][0]]
+        value = count / (span * unit) if span else math.nan
+    if not 0 < value <= MAX_NUMBER:
+        raise ValueError(f"{what} must be above 0 and at most {MAX_NUMBER:g} a second")
+    return value
+
+
+def check_limit_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ValueError(
+            f"a limit's name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class LimitSpec:
+    """One limit's numbers, all optional (None: that dimension is not limited)."""
+
+    name: str
+    rate: float | None = None  # starts per second
+    burst: float | None = None  # starts at once after a quiet spell (rate's bucket size)
+    concurrency: int | None = None  # live leases at once
+    tokens: float | None = None  # tokens per second
+    token_burst: float | None = None  # the token bucket's size
+    per: str | None = None  # one budget per value of this payload field
+
+    @classmethod
+    def declare(
+        cls, name: str, *, rate: str | float | None = None, burst: float | None = None,
+        concurrency: int | None = None, tokens: str | float | None = None,
+        token_burst: float | None = None, per: str | None = None,
+    ) -> LimitSpec:  # fmt: skip
+        """``app.limit(...)``'s values, checked (ValueError names the bad one). A rate's burst
+        defaults to one second of it (at least 1); a token budget's to one minute of it."""
+        check_limit_name(name)
+        r = None if rate is None else per_second(rate, f"limit {name!r}: rate")
+        t = None if tokens is None else per_second(tokens, f"limit {name!r}: tokens")
+        if r is None and burst is not None:
+            raise ValueError(f"limit {name!r}: burst needs a rate")
+        if t is None and token_burst is not None:
+            raise ValueError(f"limit {name!r}: token_burst needs tokens")
+        for label, value in (("burst", burst), ("token_burst", token_burst)):
+            if value is not None and (isinstance(value, bool) or not 1 <= value <= MAX_NUMBER):
+                raise ValueError(f"limit {name!r}: {label} must be from 1 to {MAX_NUMBER:g}")
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int)
+            or not 1 <= concurrency <= 1_000_000
+        ):  # fmt: skip
+            raise ValueError(f"limit {name!r}: concurrency must be a whole number from 1")
+        if per is not None and (not isinstance(per, str) or not _NAME.match(per)):
+            raise ValueError(f"limit {name!r}: per must name a payload field (got {per!r})")
+        if r is None and concurrency is None and t is None:
+            raise ValueError(f"limit {name!r} limits nothing: give rate, concurrency or tokens")
+        return cls(
+            name, r, None if r is None else float(burst or max(1.0, math.ceil(r))),
+            concurrency, t, None if t is None else float(token_burst or t * 60), per,
+        )  # fmt: skip
+
+    @property
+    def numbers(self) -> dict[str, Any]:
+        """The numbers given (not None), by name: what the database keeps as declared."""
+        return {k: getattr(self, k) for k in NUMBERS if getattr(self, k) is not None}
+
+    def with_numbers(self, numbers: Mapping[str, Any]) -> LimitSpec:
+        values = {k: numbers.get(k) for k in NUMBERS}
+        return LimitSpec(self.name, per=self.per, **values)
+
+
+def gate_of(spec_name: str, per: str | None, payload: Any) -> str:
+    """The gate a task with this payload waits behind for limit ``spec_name`` (``per``: its
+    payload field; a run without that field, or with one no string can stand for, shares
+    the limit's ``""`` key)."""
+    if per is None:
+        return spec_name
+    value = payload.get(per) if isinstance(payload, dict) else None
+    if value is None or isinstance(value, (dict, list)):
+        key = ""
+    else:
+        key = value if isinstance(value, str) else str(value)
+    if len(key) > MAX_KEY or "\x00" in key or SEP in key:
+        raise InvalidPayload(
+            f"payload[{per!r}] (limit {spec_name!r}'s key) must be a string of at most "
+            f"{MAX_KEY} characters without NUL (got {key[:40]!r})"
+        )
+    return f"{spec_name}{SEP}{key}"
+
+
+def split_gate(gate: str) -> tuple[str, str]:
+    """A gate's limit name and key (``""`` for a limit without ``per``)."""
+    name, _, key = gate.partition(SEP)
+    return name, key
+
+
+@dataclass(frozen=True)
+class Gating:
+    """What a task's limits make of one run of it: its gates, its line, its token reservation."""
+
+    gates: tuple[str, ...] = ()
+    line: str | None = None
+    tokens: int | None = None
+
+    def params(self) -> dict[str, Any]:
+        """The columns a task row keeps of it (``line``, ``gate_a``..``gate_c``, ``tokens``)."""
+        a, b, c = (*self.gates, None, None, None)[:MAX_LIMITS]
+        return {"line": self.line, "gate_a": a, "gate_b": b, "gate_c": c, "tokens": self.tokens}
+
+
+UNGATED = Gating()
+
+
+def gating(
+    limits: Sequence[str], specs: Mapping[str, LimitSpec], tokens: int | None, payload: Any
+) -> Gating:
+    """The gates of a run of a task declared with ``limits`` (a limit the database does not
+    know is left out: the task runs as if it had none of it)."""
+    known = [specs[name] for name in limits if name in specs]
+    if not known:
+        return UNGATED
+    gates = tuple(gate_of(s.name, s.per, payload) for s in known)
+    keyed = [g for g, s in zip(gates, known, strict=True) if s.per is not None]
+    budgeted = any(s.tokens is not None for s in known)
+    return Gating(gates, (keyed or list(gates))[0], (tokens or 0) if budgeted else None)
+
+
+def refill(level: float | None, at: float | None, rate: float, size: float, now: float) -> float:
+    """A bucket's level at ``now``: full when never used, else what it held plus what ``rate``
+    added since ``at``, at most ``size``."""
+    if level is None or at is None:
+        return size
+    return min(size, level + max(0.0, now - at) * rate)
+
+
+def when_level(level: float, need: float, rate: float, now: float) -> float:
+    """When a bucket that holds ``level`` now will hold ``need`` at ``rate``."""
+    return now if level >= need else now + (need - level) / rate

@@ -1,0 +1,108 @@
+"""The PostgreSQL backend's flow control (issue 24: ``protocol/limits.py`` and
+``protocol/gates.py``): limits, their gates, the gated claim's statements and the settling of a
+lease's gates. A claimer locks every gate it looks at ``FOR UPDATE SKIP LOCKED`` (another
+claimer's gates are skipped, never waited for); a commit settles its gates one by one in name
+order, after its runs (lock order: runs, then gates), so no two transactions wait in a cycle.
+"""
+
+from __future__ import annotations
+
+from .sql import _CLOCK, ALIVE, NOTIFY
+
+_NOW = f"(SELECT {_CLOCK})"
+# the live leases that hold one of a gate's slots (``g``: gates), and the first of them to end
+_ON = " OR ".join(f"{c} = g.gate" for c in ("gate_a", "gate_b", "gate_c"))
+_LIVE = f"""(SELECT count(*) FROM leases WHERE ({_ON}) AND owner IS NOT NULL
+        AND expires_at > {_NOW})"""
+_FIRST_END = f"""(SELECT min(expires_at) FROM leases WHERE ({_ON}) AND owner IS NOT NULL
+        AND expires_at > {_NOW})"""
+
+LIMIT_SPECS = "SELECT name, per, rate, burst, concurrency, tokens, token_burst FROM limits"
+LIMIT_ROWS = """SELECT name, per, rate, burst, concurrency, tokens, token_burst, declared::text,
+    declared_by, overrides::text, declared_at, set_at FROM limits ORDER BY name"""
+# an app's declaration replaces what was declared and what an operator set
+DECLARE_LIMIT = f"""INSERT INTO limits (name, per, rate, burst, concurrency, tokens, token_burst,
+        declared, declared_by, declared_at)
+    VALUES (%(name)s, %(per)s, %(rate)s, %(burst)s, %(concurrency)s, %(tokens)s,
+            %(token_burst)s, %(declared)s::json, %(by)s, {_CLOCK})
+    ON CONFLICT (name) DO UPDATE SET per = excluded.per, rate = excluded.rate,
+        burst = excluded.burst, concurrency = excluded.concurrency, tokens = excluded.tokens,
+        token_burst = excluded.token_burst, declared = excluded.declared,
+        declared_by = excluded.declared_by, declared_at = excluded.declared_at,
+        overrides = NULL, set_at = NULL"""
+# an operator's numbers (``limits set``), and its gates may have room now
+SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+set AS (UPDATE limits SET rate = %(rate)s, burst = %(burst)s, concurrency = %(concurrency)s,
+        tokens = %(tokens)s, token_burst = %(token_burst)s, overrides = %(overrides)s::json,
+        set_at = clock.now FROM clock WHERE name = %(name)s RETURNING name),
+reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now)
+    FROM clock, set WHERE gates.lim = set.name)
+SELECT name, {NOTIFY} FROM set"""
+# each gate of a limit: its key, live leases, runs waiting in its line, pause, tokens used
+_KEYS = f"""SELECT g.key, {_LIVE} AS live,
+    (SELECT count(*) FROM runs AS r WHERE r.line = g.gate AND r.line_at IS NOT NULL
+       AND r.status IN {ALIVE} AND NOT EXISTS (SELECT 1 FROM leases AS l
+           WHERE l.run_id = r.id AND l.owner IS NOT NULL AND l.expires_at > {_NOW})) AS waiting,
+    CASE WHEN g.paused_until > {_NOW} THEN g.paused_until END AS paused, g.used_tokens AS used
+    FROM gates AS g WHERE g.lim = %(lim)s"""
+LIMIT_KEYS = f"""SELECT key, live, waiting, paused FROM ({_KEYS}) AS k
+    ORDER BY waiting + live DESC, key LIMIT %(limit)s"""
+LIMIT_USE = f"SELECT sum(live), sum(waiting), sum(used) FROM ({_KEYS}) AS k"
+# the gates whose line may admit a run now, the one served least recently first, locked
+OPEN_GATES = f"""SELECT gate FROM gates WHERE ready_at <= {_NOW} ORDER BY ready_at, gate
+    LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
+# one gate (locked, unless another claimer holds it: then no row), its limit's numbers, its
+# buckets, its live leases and the first of them to end
+GATE_STATE = f"""SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
+    g.level, g.level_at, g.tok_level, g.tok_at, g.paused_until, {_LIVE}, {_FIRST_END}
+    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = %(gate)s
+    FOR UPDATE OF g SKIP LOCKED"""
+# the first claimable runs of a line in the served queues (NULL: all), locked: their head task,
+# its reservation, what an expired lease on it still holds (a takeover gives it back), and its
+# gates
+LINE_RUNS = f"""SELECT r.id, t.id, t.tokens,
+        (SELECT l.reserved FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL),
+        t.gate_a, t.gate_b, t.gate_c FROM runs AS r
+    JOIN tasks AS t ON t.id = r.head_id AND t.run_id = r.id
+    WHERE r.line = %(line)s AND r.line_at <= {_NOW} AND r.status = 'pending'
+      AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                      AND l.expires_at > {_NOW})
+    ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
+    LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED"""
+# when a line may next have a claimable run: its first due run, or its first lease to end
+LINE_NEXT = f"""SELECT min(coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
+        AND l.owner IS NOT NULL AND l.expires_at > {_NOW}), r.line_at))
+    FROM runs AS r WHERE r.line = %(line)s AND r.line_at IS NOT NULL AND r.status IN {ALIVE}"""
+# what a claim made of a gate: its buckets, its starts, when its line may next admit a run
+GATE_WRITE = """UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
+    tok_level = %(tok_level)s, tok_at = %(tok_at)s, starts = starts + %(starts)s,
+    ready_at = CASE WHEN %(keep)s THEN ready_at ELSE %(ready_at)s END,
+    blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END
+    WHERE gate = %(gate)s"""
+# a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
+# RetryAfter's pause; its line and the lines it kept closed may admit again (and idle workers
+# are told)
+GATE_SETTLE = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+settled AS (UPDATE gates SET
+    tok_level = tok_level + %(back)s, level = level + %(unstart)s,
+    starts = starts - %(unstart)s, used_tokens = used_tokens + %(charged)s,
+    paused_until = CASE WHEN %(pause)s::float8 IS NULL THEN paused_until
+                        ELSE greatest(paused_until, clock.now + %(pause)s) END,
+    ready_at = CASE WHEN %(pause)s::float8 IS NULL
+                    THEN least(coalesce(ready_at, clock.now), clock.now)
+                    ELSE greatest(paused_until, clock.now + %(pause)s) END
+    FROM clock WHERE gate = %(gate)s RETURNING gate),
+reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now),
+    blocked_by = NULL FROM clock WHERE blocked_by = %(gate)s)
+SELECT gate, {NOTIFY} FROM settled"""
+# gated runs joined their lines: each gate exists; each line may admit now (unless it is
+# closed for a while: its ready_at stays)
+PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at)
+    SELECT i.gate, i.lim, i.key, CASE WHEN i.gate = ANY(%(lines)s::text[]) THEN {_NOW} END
+    FROM unnest(%(gates)s::text[], %(lims)s::text[], %(keys)s::text[]) AS i(gate, lim, key)
+    ORDER BY 1
+    ON CONFLICT (gate) DO UPDATE SET ready_at = coalesce(g.ready_at, excluded.ready_at)
+    WHERE excluded.ready_at IS NOT NULL AND g.ready_at IS NULL RETURNING g.gate"""
+# RetryAfter: the release spent no attempt
+UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = %(task_id)s RETURNING id"

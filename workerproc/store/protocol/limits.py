@@ -1,0 +1,192 @@
+"""Limits kept in the database (issue 24), written once: what apps declare and operators set,
+and what a task's limits make of a run when it is enqueued (its gates, its line, its token
+reservation: ``Gatekeeper``), so that the claim needs no Python to know where a run waits.
+
+Declarations: every worker writes its app's limits when it starts (only what differs). A
+limit's numbers are the declared ones until an operator sets others (``set_limit``, ``supervisor
+limits set``); those win until a declaration with other numbers arrives (a new release of the
+app), which replaces both. A host that declares numbers other than the ones another host
+declared is told so (the answer of ``declare_limits``), and its numbers win: the newest
+deployment decides, as with task options.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..codec import task_options
+from ..dialect import Dialect, Row, Tx
+from ..errors import StoreError
+from ..limits import NUMBERS, Gating, LimitSpec, check_limit_name, gating
+from ..newrun import NewRun
+
+REFRESH = 1.0  # seconds a store trusts what it read of the declarations
+
+
+@dataclass(frozen=True)
+class LimitInfo:
+    """One limit as operators see it: its numbers now, what was declared and set, and its
+    busiest keys (``keys``: gate key, live leases, waiting runs, paused until)."""
+
+    name: str
+    spec: LimitSpec
+    declared: dict[str, Any]
+    declared_by: str
+    overrides: dict[str, Any] | None
+    in_use: int
+    waiting: int
+    used_tokens: int
+    keys: list[tuple[str, int, int, float | None]]
+
+
+def _spec(row: Row) -> LimitSpec:
+    name, per, rate, burst, concurrency, tokens, token_burst = row[:7]
+    return LimitSpec(name, rate, burst, concurrency, tokens, token_burst, per)
+
+
+class Gatekeeper:
+    """What every task's limits are, read from the database at most every ``REFRESH`` s."""
+
+    def __init__(self) -> None:
+        self.read_at = -1e18
+        self.tasks: dict[str, tuple[tuple[str, ...], int | None]] = {}
+        self.specs: dict[str, LimitSpec] = {}
+
+    def stale(self) -> bool:
+        return time.monotonic() - self.read_at > REFRESH
+
+    def learn(self, options: Iterable[Row], specs: Iterable[Row]) -> None:
+        self.tasks = {}
+        for name, text in options:
+            o = task_options(text)
+            if o.limits:
+                self.tasks[name] = (o.limits, o.tokens)
+        self.specs = {row[0]: _spec(row) for row in specs}
+        self.read_at = time.monotonic()
+
+    def gated(self, task: str) -> bool:
+        return task in self.tasks and any(n in self.specs for n in self.tasks[task][0])
+
+    def of(self, task: str, payload: Any) -> Gating:
+        limits, tokens = self.tasks[task]
+        return gating(limits, self.specs, tokens, payload)
+
+    def runs(self, runs: list[NewRun]) -> list[NewRun]:
+        """``runs`` with their gating (a task without limits: unchanged)."""
+        if not self.tasks:
+            return runs
+        return [r.gated(self.of(r.task, json.loads(r.payload))) if self.gated(r.task) else r
+                for r in runs]  # fmt: skip
+
+
+class Limits:
+    dialect: Dialect
+    _gatekeeper: Gatekeeper | None = None
+
+    def gatekeeper(self) -> Gatekeeper:
+        """The declarations, fresh within ``REFRESH`` seconds."""
+        keeper = self._gatekeeper
+        if keeper is None:
+            keeper = self._gatekeeper = Gatekeeper()
+        if keeper.stale():
+            options, specs = self.dialect.read(
+                lambda tx: (tx.rows("TASK_OPTIONS", {}), tx.rows("LIMIT_SPECS", {}))
+            )
+            keeper.learn(options, specs)
+        return keeper
+
+    def declare_limits(self, specs: Mapping[str, LimitSpec], by: str) -> list[str]:
+        """Write the numbers an app declares (``by``: who declares, for the record); returns
+        a line for each limit another host had declared otherwise (this declaration wins)."""
+        told: list[str] = []
+
+        def write(tx: Tx) -> list[str]:
+            held = {row[0]: row for row in tx.rows("LIMIT_ROWS", {})}
+            for name, spec in sorted(specs.items()):
+                check_limit_name(name)
+                declared = json.dumps(spec.numbers, sort_keys=True)
+                row = held.get(name)
+                if row is not None and json.loads(row[7]) == spec.numbers and row[1] == spec.per:
+                    continue  # the same declaration: an operator's numbers, if any, stay
+                if row is not None and row[8] != by:
+                    before = json.loads(row[7])
+                    told.append(
+                        f"limit {name!r}: {by} declares {spec.numbers}, {row[8]} had "
+                        f"declared {before}; the new numbers apply"
+                    )
+                tx.count(
+                    "DECLARE_LIMIT",
+                    {
+                        "name": name,
+                        "per": spec.per,
+                        **_numbers(spec),
+                        "declared": declared,
+                        "by": by,
+                        "now": tx.now,
+                    },
+                )
+            return told
+
+        result = self.dialect.write(write)
+        self._gatekeeper = None
+        return result
+
+    def set_limit(self, name: str, **numbers: Any) -> LimitSpec:
+        """An operator's numbers for limit ``name`` (only those given change; 0 lifts one),
+        for every worker on every host until a declaration with other numbers arrives."""
+        unknown = set(numbers) - set(NUMBERS)
+        if unknown:
+            raise StoreError(f"limits have no {', '.join(sorted(unknown))}")
+
+        def write(tx: Tx) -> LimitSpec:
+            rows = {row[0]: row for row in tx.rows("LIMIT_ROWS", {})}
+            if name not in rows:
+                raise StoreError(f"no limit {name!r} (an app declares it with app.limit)")
+            current = _spec(rows[name])
+            merged = {**current.numbers, **numbers}
+            merged = {k: v for k, v in merged.items() if v}  # 0 lifts that dimension
+            try:
+                spec = LimitSpec.declare(name, per=current.per, **merged)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            overrides = json.loads(rows[name][9]) if rows[name][9] else {}
+            overrides.update(numbers)
+            tx.count(
+                "SET_LIMIT",
+                {
+                    "name": name,
+                    **_numbers(spec),
+                    "now": tx.now,
+                    "overrides": json.dumps(overrides, sort_keys=True),
+                },
+            )
+            return spec
+
+        return self.dialect.write(write)
+
+    def limits(self, keys: int = 5) -> list[LimitInfo]:
+        """Every limit: its numbers, its use now (live leases, waiting runs) and its ``keys``
+        busiest keys."""
+
+        def read(tx: Tx) -> list[LimitInfo]:
+            out = []
+            for row in tx.rows("LIMIT_ROWS", {}):
+                busy = tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now, "limit": keys})
+                total = tx.one("LIMIT_USE", {"lim": row[0], "now": tx.now}) or (0, 0, 0)
+                out.append(LimitInfo(
+                    row[0], _spec(row), json.loads(row[7]), row[8],
+                    json.loads(row[9]) if row[9] else None, int(total[0] or 0),
+                    int(total[1] or 0), int(total[2] or 0),
+                    [(k, int(u or 0), int(w or 0), p) for k, u, w, p in busy],
+                ))  # fmt: skip
+            return out
+
+        return self.dialect.read(read, snapshot=True)
+
+
+def _numbers(spec: LimitSpec) -> dict[str, Any]:
+    return {k: getattr(spec, k) for k in NUMBERS}
