@@ -60,6 +60,13 @@ class TestConcurrency:
         (again,) = claims(s, 5, "w3")
         assert again.run_id == held.run_id and again.attempt == 3
 
+    def test_runs_enqueued_before_their_task_had_limits_obey_them(self, s: Store) -> None:
+        s.start_runs([{"task": "call"}] * 5)  # no limits yet: in no line
+        limited(s, LimitSpec.declare("cap", concurrency=1))  # a release adds one
+        got = claims(s, 5) + claims(s, 5)  # the first claim moves them to their line
+        assert len(got) == 1 and got[0].gates == ("cap",) and got[0].tries == 1
+        assert claims(s, 5) == []
+
     def test_a_runs_limits_gate_it_alone_and_runs_without_limits_never_wait(self, s: Store) -> None:
         limited(s, LimitSpec.declare("cap", concurrency=1))
         s.start_runs([{"task": "call"}] * 3 + [{"task": "free"}] * 3)

@@ -7,7 +7,7 @@ order, after its runs (lock order: runs, then gates), so no two transactions wai
 
 from __future__ import annotations
 
-from .sql import _CLOCK, ALIVE, NOTIFY
+from .sql import _CLOCK, ALIVE, NOTIFY, head_of
 
 _NOW = f"(SELECT {_CLOCK})"
 # the live leases that hold one of a gate's slots (``g``: gates), and the first of them to end
@@ -106,3 +106,11 @@ PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at)
     WHERE excluded.ready_at IS NOT NULL AND g.ready_at IS NULL RETURNING g.gate"""
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = %(task_id)s RETURNING id"
+# a run enqueued before its task had limits, handed back at its first claim: its task names
+# its gates now, and its run moves to its line
+_REGATED_HEAD = head_of("r.id", without="t.id", extra="t.available_at, t.created_at, t.id, t.line")
+REGATE = f"""WITH t AS (UPDATE tasks SET line = %(line)s, gate_a = %(gate_a)s, gate_b = %(gate_b)s,
+        gate_c = %(gate_c)s, tokens = %(tokens)s WHERE id = %(task_id)s
+        RETURNING id, available_at, created_at, line)
+UPDATE runs AS r SET {_REGATED_HEAD} FROM t WHERE r.id = %(run_id)s AND r.status IN {ALIVE}
+RETURNING r.id"""

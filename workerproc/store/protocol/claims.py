@@ -18,8 +18,10 @@ import itertools
 from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
+from ..limits import Gating
 from ..types import ClaimRequest, Lease
 from . import gates
+from .limits import Gatekeeper
 from .totals import ended
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
@@ -29,11 +31,13 @@ CLAIM_TURNS = 1000
 _turns = itertools.count()  # which goes first, gated runs or the others: each in turn
 
 
-def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
+def claim(tx: Tx, req: ClaimRequest, keeper: Gatekeeper | None = None) -> list[Lease]:
     """Up to ``req.limit`` leases, each of a different run: runs whose tasks have limits from
     their gates' lines (``gates.admitted``), the others in the backend's order (each turn sees
     what the earlier turns wrote: R1 holds across the batch). Which of the two asks first
-    alternates from claim to claim, so that neither can starve the other."""
+    alternates from claim to claim, so that neither can starve the other. ``keeper``: the
+    declarations as the store last read them: a run enqueued before its task had limits
+    joins its line at its first claim instead of running (``regate``)."""
     check_owner(req.owner)
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues == [] or req.limit < 1:
@@ -41,15 +45,27 @@ def claim(tx: Tx, req: ClaimRequest) -> list[Lease]:
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
     opened = gates.opened(tx)
     if not opened:  # no line may admit a run now: the claim is the plain one
-        return _claim(tx, req, req.limit)
+        return _claim(tx, req, req.limit, keeper)
     if next(_turns) % 2:
         leases = gates.admitted(tx, req, req.limit, _lease, opened)
-        return leases + _claim(tx, req, req.limit - len(leases))
-    leases = _claim(tx, req, req.limit)
+        return leases + _claim(tx, req, req.limit - len(leases), keeper)
+    leases = _claim(tx, req, req.limit, keeper)
     return leases + gates.admitted(tx, req, req.limit - len(leases), _lease, opened)
 
 
-def _claim(tx: Tx, req: ClaimRequest, limit: int) -> list[Lease]:
+def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
+    """A run claimed as ungated whose task has limits now (declared after it was enqueued):
+    its claim goes back unspent (a hand-back) and the run joins its line, where the claim
+    admits it by its gates like any other."""
+    params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
+              "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
+    if tx.count("HANDBACK", params):
+        tx.count("REGATE", params)
+        tx.count("PLACE_GATES", {"gates": sorted(gating.gates), "lines": [gating.line],
+                                 "now": tx.now})  # fmt: skip
+
+
+def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = None) -> list[Lease]:
     """Up to ``limit`` leases of runs without limits (those in no line)."""
     if limit < 1:
         return []
@@ -70,8 +86,12 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int) -> list[Lease]:
             if row[0] is not None:
                 got += 1
                 lease = _lease(tx, req, row)
-                if lease is not None:
-                    leases.append(lease)
+                if lease is None:
+                    continue
+                if keeper is not None and not lease.gates and keeper.gated(lease.task):
+                    regate(tx, lease, keeper.of(lease.task, lease.payload))
+                    continue
+                leases.append(lease)
         unseen = 0 if got else unseen + 1
         if unseen > 1:  # held runs whose head even a fresh snapshot cannot lease
             break

@@ -29,6 +29,7 @@ class Leases(Limits):
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
         tasks (B4). Every value is encoded first: a bad one writes nothing."""
         encoded = [commit_params(commit) for commit in commits]
+        keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
         if any(c.kind == "advance" for c in commits):  # where each next task waits, if gated
             keeper = self.gatekeeper()
@@ -45,7 +46,7 @@ class Leases(Limits):
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
             if placed:
                 tx.count("PLACE_GATES", placing(placed, tx.now))
-            leases = claims.claim(tx, claim) if claim is not None and claim.limit > 0 else []
+            leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
             return BatchOutcome(results, tuple(leases))
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks

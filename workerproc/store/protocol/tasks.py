@@ -12,9 +12,10 @@ from collections.abc import Mapping
 from ..codec import check_name, task_options
 from ..dialect import Dialect, Tx
 from ..types import NO_OPTIONS, TaskOptions
+from .limits import Limits
 
 
-class Tasks:
+class Tasks(Limits):
     dialect: Dialect
 
     def task_options(self) -> dict[str, TaskOptions]:
@@ -36,6 +37,7 @@ class Tasks:
         }
         if not changed:
             return 0
+        self._gatekeeper = None  # a task's limits may have changed: read them again
 
         def write(tx: Tx) -> int:
             for name, options in sorted(changed.items()):

@@ -10,6 +10,8 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
+from .schema import _HEAD_LINE_AND_READY
+
 ALIVE = "('pending', 'running')"  # a run that may still change ('running': before schema v9)
 
 # The fence every write after a claim carries (R2, R5).
@@ -315,3 +317,8 @@ NEW_GATE = "INSERT OR IGNORE INTO gates (gate, lim, key) VALUES (:gate, :lim, :k
 LINE_JOINED = "UPDATE gates SET ready_at = coalesce(ready_at, :now) WHERE gate = :gate"
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = :task_id"
+# a run enqueued before its task had limits, handed back at its first claim: its task names
+# its gates now, and its run moves to its line (``steps.regate``: then the head, again)
+REGATE_TASK = """UPDATE tasks SET line = :line, gate_a = :gate_a, gate_b = :gate_b,
+    gate_c = :gate_c, tokens = :tokens WHERE id = :task_id"""
+PLACE_RUN = f"UPDATE runs SET {_HEAD_LINE_AND_READY} WHERE id = :run_id"

@@ -161,6 +161,12 @@ def release_owner(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(params["owner"],)] * changed
 
 
+def regate(tx: SQLiteTx, params: Params) -> list[Row]:
+    changed = tx.conn.execute(q.REGATE_TASK, params).rowcount
+    tx.conn.execute(q.PLACE_RUN, params)
+    return [(params["task_id"],)] * changed
+
+
 STEPS: dict[str, Step] = {
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
@@ -177,5 +183,6 @@ STEPS: dict[str, Step] = {
     "GATE_SETTLE": gate_settle,
     "PLACE_GATES": place_gates,
     "RELEASE_OWNER": release_owner,
+    "REGATE": regate,
 }
 CATALOGUE = catalogue([q, r], STEPS)
