@@ -24,7 +24,8 @@ CODE_DIRS = ("workerproc", "supervisor", "tests")
 
 SPAN = re.compile(r"`([^`\n]+)`")
 STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
-STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py")  # where a backend's SQL constants live
+# where a backend's SQL constants live
+STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py")
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence
 SCHEMA_REF = re.compile(r"\b(triggers?|index(?:es)?|tables?)\s+`(\w+)`")
