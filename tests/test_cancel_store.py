@@ -40,9 +40,7 @@ class TestCancelInFlightStore:
         assert run is not None and run.status == "cancelled"
         assert s.renew_each([doomed], TTL) == [Renewal(None)]  # the lease is gone
 
-    def test_a_lost_lease_of_a_cancelled_run_answers_lost(
-        self, s: Store, clock: FakeClock
-    ) -> None:
+    def test_a_lost_lease_of_a_cancelled_run_answers_lost(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("a")
         lease = claim(s)
         assert s.cancel_run(run_id)

@@ -51,6 +51,7 @@ class Stopped(enum.StrEnum):
     QUIT = "quit"  # QUIT: release with WorkerStopped
     ABANDONED = "abandoned"  # timed out on a thread: released already, its ending is ignored
     LATE = "late"  # its lease was not confirmed recently enough to begin: hand it back unstarted
+    CANCELLED = "cancelled"  # its run was cancelled (B15): drop the task, write nothing else
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Execution:
     mode: Mode
     ctx: TaskContext = field(init=False)
     lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the run was (B15)
     started: float = field(default_factory=time.monotonic)
     begin_by: float = math.inf  # monotonic: past this the handler must not begin (startrule)
     stopped: Stopped | None = None  # set before a cancel; the ending reads it
@@ -71,7 +73,7 @@ class Execution:
     tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost, self.tasks)
+        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled)
 
     def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
         """The start was judged on the lease's confirmation at ``confirmed``: after
@@ -87,7 +89,7 @@ class Execution:
         say); the execution is then marked LATE and its lease goes back unstarted."""
         if self.stopped is None and time.monotonic() > self.begin_by:
             self.stopped = Stopped.LATE
-        return self.stopped is None
+        return self.stopped is None and not self.cancelled.is_set()  # never on a cancelled run
 
     @property
     def late(self) -> bool:
@@ -163,6 +165,11 @@ def _conclude(
     lease = ex.lease
     if ex.stopped is Stopped.ABANDONED:
         return None
+    if ex.cancelled.is_set() or ex.stopped is Stopped.CANCELLED:  # B15: the cancel ended the run
+        if ex.stopped is Stopped.LOST or ex.lost.is_set():
+            return None  # someone else holds the task: not ours to drop
+        # the task is done with; nothing of the run is written
+        return Commit(lease, "drop", used_tokens=ex.ctx.used_tokens)
     if ex.late:  # never began: no attempt spent, no error to keep
         event(log, "start_refused",
               f"task {lease.task_id} attempt {lease.attempt}: its lease was not confirmed "

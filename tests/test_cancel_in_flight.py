@@ -1,0 +1,109 @@
+"""Cancel in flight (issue 25 item 4, B15), end to end with a real supervisor, on every backend:
+``supervisor cancel RUN`` (or ``store.cancel_run``) reaches the worker holding the run's lease at
+its next renewal. A plain handler on a slot thread gets ``RunCancelled`` at its next ctx call, one
+in the inline executor (one slot) at once, an async one is cancelled; nothing of the run is
+written after the cancel (its task is dropped under the fence), and the worker goes on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pg_session
+import pytest
+from helpers import wait_for
+from sv_harness import Supervisor, env_with_tests
+
+from workerproc.store import open_store
+
+pytestmark = pytest.mark.slow
+
+APP = "apps.cancel_app:app"
+TTL = 4.5  # a renewal every 1.5 s: "within one heartbeat"
+INTERVAL = TTL / 3
+MARGIN = 3.0  # a loaded machine's scheduling, the CLI's own start-up
+MODES = {  # mode: (concurrency, task, payload extras, how it is cancelled)
+    "thread": (2, "spin", {"calls": True}, "cli"),
+    "inline": (1, "spin", {}, "cli"),
+    "async": (2, "spin_async", {}, "store"),
+}
+
+
+def notes(path: Path) -> list[dict[str, Any]]:
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line]
+    except OSError:
+        return []
+
+
+def note_of(path: Path, ev: str, run_id: int) -> dict[str, Any] | None:
+    return next((n for n in notes(path) if n["ev"] == ev and n["run"] == run_id), None)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "postgres":
+        return pg_session.schema_url("cancel")
+    return str(tmp_path / "lk.db")
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_a_cancel_reaches_the_running_handler_within_one_heartbeat(
+    tmp_path: Path, db: str, mode: str
+) -> None:
+    concurrency, task, extra, how = MODES[mode]
+    log = tmp_path / "handlers.jsonl"
+    sv = Supervisor(tmp_path)
+    sv.db = db
+    with open_store(db) as store:
+        run_id = store.start_run(task, {"log": str(log), **extra}, state={"step": 1})
+    sv.start("--lease-ttl", str(TTL), "--concurrency", str(concurrency), app=APP, n=1)
+    try:
+        started = wait_for(lambda: note_of(log, "start", run_id), timeout=60, what="the start")
+        before = time.time()
+        if how == "cli":
+            cmd = [sys.executable, "-m", "supervisor", "cancel", str(run_id), "--db", db]
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                 env=env_with_tests())  # fmt: skip
+            assert out.returncode == 0 and out.stdout.strip() == f"run {run_id} cancelled", out
+        else:
+            with open_store(db) as store:
+                assert store.cancel_run(run_id)
+        heard = wait_for(lambda: note_of(log, "cancelled", run_id), timeout=30,
+                         what=f"the {mode} handler to hear the cancel")  # fmt: skip
+        latency = heard["t"] - before
+        print(f"{mode} on {'postgres' if '://' in db else 'sqlite'}: cancel -> handler "
+              f"interrupted in {latency:.3f}s (renewal interval {INTERVAL:g}s)")  # fmt: skip
+        assert latency < INTERVAL + MARGIN, latency
+        assert heard["pid"] == started["pid"]
+        if task == "spin":
+            assert note_of(log, "finish_refused", run_id) is not None  # its late finish raised
+
+        def dropped() -> bool:
+            with open_store(db) as store:
+                (only,) = store.get_tasks(run_id)
+                return only.done_at is not None and only.lease_owner is None
+
+        wait_for(dropped, timeout=30, what="the cancelled run's task dropped")
+        with open_store(db) as store:
+            run = store.get_run(run_id)
+            assert run is not None
+            assert (run.status, run.state, run.revision, run.result, run.last_error) == (
+                "cancelled", {"step": 1}, 0, None, None,
+            )  # fmt: skip
+            assert len(store.get_tasks(run_id)) == 1  # no next task
+            assert store.run_rejections(run_id) == []  # no write was sent that the fence refused
+            # the same worker goes on claiming other work
+            after = store.start_run("quick_async" if mode == "async" else "quick")
+            done = store.wait(after, timeout=60)
+            assert done.status == "succeeded" and done.result == {"pid": started["pid"]}
+            assert store.get_run(run_id) == run  # and nothing of the cancelled run moved since
+        said = [e for e in sv.events("run_cancelled") if e.get("run_id") == run_id]
+        assert len(said) == 1, sv.text()[-3000:]
+        assert f"run {run_id} cancelled in flight" in said[0]["msg"]
+    finally:
+        sv.kill_all()
