@@ -2,7 +2,7 @@
 ``supervisor cancel RUN`` (or ``store.cancel_run``) reaches the worker holding the run's lease at
 its next renewal. A plain handler on a slot thread gets ``RunCancelled`` at its next ctx call, one
 in the inline executor (one slot) at once, an async one is cancelled; nothing of the run is
-written after the cancel (its task is dropped under the fence), and the worker goes on."""
+written after the cancel (the worker ends its lease under the fence), and the worker goes on."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 APP = "apps.cancel_app:app"
 TTL = 4.5  # a renewal every 1.5 s: "within one heartbeat"
 INTERVAL = TTL / 3
-MARGIN = 3.0  # a loaded machine's scheduling, the CLI's own start-up
+MARGIN = 5.0  # a loaded machine's scheduling, the CLI's own start-up
 MODES = {  # mode: (concurrency, task, payload extras, how it is cancelled)
     "thread": (2, "spin", {"calls": True}, "cli"),
     "inline": (1, "spin", {}, "cli"),
@@ -83,19 +83,22 @@ def test_a_cancel_reaches_the_running_handler_within_one_heartbeat(
         if task == "spin":
             assert note_of(log, "finish_refused", run_id) is not None  # its late finish raised
 
-        def dropped() -> bool:
+        def released() -> bool:
             with open_store(db) as store:
                 (only,) = store.get_tasks(run_id)
-                return only.done_at is not None and only.lease_owner is None
+                return only.lease_owner is None
 
-        wait_for(dropped, timeout=30, what="the cancelled run's task dropped")
+        wait_for(released, timeout=30, what="the cancelled run's lease released")
         with open_store(db) as store:
             run = store.get_run(run_id)
             assert run is not None
             assert (run.status, run.state, run.revision, run.result, run.last_error) == (
                 "cancelled", {"step": 1}, 0, None, None,
             )  # fmt: skip
-            assert len(store.get_tasks(run_id)) == 1  # no next task
+            (task_row,) = store.get_tasks(run_id)  # no next task; this one kept for a retry
+            assert task_row.done_at is None and (task_row.last_error or "").startswith("RunCancel")
+            (ended,) = store.attempt_history(run_id)
+            assert (ended.outcome, ended.attempt) == ("released", 1)
             assert store.run_rejections(run_id) == []  # no write was sent that the fence refused
             # the same worker goes on claiming other work
             after = store.start_run("quick_async" if mode == "async" else "quick")

@@ -34,11 +34,15 @@ class TestCancelInFlightStore:
         ]
         assert s.renew_many([doomed, alive], TTL) == [clock.now + TTL, clock.now + TTL]
         assert s.fence_rejections() == []
-        # the holder drops the task: the run stays cancelled, nothing else moves
-        assert commit(s, Commit(doomed, "drop")).result is CasResult.OK
-        run = s.get_run(cancelled_run)
-        assert run is not None and run.status == "cancelled"
+        # the holder ends its lease: the run stays cancelled, its task pending for a retry
+        before = s.get_run(cancelled_run)
+        error = "RunCancelled: the run was cancelled while this task ran"
+        assert commit(s, Commit(doomed, "release", error=error)).result is CasResult.OK
+        assert s.get_run(cancelled_run) == before
         assert s.renew_each([doomed], TTL) == [Renewal(None)]  # the lease is gone
+        assert s.retry_run(cancelled_run)
+        again = claim(s, "w2")
+        assert (again.run_id, again.attempt, again.tries) == (cancelled_run, doomed.attempt + 1, 1)
 
     def test_a_lost_lease_of_a_cancelled_run_answers_lost(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("a")

@@ -1,5 +1,6 @@
 """Cancel in flight (B15), the worker's parts one by one: the context raises ``RunCancelled``, an
-execution of a cancelled run ends in a drop (or never begins), each executor stops its handler
+execution of a cancelled run ends its lease and writes nothing else (or never begins: a
+hand-back), each executor stops its handler
 as far as its kind allows, the heartbeat reports a cancelled lease once, and a lease that waits
 for a slot never starts once a renewal says its run is cancelled."""
 
@@ -83,15 +84,23 @@ def test_every_ctx_call_raises_run_cancelled_once_the_run_is_cancelled() -> None
     assert (ctx.run_id, ctx.task_id, ctx.task, ctx.attempt) == (1, 1, "t", 1)  # for logs
 
 
-def test_a_cancelled_execution_never_begins_and_ends_in_a_drop() -> None:
-    ex = Execution(lease(), lambda ctx: None, Mode.THREAD)
-    ex.ctx.used_tokens = 7
-    ex.cancelled.set()
-    assert not ex.may_begin()
-    commit = conclude(ex, {"ignored": True}, None, CONFIG)
-    assert commit is not None and (commit.kind, commit.used_tokens) == ("drop", 7)
-    ex.lost.set()  # lost as well: someone else holds the task, nothing is ours to write
-    assert conclude(ex, None, RunCancelled(), CONFIG) is None
+def test_a_cancelled_execution_writes_nothing_but_the_end_of_its_lease() -> None:
+    ran = Execution(lease(), lambda ctx: None, Mode.THREAD)
+    assert ran.may_begin()
+    ran.ctx.used_tokens = 7
+    ran.ctx.finish({"late": True})  # recorded before the cancel: discarded
+    ran.cancelled.set()
+    commit = conclude(ran, {"ignored": True}, None, CONFIG)
+    assert commit is not None and (commit.kind, commit.used_tokens) == ("release", 7)
+    assert commit.new_state is None and commit.result is None
+    assert (commit.error or "").startswith("RunCancelled")
+    ran.lost.set()  # lost as well: someone else holds the task, nothing is ours to write
+    assert conclude(ran, None, RunCancelled(), CONFIG) is None
+    unstarted = Execution(lease(), lambda ctx: None, Mode.THREAD)
+    unstarted.cancelled.set()
+    assert not unstarted.may_begin()  # never begins on a cancelled run
+    commit = conclude(unstarted, None, None, CONFIG)
+    assert commit is not None and commit.kind == "handback"  # no attempt spent
 
 
 def test_a_handler_raising_run_cancelled_itself_is_a_failure_not_a_cancel() -> None:
@@ -129,7 +138,7 @@ def test_a_thread_hears_the_cancel_at_its_next_ctx_call() -> None:
     finally:
         executor.close()
     assert heard.is_set()
-    assert ex.commit is not None and ex.commit.kind == "drop"
+    assert ex.commit is not None and ex.commit.kind == "release"
 
 
 def test_the_event_loop_cancels_a_cancelled_run_s_handler() -> None:
@@ -155,7 +164,7 @@ def test_the_event_loop_cancels_a_cancelled_run_s_handler() -> None:
     finally:
         executor.close()
     assert heard.is_set() and ex.stopped is Stopped.CANCELLED
-    assert ex.commit is not None and ex.commit.kind == "drop"
+    assert ex.commit is not None and ex.commit.kind == "release"
 
 
 def test_the_inline_executor_raises_run_cancelled_in_the_handler(waker: Waker) -> None:
@@ -208,7 +217,7 @@ def test_the_heartbeat_reports_a_cancelled_lease_once_and_keeps_it_alive() -> No
 
 def test_a_waiting_lease_of_a_cancelled_run_never_starts(tmp_path: Path, waker: Waker) -> None:
     """R4's start renewal of a lease that waited for a slot answers ``cancelled``: the lease
-    leaves the waiting line and its task is dropped (fenced, on the heartbeat's connection);
+    leaves the waiting line and is handed back (fenced, on the heartbeat's connection);
     a live run's lease in the same round is confirmed and starts."""
     db = str(tmp_path / "lk.db")
     with open_store(db) as s:
@@ -239,7 +248,8 @@ def test_a_waiting_lease_of_a_cancelled_run_never_starts(tmp_path: Path, waker: 
     assert list(holdings.waiting) == [live] and hb.confirmed_at(doomed) is None
     with open_store(db) as s:
         (task,) = s.get_tasks(doomed_run)
-        assert task.done_at is not None and task.lease_owner is None  # dropped
+        assert task.done_at is None and task.lease_owner is None  # handed back
+        assert task.attempts - task.attempt_base == 0  # no attempt spent
         run = s.get_run(doomed_run)
         assert run is not None and run.status == "cancelled"
         assert s.fence_rejections() == []

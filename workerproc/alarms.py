@@ -103,8 +103,8 @@ class Alarms:
     def run_cancelled(self, lease: Lease, store: WorkerStore) -> None:
         """A renewal answered that ``lease``'s run was cancelled (B15): its handler stops
         (``RunCancelled`` at its next ctx call, at once inline; an async one is cancelled) and
-        its task is dropped, nothing else of the run written. A lease that still waited for a
-        slot never starts: it is dropped now, on this thread's connection (fenced)."""
+        its lease is released, nothing of the run written. A lease that still waited for a
+        slot never starts: it is handed back now, on this thread's connection (fenced)."""
         event(
             log,
             "run_cancelled",
@@ -117,10 +117,10 @@ class Alarms:
         ex, waiting = self.holdings.find(lease)
         if waiting:
             self.heartbeat.untrack([lease], wait=False)
-            _write_now(store, [Commit(lease, "drop")], "the drop of a cancelled run's task")
+            _write_now(store, [Commit(lease, "handback")], "a cancelled run's hand-back")
             return
         if ex is None:
-            return  # its commit is under way: it answers conflict and the task is dropped
+            return  # its commit is under way: it answers conflict, settled as a drop
         ex.cancelled.set()  # a thread's next ctx call raises RunCancelled
         self.executors[ex.mode].interrupt(ex, Stopped.CANCELLED)
 

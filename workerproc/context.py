@@ -25,7 +25,8 @@ class RunCancelled(BaseException):
     """This execution's run was cancelled while it ran (``supervisor cancel``,
     ``store.cancel_run``; B15): the worker heard it at its next renewal. Derives from
     BaseException so a handler's ``except Exception`` cannot swallow it; nothing the execution
-    would have written lands, the run stays cancelled and the worker drops the task."""
+    would have written lands: the run stays cancelled and the worker releases the task's lease
+    (the task stays pending, for a ``retry_run``)."""
 
 
 class TaskContext:

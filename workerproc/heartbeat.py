@@ -22,8 +22,8 @@
   A lost lease whose handler has not finished a whole ttl later fires
   ``on_stuck`` (the handler ignored ``LeaseLost``).
 - A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) fires
-  ``on_cancelled`` once for that lease; the lease is still renewed until the commit that drops
-  its task.
+  ``on_cancelled`` once for that lease; the lease is still renewed until the commit that ends
+  it.
 """
 
 from __future__ import annotations

@@ -121,7 +121,7 @@ class Commit:
 class Renewal:
     """One lease's answer to a renewal (B5, B15): its new expiry, or None where the lease is
     lost or expired; and whether its run is still alive. A live lease on a run that is over
-    (an operator cancelled it) is still renewed, so its holder can drop the task under its own
+    (an operator cancelled it) is still renewed, so its holder can end it under its own
     fence, and answers ``cancelled``: the handler must stop (``RunCancelled``)."""
 
     expires_at: float | None
