@@ -110,3 +110,34 @@ def test_a_cancel_reaches_the_running_handler_within_one_heartbeat(
         assert f"run {run_id} cancelled in flight" in said[0]["msg"]
     finally:
         sv.kill_all()
+
+
+def test_a_cancel_stops_only_its_own_slot(tmp_path: Path, db: str) -> None:
+    """Two runs on two slot threads of one worker: cancelling one leaves the other running (its
+    lease renewed, its handler never told), until it is cancelled in turn."""
+    log = tmp_path / "handlers.jsonl"
+    sv = Supervisor(tmp_path)
+    sv.db = db
+    with open_store(db) as store:
+        first, second = store.start_runs(
+            [{"task": "spin", "payload": {"log": str(log), "calls": True}}] * 2
+        )
+    sv.start("--lease-ttl", str(TTL), "--concurrency", "2", app=APP, n=1)
+    try:
+        for run_id in (first, second):
+            wait_for(lambda r=run_id: note_of(log, "start", r), timeout=60, what="both starts")
+        with open_store(db) as store:
+            assert store.cancel_run(first)
+            wait_for(lambda: note_of(log, "cancelled", first), timeout=30, what="the cancel")
+            renewed = store.get_tasks(second)[0].lease_expires_at
+            # two more renewals of the neighbour, and it never heard a word
+            wait_for(lambda: (store.get_tasks(second)[0].lease_expires_at or 0) > (renewed or 0)
+                     + INTERVAL, timeout=30, what="the neighbour renewed on")  # fmt: skip
+            assert note_of(log, "cancelled", second) is None
+            run = store.get_run(second)
+            assert run is not None and run.status == "running"
+            assert store.cancel_run(second)
+            wait_for(lambda: note_of(log, "cancelled", second), timeout=30, what="the second")
+            assert store.fence_rejections() == []
+    finally:
+        sv.kill_all()
