@@ -25,7 +25,7 @@ from procs import Proc, spawn_worker
 
 from workerproc.heartbeat import Heartbeat
 from workerproc.startrule import StartRule
-from workerproc.store import Lease, Store, StoreUnavailable, open_store
+from workerproc.store import Lease, Renewal, Store, StoreUnavailable, open_store
 
 LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
 
@@ -57,11 +57,12 @@ class Renewals:
         self.busy = busy
         self.sent: list[float] = []
 
-    def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
+    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
         self.sent.append(time.monotonic())
         if self.busy:
             raise StoreUnavailable("database is locked")
-        return [None if lease.task_id in self.refuse else time.time() + ttl for lease in leases]
+        return [Renewal(None if lease.task_id in self.refuse else time.time() + ttl)
+                for lease in leases]  # fmt: skip
 
     def close(self) -> None:
         pass
@@ -105,12 +106,12 @@ def test_confirm_never_counts_a_renewal_sent_before_it_was_asked():
     release = threading.Event()
 
     class Slow(Renewals):
-        def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
+        def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
             if not self.sent:  # the first round is in flight when confirm() is called
                 self.sent.append(time.monotonic())
                 release.wait(10)
-                return [time.time() + ttl for _ in leases]
-            return super().renew_many(leases, ttl)
+                return [Renewal(time.time() + ttl) for _ in leases]
+            return super().renew_each(leases, ttl)
 
     store = Slow()
     lost: list[int] = []
@@ -256,10 +257,10 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
         def __init__(self, db: str) -> None:
             super().__init__(open_store(db).dialect)
 
-        def renew_many(self, leases: Any, ttl: float) -> list[float | None]:
+        def renew_each(self, leases: Any, ttl: float) -> list[Renewal]:
             renewals.append(len(leases))
             time.sleep(0.15)
-            return super().renew_many(leases, ttl)
+            return super().renew_each(leases, ttl)
 
     app = App()
     app.task("short")(lambda ctx: time.sleep(0.005))

@@ -18,7 +18,7 @@ from workerproc.execution import Execution, Mode
 from workerproc.heartbeat import Heartbeat
 from workerproc.signals import INTERRUPT, Waker
 from workerproc.status import DURATION_BOUNDS, Counters, StatusBoard
-from workerproc.store import Lease, Store, StoreUnavailable, open_store
+from workerproc.store import Lease, Renewal, Store, StoreUnavailable, open_store
 from workerproc.worker import Worker
 
 LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
@@ -39,7 +39,7 @@ class SlowRenewals:
         self.calls: list[tuple[float, float]] = []
         self.lock = threading.Lock()
 
-    def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
+    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
         with self.lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
@@ -48,7 +48,7 @@ class SlowRenewals:
             time.sleep(self.duration)
             if len(self.calls) < self.fail_first:
                 raise StoreUnavailable("database is locked")
-            return [time.time() + ttl for _ in leases]
+            return [Renewal(time.time() + ttl) for _ in leases]
         finally:
             self.calls.append((start, time.monotonic()))
             with self.lock:
@@ -228,10 +228,11 @@ class ScriptedRenewals:
         self.refuse = refuse
         self.calls: list[tuple[int, float]] = []
 
-    def renew_many(self, leases: list[Lease], ttl: float) -> list[float | None]:
+    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
         now = time.monotonic()
         self.calls += [(lease.task_id, now) for lease in leases]
-        return [None if lease.task_id in self.refuse else time.time() + ttl for lease in leases]
+        return [Renewal(None if lease.task_id in self.refuse else time.time() + ttl)
+                for lease in leases]  # fmt: skip
 
     def close(self) -> None:
         pass

@@ -6,7 +6,7 @@ from __future__ import annotations
 # and so does everything that reports it.
 __version__ = "0.1.0"
 
-from .app import App, LeaseLost, Task, TaskContext
+from .app import App, LeaseLost, RunCancelled, Task, TaskContext
 from .config import WorkerConfig
 from .limits import RetryAfter
 from .store import AsyncStore, CasResult, Lease, Store, TaskOptions, open_async_store, open_store
@@ -19,6 +19,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "RetryAfter",
+    "RunCancelled",
     "Store",
     "Task",
     "TaskContext",

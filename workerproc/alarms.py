@@ -100,6 +100,30 @@ class Alarms:
         ex.lost.set()  # a thread's next ctx call raises LeaseLost
         self.executors[ex.mode].interrupt(ex, Stopped.LOST)
 
+    def run_cancelled(self, lease: Lease, store: WorkerStore) -> None:
+        """A renewal answered that ``lease``'s run was cancelled (B15): its handler stops
+        (``RunCancelled`` at its next ctx call, at once inline; an async one is cancelled) and
+        its lease is released, nothing of the run written. A lease that still waited for a
+        slot never starts: it is handed back now, on this thread's connection (fenced)."""
+        event(
+            log,
+            "run_cancelled",
+            f"run {lease.run_id} cancelled in flight: stopping task {lease.task_id} "
+            f"({lease.task}) attempt {lease.attempt}",
+            run_id=lease.run_id,
+            task_id=lease.task_id,
+            attempt=lease.attempt,
+        )
+        ex, waiting = self.holdings.find(lease)
+        if waiting:
+            self.heartbeat.untrack([lease], wait=False)
+            _write_now(store, [Commit(lease, "handback")], "a cancelled run's hand-back")
+            return
+        if ex is None:
+            return  # its commit is under way: it answers conflict, settled as a drop
+        ex.cancelled.set()  # a thread's next ctx call raises RunCancelled
+        self.executors[ex.mode].interrupt(ex, Stopped.CANCELLED)
+
     def timed_out(self, lease: Lease, store: WorkerStore) -> bool:
         """``lease``'s handler outlived --task-timeout. False: not its fault yet (another
         handler blocks the event loop it needs; the heartbeat asks again soon)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from .context import LeaseLost, TaskContext
+from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
 from .store import TaskOptions
 from .store.types import JSON
@@ -21,7 +21,7 @@ Hook = Callable[[], None] | Callable[[], Awaitable[None]]
 R = TypeVar("R")
 H = TypeVar("H", bound=Hook)
 
-__all__ = ["App", "Handler", "Hook", "LeaseLost", "Task", "TaskContext"]
+__all__ = ["App", "Handler", "Hook", "LeaseLost", "RunCancelled", "Task", "TaskContext"]
 
 
 class App:

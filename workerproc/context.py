@@ -1,4 +1,5 @@
-"""What a handler gets: the ``TaskContext`` of the task it runs, and ``LeaseLost``."""
+"""What a handler gets: the ``TaskContext`` of the task it runs, ``LeaseLost`` and
+``RunCancelled``."""
 
 from __future__ import annotations
 
@@ -20,6 +21,14 @@ class LeaseLost(BaseException):
     whatever the execution would have written."""
 
 
+class RunCancelled(BaseException):
+    """This execution's run was cancelled while it ran (``supervisor cancel``,
+    ``store.cancel_run``; B15): the worker heard it at its next renewal. Derives from
+    BaseException so a handler's ``except Exception`` cannot swallow it; nothing the execution
+    would have written lands: the run stays cancelled and the worker releases the task's lease
+    (the task stays pending, for a ``retry_run``)."""
+
+
 class TaskContext:
     """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
     last word; the worker writes it under the lease when the handler returns, in one transaction
@@ -27,16 +36,22 @@ class TaskContext:
     unchanged and the return value (JSON) as its result.
 
     Once the lease is lost, reading the run's data (``payload``, ``state``, ``revision``) and
-    every call (``advance``, ``finish``, ``raise_if_lost``) raise ``LeaseLost``: a handler on a
-    slot thread cannot be interrupted from outside, so this is where it learns it (an inline
-    handler is also interrupted; an async one is cancelled). Which step this is (``run_id``,
-    ``task_id``, ``task``, ``attempt``) stays readable, for logs."""
+    every call (``advance``, ``finish``, ``usage``, ``raise_if_lost``) raise ``LeaseLost``: a
+    handler on a slot thread cannot be interrupted from outside, so this is where it learns it
+    (an inline handler is also interrupted; an async one is cancelled). Once the run is
+    cancelled under it (B15), the same reads and calls raise ``RunCancelled``. Which step this
+    is (``run_id``, ``task_id``, ``task``, ``attempt``) stays readable, for logs."""
 
     def __init__(
-        self, lease: Lease, lost: threading.Event, tasks: Mapping[str, Task[Any]] | None = None
+        self,
+        lease: Lease,
+        lost: threading.Event,
+        tasks: Mapping[str, Task[Any]] | None = None,
+        cancelled: threading.Event | None = None,
     ) -> None:
         self._lease = lease
         self._lost = lost
+        self._cancelled = cancelled or threading.Event()  # set when the run is cancelled
         self._tasks = tasks or {}  # the app's tasks: where ``advance`` finds a task's queue
         self.commit: Commit | None = None
         # R4's start rule, once more at the handler's first read of its task (its payload or
@@ -106,10 +121,19 @@ class TaskContext:
         """An early hint only (R5): the database decides at commit time."""
         return self._lost.is_set()
 
+    @property
+    def cancelled(self) -> bool:
+        """The run was cancelled while this execution ran (B15): its next ``ctx`` call raises
+        ``RunCancelled``."""
+        return self._cancelled.is_set()
+
     def raise_if_lost(self) -> None:
-        """Raise ``LeaseLost`` if the lease is gone: a checkpoint for long loops."""
+        """Raise ``LeaseLost`` if the lease is gone, ``RunCancelled`` if the run was
+        cancelled: a checkpoint for long loops."""
         if self._lost.is_set():
             raise LeaseLost()
+        if self._cancelled.is_set():
+            raise RunCancelled()
 
     def _record(self, commit: Commit) -> None:
         self.raise_if_lost()

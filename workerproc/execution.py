@@ -34,6 +34,8 @@ if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only
 
 log = logging.getLogger("workerproc.worker")
 
+CANCELLED_ERROR = "RunCancelled: the run was cancelled while this task ran"
+
 
 class Mode(enum.StrEnum):
     """Where a handler runs: each mode has its executor (``workerproc/executors``)."""
@@ -51,6 +53,7 @@ class Stopped(enum.StrEnum):
     QUIT = "quit"  # QUIT: release with WorkerStopped
     ABANDONED = "abandoned"  # timed out on a thread: released already, its ending is ignored
     LATE = "late"  # its lease was not confirmed recently enough to begin: hand it back unstarted
+    CANCELLED = "cancelled"  # its run was cancelled (B15): end the lease, write nothing of the run
 
 
 @dataclass
@@ -62,16 +65,18 @@ class Execution:
     mode: Mode
     ctx: TaskContext = field(init=False)
     lost: threading.Event = field(default_factory=threading.Event)
+    cancelled: threading.Event = field(default_factory=threading.Event)  # the run was (B15)
     started: float = field(default_factory=time.monotonic)
     begin_by: float = math.inf  # monotonic: past this the handler must not begin (startrule)
     stopped: Stopped | None = None  # set before a cancel; the ending reads it
+    began: bool = False  # the handler was called (its last check passed)
     commit: Commit | None = None  # the last word, once the handler ended
     seconds: float = 0.0  # time in the handler
     task: asyncio.Task[None] | None = None  # async: the coroutine's task, on the loop thread
     tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost, self.tasks)
+        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled)
 
     def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
         """The start was judged on the lease's confirmation at ``confirmed``: after
@@ -87,7 +92,8 @@ class Execution:
         say); the execution is then marked LATE and its lease goes back unstarted."""
         if self.stopped is None and time.monotonic() > self.begin_by:
             self.stopped = Stopped.LATE
-        return self.stopped is None
+        self.began = self.stopped is None and not self.cancelled.is_set()  # never when cancelled
+        return self.began
 
     @property
     def late(self) -> bool:
@@ -163,6 +169,14 @@ def _conclude(
     lease = ex.lease
     if ex.stopped is Stopped.ABANDONED:
         return None
+    if ex.cancelled.is_set() or ex.stopped is Stopped.CANCELLED:  # B15: the cancel ended the run
+        if ex.stopped is Stopped.LOST or ex.lost.is_set():
+            return None  # someone else holds the task: not ours to end
+        if not ex.began or ex.late:  # never began: back unstarted, no attempt spent
+            return Commit(lease, "handback")
+        # The lease ends and the attempt's end is kept; the run, over, is not written, and its
+        # task stays pending for a ``retry_run`` (as a run cancelled between its steps).
+        return Commit(lease, "release", error=CANCELLED_ERROR, used_tokens=ex.ctx.used_tokens)
     if ex.late:  # never began: no attempt spent, no error to keep
         event(log, "start_refused",
               f"task {lease.task_id} attempt {lease.attempt}: its lease was not confirmed "

@@ -3,7 +3,7 @@
 - Own connection: the thread opens its own store (never shares the conductor's).
 - Single flight per worker: one thread, one renewal statement at a time. When the oldest lease
   is due (``interval`` after its last renewal), every lease still held is renewed at once, each
-  fenced on its own (``renew_many``); a refused one is lost alone (``on_lost``) and the others
+  fenced on its own (``renew_each``); a refused one is lost alone (``on_lost``) and the others
   go on.
 - A lease is held from its claim to the commit that ends it (``track`` ... ``untrack``), so a
   prefetched task waiting for a slot and a finished one waiting for its batch stay alive too.
@@ -21,6 +21,9 @@
   ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
   A lost lease whose handler has not finished a whole ttl later fires
   ``on_stuck`` (the handler ignored ``LeaseLost``).
+- A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) fires
+  ``on_cancelled`` once for that lease; the lease is still renewed until the commit that ends
+  it.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Held:
     finished: bool = False  # the handler returned: no timeout, no stuck check
     lost_at: float | None = None
     timed_out: bool = False
+    cancelled: bool = False  # a renewal said its run was cancelled (``on_cancelled`` fired)
 
     def deadline(self, ttl: float) -> float:
         """Monotonic: the lease may be gone after this."""
@@ -71,6 +75,7 @@ class Heartbeat:
         on_timeout: Callable[[Lease, WorkerStore], bool | None],
         on_death: Callable[[BaseException], None],
         on_stuck: Callable[[Lease], None] | None = None,
+        on_cancelled: Callable[[Lease, WorkerStore], None] | None = None,
         task_timeout: float | None = None,
         outage: Outage | None = None,
         presence: Presence | None = None,
@@ -86,6 +91,7 @@ class Heartbeat:
         self._on_timeout = on_timeout
         self._on_death = on_death
         self._on_stuck = on_stuck
+        self._on_cancelled = on_cancelled
         self._cond = threading.Condition()
         self._held: dict[int, Held] = {}  # task id -> what we know of its lease
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
@@ -142,6 +148,7 @@ class Heartbeat:
                 if (held := self._held.get(task_id)) is not None
                 and held.lease.attempt == attempt
                 and held.lost_at is None
+                and not held.cancelled  # a cancelled run's lease never starts
                 and held.confirmed >= asked
             }
 
@@ -311,7 +318,7 @@ class Heartbeat:
             batch = [h for h in self._held.values() if h.lost_at is None and not h.timed_out]
         started = time.monotonic()
         try:
-            expiries = store.renew_many([h.lease for h in batch], self.ttl)
+            renewals = store.renew_each([h.lease for h in batch], self.ttl)
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
             self.outage.failed("renewal", exc)
             now = time.monotonic()
@@ -322,13 +329,20 @@ class Heartbeat:
             return
         self.outage.answered()
         self.renewals += 1
-        for held, expiry in zip(batch, expiries, strict=True):
-            if expiry is None:
+        cancelled: list[Lease] = []
+        for held, renewal in zip(batch, renewals, strict=True):
+            if renewal.expires_at is None:
                 self._lose(held, "the store refused the renewal")
-            else:
-                with self._cond:  # ``age`` and ``confirm`` read these on other threads
-                    held.confirmed = max(held.confirmed, started)
-                    held.due = held.confirmed + self.interval
+                continue
+            with self._cond:  # ``age`` and ``confirm`` read these on other threads
+                held.confirmed = max(held.confirmed, started)
+                held.due = held.confirmed + self.interval
+                if renewal.cancelled and not held.cancelled:
+                    held.cancelled = True
+                    cancelled.append(held.lease)
+        if self._on_cancelled is not None:
+            for lease in cancelled:
+                self._on_cancelled(lease, store)
 
     def _lose(self, held: Held, why: str) -> None:
         with self._cond:

@@ -94,6 +94,7 @@ class Worker:
             on_timeout=lambda lease, store: self.alarms.timed_out(lease, store),  # noqa: PLW0108
             on_death=lambda exc: self.alarms.heartbeat_died(exc),  # noqa: PLW0108
             on_stuck=lambda lease: self.alarms.handler_stuck(lease),  # noqa: PLW0108
+            on_cancelled=lambda lease, store: self.alarms.run_cancelled(lease, store),  # noqa: PLW0108
             task_timeout=config.task_timeout,
             outage=self.outage,
             presence=self._presence(owner, config),

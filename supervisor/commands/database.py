@@ -290,7 +290,7 @@ def retry(run_id: int, db: str) -> None:
 @click.argument("run_id", metavar="RUN", type=RUN_ID)
 @db_option
 def cancel(run_id: int, db: str) -> None:
-    """Cancel a run that has not finished; a worker holding its task drops it."""
+    """Cancel a run that has not finished; a handler running it is stopped within a heartbeat."""
     with store_actions.store_for(db) as store:
         if store.get_run(run_id) is None:
             raise RunNotFound(run_id)

@@ -1,10 +1,11 @@
 """One slot, a plain handler: on the main thread, the conductor's, as a worker always ran them.
 
 It is the one executor that can interrupt a plain handler: a lost lease raises ``LeaseLost`` in
-it (the heartbeat thread sends ``INTERRUPT`` to the main thread, whose handler raises only while
-a handler runs, never in the worker's own bookkeeping), and QUIT raises ``Abort`` in it (the
-signal handler does). While the handler runs, the conductor cannot act: ``before`` and
-``after`` let the worker hand what needs doing meanwhile to its heartbeat thread.
+it, a cancelled run ``RunCancelled`` (the heartbeat thread sends ``INTERRUPT`` to the main
+thread, whose handler raises only while a handler runs, never in the worker's own bookkeeping),
+and QUIT raises ``Abort`` in it (the signal handler does). While the handler runs, the
+conductor cannot act: ``before`` and ``after`` let the worker hand what needs doing meanwhile to
+its heartbeat thread.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ..app import LeaseLost
+from ..app import LeaseLost, RunCancelled
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude
 from ..logs import running
@@ -65,11 +66,15 @@ class InlineExecutor(Executor):
         self._done(ex)
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:
-        """A lost lease raises ``LeaseLost`` in the handler. Nothing else stops a running
-        Python call safely (QUIT's ``Abort`` comes from its own signal)."""
-        if why is not Stopped.LOST:
+        """A lost lease raises ``LeaseLost`` in the handler, a cancelled run ``RunCancelled``
+        (B15). Nothing else stops a running Python call safely (QUIT's ``Abort`` comes from its
+        own signal)."""
+        if why is Stopped.LOST:
+            self._interrupt_main(LeaseLost)
+        elif why is Stopped.CANCELLED:
+            self._interrupt_main(RunCancelled)
+        else:
             return False
-        self._interrupt_main(LeaseLost)
         return True
 
     def _interrupt_main(self, exc: type[BaseException]) -> None:

@@ -118,6 +118,17 @@ class Commit:
 
 
 @dataclass(frozen=True)
+class Renewal:
+    """One lease's answer to a renewal (B5, B15): its new expiry, or None where the lease is
+    lost or expired; and whether its run is still alive. A live lease on a run that is over
+    (an operator cancelled it) is still renewed, so its holder can end it under its own
+    fence, and answers ``cancelled``: the handler must stop (``RunCancelled``)."""
+
+    expires_at: float | None
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
 class ClaimRequest:
     """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
     up to ``limit`` leases, from ``queues`` (None: every queue)."""

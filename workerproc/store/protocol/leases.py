@@ -10,7 +10,7 @@ from typing import overload
 from ..codec import check_owner, commit_params, dumps
 from ..dialect import Dialect, Params, Tx
 from ..limits import UNGATED, Gating
-from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease
+from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import apply_all, fence, refused, rejected
 from .limits import Limits
@@ -59,6 +59,11 @@ class Leases(Limits):
         """R3 for every lease of one owner in one step (B5): each lease's new expiry,
         ``max(old, now + ttl)``, or None where that lease is lost or expired (each refusal
         recorded like any other)."""
+        return [renewal.expires_at for renewal in self.renew_each(leases, ttl)]
+
+    def renew_each(self, leases: Sequence[Lease], ttl: float) -> list[Renewal]:
+        """``renew_many`` that also says, for each lease renewed, whether its run is over
+        (B15: cancelled under its holder, who must stop the handler and drop the task)."""
         if not leases:
             return []
         if len({lease.owner for lease in leases}) != 1:
@@ -66,11 +71,13 @@ class Leases(Limits):
         check_owner(leases[0].owner)
         params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl)}
 
-        def renew(tx: Tx) -> list[float | None]:
+        def renew(tx: Tx) -> list[Renewal]:
             rows = tx.rows("RENEW_MANY", {**params, "now": tx.now})
-            renewed = {(task_id, attempt): at for task_id, attempt, at in rows}
+            renewed = {(row[0], row[1]): row for row in rows}
             return [
-                None if (at := renewed.get((lease.task_id, lease.attempt))) is None else float(at)
+                Renewal(None)
+                if (row := renewed.get((lease.task_id, lease.attempt))) is None
+                else Renewal(float(row[2]), cancelled=not row[3])
                 for lease in leases
             ]
 

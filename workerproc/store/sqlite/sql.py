@@ -101,8 +101,11 @@ FAIL_RUN = f"""UPDATE runs SET status = 'failed', failure_reason = :reason,
 _FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
                          FROM json_each(:pairs))
       AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
+# Each renewed lease also says whether its run is still alive (B15): a cancelled run's holder
+# hears it at its next renewal, and stops its handler.
 RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
-    WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at"""
+    WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at,
+    (SELECT status IN {ALIVE} FROM runs WHERE runs.id = tasks.run_id)"""
 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
@@ -130,7 +133,10 @@ HANDBACK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
 RELEASE_TASK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
     available_at = :now + :delay, last_error = coalesce(:error, last_error)
     WHERE {_FENCE}"""
-RUN_ERROR = "UPDATE runs SET last_error = :error, updated_at = :now WHERE id = :run_id"
+# the error goes onto a live run only: a run that is over (cancelled under its holder, B15)
+# is never written again
+RUN_ERROR = f"""UPDATE runs SET last_error = :error, updated_at = :now
+    WHERE id = :run_id AND status IN {ALIVE}"""
 
 # fail (fenced): the holder fails its run; the task keeps its place for retry_run.
 TASK_FAILED = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,

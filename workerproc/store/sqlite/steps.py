@@ -43,7 +43,7 @@ def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
     leases = params["leases"]
     pairs = json.dumps([[lease.task_id, lease.attempt] for lease in leases])
     rows: list[Row] = tx.conn.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
-    renewed = {(task_id, attempt) for task_id, attempt, _ in rows}
+    renewed = {(task_id, attempt) for task_id, attempt, *_ in rows}
     for lease in leases:
         if (lease.task_id, lease.attempt) not in renewed:
             tx.conn.execute(q.INSERT_REJECTION, {"task_id": lease.task_id, "owner": lease.owner,
