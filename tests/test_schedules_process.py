@@ -49,8 +49,8 @@ def one_run_per_tick(tmp_path: Path, db: str) -> None:
     a, b = Supervisor(tmp_path, "sv1"), Supervisor(tmp_path, "sv2")
     a.db = b.db = db
     try:
-        a.start(*ARGS, app=APP, n=1)
-        b.start(*ARGS, app=APP, n=1)
+        a.start(*ARGS, app=APP, n=2)
+        b.start(*ARGS, app=APP, n=2)
         wait_for(lambda: count(db) >= 3, timeout=30, what="three ticks fired")
         workers = a.workers()
         a.signal(signal.SIGKILL)  # its worker dies with it (orphan protection)
@@ -59,8 +59,8 @@ def one_run_per_tick(tmp_path: Path, db: str) -> None:
         wait_for(lambda: gone(workers), timeout=10, what="the killed supervisor's worker gone")
         before = count(db)
         wait_for(lambda: count(db) >= before + 3, timeout=30, what="ticks while one is down")
-        a.start(*ARGS, app=APP, n=1)  # restarted: it declares the same schedule again
-        a.wait_workers(1)
+        a.start(*ARGS, app=APP, n=2)  # restarted: it declares the same schedule again
+        a.wait_workers(2)
         wait_for(lambda: count(db) >= before + 9, timeout=30, what="ten ticks and more")
         for sv in (a, b):
             sv.signal(signal.SIGTERM)

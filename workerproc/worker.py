@@ -50,6 +50,8 @@ from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
 
+FIRERS = 2  # the workers of a pool (its first indexes) that fire the schedules
+
 
 class Worker:
     def __init__(
@@ -160,12 +162,16 @@ class Worker:
 
     def _start_schedules(self) -> None:
         """Issue 25: the app's schedules, written where every worker sees them, and fired by
-        a small thread of this worker (``ticker``); an app without schedules fires none."""
+        a small thread (``ticker``) of the first ``FIRERS`` workers of each pool (two: one
+        may be dying or restarting; more would only contend for the same ticks); an app
+        without schedules fires none."""
         specs = self.app.schedule_specs()
         if not specs:
             return
         for told in self.store.declare_schedules(specs, by=socket.gethostname()):
             event(log, "schedule_redeclared", told, level=logging.WARNING)
+        if self.slot is not None and self.slot.index >= FIRERS:
+            return
         self.ticker = Ticker(self._open_store, self.outage)
         self.ticker.start()
 
