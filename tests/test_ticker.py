@@ -1,16 +1,24 @@
 """The schedules' firer of a worker (``workerproc/ticker.py``) with a fake store: it fires what
 is due, then sleeps until the earliest next tick (bounded by ``REFRESH``), never busy-polls
-when a tick stays due, backs off after a failing database, and stops at once when closed."""
+when a tick stays due, backs off after a failing database, and stops at once when closed; and
+which workers of a pool run one (``Worker._start_schedules``)."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import pytest
+from helpers import wait_for
+
+from workerproc import App
+from workerproc.config import WorkerConfig
 from workerproc.outage import Outage
-from workerproc.store import StoreUnavailable
+from workerproc.status import StatusBoard
+from workerproc.store import StoreUnavailable, open_store
 from workerproc.store.schedules import Fired
 from workerproc.ticker import MIN_WAIT, REFRESH, RETRY, Ticker
+from workerproc.worker import Worker
 
 
 class FakeStore:
@@ -77,3 +85,29 @@ def test_the_thread_fires_on_its_own_store_and_stops_when_closed() -> None:
     began = time.monotonic()
     t.close()  # it sleeps for REFRESH: the close wakes it
     assert time.monotonic() - began < 2 and store.closed.is_set() and store.fires == 1
+
+
+@pytest.mark.parametrize(("index", "fires"), [(None, True), (0, True), (1, True), (2, False)])
+def test_the_first_two_workers_of_a_pool_fire_and_every_worker_declares(
+    db_path: str, index: int | None, fires: bool
+) -> None:
+    app = App()
+    app.schedule("* * * * * *", task="tick", catch_up="all")
+    app.task("tick")(lambda ctx: None)
+    store = open_store(db_path)
+    board = StatusBoard(4)
+    worker = Worker(store, app, WorkerConfig(db=db_path, app="tests:app"), owner="w",
+                    open_store=lambda: open_store(db_path),
+                    slot=None if index is None else board.slot(index))  # fmt: skip
+    try:
+        worker._start_schedules()
+        assert [s.name for s in store.schedules()] == ["tick"]  # declared either way
+        assert (worker.ticker is not None) is fires
+        if worker.ticker is not None:
+            wait_for(lambda: store.list_runs(), timeout=10, what="a tick's run")
+            run = store.list_runs()[0]
+            assert (run.key or "").startswith("schedule:tick:") and run.task == "tick"
+    finally:
+        if worker.ticker is not None:
+            worker.ticker.close()
+        store.close()
