@@ -75,6 +75,20 @@ def test_a_failing_database_is_retried_after_a_pause() -> None:
     assert outage.since is None
 
 
+def test_a_schedule_it_cannot_read_is_told_once_and_looked_at_again_later(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = FakeStore(due=100.5)
+    t = ticker(store)
+
+    def broken() -> list[Fired]:
+        raise ValueError("Bad minute")  # what cronsim says of a hand-edited expression
+
+    store.fire_schedules = broken  # type: ignore[method-assign]
+    assert t.step(store) == t.step(store) == REFRESH  # type: ignore[arg-type]
+    assert sum("cannot fire the schedules" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_the_thread_fires_on_its_own_store_and_stops_when_closed() -> None:
     store = FakeStore(due=None)
     t = ticker(store)

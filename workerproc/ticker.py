@@ -33,6 +33,7 @@ class Ticker:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._main, name="schedules", daemon=True)
         self.fired = 0  # runs this worker's ticker started
+        self._broken = False  # the last look failed other than by the database (told once)
 
     def start(self) -> None:
         self._thread.start()
@@ -72,6 +73,13 @@ class Ticker:
         except StoreError as exc:
             self._outage.failed("schedules", exc)
             return RETRY
+        except Exception as exc:  # a row no cron library reads (a hand edit): told once
+            if not self._broken:
+                event(log, "schedules_failed", f"cannot fire the schedules: {exc!r}; looking "
+                      f"again every {REFRESH:g}s", level=logging.ERROR)  # fmt: skip
+            self._broken = True
+            return REFRESH
+        self._broken = False
         self._outage.answered()
         if due is None:
             return REFRESH
