@@ -3,13 +3,15 @@ lifecycle hooks, and the test mode's entry point. What a handler gets is ``conte
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
 from .store import TaskOptions
-from .store.types import JSON
+from .store.schedules import ScheduleSpec
+from .store.types import DEFAULT_QUEUE, JSON
 from .tasks import Task, declare
 
 if TYPE_CHECKING:
@@ -19,6 +21,7 @@ Handler = Callable[[TaskContext], Any]
 # A worker lifecycle hook: a plain function, or an ``async def`` one (run on the worker's loop)
 Hook = Callable[[], None] | Callable[[], Awaitable[None]]
 R = TypeVar("R")
+T = TypeVar("T")
 H = TypeVar("H", bound=Hook)
 
 __all__ = ["App", "Handler", "Hook", "LeaseLost", "RunCancelled", "Task", "TaskContext"]
@@ -34,6 +37,7 @@ class App:
         self.worker_start: list[Hook] = []
         self.worker_stop: list[Hook] = []
         self.limits: dict[str, LimitSpec] = {}  # name -> its declared numbers
+        self.schedules: dict[str, ScheduleSpec] = {}  # name -> its declaration
 
     def limit(
         self,
@@ -64,6 +68,67 @@ class App:
             raise ValueError(f"limit {name!r} is declared twice, with other numbers")
         self.limits[name] = spec
         return spec
+
+    def schedule(
+        self, cron: str, *, task: str | None = None, payload: JSON = None, tz: str = "UTC",
+        catch_up: str = "one", name: str | None = None, queue: str | None = None,
+        priority: int | None = None,
+    ) -> Callable[[T], T]:  # fmt: skip
+        """Start a run of ``task`` at every tick of ``cron`` in time zone ``tz``, exactly once
+        per tick across every worker on every host (``docs/how-to/schedules.md``):
+
+        - ``cron``: five fields (minute hour day month weekday) or six with seconds first
+          (``"*/10 * * * * *"``: every ten seconds), read by cronsim;
+        - ``task``: the task a tick starts (as a decorator above ``@app.task``, that task);
+          ``payload``: its payload; ``queue``, ``priority``: the task's declared ones unless
+          given;
+        - ``catch_up``: after downtime, ``"skip"`` the missed ticks, run ``"one"`` for them,
+          or run ``"all"`` of them (the newest 1,000);
+        - ``name``: the schedule's name (default: the task's), unique in the database.
+
+        Checked here (a ``ValueError`` at import); a task that is not registered when a worker
+        starts is a ``ValueError`` then. Workers write their app's schedules when they start.
+        Called plainly (``app.schedule("0 * * * *", task="report")``) it declares at once; as a
+        decorator without ``task``, the decorated task (or function) is the one started."""
+
+        def add(spec: ScheduleSpec) -> None:
+            held = self.schedules.get(spec.name)
+            if held is not None and held != spec:
+                raise ValueError(f"schedule {spec.name!r} is declared twice, otherwise: "
+                                 "give the second one a name=")  # fmt: skip
+            self.schedules[spec.name] = spec
+
+        def spec_for(target: str) -> ScheduleSpec:
+            return ScheduleSpec.declare(cron, task=target, name=name, payload=payload, tz=tz,
+                                        catch_up=catch_up, queue=queue,
+                                        priority=priority)  # fmt: skip
+
+        if task is not None:
+            add(spec_for(task))
+
+        def decorate(target: T) -> T:
+            if task is None:
+                add(spec_for(target.name if isinstance(target, Task)
+                              else str(getattr(target, "__name__", ""))))  # fmt: skip
+            return target
+
+        return decorate
+
+    def schedule_specs(self) -> dict[str, ScheduleSpec]:
+        """The app's schedules as a worker writes them: each task registered, its queue and
+        priority the task's declared ones unless the schedule gave its own."""
+        out = {}
+        for key, spec in self.schedules.items():
+            task = self.tasks.get(spec.task)
+            if task is None:
+                raise ValueError(f"schedule {key!r} starts task {spec.task!r}, which the app "
+                                 "does not register (@app.task)")  # fmt: skip
+            options = task.options
+            out[key] = dataclasses.replace(
+                spec, queue=spec.queue or options.queue or DEFAULT_QUEUE,
+                priority=spec.priority if spec.priority is not None else options.priority or 0,
+            )  # fmt: skip
+        return out
 
     @overload
     def task(self, name: Callable[[TaskContext], R], /) -> Task[R]: ...

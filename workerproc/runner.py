@@ -55,6 +55,10 @@ def load_app(spec: str) -> App:
         raise AppLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(app, App):
         raise AppLoadError(f"{spec} is a {type(app).__name__}, not a workerproc.App")
+    try:
+        app.schedule_specs()  # every schedule names a task the app registers
+    except ValueError as exc:
+        raise AppLoadError(f"{spec}: {exc}") from None
     return app
 
 

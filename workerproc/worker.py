@@ -46,8 +46,11 @@ from .signals import Signals, Waker
 from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
+from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
+
+FIRERS = 2  # the workers of a pool (its first indexes) that fire the schedules
 
 
 class Worker:
@@ -84,6 +87,8 @@ class Worker:
             AsyncExecutor(config, self._ended),
         )  # fmt: skip
         self.outage = Outage()  # a database that stops answering, told once per incident
+        self._open_store = open_store
+        self.ticker: Ticker | None = None  # the schedules' firer, when the app declares any
         # The heartbeat reports to the alarms, which tell it what to stop renewing: each needs
         # the other, so its reports reach the alarms through self (its thread starts in run()).
         self.heartbeat = Heartbeat(
@@ -131,6 +136,7 @@ class Worker:
             self.store.register_tasks(self.app.task_options())
             for told in self.store.declare_limits(self.app.limits, by=socket.gethostname()):
                 event(log, "limit_redeclared", told, level=logging.WARNING)
+            self._start_schedules()
             if hooks.start(self.app.worker_start, self._on_loop) is not None:
                 return exitcodes.BOOT_FAILURE  # it cannot work as its app expects: no claim
             self._hooks_started = True
@@ -154,6 +160,21 @@ class Worker:
                 self._wait(turn.want)
         finally:
             self._shutdown()
+
+    def _start_schedules(self) -> None:
+        """Issue 25: the app's schedules, written where every worker sees them, and fired by
+        a small thread (``ticker``) of the first ``FIRERS`` workers of each pool (two: one
+        may be dying or restarting; more would only contend for the same ticks); an app
+        without schedules fires none."""
+        specs = self.app.schedule_specs()
+        if not specs:
+            return
+        for told in self.store.declare_schedules(specs, by=socket.gethostname()):
+            event(log, "schedule_redeclared", told, level=logging.WARNING)
+        if self.slot is not None and self.slot.index >= FIRERS:
+            return
+        self.ticker = Ticker(self._open_store, self.outage)
+        self.ticker.start()
 
     def _health(self) -> int | None:
         if self.alarms.exit_code is not None:
@@ -361,6 +382,8 @@ class Worker:
         if self._hooks_started:  # after the last task, while the handlers' loop still runs
             hooks.stop(self.app.worker_stop, self._on_loop)
         self.executors.close()
+        if self.ticker is not None:
+            self.ticker.close()
         self.heartbeat.close()
 
     def _on_loop(self, awaitable: Awaitable[Any]) -> Any:

@@ -77,6 +77,9 @@ STATEMENTS = frozenset(
         "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
+        # schedules (B16): declared, fired by compare-and-set on next_at, read
+        "SCHEDULE_ROWS", "DECLARE_SCHEDULE", "DROP_SCHEDULE", "SCHEDULE_ROW", "SCHEDULE_FIRE",
+        "SCHEDULES_DUE", "NEXT_SCHEDULE",
     }
 )  # fmt: skip
 

@@ -38,6 +38,8 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
+from .schedules_sql import MIGRATION as _SCHEDULES
+
 VERSION_TABLE = "leasekeeper_schema"
 
 MIGRATIONS: list[str] = [
@@ -414,6 +416,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
+    _SCHEDULES,  # 9: schedules (issue 25)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

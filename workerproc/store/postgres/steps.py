@@ -15,6 +15,7 @@ from ..limits import split_gate
 from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
+from . import schedules_sql as sc
 from . import sql as q
 
 if TYPE_CHECKING:
@@ -120,4 +121,4 @@ STEPS: dict[str, Step] = {
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
 }
-CATALOGUE = catalogue([q, o, g, r], STEPS)
+CATALOGUE = catalogue([q, o, g, r, sc], STEPS)

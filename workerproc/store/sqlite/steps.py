@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..dialect import Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import reads_sql as r
+from . import schedules_sql as sc
 from . import sql as q
 
 if TYPE_CHECKING:
@@ -185,4 +186,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r], STEPS)
+CATALOGUE = catalogue([q, r, sc], STEPS)
