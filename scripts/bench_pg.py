@@ -56,8 +56,9 @@ def schema_url(database: str, tag: str) -> str:
 
 
 def bulk_noop_runs(url: str, n: int, *, finished: bool = False) -> None:
-    """``n`` runs of one no-op task each, in two statements (the schema's triggers fill the
-    claim columns); ``finished``: runs that succeeded a day ago (no trigger work to do)."""
+    """``n`` runs of one no-op task each, in two statements, written with their claim columns
+    (the head: since schema v3 no trigger fills them); ``finished``: runs that succeeded a day
+    ago."""
     store = open_store(url)  # creates the schema
     store.close()
     base, schema = url.split("?schema=")
@@ -78,14 +79,17 @@ def bulk_noop_runs(url: str, n: int, *, finished: bool = False) -> None:
             conn.execute("ANALYZE")
             return
         conn.execute(
-            "INSERT INTO runs (created_at, updated_at) SELECT t, t FROM (SELECT "
-            "extract(epoch FROM now()) - 1 AS t) AS c, generate_series(1, %s)", (n,),
+            "INSERT INTO runs (id, created_at, updated_at, task, head_at, head_created, head_id) "
+            "SELECT g, t, t, 'noop', t, t, g FROM (SELECT extract(epoch FROM now()) - 1 AS t) "
+            "AS c, generate_series(1, %s) AS g", (n,),
         )  # fmt: skip
         conn.execute(
-            "INSERT INTO tasks (run_id, name, available_at, created_at) "
-            "SELECT id, 'noop', created_at, created_at FROM runs WHERE status = 'pending'"
+            "INSERT INTO tasks (id, run_id, name, available_at, created_at) "
+            "SELECT id, id, 'noop', created_at, created_at FROM runs WHERE status = 'pending'"
         )
-        conn.execute("ANALYZE")
+        for table in ("runs", "tasks"):
+            conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", (n + 1,))
+        conn.execute("VACUUM (ANALYZE) runs, tasks")
 
 
 def succeeded(url: str) -> int:
