@@ -56,8 +56,9 @@ def schema_url(database: str, tag: str) -> str:
 
 
 def bulk_noop_runs(url: str, n: int, *, finished: bool = False) -> None:
-    """``n`` runs of one no-op task each, in two statements (the schema's triggers fill the
-    claim columns); ``finished``: runs that succeeded a day ago (no trigger work to do)."""
+    """``n`` runs of one no-op task each, in two statements, written with their claim columns
+    (the head: since schema v3 no trigger fills them); ``finished``: runs that succeeded a day
+    ago."""
     store = open_store(url)  # creates the schema
     store.close()
     base, schema = url.split("?schema=")
@@ -75,17 +76,20 @@ def bulk_noop_runs(url: str, n: int, *, finished: bool = False) -> None:
                 "done_attempt) SELECT id, 'noop', created_at, created_at, created_at, 1, 1 "
                 "FROM runs WHERE status = 'succeeded'"
             )
-            conn.execute("ANALYZE")
+            conn.execute("VACUUM (ANALYZE) runs, tasks")  # as autovacuum would leave them
             return
         conn.execute(
-            "INSERT INTO runs (created_at, updated_at) SELECT t, t FROM (SELECT "
-            "extract(epoch FROM now()) - 1 AS t) AS c, generate_series(1, %s)", (n,),
+            "INSERT INTO runs (id, created_at, updated_at, task, head_at, head_created, head_id) "
+            "SELECT g, t, t, 'noop', t, t, g FROM (SELECT extract(epoch FROM now()) - 1 AS t) "
+            "AS c, generate_series(1, %s) AS g", (n,),
         )  # fmt: skip
         conn.execute(
-            "INSERT INTO tasks (run_id, name, available_at, created_at) "
-            "SELECT id, 'noop', created_at, created_at FROM runs WHERE status = 'pending'"
+            "INSERT INTO tasks (id, run_id, name, available_at, created_at) "
+            "SELECT id, id, 'noop', created_at, created_at FROM runs WHERE status = 'pending'"
         )
-        conn.execute("ANALYZE")
+        for table in ("runs", "tasks"):
+            conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", (n + 1,))
+        conn.execute("VACUUM (ANALYZE) runs, tasks")
 
 
 def succeeded(url: str) -> int:
@@ -148,8 +152,9 @@ def takeover(database: str, trials: int) -> list[float]:
 
 
 def claim_beside_finished(database: str, finished: int, samples: int) -> dict[str, float]:
-    """Claim latency (ms) with and without ``finished`` old runs in the tables, then how long
-    ``prune`` takes to delete them (s)."""
+    """Claim latency (ms) with and without ``finished`` old runs in the tables, ``stats()`` and
+    the dashboard's chart read (ms, p50) beside them, then how long ``prune`` takes to delete
+    them (s)."""
     out: dict[str, float] = {}
     for label, n in (("empty", 0), ("full", finished)):
         url = schema_url(database, f"fin{label}")
@@ -165,6 +170,14 @@ def claim_beside_finished(database: str, finished: int, samples: int) -> dict[st
             times.append((time.perf_counter() - t0) * 1000)
             assert lease is not None and store.ack(lease)
         out[f"{label}_p50"], out[f"{label}_p99"] = statistics.median(times), pct(times, 0.99)
+        for read, fn in (("stats", store.stats), ("chart", lambda s=store: s.finished_since(
+                s.now() - 3600, 60, newest=200_000))):  # fmt: skip
+            times = []
+            for _ in range(max(20, samples // 20)):
+                t0 = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - t0) * 1000)
+            out[f"{label}_{read}"] = statistics.median(times)
         if n:
             t0 = time.perf_counter()
             out["pruned"] = store.prune(3600.0, batch=5000)
@@ -199,7 +212,8 @@ def bulk_pending_in_queues(url: str, n: int, queues: int = 10) -> None:
         )
         for table in ("runs", "tasks"):
             conn.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), %s)", (n + 1,))
-        conn.execute("ANALYZE")
+        # as autovacuum would leave them: the first claims do not set every row's hint bits
+        conn.execute("VACUUM (ANALYZE) runs, tasks")
 
 
 CLAIMS = [
@@ -233,9 +247,10 @@ def claim_at_depth(database: str, pending: int, samples: int) -> dict[str, float
 
 
 # -- procrastinate -----------------------------------------------------------------------------
-def procrastinate(database: str, m: int, w: int) -> float:
-    """The peer: ``w`` procrastinate worker processes (concurrency 1 each, LISTEN/NOTIFY on)
-    drain ``m`` no-op jobs deferred beforehand; timed from worker start to the last success."""
+def procrastinate(database: str, m: int, w: int, concurrency: int = 1) -> float:
+    """The peer: ``w`` procrastinate worker processes (``concurrency`` jobs at once each,
+    LISTEN/NOTIFY on) drain ``m`` no-op jobs deferred beforehand; timed from worker start to
+    the last success."""
     schema = f"proc_{secrets.token_hex(3)}"
     with psycopg.connect(database, autocommit=True) as conn:
         conn.execute(f"CREATE SCHEMA {schema}")
@@ -250,7 +265,7 @@ def procrastinate(database: str, m: int, w: int) -> float:
     )
     subprocess.run([PY, "-c", setup], cwd=HERE, env=env, check=True)
     cmd = [str(Path(PY).with_name("procrastinate")), "--app", "bench_procrastinate.worker_app",
-           "worker", "--concurrency", "1", "--one-shot"]  # fmt: skip
+           "worker", "--concurrency", str(concurrency), "--one-shot"]  # fmt: skip
     started = time.monotonic()
     procs = [subprocess.Popen(cmd, cwd=HERE, env=env, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL) for _ in range(w)]  # fmt: skip
@@ -263,7 +278,7 @@ def procrastinate(database: str, m: int, w: int) -> float:
         ).fetchone()
     done = int(row[0]) if row else 0
     if done != m:
-        raise SystemExit(f"procrastinate -w {w}: {done} of {m} jobs succeeded")
+        raise SystemExit(f"procrastinate {w}x{concurrency}: {done} of {m} jobs succeeded")
     return m / elapsed
 
 
@@ -273,22 +288,77 @@ def procrastinate_version() -> str:
     return str(getattr(p, "__version__", "?"))
 
 
+PEER_CONCURRENCY = 4  # procrastinate's other shape: each process runs 4 jobs at once
+
+
+def throughput_sides(database: str, m: int, w: int) -> list[tuple[str, Any]]:
+    """One round's throughput sides at ``w`` worker processes in all: ours from one
+    supervisor (``-n w``) and from two (``-n w/2`` each, stand-ins for two hosts; the same
+    number of processes), procrastinate's ``w`` processes one job at a time and
+    ``PEER_CONCURRENCY`` at a time (its better shape counts)."""
+    sides: list[tuple[str, Any]] = [(f"pg ours 1x{w}", lambda: ours(database, m, w, 1))]
+    if w >= 2 and w % 2 == 0:
+        sides.append((f"pg ours 2x{w // 2}", lambda: ours(database, m, w // 2, 2)))
+    sides.append((f"procrastinate {w}x1", lambda: procrastinate(database, m, w)))
+    sides.append((f"procrastinate {w}x{PEER_CONCURRENCY}",
+                  lambda: procrastinate(database, m, w, PEER_CONCURRENCY)))  # fmt: skip
+    return sides
+
+
+def throughput_rows(results: dict[str, list[float]], widths: list[int]) -> list[str]:
+    """At equal footing: the same number of worker processes on both sides, ours at its better
+    shape (one supervisor or two) against procrastinate at its better one."""
+    med = statistics.median
+    out = [
+        "| throughput (tasks/s) | worker processes | ours, 1 supervisor | ours, 2 supervisors "
+        f"| procrastinate, 1 job each | procrastinate, {PEER_CONCURRENCY} jobs each "
+        "| ours / procrastinate, best of each | goal |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for w in widths:
+        one = med(results[f"pg ours 1x{w}"])
+        two = med(results[f"pg ours 2x{w // 2}"]) if f"pg ours 2x{w // 2}" in results else None
+        peer1 = med(results[f"procrastinate {w}x1"])
+        peer_c = med(results[f"procrastinate {w}x{PEER_CONCURRENCY}"])
+        best = max(one, two or 0.0) / max(peer1, peer_c)
+        shown = "-" if two is None or w < 2 else f"{two:,.0f}"
+        out.append(f"| no-op | {w} | {one:,.0f} | {shown} | {peer1:,.0f} | {peer_c:,.0f} "
+                   f"| {best:.1f}x | >= 10x |")  # fmt: skip
+    return out
+
+
+def cost_rows(database: str, m: int) -> list[str]:
+    """The server's CPU per run and the dead row versions per run and per task
+    (scripts/bench_pg_cost.py), one-step no-op runs drained by ``-n 2 --concurrency 8``."""
+    from bench_pg_cost import measure  # noqa: PLC0415 - it imports this module
+
+    r = measure(database, m, 2, 8)
+    return [
+        f"| server CPU per run, drain, -n 2 --concurrency 8 (us) | {r['drain_us']:.0f} "
+        f"({r['drain_rate']:,.0f} runs/s, {r['xacts']:.2f} transactions per run) "
+        "| <= 175 (half of 300-350) |",
+        f"| server CPU per run, enqueue by start_runs (us) | {r['enqueue_us']:.0f} | - |",
+        f"| dead row versions per run (runs), drain | {r.get('runs_dead', 0):.2f} "
+        f"(HOT {r.get('runs_hot', 0):.0%}) | <= 1 |",
+        f"| dead row versions per task (tasks), drain | {r.get('tasks_dead', 0):.2f} "
+        f"(HOT {r.get('tasks_hot', 0):.0%}) | <= 1 |",
+    ]
+
+
 def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list[str]:
     """Measure and return the markdown lines of the PostgreSQL tables."""
     m = args.tasks
     results: dict[str, list[float]] = {}
     for r in range(args.rounds):
         for w in widths:
-            sides = [
-                (f"pg ours 1x{w}", lambda w=w: ours(database, m, w, 1)),
-                (f"pg ours 2x{w}", lambda w=w: ours(database, m, w, 2)),
-                (f"procrastinate {w}", lambda w=w: procrastinate(database, m, w)),
-            ]
+            sides = throughput_sides(database, m, w)
             for key, fn in sides if r % 2 == 0 else reversed(sides):
                 value = fn()
                 results.setdefault(key, []).append(value)
                 print(f"  round {r + 1}: {key:<22} {value:8.0f} /s", file=sys.stderr, flush=True)
-    print("  PostgreSQL idle pickup, takeover, finished runs ...", file=sys.stderr, flush=True)
+    print("  PostgreSQL cost per run, idle pickup, takeover, finished runs ...", file=sys.stderr,
+          flush=True)  # fmt: skip
+    cost = cost_rows(database, m)
     enq, lat = pickup(database, args.samples, gaps)
     floor_enq, floor = raw_pickup(database, gaps[: args.samples])
     fast = takeover(database, 3 if args.quick else 10)
@@ -300,18 +370,10 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
     out = [
         f"\nPostgreSQL ({server_version(database)}), procrastinate {procrastinate_version()}, "
         f"same server, same {m:,} no-op tasks, median of {args.rounds} rounds\n",
-        "| throughput (tasks/s) | W per supervisor | ours, 1 supervisor | ours, 2 supervisors "
-        "| procrastinate, W workers | ours 2 sv / procrastinate | goal |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
-    ]
-    for w in widths:
-        one, two = med(results[f"pg ours 1x{w}"]), med(results[f"pg ours 2x{w}"])
-        peer = med(results[f"procrastinate {w}"])
-        out.append(f"| no-op | {w} | {one:,.0f} | {two:,.0f} | {peer:,.0f} | {two / peer:.1f}x "
-                   "| >= 10x |")  # fmt: skip
-    out += [
+        *throughput_rows(results, widths),
         "\n| measure (PostgreSQL) | ours | goal |",
         "| --- | --- | --- |",
+        *cost,
         f"| idle pickup p50 / p99 (ms), {len(lat)} samples | {med(lat):.1f} / "
         f"{pct(lat, 0.99):.1f} | p50 <= 10 |",
         f"| ... of which `start_run` itself (its commit) p50 / p99 (ms) | {med(enq):.1f} / "
@@ -325,13 +387,19 @@ def rows(database: str, args: Any, widths: list[int], gaps: list[float]) -> list
         f"{fin['empty_p99']:.2f} | - |",
         f"| claim+ack p50 / p99 (ms): beside {int(fin['pruned']):,} finished runs | "
         f"{fin['full_p50']:.2f} / {fin['full_p99']:.2f} | ~ empty |",
+        f"| stats() p50 (ms): empty tables / beside {int(fin['pruned']):,} finished runs | "
+        f"{fin['empty_stats']:.2f} / {fin['full_stats']:.2f} | ~ empty |",
+        f"| the dashboard's chart read p50 (ms): empty tables / beside those runs | "
+        f"{fin['empty_chart']:.2f} / {fin['full_chart']:.2f} | ~ empty |",
         f"| prune --older-than 1h of those runs (s) | {fin['prune_s']:.1f} | - |",
-        f"\n| claim p50 (ms), then handed back | 100 pending | {depth:,} pending in 10 queues |",
-        "| --- | ---: | ---: |",
+        f"\n| claim p50 (ms), then handed back | 100 pending | {depth:,} pending in 10 queues "
+        "| goal |",
+        "| --- | ---: | ---: | --- |",
     ]
     for what, _, k in CLAIMS:
+        goal = "< 10" if (what, k) == ("10 queues", 16) else "-"
         out.append(f"| {k} from {what} | {claims[f'small {what} {k}']:.2f} | "
-                   f"{claims[f'deep {what} {k}']:.2f} |")  # fmt: skip
+                   f"{claims[f'deep {what} {k}']:.2f} | {goal} |")  # fmt: skip
     return out
 
 

@@ -175,6 +175,40 @@ def test_the_claim_walks_each_level_bounded_by_now(
     assert "Seq Scan on runs" not in plan, plan
 
 
+def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBackend) -> None:
+    """The priority levels come from a loose scan of runs_prio (one descent a level); no
+    probe reads runs of another queue and drops them to find where a served queue's levels
+    end. (A probe per queue, ``max(priority) WHERE queue = q AND priority < p``, was planned
+    on runs_prio filtered by queue: below a queue's last level it walked the lower levels of
+    every other queue, 50-270 ms a claim from 10 queues among a million runs.)"""
+    store = pg.open()  # the schema
+    with pg.connect() as conn:  # 20,000 runs in 10 queues as scripts/bench_pg.py writes them
+        conn.execute(
+            """INSERT INTO runs (id, state, created_at, updated_at, queue, priority, task,
+                                 head_at, head_created, head_id)
+            SELECT g, '{}', c.t, c.t, 'q' || (g % 10),
+                CASE g % 100 WHEN 0 THEN 5 WHEN 1 THEN -5 ELSE 0 END, 'noop',
+                c.t + g * 1e-6 + CASE WHEN g % 10 = 3 THEN 3600 ELSE 0 END, c.t, g
+            FROM (SELECT extract(epoch FROM now()) - 600 AS t) AS c,
+                generate_series(1, 20000) AS g"""
+        )
+        conn.execute("INSERT INTO tasks (id, run_id, name, payload, available_at, created_at) "
+                     "SELECT id, id, 'noop', '{}', head_at, head_created FROM runs")  # fmt: skip
+        conn.execute("ANALYZE")
+    plan = explain_claim(pg, [f"q{i}" for i in range(10)], 16)
+    store.close()
+    lines = plan.splitlines()
+    for i, line in enumerate(lines):
+        if " on runs" not in line:
+            continue
+        depth = len(line) - len(line.lstrip())
+        for detail in lines[i + 1 :]:  # the node's own details, up to its first child
+            if detail.lstrip().startswith("->") or len(detail) - len(detail.lstrip()) <= depth:
+                break
+            assert not re.search(r"Rows Removed by Filter: [1-9]", detail), (line, plan)
+    assert "Seq Scan on runs" not in plan, plan
+
+
 # -- the pipelined batch -------------------------------------------------------------------------
 def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch

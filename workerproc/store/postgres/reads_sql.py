@@ -57,13 +57,17 @@ RUN_COUNTS = f"""SELECT r.queue, CASE WHEN {_HELD} THEN 'running' ELSE 'pending'
     FROM runs AS r WHERE r.status = 'pending' GROUP BY 1, 2"""
 RUN_TOTALS = """SELECT queue, status, sum(n)::bigint FROM run_totals GROUP BY queue, status
     HAVING sum(n) <> 0"""
-TASK_COUNTS = f"""SELECT r.queue,
-    count(*) FILTER (WHERE l.owner IS NULL AND t.available_at <= c.now),
-    count(*) FILTER (WHERE l.owner IS NULL AND t.available_at > c.now),
-    count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > c.now),
-    count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at <= c.now)
-    FROM (SELECT {_CLOCK} AS now) AS c, runs AS r JOIN {_TASKS} ON t.run_id = r.id
-    WHERE r.status = 'pending' AND t.done_at IS NULL GROUP BY r.queue"""
+# (each live run's own tasks, looked up by the run: a nested loop by construction, so a plan
+# made while the live runs were few never rescans them per task)
+TASK_COUNTS = f"""SELECT r.queue, sum(x.ready)::bigint, sum(x.delayed)::bigint,
+    sum(x.leased)::bigint, sum(x.expired)::bigint
+    FROM (SELECT {_CLOCK} AS now) AS c, runs AS r CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE l.owner IS NULL AND t.available_at <= c.now) AS ready,
+            count(*) FILTER (WHERE l.owner IS NULL AND t.available_at > c.now) AS delayed,
+            count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > c.now) AS leased,
+            count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at <= c.now) AS expired
+        FROM {_TASKS} WHERE t.run_id = r.id AND t.done_at IS NULL) AS x
+    WHERE r.status = 'pending' GROUP BY r.queue"""
 LIVE_LEASES = """SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expires_at
     FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
     WHERE l.owner IS NOT NULL ORDER BY l.owner"""
