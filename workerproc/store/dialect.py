@@ -77,6 +77,9 @@ STATEMENTS = frozenset(
         "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
+        # paid calls (B13): kept the moment they return, reused by the step's next attempt
+        "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
+        "CALL_TOTALS",
     }
 )  # fmt: skip
 

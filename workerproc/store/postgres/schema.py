@@ -38,6 +38,8 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
+from .calls_sql import PAID_CALLS_SCHEMA
+
 VERSION_TABLE = "leasekeeper_schema"
 
 MIGRATIONS: list[str] = [
@@ -414,6 +416,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
+    # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
+    PAID_CALLS_SCHEMA,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
