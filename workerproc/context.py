@@ -258,11 +258,16 @@ class TaskContext:
         return self._calls, paid.call_key(self._lease, name, request)
 
     def _wait(self, future: Any, key: CallKey) -> Any:
-        try:
-            return future.result(timeout=paid.CALL_WAIT)
-        except FutureTimeout:
-            raise StoreError(f"once({key.name!r}): the store did not answer in "
-                             f"{paid.CALL_WAIT:g} s") from None  # fmt: skip
+        """The book's answer, bounded; ``LeaseLost`` as soon as the lease is (a keep handed
+        over is still written: the book's thread does it)."""
+        deadline = time.monotonic() + paid.CALL_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            self.raise_if_lost()
+            try:
+                return future.result(timeout=min(paid.LOST_CHECK, left))
+            except FutureTimeout:
+                continue
+        raise StoreError(f"once({key.name!r}): the store did not answer in {paid.CALL_WAIT:g} s")
 
     async def _await(self, future: Any, key: CallKey) -> Any:
         try:

@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 CALL_WAIT = 120.0  # seconds a handler waits for its call's lookup or keep (each is bounded)
 MAX_TOKENS = 10**12
+LOST_CHECK = 0.05  # how often a handler waiting on its call looks at its lease
 
 Tokens = int | Callable[[Any], int] | None  # a number, or what to read of the answer
 
