@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 from helpers import FakeClock
 from prometheus_client.parser import text_string_to_metric_families
 from test_notify import FlakyGate, fake_arbiter
+from web_helpers import client, text_of
 
 from supervisor import exitcodes
 from supervisor.commands.cli import cli
@@ -100,3 +101,13 @@ def test_run_inline_runs_once_as_a_worker_does(tmp_path: Path) -> None:
         assert run.result == "paid" and paid == [1]
         (kept,) = store.paid_calls(run.id)
         assert kept.tokens == 5
+
+
+def test_the_dashboards_run_page_shows_reused_and_twice_paid_calls(tmp_path: Path) -> None:
+    with open_store(str(tmp_path / "lk.db")) as store:
+        run = paid_twice(store)
+        page = client(store).get(f"/runs/{run}")
+    assert page.status_code == 200
+    text = text_of(page.text)
+    assert "Paid calls (ctx.once)" in text and 'class="paid-twice"' in page.text
+    assert "paid 2x, reused 1x" in text and "(+80 unused)" in text

@@ -22,16 +22,8 @@ def forget(run_id: int, name: str, db: str) -> None:
     click.echo(f"run {run_id}: forgot {gone} paid call(s) named {name!r}")
 
 
-def outcome(call: PaidCall) -> str:
-    """What the call cost: paid once, reused, paid twice (and more)."""
-    words = [f"paid {1 + call.unused}x" if call.unused else "paid once"]
-    if call.reused:
-        words.append(f"reused {call.reused}x")
-    return ", ".join(words)
-
-
 def calls_table(calls: list[PaidCall]) -> str:
-    rows = [[c.task_id, c.name, c.request_hash[:12], c.attempt, c.tokens, outcome(c),
+    rows = [[c.task_id, c.name, c.request_hash[:12], c.attempt, c.tokens, c.outcome,
              render.when(c.at)] for c in calls]  # fmt: skip
     headers = ["task", "call", "request", "paid by", "tokens", "outcome", "kept"]
     return render.table(headers, rows)

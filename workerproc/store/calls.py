@@ -56,6 +56,14 @@ class PaidCall:
     unused: int
     unused_tokens: int
 
+    @property
+    def outcome(self) -> str:
+        """What it cost, for people: paid once or twice (and more), reused how often."""
+        words = [f"paid {1 + self.unused}x" if self.unused else "paid once"]
+        if self.reused:
+            words.append(f"reused {self.reused}x")
+        return ", ".join(words)
+
 
 @dataclass(frozen=True)
 class CallTotals:
