@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 from helpers import FakeClock
 from prometheus_client.parser import text_string_to_metric_families
+from sv_harness import Supervisor
 from test_notify import FlakyGate, fake_arbiter
 from web_helpers import client, text_of
 
@@ -111,3 +112,28 @@ def test_the_dashboards_run_page_shows_reused_and_twice_paid_calls(tmp_path: Pat
     text = text_of(page.text)
     assert "Paid calls (ctx.once)" in text and 'class="paid-twice"' in page.text
     assert "paid 2x, reused 1x" in text and "(+80 unused)" in text
+
+
+@pytest.mark.slow
+def test_a_real_worker_reuses_the_answer_on_its_retry_plain_and_async(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        runs = store.start_runs([{"task": task, "payload": {"ledger": str(ledger)}}
+                                 for task in ("once_then_fail", "async_once_then_fail")
+                                 for _ in range(3)])  # fmt: skip
+    sv = Supervisor(tmp_path)
+    sv.db = db
+    try:
+        sv.start("--drain", "--retry-backoff", "0.05", app="apps.once_app:app", n=1)
+        assert sv.wait_exit(60) == 0, sv.text()[-3000:]
+    finally:
+        sv.kill_all()
+    bills = [line for line in ledger.read_text().splitlines() if '"bill"' in line]
+    assert len(bills) == len(runs)  # each run paid once, though each ran twice
+    with open_store(db) as store:
+        for run_id in runs:
+            run = store.get_run(run_id)
+            assert run is not None and run.status == "succeeded" and run.state == {"reused": 1}
+            (call,) = store.paid_calls(run_id)
+            assert (call.attempt, call.reused) == (1, 1)

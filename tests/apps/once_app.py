@@ -6,6 +6,7 @@ land) and advances. The ledger is tests/apps/ledger_app.py's format."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from typing import Any
@@ -50,3 +51,39 @@ def paid(ctx: TaskContext) -> None:
         ctx.advance({"answers": n + 1}, next="paid", payload={**payload, "n": n + 1})
     else:
         ctx.finish({"answers": n + 1}, result=answer["text"])
+
+
+def _cut_off(ctx: TaskContext) -> None:
+    if ctx.attempt == 1:  # the answer was kept: the next attempt reuses it
+        raise ConnectionError("cut off after the call")
+
+
+@app.task(max_attempts=3)
+def once_then_fail(ctx: TaskContext) -> None:
+    """A plain handler (inline with one slot): pays, fails, and reuses on its retry."""
+    path, ids = str(ctx.payload["ledger"]), {"task": ctx.task_id, "attempt": ctx.attempt,
+                                             "run": ctx.run_id}  # fmt: skip
+
+    def chat() -> dict[str, Any]:
+        note(path, "bill", ids)
+        return {"text": "plain", "tokens": 10}
+
+    answer = ctx.once("llm", {"run": ctx.run_id}, chat, tokens=10)
+    _cut_off(ctx)
+    ctx.finish({"reused": ctx.reused}, result=answer["text"])
+
+
+@app.task(max_attempts=3)
+async def async_once_then_fail(ctx: TaskContext) -> None:
+    """The same on the event loop, with ``once_async``."""
+    path, ids = str(ctx.payload["ledger"]), {"task": ctx.task_id, "attempt": ctx.attempt,
+                                             "run": ctx.run_id}  # fmt: skip
+
+    async def achat() -> dict[str, Any]:
+        note(path, "bill", ids)
+        await asyncio.sleep(0.01)
+        return {"text": "async", "tokens": 10}
+
+    answer = await ctx.once_async("llm", {"run": ctx.run_id}, achat, tokens=10)
+    _cut_off(ctx)
+    ctx.finish({"reused": ctx.reused}, result=answer["text"])
