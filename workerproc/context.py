@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import threading
@@ -233,6 +232,8 @@ class TaskContext:
     ) -> Any:  # fmt: skip
         """``once`` for ``async def`` handlers: ``fn()`` may return an awaitable (it is
         awaited); the lookup and the keep run off the event loop."""
+        import asyncio  # noqa: PLC0415 - a worker of plain handlers never loads it
+
         book, key = self._once_begin(name, request)
         kept = await self._await(paid.reuse(book, key), key)
         if kept is not None:
@@ -270,6 +271,8 @@ class TaskContext:
         raise StoreError(f"once({key.name!r}): the store did not answer in {paid.CALL_WAIT:g} s")
 
     async def _await(self, future: Any, key: CallKey) -> Any:
+        import asyncio  # noqa: PLC0415 - as in once_async
+
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), paid.CALL_WAIT)
         except TimeoutError:
