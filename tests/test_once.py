@@ -148,24 +148,30 @@ class TestRaces:
         assert old.once("llm", REQ, lambda: "never") == "successor's"  # a later look reuses
 
     def test_a_lost_lease_keeps_its_answer_while_the_run_is_on_its_step(
-        self, s: Store, clock: FakeClock, book: CallBook
+        self, s: Store, clock: FakeClock, book: CallBook, backend: Backend
     ) -> None:
         s.start_run("call")
         zombie = claim(s, "w1")
         lost = threading.Event()
         ctx = TaskContext(zombie, lost, calls=book)
 
+        successors: list[Lease] = []
+
         def paid_while_paused() -> str:
             clock.advance(TTL + 1)
-            claim(s, "w2")  # taken over while the call ran
+            successors.append(claim(s, "w2"))  # taken over while the call ran
             lost.set()
             return "paid by the zombie"
 
-        assert ctx.once("llm", REQ, paid_while_paused, tokens=5) == "paid by the zombie"
+        with pytest.raises(LeaseLost):  # the handler learns it at once: its state stays fenced
+            ctx.once("llm", REQ, paid_while_paused, tokens=5)
+        book.close()  # the keep it handed over is written all the same (the worker goes on)
         (call,) = s.paid_calls(zombie.run_id)
-        assert call.attempt == zombie.attempt  # kept: it was paid for
-        with pytest.raises(LeaseLost):  # but its state stays fenced: it learns here
-            ctx.once("llm", REQ, lambda: "x")
+        assert call.attempt == zombie.attempt and call.tokens == 5  # kept: it was paid for
+        fresh = CallBook(lambda: backend.open(clock))  # the successor's worker
+        again = TaskContext(successors[0], threading.Event(), calls=fresh)
+        assert again.once("llm", REQ, lambda: "paid again") == "paid by the zombie"
+        fresh.close()
 
     def test_no_keep_once_the_run_moved_or_ended(
         self, s: Store, clock: FakeClock, book: CallBook

@@ -206,7 +206,8 @@ class TaskContext:
         return it without calling ``fn``; else call ``fn`` and keep its JSON answer at once,
         before returning it (a worker that then loses its lease, pauses or dies leaves it
         behind). ``tokens`` (a number, or a function of the answer) is what the call used:
-        added to ``usage`` when paid now, never for a reused answer."""
+        added to ``usage`` when paid now, never for a reused answer. A lease lost while the
+        answer is being kept raises ``LeaseLost`` at once; the answer is kept all the same."""
         book, key = self._once_begin(name, request)
         kept = self._wait(paid.reuse(book, key), key)
         if kept is not None:
