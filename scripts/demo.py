@@ -65,18 +65,24 @@ def ledger(db: Path) -> dict[str, int]:
     store = open_store(str(db))
     try:
         out = dict.fromkeys(
-            ("succeeded", "failed", "other", "steps", "executions", "billed", "respent", "twice"),
+            ("succeeded", "failed", "other", "steps", "executions", "billed", "respent", "twice",
+             "reused", "saved"),
             0,
-        )
+        )  # fmt: skip
         for run in store.list_runs(limit=1_000_000):
             out[run.status if run.status in ("succeeded", "failed") else "other"] += 1
             billed = (run.state or {}).get("billed", {})
+            reused = {c.task_id: c.reused for c in store.paid_calls(run.id)}  # ctx.once's
             for task in store.get_tasks(run.id):
                 cost = tokens_for(run.id, task.name)
                 out["executions"] += task.attempts
                 if task.done_at is not None:
                     out["steps"] += 1
-                out["respent"] += cost * max(0, task.attempts - 1)
+                # every re-run pays again, but one that reused the kept answer
+                again = reused.get(task.id, 0)
+                out["respent"] += cost * max(0, task.attempts - 1 - again)
+                out["reused"] += again
+                out["saved"] += cost * again
             for step in STEPS:
                 if step in billed:
                     out["billed"] += billed[step]
@@ -120,6 +126,7 @@ def main() -> int:
         ("executions started", f"{led['executions']} ({rerun} re-run after a fault or an error)"),
         ("tokens billed into runs", f"{led['billed']:,} (each step once)"),
         ("tokens spent by re-runs", f"{led['respent']:,} (billed twice without leases)"),
+        ("tokens saved by reuse", f"{led['saved']:,} ({led['reused']} calls reused: ctx.once)"),
         ("tokens charged twice", f"{led['twice']}"),
         ("faults", f"{faults.get('kill')} kill, {faults.get('pause')} pause"),
         ("takeover after a kill", f"p50 {kill.get('p50')} ms, p99 {kill.get('p99')} ms (fast)"),

@@ -25,6 +25,10 @@ def test_demo_processes_everything_under_chaos_and_charges_nothing_twice(tmp_pat
     out = subprocess.run(cmd, cwd=SCRIPTS, capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "tokens charged twice     0" in out.stdout
+    assert "tokens saved by reuse" in out.stdout  # the model is called inside ctx.once
+    with open_store(str(db)) as kept:
+        calls = [c for r in kept.list_runs(limit=100) for c in kept.paid_calls(r.id)]
+    assert calls and all(c.name == "model" for c in calls)
     report = json.loads((tmp_path / "demo-chaos.json").read_text())
     assert report["ok"] and sum(report["faults"].values()) >= 1
     store = open_store(str(db))

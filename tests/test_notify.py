@@ -35,6 +35,7 @@ from workerproc import App
 from workerproc.config import WorkerConfig
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
+from workerproc.store.calls import CallTotals
 
 
 class Listener:
@@ -131,6 +132,7 @@ class FlakyGate:
 
     def __init__(self) -> None:
         self.down = False
+        self.calls = CallTotals()  # what the paid calls' metrics read
 
     def session(self) -> FlakyGate:
         if self.down:
@@ -148,6 +150,9 @@ class FlakyGate:
 
     def fence_rejections(self, after: int = 0, limit: int = 0) -> list[object]:
         return []
+
+    def paid_call_totals(self) -> CallTotals:
+        return self.calls
 
 
 def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:

@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from .app import App, LeaseLost, RunCancelled, Task, TaskContext
 from .config import WorkerConfig
 from .limits import RetryAfter
+from .once import OnceCall
 from .store import AsyncStore, CasResult, Lease, Store, TaskOptions, open_async_store, open_store
 from .worker import Worker
 
@@ -18,6 +19,7 @@ __all__ = [
     "CasResult",
     "Lease",
     "LeaseLost",
+    "OnceCall",
     "RetryAfter",
     "RunCancelled",
     "Store",

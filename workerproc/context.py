@@ -3,13 +3,18 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
-from .store import Commit, InvalidPayload, Lease
+from . import once as paid
+from .once import CallBook, OnceCall, Tokens
+from .store import Commit, InvalidPayload, Lease, StoreError
+from .store.calls import CallKey, KeptCall
 from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
 from .store.types import JSON
 from .tasks import Task
@@ -48,11 +53,15 @@ class TaskContext:
         lost: threading.Event,
         tasks: Mapping[str, Task[Any]] | None = None,
         cancelled: threading.Event | None = None,
+        calls: CallBook | None = None,
     ) -> None:
         self._lease = lease
         self._lost = lost
         self._cancelled = cancelled or threading.Event()  # set when the run is cancelled
         self._tasks = tasks or {}  # the app's tasks: where ``advance`` finds a task's queue
+        self._calls = calls  # the worker's paid calls (``once``)
+        self.reused = 0  # how many ``once`` calls of this execution reused a kept answer
+        self.last_once: OnceCall | None = None  # what the last ``once`` did
         self.commit: Commit | None = None
         # R4's start rule, once more at the handler's first read of its task (its payload or
         # state: what a paid call is made of), so no wait between the worker's last check and
@@ -208,3 +217,97 @@ class TaskContext:
                 result=result,
             )
         )
+
+    # -- paid once (issue 27, B13) -----------------------------------------------------------
+    def once(
+        self, name: str, request: JSON, fn: Callable[[], Any], *, tokens: Tokens = None
+    ) -> Any:
+        """``fn()``'s answer, paid at most once per step: if an earlier attempt of this step
+        kept an answer for ``name`` and this exact ``request`` (a hash of its canonical JSON),
+        return it without calling ``fn``; else call ``fn`` and keep its JSON answer at once,
+        before returning it (a worker that then loses its lease, pauses or dies leaves it
+        behind). ``tokens`` (a number, or a function of the answer) is what the call used:
+        added to ``usage`` when paid now, never for a reused answer. A lease lost while the
+        answer is being kept raises ``LeaseLost`` at once; the answer is kept all the same."""
+        book, key = self._once_begin(name, request)
+        kept = self._wait(paid.reuse(book, key), key)
+        if kept is not None:
+            return self._once_end(key, kept)
+        result = fn()
+        if inspect.isawaitable(result):
+            close = getattr(result, "close", None)
+            if callable(close):
+                close()
+            raise TypeError(f"once({name!r}): fn returned an awaitable: use await ctx.once_async")
+        n = paid.count_tokens(tokens, result)
+        paid.check_result(key, result)
+        try:
+            kept = self._wait(paid.keep(book, self._lease, key, result, n), key)
+        except StoreError as exc:
+            paid.unkept(key, self._lease, exc)
+            return self._once_end(key, KeptCall(result, self._lease.attempt, n, "failed"), n)
+        return self._once_end(key, kept, n)
+
+    async def once_async(
+        self, name: str, request: JSON, fn: Callable[[], Awaitable[Any] | Any], *,
+        tokens: Tokens = None,
+    ) -> Any:  # fmt: skip
+        """``once`` for ``async def`` handlers: ``fn()`` may return an awaitable (it is
+        awaited); the lookup and the keep run off the event loop."""
+        import asyncio  # noqa: PLC0415 - a worker of plain handlers never loads it
+
+        book, key = self._once_begin(name, request)
+        kept = await self._await(paid.reuse(book, key), key)
+        if kept is not None:
+            return self._once_end(key, kept)
+        result = fn()
+        if inspect.isawaitable(result):
+            result = await result
+        n = paid.count_tokens(tokens, result)
+        paid.check_result(key, result)
+        try:  # shielded: a handler cancelled meanwhile still leaves its paid answer behind
+            kept = await asyncio.shield(
+                self._await(paid.keep(book, self._lease, key, result, n), key)
+            )
+        except StoreError as exc:
+            paid.unkept(key, self._lease, exc)
+            return self._once_end(key, KeptCall(result, self._lease.attempt, n, "failed"), n)
+        return self._once_end(key, kept, n)
+
+    def _once_begin(self, name: str, request: JSON) -> tuple[CallBook, CallKey]:
+        if self._calls is None:
+            raise RuntimeError("ctx.once needs a worker's store (this context has none)")
+        self._readable()  # no call is paid on a lease already lost, or too late to begin
+        return self._calls, paid.call_key(self._lease, name, request)
+
+    def _wait(self, future: Any, key: CallKey) -> Any:
+        """The book's answer, bounded; ``LeaseLost`` as soon as the lease is (a keep handed
+        over is still written: the book's thread does it)."""
+        deadline = time.monotonic() + paid.CALL_WAIT
+        while (left := deadline - time.monotonic()) > 0:
+            self.raise_if_lost()
+            try:
+                return future.result(timeout=min(paid.LOST_CHECK, left))
+            except FutureTimeout:
+                continue
+        raise StoreError(f"once({key.name!r}): the store did not answer in {paid.CALL_WAIT:g} s")
+
+    async def _await(self, future: Any, key: CallKey) -> Any:
+        import asyncio  # noqa: PLC0415 - as in once_async
+
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), paid.CALL_WAIT)
+        except TimeoutError:
+            raise StoreError(f"once({key.name!r}): the store did not answer in "
+                             f"{paid.CALL_WAIT:g} s") from None  # fmt: skip
+
+    def _once_end(self, key: CallKey, kept: KeptCall, paid_tokens: int | None = None) -> Any:
+        if kept.outcome == "refused":
+            paid.refused(key, self._lease)
+        if kept.outcome == "reused":
+            self.reused += 1
+        elif paid_tokens:  # paid now (kept, lost the race, or refused): what it used counts
+            self.used_tokens = (self.used_tokens or 0) + paid_tokens
+        reused = kept.outcome == "reused"  # fn was not called
+        self.last_once = OnceCall(key.name, reused, kept.tokens, kept.attempt)
+        return kept.result

@@ -25,6 +25,7 @@ from .backoff import backoff
 from .config import WorkerConfig
 from .limits import RetryAfter
 from .logs import event, running
+from .once import CallBook
 from .signals import Abort
 from .store import Commit, Lease
 from .store.codec import dumps
@@ -74,9 +75,10 @@ class Execution:
     seconds: float = 0.0  # time in the handler
     task: asyncio.Task[None] | None = None  # async: the coroutine's task, on the loop thread
     tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
+    calls: CallBook | None = None  # the worker's paid calls, for ``once``
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled)
+        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled, self.calls)
 
     def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
         """The start was judged on the lease's confirmation at ``confirmed``: after

@@ -126,6 +126,7 @@ def run_worker(
         config,
         owner=owner,
         open_store=partial(open_store, config.db, **{**options, "busy_timeout": hb_busy}),
+        call_store=partial(open_store, config.db, **options),
         waker=waker,
         slot=slot,
         parent_pid=parent_pid,

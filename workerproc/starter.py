@@ -24,6 +24,7 @@ from .execution import Execution, Mode, mode_for
 from .executors import Executors
 from .heartbeat import Heartbeat
 from .holdings import Holdings
+from .once import CallBook
 from .policy import CONFIRM_WAIT, Policy, Start
 from .signals import Waker
 from .store import Commit, Lease
@@ -41,8 +42,10 @@ class Starter:
         waker: Waker,
         *,
         starting: Callable[[], None],
+        calls: CallBook | None = None,
     ) -> None:
         self.handlers = app.handlers
+        self.calls = calls  # the worker's paid calls (``ctx.once``)
         self.tasks = app.tasks
         self.holdings = holdings
         self.policy = policy
@@ -81,7 +84,7 @@ class Starter:
                 ex = None
                 if handler is not None:
                     mode = mode_for(handler, policy.capacity)
-                    ex = Execution(lease, handler, mode, tasks=self.tasks)
+                    ex = Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls)
                     self._gate(ex, confirmed)
                     h.running[lease.task_id] = ex
             if ex is None:
@@ -112,7 +115,8 @@ class Starter:
             assert confirmed is not None
             h.waiting.popleft()
             nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD,
-                                                       tasks=self.tasks)  # fmt: skip
+                                                       tasks=self.tasks,
+                                                       calls=self.calls)  # fmt: skip
             self._gate(nxt, confirmed)
         self.heartbeat.started(lease)
         return nxt

@@ -30,12 +30,14 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import hooks as lifecycle
 from .config import WorkerConfig
 from .execution import Execution, Mode, conclude, mode_for
 from .logs import running
+from .once import CallBook
 from .store import CasResult, Commit, Lease, Run, Store, open_store
 from .store.types import JSON
 from .tasks import Task
@@ -180,6 +182,8 @@ def run_inline(
                 raise failed
             stack.callback(lifecycle.stop, app.worker_stop, loop.run)
         config = WorkerConfig(db=store.url, app="inline:app", max_attempts=max_attempts)
+        calls = CallBook(partial(open_store, store.url))  # ``ctx.once``'s, as a worker's
+        stack.callback(calls.close)
         done = 0
         for _ in range(MAX_STEPS):
             run = _get(store, run_id)
@@ -189,7 +193,7 @@ def run_inline(
             if lease is None:
                 _wait(store, clock, run)
                 continue
-            raised = _step(app, store, lease, loop, config)
+            raised = _step(app, store, lease, loop, config, calls)
             done += lease.run_id == run_id
             if raised is not None and raise_errors:
                 raise raised
@@ -216,14 +220,16 @@ def _wait(store: Store, clock: TestClock | None, run: Run) -> None:
         time.sleep(min(1.0, max(0.001, due - store.now())))
 
 
-def _step(app: App, store: Store, lease: Lease, loop: _Loop, config: WorkerConfig) -> Any:
+def _step(
+    app: App, store: Store, lease: Lease, loop: _Loop, config: WorkerConfig, calls: CallBook
+) -> Any:
     """Run the leased task and write its commit; what its handler raised (None: nothing)."""
     handler = app.handlers.get(lease.task)
     if handler is None:
         error = f"UnknownTask: no handler named {lease.task!r} in this app"
         store.commit_many([Commit(lease, "fail", reason="unknown_task", error=error)])
         return LookupError(f"task {lease.task!r} of run {lease.run_id}: no handler has that name")
-    ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks)
+    ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks, calls=calls)
     commit, raised = _execute(ex, loop, config)
     if commit is not None:
         _write(store, commit)

@@ -23,7 +23,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from . import exitcodes, hooks
 from .alarms import Alarms
@@ -39,6 +39,7 @@ from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
 from .logs import event
+from .once import CallBook
 from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
 from .presence import Presence
@@ -46,6 +47,7 @@ from .signals import Signals, Waker
 from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
+from .store.roles import CallStore
 from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
@@ -62,6 +64,7 @@ class Worker:
         *,
         owner: str,
         open_store: Callable[[], WorkerStore],
+        call_store: Callable[[], CallStore] | None = None,
         waker: Waker | None = None,
         slot: StatusSlot | None = None,
         parent_pid: int | None = None,
@@ -113,8 +116,11 @@ class Worker:
             unwritable=lambda commit, exc: failure(commit.lease, exc, config),
             outage=self.outage,
         )
+        # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
+        self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())))
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
-                               self.completer, self.waker, starting=self._publish)  # fmt: skip
+                               self.completer, self.waker, starting=self._publish,
+                               calls=self.calls)  # fmt: skip
 
     def _presence(self, owner: str, config: WorkerConfig) -> Presence:
         """The worker's row in the store's worker list, kept by the heartbeat thread."""
@@ -384,6 +390,7 @@ class Worker:
         self.executors.close()
         if self.ticker is not None:
             self.ticker.close()
+        self.calls.close()  # after the handlers: a keep handed over is written first
         self.heartbeat.close()
 
     def _on_loop(self, awaitable: Awaitable[Any]) -> Any:

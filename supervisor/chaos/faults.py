@@ -231,7 +231,10 @@ class Chaos:
         """Resume anyone still paused, judge one last time, write the report, pick the code."""
         self.pauses.resume_all(arb)
         self._with_store(arb, lambda s: self.verifier.observe(s, self.wall(), final=True))
+        calls: list[dict[str, int]] = []  # what ctx.once saved, from the database
+        self._with_store(arb, lambda s: calls.append(report.paid_calls(s.paid_call_totals())))
         doc = self.report(
+            paid_calls=calls[0] if calls else None,
             seed=self.seed,
             fast_release=self.fast_release,
             lease_ttl=self.ttl,

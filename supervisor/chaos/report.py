@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Any
 
+from workerproc.store.calls import CallTotals
+
 from ..files import PUBLIC, write_atomic
 from ..logs import event
 
@@ -19,6 +21,21 @@ def summary_line(r: dict[str, Any]) -> str:
         f"{r['orphaned_leases']} orphaned leases taken over (p50 {r['takeover_ms']['p50']} ms, "
         f"p99 {r['takeover_ms']['p99']} ms), {r['zombie_writes_rejected']} zombie writes "
         f"rejected, {len(r['violations'])} violations"
+    )
+
+
+def paid_calls(totals: CallTotals) -> dict[str, int]:
+    """What ``ctx.once`` saved (issue 27): calls reused instead of paid again, their tokens
+    (saved by reuse), and answers paid again and thrown away (the losers of races)."""
+    return {"kept": totals.calls, "reused": totals.reused, "tokens_saved": totals.saved_tokens,
+            "paid_unused": totals.unused, "paid_unused_tokens": totals.unused_tokens}  # fmt: skip
+
+
+def calls_line(c: dict[str, int]) -> str:
+    return (
+        f"paid calls (ctx.once): {c['kept']} kept, {c['reused']} reused "
+        f"({c['tokens_saved']:,} tokens saved by reuse), {c['paid_unused']} paid unused "
+        f"({c['paid_unused_tokens']:,} tokens spent twice)"
     )
 
 
@@ -39,6 +56,8 @@ def write(path: str, report: dict[str, Any]) -> None:
 def print_text(report: dict[str, Any], takeover_ms: list[float], path: str | None) -> None:
     lines = ["", "chaos report" + (f" ({path})" if path else "")]
     lines.append("  " + summary_line(report).removeprefix("chaos: "))
+    if report.get("paid_calls") and report["paid_calls"]["kept"]:
+        lines.append("  " + calls_line(report["paid_calls"]))
     lines.append("  takeover latency:")
     lines += histogram(takeover_ms)
     lines.append("  verdict: " + ("OK" if report["ok"] else "VIOLATIONS"))

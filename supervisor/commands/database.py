@@ -18,6 +18,7 @@ from ..errors import ConfigError, NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
 from . import render, store_actions
+from .calls import calls_table
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 ENQUEUE_QUEUE = "SUPERVISOR_ENQUEUE_QUEUE"
@@ -250,7 +251,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks: how many times each ran (executions) and
-    was claimed (claims: also a claim that found the attempt budget spent), and its errors."""
+    was claimed (claims: also a claim that found the attempt budget spent), and its errors;
+    its paid calls (ctx.once): which were reused and which were paid twice."""
     with store_actions.store_for(db) as store:
         data = store_actions.get_run(store, run_id)
         now = store.now()
@@ -274,6 +276,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     ]  # fmt: skip
     headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
     click.echo("\n" + render.table(headers, rows))
+    if data["calls"]:  # ctx.once's kept answers: which were reused, which paid twice
+        click.echo("\npaid calls:\n" + calls_table(data["calls"]))
 
 
 @click.command()

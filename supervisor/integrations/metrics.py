@@ -94,6 +94,7 @@ class SupervisorCollector:
         yield from self._store()
         yield from self._fencing()
         yield from self._work()
+        yield from self._calls()
         yield from self._workers()
         yield from self._supervisor()
 
@@ -130,6 +131,30 @@ class SupervisorCollector:
                 ["queue", "state"],
                 tasks,
             )
+
+    def _calls(self) -> Iterator[Metric]:
+        calls = self.probe.calls
+        if calls is None:
+            return
+        yield labelled(
+            CounterMetricFamily,
+            "paid_calls",
+            "Paid calls kept by ctx.once, by outcome: paid (kept), reused (an attempt took the "
+            "kept answer instead of paying), paid_unused (paid again and thrown away: the loser "
+            "of a race). Counted from the kept calls: pruned runs leave the count.",
+            ["outcome"],
+            [(["paid"], calls.calls), (["reused"], calls.reused),
+             (["paid_unused"], calls.unused)],
+        )  # fmt: skip
+        yield labelled(
+            CounterMetricFamily,
+            "paid_call_tokens",
+            "Tokens of paid calls kept by ctx.once, by outcome: paid, saved (by reuse), "
+            "paid_unused.",
+            ["outcome"],
+            [(["paid"], calls.tokens), (["saved"], calls.saved_tokens),
+             (["paid_unused"], calls.unused_tokens)],
+        )  # fmt: skip
 
     def _fencing(self) -> Iterator[Metric]:
         probe = self.probe

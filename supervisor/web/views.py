@@ -163,6 +163,7 @@ class Pages:
         chart = charts.run_timeline(lines, run.created_at, max(ends))
         done = request.query_params.get("done")
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
+                           calls=self.store.paid_calls(run_id),
                            done=done if done in ("retried", "cancelled") else None)  # fmt: skip
 
     def leases(self, request: Request) -> Response:

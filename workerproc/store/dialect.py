@@ -80,6 +80,9 @@ STATEMENTS = frozenset(
         # schedules (B16): declared, fired by compare-and-set on next_at, read
         "SCHEDULE_ROWS", "DECLARE_SCHEDULE", "DROP_SCHEDULE", "SCHEDULE_ROW", "SCHEDULE_FIRE",
         "SCHEDULES_DUE", "NEXT_SCHEDULE",
+        # paid calls (B13): kept the moment they return, reused by the step's next attempt
+        "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
+        "CALL_TOTALS",
     }
 )  # fmt: skip
 

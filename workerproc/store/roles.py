@@ -6,6 +6,7 @@ plays, so what it may call is written down and a test can hand in a smaller fake
 - ``WorkerStore``: a worker: its exchange (commit and claim in one transaction), the
   heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads, and the
   declaration of its app's per-task options when it starts.
+- ``CallStore``: ``ctx.once``'s own connection: a step's paid calls, found and kept (B13).
 - ``Producer``: code that starts runs and waits for them (users, ``supervisor enqueue``).
 - ``Inspector``: what reads without writing: ``status``, ``runs``, ``show``, ``check``, the
   dashboard's pages, metrics, the chaos verifier.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
+from .calls import CallKey, CallTotals, KeptCall, PaidCall
 from .limits import LimitSpec
 from .schedules import Fired, ScheduleInfo, ScheduleSpec
 from .types import (
@@ -66,6 +68,15 @@ class WorkerStore(Role, Protocol):
     def worker_gone(self, owner: str) -> None: ...
 
 
+class CallStore(Role, Protocol):
+    """What ``ctx.once`` needs (B13): a step's kept call, found or kept."""
+
+    def reuse_call(self, key: CallKey) -> KeptCall | None: ...
+    def keep_call(
+        self, lease: Lease, key: CallKey, result: JSON, tokens: int | None = None
+    ) -> KeptCall: ...
+
+
 class Producer(Role, Protocol):
     """What starts runs and waits for them."""
 
@@ -108,6 +119,8 @@ class Inspector(Role, Protocol):
     def task_options(self) -> dict[str, TaskOptions]: ...
     def workers(self) -> list[WorkerInfo]: ...
     def schedules(self) -> list[ScheduleInfo]: ...
+    def paid_calls(self, run_id: int, limit: int = 1000) -> list[PaidCall]: ...
+    def paid_call_totals(self) -> CallTotals: ...
 
 
 class Operator(Inspector, Protocol):
@@ -118,4 +131,5 @@ class Operator(Inspector, Protocol):
     def release_owner(self, owner: str) -> int: ...
     def prune(self, older_than: float, *, batch: int = 1000) -> int: ...
     def drop_schedule(self, name: str) -> bool: ...
+    def forget_call(self, run_id: int, name: str) -> int: ...
     def wait(self, run_id: int, timeout: float | None = None) -> Run: ...

@@ -38,6 +38,7 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
+from .calls_sql import PAID_CALLS_SCHEMA
 from .schedules_sql import MIGRATION as _SCHEDULES
 
 VERSION_TABLE = "leasekeeper_schema"
@@ -416,6 +417,8 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
+    # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
+    PAID_CALLS_SCHEMA,
     _SCHEDULES,  # 9: schedules (issue 25)
 ]
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
+from . import calls_sql as c
 from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
@@ -121,4 +122,4 @@ STEPS: dict[str, Step] = {
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
 }
-CATALOGUE = catalogue([q, o, g, r, sc], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc], STEPS)

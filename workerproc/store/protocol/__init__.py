@@ -1,12 +1,13 @@
 """The lease protocol written once (docs/protocol.md, R1-R7 and B1-B11), over a ``Dialect``:
 claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
 producers, operators, reads, the per-task options (``tasks``), the worker list
-(``workers``) and schedules (``schedules``). ``Store`` is all of it;
+(``workers``), schedules (``schedules``) and paid calls (``calls``). ``Store`` is all of it;
 callers depend on the part they use (``store/roles.py``)."""
 
 from __future__ import annotations
 
 from ..dialect import Dialect
+from .calls import Calls
 from .leases import Leases
 from .limits import Limits
 from .operators import Operators
@@ -17,7 +18,7 @@ from .tasks import Tasks
 from .workers import Workers
 
 
-class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits):
+class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls):
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
     store reads "now" only once it holds the write lock."""

@@ -12,6 +12,7 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 
 from __future__ import annotations
 
+from .calls_sql import PAID_CALLS_SCHEMA
 from .schedules_sql import MIGRATION as _SCHEDULES
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
@@ -392,6 +393,8 @@ MIGRATIONS: list[str] = [
         {_PLACED.format(run="NEW.id")}
     END;
     """,
+    # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
+    PAID_CALLS_SCHEMA,
     _SCHEDULES,  # 15: schedules (issue 25)
 ]
 

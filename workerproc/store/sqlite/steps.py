@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Step, catalogue
 from ..limits import split_gate
+from . import calls_sql as c
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
@@ -186,4 +187,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, sc], STEPS)
+CATALOGUE = catalogue([q, r, c, sc], STEPS)
