@@ -13,6 +13,7 @@ between them, then measures takeover after SIGKILL with each tree's own
 
     .venv/bin/python scripts/bench_before.py 524312a [--samples 120] [--trials 12]
     .venv/bin/python scripts/bench_before.py 26f0342 --backend both [--server URL]
+    .venv/bin/python scripts/bench_before.py 26f0342 --now 4062d17   # a commit, not this tree
 
 (about 9 minutes per backend; 524312a is the last commit before slots). ``--backend postgres``
 measures throughput and idle pickup on PostgreSQL the same way: each tree gets a fresh database
@@ -297,15 +298,19 @@ def measure_backends(
     tasks: int = 20_000,
     backends: tuple[str, ...] = ("sqlite",),
     server: str = SERVER,
+    now: str | None = None,
 ) -> dict[str, Before]:
+    """``now``: a commit to measure in place of this checkout (an issue's own merge, say, to
+    tell its cost from what came after it)."""
     out: dict[str, Before] = {}
     with tempfile.TemporaryDirectory(prefix="lk-before-") as tmp:
         work = Path(tmp)
-        before = work / "before"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(before), rev],
-                       cwd=ROOT, check=True)  # fmt: skip
+        checked = {"before": rev} if now is None else {"before": rev, "now": now}
+        for name, commit in checked.items():
+            subprocess.run(["git", "worktree", "add", "--detach", "-q", str(work / name),
+                            commit], cwd=ROOT, check=True)  # fmt: skip
         try:
-            trees = {"before": before, "now": ROOT}
+            trees = {"before": work / "before", "now": ROOT if now is None else work / "now"}
             for backend in backends:
                 if backend == "sqlite":
                     out[backend] = measure_sqlite(rev, trees, work, samples, trials, rounds, tasks)
@@ -313,8 +318,10 @@ def measure_backends(
                     with pg_databases(server, list(trees)) as databases:
                         out[backend] = measure_pg(rev, trees, databases, samples, rounds, tasks)
         finally:
-            removed = subprocess.run(["git", "worktree", "remove", "--force", str(before)],
-                                     cwd=ROOT, check=False).returncode == 0  # fmt: skip
+            removed = all([subprocess.run(["git", "worktree", "remove", "--force",
+                                           str(work / name)], cwd=ROOT,
+                                          check=False).returncode == 0
+                           for name in checked])  # fmt: skip
     if not removed:  # another git command held the repository's lock: forget the stale entry
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False)
     return out
@@ -348,11 +355,14 @@ def measure_pg(
     return {"pickup": lat, **{f"runs/s {k}": v for k, v in runs.items()}}
 
 
-def table(rev: str, data: Before, backend: str = "sqlite") -> list[str]:
-    short = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT,
-                           capture_output=True, text=True).stdout.strip()  # fmt: skip
+def table(rev: str, data: Before, backend: str = "sqlite", now: str | None = None) -> list[str]:
+    def short(commit: str) -> str:
+        return subprocess.run(["git", "rev-parse", "--short", commit], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    was, new = f"before ({short(rev)})", "now" if now is None else f"now ({short(now)})"
     on = "" if backend == "sqlite" else f"{backend}: "
-    lines = [f"| {on}p50 / p99 (ms), same machine, same run | before ({short}) | now "
+    lines = [f"| {on}p50 / p99 (ms), same machine, same run | {was} | {new} "
              "| now / before |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
     for label, key in (("idle pickup, -n 8", "pickup"),
                        ("takeover after SIGKILL, fast release", "takeover")):  # fmt: skip
@@ -363,8 +373,8 @@ def table(rev: str, data: Before, backend: str = "sqlite") -> list[str]:
         ratio = (f"{statistics.median(n) / statistics.median(b):.2f}x / "
                  f"{pct(n, 0.99) / pct(b, 0.99):.2f}x")  # fmt: skip
         lines.append(f"| {label} | {row[0]} | {row[1]} | {ratio} |")
-    lines += ["", f"| {on}no-op runs/s, median, same machine, same run | before ({short}) "
-              "| now | now / before |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    lines += ["", f"| {on}no-op runs/s, median, same machine, same run | {was} | {new} "
+              "| now / before |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
     for key in (k for k in data if k.startswith("runs/s ")):
         mb, mn = statistics.median(data[key]["before"]), statistics.median(data[key]["now"])
         lines.append(f"| {key.removeprefix('runs/s ')} | {mb:,.0f} | {mn:,.0f} | {mn / mb:.2f}x |")
@@ -380,17 +390,23 @@ def main() -> int:
     ap.add_argument("--tasks", type=int, default=20_000, help="no-op runs per drain")
     ap.add_argument("--backend", choices=(*BACKENDS, "both"), default="sqlite",
                     help="the backend(s) measured (default sqlite)")  # fmt: skip
+    ap.add_argument(
+        "--now",
+        metavar="REV",
+        help="measure this commit in place of the checkout (e.g. an issue's merge)",
+    )
     ap.add_argument("--server", default=SERVER,
                     help=f"PostgreSQL: a URL of a database to connect to ({SERVER})")  # fmt: skip
     args = ap.parse_args()
-    if not exists(args.rev):
-        raise SystemExit(f"bench_before: no commit {args.rev!r} in this clone")
+    for rev in (args.rev, args.now):
+        if rev is not None and not exists(rev):
+            raise SystemExit(f"bench_before: no commit {rev!r} in this clone")
     backends = BACKENDS if args.backend == "both" else (args.backend,)
     data = measure_backends(args.rev, args.samples, args.trials, args.rounds, args.tasks,
-                            backends, args.server)  # fmt: skip
+                            backends, args.server, args.now)  # fmt: skip
     for backend, figures in data.items():
         print()
-        print("\n".join(table(args.rev, figures, backend)))
+        print("\n".join(table(args.rev, figures, backend, args.now)))
     return 0
 
 
