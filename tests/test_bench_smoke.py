@@ -123,6 +123,49 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
     assert "lk-before-" not in trees
 
 
+PRE_REDESIGN = "26f0342"  # issue 20's baseline: the last commit before the store was rewritten
+
+
+@pytest.mark.slow
+def test_bench_before_on_postgres_measures_both_trees_and_drops_their_databases() -> None:
+    """``bench_before.py --backend postgres``: each tree drains and picks up on a database of
+    its own on the server, made for the run; both trees' figures are printed, and their
+    databases are gone afterwards."""
+    import pg_session  # noqa: PLC0415 - skips loudly without a server
+    import psycopg  # noqa: PLC0415
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from bench_before import exists  # noqa: PLC0415 - a script's module
+
+    pg_session.database_url()
+    if not exists(PRE_REDESIGN):
+        pytest.skip(f"a shallow clone: no commit {PRE_REDESIGN} to compare with")
+
+    def ours() -> set[str]:
+        with psycopg.connect(pg_session.ADMIN_URL, autocommit=True) as conn:
+            rows = conn.execute("SELECT datname FROM pg_database").fetchall()
+        return {name for (name,) in rows if name.startswith("lk_before_")}
+
+    already = ours()
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_before.py"), PRE_REDESIGN,
+         "--backend", "postgres", "--server", pg_session.ADMIN_URL, "--samples", "2",
+         "--rounds", "0", "--tasks", "200"],
+        cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before, now = _cells(proc.stdout, "idle pickup, -n 8")[1:3]
+    for cell in (before, now):
+        p50, p99 = (float(x) for x in cell.split(" / "))
+        assert 0 < p50 <= p99, cell
+    assert "postgres: no-op runs/s" in proc.stdout
+    for shape in ("-n 8", "-n 2 --concurrency 16"):
+        before, now = _cells(proc.stdout, shape)[1:3]
+        assert float(before.replace(",", "")) > 0 and float(now.replace(",", "")) > 0
+    assert "takeover" not in proc.stdout  # SQLite only: the old trees' script speaks SQLite
+    assert ours() <= already, "the run's databases were dropped"
+
+
 @pytest.mark.slow
 def test_bench_pg_pickup_and_its_raw_floor_measure_each_sample() -> None:
     """``bench_pg``'s idle pickup (a supervisor of 8 on PostgreSQL) and the raw floor it is

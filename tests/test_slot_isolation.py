@@ -205,9 +205,13 @@ def test_a_handler_blocking_the_loop_is_blamed_alone_and_its_neighbours_go_back(
     with caplog.at_level(logging.WARNING):
         code = run_worker(backend.url, app, cls=Worker, concurrency=11, task_timeout=2.0)
     assert code == exitcodes.TASK_TIMEOUT
-    assert any("blocked the event loop" in r.getMessage() for r in caplog.records)
     with backend.open() as s:
         (task,) = s.get_tasks(culprit)
+        blamed = [
+            r.getMessage() for r in caplog.records if "blocked the event loop" in r.getMessage()
+        ]
+        assert any(f"task {task.id} (bad)" in m for m in blamed), blamed  # the blocker, by name
+        assert all(f"task {task.id} " in m for m in blamed), blamed  # and nobody else
         assert task.lease_owner is None and "TaskTimeout" in (task.last_error or "")
         assert task.attempts - task.attempt_base == 1  # the blocker's attempt was spent
         for run_id in innocent:
@@ -260,6 +264,28 @@ def test_a_dead_slot_thread_releases_its_tasks_and_the_worker_exits_to_be_replac
         assert s.stats().leased == 0  # nothing left to lapse: given back at once
         errors = [t.last_error for run_id in runs for t in s.get_tasks(run_id)]
         assert any("WorkerCrashed" in (e or "") for e in errors), errors
+
+
+def test_an_event_loop_that_ends_releases_its_tasks_and_the_worker_exits_to_be_replaced(
+    backend: Backend,
+) -> None:
+    """A handler that stops the event loop ends its thread (nothing raised, so nothing to catch
+    and run the loop again): every async slot is gone. The worker must not wedge with its leases
+    renewed: it releases them (WorkerCrashed) and exits SLOT_DIED at once."""
+
+    async def bad(ctx: TaskContext) -> None:
+        await asyncio.sleep(0.05)  # its neighbours are running
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(30)
+
+    culprit, innocent = with_innocents(backend, "bad", slow="aslow")
+    begun = time.monotonic()
+    assert run_worker(backend.url, app_with(bad), lease_ttl=60.0) == exitcodes.SLOT_DIED
+    assert time.monotonic() - begun < 20  # at once: not when the 60 s leases ran out
+    with backend.open() as s:
+        assert s.stats().leased == 0  # given back, not left to lapse
+        errors = [t.last_error or "" for r in [culprit, *innocent] for t in s.get_tasks(r)]
+        assert any("WorkerCrashed" in e for e in errors), errors
 
 
 def test_ctx_reads_of_run_data_raise_once_the_lease_is_lost() -> None:
