@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 import pg_session
+import pytest
 from helpers import FakeClock
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
@@ -460,5 +461,7 @@ SETTINGS = settings(
 LeaseProtocol.TestCase.settings = SETTINGS
 # a network round trip per call: fewer examples keep the suite's time in bounds
 PostgresLeaseProtocol.TestCase.settings = settings(SETTINGS, max_examples=max(1, EXAMPLES // 2))
-TestLeaseProtocol = LeaseProtocol.TestCase
-TestLeaseProtocolPostgres = PostgresLeaseProtocol.TestCase
+# hypothesis runs every example inside one test: bound the whole machine generously, as a loaded
+# 2-core CI machine needs (it takes about a minute there, near the suite's 120 s default)
+TestLeaseProtocol = pytest.mark.timeout(360)(LeaseProtocol.TestCase)
+TestLeaseProtocolPostgres = pytest.mark.timeout(360)(PostgresLeaseProtocol.TestCase)
