@@ -77,6 +77,9 @@ STATEMENTS = frozenset(
         "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
+        # the outbox (B18): events, their commit order, named consumers, retention
+        "INSERT_EVENTS", "TAKEN_FROM", "LOCK_EVENTS", "SEQUENCE_EVENTS", "LIST_EVENTS",
+        "LIST_RUN_EVENTS", "CONSUMER_AT", "ACK_EVENTS", "DROP_CONSUMER", "PRUNE_EVENTS",
     }
 )  # fmt: skip
 
@@ -91,7 +94,8 @@ class Shaped:
     shape: Callable[[Params], Params]
 
     def __call__(self, tx: Any, params: Params) -> list[Row]:
-        rows: list[Row] = tx.execute(self.statement(tx.prefix), self.shape(params)).fetchall()
+        cur = tx.execute(self.statement(tx.prefix), self.shape(params))
+        rows: list[Row] = [] if cur.description is None else cur.fetchall()
         return rows
 
 
@@ -134,6 +138,14 @@ class Tx(abc.ABC):
 
     def __init__(self, now: float | None) -> None:
         self.now = now
+        self.events: list[Params] = []  # emitted by this transaction's transitions (B18)
+
+    def flush(self) -> None:
+        """Write the events this transaction's transitions emitted (``protocol.events.emit``),
+        all in one statement, inside the transaction: the dialect calls it before COMMIT."""
+        if self.events:
+            events, self.events = self.events, []
+            self.count("INSERT_EVENTS", {"events": events, "now": self.now})
 
     @abc.abstractmethod
     def execute(self, sql: str, params: Params) -> Cursor:
@@ -180,6 +192,9 @@ class Dialect(abc.ABC):
 
     url: str
     where: str
+    # B18: event ids are handed out in commit order as they are written (one writer at a
+    # time); False: ``SEQUENCE_EVENTS`` numbers committed events, in order, before a read
+    ordered_events: ClassVar[bool] = True
 
     @abc.abstractmethod
     def migrate(self) -> None:

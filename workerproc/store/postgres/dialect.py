@@ -114,6 +114,8 @@ class PostgresTx(Tx):
 class PostgresDialect(Dialect):
     """Connections, transactions, notifications for the PostgreSQL store."""
 
+    ordered_events = False  # B18: a reader numbers committed events first (events_sql)
+
     def __init__(
         self, conninfo: str, options: PostgresOptions | None = None, *, clock: Clock | None = None
     ) -> None:
@@ -239,7 +241,10 @@ class PostgresDialect(Dialect):
             try:
                 if mode in ("read", "statement"):
                     with conn.cursor() as cur:
-                        result = fn(PostgresTx(cur, self._now_param()))
+                        tx = PostgresTx(cur, self._now_param())
+                        result = fn(tx)
+                        if tx.events:  # no transaction to write them in: a bug of ours
+                            raise StoreError("events emitted outside a write transaction")
                         done = True
                         return result
                 with conn.transaction(), conn.cursor() as cur:
@@ -247,7 +252,9 @@ class PostgresDialect(Dialect):
                         cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
                     if lock:
                         cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
-                    result = fn(PostgresTx(cur, self._now_param()))
+                    tx = PostgresTx(cur, self._now_param())
+                    result = fn(tx)
+                    tx.flush()  # the events of its transitions (B18), in the same transaction
                     done = True
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
@@ -288,7 +295,10 @@ class PostgresDialect(Dialect):
         conn = admin.callers(caller, self._our_database(), self.schema, self.where)
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema))
+                tx = PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema)
+                result = fn(tx)
+                tx.flush()
+                return result
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
             raise StoreError(f"{self.where}: {_said(exc)}") from None
 

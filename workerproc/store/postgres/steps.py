@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
+from . import events_sql as e
 from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
@@ -39,8 +40,8 @@ def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
-    """Every lease in one statement, as arrays; it locks the runs in id order itself and
-    records each refusal."""
+    """Every lease in one statement, as arrays; it locks the runs in id order itself (the
+    protocol records each refusal)."""
     leases = params["leases"]
     arrays = {
         "task_ids": [lease.task_id for lease in leases],
@@ -103,6 +104,23 @@ insert_runs = Shaped(_insert_runs, _insert_runs_shape)
 find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda p: p)
 
 
+def _insert_events_shape(params: Params) -> Params:
+    """The transaction's events (``protocol.events``), each column an array."""
+    events = params["events"]
+    return {
+        "run_ids": [x["run_id"] for x in events],
+        "kinds": [x["kind"] for x in events],
+        "tasks": [x["task"] for x in events],
+        "attempts": [x["attempt"] for x in events],
+        "datas": [x["data"] for x in events],
+        "now": params["now"],
+    }
+
+
+# on the caller's connection too (transactional enqueue), so its names take the prefix
+insert_events = Shaped(lambda prefix: _qualified(e._INSERT_EVENTS, prefix), _insert_events_shape)
+
+
 def place_gates(tx: PostgresTx, params: Params) -> list[Row]:
     """PLACE_GATES with each gate's limit and key as arrays beside it."""
     split = [split_gate(g) for g in params["gates"]]
@@ -119,5 +137,6 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
+    "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r], STEPS)
+CATALOGUE = catalogue([q, o, g, r, e], STEPS)

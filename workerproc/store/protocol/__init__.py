@@ -7,6 +7,7 @@ callers depend on the part they use (``store/roles.py``)."""
 from __future__ import annotations
 
 from ..dialect import Dialect
+from .events import Events
 from .leases import Leases
 from .limits import Limits
 from .operators import Operators
@@ -16,7 +17,7 @@ from .tasks import Tasks
 from .workers import Workers
 
 
-class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Limits):
+class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Limits, Events):
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
     store reads "now" only once it holds the write lock."""
