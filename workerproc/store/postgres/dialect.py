@@ -31,7 +31,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
-from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
+from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Shaped, Tx
 from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
 from ..settings import PostgresOptions
 from ..types import Clock
@@ -70,6 +70,32 @@ def _healthy(conn: psycopg.Connection[Any]) -> bool:
         and conn.info.transaction_status == TransactionStatus.IDLE
         and conn.pgconn.pipeline_status == PipelineStatus.OFF
     )
+
+
+def _commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
+    """COMMIT, with the transaction's events (B18) written in the same round trip, just
+    before it: one query of two statements (``INSERT_EVENTS; COMMIT``, the simple query
+    protocol, its values bound by the driver), so the outbox costs no round trip of its own.
+    A failed INSERT skips the COMMIT: the transaction is rolled back (``_rollback``)."""
+    if not tx.events:
+        cur.execute("COMMIT")
+        return
+    events, tx.events = tx.events, []
+    entry = CATALOGUE["INSERT_EVENTS"]
+    assert isinstance(entry, Shaped)
+    with psycopg.ClientCursor(conn) as both:
+        both.execute(entry.statement("") + ";\nCOMMIT", entry.shape({"events": events,
+                                                                     "now": tx.now}))  # fmt: skip
+
+
+def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
+    """Roll back a transaction a failure left open, on a connection still fit to say so (one
+    that is not is discarded by the caller: the server rolls back itself)."""
+    if conn.broken or conn.pgconn.pipeline_status != PipelineStatus.OFF:
+        return
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with contextlib.suppress(psycopg.Error):
+            cur.execute("ROLLBACK")
 
 
 class PostgresTx(Tx):
@@ -247,15 +273,19 @@ class PostgresDialect(Dialect):
                             raise StoreError("events emitted outside a write transaction")
                         done = True
                         return result
-                with conn.transaction(), conn.cursor() as cur:
-                    if mode == "snapshot":
-                        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    if lock:
-                        cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
-                    tx = PostgresTx(cur, self._now_param())
-                    result = fn(tx)
-                    tx.flush()  # the events of its transitions (B18), in the same transaction
-                    done = True
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if mode == "snapshot"
+                                else "BEGIN")  # fmt: skip
+                    try:
+                        if lock:
+                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
+                        tx = PostgresTx(cur, self._now_param())
+                        result = fn(tx)
+                        done = True
+                        _commit(conn, cur, tx)
+                    except BaseException:
+                        _rollback(conn, cur)
+                        raise
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 self._unless_healthy(conn)

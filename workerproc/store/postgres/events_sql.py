@@ -72,8 +72,10 @@ ACK_EVENTS = f"""INSERT INTO event_consumers AS c (name, position, updated_at)
     RETURNING c.position"""
 DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = %(name)s RETURNING name"
 # retention: numbered events older than the cutoff that every named consumer has passed (or
-# all of them, forced), a bounded batch per transaction
-PRUNE_EVENTS = f"""DELETE FROM events WHERE id IN (
-    SELECT id FROM events WHERE id IS NOT NULL AND at < {_CLOCK} - %(age)s
+# all of them, forced), but never the newest (as on SQLite), a bounded batch per transaction
+PRUNE_EVENTS = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now)
+DELETE FROM events WHERE id IN (
+    SELECT id FROM events, clock WHERE id IS NOT NULL AND at < clock.now - %(age)s
+      AND id < (SELECT max(id) FROM events)
       AND (%(force)s OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
     ORDER BY id LIMIT %(limit)s) RETURNING id"""

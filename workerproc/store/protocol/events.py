@@ -37,6 +37,7 @@ KINDS = frozenset(
 SEQUENCE_BATCH = 10_000  # events a reader numbers at most per pass (PostgreSQL)
 MAX_LIMIT = 10_000  # events one read answers at most
 DEFAULT_POLL = 1.0  # a follower looks again at least this often (a notification may not come)
+_encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: made once, not per event
 
 
 def emit(
@@ -52,7 +53,7 @@ def event_row(
 ) -> Params:
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
-    text = json.dumps({k: v for k, v in data.items() if v is not None}, separators=(",", ":"))
+    text = _encode({k: v for k, v in data.items() if v is not None})
     return {"run_id": run_id, "kind": kind, "task": task, "attempt": attempt, "data": text}
 
 
@@ -162,7 +163,8 @@ class Events:
 
 def prune_events(dialect: Dialect, older_than: float, batch: int, force: bool) -> int:
     """Delete events older than ``older_than`` seconds, never one a named consumer has not
-    acknowledged (unless ``force``), ``batch`` per transaction; how many went."""
+    acknowledged (unless ``force``) and never the newest (ids count on from it), ``batch``
+    per transaction; how many went."""
     params = {"age": float(older_than), "limit": int(batch), "force": bool(force)}
     total = 0
     while (n := dialect.write(lambda tx: tx.count("PRUNE_EVENTS", {**params, "now": tx.now}))) > 0:

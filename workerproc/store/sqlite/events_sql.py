@@ -1,14 +1,15 @@
 """The SQLite backend's outbox (B18): the events table, its reads, named consumers and their
-retention. The single writer hands out ids (``AUTOINCREMENT``: never reused, even after a
-prune) in commit order as it writes them, so numbering (``LOCK_EVENTS``, ``SEQUENCE_EVENTS``)
-has nothing to do here."""
+retention. The single writer hands out ids in commit order as it writes them (one past the
+largest in the table: ``PRUNE_EVENTS`` never deletes the newest event, so an id is never
+given twice; ``AUTOINCREMENT`` would cost a write of its own per event), so numbering
+(``LOCK_EVENTS``, ``SEQUENCE_EVENTS``) has nothing to do here."""
 
 from __future__ import annotations
 
 # 17: the outbox (events, named consumers)
 EVENTS_SCHEMA = """
 CREATE TABLE events (
-    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    id      INTEGER PRIMARY KEY,
     at      REAL    NOT NULL,
     run_id  INTEGER,
     kind    TEXT    NOT NULL,
@@ -44,8 +45,9 @@ ACK_EVENTS = """INSERT INTO event_consumers (name, position, updated_at) VALUES 
     RETURNING position"""
 DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = :name"
 # retention: events older than the cutoff that every named consumer has passed (or all of
-# them, forced), a bounded batch per transaction
+# them, forced), but never the newest (the next id counts on from it), a bounded batch per
+# transaction
 PRUNE_EVENTS = """DELETE FROM events WHERE id IN (
-    SELECT id FROM events WHERE at < :now - :age
+    SELECT id FROM events WHERE at < :now - :age AND id < (SELECT max(id) FROM events)
       AND (:force OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
     ORDER BY id LIMIT :limit)"""
