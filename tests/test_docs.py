@@ -25,14 +25,15 @@ CODE_DIRS = ("workerproc", "supervisor", "tests")
 SPAN = re.compile(r"`([^`\n]+)`")
 STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
 # where a backend's SQL constants live
-STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py")
+STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py", "events_sql.py")
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence
 SCHEMA_REF = re.compile(r"\b(triggers?|index(?:es)?|tables?)\s+`(\w+)`")
 PLURAL = {"triggers": "trigger", "indexes": "index", "tables": "table"}
 PART = re.compile(r"\b[qr]\.([A-Z][A-Z0-9_]*)\b")  # how a backend's steps use its statements
 NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a name of the protocol's vocabulary
-RULE = re.compile(r"^#{2,3} ((?:R[1-7]|B(?:[1-9]|1[0-2])):)", re.MULTILINE)
+RULE = re.compile(r"^#{2,3} ((?:R[1-7]|B(?:[1-9]|1[0-9])):)", re.MULTILINE)
+B_RULES = [*range(1, 13), 18]  # the B sections, in order
 
 
 def doc() -> str:
@@ -163,8 +164,8 @@ def sections() -> dict[str, str]:
     text = doc().split("\n## PostgreSQL", 1)[0]  # the other backend's section has its own
     marks = list(RULE.finditer(text))
     assert [m[1] for m in marks] == [f"R{i}:" for i in range(1, 8)] + [
-        f"B{i}:" for i in range(1, 13)
-    ], "docs/protocol.md must have R1-R7, then B1-B12, in order"
+        f"B{i}:" for i in B_RULES
+    ], "docs/protocol.md must have R1-R7, then the B sections, in order"
     found = {}
     for mark, after in zip(marks, [*marks[1:], None], strict=True):
         end = after.start() if after else text.index("\n## ", mark.end())
@@ -172,7 +173,7 @@ def sections() -> dict[str, str]:
     return found
 
 
-@pytest.mark.parametrize("rule", [f"R{i}" for i in range(1, 8)] + [f"B{i}" for i in range(1, 13)])
+@pytest.mark.parametrize("rule", [f"R{i}" for i in range(1, 8)] + [f"B{i}" for i in B_RULES])
 def test_every_rule_names_its_statements_code_and_proof(rule: str) -> None:
     body = sections()[rule]
     refs = spans(body)

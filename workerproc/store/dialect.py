@@ -135,10 +135,11 @@ class Tx(abc.ABC):
     # batch of one-step commits together, by kind. Without it, they go one by one, in order.
     pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
+    events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
 
     def __init__(self, now: float | None) -> None:
         self.now = now
-        self.events: list[Params] = []  # emitted by this transaction's transitions (B18)
+        self.events = []
 
     def flush(self) -> None:
         """Write the events this transaction's transitions emitted (``protocol.events.emit``),
