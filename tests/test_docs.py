@@ -163,9 +163,9 @@ def test_the_statement_index_holds_the_whole_vocabulary() -> None:
 def sections() -> dict[str, str]:
     text = doc().split("\n## PostgreSQL", 1)[0]  # the other backend's section has its own
     marks = list(RULE.finditer(text))
-    assert [m[1] for m in marks] == [f"R{i}:" for i in range(1, 8)] + [
-        f"B{i}:" for i in B_RULES
-    ], "docs/protocol.md must have R1-R7, then the B sections, in order"
+    assert [m[1] for m in marks] == [f"R{i}:" for i in range(1, 8)] + [f"B{i}:" for i in B_RULES], (
+        "docs/protocol.md must have R1-R7, then the B sections, in order"
+    )
     found = {}
     for mark, after in zip(marks, [*marks[1:], None], strict=True):
         end = after.start() if after else text.index("\n## ", mark.end())
