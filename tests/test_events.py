@@ -315,3 +315,15 @@ def test_concurrent_writers_and_a_reader_after_its_cursor_miss_nothing(s: Store)
     everything = [e.id for e in s.events(limit=1000)]
     assert len(everything) == 60
     assert seen == everything  # each once, in order, none missed
+
+
+def test_event_data_keeps_any_text_exactly(s: Store) -> None:
+    """Errors are written as they were said (quotes, backslashes, braces, percent signs,
+    non-ASCII), whatever way the backend sends the event (PostgreSQL: bound by the driver)."""
+    run = s.start_run("t")
+    lease = claim(s)
+    error = 'it\'s \\ a {weird} %(error)s %s; COMMIT; -- ünïcødé ☃ "quoted"\n' * 20
+    assert commit(s, Commit(lease, "release", error=error)).result is CasResult.OK
+    (released,) = [e for e in s.events(run=run) if e.kind == "step.released"]
+    assert released.data["error"] == s.get_run(run).last_error  # type: ignore[union-attr]
+    assert "ünïcødé ☃" in released.data["error"] and "%(error)s" in released.data["error"]
