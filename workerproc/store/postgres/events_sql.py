@@ -38,13 +38,13 @@ CREATE TABLE event_consumers (
 );
 """
 
-# the events of one transaction, in one statement, in the order they were emitted (``{s}``:
-# the schema prefix on a caller's own connection, as ``ops_sql._INSERT_RUNS``)
+# the events of one transaction, in one statement, in the order they were emitted, sent as one
+# JSON array of [run_id, kind, task, attempt, data] (one text value: cheap to send however the
+# driver binds it); ``{s}``: the schema prefix on a caller's own connection, as
+# ``ops_sql._INSERT_RUNS``
 _INSERT_EVENTS = f"""INSERT INTO {{s}}events (at, run_id, kind, task, attempt, data)
-    SELECT {_CLOCK}, e.run_id, e.kind, e.task, e.attempt, e.data::json
-    FROM unnest(%(run_ids)s::bigint[], %(kinds)s::text[], %(tasks)s::text[],
-                %(attempts)s::int[], %(datas)s::text[])
-         WITH ORDINALITY AS e(run_id, kind, task, attempt, data, n)
+    SELECT {_CLOCK}, (e.v->>0)::bigint, e.v->>1, e.v->>2, (e.v->>3)::int, e.v->4
+    FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n)
     ORDER BY e.n"""
 # a takeover: who held the lease before, and its attempt (kept on the lease row by the claim)
 TAKEN_FROM = "SELECT prev_owner, prev_attempts FROM leases WHERE run_id = %(run_id)s"

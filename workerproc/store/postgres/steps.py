@@ -7,6 +7,7 @@ enqueue). Steps read their statements at each call."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -105,16 +106,17 @@ find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda
 
 
 def _insert_events_shape(params: Params) -> Params:
-    """The transaction's events (``protocol.events``), each column an array."""
-    events = params["events"]
-    return {
-        "run_ids": [x["run_id"] for x in events],
-        "kinds": [x["kind"] for x in events],
-        "tasks": [x["task"] for x in events],
-        "attempts": [x["attempt"] for x in events],
-        "datas": [x["data"] for x in events],
-        "now": params["now"],
-    }
+    """The transaction's events (``protocol.events``) as one JSON array of rows (their data
+    is JSON text already: it goes in as it is)."""
+    rows = ",".join(
+        f"[{_json(x['run_id'])},{_json(x['kind'])},{_json(x['task'])},{_json(x['attempt'])},"
+        f"{x['data']}]"
+        for x in params["events"]
+    )
+    return {"events": f"[{rows}]", "now": params["now"]}
+
+
+_json = json.JSONEncoder(ensure_ascii=False).encode
 
 
 # on the caller's connection too (transactional enqueue), so its names take the prefix
