@@ -32,6 +32,7 @@ STATEMENT_MODULES = (
     "reads_sql.py",
     "schedules_sql.py",
     "calls_sql.py",
+    "events_sql.py",
 )
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence

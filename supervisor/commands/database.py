@@ -346,11 +346,14 @@ def check(db: str, quick: bool) -> None:
     help="a number and its unit: s, m, h, d or w (e.g. 7d, 12h, 30m; 1s-3650d)",
 )
 @option("--batch", type=int, default=1000, metavar="K", help="runs deleted per transaction")
-def prune(db: str, older_than: str, batch: int) -> None:
-    """Delete finished runs (and their tasks) that finished longer than DURATION ago."""
+@option("--force", is_flag=True,
+        help="also delete old events a named consumer has not acknowledged yet")  # fmt: skip
+def prune(db: str, older_than: str, batch: int, force: bool) -> None:
+    """Delete finished runs (and their tasks) that finished longer than DURATION ago, and
+    events as old that every named consumer has acknowledged."""
     seconds = store_actions.parse_duration(older_than, "--older-than")
     with store_actions.store_for(db) as store:
-        count = store_actions.prune(store, seconds, batch)
+        count = store_actions.prune(store, seconds, batch, force)
     click.echo(f"pruned {render.plural(count, 'finished run')} older than {older_than}")
 
 

@@ -79,10 +79,10 @@ def parse_duration(text: str, what: str) -> float:
     return seconds
 
 
-def prune(store: Operator, older_than: float, batch: int) -> int:
+def prune(store: Operator, older_than: float, batch: int, force: bool = False) -> int:
     if not 1 <= batch <= PRUNE_BATCH_MAX:
         raise ConfigError(f"--batch must be between 1 and {PRUNE_BATCH_MAX}")
-    return store.prune(older_than, batch=batch)
+    return store.prune(older_than, batch=batch, force=force)
 
 
 def declared_task(app_spec: str, task: str) -> TaskOptions:

@@ -17,17 +17,25 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, TypeVar, Unpack
 
-from .dialect import Params, Row
+from .dialect import Channel, Params, Row
 from .errors import RunNotFound, StoreError
 from .newrun import NewRun
+from .protocol.events import (
+    DEFAULT_POLL,
+    check_consumer,
+    check_position,
+    event_of,
+    reading,
+    sequencing,
+)
 from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
 from .settings import SQLiteOptions, StoreOptions, resolve
-from .types import DEFAULT_QUEUE, JSON, Clock, Run
+from .types import DEFAULT_QUEUE, JSON, Clock, Event, Run
 
 T = TypeVar("T")
 
@@ -37,6 +45,7 @@ class AsyncBackend(abc.ABC):
     token of run ends and sleeping on it."""
 
     url: str
+    ordered_events: bool = True  # ``Dialect.ordered_events``: False, events are numbered first
 
     @abc.abstractmethod
     async def write(self, program: Callable[[float | None], Program[T]]) -> T:
@@ -55,11 +64,12 @@ class AsyncBackend(abc.ABC):
         """From now on, the run's end moves the token."""
 
     @abc.abstractmethod
-    def token(self) -> int:
-        """A number that changes when a watched run ends (or anything else commits)."""
+    def token(self, channel: Channel | None = "end") -> int:
+        """A number that changes when a watched run ends (or anything else commits); with
+        ``channel`` None, also when work is written (what a follower of the events wakes on)."""
 
     @abc.abstractmethod
-    async def wait_change(self, token: int, timeout: float) -> int:
+    async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:
         """Sleep until the token differs from ``token`` or ``timeout`` passes; the token."""
 
     @abc.abstractmethod
@@ -132,6 +142,57 @@ class AsyncStore:
         if kind == "token":
             return self.backend.token()
         return await self.backend.wait_change(op[1], op[2])
+
+    # -- the outbox (B18): ``Store.events`` and its kin, awaitable ------------------------------
+    async def events(
+        self, after: int | None = None, limit: int = 500, *, consumer: str | None = None,
+        run: int | None = None,
+    ) -> list[Event]:  # fmt: skip
+        """``Store.events``: up to ``limit`` events after ``after`` (or ``consumer``'s
+        acknowledged position), in commit order."""
+        if consumer is not None and after is None:
+            after = await self.consumer_position(consumer)
+        name, params = reading(0 if after is None else after, limit, run)
+        if not self.backend.ordered_events:
+            await self.backend.write(lambda now: sequencing())
+        return [event_of(row) for row in await self.backend.rows(name, params)]
+
+    async def consumer_position(self, consumer: str) -> int:
+        """``Store.consumer_position``: the last event id ``consumer`` acknowledged."""
+        rows = await self.backend.rows("CONSUMER_AT", {"name": check_consumer(consumer)})
+        return int(rows[0][0]) if rows else await self.ack_events(consumer, 0)
+
+    async def ack_events(self, consumer: str, upto: int) -> int:
+        """``Store.ack_events``: ``consumer`` handled every event up to ``upto``."""
+        params = {"name": check_consumer(consumer), "upto": check_position(upto, "upto")}
+
+        def ack(now: float | None) -> Program[int]:
+            rows = yield "ACK_EVENTS", {**params, "now": now}
+            return int(rows[0][0])
+
+        return await self.backend.write(ack)
+
+    async def follow(
+        self, after: int | None = None, *, consumer: str | None = None, run: int | None = None,
+        limit: int = 500, poll: float = DEFAULT_POLL,
+    ) -> AsyncIterator[Event]:  # fmt: skip
+        """``Store.follow``: every event after ``after`` (or ``consumer``'s position), then
+        each new one as it commits, for ever. Sleeps on notifications (PostgreSQL: LISTEN)
+        or the change token (SQLite) between reads, ``poll`` seconds at most; never spins."""
+        if after is None and consumer is not None:
+            cursor = await self.consumer_position(consumer)
+        else:
+            cursor = after or 0
+        async with self.backend.watching():
+            while True:
+                token = self.backend.token(None)
+                batch = await self.events(cursor, limit, run=run)
+                for event in batch:
+                    yield event
+                if batch:
+                    cursor = batch[-1].id
+                if len(batch) < limit:
+                    await self.backend.wait_change(token, poll, None)
 
     async def close(self) -> None:
         await self.backend.close()

@@ -83,6 +83,9 @@ STATEMENTS = frozenset(
         # paid calls (B13): kept the moment they return, reused by the step's next attempt
         "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
         "CALL_TOTALS",
+        # the outbox (B18): events, their commit order, named consumers, retention
+        "INSERT_EVENTS", "TAKEN_FROM", "LOCK_EVENTS", "SEQUENCE_EVENTS", "LIST_EVENTS",
+        "LIST_RUN_EVENTS", "CONSUMER_AT", "ACK_EVENTS", "DROP_CONSUMER", "PRUNE_EVENTS",
     }
 )  # fmt: skip
 
@@ -97,7 +100,8 @@ class Shaped:
     shape: Callable[[Params], Params]
 
     def __call__(self, tx: Any, params: Params) -> list[Row]:
-        rows: list[Row] = tx.execute(self.statement(tx.prefix), self.shape(params)).fetchall()
+        cur = tx.execute(self.statement(tx.prefix), self.shape(params))
+        rows: list[Row] = [] if cur.description is None else cur.fetchall()
         return rows
 
 
@@ -137,9 +141,18 @@ class Tx(abc.ABC):
     # batch of one-step commits together, by kind. Without it, they go one by one, in order.
     pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
+    events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
 
     def __init__(self, now: float | None) -> None:
         self.now = now
+        self.events = []
+
+    def flush(self) -> None:
+        """Write the events this transaction's transitions emitted (``protocol.events.emit``),
+        all in one statement, inside the transaction: the dialect calls it before COMMIT."""
+        if self.events:
+            events, self.events = self.events, []
+            self.count("INSERT_EVENTS", {"events": events, "now": self.now})
 
     @abc.abstractmethod
     def execute(self, sql: str, params: Params) -> Cursor:
@@ -186,6 +199,9 @@ class Dialect(abc.ABC):
 
     url: str
     where: str
+    # B18: event ids are handed out in commit order as they are written (one writer at a
+    # time); False: ``SEQUENCE_EVENTS`` numbers committed events, in order, before a read
+    ordered_events: ClassVar[bool] = True
 
     @abc.abstractmethod
     def migrate(self) -> None:

@@ -163,6 +163,25 @@ class Run:
 
 
 @dataclass(frozen=True)
+class Event:
+    """One transition of a run, written in the transaction that made it (the outbox, B18).
+
+    ``id`` increases in commit order (a consumer that stored "after N" never misses one that
+    commits later); ``kind`` is one of ``protocol.events.KINDS``; ``task`` the task's name
+    (None for a run's own transitions, such as a cancel); ``attempt`` the lease's fencing
+    token where one is involved; ``data`` the transition's details (``owner``, ``error``,
+    ``reason``, ...)."""
+
+    id: int
+    at: float
+    run_id: int | None
+    kind: str
+    task: str | None
+    attempt: int | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class TaskInfo:
     id: int
     run_id: int

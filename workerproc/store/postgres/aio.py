@@ -26,14 +26,14 @@ from psycopg import sql
 from psycopg.pq import TransactionStatus
 
 from ..aio import AsyncBackend
-from ..dialect import Params, Row, Shaped
+from ..dialect import Channel, Params, Row, Shaped
 from ..errors import InvalidPayload, StoreError, StoreUnavailable
 from ..protocol.programs import Program
 from ..settings import PostgresOptions
 from ..types import Clock
 from .dialect import PostgresDialect
 from .ops_sql import WATCH_RUN
-from .sql import END_CHANNEL
+from .sql import END_CHANNEL, NOTIFY_CHANNEL
 from .steps import CATALOGUE
 
 T = TypeVar("T")
@@ -44,6 +44,8 @@ _RETRIES = 5  # deadlocks and serialization failures
 
 
 class PostgresAsync(AsyncBackend):
+    ordered_events = False  # B18: committed events are numbered before a read
+
     def __init__(self, dialect: PostgresDialect, clock: Clock | None = None) -> None:
         self.dialect = dialect
         self.url = dialect.url
@@ -52,6 +54,7 @@ class PostgresAsync(AsyncBackend):
         self._slots = asyncio.Semaphore(POOL)
         self._closed = False
         self._ended = 0  # notifications of watched runs' ends (and lost listeners)
+        self._any = 0  # notifications on either channel: work written, a run ended (B18)
         self._changed = asyncio.Condition()
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
@@ -149,9 +152,11 @@ class PostgresAsync(AsyncBackend):
         yield
 
     async def _listen(self) -> None:
-        """LISTEN on the end channel; each notification bumps the counter and wakes the waits.
-        A lost connection bumps it too, and the next wait listens anew."""
+        """LISTEN on the end and work channels; each notification bumps the counters (a work
+        one only ``_any``, what followers of the events wake on) and wakes the waits. A lost
+        connection bumps them too, and the next wait listens anew."""
         channel = END_CHANNEL.format(schema=self.dialect.schema)
+        work = NOTIFY_CHANNEL.format(schema=self.dialect.schema)
         try:
             conn = await self._connect()
         except StoreError:
@@ -160,9 +165,10 @@ class PostgresAsync(AsyncBackend):
             return
         try:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(work)))
             self._listening.set()
-            async for _ in conn.notifies():
-                await self._bump()
+            async for note in conn.notifies():
+                await self._bump(note.channel == channel)
         except psycopg.Error:
             await self._bump()
         finally:
@@ -170,9 +176,10 @@ class PostgresAsync(AsyncBackend):
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
-    async def _bump(self) -> None:
+    async def _bump(self, ended: bool = True) -> None:
         async with self._changed:
-            self._ended += 1
+            self._ended += ended
+            self._any += 1
             self._changed.notify_all()
 
     async def watch(self, run_id: int) -> None:
@@ -184,15 +191,17 @@ class PostgresAsync(AsyncBackend):
         except psycopg.Error as exc:
             raise _translated(exc, self.dialect.where) from None
 
-    def token(self) -> int:
-        return self._ended
+    def token(self, channel: Channel | None = "end") -> int:
+        return self._ended if channel == "end" else self._any
 
-    async def wait_change(self, token: int, timeout: float) -> int:
+    async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self._ended != token),
-                                       min(timeout, 60.0))  # fmt: skip
-        return self._ended
+                await asyncio.wait_for(
+                    self._changed.wait_for(lambda: self.token(channel) != token),
+                    min(timeout, 60.0),
+                )
+        return self.token(channel)
 
     async def close(self) -> None:
         if self._closed:

@@ -31,7 +31,7 @@ from psycopg import errors as pg_errors
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
-from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Tx
+from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Shaped, Tx
 from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
 from ..settings import PostgresOptions
 from ..types import Clock
@@ -70,6 +70,32 @@ def _healthy(conn: psycopg.Connection[Any]) -> bool:
         and conn.info.transaction_status == TransactionStatus.IDLE
         and conn.pgconn.pipeline_status == PipelineStatus.OFF
     )
+
+
+def _commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
+    """COMMIT, with the transaction's events (B18) written in the same round trip, just
+    before it: one query of two statements (``INSERT_EVENTS; COMMIT``, the simple query
+    protocol, its values bound by the driver), so the outbox costs no round trip of its own.
+    A failed INSERT skips the COMMIT: the transaction is rolled back (``_rollback``)."""
+    if not tx.events:
+        cur.execute("COMMIT")
+        return
+    events, tx.events = tx.events, []
+    entry = CATALOGUE["INSERT_EVENTS"]
+    assert isinstance(entry, Shaped)
+    with psycopg.ClientCursor(conn) as both:
+        both.execute(entry.statement("") + ";\nCOMMIT", entry.shape({"events": events,
+                                                                     "now": tx.now}))  # fmt: skip
+
+
+def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
+    """Roll back a transaction a failure left open, on a connection still fit to say so (one
+    that is not is discarded by the caller: the server rolls back itself)."""
+    if conn.broken or conn.pgconn.pipeline_status != PipelineStatus.OFF:
+        return
+    if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        with contextlib.suppress(psycopg.Error):
+            cur.execute("ROLLBACK")
 
 
 class PostgresTx(Tx):
@@ -113,6 +139,8 @@ class PostgresTx(Tx):
 
 class PostgresDialect(Dialect):
     """Connections, transactions, notifications for the PostgreSQL store."""
+
+    ordered_events = False  # B18: a reader numbers committed events first (events_sql)
 
     def __init__(
         self, conninfo: str, options: PostgresOptions | None = None, *, clock: Clock | None = None
@@ -239,16 +267,25 @@ class PostgresDialect(Dialect):
             try:
                 if mode in ("read", "statement"):
                     with conn.cursor() as cur:
-                        result = fn(PostgresTx(cur, self._now_param()))
+                        tx = PostgresTx(cur, self._now_param())
+                        result = fn(tx)
+                        if tx.events:  # no transaction to write them in: a bug of ours
+                            raise StoreError("events emitted outside a write transaction")
                         done = True
                         return result
-                with conn.transaction(), conn.cursor() as cur:
-                    if mode == "snapshot":
-                        cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-                    if lock:
-                        cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
-                    result = fn(PostgresTx(cur, self._now_param()))
-                    done = True
+                with conn.cursor() as cur:
+                    cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if mode == "snapshot"
+                                else "BEGIN")  # fmt: skip
+                    try:
+                        if lock:
+                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
+                        tx = PostgresTx(cur, self._now_param())
+                        result = fn(tx)
+                        done = True
+                        _commit(conn, cur, tx)
+                    except BaseException:
+                        _rollback(conn, cur)
+                        raise
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 self._unless_healthy(conn)
@@ -288,7 +325,10 @@ class PostgresDialect(Dialect):
         conn = admin.callers(caller, self._our_database(), self.schema, self.where)
         try:
             with conn.cursor(row_factory=tuple_row) as cur:
-                return fn(PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema))
+                tx = PostgresTx(cur, self._now_param(), f'"{self.schema}".', self.schema)
+                result = fn(tx)
+                tx.flush()
+                return result
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
             raise StoreError(f"{self.where}: {_said(exc)}") from None
 

@@ -39,6 +39,7 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 from __future__ import annotations
 
 from .calls_sql import PAID_CALLS_SCHEMA
+from .events_sql import EVENTS_SCHEMA
 from .schedules_sql import MIGRATION as _SCHEDULES
 
 VERSION_TABLE = "leasekeeper_schema"
@@ -420,6 +421,7 @@ MIGRATIONS: list[str] = [
     # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
     _SCHEDULES,  # 9: schedules (issue 25)
+    EVENTS_SCHEMA,  # 11: the outbox: events, named consumers (B18)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -260,8 +260,8 @@ FAIL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'failed', failure_reason = 
 # -- renewals (R3) --------------------------------------------------------------------------------
 # every lease of one owner in one statement: the runs are locked in id order first (no cycle
 # with a batched commit), "now" is read after; each lease matches its own (task id, attempt)
-# and the new expiry is max(old, now + ttl) (a HOT update: only the expiry changes); a lease
-# refused is recorded as evidence
+# and the new expiry is max(old, now + ttl) (a HOT update: only the expiry changes); the
+# protocol records each lease refused as evidence, with its event, in the next transaction.
 # Each renewed lease also says whether its run is still alive (B15), read from the locked row
 # (the newest version: a cancel that committed while this waited for the lock is seen).
 RENEW_MANY = f"""
@@ -273,11 +273,7 @@ i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s
 renewed AS (
     UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s)
     FROM i, clock WHERE {_FENCE_EACH}
-    RETURNING l.task_id, l.attempts AS attempt, l.expires_at, l.run_id),
-refused AS (
-    INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
-    SELECT clock.now, i.task_id, i.run_id, %(owner)s, i.attempt, 'renew' FROM i, clock
-    WHERE (i.task_id, i.attempt) NOT IN (SELECT task_id, attempt FROM renewed))
+    RETURNING l.task_id, l.attempts AS attempt, l.expires_at, l.run_id)
 SELECT n.task_id, n.attempt, n.expires_at, run.status IN {ALIVE}
 FROM renewed AS n JOIN run ON run.id = n.run_id"""
 

@@ -7,12 +7,14 @@ enqueue). Steps read their statements at each call."""
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from typing import TYPE_CHECKING
 
 from ..dialect import Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
 from . import calls_sql as c
+from . import events_sql as e
 from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
@@ -41,8 +43,8 @@ def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
-    """Every lease in one statement, as arrays; it locks the runs in id order itself and
-    records each refusal."""
+    """Every lease in one statement, as arrays; it locks the runs in id order itself (the
+    protocol records each refusal)."""
     leases = params["leases"]
     arrays = {
         "task_ids": [lease.task_id for lease in leases],
@@ -105,6 +107,24 @@ insert_runs = Shaped(_insert_runs, _insert_runs_shape)
 find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda p: p)
 
 
+def _insert_events_shape(params: Params) -> Params:
+    """The transaction's events (``protocol.events``) as one JSON array of rows (their data
+    is JSON text already: it goes in as it is)."""
+    rows = ",".join(
+        f"[{_json(x['run_id'])},{_json(x['kind'])},{_json(x['task'])},{_json(x['attempt'])},"
+        f"{x['data']}]"
+        for x in params["events"]
+    )
+    return {"events": f"[{rows}]", "now": params["now"]}
+
+
+_json = json.JSONEncoder(ensure_ascii=False).encode
+
+
+# on the caller's connection too (transactional enqueue), so its names take the prefix
+insert_events = Shaped(lambda prefix: _qualified(e._INSERT_EVENTS, prefix), _insert_events_shape)
+
+
 def place_gates(tx: PostgresTx, params: Params) -> list[Row]:
     """PLACE_GATES with each gate's limit and key as arrays beside it."""
     split = [split_gate(g) for g in params["gates"]]
@@ -121,5 +141,6 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
+    "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r, c, sc], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc, e], STEPS)

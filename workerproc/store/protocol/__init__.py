@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..dialect import Dialect
 from .calls import Calls
+from .events import Events
 from .leases import Leases
 from .limits import Limits
 from .operators import Operators
@@ -18,7 +19,7 @@ from .tasks import Tasks
 from .workers import Workers
 
 
-class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls):
+class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls, Events):
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
     store reads "now" only once it holds the write lock."""

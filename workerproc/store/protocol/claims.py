@@ -21,6 +21,7 @@ from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
 from . import gates
+from .events import emit
 from .limits import Gatekeeper
 from .totals import ended
 
@@ -60,6 +61,7 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
               "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
     if tx.count("HANDBACK", params):
+        emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
         tx.count("PLACE_GATES", {"gates": sorted(gating.gates), "lines": [gating.line],
                                  "now": tx.now})  # fmt: skip
@@ -115,15 +117,22 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
             f"{limit} attempts of task {name!r} ended without a commit (the "
             "worker died, timed out or lost its lease each time)"
         )
-        fail_run(tx, run_id, queue, "task_attempts_exhausted", error)
+        fail_run(tx, run_id, queue, "task_attempts_exhausted", error, name, attempts)
         return None
     try:
         decoded = loads(payload, "its payload"), loads(state, "its run's state")
     except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
         attempt_ended(tx, run_id, task_id, "failed", str(exc))
         tx.count("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
-        fail_run(tx, run_id, queue, "undecodable_payload", f"task {task_id}: {exc}")
+        fail_run(tx, run_id, queue, "undecodable_payload", f"task {task_id}: {exc}", name,
+                 attempts)  # fmt: skip
         return None
+    if takeover:  # whose lease it took over (rare: one statement more)
+        was = tx.one("TAKEN_FROM", {"run_id": run_id, "task_id": task_id}) or (None, None)
+        emit(tx, "lease.taken_over", run_id, name, attempts, owner=req.owner, task_id=task_id,
+             previous_owner=was[0], previous_attempt=was[1])  # fmt: skip
+    else:
+        emit(tx, "step.claimed", run_id, name, attempts, owner=req.owner, task_id=task_id)
     return Lease(
         task_id=task_id,
         run_id=run_id,
@@ -144,13 +153,17 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
     )
 
 
-def fail_run(tx: Tx, run_id: int, queue: str, reason: str, error: str | None) -> int:
-    """Fail a live run (of ``queue``, where it is counted); how many runs changed (0: it was
-    over already)."""
+def fail_run(
+    tx: Tx, run_id: int, queue: str, reason: str, error: str | None, task: str | None = None,
+    attempt: int | None = None,
+) -> int:  # fmt: skip
+    """Fail a live run (of ``queue``, where it is counted; ``task`` at ``attempt`` failed
+    it); how many runs changed (0: it was over already)."""
     params = {"run_id": run_id, "reason": reason, "error": error, "now": tx.now}
     changed = tx.count("FAIL_RUN", params)
     if changed:
         ended(tx, queue, "failed")
+        emit(tx, "run.failed", run_id, task, attempt, reason=reason, error=error)
     return changed
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from ..dialect import Params, Tx
 from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
+from .events import emit
 from .gates import settle
 from .totals import counted
 
@@ -34,25 +35,46 @@ def fence(lease: Lease, now: float | None) -> Params:
     }
 
 
-def rejected(tx: Tx, fenced: Params, op: str) -> None:
-    """Keep a refused write as evidence, in the transaction that refused it."""
+def rejected(tx: Tx, fenced: Params, op: str, task: str | None = None) -> None:
+    """Keep a refused write as evidence, in the transaction that refused it, and its event
+    (the only one a refused write makes)."""
     tx.count("INSERT_REJECTION", {**fenced, "op": op})
+    emit(tx, "write.refused", fenced["run_id"], task, fenced["attempt"], op=op,
+         owner=fenced["owner"], task_id=fenced["task_id"])  # fmt: skip
 
 
-def refused(tx: Tx, params: Params, op: str) -> CasResult:
+def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResult:
     """A fenced compare-and-set changed nothing: a lost lease (recorded) or a moved run."""
     if tx.one("CHECK_FENCE", params) is None:
-        rejected(tx, params, op)
+        rejected(tx, params, op, task)
         return CasResult.LEASE_LOST
     return CasResult.CONFLICT
 
 
-def _refusal(tx: Tx, params: Params, kind: str) -> CasResult:
+def _refusal(tx: Tx, params: Params, commit: Commit) -> CasResult:
     """What a one-step commit that changed nothing answers."""
+    kind, task = commit.kind, commit.lease.task
     if kind in CAS_KINDS:
-        return refused(tx, params, kind)
-    rejected(tx, params, kind)  # a release or hand-back is fenced by its own statement
+        return refused(tx, params, kind, task)
+    rejected(tx, params, kind, task)  # a release or hand-back is fenced by its own statement
     return CasResult.LEASE_LOST
+
+
+def committed(tx: Tx, commit: Commit, params: Params) -> None:
+    """The events of a commit that was written (a failure's is ``fail_run``'s)."""
+    lease, kind = commit.lease, commit.kind
+    held = {"owner": lease.owner, "task_id": lease.task_id}
+    if kind in ("finish", "advance", "drop"):
+        emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, **held,
+             next=params.get("name"), dropped=kind == "drop" or None)  # fmt: skip
+        if kind == "finish":
+            emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
+    elif kind in ("release", "retry_after"):
+        emit(tx, "step.released", lease.run_id, lease.task, lease.attempt, **held,
+             error=params.get("error"), delay=params.get("delay") or None,
+             retry_after=kind == "retry_after" or None)  # fmt: skip
+    elif kind == "handback":
+        emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **held)
 
 
 def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
@@ -62,6 +84,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
     dialect without pipelining) goes one by one, in order."""
     if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
         results = [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
+        _emit_committed(tx, commits, encoded, results)
         _count_finished(tx, commits, results)
         settle(tx, commits, results)
         return results
@@ -75,12 +98,21 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         for i, n in zip(members, counts, strict=True):
             changed[i] = n
     results = [
-        CasResult.OK if changed[i] else _refusal(tx, params[i], commit.kind)
+        CasResult.OK if changed[i] else _refusal(tx, params[i], commit)
         for i, commit in enumerate(commits)
     ]
+    _emit_committed(tx, commits, encoded, results)
     _count_finished(tx, commits, results)
     settle(tx, commits, results)
     return results
+
+
+def _emit_committed(
+    tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params], results: Sequence[CasResult]
+) -> None:
+    for commit, params, result in zip(commits, encoded, results, strict=True):
+        if result is CasResult.OK and commit.kind != "fail":
+            committed(tx, commit, params)
 
 
 def _count_finished(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
@@ -104,9 +136,9 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
     kind = commit.kind
     step = ONE_STEP.get(kind)
     if step is not None:  # the hot path: the fence rides in the step itself
-        return CasResult.OK if tx.count(step, params) else _refusal(tx, params, kind)
+        return CasResult.OK if tx.count(step, params) else _refusal(tx, params, commit)
     if tx.one("CHECK_FENCE", params) is None:
-        rejected(tx, params, kind)
+        rejected(tx, params, kind, commit.lease.task)
         return CasResult.LEASE_LOST
     if kind == "drop":
         tx.count("TASK_DONE", params)
@@ -117,7 +149,8 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
         return CasResult.OK
     if kind == "fail":
         lease = commit.lease
-        if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"]) == 0:
+        if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"],
+                    lease.task, lease.attempt) == 0:  # fmt: skip
             return CasResult.CONFLICT
         attempt_ended(tx, lease.run_id, lease.task_id, "failed", params["error"])
         tx.count("TASK_FAILED", params)

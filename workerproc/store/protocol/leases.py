@@ -13,6 +13,7 @@ from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import apply_all, fence, refused, rejected
+from .events import emit
 from .limits import Limits
 from .producers import placing
 from .totals import ended
@@ -81,8 +82,18 @@ class Leases(Limits):
                 for lease in leases
             ]
 
+        def record(tx: Tx) -> None:  # each refusal kept, with its event, in one transaction
+            for lease in lost:
+                rejected(tx, fence(lease, tx.now), "renew", lease.task)
+
         runs = [lease.run_id for lease in leases]
-        return self.dialect.write(renew, runs=runs, intent="statement")
+        renewals = self.dialect.write(renew, runs=runs, intent="statement")
+        # a renewal that changed nothing for a lease wrote nothing: its refusal is recorded
+        # next (the renewal is one statement on its own on PostgreSQL)
+        lost = [lease for lease, r in zip(leases, renewals, strict=True) if r.expires_at is None]
+        if lost:
+            self.dialect.write(record, runs=[lease.run_id for lease in lost])
+        return renewals
 
     # -- the pinned lease protocol (DESIGN.md) -----------------------------------------------
     @overload
@@ -132,10 +143,13 @@ class Leases(Limits):
         def ack(tx: Tx) -> bool:
             params = fence(lease, tx.now)
             if tx.count("TASK_DONE", params) == 0:
-                rejected(tx, params, "ack")
+                rejected(tx, params, "ack", lease.task)
                 return False
+            emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt,
+                 owner=lease.owner, task_id=lease.task_id)  # fmt: skip
             if tx.count("SUCCEED_IF_EMPTY", params):
                 ended(tx, lease.queue, "succeeded")
+                emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
             return True
 
         return self.dialect.write(ack, runs=[lease.run_id])
@@ -148,7 +162,7 @@ class Leases(Limits):
         def cas(tx: Tx) -> CasResult:
             params = {**fence(lease, tx.now), "state": state, "revision": expected_revision}
             if tx.count("CAS_STATE", params) == 0:
-                return refused(tx, params, "compare_and_set")
+                return refused(tx, params, "compare_and_set", lease.task)
             return CasResult.OK
 
         return self.dialect.write(cas, runs=[lease.run_id])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..dialect import Dialect, Tx
 from ..errors import RunNotFound
+from .events import emit, prune_events
 from .totals import counted, ended
 
 
@@ -20,6 +21,7 @@ class Operators:
             if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
                 return False
             ended(tx, queue, "cancelled")
+            emit(tx, "run.cancelled", run_id)
             return True
 
         return self.dialect.write(cancel, runs=[run_id])
@@ -40,6 +42,7 @@ class Operators:
             tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
             tx.count("RETRY_TASKS", params)
             counted(tx, [(queue, was, -1)])
+            emit(tx, "run.retried", run_id, was=was)
             return True
 
         return self.dialect.write(retry, runs=[run_id])
@@ -52,9 +55,10 @@ class Operators:
 
         return self.dialect.write(release)
 
-    def prune(self, older_than: float, *, batch: int = 1000) -> int:
+    def prune(self, older_than: float, *, batch: int = 1000, force: bool = False) -> int:
         """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
-        (and refused-write records as old), ``batch`` runs per write transaction so no lock
+        (and refused-write records and events as old: never an event a named consumer has
+        not acknowledged, unless ``force``), ``batch`` runs per write transaction so no lock
         is held long; returns how many runs went."""
         params = {"age": float(older_than), "limit": int(batch)}
 
@@ -71,6 +75,7 @@ class Operators:
             total += n
         while self.dialect.write(rejections) > 0:
             pass
+        prune_events(self.dialect, older_than, batch, force)
         return total
 
 

@@ -12,6 +12,7 @@ from ..errors import StoreError
 from ..limits import Gating
 from ..newrun import NewRun
 from ..types import DEFAULT_QUEUE, JSON
+from .events import event_row, inserted
 from .limits import Limits
 from .programs import Program, drive
 
@@ -70,6 +71,9 @@ def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
     placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
     if placed:  # gated runs joined their lines: each gate exists, each line may admit now
         yield "PLACE_GATES", placing(placed, now)
+    yield from inserted([event_row("run.enqueued", int(row[0]), r.task, None,
+                                   {"queue": r.queue, "key": r.key, "delay": r.delay or None})
+                         for r, row in zip(runs, rows, strict=True) if row[1]], now)  # fmt: skip
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
         found: dict[str | None, int] = dict((yield "FIND_BY_KEYS", {"keys": keys}))

@@ -20,10 +20,15 @@ Steps = Generator[Operation, Any, Answer]
 
 
 def drive(program: Program[Answer], tx: Tx) -> Answer:
-    """Run ``program`` on ``tx``: each statement it yields, its rows sent back."""
+    """Run ``program`` on ``tx``: each statement it yields, its rows sent back. Its events
+    (``INSERT_EVENTS``) wait on ``tx`` with those of the other transitions, for ``Tx.flush``."""
     try:
         name, params = next(program)
         while True:
+            if name == "INSERT_EVENTS":
+                tx.events.extend(params["events"])
+                name, params = program.send([])
+                continue
             name, params = program.send(tx.rows(name, params))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]

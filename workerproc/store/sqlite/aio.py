@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from ..aio import AsyncBackend
-from ..dialect import CHANGE_CHECK, Params, Row
+from ..dialect import CHANGE_CHECK, Channel, Params, Row
 from ..errors import StoreError
 from ..protocol.programs import Program, drive
 from ..settings import SQLiteOptions
@@ -92,10 +92,10 @@ class SQLiteAsync(AsyncBackend):
     async def watch(self, run_id: int) -> None:
         """Any commit moves SQLite's token: nothing to mark."""
 
-    def token(self) -> int:
-        return self._token
+    def token(self, channel: Channel | None = "end") -> int:
+        return self._token  # any commit moves it: every channel
 
-    async def wait_change(self, token: int, timeout: float) -> int:
+    async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:
         assert self._changed is not None
         async with self._changed:
             with contextlib.suppress(TimeoutError):

@@ -96,7 +96,9 @@ class SQLiteDialect(Dialect):
         conn = self._conn()
         self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
         try:
-            result = fn(SQLiteTx(conn, self._clock()))
+            tx = SQLiteTx(conn, self._clock())
+            result = fn(tx)
+            tx.flush()  # the events of its transitions (B18), in the same transaction
             conn.execute("COMMIT")
         except BaseException as exc:
             if conn.in_transaction:
@@ -113,7 +115,9 @@ class SQLiteDialect(Dialect):
         except sqlite3.Error as exc:
             raise translate(exc, self.path) from None
         try:
-            result = fn(SQLiteTx(conn, self._clock()))
+            tx = SQLiteTx(conn, self._clock())
+            result = fn(tx)
+            tx.flush()
         except BaseException as exc:
             conn.execute("ROLLBACK TO leasekeeper_start")
             conn.execute("RELEASE leasekeeper_start")

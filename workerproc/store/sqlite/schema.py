@@ -13,6 +13,7 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 from __future__ import annotations
 
 from .calls_sql import PAID_CALLS_SCHEMA
+from .events_sql import EVENTS_SCHEMA
 from .schedules_sql import MIGRATION as _SCHEDULES
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
@@ -396,6 +397,7 @@ MIGRATIONS: list[str] = [
     # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
     _SCHEDULES,  # 15: schedules (issue 25)
+    EVENTS_SCHEMA,  # 17: the outbox: events, named consumers (B18)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

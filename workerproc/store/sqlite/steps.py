@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from ..dialect import Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import calls_sql as c
+from . import events_sql as e
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
@@ -40,17 +41,10 @@ def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
-    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs; then each lease
-    it did not renew is recorded as refused (on PostgreSQL the statement does that itself)."""
-    leases = params["leases"]
-    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in leases])
+    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs (the protocol
+    records each lease it did not renew as refused)."""
+    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in params["leases"]])
     rows: list[Row] = tx.conn.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
-    renewed = {(task_id, attempt) for task_id, attempt, *_ in rows}
-    for lease in leases:
-        if (lease.task_id, lease.attempt) not in renewed:
-            tx.conn.execute(q.INSERT_REJECTION, {"task_id": lease.task_id, "owner": lease.owner,
-                                            "attempt": lease.attempt, "now": params["now"],
-                                            "run_id": lease.run_id, "op": "renew"})  # fmt: skip
     return rows
 
 
@@ -169,7 +163,15 @@ def regate(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(params["task_id"],)] * changed
 
 
+def insert_events(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The transaction's events (``protocol.events``), each its own row, at its "now"."""
+    now = params["now"]
+    tx.conn.executemany(e.INSERT_EVENT, [{**event, "now": now} for event in params["events"]])
+    return []
+
+
 STEPS: dict[str, Step] = {
+    "INSERT_EVENTS": insert_events,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
@@ -187,4 +189,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, c, sc], STEPS)
+CATALOGUE = catalogue([q, r, c, sc, e], STEPS)

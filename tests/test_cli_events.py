@@ -1,0 +1,98 @@
+"""``supervisor events`` (issue 26) against a real database on both backends: the listing in
+commit order, ``--after``, ``--run``, ``--json`` (one object per line), ``--follow`` in a
+process of its own that prints each new event as it commits; bad input in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pg_session
+import pytest
+from click.testing import CliRunner, Result
+from helpers import wait_for
+from sv_harness import env_with_tests
+
+from supervisor.commands.cli import cli
+from workerproc.store import open_store
+
+
+def invoke(*args: str) -> Result:
+    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
+    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
+    open_store(url).close()
+    return url
+
+
+def test_events_lists_filters_and_prints_json(db: str) -> None:
+    with open_store(db) as store:
+        first, second = store.start_runs([{"task": "a"}, {"task": "b"}])
+        store.cancel_run(first)
+    result = invoke("events", "--db", db)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert len(lines) == 3 and "run.enqueued" in lines[0] and "run.cancelled" in lines[2]
+    assert f"run {second}" in lines[1]
+    docs = [json.loads(x) for x in invoke("events", "--db", db, "--json").stdout.splitlines()]
+    assert [d["kind"] for d in docs] == ["run.enqueued", "run.enqueued", "run.cancelled"]
+    assert set(docs[0]) == {"id", "at", "run_id", "kind", "task", "attempt", "data"}
+    after = invoke("events", "--db", db, "--json", "--after", str(docs[0]["id"])).stdout
+    assert [json.loads(x)["id"] for x in after.splitlines()] == [d["id"] for d in docs[1:]]
+    mine = invoke("events", "--db", db, "--json", "--run", str(first)).stdout
+    assert [json.loads(x)["kind"] for x in mine.splitlines()] == ["run.enqueued",
+                                                                   "run.cancelled"]  # fmt: skip
+    limited = invoke("events", "--db", db, "--limit", "1").stdout
+    assert len(limited.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(["--after", "-1"], "--after must be"), (["--run", "x"], "not a whole number"),
+     (["--limit", "0"], "--limit must be")],
+)  # fmt: skip
+def test_events_bad_input_is_one_line(db: str, args: list[str], words: str) -> None:
+    result = invoke("events", "--db", db, *args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and "Traceback" not in result.output
+
+
+def test_events_of_a_missing_database_is_one_line(tmp_path: Path) -> None:
+    result = invoke("events", "--db", str(tmp_path / "nope.db"))
+    assert result.exit_code != 0 and "does not exist" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_events_follow_prints_each_new_event_as_it_commits(db: str, tmp_path: Path) -> None:
+    with open_store(db) as store:
+        store.start_run("before")
+    out = tmp_path / "follow.out"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen([sys.executable, "-m", "supervisor", "events", "--db", db,
+                                 "--follow", "--json"], stdout=sink, stderr=subprocess.STDOUT,
+                                env=env_with_tests(), start_new_session=True)  # fmt: skip
+    try:
+
+        def seen() -> list[dict[str, object]]:
+            return [json.loads(x) for x in out.read_text().splitlines() if x.startswith("{")]
+
+        wait_for(lambda: len(seen()) == 1, 30, what="the first event")
+        with open_store(db) as store:
+            store.start_runs([{"task": "later"}, {"task": "later"}])
+        wait_for(lambda: len(seen()) == 3, 30, what="the new events")
+        assert [d["task"] for d in seen()] == ["before", "later", "later"]
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: stops quietly
+        assert proc.wait(10) == 0, out.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
