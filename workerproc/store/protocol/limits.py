@@ -16,21 +16,34 @@ import json
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..codec import task_options
 from ..dialect import Dialect, Row, Tx
 from ..errors import StoreError
-from ..limits import NUMBERS, Gating, LimitSpec, check_limit_name, gating
+from ..limits import NUMBERS, Gating, LimitSpec, check_limit_name, gating, refill
 from ..newrun import NewRun
 
 REFRESH = 1.0  # seconds a store trusts what it read of the declarations
 
 
+class LimitKey(NamedTuple):
+    """One key of a limit (``""``: a limit without ``per``) now: its live leases, the runs
+    waiting behind it, its pause, and its buckets' levels (None: not limited that way)."""
+
+    key: str
+    live: int
+    waiting: int
+    paused_until: float | None
+    level: float | None = None  # starts the rate bucket holds now
+    tokens_left: float | None = None  # tokens the token bucket holds now
+
+
 @dataclass(frozen=True)
 class LimitInfo:
-    """One limit as operators see it: its numbers now, what was declared and set, and its
-    busiest keys (``keys``: gate key, live leases, waiting runs, paused until)."""
+    """One limit as operators see it: its numbers now, what was declared and set, its use now
+    (live leases, runs waiting behind it, tokens charged) and its busiest ``keys``. ``level``
+    and ``tokens_left``: its buckets now, for a limit without ``per`` (one per key otherwise)."""
 
     name: str
     spec: LimitSpec
@@ -40,7 +53,9 @@ class LimitInfo:
     in_use: int
     waiting: int
     used_tokens: int
-    keys: list[tuple[str, int, int, float | None]]
+    keys: list[LimitKey]
+    level: float | None = None
+    tokens_left: float | None = None
 
 
 def _spec(row: Row) -> LimitSpec:
@@ -149,6 +164,9 @@ class Limits:
             current = _spec(rows[name])
             merged = {**current.numbers, **numbers}
             merged = {k: v for k, v in merged.items() if v}  # 0 lifts that dimension
+            for bucket, size in (("rate", "burst"), ("tokens", "token_burst")):
+                if bucket not in merged:  # with its bucket's size
+                    merged.pop(size, None)
             try:
                 spec = LimitSpec.declare(name, per=current.per, **merged)
             except ValueError as exc:
@@ -174,18 +192,44 @@ class Limits:
 
         def read(tx: Tx) -> list[LimitInfo]:
             out = []
+            now = tx.time()
             for row in tx.rows("LIMIT_ROWS", {}):
-                busy = tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now, "limit": keys})
+                spec = _spec(row)
+                busy = [_key(spec, r, now)
+                        for r in tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now,
+                                                        "limit": keys})]  # fmt: skip
                 total = tx.one("LIMIT_USE", {"lim": row[0], "now": tx.now}) or (0, 0, 0)
+                alone = next((k for k in busy if k.key == ""), None) if spec.per is None else None
+                full = LimitKey("", 0, 0, None, *_levels(spec, None, now))
+                lone = alone or full
                 out.append(LimitInfo(
-                    row[0], _spec(row), json.loads(row[7]), row[8],
+                    row[0], spec, json.loads(row[7]), row[8],
                     json.loads(row[9]) if row[9] else None, int(total[0] or 0),
-                    int(total[1] or 0), int(total[2] or 0),
-                    [(k, int(u or 0), int(w or 0), p) for k, u, w, p in busy],
+                    int(total[1] or 0), int(total[2] or 0), busy,
+                    lone.level if spec.per is None else None,
+                    lone.tokens_left if spec.per is None else None,
                 ))  # fmt: skip
             return out
 
         return self.dialect.read(read, snapshot=True)
+
+
+def _levels(spec: LimitSpec, row: Row | None, now: float) -> tuple[float | None, float | None]:
+    """A gate's buckets now (``row``: its level, level_at, tok_level, tok_at; None: unused)."""
+    level, level_at, tok_level, tok_at = row if row is not None else (None,) * 4
+    rate = None
+    if spec.rate is not None and spec.burst is not None:
+        rate = refill(level, level_at, spec.rate, spec.burst, now)
+    toks = None
+    if spec.tokens is not None and spec.token_burst is not None:
+        toks = refill(tok_level, tok_at, spec.tokens, spec.token_burst, now)
+    return rate, toks
+
+
+def _key(spec: LimitSpec, row: Row, now: float) -> LimitKey:
+    key, live, waiting, paused = row[:4]
+    return LimitKey(key, int(live or 0), int(waiting or 0), paused,
+                    *_levels(spec, row[4:8], now))  # fmt: skip
 
 
 def _numbers(spec: LimitSpec) -> dict[str, Any]:
