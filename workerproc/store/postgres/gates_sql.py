@@ -30,13 +30,16 @@ DECLARE_LIMIT = f"""INSERT INTO limits (name, per, rate, burst, concurrency, tok
         token_burst = excluded.token_burst, declared = excluded.declared,
         declared_by = excluded.declared_by, declared_at = excluded.declared_at,
         overrides = NULL, set_at = NULL"""
-# an operator's numbers (``limits set``), and its gates may have room now
+# an operator's numbers (``limits set``), and its gates may have room now (and the lines its
+# gates kept closed: a task's other limits' lines)
 SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 set AS (UPDATE limits SET rate = %(rate)s, burst = %(burst)s, concurrency = %(concurrency)s,
         tokens = %(tokens)s, token_burst = %(token_burst)s, overrides = %(overrides)s::json,
         set_at = clock.now FROM clock WHERE name = %(name)s RETURNING name),
-reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now)
-    FROM clock, set WHERE gates.lim = set.name)
+reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now),
+        blocked_by = CASE WHEN gates.lim = set.name THEN gates.blocked_by END
+    FROM clock, set WHERE gates.lim = set.name
+       OR gates.blocked_by IN (SELECT b.gate FROM gates AS b WHERE b.lim = set.name))
 SELECT name, {NOTIFY} FROM set"""
 # the runs waiting behind each gate: in a line, not leased, counted under every gate of their
 # head task (a task of several limits waits in one line, behind all of its gates)

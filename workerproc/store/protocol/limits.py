@@ -165,7 +165,7 @@ class Limits:
             merged = {**current.numbers, **numbers}
             merged = {k: v for k, v in merged.items() if v}  # 0 lifts that dimension
             for bucket, size in (("rate", "burst"), ("tokens", "token_burst")):
-                if bucket not in merged:  # with its bucket's size
+                if bucket not in merged and not numbers.get(size):  # with its bucket's size
                     merged.pop(size, None)
             try:
                 spec = LimitSpec.declare(name, per=current.per, **merged)

@@ -245,8 +245,10 @@ DECLARE_LIMIT = """INSERT INTO limits (name, per, rate, burst, concurrency, toke
 SET_LIMIT_NUMBERS = """UPDATE limits SET rate = :rate, burst = :burst, concurrency = :concurrency,
     tokens = :tokens, token_burst = :token_burst, overrides = :overrides, set_at = :now
     WHERE name = :name"""
-REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now)
-    WHERE lim = :name"""
+# (and the lines its gates kept closed: a task's other limits' lines)
+REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+    blocked_by = CASE WHEN lim = :name THEN blocked_by END
+    WHERE lim = :name OR blocked_by IN (SELECT gate FROM gates WHERE lim = :name)"""
 # the runs waiting behind each gate: in a line, not leased, counted under every gate of their
 # head task (a task of several limits waits in one line, behind all of its gates)
 _WAITING = f"""SELECT x.gate AS gate, count(*) AS n FROM (
