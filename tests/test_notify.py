@@ -35,6 +35,7 @@ from workerproc import App
 from workerproc.config import WorkerConfig
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
+from workerproc.store.limits import LimitInfo, LimitSpec
 
 
 class Listener:
@@ -148,6 +149,10 @@ class FlakyGate:
 
     def fence_rejections(self, after: int = 0, limit: int = 0) -> list[object]:
         return []
+
+    def limits(self, keys: int = 5) -> list[LimitInfo]:
+        spec = LimitSpec.declare("openai", rate="60/s", concurrency=4, tokens="100/s")
+        return [LimitInfo("openai", spec, spec.numbers, "h", None, 3, 7, 1200, [], 55.0, 4000.0)]
 
 
 def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:

@@ -8,8 +8,7 @@ from typing import Any
 
 import click
 
-from workerproc.store.limits import per_second
-from workerproc.store.protocol.limits import LimitInfo
+from workerproc.store.limits import LimitInfo, per_second
 
 from ..errors import ConfigError
 from . import render, store_actions

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from workerproc.store import Stats, StoreError
+from workerproc.store.limits import LimitInfo
 
 from ..logs import event
 
@@ -31,6 +32,7 @@ LOST_LEASES_REMEMBERED = 4096  # (task, attempt) pairs kept to count each lost l
 class StatsProbe:
     every: float | None = None  # periodic read interval; None: only on demand
     stats: Stats | None = None  # the last successful read
+    limits: list[LimitInfo] = field(default_factory=list)  # flow control's limits (issue 24)
     ok_at: float | None = None  # monotonic time of that read
     read_at: float | None = None  # monotonic time of the last attempt, good or bad
     reads: int = 0
@@ -66,6 +68,7 @@ class StatsProbe:
         try:
             with arb.gate.session() as store:  # one short session; closed before any fork
                 stats = store.stats()
+                limits = store.limits(keys=0)
                 rejected = store.fence_rejections(self.cursor, REJECTIONS_PER_READ)
         except StoreError as exc:
             self.failures += 1
@@ -82,6 +85,7 @@ class StatsProbe:
             event("store_reachable", "the database answers again")
         self.error = None
         self.stats = stats
+        self.limits = limits
         for r in rejected:
             self.cursor = max(self.cursor, r.id)
             self.rejections[r.op] += 1

@@ -15,47 +15,24 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..codec import task_options
 from ..dialect import Dialect, Row, Tx
 from ..errors import StoreError
-from ..limits import NUMBERS, Gating, LimitSpec, check_limit_name, gating, refill
+from ..limits import (
+    NUMBERS,
+    Gating,
+    LimitInfo,
+    LimitKey,
+    LimitSpec,
+    check_limit_name,
+    gating,
+    refill,
+)
 from ..newrun import NewRun
 
 REFRESH = 1.0  # seconds a store trusts what it read of the declarations
-
-
-class LimitKey(NamedTuple):
-    """One key of a limit (``""``: a limit without ``per``) now: its live leases, the runs
-    waiting behind it, its pause, and its buckets' levels (None: not limited that way)."""
-
-    key: str
-    live: int
-    waiting: int
-    paused_until: float | None
-    level: float | None = None  # starts the rate bucket holds now
-    tokens_left: float | None = None  # tokens the token bucket holds now
-
-
-@dataclass(frozen=True)
-class LimitInfo:
-    """One limit as operators see it: its numbers now, what was declared and set, its use now
-    (live leases, runs waiting behind it, tokens charged) and its busiest ``keys``. ``level``
-    and ``tokens_left``: its buckets now, for a limit without ``per`` (one per key otherwise)."""
-
-    name: str
-    spec: LimitSpec
-    declared: dict[str, Any]
-    declared_by: str
-    overrides: dict[str, Any] | None
-    in_use: int
-    waiting: int
-    used_tokens: int
-    keys: list[LimitKey]
-    level: float | None = None
-    tokens_left: float | None = None
 
 
 def _spec(row: Row) -> LimitSpec:
@@ -195,13 +172,14 @@ class Limits:
             now = tx.time()
             for row in tx.rows("LIMIT_ROWS", {}):
                 spec = _spec(row)
+                ask = keys if spec.per is not None else max(1, keys)  # its one gate's levels
                 busy = [_key(spec, r, now)
                         for r in tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now,
-                                                        "limit": keys})]  # fmt: skip
+                                                        "limit": ask})]  # fmt: skip
                 total = tx.one("LIMIT_USE", {"lim": row[0], "now": tx.now}) or (0, 0, 0)
-                alone = next((k for k in busy if k.key == ""), None) if spec.per is None else None
-                full = LimitKey("", 0, 0, None, *_levels(spec, None, now))
-                lone = alone or full
+                unused = LimitKey("", 0, 0, None, *_levels(spec, None, now))  # no gate yet
+                lone = busy[0] if busy else unused
+                busy = busy[:keys]
                 out.append(LimitInfo(
                     row[0], spec, json.loads(row[7]), row[8],
                     json.loads(row[9]) if row[9] else None, int(total[0] or 0),
