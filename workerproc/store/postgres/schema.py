@@ -38,6 +38,8 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
+from .gates_sql import GATES_READY_ORDER
+
 VERSION_TABLE = "leasekeeper_schema"
 
 MIGRATIONS: list[str] = [
@@ -414,6 +416,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
+    GATES_READY_ORDER,  # 10: the open gates' order, indexed (issue 24)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
