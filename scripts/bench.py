@@ -12,7 +12,8 @@ rounds; the order alternates per round. Then (--parts latency) idle pickup, take
 SIGKILL, write-lock wait and peak RSS; last, the goals of issue 12 (scripts/bench_goals.py).
 Then the PostgreSQL rows (scripts/bench_pg.py, unless --postgres ''): ours from one and from two
 supervisors beside procrastinate on the same server, idle pickup, takeover, and the claim beside
-a million finished runs.
+a million finished runs. Last (--parts limits, scripts/bench_limits.py): flow control's cost,
+no-op throughput behind a limit that never binds and the claim beside 10,000 keys of one limit.
 """
 
 from __future__ import annotations
@@ -227,7 +228,7 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-PARTS = ("noop", "slots", "io", "latency", "postgres")
+PARTS = ("noop", "slots", "io", "latency", "postgres", "limits")
 
 
 def main() -> int:
@@ -265,6 +266,8 @@ def main() -> int:
         ap.error(f"--parts: unknown {', '.join(sorted(parts - set(PARTS)))}")
     if args.only_postgres:
         return postgres_rows(args, widths)
+    if parts == {"limits"}:  # flow control's rows alone (scripts/bench_limits.py)
+        return limits_rows(args)
     tmp = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     results: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
@@ -294,7 +297,17 @@ def main() -> int:
     print_table(args, widths, results, rss, lat, time.monotonic() - started)
     bench_slots.print_tables(args, widths, results, rss_io)
     bench_goals.print_goals(widths, results, rss_io, lat)
-    return postgres_rows(args, widths) if args.postgres and "postgres" in parts else 0
+    code = postgres_rows(args, widths) if args.postgres and "postgres" in parts else 0
+    return code or (limits_rows(args) if "limits" in parts else 0)
+
+
+def limits_rows(args: Any) -> int:
+    """Flow control's cost, both backends (scripts/bench_limits.py, its own sizes)."""
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "bench_limits.py"),
+           "--postgres", args.postgres or ""] + (["--quick"] if args.quick else [])  # fmt: skip
+    if args.dir:
+        cmd += ["--dir", args.dir]
+    return subprocess.run(cmd, check=False).returncode
 
 
 def postgres_rows(args: Any, widths: list[int]) -> int:

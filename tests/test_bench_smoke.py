@@ -207,3 +207,19 @@ def test_bench_pg_throughput_and_cost_rows_drain_every_run() -> None:
     dead = [float(re.search(r"\| ([0-9.]+) \(HOT", line)[1]) for line in lines  # type: ignore[index]
             if line.startswith("| dead row versions")]  # fmt: skip
     assert len(dead) == 2 and max(dead) <= 1.05, lines
+
+
+def test_bench_limits_quick_prints_its_rows(tmp_path: object) -> None:
+    """``scripts/bench_limits.py --quick`` (SQLite: PostgreSQL's rows are the same code) still
+    drains with and without a limit and times the gated claim."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_limits.py"), "--quick",
+         "--postgres", "", "--tasks", "100", "--dir", str(tmp_path)],
+        cwd=os.path.join(ROOT, "scripts"), capture_output=True, text=True, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "sqlite: no-op throughput, -n 2, 100 runs, a limit that never binds" in out, out
+    assert "sqlite: a batched claim of 16, 200 keys of one limit, 2,000 runs waiting" in out, out
+    assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"

@@ -213,3 +213,42 @@ def test_a_backend_without_limits_claims_as_before(backend: Backend) -> None:
     assert len(s.claim("w", TTL, limit=5)) == 3
     assert s.limits() == []
     s.close()
+
+
+class TestTheRead:
+    def test_waiting_counts_every_run_behind_a_limit_also_in_another_gates_line(
+        self, s: Store
+    ) -> None:
+        limited(s, LimitSpec.declare("openai", concurrency=1),
+                LimitSpec.declare("per-tenant", concurrency=5, per="tenant"))  # fmt: skip
+        s.start_runs([{"task": "call", "payload": {"tenant": t}} for t in "AB" for _ in range(3)])
+        assert len(claims(s, 10)) == 1  # the global cap: five wait, in their tenants' lines
+        by = {info.name: info for info in s.limits()}
+        assert (by["openai"].in_use, by["openai"].waiting) == (1, 5)  # not 0: none is its line
+        assert (by["per-tenant"].in_use, by["per-tenant"].waiting) == (1, 5)
+        assert {k.key: k.waiting for k in by["per-tenant"].keys} in (
+            {"A": 2, "B": 3},
+            {"A": 3, "B": 2},
+        )
+        (only,) = by["openai"].keys
+        assert (only.key, only.live, only.waiting) == ("", 1, 5)
+
+    def test_it_shows_the_buckets_now(self, s: Store, clock: FakeClock) -> None:
+        limited(s, LimitSpec.declare("api", rate="60/m", burst=3,
+                                     tokens="600/m", token_burst=1000), tokens=100)  # fmt: skip
+        (fresh,) = s.limits()
+        assert (fresh.level, fresh.tokens_left) == (3, 1000)  # full before any use
+        s.start_runs([{"task": "call"}] * 5)
+        assert len(claims(s, 2)) == 2
+        (info,) = s.limits()
+        assert info.level == pytest.approx(1) and info.tokens_left == pytest.approx(800)
+        clock.advance(1.0)
+        (later,) = s.limits()
+        assert later.level == pytest.approx(2) and later.tokens_left == pytest.approx(810)
+
+    def test_lifting_a_rate_lifts_its_burst(self, s: Store) -> None:
+        limited(s, LimitSpec.declare("api", rate="1/m", burst=1, concurrency=2))
+        spec = s.set_limit("api", rate=0)
+        assert (spec.rate, spec.burst, spec.concurrency) == (None, None, 2)
+        s.start_runs([{"task": "call"}] * 5)
+        assert len(claims(s, 5)) == 2  # only the cap now

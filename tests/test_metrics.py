@@ -29,7 +29,8 @@ from supervisor.integrations.probe import StatsProbe
 from supervisor.integrations.tally import exit_reason
 from supervisor.loop.pool import Exit, ExitKind, WorkerProcess
 from workerproc import exitcodes as wexit
-from workerproc.store import open_store
+from workerproc.store import TaskOptions, open_store
+from workerproc.store.limits import LimitSpec
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -327,3 +328,38 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv_each: Supervisor)
         urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10)
     sv.signal(signal.SIGTERM)
     assert sv.wait_exit() == 0
+
+
+def test_limits_are_in_the_exposition(clock: FakeClock) -> None:
+    """Flow control's gauges (issue 24), from the probe's read of ``store.limits()``."""
+    arb = fake_arbiter(clock, FlakyGate())
+    metrics = Metrics(StatsProbe())
+    metrics.install(arb)
+    samples = parse(metrics.render(arb))
+    assert value(samples, "leasekeeper_limit_in_use", limit="openai") == 3
+    assert value(samples, "leasekeeper_limit_waiting", limit="openai") == 7
+    assert value(samples, "leasekeeper_limit_capacity", limit="openai", number="concurrency") == 4
+    assert value(samples, "leasekeeper_limit_capacity", limit="openai", number="rate") == 60
+    assert value(samples, "leasekeeper_limit_tokens", limit="openai", state="used") == 1200
+    assert value(samples, "leasekeeper_limit_tokens", limit="openai", state="left") == 4000
+    assert value(samples, "leasekeeper_limit_rate_level", limit="openai") == 55
+
+
+def test_a_real_stores_limits_reach_the_probe(tmp_path: Path, clock: FakeClock) -> None:
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as s:
+        s.register_tasks({"call": TaskOptions(limits=("cap",))})
+        s.declare_limits({"cap": LimitSpec.declare("cap", concurrency=1)}, by="h")
+        s.start_runs([{"task": "call"}] * 3)
+        assert len(s.claim("w", 30.0, limit=3)) == 1
+
+    class Gate:
+        def session(self) -> object:
+            return open_store(db)
+
+    arb = fake_arbiter(clock, FlakyGate())
+    arb.gate = Gate()  # type: ignore[assignment]
+    probe = StatsProbe()
+    assert probe.read(arb)
+    (info,) = probe.limits
+    assert (info.name, info.in_use, info.waiting) == ("cap", 1, 2)

@@ -36,6 +36,7 @@ from workerproc.config import WorkerConfig
 from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
 from workerproc.store.calls import CallTotals
+from workerproc.store.limits import LimitInfo, LimitSpec
 
 
 class Listener:
@@ -153,6 +154,10 @@ class FlakyGate:
 
     def paid_call_totals(self) -> CallTotals:
         return self.calls
+
+    def limits(self, keys: int = 5) -> list[LimitInfo]:
+        spec = LimitSpec.declare("openai", rate="60/s", concurrency=4, tokens="100/s")
+        return [LimitInfo("openai", spec, spec.numbers, "h", None, 3, 7, 1200, [], 55.0, 4000.0)]
 
 
 def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:

@@ -15,7 +15,7 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import calls, control, database, events, schedules, web
+from . import calls, control, database, events, limits, schedules, web
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -36,7 +36,9 @@ def start(**values: Any) -> int:
     return run_start(start_config(values))
 
 
-for command in database.ALL + calls.ALL + schedules.ALL + control.ALL + events.ALL + web.ALL:
+for command in (
+    database.ALL + calls.ALL + schedules.ALL + limits.ALL + control.ALL + events.ALL + web.ALL
+):
     cli.add_command(command)
 
 

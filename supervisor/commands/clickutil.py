@@ -140,13 +140,19 @@ def declared_options(declarations: Sequence[Declared]) -> Callable[[F], F]:
     return decorate
 
 
-db_option = option(
-    "--db",
-    envvar="SUPERVISOR_DB",
-    required=True,
-    metavar="PATH|URL",
-    help="database file, sqlite:/// or postgresql:// URL",
-)
+def db_opt(required: bool = True) -> Callable[[F], F]:
+    """``--db``, declared here once (``required=False``: a command group's, which its
+    subcommands may take instead)."""
+    return option(
+        "--db",
+        envvar="SUPERVISOR_DB",
+        required=required,
+        metavar="PATH|URL",
+        help="database file, sqlite:/// or postgresql:// URL",
+    )
+
+
+db_option = db_opt()
 pidfile_option = option(
     "--pidfile",
     envvar="SUPERVISOR_PIDFILE",

@@ -92,6 +92,7 @@ class SupervisorCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from self._store()
+        yield from self._limits()
         yield from self._fencing()
         yield from self._work()
         yield from self._calls()
@@ -155,6 +156,50 @@ class SupervisorCollector:
             [(["paid"], calls.tokens), (["saved"], calls.saved_tokens),
              (["paid_unused"], calls.unused_tokens)],
         )  # fmt: skip
+
+    def _limits(self) -> Iterator[Metric]:
+        """Flow control (issue 24), as every host sees it: the same on each supervisor of one
+        database (aggregate with ``max``)."""
+        infos = self.probe.limits
+        yield labelled(
+            GaugeMetricFamily,
+            "limit_in_use",
+            "Live leases holding a slot of each limit (all its keys).",
+            ["limit"],
+            [([i.name], i.in_use) for i in infos],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "limit_capacity",
+            "Each limit's numbers now: concurrency (slots per key), rate and tokens (per "
+            "second), burst and token_burst (bucket sizes).",
+            ["limit", "number"],
+            [([i.name, k], v) for i in infos for k, v in sorted(i.spec.numbers.items())],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "limit_waiting",
+            "Runs waiting behind each limit (in a line, not leased; a run of several limits "
+            "counts under each).",
+            ["limit"],
+            [([i.name], i.waiting) for i in infos],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "limit_tokens",
+            "Each limit's tokens: used (charged by committed executions, all keys) and left "
+            "(its token bucket now, for a limit without per).",
+            ["limit", "state"],
+            [([i.name, "used"], i.used_tokens) for i in infos]
+            + [([i.name, "left"], i.tokens_left) for i in infos if i.tokens_left is not None],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "limit_rate_level",
+            "Starts each limit's rate bucket holds now (a limit with a rate and without per).",
+            ["limit"],
+            [([i.name], i.level) for i in infos if i.level is not None],
+        )
 
     def _fencing(self) -> Iterator[Metric]:
         probe = self.probe

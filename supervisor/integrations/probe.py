@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from workerproc.store import Stats, StoreError
 from workerproc.store.calls import CallTotals
+from workerproc.store.limits import LimitInfo
 
 from ..logs import event
 
@@ -33,6 +34,7 @@ class StatsProbe:
     every: float | None = None  # periodic read interval; None: only on demand
     stats: Stats | None = None  # the last successful read
     calls: CallTotals | None = None  # the paid calls' numbers (ctx.once), at that read
+    limits: list[LimitInfo] = field(default_factory=list)  # flow control's limits (issue 24)
     ok_at: float | None = None  # monotonic time of that read
     read_at: float | None = None  # monotonic time of the last attempt, good or bad
     reads: int = 0
@@ -69,6 +71,7 @@ class StatsProbe:
             with arb.gate.session() as store:  # one short session; closed before any fork
                 stats = store.stats()
                 calls = store.paid_call_totals()
+                limits = store.limits(keys=0)
                 rejected = store.fence_rejections(self.cursor, REJECTIONS_PER_READ)
         except StoreError as exc:
             self.failures += 1
@@ -86,6 +89,7 @@ class StatsProbe:
         self.error = None
         self.stats = stats
         self.calls = calls
+        self.limits = limits
         for r in rejected:
             self.cursor = max(self.cursor, r.id)
             self.rejections[r.op] += 1

@@ -53,6 +53,7 @@ def create_app(config: WebConfig, store: Operator) -> Starlette:
         Route("/runs", pages.runs),
         Route("/runs/{run_id:int}", pages.run),
         Route("/leases", pages.leases),
+        Route("/limits", pages.limits),
         Route("/chaos", pages.chaos),
         Mount("/static", StaticFiles(packages=[("supervisor.web", "static")]), name="static"),
     ]

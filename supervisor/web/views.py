@@ -31,6 +31,15 @@ PAGE = 50
 STATS_EVERY = 1.0  # seconds: every open overview shares one read of the counts per second
 CHART_EVERY = 10.0  # the chart reads up to CHART_RUNS runs: at most once per 10 s
 CHART_RUNS = 200_000
+LIMIT_KEYS = 10  # the busiest keys the limits page shows of each limit
+
+
+def _per_minute(value: float | None) -> str:
+    return "-" if value is None else f"{value * 60:g}/m"
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}" if value == int(value) else f"{value:.1f}"
 
 
 class _Cache:
@@ -168,6 +177,11 @@ class Pages:
 
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", stats=self.stats())
+
+    def limits(self, request: Request) -> Response:
+        """Flow control (issue 24): each limit, its use now and its busiest keys."""
+        infos = self.cache.get("limits", STATS_EVERY, lambda: self.store.limits(keys=LIMIT_KEYS))
+        return self.render(request, "limits.html", limits=infos, permin=_per_minute, num=_num)
 
     def chaos(self, request: Request) -> Response:
         report = self.report.read() if self.report else None

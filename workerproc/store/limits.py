@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import InvalidPayload
 
@@ -108,6 +108,37 @@ class LimitSpec:
     def with_numbers(self, numbers: Mapping[str, Any]) -> LimitSpec:
         values = {k: numbers.get(k) for k in NUMBERS}
         return LimitSpec(self.name, per=self.per, **values)
+
+
+class LimitKey(NamedTuple):
+    """One key of a limit (``""``: a limit without ``per``) now: its live leases, the runs
+    waiting behind it, its pause, and its buckets' levels (None: not limited that way)."""
+
+    key: str
+    live: int
+    waiting: int
+    paused_until: float | None
+    level: float | None = None  # starts the rate bucket holds now
+    tokens_left: float | None = None  # tokens the token bucket holds now
+
+
+@dataclass(frozen=True)
+class LimitInfo:
+    """One limit as operators see it: its numbers now, what was declared and set, its use now
+    (live leases, runs waiting behind it, tokens charged) and its busiest ``keys``. ``level``
+    and ``tokens_left``: its buckets now, for a limit without ``per`` (one per key otherwise)."""
+
+    name: str
+    spec: LimitSpec
+    declared: dict[str, Any]
+    declared_by: str
+    overrides: dict[str, Any] | None
+    in_use: int
+    waiting: int
+    used_tokens: int
+    keys: list[LimitKey]
+    level: float | None = None
+    tokens_left: float | None = None
 
 
 def gate_of(spec_name: str, per: str | None, payload: Any) -> str:

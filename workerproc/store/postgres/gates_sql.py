@@ -10,6 +10,13 @@ from __future__ import annotations
 from .sql import _CLOCK, ALIVE, NOTIFY, head_of
 
 _NOW = f"(SELECT {_CLOCK})"
+
+# migration 10: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
+# serves it without sorting the thousands of gates a claim made ready at the same instant
+GATES_READY_ORDER = """
+    CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;
+    DROP INDEX gates_ready;
+"""
 # the live leases that hold one of a gate's slots (``g``: gates), and the first of them to end
 _ON = " OR ".join(f"{c} = g.gate" for c in ("gate_a", "gate_b", "gate_c"))
 _LIVE = f"""(SELECT count(*) FROM leases WHERE ({_ON}) AND owner IS NOT NULL
@@ -30,22 +37,33 @@ DECLARE_LIMIT = f"""INSERT INTO limits (name, per, rate, burst, concurrency, tok
         token_burst = excluded.token_burst, declared = excluded.declared,
         declared_by = excluded.declared_by, declared_at = excluded.declared_at,
         overrides = NULL, set_at = NULL"""
-# an operator's numbers (``limits set``), and its gates may have room now
+# an operator's numbers (``limits set``), and its gates may have room now (and the lines its
+# gates kept closed: a task's other limits' lines)
 SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 set AS (UPDATE limits SET rate = %(rate)s, burst = %(burst)s, concurrency = %(concurrency)s,
         tokens = %(tokens)s, token_burst = %(token_burst)s, overrides = %(overrides)s::json,
         set_at = clock.now FROM clock WHERE name = %(name)s RETURNING name),
-reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now)
-    FROM clock, set WHERE gates.lim = set.name)
+reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now),
+        blocked_by = CASE WHEN gates.lim = set.name THEN gates.blocked_by END
+    FROM clock, set WHERE gates.lim = set.name
+       OR gates.blocked_by IN (SELECT b.gate FROM gates AS b WHERE b.lim = set.name))
 SELECT name, {NOTIFY} FROM set"""
-# each gate of a limit: its key, live leases, runs waiting in its line, pause, tokens used
-_KEYS = f"""SELECT g.key, {_LIVE} AS live,
-    (SELECT count(*) FROM runs AS r WHERE r.line = g.gate AND r.line_at IS NOT NULL
-       AND r.status IN {ALIVE} AND NOT EXISTS (SELECT 1 FROM leases AS l
-           WHERE l.run_id = r.id AND l.owner IS NOT NULL AND l.expires_at > {_NOW})) AS waiting,
-    CASE WHEN g.paused_until > {_NOW} THEN g.paused_until END AS paused, g.used_tokens AS used
-    FROM gates AS g WHERE g.lim = %(lim)s"""
-LIMIT_KEYS = f"""SELECT key, live, waiting, paused FROM ({_KEYS}) AS k
+# the runs waiting behind each gate: in a line, not leased, counted under every gate of their
+# head task (a task of several limits waits in one line, behind all of its gates)
+_WAITING = f"""SELECT x.gate, count(*) AS n FROM (
+        SELECT unnest(ARRAY[t.gate_a, t.gate_b, t.gate_c]) AS gate FROM runs AS r
+        JOIN tasks AS t ON t.id = r.head_id AND t.run_id = r.id
+        WHERE r.line_at IS NOT NULL AND r.status IN {ALIVE}
+          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                          AND l.owner IS NOT NULL AND l.expires_at > {_NOW})) AS x
+    WHERE x.gate IN (SELECT gate FROM gates WHERE lim = %(lim)s) GROUP BY x.gate"""
+# each gate of a limit: its key, live leases, runs waiting behind it, pause, tokens used, buckets
+_KEYS = f"""SELECT g.key, {_LIVE} AS live, coalesce(w.n, 0) AS waiting,
+    CASE WHEN g.paused_until > {_NOW} THEN g.paused_until END AS paused, g.used_tokens AS used,
+    g.level, g.level_at, g.tok_level, g.tok_at
+    FROM gates AS g LEFT JOIN ({_WAITING}) AS w ON w.gate = g.gate WHERE g.lim = %(lim)s"""
+LIMIT_KEYS = f"""SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
+    FROM ({_KEYS}) AS k
     ORDER BY waiting + live DESC, key LIMIT %(limit)s"""
 LIMIT_USE = f"SELECT sum(live), sum(waiting), sum(used) FROM ({_KEYS}) AS k"
 # the gates whose line may admit a run now, the one served least recently first, locked

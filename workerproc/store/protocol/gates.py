@@ -188,7 +188,8 @@ def admitted(
             if room < 1:
                 own.decide(own.next_open(now, 0))
                 continue
-            ask = 1 if turn == 1 else min(room, want - len(leases))
+            # one run per line in turn while lines take turns; a line alone takes all at once
+            ask = 1 if turn == 1 and len(opened) > 1 else min(room, want - len(leases))
             found = tx.rows("LINE_RUNS", {"line": line, "queues": queues, "limit": ask,
                                           "now": now})  # fmt: skip
             if not found:

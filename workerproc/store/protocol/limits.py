@@ -15,32 +15,24 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from ..codec import task_options
 from ..dialect import Dialect, Row, Tx
 from ..errors import StoreError
-from ..limits import NUMBERS, Gating, LimitSpec, check_limit_name, gating
+from ..limits import (
+    NUMBERS,
+    Gating,
+    LimitInfo,
+    LimitKey,
+    LimitSpec,
+    check_limit_name,
+    gating,
+    refill,
+)
 from ..newrun import NewRun
 
 REFRESH = 1.0  # seconds a store trusts what it read of the declarations
-
-
-@dataclass(frozen=True)
-class LimitInfo:
-    """One limit as operators see it: its numbers now, what was declared and set, and its
-    busiest keys (``keys``: gate key, live leases, waiting runs, paused until)."""
-
-    name: str
-    spec: LimitSpec
-    declared: dict[str, Any]
-    declared_by: str
-    overrides: dict[str, Any] | None
-    in_use: int
-    waiting: int
-    used_tokens: int
-    keys: list[tuple[str, int, int, float | None]]
 
 
 def _spec(row: Row) -> LimitSpec:
@@ -149,6 +141,9 @@ class Limits:
             current = _spec(rows[name])
             merged = {**current.numbers, **numbers}
             merged = {k: v for k, v in merged.items() if v}  # 0 lifts that dimension
+            for bucket, size in (("rate", "burst"), ("tokens", "token_burst")):
+                if bucket not in merged and not numbers.get(size):  # with its bucket's size
+                    merged.pop(size, None)
             try:
                 spec = LimitSpec.declare(name, per=current.per, **merged)
             except ValueError as exc:
@@ -174,18 +169,45 @@ class Limits:
 
         def read(tx: Tx) -> list[LimitInfo]:
             out = []
+            now = tx.time()
             for row in tx.rows("LIMIT_ROWS", {}):
-                busy = tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now, "limit": keys})
+                spec = _spec(row)
+                ask = keys if spec.per is not None else max(1, keys)  # its one gate's levels
+                busy = [_key(spec, r, now)
+                        for r in tx.rows("LIMIT_KEYS", {"lim": row[0], "now": tx.now,
+                                                        "limit": ask})]  # fmt: skip
                 total = tx.one("LIMIT_USE", {"lim": row[0], "now": tx.now}) or (0, 0, 0)
+                unused = LimitKey("", 0, 0, None, *_levels(spec, None, now))  # no gate yet
+                lone = busy[0] if busy else unused
+                busy = busy[:keys]
                 out.append(LimitInfo(
-                    row[0], _spec(row), json.loads(row[7]), row[8],
+                    row[0], spec, json.loads(row[7]), row[8],
                     json.loads(row[9]) if row[9] else None, int(total[0] or 0),
-                    int(total[1] or 0), int(total[2] or 0),
-                    [(k, int(u or 0), int(w or 0), p) for k, u, w, p in busy],
+                    int(total[1] or 0), int(total[2] or 0), busy,
+                    lone.level if spec.per is None else None,
+                    lone.tokens_left if spec.per is None else None,
                 ))  # fmt: skip
             return out
 
         return self.dialect.read(read, snapshot=True)
+
+
+def _levels(spec: LimitSpec, row: Row | None, now: float) -> tuple[float | None, float | None]:
+    """A gate's buckets now (``row``: its level, level_at, tok_level, tok_at; None: unused)."""
+    level, level_at, tok_level, tok_at = row if row is not None else (None,) * 4
+    rate = None
+    if spec.rate is not None and spec.burst is not None:
+        rate = refill(level, level_at, spec.rate, spec.burst, now)
+    toks = None
+    if spec.tokens is not None and spec.token_burst is not None:
+        toks = refill(tok_level, tok_at, spec.tokens, spec.token_burst, now)
+    return rate, toks
+
+
+def _key(spec: LimitSpec, row: Row, now: float) -> LimitKey:
+    key, live, waiting, paused = row[:4]
+    return LimitKey(key, int(live or 0), int(waiting or 0), paused,
+                    *_levels(spec, row[4:8], now))  # fmt: skip
 
 
 def _numbers(spec: LimitSpec) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from .calls_sql import PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
+from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
@@ -397,6 +398,7 @@ MIGRATIONS: list[str] = [
     # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
     _SCHEDULES,  # 15: schedules (issue 25)
+    GATES_READY_ORDER,  # 16: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 17: the outbox: events, named consumers (B18)
 ]
 

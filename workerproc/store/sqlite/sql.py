@@ -251,17 +251,27 @@ DECLARE_LIMIT = """INSERT INTO limits (name, per, rate, burst, concurrency, toke
 SET_LIMIT_NUMBERS = """UPDATE limits SET rate = :rate, burst = :burst, concurrency = :concurrency,
     tokens = :tokens, token_burst = :token_burst, overrides = :overrides, set_at = :now
     WHERE name = :name"""
-REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now)
-    WHERE lim = :name"""
-# each gate of a limit: its key, live leases, runs waiting in its line, pause
-_KEYS = f"""SELECT g.key AS key, {_LIVE} AS live, (SELECT count(*) FROM runs AS r
-        WHERE r.line = g.gate AND r.line_at IS NOT NULL AND r.status IN {ALIVE}
+# (and the lines its gates kept closed: a task's other limits' lines)
+REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+    blocked_by = CASE WHEN lim = :name THEN blocked_by END
+    WHERE lim = :name OR blocked_by IN (SELECT gate FROM gates WHERE lim = :name)"""
+# the runs waiting behind each gate: in a line, not leased, counted under every gate of their
+# head task (a task of several limits waits in one line, behind all of its gates)
+_WAITING = f"""SELECT x.gate AS gate, count(*) AS n FROM (
+        SELECT CASE k.i WHEN 1 THEN t.gate_a WHEN 2 THEN t.gate_b ELSE t.gate_c END AS gate
+        FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
+             (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
+        WHERE r.line_at IS NOT NULL AND r.status IN {ALIVE}
           AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                          AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now))
-        AS waiting,
-    CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused, g.used_tokens AS used
-    FROM gates AS g WHERE g.lim = :lim"""
-LIMIT_KEYS = f"""SELECT key, live, waiting, paused FROM ({_KEYS})
+                          AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)) AS x
+    WHERE x.gate IN (SELECT gate FROM gates WHERE lim = :lim) GROUP BY x.gate"""
+# each gate of a limit: its key, live leases, runs waiting behind it, pause, tokens used, buckets
+_KEYS = f"""SELECT g.key AS key, {_LIVE} AS live, coalesce(w.n, 0) AS waiting,
+    CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused, g.used_tokens AS used,
+    g.level AS level, g.level_at AS level_at, g.tok_level AS tok_level, g.tok_at AS tok_at
+    FROM gates AS g LEFT JOIN ({_WAITING}) AS w ON w.gate = g.gate WHERE g.lim = :lim"""
+LIMIT_KEYS = f"""SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
+    FROM ({_KEYS})
     ORDER BY waiting + live DESC, key LIMIT :limit"""
 LIMIT_USE = f"SELECT sum(live), sum(waiting), sum(used) FROM ({_KEYS})"
 # the gates whose line may admit a run now, the one served least recently first
