@@ -25,7 +25,7 @@ CODE_DIRS = ("workerproc", "supervisor", "tests")
 SPAN = re.compile(r"`([^`\n]+)`")
 STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
 # where a backend's SQL constants live
-STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py")
+STATEMENT_MODULES = ("sql.py", "ops_sql.py", "gates_sql.py", "reads_sql.py", "waits_sql.py")
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence
 SCHEMA_REF = re.compile(r"\b(triggers?|index(?:es)?|tables?)\s+`(\w+)`")

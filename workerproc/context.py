@@ -9,8 +9,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .store import Commit, InvalidPayload, Lease
-from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
-from .store.types import JSON
+from .store.codec import (
+    MAX_DELAY,
+    MAX_PAYLOAD,
+    WAIT_FOREVER,
+    check_name,
+    check_run_options,
+    dumps,
+    shown,
+)
+from .store.types import JSON, Signal
 from .tasks import Task
 
 
@@ -114,7 +122,7 @@ class TaskContext:
     def _record(self, commit: Commit) -> None:
         self.raise_if_lost()
         if self.commit is not None:
-            raise RuntimeError("advance/finish may be called once per execution")
+            raise RuntimeError("advance/finish/wait_for may be called once per execution")
         self.commit = commit
 
     def advance(
@@ -158,6 +166,59 @@ class TaskContext:
                 next_payload=payload,
                 next_queue=queue,
                 delay=seconds,
+            )
+        )
+
+    @property
+    def signal(self) -> Signal | None:
+        """The signal that resumed this task's wait (``name``, ``payload``, ``sent_at``), or
+        None: the wait timed out, or this task did not wait; ``LeaseLost`` once the lease is
+        lost."""
+        self._readable()
+        return self._lease.signal
+
+    def wait_for(
+        self,
+        name: str,
+        next: str | Task[Any],
+        timeout: float | None = None,
+        state: JSON = None,
+        payload: JSON = None,
+    ) -> None:
+        """Wait for signal ``name`` without a lease, a slot or a poll, then run task ``next``:
+        at once when the signal comes (``store.signal(run_id, name, payload)``; one sent
+        before this wait is delivered now), with it as ``ctx.signal``, or after ``timeout``
+        seconds (None: no timeout) with ``ctx.signal`` None. ``state``: the run's new state
+        (None: unchanged). Written with the commit, fenced like every commit."""
+        self.raise_if_lost()
+        signal = check_name(name, "signal name")
+        new_state = self._lease.state if state is None else state
+        dumps(new_state, "state")
+        dumps(payload, "payload", MAX_PAYLOAD)
+        task = check_name(next.name if isinstance(next, Task) else next, "wait_for's next task")
+        queue = declared.options.queue if (declared := self._tasks.get(task)) else None
+        if timeout is None:
+            seconds = WAIT_FOREVER
+        else:
+            try:
+                seconds = float(timeout)
+            except Exception:
+                seconds = math.nan
+            if not 0 <= seconds <= MAX_DELAY:
+                raise InvalidPayload(
+                    f"timeout must be from 0 to {MAX_DELAY:g} seconds (got {shown(timeout)})"
+                )
+        self._record(
+            Commit(
+                self._lease,
+                "wait",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                next_task=task,
+                next_payload=payload,
+                next_queue=queue,
+                delay=seconds,
+                wait_for=f"signal:{signal}",
             )
         )
 

@@ -15,7 +15,7 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import control, database, web
+from . import control, database, waits, web
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -36,7 +36,7 @@ def start(**values: Any) -> int:
     return run_start(start_config(values))
 
 
-for command in database.ALL + control.ALL + web.ALL:
+for command in database.ALL + control.ALL + web.ALL + waits.ALL:
     cli.add_command(command)
 
 

@@ -137,7 +137,7 @@ def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
         {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}
         for t in store.get_tasks(run_id)
     ]
-    return {"run": run, "tasks": tasks}
+    return {"run": run, "tasks": tasks, "signals": store.run_signals(run_id)}
 
 
 def retry(store: Operator, run_id: int) -> None:

@@ -77,6 +77,8 @@ STATEMENTS = frozenset(
         "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
+        # runs that wait (B14): the wait commit, signals kept and delivered once
+        "MARK_WAIT", "INSERT_SIGNAL", "DELIVER_SIGNAL", "GET_SIGNAL", "RUN_SIGNALS",
     }
 )  # fmt: skip
 

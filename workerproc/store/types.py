@@ -13,13 +13,17 @@ Clock = Callable[[], float]  # seconds, float: the store's clock (tests inject o
 
 DEFAULT_QUEUE = "default"
 
-RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = ("pending", "running", "waiting", "succeeded", "failed", "cancelled")
 # how a status filter reads: (the status stored, whether a live lease holds the run or None);
 # "running" is stored as "pending" (a live lease says running: no write when a lease ends)
 STORED_STATUS: dict[str, tuple[str, bool | None]] = {
-    "pending": ("pending", False), "running": ("pending", True), "succeeded": ("succeeded", None),
+    "pending": ("pending", False), "running": ("pending", True), "waiting": ("pending", False),
+    "succeeded": ("succeeded", None),
     "failed": ("failed", None), "cancelled": ("cancelled", None),
 }  # fmt: skip
+# "waiting" is stored as "pending" too: no lease holds it and its wait's deadline is ahead
+# (issue 25: a wait for a signal or for children is a next task that is not due)
+WAITING_FILTER: dict[str, bool] = {"pending": False, "waiting": True}
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
@@ -56,6 +60,28 @@ NO_OPTIONS = TaskOptions()
 
 
 @dataclass(frozen=True)
+class Signal:
+    """A signal sent to a run (``store.signal``), as the wait it resumed sees it
+    (``ctx.signal``)."""
+
+    name: str
+    payload: JSON
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class SignalInfo:
+    """A signal as ``show`` lists it: ``task_id`` is the task whose wait it resumed (None:
+    kept until the run waits for it)."""
+
+    id: int
+    name: str
+    payload: JSON
+    sent_at: float
+    task_id: int | None
+
+
+@dataclass(frozen=True)
 class Lease:
     """One claim of one task: the holder's proof, matched on every later write (R2)."""
 
@@ -75,13 +101,16 @@ class Lease:
     options: TaskOptions = NO_OPTIONS  # the task's declared options, read in the claim
     gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of (issue 24)
     reserved: int | None = None  # the tokens its claim reserved from them
+    signal: Signal | None = None  # the signal that resumed this task's wait (issue 25)
 
     @property
     def fence(self) -> tuple[int, str, int]:
         return (self.task_id, self.owner, self.attempt)
 
 
-CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback", "retry_after"]
+CommitKind = Literal[
+    "finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait"
+]
 
 
 @dataclass(frozen=True)
@@ -97,6 +126,10 @@ class Commit:
       count against ``max_attempts`` (the fencing token still moved on).
     - ``retry_after``: a limit said "not now" (``RetryAfter``): the task goes back after
       ``delay`` without spending an attempt, and (``pause``) its limits pause that long.
+
+    - ``wait``: an ``advance`` whose next task is not due before ``delay`` (its timeout, or
+      ``WAIT_FOREVER``) and that marks the run waiting for ``wait_for`` (``signal:NAME``): a
+      signal sent to the run makes that task due at once (B14).
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction (issue 24).
@@ -115,6 +148,7 @@ class Commit:
     reason: str | None = None
     used_tokens: int | None = None
     pause: bool = True
+    wait_for: str | None = None  # wait: what the run waits for ("signal:NAME")
 
 
 @dataclass(frozen=True)
@@ -145,6 +179,7 @@ class Run:
     priority: int = 0
     key: str | None = None
     task: str | None = None  # the name of the run's first task (None: before schema v6)
+    waiting_for: str | None = None  # a waiting run's wait ("signal:NAME"), else None
 
     @property
     def terminal(self) -> bool:

@@ -17,7 +17,8 @@ PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_a
 # retry_run: a new attempt generation. attempts keeps counting (the fencing token never
 # repeats); attempt_base restarts what max_attempts bounds; old leases are dropped (RETRY_TASKS)
 RETRY_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
-    finished_at = NULL, updated_at = now FROM clock WHERE id = %(run_id)s"""
+    finished_at = NULL, updated_at = now, wait_for = NULL, wait_until = NULL, wait_task = NULL
+    FROM clock WHERE id = %(run_id)s"""
 # ... the leases still held on the run (a cancelled run's holder) end in the history first ...
 ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner,
         claimed_at, ended_at, outcome, error)

@@ -38,6 +38,8 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
+from .waits_sql import MIGRATION_WAITS
+
 VERSION_TABLE = "leasekeeper_schema"
 
 MIGRATIONS: list[str] = [
@@ -414,6 +416,7 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
+    MIGRATION_WAITS,  # 8: runs that wait: their wait, the signals (issue 25)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

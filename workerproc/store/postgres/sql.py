@@ -143,7 +143,7 @@ _LEASING = f"""granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT coun
     AS locked),
 heads AS MATERIALIZED (
     SELECT p.id AS run_id, t.id AS task_id, t.name, t.payload::text AS payload, t.attempts,
-        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens
+        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens, t.signal_id
     FROM picked AS p CROSS JOIN granted
     CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
                         AND t.done_at IS NULL) AS t
@@ -183,7 +183,7 @@ kept AS (
     FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
     x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
-    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name),
+    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name), h.signal_id,
     x.gate_a, x.gate_b, x.gate_c, x.reserved, x.given_back
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""

@@ -16,6 +16,7 @@ from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
 from . import sql as q
+from . import waits_sql as w
 
 if TYPE_CHECKING:
     from .dialect import PostgresTx
@@ -120,4 +121,4 @@ STEPS: dict[str, Step] = {
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
 }
-CATALOGUE = catalogue([q, o, g, r], STEPS)
+CATALOGUE = catalogue([q, o, g, r, w], STEPS)

@@ -13,10 +13,11 @@ from .operators import Operators
 from .producers import Producers
 from .reads import Reads
 from .tasks import Tasks
+from .waits import Waits
 from .workers import Workers
 
 
-class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Limits):
+class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Limits, Waits):
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
     store reads "now" only once it holds the write lock."""

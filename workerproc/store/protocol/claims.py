@@ -2,12 +2,13 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue, options)``; ``task_id`` is None for a run the
-statement locked but could not lease: its head was written after the statement's snapshot, or a
-lease another claimer committed meanwhile still holds it (PostgreSQL: the next statement, with a
-fresh snapshot, sees either). ``options`` is the task's declared options as the
+takeover, claimed_at, state, revision, queue, options, signal_id)``; ``task_id`` is None for a
+run the statement locked but could not lease: its head was written after the statement's
+snapshot, or a lease another claimer committed meanwhile still holds it (PostgreSQL: the next
+statement, with a fresh snapshot, sees either). ``options`` is the task's declared options as the
 ``task_options`` table keeps them (JSON text, None: none declared): its ``max_attempts`` bounds
-the claim (R6, B11) instead of the claimer's.
+the claim (R6, B11) instead of the claimer's. ``signal_id``: the signal that resumed the task's
+wait (B14; None: none), handed to the handler as ``ctx.signal``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ..types import ClaimRequest, Lease
 from . import gates
 from .limits import Gatekeeper
 from .totals import ended
+from .waits import delivered
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
@@ -139,8 +141,9 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         takeover=bool(takeover),
         queue=queue,
         options=options,
-        gates=tuple(g for g in row[13:16] if g) if len(row) > 13 else (),
-        reserved=row[16] if len(row) > 16 else None,
+        gates=tuple(g for g in row[14:17] if g) if len(row) > 14 else (),
+        reserved=row[17] if len(row) > 17 else None,
+        signal=delivered(tx, row[13]),
     )
 
 

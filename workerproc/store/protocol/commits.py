@@ -15,12 +15,14 @@ from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
 from .gates import settle
 from .totals import counted
+from .waits import wait
 
 # The commits that are one logical step each (a row back: written; none: refused), by the
 # catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
 ONE_STEP = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
             "handback": "HANDBACK"}  # fmt: skip
-CAS_KINDS = frozenset({"finish", "advance"})  # their refusal may be a conflict, not a lost lease
+# their refusal may be a conflict, not a lost lease
+CAS_KINDS = frozenset({"finish", "advance", "wait"})
 
 
 def fence(lease: Lease, now: float | None) -> Params:
@@ -105,6 +107,10 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
     step = ONE_STEP.get(kind)
     if step is not None:  # the hot path: the fence rides in the step itself
         return CasResult.OK if tx.count(step, params) else _refusal(tx, params, kind)
+    if kind == "wait":  # an advance whose next task is not due, then the run waits (B14)
+        if not tx.count("ADVANCE", params):
+            return _refusal(tx, params, kind)
+        return wait(tx, params)
     if tx.one("CHECK_FENCE", params) is None:
         rejected(tx, params, kind)
         return CasResult.LEASE_LOST

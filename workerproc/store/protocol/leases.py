@@ -31,10 +31,11 @@ class Leases(Limits):
         encoded = [commit_params(commit) for commit in commits]
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
-        if any(c.kind == "advance" for c in commits):  # where each next task waits, if gated
+        # where each next task waits, if gated
+        if any(c.kind in ("advance", "wait") for c in commits):
             keeper = self.gatekeeper()
             for i, commit in enumerate(commits):
-                if commit.kind == "advance":
+                if commit.kind in ("advance", "wait"):
                     name = encoded[i]["name"]
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
                     encoded[i].update(got.params())

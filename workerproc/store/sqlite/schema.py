@@ -12,6 +12,8 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 
 from __future__ import annotations
 
+from .waits_sql import MIGRATION_WAITS
+
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
                max(h.available_at, coalesce(l.until, h.available_at))
@@ -390,6 +392,7 @@ MIGRATIONS: list[str] = [
         {_PLACED.format(run="NEW.id")}
     END;
     """,
+    MIGRATION_WAITS,  # 14: runs that wait: their wait, the signals (issue 25)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

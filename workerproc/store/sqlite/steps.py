@@ -13,6 +13,7 @@ from ..dialect import Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import reads_sql as r
 from . import sql as q
+from . import waits_sql as w
 
 if TYPE_CHECKING:
     from .dialect import SQLiteTx
@@ -24,7 +25,11 @@ def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     declared options."""
     execute, now = tx.conn.execute, params["now"]
     return [
-        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone())
+        (
+            *row,
+            now,
+            *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}).fetchone(),
+        )
         for row in sorted(execute(statement, params).fetchall())
     ]
 
@@ -121,7 +126,9 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
     rows = []
     for row in sorted(found.fetchall()):
-        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone()
+        state = execute(
+            q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}
+        ).fetchone()
         rows.append((*row[:8], now, *state, *row[8:]))
     return rows
 
@@ -167,7 +174,23 @@ def regate(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(params["task_id"],)] * changed
 
 
+def deliver_signal(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The oldest kept signal of the name the run waits for, delivered to its waiting task
+    (due now); none when the run waits for no signal it has."""
+    execute = tx.conn.execute
+    found = execute(w.WAITING_SIGNAL, params).fetchone()
+    if found is None:
+        return []
+    task_id, signal_id = found
+    ids = {"task_id": task_id, "signal_id": signal_id, "now": params["now"]}
+    execute(w.SIGNAL_TAKEN, ids)
+    execute(w.SIGNAL_TASK_DUE, ids)
+    execute(w.WAIT_OVER, params)
+    return [(task_id, signal_id)]
+
+
 STEPS: dict[str, Step] = {
+    "DELIVER_SIGNAL": deliver_signal,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
@@ -185,4 +208,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r], STEPS)
+CATALOGUE = catalogue([q, r, w], STEPS)
