@@ -277,8 +277,16 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
     click.echo("\n" + render.table(headers, rows))
     if data["signals"]:  # newest first; "kept": no wait has taken it yet
-        rows = [[x.id, x.name, render.short(json.dumps(x.payload)), render.when(x.sent_at),
-                 "kept" if x.task_id is None else f"task {x.task_id}"] for x in data["signals"]]
+        rows = [
+            [
+                x.id,
+                x.name,
+                render.short(json.dumps(x.payload)),
+                render.when(x.sent_at),
+                "kept" if x.task_id is None else f"task {x.task_id}",
+            ]
+            for x in data["signals"]
+        ]
         click.echo("\n" + render.table(["signal", "name", "payload", "sent", "resumed"], rows))
 
 
