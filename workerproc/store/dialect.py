@@ -79,6 +79,9 @@ STATEMENTS = frozenset(
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
         # runs that wait (B14): the wait commit, signals kept and delivered once
         "MARK_WAIT", "INSERT_SIGNAL", "DELIVER_SIGNAL", "GET_SIGNAL", "RUN_SIGNALS",
+        # child runs (B14): spawned in the parent's commit, joined when the last one ends
+        "LINK_CHILDREN", "CHILD_ENDED", "JOIN_DUE", "CHILD_RETRIED", "CHILDREN_OF",
+        "CANCEL_DESCENDANTS",
     }
 )  # fmt: skip
 

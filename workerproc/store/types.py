@@ -70,6 +70,19 @@ class Signal:
 
 
 @dataclass(frozen=True)
+class Child:
+    """A child run as its parent's join sees it (``ctx.children``, in spawn order)."""
+
+    run_id: int
+    status: str
+    result: JSON
+    error: str | None
+
+
+MAX_CHILDREN = 1000  # children one spawn may start
+
+
+@dataclass(frozen=True)
 class SignalInfo:
     """A signal as ``show`` lists it: ``task_id`` is the task whose wait it resumed (None:
     kept until the run waits for it)."""
@@ -102,6 +115,8 @@ class Lease:
     gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of (issue 24)
     reserved: int | None = None  # the tokens its claim reserved from them
     signal: Signal | None = None  # the signal that resumed this task's wait (issue 25)
+    parent_id: int | None = None  # the run's parent, if it is a child run (issue 25)
+    children: tuple[Child, ...] | None = None  # the join task's children, in spawn order
 
     @property
     def fence(self) -> tuple[int, str, int]:
@@ -109,7 +124,7 @@ class Lease:
 
 
 CommitKind = Literal[
-    "finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait"
+    "finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait", "spawn"
 ]
 
 
@@ -130,6 +145,9 @@ class Commit:
     - ``wait``: an ``advance`` whose next task is not due before ``delay`` (its timeout, or
       ``WAIT_FOREVER``) and that marks the run waiting for ``wait_for`` (``signal:NAME``): a
       signal sent to the run makes that task due at once (B14).
+    - ``spawn``: a ``wait`` for ``children`` (``NewRun`` each, started in the same
+      transaction, each knowing its parent): the next task joins them, due when the last one
+      ends.
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction (issue 24).
@@ -149,6 +167,7 @@ class Commit:
     used_tokens: int | None = None
     pause: bool = True
     wait_for: str | None = None  # wait: what the run waits for ("signal:NAME")
+    children: tuple[Any, ...] = ()  # spawn: the child runs to start (``NewRun`` each)
 
 
 @dataclass(frozen=True)

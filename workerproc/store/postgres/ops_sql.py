@@ -61,9 +61,12 @@ SELECT task_id, {NOTIFY} FROM expired"""
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
 # attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
 # each deleted run answers its queue and status (the totals count it out)
+# (a child of a live parent stays: its join reads it, B14)
 PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
-    SELECT id FROM runs WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+    SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
+      AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
+                      AND p.status = 'pending')
+    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
 gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""
 PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (

@@ -2,13 +2,15 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue, options, signal_id)``; ``task_id`` is None for a
-run the statement locked but could not lease: its head was written after the statement's
-snapshot, or a lease another claimer committed meanwhile still holds it (PostgreSQL: the next
-statement, with a fresh snapshot, sees either). ``options`` is the task's declared options as the
-``task_options`` table keeps them (JSON text, None: none declared): its ``max_attempts`` bounds
-the claim (R6, B11) instead of the claimer's. ``signal_id``: the signal that resumed the task's
-wait (B14; None: none), handed to the handler as ``ctx.signal``.
+takeover, claimed_at, state, revision, queue, options, signal_id, parent_id, join_task)``;
+``task_id`` is None for a run the statement locked but could not lease: its head was written
+after the statement's snapshot, or a lease another claimer committed meanwhile still holds it
+(PostgreSQL: the next statement, with a fresh snapshot, sees either). ``options`` is the task's
+declared options as the ``task_options`` table keeps them (JSON text, None: none declared): its
+``max_attempts`` bounds the claim (R6, B11) instead of the claimer's. ``signal_id``: the signal
+that resumed the task's wait (B14; None: none), handed to the handler as ``ctx.signal``;
+``parent_id``: the run's parent (its end is counted there); ``join_task``: the task that joins
+the run's children (when it is this one, the claim reads them: ``ctx.children``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from ..types import ClaimRequest, Lease
 from . import gates
 from .limits import Gatekeeper
 from .totals import ended
-from .waits import delivered
+from .waits import delivered, ended_children, joined
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
@@ -141,9 +143,11 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         takeover=bool(takeover),
         queue=queue,
         options=options,
-        gates=tuple(g for g in row[14:17] if g) if len(row) > 14 else (),
-        reserved=row[17] if len(row) > 17 else None,
+        gates=tuple(g for g in row[16:19] if g) if len(row) > 16 else (),
+        reserved=row[19] if len(row) > 19 else None,
         signal=delivered(tx, row[13]),
+        parent_id=row[14],
+        children=joined(tx, run_id, task_id) if row[15] == task_id else None,
     )
 
 
@@ -154,6 +158,7 @@ def fail_run(tx: Tx, run_id: int, queue: str, reason: str, error: str | None) ->
     changed = tx.count("FAIL_RUN", params)
     if changed:
         ended(tx, queue, "failed")
+        ended_children(tx, [run_id])  # a child's failure counts for its parent's join (B14)
     return changed
 
 

@@ -15,14 +15,14 @@ from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
 from .gates import settle
 from .totals import counted
-from .waits import wait
+from .waits import ended_children, spawn, wait
 
 # The commits that are one logical step each (a row back: written; none: refused), by the
 # catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
 ONE_STEP = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
             "handback": "HANDBACK"}  # fmt: skip
 # their refusal may be a conflict, not a lost lease
-CAS_KINDS = frozenset({"finish", "advance", "wait"})
+CAS_KINDS = frozenset({"finish", "advance", "wait", "spawn"})
 
 
 def fence(lease: Lease, now: float | None) -> Params:
@@ -87,8 +87,10 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
 
 def _count_finished(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """The runs that finishes ended, counted in the same transaction (``totals``)."""
-    counted(tx, [(c.lease.queue, "succeeded", 1) for c, r in zip(commits, results, strict=True)
-                 if c.kind == "finish" and r is CasResult.OK])  # fmt: skip
+    finished = [c for c, r in zip(commits, results, strict=True)
+                if c.kind == "finish" and r is CasResult.OK]  # fmt: skip
+    counted(tx, [(c.lease.queue, "succeeded", 1) for c in finished])
+    ended_children(tx, [c.lease.run_id for c in finished if c.lease.parent_id is not None])
 
 
 def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
@@ -107,10 +109,10 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
     step = ONE_STEP.get(kind)
     if step is not None:  # the hot path: the fence rides in the step itself
         return CasResult.OK if tx.count(step, params) else _refusal(tx, params, kind)
-    if kind == "wait":  # an advance whose next task is not due, then the run waits (B14)
+    if kind in ("wait", "spawn"):  # an advance whose next task is not due, then the wait (B14)
         if not tx.count("ADVANCE", params):
             return _refusal(tx, params, kind)
-        return wait(tx, params)
+        return wait(tx, params) if kind == "wait" else spawn(tx, params, commit.children)
     if tx.one("CHECK_FENCE", params) is None:
         rejected(tx, params, kind)
         return CasResult.LEASE_LOST

@@ -4,6 +4,7 @@ holds), and the pinned single-lease calls of DESIGN.md (``claim``, ``renew``, ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import overload
 
@@ -16,6 +17,7 @@ from .commits import apply_all, fence, refused, rejected
 from .limits import Limits
 from .producers import placing
 from .totals import ended
+from .waits import ended_children
 
 
 class Leases(Limits):
@@ -32,10 +34,14 @@ class Leases(Limits):
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
         # where each next task waits, if gated
-        if any(c.kind in ("advance", "wait") for c in commits):
+        if any(c.kind in ("advance", "wait", "spawn") for c in commits):
             keeper = self.gatekeeper()
             for i, commit in enumerate(commits):
-                if commit.kind in ("advance", "wait"):
+                if commit.kind == "spawn":  # where each child waits, if its task is gated
+                    kids = keeper.runs(list(commit.children))
+                    commits = [*commits[:i], dataclasses.replace(commit, children=tuple(kids)),
+                               *commits[i + 1 :]]  # fmt: skip
+                if commit.kind in ("advance", "wait", "spawn"):
                     name = encoded[i]["name"]
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
                     encoded[i].update(got.params())
@@ -130,6 +136,8 @@ class Leases(Limits):
                 return False
             if tx.count("SUCCEED_IF_EMPTY", params):
                 ended(tx, lease.queue, "succeeded")
+                if lease.parent_id is not None:
+                    ended_children(tx, [lease.run_id])
             return True
 
         return self.dialect.write(ack, runs=[lease.run_id])

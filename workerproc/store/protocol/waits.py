@@ -16,11 +16,16 @@ waits. A wait whose deadline passed takes no signal: its task is claimed with no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..codec import MAX_PAYLOAD, check_name, dumps, loads
 from ..dialect import Dialect, Params, Tx
 from ..errors import RunNotFound, RunOver
-from ..types import JSON, TERMINAL_STATUSES, CasResult, Signal, SignalInfo
+from ..newrun import NewRun
+from ..types import JSON, TERMINAL_STATUSES, CasResult, Child, Signal, SignalInfo
+from .producers import inserting
 from .programs import Program, drive
+from .totals import counted
 
 
 def wait(tx: Tx, params: Params) -> CasResult:
@@ -29,6 +34,40 @@ def wait(tx: Tx, params: Params) -> CasResult:
     tx.count("MARK_WAIT", params)
     tx.count("DELIVER_SIGNAL", {"run_id": params["run_id"], "now": tx.now})
     return CasResult.OK
+
+
+def spawn(tx: Tx, params: Params, children: Sequence[NewRun]) -> CasResult:
+    """The spawn commit after its ADVANCE matched (the join task not due): the parent waits
+    for its children, started here, in the same fenced transaction (a refused commit starts
+    none), each knowing its parent, the join task and its place; no children: the join is due
+    at once."""
+    run_id = params["run_id"]
+    tx.count("MARK_WAIT", params)
+    ids = drive(inserting(list(children), tx.now), tx) if children else []
+    tx.count("LINK_CHILDREN", {"parent": run_id, "children": ids, "now": tx.now})
+    if not ids:
+        tx.count("JOIN_DUE", {"run_id": run_id, "now": tx.now})
+    return CasResult.OK
+
+
+def ended_children(tx: Tx, run_ids: Sequence[int]) -> None:
+    """Runs that just ended: each child's parent waits for one less; the last one's end
+    makes the parent's join task due."""
+    for run_id in run_ids:
+        tx.count("CHILD_ENDED", {"run_id": run_id, "now": tx.now})
+
+
+def cancel_descendants(tx: Tx, run_id: int) -> None:
+    """A cancelled run's live descendants are cancelled with it (counted as they end)."""
+    gone = tx.rows("CANCEL_DESCENDANTS", {"run_id": run_id, "now": tx.now})
+    counted(tx, [(str(row[0]), "cancelled", 1) for row in gone])
+
+
+def joined(tx: Tx, run_id: int, task_id: int) -> tuple[Child, ...]:
+    """The children the join task ``task_id`` of run ``run_id`` waited for, in spawn order."""
+    rows = tx.rows("CHILDREN_OF", {"run_id": run_id, "task_id": task_id})
+    return tuple(Child(int(r[0]), str(r[1]), loads(r[2], f"run {r[0]}'s result"), r[3])
+                 for r in rows)  # fmt: skip
 
 
 def delivered(tx: Tx, signal_id: int | None) -> Signal | None:

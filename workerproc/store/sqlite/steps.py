@@ -189,8 +189,43 @@ def deliver_signal(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(task_id, signal_id)]
 
 
+def link_children(tx: SQLiteTx, params: Params) -> list[Row]:
+    """Each child knows its parent, the join task and its place; the parent its count."""
+    execute, parent = tx.conn.execute, params["parent"]
+    row = execute(w.LINK_PARENT, {"parent": parent, "n": len(params["children"])}).fetchone()
+    for ord_, child in enumerate(params["children"]):
+        execute(w.LINK_CHILD, {"parent": parent, "join_task": row[0], "ord": ord_,
+                               "child": child})  # fmt: skip
+    return [(child,) for child in params["children"]]
+
+
+def child_ended(tx: SQLiteTx, params: Params) -> list[Row]:
+    """A run ended: if it is a child, its parent waits for one less; the last makes the
+    parent's join task due and ends its wait. A row: the parent whose join is due."""
+    execute = tx.conn.execute
+    found = execute(w.PARENT_OF, params).fetchone()
+    if found is None:
+        return []
+    ids = {"parent": found[0], "join_task": found[1], "now": params["now"]}
+    left = execute(w.CHILD_LEFT, ids).fetchone()
+    if left is None or left[0] != 0:
+        return []
+    execute(w.JOIN_TASK_DUE, ids)
+    execute(w.WAIT_OVER, {"run_id": found[0]})
+    return [(found[0],)]
+
+
+def join_due(tx: SQLiteTx, params: Params) -> list[Row]:
+    changed = tx.conn.execute(w.JOIN_DUE, params).rowcount
+    tx.conn.execute(w.WAIT_OVER, params)
+    return [(params["run_id"],)] * changed
+
+
 STEPS: dict[str, Step] = {
     "DELIVER_SIGNAL": deliver_signal,
+    "LINK_CHILDREN": link_children,
+    "CHILD_ENDED": child_ended,
+    "JOIN_DUE": join_due,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
