@@ -259,7 +259,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
         return
     run = data["run"]
     fields = [
-        ("run", run.id), ("status", run.status), ("waiting for", run.waiting_for),
+        ("run", run.id), ("status", run.status), ("waits for", run.waiting_for),
         ("revision", run.revision),
         ("state", json.dumps(run.state)), ("result", json.dumps(run.result)),
         ("failure", run.failure_reason), ("last error", run.last_error),
@@ -267,7 +267,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
         ("finished", render.when(run.finished_at)),
     ]  # fmt: skip
     for key, value in fields:
-        if value is not None or key != "waiting for":  # only a waiting run says what for
+        if value is not None or key != "waits for":  # only a waiting run says what for
             click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
         [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",

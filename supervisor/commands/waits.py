@@ -21,8 +21,8 @@ def signal(run_id: int, name: str, db: str, payload: str) -> None:
     data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
     with store_actions.store_for(db) as store:
         signal_id = store.signal(run_id, name, data)
-        waiting = store.get_run(run_id)
-    taken = waiting is not None and waiting.status != "waiting"
+        kept = [x for x in store.run_signals(run_id, limit=1000) if x.id == signal_id]
+    taken = not kept or kept[0].task_id is not None
     click.echo(f"signal {signal_id} sent to run {run_id}"
                + ("" if taken else f" (kept until it waits for {name!r})"))  # fmt: skip
 

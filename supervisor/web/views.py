@@ -163,7 +163,8 @@ class Pages:
         chart = charts.run_timeline(lines, run.created_at, max(ends))
         done = request.query_params.get("done")
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
-                           done=done if done in ("retried", "cancelled") else None)  # fmt: skip
+                           done=done if done in ("retried", "cancelled", "signalled") else None,
+                           children=self.store.run_children(run_id))  # fmt: skip
 
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", stats=self.stats())

@@ -81,7 +81,7 @@ STATEMENTS = frozenset(
         "MARK_WAIT", "INSERT_SIGNAL", "DELIVER_SIGNAL", "GET_SIGNAL", "RUN_SIGNALS",
         # child runs (B14): spawned in the parent's commit, joined when the last one ends
         "LINK_CHILDREN", "CHILD_ENDED", "JOIN_DUE", "CHILD_RETRIED", "CHILDREN_OF",
-        "CANCEL_DESCENDANTS",
+        "CANCEL_DESCENDANTS", "RUN_CHILDREN",
     }
 )  # fmt: skip
 

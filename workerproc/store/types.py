@@ -199,6 +199,7 @@ class Run:
     key: str | None = None
     task: str | None = None  # the name of the run's first task (None: before schema v6)
     waiting_for: str | None = None  # a waiting run's wait ("signal:NAME"), else None
+    parent_id: int | None = None  # the run that spawned this one (a child run), else None
 
     @property
     def terminal(self) -> bool:

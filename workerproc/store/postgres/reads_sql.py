@@ -19,7 +19,8 @@ _RUN_COLUMNS = f"""r.id, CASE WHEN r.status = 'pending' AND {_HELD} THEN 'runnin
         WHEN r.status = 'pending' AND {_WAITING} THEN 'waiting' ELSE r.status END,
     r.state::text, r.revision, r.result::text, r.failure_reason, r.last_error, r.created_at,
     r.updated_at, r.finished_at, r.queue, r.priority, r.key, r.task,
-    CASE WHEN r.status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN r.wait_for END"""
+    CASE WHEN r.status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN r.wait_for END,
+    r.parent_id"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.id = %(run_id)s"
 # a status filter: the stored status (``%(stored)s``: running is stored as pending), and
 # whether a live lease holds the run (``%(held)s``: NULL when the status says nothing of it)

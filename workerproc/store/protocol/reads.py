@@ -75,6 +75,7 @@ def run_of(row: Row) -> Run:
         rid, status, loads(state, f"run {rid}'s state"), revision,
         loads(result, f"run {rid}'s result"), reason, error, created, updated, finished,
         queue, priority, key, task, row[14] if len(row) > 14 else None,
+        row[15] if len(row) > 15 else None,
     )  # fmt: skip
 
 

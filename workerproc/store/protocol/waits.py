@@ -91,6 +91,12 @@ class Waits:
         params = signal_params(run_id, name, payload)
         return self.dialect.write(lambda tx: send(tx, params), runs=[run_id])
 
+    def run_children(self, run_id: int, limit: int = 100) -> list[tuple[int, str, str | None]]:
+        """The runs this run spawned, oldest first: each one's id, status and first task."""
+        params = {"run_id": run_id, "limit": max(1, int(limit))}
+        rows = self.dialect.read(lambda tx: tx.rows("RUN_CHILDREN", params))
+        return [(int(r[0]), str(r[1]), r[2]) for r in rows]
+
     def run_signals(self, run_id: int, limit: int = 20) -> list[SignalInfo]:
         """The run's signals, newest first: each with the task whose wait it resumed (None:
         kept, no wait has taken it yet)."""

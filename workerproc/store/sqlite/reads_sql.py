@@ -17,7 +17,7 @@ _RUN_COLUMNS = f"""id, CASE WHEN status = 'pending' AND {_HELD} THEN 'running'
         WHEN status = 'pending' AND {_WAITING} THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
     queue, priority, key, task,
-    CASE WHEN status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN wait_for END"""
+    CASE WHEN status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN wait_for END, parent_id"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
 # a status filter: the stored status (``:stored``: running is stored as pending), and whether a
 # live lease holds the run (``:held``: NULL when the status says nothing of it)
