@@ -146,3 +146,54 @@ def test_a_thousand_children_in_one_commit(s: Store, n: int) -> None:
     (lease,) = claim_all(s)
     assert spawn(s, lease, n) is CasResult.OK
     assert s.stats().runs.get("pending") == n
+
+
+def test_the_handler_api_end_to_end_in_the_test_mode() -> None:
+    """ctx.spawn / ctx.children and ctx.wait_for / ctx.signal through a real execution (the
+    test mode claims and commits as a worker does; its clock runs a wait out at once)."""
+    from workerproc import App, TaskContext
+
+    app = App()
+
+    @app.task
+    def fan_out(ctx: TaskContext) -> None:
+        ctx.spawn([{"task": "kid", "payload": i} for i in range(3)], then="merge")
+
+    @app.task
+    def kid(ctx: TaskContext) -> int:
+        if ctx.payload == 1:
+            raise ValueError("one is odd")
+        return int(ctx.payload) * 10
+
+    @app.task
+    def merge(ctx: TaskContext) -> None:
+        ctx.finish({}, result=[[c.status, c.result, c.error] for c in ctx.children])
+
+    @app.task
+    def draft(ctx: TaskContext) -> None:
+        ctx.wait_for("go", next="publish", timeout=60, state={"d": 1})
+
+    @app.task
+    def publish(ctx: TaskContext) -> None:
+        ctx.finish(ctx.state, result=ctx.signal is None)
+
+    run = app.run_inline("fan_out", raise_errors=False, max_attempts=1)
+    assert run.status == "succeeded" and run.result[0] == ["succeeded", 0, None]
+    assert run.result[1][:2] == ["failed", None] and "one is odd" in run.result[1][2]
+    assert run.result[2] == ["succeeded", 20, None]
+    timed_out = app.run_inline("draft")
+    assert timed_out.result is True and timed_out.state == {"d": 1}
+    with pytest.raises(ValueError, match="at most 1000"):
+        ctx_spawn_too_many(app)
+
+
+def ctx_spawn_too_many(app: object) -> None:
+    from workerproc import App, TaskContext
+
+    assert isinstance(app, App)
+
+    @app.task
+    def greedy(ctx: TaskContext) -> None:
+        ctx.spawn([{"task": "kid"}] * 1001, then="merge")
+
+    app.run_inline("greedy")

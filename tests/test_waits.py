@@ -180,3 +180,27 @@ def test_concurrent_signals_to_one_wait_resume_it_once(backend: Backend) -> None
         assert {lease.signal.payload, second.signal.payload} == {1, 2}
         assert wait(s, second, "approval", nxt="third") is CasResult.OK
         assert s.claim("w", TTL, limit=5) == []
+
+
+def test_the_async_store_signals_as_the_sync_one_does(backend: Backend) -> None:
+    import asyncio
+
+    from workerproc.store import open_async_store
+
+    with backend.open() as s:
+        run_id = waiting_run(s)
+        done = s.start_run("other")
+        finish(s, one(s))
+
+    async def main() -> int:
+        async with await open_async_store(backend.url) as store:
+            with pytest.raises(RunOver):
+                await store.signal(done, "approval")
+            with pytest.raises(RunNotFound):
+                await store.signal(run_id + 100, "approval")
+            return await store.signal(run_id, "approval", {"async": True})
+
+    assert asyncio.run(main()) > 0
+    with backend.open() as s:
+        lease = one(s)
+        assert lease.signal is not None and lease.signal.payload == {"async": True}
