@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 from helpers import FakeClock
 
+from workerproc import App, TaskContext
 from workerproc.store import CasResult, Commit, Lease, Store
 from workerproc.store.codec import WAIT_FOREVER
 from workerproc.store.newrun import NewRun
@@ -151,8 +152,6 @@ def test_a_thousand_children_in_one_commit(s: Store, n: int) -> None:
 def test_the_handler_api_end_to_end_in_the_test_mode() -> None:
     """ctx.spawn / ctx.children and ctx.wait_for / ctx.signal through a real execution (the
     test mode claims and commits as a worker does; its clock runs a wait out at once)."""
-    from workerproc import App, TaskContext
-
     app = App()
 
     @app.task
@@ -187,11 +186,7 @@ def test_the_handler_api_end_to_end_in_the_test_mode() -> None:
         ctx_spawn_too_many(app)
 
 
-def ctx_spawn_too_many(app: object) -> None:
-    from workerproc import App, TaskContext
-
-    assert isinstance(app, App)
-
+def ctx_spawn_too_many(app: App) -> None:
     @app.task
     def greedy(ctx: TaskContext) -> None:
         ctx.spawn([{"task": "kid"}] * 1001, then="merge")

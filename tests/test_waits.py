@@ -5,13 +5,22 @@ it without one, a finished or unknown run refuses signals, and a zombie's wait i
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import pytest
 from helpers import FakeClock
 from store_backends import Backend
 
-from workerproc.store import CasResult, Commit, Lease, RunNotFound, RunOver, Store
+from workerproc.store import (
+    CasResult,
+    Commit,
+    Lease,
+    RunNotFound,
+    RunOver,
+    Store,
+    open_async_store,
+)
 from workerproc.store.codec import WAIT_FOREVER
 
 TTL = 30.0
@@ -183,10 +192,6 @@ def test_concurrent_signals_to_one_wait_resume_it_once(backend: Backend) -> None
 
 
 def test_the_async_store_signals_as_the_sync_one_does(backend: Backend) -> None:
-    import asyncio
-
-    from workerproc.store import open_async_store
-
     with backend.open() as s:
         run_id = waiting_run(s)
         done = s.start_run("other")
