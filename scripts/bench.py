@@ -14,6 +14,8 @@ Then the PostgreSQL rows (scripts/bench_pg.py, unless --postgres ''): ours from 
 supervisors beside procrastinate on the same server, idle pickup, takeover, and the claim beside
 a million finished runs. Last (--parts limits, scripts/bench_limits.py): flow control's cost,
 no-op throughput behind a limit that never binds and the claim beside 10,000 keys of one limit.
+And (--parts waits, scripts/bench_waits.py) the claim's latency beside
+100,000 runs that wait for a signal and beside none, on both backends (issue 25).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import bench_before
 import bench_goals
 import bench_pg
 import bench_slots
+import bench_waits
 from bench_procs import (
     ENV,
     HERE,
@@ -228,7 +231,7 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-PARTS = ("noop", "slots", "io", "latency", "postgres", "limits")
+PARTS = ("noop", "slots", "io", "latency", "postgres", "limits", "waits")
 
 
 def main() -> int:
@@ -294,6 +297,13 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
+    if "waits" in parts:  # the claim beside 100,000 waiting runs (issue 25), both backends
+        waiting = 5_000 if args.quick else 100_000
+        print("\n| measurement | result | goal | notes |\n| --- | --- | --- | --- |")
+        with tempfile.TemporaryDirectory(prefix="lk-waits-", dir=args.dir) as scratch:
+            for line in bench_waits.rows(scratch, waiting, 50 if args.quick else 400,
+                                         args.postgres or None):  # fmt: skip
+                print(line)
     print_table(args, widths, results, rss, lat, time.monotonic() - started)
     bench_slots.print_tables(args, widths, results, rss_io)
     bench_goals.print_goals(widths, results, rss_io, lat)

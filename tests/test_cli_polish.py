@@ -65,7 +65,7 @@ def test_stop_and_scale_timeouts_say_what_they_do() -> None:
 
 def test_runs_status_lists_its_values() -> None:
     flat = " ".join(invoke("runs", "--help").stdout.split())
-    assert "[pending|running|succeeded|failed|cancelled]" in flat
+    assert "[pending|running|waiting|succeeded|failed|cancelled]" in flat
 
 
 def test_plurals_and_run_statuses_in_words() -> None:

@@ -53,7 +53,7 @@ log = logging.getLogger("workerproc.worker")
 # At least the supervisor's crash window, so replacements never escalate its backoff.
 READONLY_EXIT = 5.0
 RETRY_BASE, RETRY_CAP = 0.02, 0.5  # a busy commit is retried after 20 ms, doubling to 0.5 s
-SETTLED_KINDS = ("finish", "advance", "fail")  # a conflict on these is settled, not dropped
+SETTLED_KINDS = ("finish", "advance", "wait", "fail")  # a conflict on these is settled, not dropped
 
 
 class Renewals(Protocol):

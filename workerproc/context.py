@@ -15,8 +15,17 @@ from . import once as paid
 from .once import CallBook, OnceCall, Tokens
 from .store import Commit, InvalidPayload, Lease, StoreError
 from .store.calls import CallKey, KeptCall
-from .store.codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps, shown
-from .store.types import JSON
+from .store.codec import (
+    MAX_DELAY,
+    MAX_PAYLOAD,
+    WAIT_FOREVER,
+    check_name,
+    check_run_options,
+    dumps,
+    shown,
+)
+from .store.newrun import START_FIELDS, NewRun
+from .store.types import JSON, MAX_CHILDREN, Child, Signal
 from .tasks import Task
 
 
@@ -147,7 +156,7 @@ class TaskContext:
     def _record(self, commit: Commit) -> None:
         self.raise_if_lost()
         if self.commit is not None:
-            raise RuntimeError("advance/finish may be called once per execution")
+            raise RuntimeError("advance/finish/wait_for/spawn may be called once per execution")
         self.commit = commit
 
     def advance(
@@ -193,6 +202,118 @@ class TaskContext:
                 delay=seconds,
             )
         )
+
+    @property
+    def signal(self) -> Signal | None:
+        """The signal that resumed this task's wait (``name``, ``payload``, ``sent_at``), or
+        None: the wait timed out, or this task did not wait; ``LeaseLost`` once the lease is
+        lost."""
+        self._readable()
+        return self._lease.signal
+
+    def wait_for(
+        self,
+        name: str,
+        next: str | Task[Any],
+        timeout: float | None = None,
+        state: JSON = None,
+        payload: JSON = None,
+    ) -> None:
+        """Wait for signal ``name`` without a lease, a slot or a poll, then run task ``next``:
+        at once when the signal comes (``store.signal(run_id, name, payload)``; one sent
+        before this wait is delivered now), with it as ``ctx.signal``, or after ``timeout``
+        seconds (None: no timeout) with ``ctx.signal`` None. ``state``: the run's new state
+        (None: unchanged). Written with the commit, fenced like every commit."""
+        self.raise_if_lost()
+        signal = check_name(name, "signal name")
+        new_state = self._lease.state if state is None else state
+        dumps(new_state, "state")
+        dumps(payload, "payload", MAX_PAYLOAD)
+        task = check_name(next.name if isinstance(next, Task) else next, "wait_for's next task")
+        queue = declared.options.queue if (declared := self._tasks.get(task)) else None
+        if timeout is None:
+            seconds = WAIT_FOREVER
+        else:
+            try:
+                seconds = float(timeout)
+            except Exception:
+                seconds = math.nan
+            if not 0 <= seconds <= MAX_DELAY:
+                raise InvalidPayload(
+                    f"timeout must be from 0 to {MAX_DELAY:g} seconds (got {shown(timeout)})"
+                )
+        self._record(
+            Commit(
+                self._lease,
+                "wait",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                next_task=task,
+                next_payload=payload,
+                next_queue=queue,
+                delay=seconds,
+                wait_for=f"signal:{signal}",
+            )
+        )
+
+    @property
+    def children(self) -> list[Child]:
+        """The children this join task waited for (``spawn``), in spawn order: each one's
+        ``run_id``, ``status``, ``result`` and ``error``; empty for a task that joins none;
+        ``LeaseLost`` once the lease is lost."""
+        self._readable()
+        return list(self._lease.children or ())
+
+    def spawn(
+        self,
+        items: list[dict[str, Any]],
+        then: str | Task[Any],
+        state: JSON = None,
+        payload: JSON = None,
+    ) -> None:
+        """Start a child run per item (``task``, ``payload``, and optionally ``state``,
+        ``delay``, ``queue``, ``priority``) and wait, without a lease, until every one has
+        ended; then task ``then`` runs once, with them as ``ctx.children``. The children are
+        started by this execution's commit, in its fenced transaction: a refused commit starts
+        none. A child runs in ``queue``, else the queue its task declares, else this run's.
+        ``state``: the run's new state (None: unchanged)."""
+        self.raise_if_lost()
+        if not isinstance(items, (list, tuple)) or len(items) > MAX_CHILDREN:
+            raise InvalidPayload(f"spawn takes a list of at most {MAX_CHILDREN} children")
+        children = tuple(self._child(item) for item in items)
+        new_state = self._lease.state if state is None else state
+        dumps(new_state, "state")
+        dumps(payload, "payload", MAX_PAYLOAD)
+        task = check_name(then.name if isinstance(then, Task) else then, "spawn's then task")
+        queue = declared.options.queue if (declared := self._tasks.get(task)) else None
+        self._record(
+            Commit(
+                self._lease,
+                "spawn",
+                expected_revision=self._lease.revision,
+                new_state=new_state,
+                next_task=task,
+                next_payload=payload,
+                next_queue=queue,
+                delay=WAIT_FOREVER,
+                children=children,
+            )
+        )
+
+    def _child(self, item: Any) -> NewRun:
+        if not isinstance(item, dict) or "task" not in item or set(item) - START_FIELDS:
+            raise InvalidPayload(
+                "a spawn item is a dict with 'task' and any of payload, state, delay, queue, "
+                f"priority (got {shown(item)})"
+            )
+        if "key" in item:
+            raise InvalidPayload("a child run takes no key (its parent's commit starts it once)")
+        name = check_name(item["task"], "a child's task")
+        options = declared.options if (declared := self._tasks.get(name)) else None
+        queue = item.get("queue") or (options and options.queue) or self._lease.queue
+        priority = item.get("priority", options.priority if options else None) or 0
+        return NewRun.make(name, item.get("payload"), item.get("state"), item.get("delay", 0),
+                           None, queue, priority)  # fmt: skip
 
     def usage(self, *, tokens: int) -> None:
         """Report what this execution used of its limits' token budgets (a model's usage,

@@ -15,7 +15,7 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import calls, control, database, events, limits, schedules, web
+from . import calls, control, database, events, limits, schedules, waits, web
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -37,7 +37,14 @@ def start(**values: Any) -> int:
 
 
 for command in (
-    database.ALL + calls.ALL + schedules.ALL + limits.ALL + control.ALL + events.ALL + web.ALL
+    database.ALL
+    + calls.ALL
+    + schedules.ALL
+    + limits.ALL
+    + waits.ALL
+    + control.ALL
+    + events.ALL
+    + web.ALL
 ):
     cli.add_command(command)
 

@@ -151,7 +151,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         headers = ["pid", "index", "phase", "busy", "leases", "rss MB", "task", "run", "attempt",
                    "lease expires"]  # fmt: skip
         click.echo(render.table(headers, rows) + "\n")
-    statuses = ("pending", "running", "succeeded", "failed", "cancelled")
+    statuses = ("pending", "running", "waiting", "succeeded", "failed", "cancelled")
     rows = [
         [name, c.ready, c.delayed, c.leased, c.expired, *(c.runs.get(s, 0) for s in statuses)]
         for name, c in stats.queues.items()
@@ -261,14 +261,16 @@ def show(run_id: int, db: str, as_json: bool) -> None:
         return
     run = data["run"]
     fields = [
-        ("run", run.id), ("status", run.status), ("revision", run.revision),
+        ("run", run.id), ("status", run.status), ("waits for", run.waiting_for),
+        ("revision", run.revision),
         ("state", json.dumps(run.state)), ("result", json.dumps(run.result)),
         ("failure", run.failure_reason), ("last error", run.last_error),
         ("created", render.when(run.created_at)), ("updated", render.when(run.updated_at)),
         ("finished", render.when(run.finished_at)),
     ]  # fmt: skip
     for key, value in fields:
-        click.echo(f"{key + ':':<12}{'-' if value is None else value}")
+        if value is not None or key != "waits for":  # only a waiting run says what for
+            click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
         [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
          t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"]]
@@ -278,6 +280,18 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     click.echo("\n" + render.table(headers, rows))
     if data["calls"]:  # ctx.once's kept answers: which were reused, which paid twice
         click.echo("\npaid calls:\n" + calls_table(data["calls"]))
+    if data["signals"]:  # newest first; "kept": no wait has taken it yet
+        rows = [
+            [
+                x.id,
+                x.name,
+                render.short(json.dumps(x.payload)),
+                render.when(x.sent_at),
+                "kept" if x.task_id is None else f"task {x.task_id}",
+            ]
+            for x in data["signals"]
+        ]
+        click.echo("\n" + render.table(["signal", "name", "payload", "sent", "resumed"], rows))
 
 
 @click.command()

@@ -137,7 +137,8 @@ def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
         {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}
         for t in store.get_tasks(run_id)
     ]
-    return {"run": run, "tasks": tasks, "calls": store.paid_calls(run_id)}
+    return {"run": run, "tasks": tasks, "calls": store.paid_calls(run_id),
+            "signals": store.run_signals(run_id)}  # fmt: skip
 
 
 def retry(store: Operator, run_id: int) -> None:

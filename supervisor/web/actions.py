@@ -1,6 +1,7 @@
-"""The two things an operator can do from the dashboard: retry a failed or cancelled run, cancel
-a live one. POST only, each with the CSRF token of the browser's own session; ``--read-only``
-leaves these routes out entirely (and the pages leave out their forms)."""
+"""What an operator can do from the dashboard: retry a failed or cancelled run, cancel a live
+one, signal a waiting one (issue 25). POST only, each with the CSRF token of the browser's own
+session; ``--read-only`` leaves these routes out entirely (and the pages leave out their
+forms)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
-from workerproc.store import Operator
+from workerproc.store import Operator, StoreError
+from workerproc.store.codec import MAX_PAYLOAD
 
 from ..commands import store_actions
 from ..errors import SupervisorError
@@ -31,6 +33,7 @@ class Actions:
         return [
             Route("/runs/{run_id:int}/retry", self.retry, methods=["POST"]),
             Route("/runs/{run_id:int}/cancel", self.cancel, methods=["POST"]),
+            Route("/runs/{run_id:int}/signal", self.signal, methods=["POST"]),
         ]
 
     async def retry(self, request: Request) -> Response:
@@ -38,6 +41,9 @@ class Actions:
 
     async def cancel(self, request: Request) -> Response:
         return await self._act(request, "cancel", "cancelled")
+
+    async def signal(self, request: Request) -> Response:
+        return await self._act(request, "signal", "signalled")
 
     async def _act(self, request: Request, action: str, done: str) -> Response:
         run_id = int(request.path_params["run_id"])
@@ -53,15 +59,19 @@ class Actions:
             raise HTTPException(403, "this form is stale or came from another site: reload the "
                                 "page and try again")  # fmt: skip
         try:
-            await run_in_threadpool(self._apply, action, run_id)
-        except SupervisorError as exc:
+            await run_in_threadpool(self._apply, action, run_id, form)
+        except (SupervisorError, StoreError) as exc:
             raise HTTPException(409, str(exc)) from None
         return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
 
-    def _apply(self, action: str, run_id: int) -> None:
+    def _apply(self, action: str, run_id: int, form: dict[str, str]) -> None:
         if self.store.get_run(run_id) is None:
             raise not_found(f"no run {run_id}")
-        if action == "retry":
+        if action == "signal":  # the wait's signal, with the form's JSON payload
+            payload = store_actions.parse_json(form.get("payload") or "null", "payload",
+                                               MAX_PAYLOAD)  # fmt: skip
+            self.store.signal(run_id, form.get("name", ""), payload)
+        elif action == "retry":
             store_actions.retry(self.store, run_id)
         else:
             store_actions.cancel(self.store, run_id)

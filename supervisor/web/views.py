@@ -173,7 +173,8 @@ class Pages:
         done = request.query_params.get("done")
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
                            calls=self.store.paid_calls(run_id),
-                           done=done if done in ("retried", "cancelled") else None)  # fmt: skip
+                           done=done if done in ("retried", "cancelled", "signalled") else None,
+                           children=self.store.run_children(run_id))  # fmt: skip
 
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", stats=self.stats())

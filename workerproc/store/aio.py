@@ -34,6 +34,7 @@ from .protocol.events import (
 from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
+from .protocol.waits import sending, signal_params
 from .settings import SQLiteOptions, StoreOptions, resolve
 from .types import DEFAULT_QUEUE, JSON, Clock, Event, Run
 
@@ -111,6 +112,12 @@ class AsyncStore:
         if not runs:
             return []
         return await self.backend.write(lambda now: inserting(runs, now))
+
+    async def signal(self, run_id: int, name: str, payload: JSON = None) -> int:
+        """Send signal ``name`` to run ``run_id`` (``Store.signal``): its id. ``RunNotFound``
+        for an unknown run, ``RunOver`` for a finished one."""
+        params = signal_params(run_id, name, payload)
+        return await self.backend.write(lambda now: sending(params, now))
 
     async def get_run(self, run_id: int) -> Run | None:
         """The run, or None."""

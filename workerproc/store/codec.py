@@ -26,6 +26,8 @@ MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
 MAX_STATE = 8 << 20  # 8 MiB
 MAX_DELAY = 365 * 86_400.0  # a year: a run that is never due is a mistake, not a schedule
+# a wait without a timeout: its next task is due in a century, unless a signal comes first
+WAIT_FOREVER = 100 * 365 * 86_400.0
 
 
 def check_depth(value: JSON, what: str, limit: int = MAX_DEPTH) -> None:
@@ -192,12 +194,16 @@ def commit_params(commit: Commit) -> dict[str, Any]:
     starts, so a bad value writes nothing (both backends)."""
     params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)),
                               "error": clean_text(commit.error)}  # fmt: skip
-    if commit.kind in ("finish", "advance"):
+    if commit.kind in ("finish", "advance", "wait", "spawn"):
         params["state"] = dumps(commit.new_state, "state")
         params["revision"] = commit.expected_revision
     if commit.kind == "finish":
         params["result"] = dumps(commit.result, "result")
-    if commit.kind == "advance":
+    if commit.kind == "wait":
+        params["wait_for"] = _text(commit.wait_for, "what the run waits for", MAX_NAME + 7)
+    if commit.kind == "spawn":
+        params["wait_for"] = "children"
+    if commit.kind in ("advance", "wait", "spawn"):
         params["name"] = check_name(commit.next_task, "the next task's name")
         params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
         params["queue"] = commit.next_queue

@@ -40,3 +40,15 @@ class RunNotFound(StoreError, KeyError):
 
     def __str__(self) -> str:
         return f"no run with id {self.args[0]}" if self.args else "run not found"
+
+
+class RunOver(StoreError):
+    """The run has finished (succeeded, failed or cancelled): a signal to it has no wait to
+    resume, so it is refused rather than kept for ever."""
+
+    def __init__(self, run_id: int, status: str) -> None:
+        super().__init__(run_id, status)
+        self.run_id, self.status = run_id, status
+
+    def __str__(self) -> str:
+        return f"run {self.run_id} is {self.status}: it waits for no signal"

@@ -13,13 +13,17 @@ Clock = Callable[[], float]  # seconds, float: the store's clock (tests inject o
 
 DEFAULT_QUEUE = "default"
 
-RUN_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = ("pending", "running", "waiting", "succeeded", "failed", "cancelled")
 # how a status filter reads: (the status stored, whether a live lease holds the run or None);
 # "running" is stored as "pending" (a live lease says running: no write when a lease ends)
 STORED_STATUS: dict[str, tuple[str, bool | None]] = {
-    "pending": ("pending", False), "running": ("pending", True), "succeeded": ("succeeded", None),
+    "pending": ("pending", False), "running": ("pending", True), "waiting": ("pending", False),
+    "succeeded": ("succeeded", None),
     "failed": ("failed", None), "cancelled": ("cancelled", None),
 }  # fmt: skip
+# "waiting" is stored as "pending" too: no lease holds it and its wait's deadline is ahead
+# (issue 25: a wait for a signal or for children is a next task that is not due)
+WAITING_FILTER: dict[str, bool] = {"pending": False, "waiting": True}
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 
 
@@ -56,6 +60,41 @@ NO_OPTIONS = TaskOptions()
 
 
 @dataclass(frozen=True)
+class Signal:
+    """A signal sent to a run (``store.signal``), as the wait it resumed sees it
+    (``ctx.signal``)."""
+
+    name: str
+    payload: JSON
+    sent_at: float
+
+
+@dataclass(frozen=True)
+class Child:
+    """A child run as its parent's join sees it (``ctx.children``, in spawn order)."""
+
+    run_id: int
+    status: str
+    result: JSON
+    error: str | None
+
+
+MAX_CHILDREN = 1000  # children one spawn may start
+
+
+@dataclass(frozen=True)
+class SignalInfo:
+    """A signal as ``show`` lists it: ``task_id`` is the task whose wait it resumed (None:
+    kept until the run waits for it)."""
+
+    id: int
+    name: str
+    payload: JSON
+    sent_at: float
+    task_id: int | None
+
+
+@dataclass(frozen=True)
 class Lease:
     """One claim of one task: the holder's proof, matched on every later write (R2)."""
 
@@ -75,13 +114,18 @@ class Lease:
     options: TaskOptions = NO_OPTIONS  # the task's declared options, read in the claim
     gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of (issue 24)
     reserved: int | None = None  # the tokens its claim reserved from them
+    signal: Signal | None = None  # the signal that resumed this task's wait (issue 25)
+    parent_id: int | None = None  # the run's parent, if it is a child run (issue 25)
+    children: tuple[Child, ...] | None = None  # the join task's children, in spawn order
 
     @property
     def fence(self) -> tuple[int, str, int]:
         return (self.task_id, self.owner, self.attempt)
 
 
-CommitKind = Literal["finish", "advance", "release", "fail", "drop", "handback", "retry_after"]
+CommitKind = Literal[
+    "finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait", "spawn"
+]
 
 
 @dataclass(frozen=True)
@@ -97,6 +141,13 @@ class Commit:
       count against ``max_attempts`` (the fencing token still moved on).
     - ``retry_after``: a limit said "not now" (``RetryAfter``): the task goes back after
       ``delay`` without spending an attempt, and (``pause``) its limits pause that long.
+
+    - ``wait``: an ``advance`` whose next task is not due before ``delay`` (its timeout, or
+      ``WAIT_FOREVER``) and that marks the run waiting for ``wait_for`` (``signal:NAME``): a
+      signal sent to the run makes that task due at once (B14).
+    - ``spawn``: a ``wait`` for ``children`` (``NewRun`` each, started in the same
+      transaction, each knowing its parent): the next task joins them, due when the last one
+      ends.
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction (issue 24).
@@ -115,6 +166,8 @@ class Commit:
     reason: str | None = None
     used_tokens: int | None = None
     pause: bool = True
+    wait_for: str | None = None  # wait: what the run waits for ("signal:NAME")
+    children: tuple[Any, ...] = ()  # spawn: the child runs to start (``NewRun`` each)
 
 
 @dataclass(frozen=True)
@@ -156,6 +209,8 @@ class Run:
     priority: int = 0
     key: str | None = None
     task: str | None = None  # the name of the run's first task (None: before schema v6)
+    waiting_for: str | None = None  # a waiting run's wait ("signal:NAME"), else None
+    parent_id: int | None = None  # the run that spawned this one (a child run), else None
 
     @property
     def terminal(self) -> bool:

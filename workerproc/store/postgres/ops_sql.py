@@ -17,7 +17,8 @@ PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_a
 # retry_run: a new attempt generation. attempts keeps counting (the fencing token never
 # repeats); attempt_base restarts what max_attempts bounds; old leases are dropped (RETRY_TASKS)
 RETRY_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
-    finished_at = NULL, updated_at = now FROM clock WHERE id = %(run_id)s"""
+    finished_at = NULL, updated_at = now, wait_for = NULL, wait_until = NULL, wait_task = NULL
+    FROM clock WHERE id = %(run_id)s"""
 # ... the leases still held on the run (a cancelled run's holder) end in the history first ...
 ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner,
         claimed_at, ended_at, outcome, error)
@@ -60,9 +61,12 @@ SELECT task_id, {NOTIFY} FROM expired"""
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
 # attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
 # each deleted run answers its queue and status (the totals count it out)
+# (a child of a live parent stays: its join reads it, B14)
 PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
-    SELECT id FROM runs WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED),
+    SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
+      AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
+                      AND p.status = 'pending')
+    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
 gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""
 PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (

@@ -13,14 +13,19 @@ from .sql import _CLOCK, _EVERY_LEVEL, _NAMED_LEVELS
 # a live lease holds the run: ``running`` (the row says ``pending``: schema v3)
 _HELD = f"""EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL
         AND l.expires_at > {_CLOCK})"""
+# a pending run that no lease holds waits while its wait's deadline is ahead (B14)
+_WAITING = f"coalesce(r.wait_until > {_CLOCK}, false)"
 _RUN_COLUMNS = f"""r.id, CASE WHEN r.status = 'pending' AND {_HELD} THEN 'running'
-        ELSE r.status END,
+        WHEN r.status = 'pending' AND {_WAITING} THEN 'waiting' ELSE r.status END,
     r.state::text, r.revision, r.result::text, r.failure_reason, r.last_error, r.created_at,
-    r.updated_at, r.finished_at, r.queue, r.priority, r.key, r.task"""
+    r.updated_at, r.finished_at, r.queue, r.priority, r.key, r.task,
+    CASE WHEN r.status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN r.wait_for END,
+    r.parent_id"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.id = %(run_id)s"
 # a status filter: the stored status (``%(stored)s``: running is stored as pending), and
 # whether a live lease holds the run (``%(held)s``: NULL when the status says nothing of it)
-_STATUS = f"""r.status = %(stored)s AND (%(held)s::bool IS NULL OR {_HELD} = %(held)s)"""
+_STATUS = f"""r.status = %(stored)s AND (%(held)s::bool IS NULL OR {_HELD} = %(held)s)
+    AND (%(waiting)s::bool IS NULL OR {_WAITING} = %(waiting)s)"""
 # newest first; a filter by status walks runs_status (succeeded: the primary key), by queue
 # alone the primary key
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs AS r ORDER BY r.id DESC LIMIT %(limit)s"
@@ -53,7 +58,8 @@ OVERLAPPING_LEASES = f"""SELECT l.run_id, 2 FROM leases AS l
 
 # stats, in one snapshot, never reading a finished run: the live runs by queue and status
 # (runs_status), the finished ones from their totals, pending tasks by queue and state, leases
-RUN_COUNTS = f"""SELECT r.queue, CASE WHEN {_HELD} THEN 'running' ELSE 'pending' END, count(*)
+RUN_COUNTS = f"""SELECT r.queue, CASE WHEN {_HELD} THEN 'running'
+        WHEN {_WAITING} THEN 'waiting' ELSE 'pending' END, count(*)
     FROM runs AS r WHERE r.status = 'pending' GROUP BY 1, 2"""
 RUN_TOTALS = """SELECT queue, status, sum(n)::bigint FROM run_totals GROUP BY queue, status
     HAVING sum(n) <> 0"""

@@ -42,6 +42,7 @@ from .calls_sql import PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
+from .waits_sql import MIGRATION_WAITS
 
 VERSION_TABLE = "leasekeeper_schema"
 
@@ -421,6 +422,7 @@ MIGRATIONS: list[str] = [
     """,
     # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
+    MIGRATION_WAITS,  # 8: runs that wait: their wait, the signals (issue 25)
     _SCHEDULES,  # 9: schedules (issue 25)
     GATES_READY_ORDER,  # 10: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 11: the outbox: events, named consumers (B18)

@@ -101,7 +101,7 @@ _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT now FROM clock))"""
 _PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
-            r.head_created
+            r.head_created, r.parent_id, r.join_task
         FROM runs AS r
         WHERE {{queue}}{_CLAIMABLE}
         ORDER BY r.head_at, r.head_created, r.head_id
@@ -114,7 +114,7 @@ _WALK = f"""SELECT r.id, r.head_at, r.head_created, r.head_id FROM runs AS r
             ORDER BY r.head_at, r.head_created, r.head_id LIMIT 4 * %(limit)s + 64"""
 # each run of the merged walks, locked as the limit pulls it (and still claimable)
 _LOCK_EACH = """SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
-            r.head_created
+            r.head_created, r.parent_id, r.join_task
         FROM ({walks}) AS w(id, head_at, head_created, head_id)
         CROSS JOIN LATERAL (SELECT * FROM runs AS r WHERE r.id = w.id
             AND r.head_at <= (SELECT now FROM clock) AND r.status || '' = 'pending'
@@ -148,7 +148,7 @@ _LEASING = f"""granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT coun
     AS locked),
 heads AS MATERIALIZED (
     SELECT p.id AS run_id, t.id AS task_id, t.name, t.payload::text AS payload, t.attempts,
-        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens
+        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens, t.signal_id
     FROM picked AS p CROSS JOIN granted
     CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
                         AND t.done_at IS NULL) AS t
@@ -188,15 +188,16 @@ kept AS (
     FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
     x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
-    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name),
-    x.gate_a, x.gate_b, x.gate_c, x.reserved, x.given_back
+    (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name), h.signal_id,
+    p.parent_id, p.join_task, x.gate_a, x.gate_b, x.gate_c, x.reserved, x.given_back
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
 _CLAIM = f"""
 WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 {{levels}},
 picked AS MATERIALIZED (
-    SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created
+    SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created,
+        c.parent_id, c.join_task
     FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
     CROSS JOIN LATERAL ({{level}}) AS c
     LIMIT %(limit)s),
@@ -207,7 +208,7 @@ CLAIM_RUNS = f"""
 WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 picked AS MATERIALIZED (
     SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.priority AS p,
-        r.line_at AS head_at, r.head_created
+        r.line_at AS head_at, r.head_created, r.parent_id, r.join_task
     FROM runs AS r WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
       AND r.line_at <= (SELECT now FROM clock)
     ORDER BY r.id FOR UPDATE),

@@ -20,6 +20,7 @@ from . import ops_sql as o
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
+from . import waits_sql as w
 
 if TYPE_CHECKING:
     from .dialect import PostgresTx
@@ -133,7 +134,18 @@ def place_gates(tx: PostgresTx, params: Params) -> list[Row]:
     return rows
 
 
+def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
+    """A run ended: if it is a child, its parent waits for one less; the last makes the
+    parent's join task due (JOIN_DUE). A row: the parent whose join is due."""
+    rows: list[Row] = tx.execute(w.CHILD_LEFT, params).fetchall()
+    if not rows or rows[0][1] != 0:
+        return []
+    tx.execute(w.JOIN_DUE, {"run_id": rows[0][0], "now": params["now"]})
+    return [(rows[0][0],)]
+
+
 STEPS: dict[str, Step] = {
+    "CHILD_ENDED": child_ended,
     "PLACE_GATES": place_gates,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
@@ -143,4 +155,4 @@ STEPS: dict[str, Step] = {
     "FIND_BY_KEYS": find_by_keys,
     "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r, c, sc, e], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc, e, w], STEPS)

@@ -16,10 +16,13 @@ from .producers import Producers
 from .reads import Reads
 from .schedules import Schedules
 from .tasks import Tasks
+from .waits import Waits
 from .workers import Workers
 
 
-class Store(Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls, Events):
+class Store(
+    Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls, Events, Waits
+):
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
     store reads "now" only once it holds the write lock."""

@@ -2,12 +2,15 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue, options)``; ``task_id`` is None for a run the
-statement locked but could not lease: its head was written after the statement's snapshot, or a
-lease another claimer committed meanwhile still holds it (PostgreSQL: the next statement, with a
-fresh snapshot, sees either). ``options`` is the task's declared options as the
-``task_options`` table keeps them (JSON text, None: none declared): its ``max_attempts`` bounds
-the claim (R6, B11) instead of the claimer's.
+takeover, claimed_at, state, revision, queue, options, signal_id, parent_id, join_task)``;
+``task_id`` is None for a run the statement locked but could not lease: its head was written
+after the statement's snapshot, or a lease another claimer committed meanwhile still holds it
+(PostgreSQL: the next statement, with a fresh snapshot, sees either). ``options`` is the task's
+declared options as the ``task_options`` table keeps them (JSON text, None: none declared): its
+``max_attempts`` bounds the claim (R6, B11) instead of the claimer's. ``signal_id``: the signal
+that resumed the task's wait (B14; None: none), handed to the handler as ``ctx.signal``;
+``parent_id``: the run's parent (its end is counted there); ``join_task``: the task that joins
+the run's children (when it is this one, the claim reads them: ``ctx.children``).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from . import gates
 from .events import emit
 from .limits import Gatekeeper
 from .totals import ended
+from .waits import delivered, ended_children, joined
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
@@ -148,8 +152,11 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         takeover=bool(takeover),
         queue=queue,
         options=options,
-        gates=tuple(g for g in row[13:16] if g) if len(row) > 13 else (),
-        reserved=row[16] if len(row) > 16 else None,
+        gates=tuple(g for g in row[16:19] if g) if len(row) > 16 else (),
+        reserved=row[19] if len(row) > 19 else None,
+        signal=delivered(tx, row[13]),
+        parent_id=row[14],
+        children=joined(tx, run_id, task_id) if row[15] == task_id else None,
     )
 
 
@@ -164,6 +171,7 @@ def fail_run(
     if changed:
         ended(tx, queue, "failed")
         emit(tx, "run.failed", run_id, task, attempt, reason=reason, error=error)
+        ended_children(tx, [run_id])  # a child's failure counts for its parent's join (B14)
     return changed
 
 

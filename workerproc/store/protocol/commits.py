@@ -16,12 +16,14 @@ from .claims import attempt_ended, fail_run
 from .events import emit
 from .gates import settle
 from .totals import counted
+from .waits import ended_children, spawn, wait
 
 # The commits that are one logical step each (a row back: written; none: refused), by the
 # catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
 ONE_STEP = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
             "handback": "HANDBACK"}  # fmt: skip
-CAS_KINDS = frozenset({"finish", "advance"})  # their refusal may be a conflict, not a lost lease
+# their refusal may be a conflict, not a lost lease
+CAS_KINDS = frozenset({"finish", "advance", "wait", "spawn"})
 
 
 def fence(lease: Lease, now: float | None) -> Params:
@@ -64,11 +66,15 @@ def committed(tx: Tx, commit: Commit, params: Params) -> None:
     """The events of a commit that was written (a failure's is ``fail_run``'s)."""
     lease, kind = commit.lease, commit.kind
     held = {"owner": lease.owner, "task_id": lease.task_id}
-    if kind in ("finish", "advance", "drop"):
+    if kind in ("finish", "advance", "drop", "wait", "spawn"):
         emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, **held,
              next=params.get("name"), dropped=kind == "drop" or None)  # fmt: skip
         if kind == "finish":
             emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
+        elif kind in ("wait", "spawn"):  # B14: a signal, or its children
+            emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
+                 waiting_for=params.get("wait_for"),
+                 children=len(commit.children) if kind == "spawn" else None)  # fmt: skip
     elif kind in ("release", "retry_after"):
         emit(tx, "step.released", lease.run_id, lease.task, lease.attempt, **held,
              error=params.get("error"), delay=params.get("delay") or None,
@@ -117,8 +123,10 @@ def _emit_committed(
 
 def _count_finished(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """The runs that finishes ended, counted in the same transaction (``totals``)."""
-    counted(tx, [(c.lease.queue, "succeeded", 1) for c, r in zip(commits, results, strict=True)
-                 if c.kind == "finish" and r is CasResult.OK])  # fmt: skip
+    finished = [c for c, r in zip(commits, results, strict=True)
+                if c.kind == "finish" and r is CasResult.OK]  # fmt: skip
+    counted(tx, [(c.lease.queue, "succeeded", 1) for c in finished])
+    ended_children(tx, [c.lease.run_id for c in finished if c.lease.parent_id is not None])
 
 
 def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
@@ -137,6 +145,10 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
     step = ONE_STEP.get(kind)
     if step is not None:  # the hot path: the fence rides in the step itself
         return CasResult.OK if tx.count(step, params) else _refusal(tx, params, commit)
+    if kind in ("wait", "spawn"):  # an advance whose next task is not due, then the wait (B14)
+        if not tx.count("ADVANCE", params):
+            return _refusal(tx, params, commit)
+        return wait(tx, params) if kind == "wait" else spawn(tx, params, commit.children)
     if tx.one("CHECK_FENCE", params) is None:
         rejected(tx, params, kind, commit.lease.task)
         return CasResult.LEASE_LOST

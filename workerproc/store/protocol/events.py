@@ -31,7 +31,7 @@ KINDS = frozenset(
     {
         "run.enqueued", "run.succeeded", "run.failed", "run.cancelled", "run.retried",
         "step.claimed", "lease.taken_over", "step.committed", "step.released",
-        "step.handed_back", "write.refused",
+        "step.handed_back", "write.refused", "run.waiting", "run.signalled",
     }
 )  # fmt: skip
 SEQUENCE_BATCH = 10_000  # events a reader numbers at most per pass (PostgreSQL)

@@ -40,7 +40,7 @@ from ..types import CasResult, ClaimRequest, Commit, Lease
 
 GATES_AT_ONCE = 64  # open gates one claim looks at, at most
 LeaseMaker = Callable[[Tx, ClaimRequest, Row], Lease | None]
-SPENT_ATTEMPT = frozenset({"finish", "advance", "release", "fail", "drop"})  # charge tokens
+SPENT_ATTEMPT = frozenset({"finish", "advance", "wait", "release", "fail", "drop"})  # charge tokens
 
 
 @dataclass

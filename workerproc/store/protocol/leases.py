@@ -4,6 +4,7 @@ holds), and the pinned single-lease calls of DESIGN.md (``claim``, ``renew``, ``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import overload
 
@@ -17,6 +18,7 @@ from .events import emit
 from .limits import Limits
 from .producers import placing
 from .totals import ended
+from .waits import ended_children
 
 
 class Leases(Limits):
@@ -32,10 +34,15 @@ class Leases(Limits):
         encoded = [commit_params(commit) for commit in commits]
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
-        if any(c.kind == "advance" for c in commits):  # where each next task waits, if gated
+        # where each next task waits, if gated
+        if any(c.kind in ("advance", "wait", "spawn") for c in commits):
             keeper = self.gatekeeper()
             for i, commit in enumerate(commits):
-                if commit.kind == "advance":
+                if commit.kind == "spawn":  # where each child waits, if its task is gated
+                    kids = keeper.runs(list(commit.children))
+                    commits = [*commits[:i], dataclasses.replace(commit, children=tuple(kids)),
+                               *commits[i + 1 :]]  # fmt: skip
+                if commit.kind in ("advance", "wait", "spawn"):
                     name = encoded[i]["name"]
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
                     encoded[i].update(got.params())
@@ -150,6 +157,8 @@ class Leases(Limits):
             if tx.count("SUCCEED_IF_EMPTY", params):
                 ended(tx, lease.queue, "succeeded")
                 emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
+                if lease.parent_id is not None:
+                    ended_children(tx, [lease.run_id])
             return True
 
         return self.dialect.write(ack, runs=[lease.run_id])

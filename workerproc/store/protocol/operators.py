@@ -7,6 +7,7 @@ from ..dialect import Dialect, Tx
 from ..errors import RunNotFound
 from .events import emit, prune_events
 from .totals import counted, ended
+from .waits import cancel_descendants, ended_children
 
 
 class Operators:
@@ -22,6 +23,8 @@ class Operators:
                 return False
             ended(tx, queue, "cancelled")
             emit(tx, "run.cancelled", run_id)
+            cancel_descendants(tx, run_id)  # its children with it (B14)
+            ended_children(tx, [run_id])  # a child's end counts for its parent's join
             return True
 
         return self.dialect.write(cancel, runs=[run_id])
@@ -38,6 +41,7 @@ class Operators:
             pending = tx.one("PENDING_TASKS", params)
             if pending is None or pending[0] == 0:
                 return False
+            tx.count("CHILD_RETRIED", params)  # its parent waits for it again (B14)
             tx.count("RETRY_RUN", params)
             tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
             tx.count("RETRY_TASKS", params)

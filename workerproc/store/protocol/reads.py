@@ -14,6 +14,7 @@ from ..errors import RunNotFound
 from ..types import (
     RUN_STATUSES,
     STORED_STATUS,
+    WAITING_FILTER,
     AttemptEnd,
     FinishedBucket,
     OwnerLease,
@@ -69,11 +70,12 @@ def waiting(run_id: int, timeout: float | None) -> Steps[Run]:
 
 def run_of(row: Row) -> Run:
     rid, status, state, revision, result, reason, error, created, updated, finished = row[:10]
-    queue, priority, key, task = row[10:]
+    queue, priority, key, task = row[10:14]
     return Run(
         rid, status, loads(state, f"run {rid}'s state"), revision,
         loads(result, f"run {rid}'s result"), reason, error, created, updated, finished,
-        queue, priority, key, task,
+        queue, priority, key, task, row[14] if len(row) > 14 else None,
+        row[15] if len(row) > 15 else None,
     )  # fmt: skip
 
 
@@ -88,7 +90,8 @@ def status_filter(status: str) -> Params:
     if status not in STORED_STATUS:
         raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
     stored, held = STORED_STATUS[status]
-    return {"status": status, "stored": stored, "held": held}
+    waiting = WAITING_FILTER.get(status)  # pending: not waiting; waiting: waiting (B14)
+    return {"status": status, "stored": stored, "held": held, "waiting": waiting}
 
 
 class Reads:

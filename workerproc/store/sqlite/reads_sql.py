@@ -11,13 +11,18 @@ from .sql import _EVERY_QUEUE, _NAMED_QUEUES, ALIVE
 # a live lease holds the run: ``running`` (the row says ``pending``: schema v9)
 _HELD = """EXISTS (SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id
         AND l.lease_owner IS NOT NULL AND l.lease_expires_at > :now AND l.done_at IS NULL)"""
-_RUN_COLUMNS = f"""id, CASE WHEN status = 'pending' AND {_HELD} THEN 'running' ELSE status END,
+# a pending run that no lease holds waits while its wait's deadline is ahead (B14)
+_WAITING = "coalesce(wait_until > :now, 0)"
+_RUN_COLUMNS = f"""id, CASE WHEN status = 'pending' AND {_HELD} THEN 'running'
+        WHEN status = 'pending' AND {_WAITING} THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
-    queue, priority, key, task"""
+    queue, priority, key, task,
+    CASE WHEN status = 'pending' AND {_WAITING} AND NOT {_HELD} THEN wait_for END, parent_id"""
 GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
 # a status filter: the stored status (``:stored``: running is stored as pending), and whether a
 # live lease holds the run (``:held``: NULL when the status says nothing of it)
-_STATUS = f"status = :stored AND (:held IS NULL OR {_HELD} = :held)"
+_STATUS = f"""status = :stored AND (:held IS NULL OR {_HELD} = :held)
+    AND (:waiting IS NULL OR {_WAITING} = :waiting)"""
 # newest first; a filter by status walks runs_status, by queue alone the rowid order
 LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
 LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
@@ -40,7 +45,8 @@ OVERLAPPING_LEASES = """SELECT run_id, count(*) FROM tasks
     GROUP BY run_id HAVING count(*) > 1"""
 # stats never read a finished run: the live runs by queue and status (runs_status), the
 # finished ones from their totals
-RUN_COUNTS = f"""SELECT queue, CASE WHEN {_HELD} THEN 'running' ELSE 'pending' END, count(*)
+RUN_COUNTS = f"""SELECT queue, CASE WHEN {_HELD} THEN 'running'
+        WHEN {_WAITING} THEN 'waiting' ELSE 'pending' END, count(*)
     FROM runs WHERE status IN {ALIVE} GROUP BY 1, 2"""
 RUN_TOTALS = """SELECT queue, status, sum(n) FROM run_totals GROUP BY queue, status
     HAVING sum(n) <> 0"""

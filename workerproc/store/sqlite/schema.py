@@ -16,6 +16,7 @@ from .calls_sql import PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
+from .waits_sql import MIGRATION_WAITS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
@@ -397,6 +398,7 @@ MIGRATIONS: list[str] = [
     """,
     # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
+    MIGRATION_WAITS,  # 14: runs that wait: their wait, the signals (issue 25)
     _SCHEDULES,  # 15: schedules (issue 25)
     GATES_READY_ORDER,  # 16: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 17: the outbox: events, named consumers (B18)

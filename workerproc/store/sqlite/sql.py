@@ -86,8 +86,11 @@ CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
 # claim: hand the run's state and its queue to the handler, and the claimed task's declared
 # options (B11; NULL: none)
+# and the signal that resumed it, if it waited for one, the run's parent and its join task (B14)
 RUN_STATE = """SELECT state, revision, queue,
-    (SELECT options FROM task_options WHERE name = :name) FROM runs WHERE id = :run_id"""
+    (SELECT options FROM task_options WHERE name = :name),
+    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task
+    FROM runs WHERE id = :run_id"""
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
 DROP_EXHAUSTED_LEASE = """UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
@@ -170,7 +173,8 @@ PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at I
 RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
     lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL"""
 RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
-    updated_at = :now WHERE id = :run_id"""
+    updated_at = :now, wait_for = NULL, wait_until = NULL, wait_task = NULL
+    WHERE id = :run_id"""
 # release_owner: the supervisor reaped this owner; its leases expire now, and the gates whose
 # slots they held may admit again (``steps.release_owner``)
 EXPIRE_OWNER = """UPDATE tasks SET lease_expires_at = :now
@@ -182,9 +186,12 @@ REOPEN_OWNER_GATES = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now)
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
-PRUNE_RUNS = """DELETE FROM runs WHERE id IN (
-    SELECT id FROM runs WHERE status IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < :now - :age LIMIT :limit) RETURNING queue, status"""
+# (a child of a live parent stays: its join reads it, B14)
+PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
+    SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < :now - :age AND NOT EXISTS (
+          SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN {ALIVE})
+    LIMIT :limit) RETURNING queue, status"""
 PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
 

@@ -16,6 +16,7 @@ from . import events_sql as e
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
+from . import waits_sql as w
 
 if TYPE_CHECKING:
     from .dialect import SQLiteTx
@@ -27,7 +28,11 @@ def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     declared options."""
     execute, now = tx.conn.execute, params["now"]
     return [
-        (*row, now, *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone())
+        (
+            *row,
+            now,
+            *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}).fetchone(),
+        )
         for row in sorted(execute(statement, params).fetchall())
     ]
 
@@ -117,7 +122,9 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
     rows = []
     for row in sorted(found.fetchall()):
-        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2]}).fetchone()
+        state = execute(
+            q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}
+        ).fetchone()
         rows.append((*row[:8], now, *state, *row[8:]))
     return rows
 
@@ -170,8 +177,59 @@ def insert_events(tx: SQLiteTx, params: Params) -> list[Row]:
     return []
 
 
+def deliver_signal(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The oldest kept signal of the name the run waits for, delivered to its waiting task
+    (due now); none when the run waits for no signal it has."""
+    execute = tx.conn.execute
+    found = execute(w.WAITING_SIGNAL, params).fetchone()
+    if found is None:
+        return []
+    task_id, signal_id = found
+    ids = {"task_id": task_id, "signal_id": signal_id, "now": params["now"]}
+    execute(w.SIGNAL_TAKEN, ids)
+    execute(w.SIGNAL_TASK_DUE, ids)
+    execute(w.WAIT_OVER, params)
+    return [(task_id, signal_id)]
+
+
+def link_children(tx: SQLiteTx, params: Params) -> list[Row]:
+    """Each child knows its parent, the join task and its place; the parent its count."""
+    execute, parent = tx.conn.execute, params["parent"]
+    row = execute(w.LINK_PARENT, {"parent": parent, "n": len(params["children"])}).fetchone()
+    for ord_, child in enumerate(params["children"]):
+        execute(w.LINK_CHILD, {"parent": parent, "join_task": row[0], "ord": ord_,
+                               "child": child})  # fmt: skip
+    return [(child,) for child in params["children"]]
+
+
+def child_ended(tx: SQLiteTx, params: Params) -> list[Row]:
+    """A run ended: if it is a child, its parent waits for one less; the last makes the
+    parent's join task due and ends its wait. A row: the parent whose join is due."""
+    execute = tx.conn.execute
+    found = execute(w.PARENT_OF, params).fetchone()
+    if found is None:
+        return []
+    ids = {"parent": found[0], "join_task": found[1], "now": params["now"]}
+    left = execute(w.CHILD_LEFT, ids).fetchone()
+    if left is None or left[0] != 0:
+        return []
+    execute(w.JOIN_TASK_DUE, ids)
+    execute(w.WAIT_OVER, {"run_id": found[0]})
+    return [(found[0],)]
+
+
+def join_due(tx: SQLiteTx, params: Params) -> list[Row]:
+    changed = tx.conn.execute(w.JOIN_DUE, params).rowcount
+    tx.conn.execute(w.WAIT_OVER, params)
+    return [(params["run_id"],)] * changed
+
+
 STEPS: dict[str, Step] = {
     "INSERT_EVENTS": insert_events,
+    "DELIVER_SIGNAL": deliver_signal,
+    "LINK_CHILDREN": link_children,
+    "CHILD_ENDED": child_ended,
+    "JOIN_DUE": join_due,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "RENEW_MANY": renew_many,
@@ -189,4 +247,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, c, sc, e], STEPS)
+CATALOGUE = catalogue([q, r, c, sc, e, w], STEPS)
