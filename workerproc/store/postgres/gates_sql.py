@@ -11,7 +11,7 @@ from .sql import _CLOCK, ALIVE, NOTIFY, head_of
 
 _NOW = f"(SELECT {_CLOCK})"
 
-# migration 10: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
+# migration 9: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
 # serves it without sorting the thousands of gates a claim made ready at the same instant
 GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;

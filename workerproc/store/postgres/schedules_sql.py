@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .sql import _CLOCK
 
-# 9 (issue 25): schedules, one row each: its declaration, the next tick it will fire
+# 8 (issue 25): schedules, one row each: its declaration, the next tick it will fire
 # (``next_at``, what the compare-and-set of a firing matches) and what it fired last
 MIGRATION = """
     CREATE TABLE schedules (

@@ -422,10 +422,10 @@ MIGRATIONS: list[str] = [
     """,
     # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
-    MIGRATION_WAITS,  # 8: runs that wait: their wait, the signals (issue 25)
-    _SCHEDULES,  # 9: schedules (issue 25)
-    GATES_READY_ORDER,  # 10: the open gates' order, indexed (issue 24)
-    EVENTS_SCHEMA,  # 11: the outbox: events, named consumers (B18)
+    MIGRATION_WAITS,  # 7: runs that wait: their wait, the signals (issue 25)
+    _SCHEDULES,  # 8: schedules (issue 25)
+    GATES_READY_ORDER,  # 9: the open gates' order, indexed (issue 24)
+    EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

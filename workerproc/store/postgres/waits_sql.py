@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .sql import _CLOCK, _LOCKED, _NO_HEAD, NOTIFY, head_of
 
-# migration 8: what a run waits for, until when, on which task; the signals; which signal a
+# migration 7: what a run waits for, until when, on which task; the signals; which signal a
 # task was resumed by; a child run's parent, the parent's join task and its place in the spawn;
 # how many children a parent still waits for
 MIGRATION_WAITS = """

@@ -6,7 +6,7 @@ given twice; ``AUTOINCREMENT`` would cost a write of its own per event), so numb
 
 from __future__ import annotations
 
-# 17: the outbox (events, named consumers)
+# 16: the outbox (events, named consumers)
 EVENTS_SCHEMA = """
 CREATE TABLE events (
     id      INTEGER PRIMARY KEY,

@@ -3,7 +3,7 @@ migration; the statements themselves are in ``sql.py``."""
 
 from __future__ import annotations
 
-# migration 16: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
+# migration 15: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
 # serves it without sorting the thousands of gates a claim made ready at the same instant
 GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;

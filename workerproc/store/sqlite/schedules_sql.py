@@ -4,7 +4,7 @@ reading the schedule's row and moving its ``next_at`` by compare-and-set need no
 
 from __future__ import annotations
 
-# 15 (issue 25): schedules, one row each: its declaration, the next tick it will fire
+# 14 (issue 25): schedules, one row each: its declaration, the next tick it will fire
 # (``next_at``, what the compare-and-set of a firing matches) and what it fired last
 MIGRATION = """
     CREATE TABLE schedules (

@@ -398,10 +398,10 @@ MIGRATIONS: list[str] = [
     """,
     # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
-    MIGRATION_WAITS,  # 14: runs that wait: their wait, the signals (issue 25)
-    _SCHEDULES,  # 15: schedules (issue 25)
-    GATES_READY_ORDER,  # 16: the open gates' order, indexed (issue 24)
-    EVENTS_SCHEMA,  # 17: the outbox: events, named consumers (B18)
+    MIGRATION_WAITS,  # 13: runs that wait: their wait, the signals (issue 25)
+    _SCHEDULES,  # 14: schedules (issue 25)
+    GATES_READY_ORDER,  # 15: the open gates' order, indexed (issue 24)
+    EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 ALIVE = "('pending', 'running')"  # a live run (as ``sql.ALIVE``; the schema imports this module)
 
-# migration 14: what a run waits for, until when, on which task; the signals; which signal a
+# migration 13: what a run waits for, until when, on which task; the signals; which signal a
 # task was resumed by; a child run's parent, the parent's join task and its place in the spawn;
 # how many children a parent still waits for
 MIGRATION_WAITS = """
