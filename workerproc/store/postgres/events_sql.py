@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .sql import _CLOCK
 
-# 11: the outbox (events, named consumers)
+# 10: the outbox (events, named consumers)
 EVENTS_SCHEMA = """
 CREATE TABLE events (
     seq     bigint GENERATED ALWAYS AS IDENTITY,
