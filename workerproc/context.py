@@ -182,14 +182,7 @@ class TaskContext:
             queue = declared.options.queue
         if queue is not None:
             check_run_options(queue, 0, None)
-        try:
-            seconds = float(delay)
-        except Exception:
-            seconds = math.nan
-        if not 0 <= seconds <= MAX_DELAY:  # refuses nan and inf too
-            raise InvalidPayload(
-                f"delay must be from 0 to {MAX_DELAY:g} seconds (got {shown(delay)})"
-            )
+        seconds = _seconds(delay, "delay")
         self._record(
             Commit(
                 self._lease,
@@ -231,17 +224,7 @@ class TaskContext:
         dumps(payload, "payload", MAX_PAYLOAD)
         task = check_name(next.name if isinstance(next, Task) else next, "wait_for's next task")
         queue = declared.options.queue if (declared := self._tasks.get(task)) else None
-        if timeout is None:
-            seconds = WAIT_FOREVER
-        else:
-            try:
-                seconds = float(timeout)
-            except Exception:
-                seconds = math.nan
-            if not 0 <= seconds <= MAX_DELAY:
-                raise InvalidPayload(
-                    f"timeout must be from 0 to {MAX_DELAY:g} seconds (got {shown(timeout)})"
-                )
+        seconds = WAIT_FOREVER if timeout is None else _seconds(timeout, "timeout")
         self._record(
             Commit(
                 self._lease,
@@ -432,3 +415,15 @@ class TaskContext:
         reused = kept.outcome == "reused"  # fn was not called
         self.last_once = OnceCall(key.name, reused, kept.tokens, kept.attempt)
         return kept.result
+
+
+def _seconds(value: object, what: str) -> float:
+    """A handler's ``delay`` or ``timeout``, from 0 to ``MAX_DELAY`` seconds (nan and inf
+    refused), or ``InvalidPayload`` at the call."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except Exception:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_DELAY:
+        raise InvalidPayload(f"{what} must be from 0 to {MAX_DELAY:g} seconds (got {shown(value)})")
+    return seconds
