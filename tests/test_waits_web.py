@@ -55,3 +55,13 @@ def test_a_parents_page_lists_its_children_and_a_child_links_its_parent(s: Store
     assert f'href="/runs/{parent + 2}"' in html and "signal:" not in html
     child = c.get(f"/runs/{parent + 1}").text
     assert f'href="/runs/{parent}" id="parent"' in child
+    # a child that spawns in turn: the parent's page shows the tree, its grandchild under it
+    kid = s.claim("w", 60)
+    assert kid is not None and kid.run_id in (parent + 1, parent + 2)
+    grand = (NewRun.make("kid", 9, None, 0, None, "default", 0),)
+    spawn = Commit(kid, "spawn", expected_revision=0, new_state={}, next_task="merge",
+                   delay=WAIT_FOREVER, children=grand)  # fmt: skip
+    assert s.commit_many([spawn]).results == (CasResult.OK,)
+    tree = c.get(f"/runs/{parent}").text
+    nested = tree.split(f'href="/runs/{kid.run_id}"', 1)[1].split("</li>", 1)[0]
+    assert f'href="/runs/{parent + 3}"' in nested and "<ul>" in nested

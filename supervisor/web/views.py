@@ -32,6 +32,8 @@ STATS_EVERY = 1.0  # seconds: every open overview shares one read of the counts 
 CHART_EVERY = 10.0  # the chart reads up to CHART_RUNS runs: at most once per 10 s
 CHART_RUNS = 200_000
 LIMIT_KEYS = 10  # the busiest keys the limits page shows of each limit
+TREE_DEPTH = 4  # a run page's tree of child runs: this many generations below it
+TREE_RUNS = 200  # and at most this many runs in all
 
 
 def _per_minute(value: float | None) -> str:
@@ -174,7 +176,7 @@ class Pages:
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
                            calls=self.store.paid_calls(run_id),
                            done=done if done in ("retried", "cancelled", "signalled") else None,
-                           children=self.store.run_children(run_id))  # fmt: skip
+                           children=children_tree(self.store, run_id))  # fmt: skip
 
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", stats=self.stats())
@@ -191,3 +193,19 @@ class Pages:
             ctx["faults"] = charts.faults(report.events)
             ctx["histogram"] = charts.histogram(report.latencies())
         return self.render(request, "chaos.html", **ctx)
+
+
+def children_tree(store: Any, run_id: int) -> list[dict[str, Any]]:
+    """The runs ``run_id`` spawned, and theirs, oldest first: each node ``id``, ``status``,
+    ``task`` and its own ``children``, down ``TREE_DEPTH`` generations and ``TREE_RUNS`` runs."""
+    left = [TREE_RUNS]
+
+    def below(parent: int, depth: int) -> list[dict[str, Any]]:
+        if depth >= TREE_DEPTH or left[0] <= 0:
+            return []
+        rows = store.run_children(parent, limit=left[0])
+        left[0] -= len(rows)
+        return [{"id": i, "status": status, "task": task, "children": below(i, depth + 1)}
+                for i, status, task in rows]  # fmt: skip
+
+    return below(run_id, 0)
