@@ -102,6 +102,10 @@ def test_cancelling_a_parent_cancels_its_descendants(s: Store) -> None:
     assert {r.status for r in s.list_runs()} == {"cancelled"} and len(s.list_runs()) == 5
     assert claim_all(s) == []
     assert s.stats().runs.get("cancelled") == 5
+    # the outbox: one run.cancelled per run, the descendants' naming the run cancelled
+    cancelled = [e for e in s.events(after=0) if e.kind == "run.cancelled"]
+    assert sorted(e.run_id for e in cancelled) == sorted(r.id for r in s.list_runs())
+    assert [e.data.get("with_ancestor") for e in cancelled if e.run_id != parent] == [parent] * 4
 
 
 def test_a_retried_child_is_waited_for_again(s: Store) -> None:

@@ -123,7 +123,7 @@ locked AS MATERIALIZED (
 clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM locked) AS n)
 UPDATE runs AS r SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
     {_NO_HEAD} FROM locked, clock WHERE r.id = locked.id AND r.status = 'pending'
-    RETURNING r.queue"""
+    RETURNING r.queue, r.id"""
 # a run's children, oldest first, for the dashboard's tree (every spawn of the run)
 RUN_CHILDREN = """SELECT id, status, task FROM runs WHERE parent_id = %(run_id)s
     ORDER BY id LIMIT %(limit)s"""

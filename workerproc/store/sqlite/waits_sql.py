@@ -98,7 +98,7 @@ CANCEL_DESCENDANTS = f"""WITH RECURSIVE kin(id) AS (
         SELECT id FROM runs WHERE parent_id = :run_id
         UNION SELECT r.id FROM runs AS r JOIN kin ON r.parent_id = kin.id)
     UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
-    WHERE id IN (SELECT id FROM kin) AND status IN {ALIVE} RETURNING queue"""
+    WHERE id IN (SELECT id FROM kin) AND status IN {ALIVE} RETURNING queue, id"""
 # a run's children, oldest first, for the dashboard's tree (every spawn of the run)
 RUN_CHILDREN = """SELECT id, status, task FROM runs WHERE parent_id = :run_id
     ORDER BY id LIMIT :limit"""
