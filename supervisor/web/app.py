@@ -38,7 +38,7 @@ from .security import Guard, Secrets
 from .views import Pages
 
 log = logging.getLogger("supervisor.web")
-MAX_BODY = 16 * 1024  # bytes: the largest form is a CSRF token
+MAX_BODY = 16 * 1024  # bytes: the largest form is a Signal with its payload (at most this)
 
 
 def create_app(config: WebConfig, store: Operator) -> Starlette:
