@@ -10,6 +10,7 @@ from helpers import FakeClock
 from store_backends import Backend
 
 from workerproc.store import ClaimRequest, Commit, Lease, Store, TaskOptions
+from workerproc.store.dialect import Params, Row, Tx
 from workerproc.store.limits import LimitSpec
 
 TTL = 30.0
@@ -161,6 +162,24 @@ class TestFairness:
             if lease.payload["tenant"] == "B":
                 done(s, lease)
                 assert keys(claims(s, 1)) == ["B"]
+
+    def test_a_batched_claim_takes_one_run_of_each_key_in_one_statement(self, s: Store) -> None:
+        limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
+        s.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 40}"}} for i in range(80)])
+        seen: list[str] = []
+        original = Tx.rows
+
+        def rows(tx: Tx, name: str, params: Params) -> list[Row]:
+            seen.append(name)
+            return original(tx, name, params)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Tx, "rows", rows)
+            got = claims(s, 16)
+        assert len(got) == 16 and len(set(keys(got))) == 16  # one run of each of 16 keys
+        # the lines are asked together: one read of their gates, of their runs, one claim
+        assert [seen.count(n) for n in ("GATE_STATE", "LINE_RUNS", "CLAIM_RUNS")] == [1, 1, 1]
+        assert len(claims(s, 40)) == 24  # the other keys' first runs; the 16 keys are full
 
 
 class TestDeclarations:

@@ -69,25 +69,29 @@ LIMIT_USE = f"SELECT sum(live), sum(waiting), sum(used) FROM ({_KEYS}) AS k"
 # the gates whose line may admit a run now, the one served least recently first, locked
 OPEN_GATES = f"""SELECT gate FROM gates WHERE ready_at <= {_NOW} ORDER BY ready_at, gate
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
-# one gate (locked, unless another claimer holds it: then no row), its limit's numbers, its
-# buckets, its live leases and the first of them to end
+# the gates named (each locked, unless another claimer holds it: then no row), their limits'
+# numbers, their buckets, their live leases and the first of them to end
 GATE_STATE = f"""SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
     g.level, g.level_at, g.tok_level, g.tok_at, g.paused_until, {_LIVE}, {_FIRST_END}
-    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = %(gate)s
-    FOR UPDATE OF g SKIP LOCKED"""
-# the first claimable runs of a line in the served queues (NULL: all), locked: their head task,
-# its reservation, what an expired lease on it still holds (a takeover gives it back), and its
-# gates
-LINE_RUNS = f"""SELECT r.id, t.id, t.tokens,
-        (SELECT l.reserved FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL),
-        t.gate_a, t.gate_b, t.gate_c FROM runs AS r
-    JOIN tasks AS t ON t.id = r.head_id AND t.run_id = r.id
-    WHERE r.line = %(line)s AND r.line_at <= {_NOW} AND r.status = 'pending'
-      AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
-      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                      AND l.expires_at > {_NOW})
-    ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
-    LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED"""
+    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = ANY(%(gates)s::text[])
+    ORDER BY g.gate FOR UPDATE OF g SKIP LOCKED"""
+# the first ``limit`` claimable runs of each line named, in the served queues (NULL: all),
+# locked, in one statement (a batched claim asks one run of each of many lines at once): the
+# line, the run, its head task, its reservation, what an expired lease on it still holds (a
+# takeover gives it back), and its gates; in the order of the lines, then each line's order
+LINE_RUNS = f"""SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate_c
+    FROM unnest(%(lines)s::text[]) WITH ORDINALITY AS x(line, ord)
+    CROSS JOIN LATERAL (SELECT r.id AS run_id, t.id AS task_id, t.tokens,
+        (SELECT l.reserved FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL) AS held,
+        t.gate_a, t.gate_b, t.gate_c, r.queue, r.priority, r.line_at, r.head_created, r.head_id
+        FROM runs AS r JOIN tasks AS t ON t.id = r.head_id AND t.run_id = r.id
+        WHERE r.line = x.line AND r.line_at <= {_NOW} AND r.status = 'pending'
+          AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
+          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                          AND l.expires_at > {_NOW})
+        ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
+        LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED) AS f
+    ORDER BY x.ord, f.queue, f.priority DESC, f.line_at, f.head_created, f.head_id"""
 # when a line may next have a claimable run: its first due run, or its first lease to end
 LINE_NEXT = f"""SELECT min(coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
         AND l.owner IS NOT NULL AND l.expires_at > {_NOW}), r.line_at))
@@ -97,7 +101,7 @@ GATE_WRITE = """UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
     tok_level = %(tok_level)s, tok_at = %(tok_at)s, starts = starts + %(starts)s,
     ready_at = CASE WHEN %(keep)s THEN ready_at ELSE %(ready_at)s END,
     blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END
-    WHERE gate = %(gate)s"""
+    WHERE gate = %(gate)s RETURNING gate"""
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (and idle workers
 # are told)

@@ -148,14 +148,24 @@ class Admission:
 
     def state(self, gate: str) -> GateState | None:
         if gate not in self.states:
-            row = self.tx.one("GATE_STATE", {"gate": gate, "now": self.now})
-            self.states[gate] = None if row is None else GateState.of(row)
+            self.read([gate])
         return self.states[gate]
 
+    def read(self, gates: Sequence[str]) -> None:
+        """The states of the gates not read yet, in one statement (a gate with no row: another
+        claimer holds it)."""
+        unread = sorted(set(gates) - self.states.keys())
+        if unread:
+            rows = self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now})
+            found = {row[0]: GateState.of(row) for row in rows}
+            self.states.update((g, found.get(g)) for g in unread)
+
     def write_back(self) -> None:
-        for state in sorted((s for s in self.states.values() if s and s.dirty),
-                            key=lambda s: s.gate):  # fmt: skip
-            self.tx.count("GATE_WRITE", state.params(self.now))
+        """Every gate the claim changed, in name order, sent at once (pipelined where the
+        backend pipelines: one round trip however many lines took turns)."""
+        dirty = sorted((s for s in self.states.values() if s and s.dirty), key=lambda s: s.gate)
+        if dirty:
+            self.tx.many("GATE_WRITE", [state.params(self.now) for state in dirty])
 
 
 def opened(tx: Tx) -> list[str]:
@@ -177,36 +187,93 @@ def admitted(
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []
     served: set[str] = set()
-    for turn in (1, 2):  # one run per gate, in turn; then more from the gates with room left
-        for line in opened:
-            if len(leases) >= want:
-                break
-            own = gates.state(line)
-            if own is None or own.decided:
-                continue
-            room = own.room(now)
-            if room < 1:
-                own.decide(own.next_open(now, 0))
-                continue
-            # one run per line in turn while lines take turns; a line alone takes all at once
-            ask = 1 if turn == 1 and len(opened) > 1 else min(room, want - len(leases))
-            found = tx.rows("LINE_RUNS", {"line": line, "queues": queues, "limit": ask,
-                                          "now": now})  # fmt: skip
-            if not found:
-                if turn == 1:
-                    nxt = tx.one("LINE_NEXT", {"line": line, "now": now})
-                    own.decide(None if nxt is None else nxt[0])
-                continue
-            ok = _admit(gates, line, found, now)
-            if ok:
-                served.add(line)
-                leases += _lease_all(tx, req, ok, gates, now, lease)
+    if len(opened) > 1:  # one run per gate, in turn, many lines in one statement
+        leases = _one_each(tx, req, want, opened, gates, lease, served)
+    for line in opened:  # then more from the gates with room left (a line alone: all at once)
+        if len(leases) >= want:
+            break
+        own = gates.state(line)
+        if own is None or own.decided:
+            continue
+        room = own.room(now)
+        if room < 1:
+            own.decide(own.next_open(now, 0))
+            continue
+        ask = min(room, want - len(leases))
+        found = _line_runs(tx, [line], queues, ask, now).get(line)
+        if not found:
+            if len(opened) == 1:
+                _nothing_due(tx, own, now)
+            continue
+        ok = _admit(gates, line, found, now)
+        if ok:
+            served.add(line)
+            leases += _lease_all(tx, req, ok, gates, now, lease)
     for line in served:
         state = gates.states.get(line)
         if state is not None and not state.decided:
             state.decide(now if state.admits(now, 0) else state.next_open(now, 0))
     gates.write_back()
     return leases
+
+
+def _one_each(
+    tx: Tx, req: ClaimRequest, want: int, opened: Sequence[str], gates: Admission,
+    lease: LeaseMaker, served: set[str],
+) -> list[Lease]:  # fmt: skip
+    """Lines take turns: the first run of each line with room, as many lines as leases are
+    wanted, each round one statement for the runs and one for their leases (a line with
+    nothing to take closes until its next due run, and the next lines are asked)."""
+    now, queues = gates.now, None if req.queues is None else list(req.queues)
+    leases: list[Lease] = []
+    waiting = list(opened)
+    while waiting and len(leases) < want:
+        asked: list[str] = []
+        while waiting and len(asked) < want - len(leases):
+            gates.read(waiting[: want - len(leases) - len(asked)])  # the gates to ask next
+            own = gates.state(line := waiting.pop(0))
+            if own is None or own.decided:
+                continue
+            if own.room(now) < 1:
+                own.decide(own.next_open(now, 0))
+                continue
+            asked.append(line)
+        if not asked:
+            break
+        found = _line_runs(tx, asked, queues, 1, now)
+        ok: list[Row] = []
+        for line in asked:
+            own = gates.state(line)
+            if line not in found:
+                if own is not None and not own.decided:
+                    _nothing_due(tx, own, now)
+                continue
+            if own is None or own.decided:  # closed by an earlier line's run (blocked_by)
+                continue
+            admitted_here = _admit(gates, line, found[line], now)
+            if admitted_here:
+                served.add(line)
+                ok += admitted_here
+        if ok:
+            leases += _lease_all(tx, req, ok, gates, now, lease)
+    return leases
+
+
+def _line_runs(
+    tx: Tx, lines: list[str], queues: list[str] | None, limit: int, now: float
+) -> dict[str, list[Row]]:
+    """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked)."""
+    found: dict[str, list[Row]] = {}
+    params = {"lines": lines, "queues": queues, "limit": limit, "now": now}
+    for row in tx.rows("LINE_RUNS", params):
+        found.setdefault(row[0], []).append(tuple(row[1:]))
+    return found
+
+
+def _nothing_due(tx: Tx, own: GateState, now: float) -> None:
+    """A line with nothing to take closes until its next due run (None: nothing waits)."""
+    nxt = tx.one("LINE_NEXT", {"line": own.gate, "now": now})
+    own.decide(None if nxt is None else nxt[0])
 
 
 def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> list[Row]:

@@ -130,9 +130,20 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The first ``limit`` claimable runs of each line of ``lines``, the line first: one
+    statement per line (in process, a statement costs no round trip)."""
     queues = params["queues"]
     shaped = {**params, "queues": None if queues is None else json.dumps(queues)}
-    return tx.conn.execute(q.LINE_RUNS, shaped).fetchall()
+    execute = tx.conn.execute
+    return [(line, *row) for line in params["lines"]
+            for row in execute(q.LINE_RUNS, {**shaped, "line": line}).fetchall()]  # fmt: skip
+
+
+def gate_state(tx: SQLiteTx, params: Params) -> list[Row]:
+    """Each gate of ``gates`` that exists, with its numbers, buckets and live leases."""
+    execute, now = tx.conn.execute, params["now"]
+    found = (execute(q.GATE_STATE, {"gate": g, "now": now}).fetchone() for g in params["gates"])
+    return [row for row in found if row is not None]
 
 
 def set_limit(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -241,6 +252,7 @@ STEPS: dict[str, Step] = {
     "NEXT_READY_QUEUES": next_ready_queues,
     "CLAIM_RUNS": claim_runs,
     "LINE_RUNS": line_runs,
+    "GATE_STATE": gate_state,
     "SET_LIMIT": set_limit,
     "GATE_SETTLE": gate_settle,
     "PLACE_GATES": place_gates,
