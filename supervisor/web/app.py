@@ -29,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workerproc.identity import parse_owner
 from workerproc.store import Operator, StoreError, redact
+from workerproc.store.protocol.events import KINDS
 
 from ..commands.render import short
 from ..loop.pinned import PinnedFile
@@ -130,6 +131,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty,
                        redact=redact)  # fmt: skip
+    env.globals["event_kinds"] = " ".join(sorted(KINDS))  # what a live part refetches on
     return env
 
 
