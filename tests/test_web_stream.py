@@ -16,6 +16,8 @@ from event_stream import EventStreamClient
 from helpers import wait_for
 from web_process import WebProcess
 
+from supervisor.web.connections import PER_CLIENT
+from supervisor.web.stream import KEEPALIVE, PER_CLIENT_STREAMS
 from workerproc.store import Store, open_store
 
 TOKEN = "stream-token-0123456789"
@@ -112,6 +114,35 @@ def test_streams_beyond_the_cap_get_503(db: str, tmp_path: Path, procs: list[Web
     for stream in held:
         stream.close()
     assert web.stop() == 0
+
+
+def test_one_client_holds_at_most_half_its_connections_in_streams(
+    db: str, tmp_path: Path, procs: list[WebProcess]
+) -> None:
+    """The connection guard never closes a busy connection: were a client's streams allowed to
+    fill its PER_CLIENT connections, its next page could find no room."""
+    web = serve(tmp_path, procs, db)
+    held = [EventStreamClient(web.url()) for _ in range(PER_CLIENT_STREAMS)]
+    assert {s.status for s in held} == {200}
+    over = EventStreamClient(web.url())
+    assert over.status == 503 and "this client holds" in over.response.read().decode()
+    assert PER_CLIENT_STREAMS < PER_CLIENT and web.get("/runs")[0] == 200
+    for stream in held:
+        stream.close()
+    assert web.stop() == 0
+
+
+@pytest.mark.slow
+def test_a_quiet_stream_sends_a_keep_alive_comment(
+    db: str, tmp_path: Path, procs: list[WebProcess]
+) -> None:
+    web = serve(tmp_path, procs, db)
+    stream = EventStreamClient(web.url(), timeout=KEEPALIVE * 4)
+    assert "id" in stream.message()
+    started = time.monotonic()
+    assert stream.message() == {"comment": "keep-alive"}
+    assert time.monotonic() - started >= KEEPALIVE * 0.9
+    stream.close()
 
 
 def test_no_stream_at_all_with_max_streams_0(
