@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -128,7 +128,9 @@ class Streams:
         else:
             self.by_client.pop(client, None)
 
-    async def _messages(self, store: AsyncStore, after: int, run: int | None) -> AsyncIterator[str]:
+    async def _messages(
+        self, store: AsyncStore, after: int, run: int | None
+    ) -> AsyncGenerator[str]:
         queue: asyncio.Queue[Event] = asyncio.Queue(BACKLOG)
 
         async def pump() -> None:
@@ -173,9 +175,10 @@ class EventStream(StreamingResponse):
     """A ``text/event-stream`` response that gives its slot back however it ends (sent, the
     client gone, cancelled before its first message)."""
 
-    def __init__(self, messages: AsyncIterator[str], release: Callable[[], None]) -> None:
+    def __init__(self, messages: AsyncGenerator[str], release: Callable[[], None]) -> None:
         super().__init__(messages, media_type="text/event-stream",
                          headers={"X-Accel-Buffering": "no"})  # fmt: skip
+        self.messages = messages
         self.release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -183,6 +186,10 @@ class EventStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.release()
+            # a client gone while a message was being sent leaves the generator at its yield:
+            # close it now (its follow with it), not whenever it is collected
+            with contextlib.suppress(Exception):
+                await self.messages.aclose()
 
 
 def message(event: Event) -> str:
