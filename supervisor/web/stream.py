@@ -6,7 +6,8 @@ Each event is one message: ``id:`` its id, ``event:`` its kind, ``data:`` its JS
 ``Last-Event-ID`` (what a browser sends when it reconnects), else after ``?after=ID``, else at
 the newest event (its first message names that id, so a reconnect resumes from there);
 ``?run=ID``: that run's events only. It follows the table with the async store's ``follow``
-(LISTEN on PostgreSQL, the change token on SQLite), sends a comment every ``KEEPALIVE``
+(LISTEN on PostgreSQL, the change token on SQLite) — one follower for every open stream
+(``fanout.py``) —, sends a comment every ``KEEPALIVE``
 seconds (a proxy or a browser must not take a quiet stream for a dead one), and ends when the
 client goes or the server stops (``Streams.stop``: uvicorn waits for every open response
 before it exits, so a stream that never ended would hold ``supervisor web`` up on TERM).
@@ -34,6 +35,7 @@ from workerproc.store import AsyncStore, Event, StoreError, open_async_store, re
 
 from ..loop.storegate import db_file
 from .connections import PER_CLIENT
+from .fanout import Fanout
 from .views import MAX_ID
 
 log = logging.getLogger("supervisor.web")
@@ -67,6 +69,8 @@ class Streams:
         self.per_client = min(per_client, limit)
         self.by_client: dict[str, int] = {}
         self._store: AsyncStore | None = None
+        self._fanout: Fanout | None = None
+        self._stops: set[asyncio.Task[None]] = set()
         self._opening: asyncio.Lock | None = None
         self._stopping = asyncio.Event()
 
@@ -79,18 +83,35 @@ class Streams:
         self._stopping.set()
 
     async def close(self) -> None:
+        if self._fanout is not None:
+            fanout, self._fanout = self._fanout, None
+            await fanout.stop()
         if self._store is not None:
             store, self._store = self._store, None
             with contextlib.suppress(StoreError):
                 await store.close()
 
-    async def store(self) -> AsyncStore:
+    async def fanout(self) -> Fanout:
+        """The one follower of the table, started (with the store, the first time) if none
+        runs: the last stream to leave stops it, a failed one is started again."""
         if self._opening is None:
             self._opening = asyncio.Lock()
         async with self._opening:
             if self._store is None:
                 self._store = await self.opener()
-            return self._store
+            if self._fanout is None or not self._fanout.running:
+                self._fanout = await Fanout.start(self._store)
+            self._fanout.users += 1
+            return self._fanout
+
+    def _unsubscribe(self, fanout: Fanout) -> None:
+        fanout.users -= 1
+        if fanout.users == 0:  # no stream left: nobody follows the table
+            if self._fanout is fanout:
+                self._fanout = None
+            stopping = asyncio.get_running_loop().create_task(fanout.stop())
+            self._stops.add(stopping)  # (the loop keeps only a weak reference to a task)
+            stopping.add_done_callback(self._stops.discard)
 
     def _refusal(self, client: str) -> Response | None:
         if self._stopping.is_set():
@@ -113,28 +134,29 @@ class Streams:
         refused = self._refusal(client)
         if refused is not None:
             return refused
-        store = await self.store()
-        start = after if after is not None else await store.last_event_id()
+        fanout = await self.fanout()
+        start = after if after is not None else fanout.cursor
         refused = self._refusal(client)  # (the reads above let others in meanwhile)
         if refused is not None:
+            self._unsubscribe(fanout)
             return refused
         self.by_client[client] = self.by_client.get(client, 0) + 1
-        return EventStream(self._messages(store, start, run), lambda: self._left(client))
+        return EventStream(self._messages(fanout, start, run),
+                           lambda: self._left(client, fanout))  # fmt: skip
 
-    def _left(self, client: str) -> None:
+    def _left(self, client: str, fanout: Fanout) -> None:
+        self._unsubscribe(fanout)
         held = self.by_client.get(client, 0) - 1
         if held > 0:
             self.by_client[client] = held
         else:
             self.by_client.pop(client, None)
 
-    async def _messages(
-        self, store: AsyncStore, after: int, run: int | None
-    ) -> AsyncGenerator[str]:
+    async def _messages(self, fanout: Fanout, after: int, run: int | None) -> AsyncGenerator[str]:
         queue: asyncio.Queue[Event] = asyncio.Queue(BACKLOG)
 
         async def pump() -> None:
-            async for event in store.follow(after=after, run=run):
+            async for event in fanout.follow(after, run):
                 await queue.put(event)
 
         reading = asyncio.create_task(pump())
