@@ -86,6 +86,9 @@ class Streams:
         if self._fanout is not None:
             fanout, self._fanout = self._fanout, None
             await fanout.stop()
+        for stopping in list(self._stops):  # the followers the last streams left
+            with contextlib.suppress(Exception):
+                await stopping
         if self._store is not None:
             store, self._store = self._store, None
             with contextlib.suppress(StoreError):
