@@ -14,11 +14,15 @@ import pg_session
 import pytest
 from event_stream import EventStreamClient
 from helpers import wait_for
+from web_helpers import client
 from web_process import WebProcess
 
 from supervisor.web.connections import PER_CLIENT
 from supervisor.web.stream import KEEPALIVE, PER_CLIENT_STREAMS
-from workerproc.store import Store, open_store
+from workerproc.store import CasResult, Commit, Store, open_store
+from workerproc.store.codec import WAIT_FOREVER
+from workerproc.store.newrun import NewRun
+from workerproc.store.protocol.events import KINDS
 
 TOKEN = "stream-token-0123456789"
 
@@ -186,3 +190,22 @@ def test_the_token_guards_the_stream(db: str, tmp_path: Path, procs: list[WebPro
     stream = EventStreamClient(web.url(), headers={"Authorization": f"Bearer {TOKEN}"})
     assert stream.status == 200 and stream.message()
     stream.close()
+
+
+def test_each_live_part_names_its_stream_and_the_kinds_it_refetches_on(s: Store) -> None:
+    parent = s.start_run("fan_out")
+    lease = s.claim("w", 60)
+    assert lease is not None
+    kids = (NewRun.make("kid", 1, None, 0, None, "default", 0),)
+    spawn = Commit(lease, "spawn", expected_revision=0, new_state={}, next_task="merge",
+                   delay=WAIT_FOREVER, children=kids)  # fmt: skip
+    assert s.commit_many([spawn]).results == (CasResult.OK,)
+    c = client(s)
+    kinds = f'data-kinds="{" ".join(sorted(KINDS))}"'
+    for path in ("/", "/runs", "/leases", "/limits"):
+        assert f'data-stream="/events/stream" {kinds}' in c.get(path).text, path
+    assert f'data-stream="/events/stream?run={parent + 1}"' in c.get(f"/runs/{parent + 1}").text
+    # a parent's page draws its children, whose events are not its own: it reads them all
+    assert 'data-stream="/events/stream" ' in c.get(f"/runs/{parent}").text
+    assert "data-stream" not in c.get("/chaos").text  # a file, not the database
+    assert "data-stream" not in client(s, max_streams=0).get("/runs").text
