@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from event_stream import EventStreamClient
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
@@ -167,3 +168,74 @@ def test_runs_succeed_under_chaos_a_timeline_and_a_retry_with_a_click(
     finally:
         web.kill()
     assert (shots / "run-retried.png").stat().st_size > 0
+
+
+def test_a_page_updates_from_the_event_stream_without_the_poll_timer(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """--refresh 3600: nothing polls within the test, so what appears came by the stream (a
+    run started, a run's page seeing it cancelled); with --max-streams 0 the page polls."""
+    driver = browser
+    wait = WebDriverWait(driver, WAIT, poll_frequency=0.1, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))  # fmt: skip
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        first = store.start_run("first")
+    web = WebProcess(tmp_path, "--db", db, "--port", "0", "--refresh", "3600")
+    try:
+        url = web.url()
+        driver.get(url + "runs")
+        live = "return document.querySelector('[data-poll]').dataset.live;"
+        wait.until(lambda _: driver.execute_script(live) == "stream")
+        driver.execute_script("window.neverReloaded = true;")
+        with open_store(db) as store:
+            second = store.start_run("second")
+        wait.until(lambda _: driver.find_elements(By.LINK_TEXT, str(second)))
+        assert driver.execute_script("return window.neverReloaded === true;")
+
+        driver.get(url + f"runs/{first}")
+        wait.until(lambda _: driver.execute_script(live) == "stream")
+        with open_store(db) as store:
+            store.cancel_run(first)
+        wait.until(lambda _: driver.find_element(By.ID, "run-status").text == "cancelled")
+    finally:
+        web.kill()
+
+    polled = WebProcess(tmp_path, "--db", db, "--port", "0", "--refresh", "0.5",
+                        "--max-streams", "0")  # fmt: skip
+    try:
+        driver.get(polled.url() + "runs")
+        assert driver.execute_script(live) == "poll"
+        with open_store(db) as store:
+            third = store.start_run("third")
+        wait.until(lambda _: driver.find_elements(By.LINK_TEXT, str(third)))
+    finally:
+        polled.kill()
+
+
+def test_a_refused_stream_falls_back_to_polling_and_is_tried_again(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """The only stream slot is held by the test: the page's stream gets 503, it polls (and
+    shows a new run); once the slot is free, it tries the stream again and follows it."""
+    driver = browser
+    wait = WebDriverWait(driver, WAIT, poll_frequency=0.1, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))  # fmt: skip
+    db = str(tmp_path / "lk.db")
+    open_store(db).close()
+    web = WebProcess(tmp_path, "--db", db, "--port", "0", "--refresh", "0.5",
+                     "--max-streams", "1")  # fmt: skip
+    try:
+        url = web.url()
+        holder = EventStreamClient(url)
+        assert holder.status == 200
+        driver.get(url + "runs")
+        live = "return document.querySelector('[data-poll]').dataset.live;"
+        wait.until(lambda _: driver.execute_script(live) == "poll")
+        with open_store(db) as store:
+            polled = store.start_run("polled")
+        wait.until(lambda _: driver.find_elements(By.LINK_TEXT, str(polled)))
+        holder.close()
+        wait.until(lambda _: driver.execute_script(live) == "stream")  # tried again (5 s)
+    finally:
+        web.kill()

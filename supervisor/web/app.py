@@ -3,7 +3,8 @@
 ``create_app`` takes an open store: the command opens it from ``--db``; tests hand in their own
 (with a fake clock). The app never opens, migrates or closes it. It pins the file ``--db`` names
 (if any) and, once that path names another file or none, answers every page and action with 503
-(``DatabaseWatch``): an open SQLite connection keeps reading a deleted file.
+(``DatabaseWatch``): an open SQLite connection keeps reading a deleted file. The live parts
+of the pages update from ``/events/stream`` (``stream.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workerproc.identity import parse_owner
 from workerproc.store import Operator, StoreError, redact
+from workerproc.store.protocol.events import KINDS
 
 from ..commands.render import short
 from ..loop.pinned import PinnedFile
@@ -35,13 +37,18 @@ from ..loop.storegate import db_file
 from .actions import Actions
 from .config import WebConfig
 from .security import Guard, Secrets
+from .stream import Streams, opener_for
 from .views import Pages
 
 log = logging.getLogger("supervisor.web")
 MAX_BODY = 16 * 1024  # bytes: the largest form is a Signal with its payload (at most this)
 
 
-def create_app(config: WebConfig, store: Operator) -> Starlette:
+def create_app(config: WebConfig, store: Operator, streams: Streams | None = None) -> Starlette:
+    """The dashboard on ``store``; its event streams on ``streams`` (by default their own, on
+    an async store of ``config.db`` opened by the first stream)."""
+    if streams is None:
+        streams = Streams(opener_for(config.db), config.max_streams)
     keys = Secrets(config.token)
     database = PinnedFile(db_file(config.db))
     with contextlib.suppress(FileNotFoundError):  # the command opened it: it is there
@@ -55,6 +62,7 @@ def create_app(config: WebConfig, store: Operator) -> Starlette:
         Route("/leases", pages.leases),
         Route("/limits", pages.limits),
         Route("/chaos", pages.chaos),
+        Route("/events/stream", streams.endpoint),
         Mount("/static", StaticFiles(packages=[("supervisor.web", "static")]), name="static"),
     ]
     if not config.read_only:
@@ -123,6 +131,7 @@ def environment() -> jinja2.Environment:
     )
     env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty,
                        redact=redact)  # fmt: skip
+    env.globals["event_kinds"] = " ".join(sorted(KINDS))  # what a live part refetches on
     return env
 
 

@@ -18,6 +18,10 @@ from ..errors import ConfigError
 
 PORT_RANGE = (0, 65535)  # 0: any free port (printed)
 REFRESH_RANGE = (0.2, 3600.0)  # seconds between two polls of a page's live part
+# open event streams (GET /events/stream), all clients together; 0: none, pages poll. Each
+# stream holds a connection for as long as it is open, so the bound stays well under the
+# connection guard's (connections.MAX_CONNECTIONS): requests always find room beside them.
+STREAMS_RANGE = (0, 128)
 TOKEN_LENGTH = (16, 1024)
 TOKEN_FILE_MAX = 4096  # bytes: a token file holds one token
 # The names a browser on this machine uses for it. Any other ``Host`` is refused (DNS rebinding:
@@ -101,7 +105,19 @@ class WebConfig:
         low=REFRESH_RANGE[0],
         high=REFRESH_RANGE[1],
         envvar="SUPERVISOR_WEB_REFRESH",
-        help="seconds between live updates of a page",
+        help="seconds between two polls of a page (when it has no event stream)",
+        meaning="seconds between two polls of a page's live part, when it polls: without "
+        "an event stream (none open, or `--max-streams 0`) or after its stream failed",
+    )
+    max_streams: int = opt(
+        32,
+        flag="--max-streams",
+        metavar="N",
+        low=STREAMS_RANGE[0],
+        high=STREAMS_RANGE[1],
+        envvar="SUPERVISOR_WEB_MAX_STREAMS",
+        help="event streams open at once, all clients together (beyond: 503, the page "
+        "polls); 0: no stream, every page polls",
     )
 
     def validate(self) -> WebConfig:

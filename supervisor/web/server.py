@@ -6,10 +6,15 @@ forks, and must hold no thread).
 uvicorn speaks HTTP through its h11 protocol with our guard on every connection
 (``connections.py``: a request timeout, and bounds on the connections per client and in all);
 it has no such bound of its own, and its ``limit_concurrency`` counts idle sockets too, so it is
-left off: the guard keeps the open connections, and so the requests in flight, under its bound."""
+left off: the guard keeps the open connections, and so the requests in flight, under its bound.
+
+uvicorn's shutdown waits (up to ``timeout_graceful_shutdown``) for every response in progress,
+and an event stream never ends of itself: ``DashboardServer`` ends the streams first, so a TERM
+stops the dashboard at once with streams open."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import sys
@@ -22,6 +27,7 @@ from ..sockets import listen_tcp
 from .app import create_app
 from .config import WebConfig
 from .connections import Connections, guarded_protocol
+from .stream import Streams, opener_for
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -41,8 +47,10 @@ def serve(config: WebConfig, store: Operator) -> int:
     if config.token is None and config.host not in LOOPBACK:
         print(f"supervisor: warning: serving on {config.host} without --token: anyone who can "
               "reach it can read every run and retry or cancel runs", file=sys.stderr)  # fmt: skip
-    app = create_app(config, store)
-    server = uvicorn.Server(
+    streams = Streams(opener_for(config.db), config.max_streams)
+    app = create_app(config, store, streams)
+    server = DashboardServer(
+        streams,
         uvicorn.Config(
             app,
             log_level="warning",
@@ -52,7 +60,7 @@ def serve(config: WebConfig, store: Operator) -> int:
             proxy_headers=False,
             http=guarded_protocol(Connections()),
             timeout_graceful_shutdown=5,
-        )
+        ),
     )
     # uvicorn shuts down gracefully on TERM/INT, restores the handlers it found and raises the
     # signal again: ours only asks it to stop (a signal before it started counts too), so a
@@ -62,5 +70,24 @@ def serve(config: WebConfig, store: Operator) -> int:
     mode = ", read-only" if config.read_only else ""
     auth = ", token required" if config.token else ""
     print(f"dashboard on {url_of(sock)} ({redact(config.db)}{mode}{auth})", flush=True)
-    server.run(sockets=[sock])
+    asyncio.run(server.serve_then_close(sock))
     return 0
+
+
+class DashboardServer(uvicorn.Server):
+    """uvicorn's server, whose shutdown ends the event streams before it waits for the open
+    responses, and closes their store once it has stopped."""
+
+    def __init__(self, streams: Streams, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.streams = streams
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.streams.stop()
+        await super().shutdown(sockets)
+
+    async def serve_then_close(self, sock: socket.socket) -> None:
+        try:
+            await self.serve(sockets=[sock])
+        finally:
+            await self.streams.close()

@@ -164,6 +164,13 @@ class AsyncStore:
             await self.backend.write(lambda now: sequencing())
         return [event_of(row) for row in await self.backend.rows(name, params)]
 
+    async def last_event_id(self) -> int:
+        """``Store.last_event_id``: the newest committed event's id (0: none yet)."""
+        if not self.backend.ordered_events:
+            await self.backend.write(lambda now: sequencing())
+        rows = await self.backend.rows("LAST_EVENT", {})
+        return int(rows[0][0]) if rows else 0
+
     async def consumer_position(self, consumer: str) -> int:
         """``Store.consumer_position``: the last event id ``consumer`` acknowledged."""
         rows = await self.backend.rows("CONSUMER_AT", {"name": check_consumer(consumer)})

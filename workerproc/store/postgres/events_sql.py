@@ -63,6 +63,8 @@ LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > %(after)s ORDER BY id
     LIMIT %(limit)s"""
 LIST_RUN_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE run_id = %(run_id)s
     AND id > %(after)s ORDER BY id LIMIT %(limit)s"""
+# the newest numbered event's id (0: none yet), read after a numbering (the partial index)
+LAST_EVENT = "SELECT coalesce(max(id), 0) FROM events WHERE id IS NOT NULL"
 CONSUMER_AT = "SELECT position FROM event_consumers WHERE name = %(name)s"
 # a consumer acknowledged every event up to %(upto)s (its cursor never moves back)
 ACK_EVENTS = f"""INSERT INTO event_consumers AS c (name, position, updated_at)

@@ -124,6 +124,14 @@ class Events:
             self.dialect.write(lambda tx: drive(sequencing(), tx))
         return [event_of(row) for row in self.dialect.read(lambda tx: tx.rows(name, params))]
 
+    def last_event_id(self) -> int:
+        """The newest committed event's id (0: none yet): ``follow(after=...)`` from it yields
+        only the events that commit from now on."""
+        if not self.dialect.ordered_events:
+            self.dialect.write(lambda tx: drive(sequencing(), tx))
+        row = self.dialect.read(lambda tx: tx.one("LAST_EVENT", {}))
+        return int(row[0]) if row is not None else 0
+
     def consumer_position(self, consumer: str) -> int:
         """Where ``consumer`` stands: the last event id it acknowledged (a new one: 0, kept)."""
         params = {"name": check_consumer(consumer)}

@@ -37,6 +37,8 @@ _COLUMNS = "id, at, run_id, kind, task, attempt, data"
 LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > :after ORDER BY id LIMIT :limit"""
 LIST_RUN_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE run_id = :run_id AND id > :after
     ORDER BY id LIMIT :limit"""
+# the newest event's id (0: none yet): where a follower that wants only new events starts
+LAST_EVENT = "SELECT coalesce(max(id), 0) FROM events"
 CONSUMER_AT = "SELECT position FROM event_consumers WHERE name = :name"
 # a consumer acknowledged every event up to :upto (its cursor never moves back)
 ACK_EVENTS = """INSERT INTO event_consumers (name, position, updated_at) VALUES (:name, :upto, :now)
