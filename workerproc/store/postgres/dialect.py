@@ -22,6 +22,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlencode
@@ -72,20 +73,40 @@ def _healthy(conn: psycopg.Connection[Any]) -> bool:
     )
 
 
+def _insert_events_prepared() -> str:
+    """``INSERT_EVENTS`` as a prepared statement of the session (its two values as $1, $2)."""
+    entry = CATALOGUE["INSERT_EVENTS"]
+    assert isinstance(entry, Shaped)
+    text = entry.statement("").replace("%(events)s", "$1").replace("%(now)s", "$2")
+    return f"PREPARE {_EVENTS_STATEMENT} (text, float8) AS {text}"
+
+
+_EVENTS_STATEMENT = "leasekeeper_insert_events"
+_PREPARE_EVENTS = _insert_events_prepared()
+# the connections whose session holds that statement (prepared once per connection: a prepared
+# statement outlives a rollback, and a connection that is replaced takes its own with it)
+_events_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+
+
 def _commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     """COMMIT, with the transaction's events (B18) written in the same round trip, just
-    before it: one query of two statements (``INSERT_EVENTS; COMMIT``, the simple query
-    protocol, its values bound by the driver), so the outbox costs no round trip of its own.
-    A failed INSERT skips the COMMIT: the transaction is rolled back (``_rollback``)."""
+    before it: one query of two statements (``EXECUTE`` of the session's prepared
+    ``INSERT_EVENTS``; ``COMMIT``, the simple query protocol, its values bound by the driver),
+    so the outbox costs no round trip of its own and the server plans its insert once per
+    connection. A failed INSERT skips the COMMIT: the transaction is rolled back
+    (``_rollback``)."""
     if not tx.events:
         cur.execute("COMMIT")
         return
     events, tx.events = tx.events, []
     entry = CATALOGUE["INSERT_EVENTS"]
     assert isinstance(entry, Shaped)
+    if conn not in _events_prepared:  # once per connection, inside this transaction
+        cur.execute(_PREPARE_EVENTS)
+        _events_prepared.add(conn)
     with psycopg.ClientCursor(conn) as both:
-        both.execute(entry.statement("") + ";\nCOMMIT", entry.shape({"events": events,
-                                                                     "now": tx.now}))  # fmt: skip
+        both.execute(f"EXECUTE {_EVENTS_STATEMENT} (%(events)s, %(now)s);\nCOMMIT",
+                     entry.shape({"events": events, "now": tx.now}))  # fmt: skip
 
 
 def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:

@@ -127,6 +127,11 @@ first_tasks AS (
                             gate_b, gate_c, tokens)
     SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now, i.line,
         i.gate_a, i.gate_b, i.gate_c, i.tokens
+    FROM i JOIN new_runs USING (id), clock ORDER BY i.n),
+enqueued AS (
+    INSERT INTO {{s}}events (at, run_id, kind, task, data)
+    SELECT clock.now, i.id, 'run.enqueued', i.task, json_strip_nulls(json_build_object(
+        'queue', i.queue, 'key', i.key, 'delay', nullif(i.delay, 0)))
     FROM i JOIN new_runs USING (id), clock ORDER BY i.n)
 SELECT i.id, new_runs.id IS NOT NULL,
     CASE WHEN new_runs.id IS NOT NULL THEN pg_notify({{channel}}, '') END

@@ -12,7 +12,6 @@ from ..errors import StoreError
 from ..limits import Gating
 from ..newrun import NewRun
 from ..types import DEFAULT_QUEUE, JSON
-from .events import event_row, inserted
 from .limits import Limits
 from .programs import Program, drive
 
@@ -64,16 +63,15 @@ def insert(tx: Tx, runs: list[NewRun]) -> list[int]:
 def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
     """Insert the runs and their first tasks, ids in the runs' order; a run whose key is taken
     (by a run that exists, or by an earlier run of the same batch) inserts nothing and answers
-    that run's id. A program (``programs``): the sync and the async store run this same one."""
+    that run's id. ``INSERT_RUNS`` writes each inserted run's ``run.enqueued`` event itself
+    (B18), in the same statement on PostgreSQL. A program (``programs``): the sync and the
+    async store run this same one."""
     rows = yield "INSERT_RUNS", {"runs": runs, "now": now}  # (id, inserted, ...) each
     ids = [int(row[0]) for row in rows]
     taken = [i for i, row in enumerate(rows) if not row[1]]
     placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
     if placed:  # gated runs joined their lines: each gate exists, each line may admit now
         yield "PLACE_GATES", placing(placed, now)
-    yield from inserted([event_row("run.enqueued", int(row[0]), r.task, None,
-                                   {"queue": r.queue, "key": r.key, "delay": r.delay or None})
-                         for r, row in zip(runs, rows, strict=True) if row[1]], now)  # fmt: skip
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
         found: dict[str | None, int] = dict((yield "FIND_BY_KEYS", {"keys": keys}))

@@ -86,8 +86,9 @@ def release(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
-    """Each run (``NewRun``) and its first task, one after the other: ``(id, True)``, or
-    ``(0, False)`` where the run's key is taken (nothing inserted)."""
+    """Each run (``NewRun``), its first task and its ``run.enqueued`` event (B18), one after
+    the other: ``(id, True)``, or ``(0, False)`` where the run's key is taken (nothing
+    inserted)."""
     rows: list[Row] = []
     now = params["now"]
     for run in params["runs"]:
@@ -100,8 +101,15 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
         first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay,
                  **run.gating.params()}  # fmt: skip
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
+        enqueued = {"queue": run.queue, "key": run.key, "delay": run.delay or None}
+        data = _encode({k: v for k, v in enqueued.items() if v is not None})
+        event = {"run_id": row[0], "kind": "run.enqueued", "task": run.task, "attempt": None}
+        tx.conn.execute(e.INSERT_EVENT, {**event, "data": data, "now": now})
         rows.append((row[0], True))
     return rows
+
+
+_encode = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def find_by_keys(tx: SQLiteTx, params: Params) -> list[Row]:
