@@ -48,13 +48,15 @@ def claim(tx: Tx, req: ClaimRequest, keeper: Gatekeeper | None = None) -> list[L
     if queues == [] or req.limit < 1:
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
-    opened = gates.opened(tx)
-    if not opened:  # no line may admit a run now: the claim is the plain one
-        return _claim(tx, req, req.limit, keeper)
     if next(_turns) % 2:
-        leases = gates.admitted(tx, req, req.limit, _lease, opened)
+        opened = gates.opened(tx)
+        leases = gates.admitted(tx, req, req.limit, _lease, opened) if opened else []
         return leases + _claim(tx, req, req.limit - len(leases), keeper)
+    # the plain walk first, then the gates: on PostgreSQL the open gates are locked only from
+    # here to the end of the claim, so claimers that share a gate hold it as briefly as can be
     leases = _claim(tx, req, req.limit, keeper)
+    if len(leases) >= req.limit or not (opened := gates.opened(tx)):
+        return leases  # no line may admit a run now: the claim was the plain one
     return leases + gates.admitted(tx, req, req.limit - len(leases), _lease, opened)
 
 
