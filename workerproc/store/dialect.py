@@ -152,10 +152,26 @@ class Tx(abc.ABC):
     def __init__(self, now: float | None) -> None:
         self.now = now
         self.events = []
+        self.deferred: list[tuple[str, list[Params]]] = []
+
+    def at_commit(self, name: str, each: list[Params]) -> None:
+        """``many(name, each)``, sent just before COMMIT (``flush``; on PostgreSQL in the
+        COMMIT's own round trip): for a write nothing later in the transaction reads, such as
+        the gates a claim changed, so the rows it locked are let go one round trip sooner."""
+        if each:
+            self.deferred.append((name, each))
+
+    def write_deferred(self) -> None:
+        """Send what waits for the COMMIT now: a later statement writes the same rows."""
+        deferred, self.deferred = self.deferred, []
+        for name, each in deferred:
+            self.many(name, each)
 
     def flush(self) -> None:
-        """Write the events this transaction's transitions emitted (``protocol.events.emit``),
-        all in one statement, inside the transaction: the dialect calls it before COMMIT."""
+        """Write what waits for the COMMIT (``at_commit``), then the events this
+        transaction's transitions emitted (``protocol.events.emit``), all in one statement,
+        inside the transaction: the dialect calls it before COMMIT."""
+        self.write_deferred()
         if self.events:
             events, self.events = self.events, []
             self.count("INSERT_EVENTS", {"events": events, "now": self.now})

@@ -95,18 +95,27 @@ def _commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     so the outbox costs no round trip of its own and the server plans its insert once per
     connection. A failed INSERT skips the COMMIT: the transaction is rolled back
     (``_rollback``)."""
-    if not tx.events:
+    if not tx.events and not tx.deferred:
         cur.execute("COMMIT")
         return
     events, tx.events = tx.events, []
-    entry = CATALOGUE["INSERT_EVENTS"]
-    assert isinstance(entry, Shaped)
-    if conn not in _events_prepared:  # once per connection, inside this transaction
+    deferred, tx.deferred = tx.deferred, []
+    if events and conn not in _events_prepared:  # once per connection, in this transaction
         cur.execute(_PREPARE_EVENTS)
         _events_prepared.add(conn)
-    with psycopg.ClientCursor(conn) as both:
-        both.execute(f"EXECUTE {_EVENTS_STATEMENT} (%(events)s, %(now)s);\nCOMMIT",
-                     entry.shape({"events": events, "now": tx.now}))  # fmt: skip
+    with psycopg.ClientCursor(conn) as query:
+        parts = []
+        for name, each in deferred:
+            statement = CATALOGUE[name]
+            assert isinstance(statement, str)
+            parts += [query.mogrify(statement, params) for params in each]
+        if events:
+            entry = CATALOGUE["INSERT_EVENTS"]
+            assert isinstance(entry, Shaped)
+            shaped = entry.shape({"events": events, "now": tx.now})
+            parts.append(query.mogrify(f"EXECUTE {_EVENTS_STATEMENT} (%(events)s, %(now)s)",
+                                       shaped))  # fmt: skip
+        query.execute(";\n".join([*parts, "COMMIT"]))
 
 
 def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
@@ -290,7 +299,7 @@ class PostgresDialect(Dialect):
                     with conn.cursor() as cur:
                         tx = PostgresTx(cur, self._now_param())
                         result = fn(tx)
-                        if tx.events:  # no transaction to write them in: a bug of ours
+                        if tx.events or tx.deferred:  # no transaction for them: our bug
                             raise StoreError("events emitted outside a write transaction")
                         done = True
                         return result

@@ -69,6 +69,7 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     if tx.count("HANDBACK", params):
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
+        tx.write_deferred()  # the gates this claim changed first: PLACE_GATES writes them too
         tx.count("PLACE_GATES", {"gates": sorted(gating.gates), "lines": [gating.line],
                                  "now": tx.now})  # fmt: skip
 

@@ -161,11 +161,11 @@ class Admission:
             self.states.update((g, found.get(g)) for g in unread)
 
     def write_back(self) -> None:
-        """Every gate the claim changed, in name order, sent at once (pipelined where the
-        backend pipelines: one round trip however many lines took turns)."""
+        """Every gate the claim changed, in name order, written just before the COMMIT (on
+        PostgreSQL in its round trip): nothing later in the claim reads a gate, and the gates
+        it locked are let go sooner."""
         dirty = sorted((s for s in self.states.values() if s and s.dirty), key=lambda s: s.gate)
-        if dirty:
-            self.tx.many("GATE_WRITE", [state.params(self.now) for state in dirty])
+        self.tx.at_commit("GATE_WRITE", [state.params(self.now) for state in dirty])
 
 
 def opened(tx: Tx) -> list[str]:
