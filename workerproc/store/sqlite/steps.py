@@ -90,6 +90,7 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     the other: ``(id, True)``, or ``(0, False)`` where the run's key is taken (nothing
     inserted)."""
     rows: list[Row] = []
+    events: list[Params] = []
     now = params["now"]
     for run in params["runs"]:
         new = {"state": run.state, "name": run.task, "queue": run.queue,
@@ -103,9 +104,10 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         enqueued = {"queue": run.queue, "key": run.key, "delay": run.delay or None}
         data = _encode({k: v for k, v in enqueued.items() if v is not None})
-        event = {"run_id": row[0], "kind": "run.enqueued", "task": run.task, "attempt": None}
-        tx.conn.execute(e.INSERT_EVENT, {**event, "data": data, "now": now})
+        events.append({"run_id": row[0], "kind": "run.enqueued", "task": run.task,
+                       "attempt": None, "data": data, "now": now})  # fmt: skip
         rows.append((row[0], True))
+    tx.conn.executemany(e.INSERT_EVENT, events)  # in the runs' order, after them
     return rows
 
 
