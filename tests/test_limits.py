@@ -181,6 +181,17 @@ class TestFairness:
         assert [seen.count(n) for n in ("GATE_STATE", "LINE_RUNS", "CLAIM_RUNS")] == [1, 1, 1]
         assert len(claims(s, 40)) == 24  # the other keys' first runs; the 16 keys are full
 
+    def test_keys_with_quotes_and_percent_signs_are_gates_like_any(self, s: Store) -> None:
+        # a claim's gate writes travel as literals in the COMMIT's query on PostgreSQL
+        limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
+        odd = ["50%'s", "a\\b", "%(now)s", 'q"uote']
+        s.start_runs([{"task": "call", "payload": {"tenant": k}} for k in odd * 2])
+        first = claims(s, 10)
+        assert sorted(keys(first)) == sorted(odd) and claims(s, 10) == []  # one each: full
+        for lease in first:
+            done(s, lease)
+        assert sorted(keys(claims(s, 10))) == sorted(odd)
+
 
 class TestDeclarations:
     def test_an_operators_numbers_win_until_a_release_declares_others(self, s: Store) -> None:
