@@ -92,19 +92,17 @@ def current(span: Any) -> Iterator[None]:
         yield
 
 
-def concluded(span: Any, raised: BaseException | None, commit: Commit | None) -> None:
-    """The handler ended: an error it raised is recorded; nothing to write (its lease is lost)
-    ends the span now."""
+def concluded(lease: Lease, span: Any, raised: BaseException | None, commit: Commit | None) -> None:
+    """``lease``'s handler ended: an error it raised is recorded; nothing to write (its lease
+    is lost) ends its span now."""
     if span is None:
         return
-    from .limits import RetryAfter  # noqa: PLC0415 (only when tracing)
+    from .limits import RetryAfter  # noqa: PLC0415 (only when traced)
 
     if raised is not None and not isinstance(raised, RetryAfter):
         span.record_exception(raised)
     if commit is None:
-        for fence, open_span in list(_open.items()):
-            if open_span is span:
-                ended_fence(fence, "lease_lost")
+        ended_fence(lease.fence, "lease_lost")
 
 
 def ended(commit: Commit, result: object) -> None:
