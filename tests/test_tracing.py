@@ -5,6 +5,8 @@ status. In process, with the SDK's in-memory exporter."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,3 +207,25 @@ def test_nothing_is_traced_without_a_recording_span(s: Store) -> None:
     lease = s.claim("w", TTL)
     assert lease is not None
     assert s.commit_many([Commit(lease, "finish", new_state={})]).results[0].value == "ok"
+
+
+def test_without_the_extra_nothing_imports_it() -> None:
+    """opentelemetry made unimportable: runs start and run as before, and no module of it is
+    loaded (the guarded import in ``workerproc.tracing`` is the only one)."""
+    code = """
+import sys
+sys.modules["opentelemetry"] = None  # importing it raises ImportError
+from workerproc import App
+from workerproc.testing import run_inline
+app = App()
+
+@app.task()
+def step(ctx):
+    ctx.finish({"done": True})
+
+assert run_inline(app, "step").status == "succeeded"
+assert not [m for m in sys.modules if m.startswith("opentelemetry.")], "imported"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
