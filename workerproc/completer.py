@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
+from . import tracing
 from .backoff import backoff
 from .logs import event
 from .outage import Outage
@@ -117,6 +118,8 @@ class Completer:
         self.renewals.untrack([c.lease for c in commits])
         out = self.write(commits, claim)
         sent = self.sent  # the leases' local clock starts when the claim was sent
+        for i, commit in enumerate(commits):  # the steps' spans, if traced, end (their outcome)
+            tracing.ended(commit, out.results[i] if i < len(out.results) else None)
         for commit, result in zip(commits, out.results, strict=False):
             if result is CasResult.LEASE_LOST:
                 refused(commit)

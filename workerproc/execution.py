@@ -8,6 +8,7 @@ the event loop. Every ending becomes the commit the conductor writes under the l
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import inspect
@@ -16,10 +17,11 @@ import math
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import tracing
 from .app import Handler, LeaseLost, Task, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
@@ -76,9 +78,18 @@ class Execution:
     task: asyncio.Task[None] | None = None  # async: the coroutine's task, on the loop thread
     tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
     calls: CallBook | None = None  # the worker's paid calls, for ``once``
+    span: Any = None  # its span, when traced (``tracing``): ended once its commit is written
 
     def __post_init__(self) -> None:
         self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled, self.calls)
+        self.span = tracing.begin(self.lease)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """Around its handler's call: the records logged inside carry its task, and its span
+        is the current one (the handler's own spans are its children)."""
+        with running(self.lease), tracing.current(self.span):
+            yield
 
     def gate(self, confirmed: float, begin_by: float, latest: Callable[[], float | None]) -> None:
         """The start was judged on the lease's confirmation at ``confirmed``: after
@@ -160,9 +171,12 @@ def conclude(
     the handler left behind (a value that cannot be encoded, an object whose methods raise)
     fails its own task, and only its own."""
     try:
-        return _conclude(ex, value, raised, config)
+        commit = _conclude(ex, value, raised, config)
     except BaseException as exc:  # a handler's leftovers, whatever their kind
-        return failure(ex.lease, exc, config)
+        commit = failure(ex.lease, exc, config)
+    if ex.stopped is not Stopped.ABANDONED:  # an abandoned one's span ended with its release
+        tracing.concluded(ex.lease, ex.span, raised, commit)
+    return commit
 
 
 def _conclude(
@@ -220,7 +234,7 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
     ex.started = time.monotonic()
     try:
         if ex.may_begin():
-            with running(ex.lease):  # its own log records carry its task
+            with ex.running():  # its own log records carry its task, its span is current
                 value = ex.handler(ex.ctx)
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc

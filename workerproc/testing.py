@@ -34,9 +34,9 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from . import hooks as lifecycle
+from . import tracing
 from .config import WorkerConfig
 from .execution import Execution, Mode, conclude, mode_for
-from .logs import running
 from .once import CallBook
 from .store import CasResult, Commit, Lease, Run, Store, open_store
 from .store.types import JSON
@@ -124,14 +124,14 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
     raised: BaseException | None = None
 
     async def on_the_loop() -> Any:
-        with running(ex.lease):  # in the loop's task: its own log records carry its task
+        with ex.running():  # in the loop's task: its own log records carry its task
             return await ex.handler(ex.ctx)
 
     try:
         if ex.mode is Mode.ASYNC:
             value = loop.run(on_the_loop())
         else:
-            with running(ex.lease):
+            with ex.running():
                 value = ex.handler(ex.ctx)
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
@@ -140,7 +140,9 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
 
 def _write(store: Store, commit: Commit) -> None:
     """Write ``commit``; a conflict (the run was moved under it) is settled as a worker does."""
-    if store.commit_many([commit]).results[0] is not CasResult.CONFLICT:
+    result = store.commit_many([commit]).results[0]
+    tracing.ended(commit, result)  # its step's span, if traced, ends with the outcome
+    if result is not CasResult.CONFLICT:
         return
     run = store.get_run(commit.lease.run_id)
     if run is None or run.terminal:

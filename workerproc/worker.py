@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from . import exitcodes, hooks
+from . import exitcodes, hooks, tracing
 from .alarms import Alarms
 from .app import App
 from .completer import Completer
@@ -135,6 +135,7 @@ class Worker:
 
     # -- the loop ---------------------------------------------------------------------------------
     def run(self) -> int:
+        tracing.configure()  # in this process (after fork): OTEL_* may name an exporter
         self.heartbeat.start()
         try:
             # B11: the app's per-task options, where every worker's claims read them; its
@@ -392,6 +393,7 @@ class Worker:
             self.ticker.close()
         self.calls.close()  # after the handlers: a keep handed over is written first
         self.heartbeat.close()
+        tracing.shutdown()  # its spans flushed before the process ends
 
     def _on_loop(self, awaitable: Awaitable[Any]) -> Any:
         """An ``async def`` hook runs on the loop of the async handlers (``hooks``)."""

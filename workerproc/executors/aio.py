@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude, message
-from ..logs import event, running
+from ..logs import event
 from ..signals import main_thread_only
 from . import BLOCKED_AFTER, Executor
 
@@ -141,7 +141,7 @@ class AsyncExecutor(Executor):
         ex.started = time.monotonic()
         try:
             if ex.may_begin():  # not cancelled before it began, and its lease still fresh
-                with running(ex.lease):  # its own log records carry its task
+                with ex.running():  # its log records carry its task, its span is current
                     value = await ex.handler(ex.ctx)
         except asyncio.CancelledError:
             if ex.stopped is None:  # the handler cancelled itself: an error like any other

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from ..app import LeaseLost, RunCancelled
 from ..config import WorkerConfig
 from ..execution import Done, Execution, Mode, Stopped, conclude
-from ..logs import running
 from ..signals import INTERRUPT, Signals, Waker
 from . import Executor
 
@@ -53,7 +52,7 @@ class InlineExecutor(Executor):
         try:
             signals.in_handler = True
             if ex.may_begin():
-                with running(ex.lease):  # its own log records carry its task
+                with ex.running():  # its log records carry its task, its span is current
                     value = ex.handler(ex.ctx)
         except BaseException as exc:  # a handler's error, whatever its kind
             signals.in_handler = False

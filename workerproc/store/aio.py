@@ -96,11 +96,12 @@ class AsyncStore:
         key: str | None = None,
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
+        traceparent: str | None = None,
     ) -> int:
         """Start a run whose first task is ``task`` (``Store.start_run``): its id. ``key``
         makes it idempotent: while a run with that key exists, its id is the answer."""
         (run_id,) = await self._start(
-            [NewRun.make(task, payload, state, delay, key, queue, priority)]
+            [NewRun.make(task, payload, state, delay, key, queue, priority, traceparent)]
         )
         return run_id
 

@@ -123,6 +123,23 @@ def shown(value: object, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# W3C Trace Context ``traceparent``: version 00, a trace id and a parent span id (not all
+# zeros), the flags; lower-case hex only
+_TRACEPARENT = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
+
+
+def check_traceparent(value: object) -> str | None:
+    """A run's ``traceparent`` as given: a W3C one (55 characters), or "" for none (None)."""
+    if value == "":
+        return None
+    if not isinstance(value, str) or _TRACEPARENT.fullmatch(value) is None:
+        raise InvalidPayload(
+            "traceparent must be a W3C traceparent, 00-<32 hex>-<16 hex>-<2 hex> "
+            f"(got {shown(value, 80)})"
+        )
+    return value
+
+
 def check_name(name: object, what: str = "task name") -> str:
     """A task's name, the same limits on every backend: a string of 1 to ``MAX_NAME``
     characters, valid Unicode, no control characters (NUL included)."""

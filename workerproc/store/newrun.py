@@ -8,12 +8,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, dumps
+from ..tracing import current_traceparent
+from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, check_traceparent, dumps
 from .errors import InvalidPayload
 from .limits import UNGATED, Gating
 from .types import DEFAULT_QUEUE, JSON
 
-START_FIELDS = frozenset({"task", "payload", "state", "delay", "key", "queue", "priority"})
+START_FIELDS = frozenset(
+    {"task", "payload", "state", "delay", "key", "queue", "priority", "traceparent"}
+)
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class NewRun:
     queue: str
     priority: int
     gating: Gating = UNGATED  # what its task's limits make of it (``protocol.limits``)
+    traceparent: str | None = None  # W3C trace context of its starter (``workerproc.tracing``)
 
     def gated(self, gating: Gating) -> NewRun:
         return dataclasses.replace(self, gating=gating)
@@ -35,8 +39,10 @@ class NewRun:
     @classmethod
     def make(
         cls, task: str, payload: JSON, state: JSON, delay: float, key: str | None, queue: str,
-        priority: int,
+        priority: int, traceparent: str | None = None,
     ) -> NewRun:  # fmt: skip
+        """``traceparent``: the W3C trace context the run's steps continue; None: the caller's
+        current span's, when OpenTelemetry is installed and a span is recording; "": none."""
         check_name(task)
         check_run_options(queue, priority, key)
         try:
@@ -53,6 +59,9 @@ class NewRun:
             key,
             queue,
             priority,
+            traceparent=(
+                current_traceparent() if traceparent is None else check_traceparent(traceparent)
+            ),
         )
 
     @classmethod
@@ -63,4 +72,5 @@ class NewRun:
             raise InvalidPayload(f"a start_runs item has {what}")
         get = item.get
         return cls.make(item["task"], get("payload"), get("state"), get("delay", 0), get("key"),
-                        get("queue", DEFAULT_QUEUE), get("priority", 0))  # fmt: skip
+                        get("queue", DEFAULT_QUEUE), get("priority", 0),
+                        get("traceparent"))  # fmt: skip

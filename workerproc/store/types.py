@@ -117,6 +117,9 @@ class Lease:
     signal: Signal | None = None  # the signal that resumed this task's wait (issue 25)
     parent_id: int | None = None  # the run's parent, if it is a child run (issue 25)
     children: tuple[Child, ...] | None = None  # the join task's children, in spawn order
+    traceparent: str | None = None  # the run's W3C trace context (issue 26: tracing)
+    previous_owner: str | None = None  # a takeover's: whose lease it took over
+    previous_attempt: int | None = None  # and that lease's attempt
 
     @property
     def fence(self) -> tuple[int, str, int]:

@@ -110,16 +110,18 @@ i AS MATERIALIZED (
     FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
                 %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
-                %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[])
+                %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[],
+                %(traceparents)s::text[])
          WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
-                              gate_b, gate_c, tokens, n)
+                              gate_b, gate_c, tokens, traceparent, n)
     ORDER BY i.n),
 new_runs AS (
     INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at,
-                           head_at, line_at, head_created, head_id, line)
+                           head_at, line_at, head_created, head_id, line, traceparent)
     SELECT i.id, i.state::json, i.task, i.queue, i.priority, i.key, clock.now, clock.now,
         CASE WHEN i.line IS NULL THEN clock.now + i.delay END,
-        CASE WHEN i.line IS NOT NULL THEN clock.now + i.delay END, clock.now, i.task_id, i.line
+        CASE WHEN i.line IS NOT NULL THEN clock.now + i.delay END, clock.now, i.task_id, i.line,
+        i.traceparent
     FROM i, clock ORDER BY i.n
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
 first_tasks AS (

@@ -426,6 +426,7 @@ MIGRATIONS: list[str] = [
     _SCHEDULES,  # 8: schedules (issue 25)
     GATES_READY_ORDER,  # 9: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
+    "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

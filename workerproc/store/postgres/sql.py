@@ -101,7 +101,7 @@ _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT now FROM clock))"""
 _PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
-            r.head_created, r.parent_id, r.join_task
+            r.head_created, r.parent_id, r.join_task, r.traceparent
         FROM runs AS r
         WHERE {{queue}}{_CLAIMABLE}
         ORDER BY r.head_at, r.head_created, r.head_id
@@ -114,7 +114,7 @@ _WALK = f"""SELECT r.id, r.head_at, r.head_created, r.head_id FROM runs AS r
             ORDER BY r.head_at, r.head_created, r.head_id LIMIT 4 * %(limit)s + 64"""
 # each run of the merged walks, locked as the limit pulls it (and still claimable)
 _LOCK_EACH = """SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
-            r.head_created, r.parent_id, r.join_task
+            r.head_created, r.parent_id, r.join_task, r.traceparent
         FROM ({walks}) AS w(id, head_at, head_created, head_id)
         CROSS JOIN LATERAL (SELECT * FROM runs AS r WHERE r.id = w.id
             AND r.head_at <= (SELECT now FROM clock) AND r.status || '' = 'pending'
@@ -189,7 +189,8 @@ kept AS (
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
     x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
     (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name), h.signal_id,
-    p.parent_id, p.join_task, x.gate_a, x.gate_b, x.gate_c, x.reserved, x.given_back
+    p.parent_id, p.join_task, x.gate_a, x.gate_b, x.gate_c, x.reserved, p.traceparent,
+    x.given_back
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
 _CLAIM = f"""
@@ -197,7 +198,7 @@ WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 {{levels}},
 picked AS MATERIALIZED (
     SELECT c.id, c.head_id, c.state, c.revision, c.queue, lv.p, c.head_at, c.head_created,
-        c.parent_id, c.join_task
+        c.parent_id, c.join_task, c.traceparent
     FROM (SELECT DISTINCT p FROM levels WHERE p IS NOT NULL ORDER BY p DESC) AS lv
     CROSS JOIN LATERAL ({{level}}) AS c
     LIMIT %(limit)s),
@@ -208,7 +209,7 @@ CLAIM_RUNS = f"""
 WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 picked AS MATERIALIZED (
     SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.priority AS p,
-        r.line_at AS head_at, r.head_created, r.parent_id, r.join_task
+        r.line_at AS head_at, r.head_created, r.parent_id, r.join_task, r.traceparent
     FROM runs AS r WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
       AND r.line_at <= (SELECT now FROM clock)
     ORDER BY r.id FOR UPDATE),

@@ -88,6 +88,7 @@ def _insert_runs_shape(params: Params) -> Params:
         "gates_b": [r.gating.params()["gate_b"] for r in runs],
         "gates_c": [r.gating.params()["gate_c"] for r in runs],
         "tokens": [r.gating.tokens for r in runs],
+        "traceparents": [r.traceparent for r in runs],
         "now": params["now"],
     }
 

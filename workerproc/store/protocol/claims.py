@@ -2,7 +2,8 @@
 leases, inside the caller's write transaction.
 
 A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue, options, signal_id, parent_id, join_task)``;
+takeover, claimed_at, state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
+gate_b, gate_c, reserved, traceparent, ...)`` (the gates on: a gated claim's, None otherwise);
 ``task_id`` is None for a run the statement locked but could not lease: its head was written
 after the statement's snapshot, or a lease another claimer committed meanwhile still holds it
 (PostgreSQL: the next statement, with a fresh snapshot, sees either). ``options`` is the task's
@@ -134,6 +135,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         fail_run(tx, run_id, queue, "undecodable_payload", f"task {task_id}: {exc}", name,
                  attempts)  # fmt: skip
         return None
+    was: tuple[str | None, int | None] = (None, None)
     if takeover:  # whose lease it took over (rare: one statement more)
         was = tx.one("TAKEN_FROM", {"run_id": run_id, "task_id": task_id}) or (None, None)
         emit(tx, "lease.taken_over", run_id, name, attempts, owner=req.owner, task_id=task_id,
@@ -160,6 +162,9 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         signal=delivered(tx, row[13]),
         parent_id=row[14],
         children=joined(tx, run_id, task_id) if row[15] == task_id else None,
+        traceparent=row[20] if len(row) > 20 else None,
+        previous_owner=was[0],
+        previous_attempt=was[1],
     )
 
 

@@ -30,6 +30,7 @@ class Producers(Limits):
         queue: str = DEFAULT_QUEUE,
         priority: int = 0,
         tx: Any = None,
+        traceparent: str | None = None,
     ) -> int:
         """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None).
 
@@ -37,9 +38,11 @@ class Producers(Limits):
         returns its id and creates nothing. ``tx``: the caller's own open transaction on the
         same database (a ``sqlite3.Connection`` for SQLite, a ``psycopg.Connection`` for
         PostgreSQL), so the run exists if and only if the caller's transaction commits; the
-        caller commits or rolls back."""
+        caller commits or rolls back. ``traceparent``: the W3C trace context its steps'
+        spans continue (None: the caller's current span's, when OpenTelemetry is installed
+        and a span is recording; "": none; ``workerproc.tracing``)."""
         (run_id,) = self._start(
-            [NewRun.make(task, payload, state, delay, key, queue, priority)], tx
+            [NewRun.make(task, payload, state, delay, key, queue, priority, traceparent)], tx
         )
         return run_id
 

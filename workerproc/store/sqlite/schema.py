@@ -402,6 +402,7 @@ MIGRATIONS: list[str] = [
     _SCHEDULES,  # 14: schedules (issue 25)
     GATES_READY_ORDER,  # 15: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
+    "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -21,9 +21,10 @@ _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
 # start_run: a new run and its first task. With a key, a run with that key already there
 # makes the insert a no-op (and FIND_BY_KEY answers its id).
 # A new run's id is one past the largest ever given (schema v8: ids are never reused).
-INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created_at, updated_at)
+INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created_at, updated_at,
+        traceparent)
     VALUES (max(coalesce((SELECT max(id) FROM runs), 0), (SELECT high FROM run_ids)) + 1,
-            :state, :name, :queue, :priority, :key, :now, :now)
+            :state, :name, :queue, :priority, :key, :now, :now, :traceparent)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 # (a task with limits names its gates, its line and its reservation: ``store/limits.py``; the
@@ -86,10 +87,11 @@ CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
 
 # claim: hand the run's state and its queue to the handler, and the claimed task's declared
 # options (B11; NULL: none)
-# and the signal that resumed it, if it waited for one, the run's parent and its join task (B14)
+# and the signal that resumed it, if it waited for one, the run's parent and its join task (B14),
+# and its trace context (tracing)
 RUN_STATE = """SELECT state, revision, queue,
     (SELECT options FROM task_options WHERE name = :name),
-    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task
+    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task, traceparent
     FROM runs WHERE id = :run_id"""
 
 # claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.

@@ -27,14 +27,12 @@ def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     statement's own, then the claim's "now", the run's state, its queue and the task's
     declared options."""
     execute, now = tx.conn.execute, params["now"]
-    return [
-        (
-            *row,
-            now,
-            *execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}).fetchone(),
-        )
-        for row in sorted(execute(statement, params).fetchall())
-    ]
+    rows = []
+    for row in sorted(execute(statement, params).fetchall()):
+        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]})
+        *run, traceparent = state.fetchone()
+        rows.append((*row, now, *run, None, None, None, None, traceparent))  # no gates
+    return rows
 
 
 def claim(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -94,7 +92,8 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     now = params["now"]
     for run in params["runs"]:
         new = {"state": run.state, "name": run.task, "queue": run.queue,
-               "priority": run.priority, "key": run.key, "now": now}  # fmt: skip
+               "priority": run.priority, "key": run.key, "now": now,
+               "traceparent": run.traceparent}  # fmt: skip
         row = tx.conn.execute(q.INSERT_RUN, new).fetchone()
         if row is None:
             rows.append((0, False))
@@ -132,10 +131,10 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
     rows = []
     for row in sorted(found.fetchall()):
-        state = execute(
+        *state, traceparent = execute(
             q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}
         ).fetchone()
-        rows.append((*row[:8], now, *state, *row[8:]))
+        rows.append((*row[:8], now, *state, *row[8:12], traceparent, *row[12:]))
     return rows
 
 
