@@ -47,6 +47,19 @@ def test_enqueue_with_a_key_a_queue_and_a_priority(db: str) -> None:
     assert json.loads(invoke("runs", "--db", db, "--queue", "other", "--json").stdout) == []
 
 
+TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_enqueue_continues_the_trace_it_is_given(db: str) -> None:
+    assert invoke("enqueue", "a", "--db", db, "--traceparent", TRACE).exit_code == 0
+    from_env = CliRunner().invoke(cli, ["enqueue", "b", "--db", db], env={"TRACEPARENT": TRACE})
+    assert from_env.exit_code == 0, from_env.output
+    assert invoke("enqueue", "c", "--db", db).exit_code == 0
+    with open_store(db) as store:
+        leases = {x.task: x for x in store.claim("w", 30.0, limit=3)}
+    assert [leases[t].traceparent for t in "abc"] == [TRACE, TRACE, None]
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
@@ -54,6 +67,7 @@ def test_enqueue_with_a_key_a_queue_and_a_priority(db: str) -> None:
         (["--priority", "high"], "--priority: 'high' is not a whole number"),
         (["--queue", "two words"], "queue must be 1-64 characters"),
         (["--key", "k" * 300], "key must be a string of 1 to 255 characters"),
+        (["--traceparent", "00-abc"], "traceparent must be a W3C traceparent"),
     ],
 )
 def test_enqueue_refuses_bad_run_options(db: str, args: list[str], words: str) -> None:

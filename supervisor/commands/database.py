@@ -62,6 +62,14 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
     help="the workerproc.App that runs TASK: a name it lacks is refused, and TASK's declared "
     "queue and priority apply",
 )
+@option(
+    "--traceparent",
+    envvar="TRACEPARENT",
+    default=None,
+    metavar="TRACEPARENT",
+    help="the W3C trace context the run's steps continue (with the otel extra): "
+    "00-<trace id>-<span id>-<flags>, as a traced script or a CI job passes it in TRACEPARENT",
+)
 def enqueue(
     task: str,
     db: str,
@@ -72,6 +80,7 @@ def enqueue(
     queue: str | None,
     priority: int | None,
     app_spec: str | None,
+    traceparent: str | None,
 ) -> None:
     """Start a run whose first task is TASK; print its id."""
     if RETIRED_QUEUE in os.environ:  # renamed: beside start's SUPERVISOR_QUEUES it misled
@@ -93,6 +102,7 @@ def enqueue(
         run_id = store_actions.enqueue(
             store, task, data, state, delay, key=key,
             queue="default" if queue is None else queue, priority=priority or 0,
+            traceparent=traceparent,
         )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here

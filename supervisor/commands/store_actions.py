@@ -28,7 +28,7 @@ from workerproc.store import (
     open_store,
     resolve,
 )
-from workerproc.store.codec import MAX_STATE, check_run_options
+from workerproc.store.codec import MAX_STATE, check_run_options, check_traceparent
 from workerproc.store.types import JSON, AttemptEnd, TaskInfo, WorkerInfo
 
 from ..errors import ConfigError, SupervisorError
@@ -106,12 +106,15 @@ def enqueue(
     key: str | None = None,
     queue: str = "default",
     priority: int = 0,
+    traceparent: str | None = None,
 ) -> int:
     try:
         check_run_options(queue, priority, key)
+        traceparent = None if traceparent is None else check_traceparent(traceparent)
     except InvalidPayload as exc:
         raise ConfigError(str(exc)) from None
-    return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority)
+    return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority,
+                           traceparent=traceparent)  # fmt: skip
 
 
 # Attempts that reached a handler and ended without a commit (an exhausted claim never ran one)
