@@ -9,6 +9,7 @@ import pytest
 from helpers import FakeClock
 from store_backends import BACKENDS, Backend
 from sv_harness import Supervisor
+from web_process import web_procs  # noqa: F401 - a fixture, for the dashboard tests
 
 from workerproc.store import Store, open_store
 

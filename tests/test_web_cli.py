@@ -8,7 +8,6 @@ import socket
 import sqlite3
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -28,14 +27,6 @@ def db(tmp_path: Path) -> str:
     store.start_run("t")
     store.close()
     return path
-
-
-@pytest.fixture
-def procs() -> Iterator[list[WebProcess]]:
-    started: list[WebProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
 
 
 def run_web(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -99,10 +90,10 @@ def test_a_taken_port_is_one_line(db: str) -> None:
 
 
 def test_serves_on_loopback_and_stops_on_term(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
     web = WebProcess(tmp_path, "--db", db, env={"SUPERVISOR_WEB_PORT": "0"})
-    procs.append(web)
+    web_procs.append(web)
     assert web.url().startswith("http://127.0.0.1:")
     status, html = web.get("/runs")
     assert status == 200 and 'href="/runs/1"' in html
@@ -112,11 +103,11 @@ def test_serves_on_loopback_and_stops_on_term(
 
 
 def test_the_token_from_the_environment_guards_every_request(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
     env = {"SUPERVISOR_WEB_TOKEN": "s3cret-token-0123456", "SUPERVISOR_WEB_READ_ONLY": "1"}
     web = WebProcess(tmp_path, "--db", db, "--port", "0", env=env)
-    procs.append(web)
+    web_procs.append(web)
     web.url()
     assert "read-only, token required" in web.out.read_text()
     assert web.get("/")[0] == 401
@@ -142,7 +133,7 @@ def test_a_token_file_that_holds_no_usable_token_is_one_line(
 
 @pytest.mark.parametrize("how", ["file", "file-from-env", "env"])
 def test_the_token_and_the_url_can_stay_out_of_ps(
-    db: str, tmp_path: Path, procs: list[WebProcess], how: str
+    db: str, tmp_path: Path, web_procs: list[WebProcess], how: str
 ) -> None:
     """``ps`` shows every process's arguments to every user: the token and the database URL
     come from a file or the environment instead (which only the process's user can read)."""
@@ -159,7 +150,7 @@ def test_the_token_and_the_url_can_stay_out_of_ps(
     else:
         env["SUPERVISOR_WEB_TOKEN"] = token
     web = WebProcess(tmp_path, *args, env=env)
-    procs.append(web)
+    web_procs.append(web)
     web.url()
     cmdline = " ".join(psutil.Process(web.proc.pid).cmdline())
     assert token not in cmdline and db not in cmdline
@@ -169,13 +160,13 @@ def test_the_token_and_the_url_can_stay_out_of_ps(
 
 
 def test_starts_and_serves_while_another_process_holds_the_write_lock(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
     holder = sqlite3.connect(db, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")
     try:
         web = WebProcess(tmp_path, "--db", db, "--port", "0")
-        procs.append(web)
+        web_procs.append(web)
         for path in ("/", "/runs", "/runs/1", "/leases"):
             assert web.get(path)[0] == 200, path
     finally:

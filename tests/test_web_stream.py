@@ -7,7 +7,6 @@ ends cleanly, uvicorn never waits out its graceful timeout); the token guards th
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pg_session
@@ -35,17 +34,9 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return url
 
 
-@pytest.fixture
-def procs() -> Iterator[list[WebProcess]]:
-    started: list[WebProcess] = []
-    yield started
-    for proc in started:
-        proc.kill()
-
-
-def serve(tmp_path: Path, procs: list[WebProcess], db: str, *args: str) -> WebProcess:
+def serve(tmp_path: Path, web_procs: list[WebProcess], db: str, *args: str) -> WebProcess:
     web = WebProcess(tmp_path, "--db", db, "--port", "0", *args)
-    procs.append(web)
+    web_procs.append(web)
     web.url()
     return web
 
@@ -57,9 +48,9 @@ def test_the_newest_event_id(s: Store) -> None:
 
 
 def test_events_arrive_in_order_and_a_reconnect_resumes(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
-    web = serve(tmp_path, procs, db)
+    web = serve(tmp_path, web_procs, db)
     with open_store(db) as store:
         stream = EventStreamClient(web.url())
         assert stream.status == 200
@@ -96,8 +87,10 @@ def test_events_arrive_in_order_and_a_reconnect_resumes(
     assert "Traceback" not in web.stderr()
 
 
-def test_streams_beyond_the_cap_get_503(db: str, tmp_path: Path, procs: list[WebProcess]) -> None:
-    web = serve(tmp_path, procs, db, "--max-streams", "2")
+def test_streams_beyond_the_cap_get_503(
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
+) -> None:
+    web = serve(tmp_path, web_procs, db, "--max-streams", "2")
     held = [EventStreamClient(web.url()) for _ in range(2)]
     assert [s.status for s in held] == [200, 200] and all(s.message() for s in held)
     over = EventStreamClient(web.url())
@@ -121,11 +114,11 @@ def test_streams_beyond_the_cap_get_503(db: str, tmp_path: Path, procs: list[Web
 
 
 def test_one_client_holds_at_most_half_its_connections_in_streams(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
     """The connection guard never closes a busy connection: were a client's streams allowed to
     fill its PER_CLIENT connections, its next page could find no room."""
-    web = serve(tmp_path, procs, db)
+    web = serve(tmp_path, web_procs, db)
     held = [EventStreamClient(web.url()) for _ in range(PER_CLIENT_STREAMS)]
     assert {s.status for s in held} == {200}
     over = EventStreamClient(web.url())
@@ -138,9 +131,9 @@ def test_one_client_holds_at_most_half_its_connections_in_streams(
 
 @pytest.mark.slow
 def test_a_quiet_stream_sends_a_keep_alive_comment(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
-    web = serve(tmp_path, procs, db)
+    web = serve(tmp_path, web_procs, db)
     stream = EventStreamClient(web.url(), timeout=KEEPALIVE * 4)
     assert "id" in stream.message()
     started = time.monotonic()
@@ -150,17 +143,17 @@ def test_a_quiet_stream_sends_a_keep_alive_comment(
 
 
 def test_no_stream_at_all_with_max_streams_0(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
-    web = serve(tmp_path, procs, db, "--max-streams", "0")
+    web = serve(tmp_path, web_procs, db, "--max-streams", "0")
     assert web.get("/events/stream")[0] == 503
     assert web.stop() == 0
 
 
 def test_term_with_a_stream_open_stops_at_once(
-    db: str, tmp_path: Path, procs: list[WebProcess]
+    db: str, tmp_path: Path, web_procs: list[WebProcess]
 ) -> None:
-    web = serve(tmp_path, procs, db)
+    web = serve(tmp_path, web_procs, db)
     stream = EventStreamClient(web.url(), "/events/stream?after=0")
     assert stream.event()["task"] == "before"
     started = time.monotonic()
@@ -176,16 +169,16 @@ def test_term_with_a_stream_open_stops_at_once(
 
 @pytest.mark.parametrize("query", ["after=-1", "after=x", "run=1e3", "after=99999999999999999999"])
 def test_bad_positions_are_400(
-    db: str, tmp_path: Path, procs: list[WebProcess], query: str
+    db: str, tmp_path: Path, web_procs: list[WebProcess], query: str
 ) -> None:
-    web = serve(tmp_path, procs, db)
+    web = serve(tmp_path, web_procs, db)
     assert web.get(f"/events/stream?{query}")[0] == 400
     assert web.get("/events/stream", {"Last-Event-ID": "nope"})[0] == 400
 
 
-def test_the_token_guards_the_stream(db: str, tmp_path: Path, procs: list[WebProcess]) -> None:
+def test_the_token_guards_the_stream(db: str, tmp_path: Path, web_procs: list[WebProcess]) -> None:
     web = WebProcess(tmp_path, "--db", db, "--port", "0", env={"SUPERVISOR_WEB_TOKEN": TOKEN})
-    procs.append(web)
+    web_procs.append(web)
     assert web.get("/events/stream")[0] == 401
     stream = EventStreamClient(web.url(), headers={"Authorization": f"Bearer {TOKEN}"})
     assert stream.status == 200 and stream.message()

@@ -11,8 +11,10 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from helpers import wait_for
 from sv_harness import env_with_tests
 
@@ -62,3 +64,12 @@ class WebProcess:
 
     def stderr(self) -> str:
         return self.err.read_text()
+
+
+@pytest.fixture
+def web_procs() -> Iterator[list[WebProcess]]:
+    """Dashboards a test starts (``web_procs.append(WebProcess(...))``), killed after it."""
+    started: list[WebProcess] = []
+    yield started
+    for proc in started:
+        proc.kill()
