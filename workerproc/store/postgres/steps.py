@@ -21,6 +21,7 @@ from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
 from . import waits_sql as w
+from . import webhooks_sql as wh
 
 if TYPE_CHECKING:
     from .dialect import PostgresTx
@@ -156,4 +157,4 @@ STEPS: dict[str, Step] = {
     "FIND_BY_KEYS": find_by_keys,
     "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r, c, sc, e, w], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc, e, w, wh], STEPS)

@@ -17,6 +17,7 @@ from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
 from . import waits_sql as w
+from . import webhooks_sql as wh
 
 if TYPE_CHECKING:
     from .dialect import SQLiteTx
@@ -268,4 +269,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, c, sc, e, w], STEPS)
+CATALOGUE = catalogue([q, r, c, sc, e, w, wh], STEPS)

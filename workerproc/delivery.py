@@ -1,0 +1,169 @@
+"""Webhook delivery (issue 26, item 4; docs/protocol.md B20): the handler of the built-in task
+``DELIVERY_TASK``, which every worker serves.
+
+Each webhook has one delivery run. Its task, claimed under a lease like any other, reads the
+events after the run's ``cursor`` (in commit order), POSTs each one its webhook wants, signed
+(``workerproc.webhooks``), one at a time, and ends with one fenced commit of the new state:
+
+- all delivered and nothing more to read: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding
+  no lease and no slot) until the waker (``courier``) signals it, or ``PARK`` seconds pass;
+- more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
+- a delivery failed: the same event is tried again after a backoff that doubles from the
+  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter); after ``max_failures`` failures
+  in a row the event is a dead letter (kept in the state, the newest ``MAX_DEAD``) and the
+  cursor moves past it.
+
+The cursor moves only by that commit, so a delivery whose lease was taken over (a zombie) moves
+nothing and its successor starts again from the last committed cursor: every event is delivered
+at least once, in event order, so in order per run; a receiver deduplicates by the
+``Leasekeeper-Event`` header. Events of the delivery runs themselves are never delivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import __version__
+from .context import TaskContext
+from .logs import event as told
+from .store import WorkerStore
+from .store.types import Event
+from .store.webhooks import DELIVERY_TASK, MAX_DEAD, WAKE_SIGNAL, WEBHOOK_QUEUE, Webhook
+from .webhooks import HEADER, signature_header
+
+log = logging.getLogger("workerproc.delivery")
+
+BATCH = 100  # events read per look
+BUDGET = 20.0  # seconds one execution delivers at most before it commits its progress
+PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
+MAX_ERROR = 300  # characters of a failure kept in the state
+_encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+def serves_webhooks(queues: Sequence[str] | None) -> bool:
+    """Whether a worker claiming from ``queues`` (None: all) delivers webhooks."""
+    return queues is None or WEBHOOK_QUEUE in queues
+
+
+def body_of(event: Event, webhook: str) -> bytes:
+    """What a delivery POSTs: the event as JSON, with the webhook's name."""
+    return _encode({
+        "id": event.id, "at": event.at, "run_id": event.run_id, "kind": event.kind,
+        "task": event.task, "attempt": event.attempt, "data": event.data, "webhook": webhook,
+    }).encode()  # fmt: skip
+
+
+def backoff(retry_failures: int, first: float, longest: float) -> float:
+    """The delay before the next try after ``retry_failures`` failures in a row."""
+    base = min(longest, first * 2.0 ** max(0, retry_failures - 1))
+    return float(min(longest, base * random.uniform(0.75, 1.25)))
+
+
+class Deliverer:
+    """The delivery task's handler: ``Deliverer(open_store)``; each execution opens its own
+    store (on the thread it runs on) and closes it when it ends."""
+
+    def __init__(
+        self, open_store: Callable[[], WorkerStore], *, client: Callable[..., Any] | None = None
+    ) -> None:
+        self._open_store = open_store
+        self._client = client  # an httpx2.Client maker (tests hand in a transport)
+
+    def __call__(self, ctx: TaskContext) -> None:
+        store = self._open_store()
+        try:
+            self.deliver(ctx, store)
+        finally:
+            store.close()
+
+    def _new_client(self, timeout: float) -> Any:
+        if self._client is not None:
+            return self._client(timeout=timeout)
+        try:
+            import httpx2  # noqa: PLC0415 (the webhooks extra: only when one is delivered)
+        except ImportError:  # told on the run, and tried again after the backoff
+            raise RuntimeError(
+                "webhook delivery needs httpx2: pip install 'leasekeeper[webhooks]'"
+            ) from None
+        return httpx2.Client(timeout=timeout, follow_redirects=False)
+
+    def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
+        payload = ctx.payload
+        name = payload.get("webhook") if isinstance(payload, dict) else None
+        state: dict[str, Any] = dict(ctx.state) if isinstance(ctx.state, dict) else {}
+        hook = store.webhook(name) if isinstance(name, str) else None
+        if hook is None or hook.run_id != ctx.run_id:  # removed (its run is cancelled too)
+            ctx.finish({**state, "removed": True})
+            return
+        own = {h.run_id for h in store.webhook_list()}
+        cursor = int(state.get("cursor", 0))
+        failures = int(state.get("failures", 0))
+        more = failed = False
+        deadline = time.monotonic() + BUDGET
+        with self._new_client(hook.retry.timeout) as client:
+            while not failed and time.monotonic() < deadline:
+                batch = store.events(after=cursor, limit=BATCH)
+                for event in batch:
+                    ours = event.task == DELIVERY_TASK or event.run_id in own
+                    if ours or not hook.wants(event.kind):
+                        cursor = event.id
+                        continue
+                    ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
+                    error = self._post(client, hook, event)
+                    if error is None:
+                        cursor, failures = event.id, 0
+                        state["delivered"] = int(state.get("delivered", 0)) + 1
+                        state["last_delivery_at"] = time.time()
+                        continue
+                    failures += 1
+                    state["last_error"] = f"event {event.id}: {error}"
+                    if failures < hook.retry.max_failures:
+                        failed = True
+                        break
+                    self._dead(state, hook, event, error)
+                    cursor, failures = event.id, 0
+                    if time.monotonic() >= deadline:
+                        break
+                more = len(batch) == BATCH or time.monotonic() >= deadline
+                if not more:
+                    break
+        state.update(cursor=cursor, failures=failures)
+        if failed or more:
+            delay = backoff(failures, hook.retry.backoff, hook.retry.backoff_max) if failed else 0
+            ctx.advance(state, DELIVERY_TASK, payload, delay, queue=WEBHOOK_QUEUE)
+        else:
+            ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
+
+    def _post(self, client: Any, hook: Webhook, event: Event) -> str | None:
+        """POST one event; None when the receiver took it (2xx), else what went wrong."""
+        body = body_of(event, hook.name)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"leasekeeper/{__version__}",
+            HEADER: signature_header(hook.secret, body),
+            "Leasekeeper-Event": str(event.id),
+            "Leasekeeper-Webhook": hook.name,
+        }
+        try:
+            reply = client.post(hook.url, content=body, headers=headers)
+        except Exception as exc:  # the network's: connection refused, timeout, reset ...
+            return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        if 200 <= reply.status_code < 300:
+            return None
+        return f"HTTP {reply.status_code}"
+
+    @staticmethod
+    def _dead(state: dict[str, Any], hook: Webhook, event: Event, error: str) -> None:
+        dead = list(state.get("dead", ()))[-(MAX_DEAD - 1) :]
+        dead.append({"event": event.id, "run_id": event.run_id, "kind": event.kind,
+                     "error": error, "at": time.time()})  # fmt: skip
+        state["dead"] = dead
+        state["dead_total"] = int(state.get("dead_total", 0)) + 1
+        told(log, "webhook_dead_letter", f"webhook {hook.name!r} gave up on event {event.id} "
+             f"({event.kind}) after {hook.retry.max_failures} failures: {error}",
+             level=logging.WARNING, webhook=hook.name, event_id=event.id)  # fmt: skip
