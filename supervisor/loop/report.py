@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from workerproc.store import StoreError, redact
+from workerproc.store.webhooks import WEBHOOK_QUEUE
 
 from ..logs import drain_progress, event
 from .arbiter import Arbiter
@@ -20,7 +21,8 @@ WARN = logging.WARNING
 
 def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
-    delayed or leased."""
+    delayed or leased. The webhooks' delivery runs never end (B20): their queue is not
+    waited for."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
@@ -31,14 +33,19 @@ def stop_when_drained(arb: Arbiter) -> None:
             # One index lookup per queue says whether any work is left (a run's ready_at is
             # NULL only when it is over or has no pending task); the full counts, a scan of
             # every run, only for the progress line and the final message.
-            left = store.next_ready_at(served) is not None
+            if served is not None:
+                served = tuple(q for q in served if q != WEBHOOK_QUEUE)
+            left = served != () and store.next_ready_at(served) is not None
+            if left and served is None and store.webhooks():
+                left = False  # that may be only the deliveries: the counts below tell
             if left and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
         return
-    mine = [c for q, c in stats.queues.items() if served is None or q in served]
+    mine = [c for q, c in stats.queues.items()
+            if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
     runs: Counter[str] = Counter()
     for c in mine:
         runs.update(c.runs)
