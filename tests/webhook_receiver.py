@@ -30,6 +30,7 @@ class Receiver:
         self._random = random.Random(seed)
         self.lock = threading.Lock()
         self.deliveries: list[Delivery] = []
+        self.unreadable = 0  # requests whose body was not JSON (refused with 400)
         self.port = 0
         self._server: ThreadingHTTPServer | None = None
         self.up()
@@ -45,6 +46,14 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 try:
+                    event = json.loads(body)
+                except ValueError:  # cut short (the receiver going down under it): refused
+                    with receiver.lock:
+                        receiver.unreadable += 1
+                    self.send_response(400)
+                    self.end_headers()
+                    return
+                try:
                     verify(receiver.secret, self.headers.get(HEADER), body)
                     signed = True
                 except SignatureError:
@@ -52,7 +61,7 @@ class Receiver:
                 with receiver.lock:
                     fail = receiver._random.random() < receiver.fail_share
                     header = self.headers.get("Leasekeeper-Event")
-                    receiver.deliveries.append(Delivery(json.loads(body), not fail, signed, header))
+                    receiver.deliveries.append(Delivery(event, not fail, signed, header))
                 self.send_response(503 if fail else 204)
                 self.end_headers()
 

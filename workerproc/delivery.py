@@ -9,9 +9,10 @@ events after the run's ``cursor`` (in commit order), POSTs each one its webhook 
   no lease and no slot) until the waker (``courier``) signals it, or ``PARK`` seconds pass;
 - more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
-  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter); after ``max_failures`` failures
-  in a row the event is a dead letter (kept in the state, the newest ``MAX_DEAD``) and the
-  cursor moves past it.
+  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
+  under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
+  after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
+  newest ``MAX_DEAD``) and the cursor moves past it.
 
 The cursor moves only by that commit, so a delivery whose lease was taken over (a zombie) moves
 nothing and its successor starts again from the last committed cursor: every event is delivered
@@ -24,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,10 +39,27 @@ from .store.webhooks import DELIVERY_TASK, MAX_DEAD, WAKE_SIGNAL, WEBHOOK_QUEUE,
 from .webhooks import HEADER, signature_header
 
 log = logging.getLogger("workerproc.delivery")
+_delivering = threading.local()  # set on a thread while it delivers
+
+
+class _QuietWhileDelivering(logging.Filter):
+    """httpx2 logs every request at INFO: a line per delivered event is noise in a worker's
+    log (the delivery record is in ``supervisor webhooks``). A handler's own requests on other
+    threads, or outside a delivery, are logged as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not getattr(_delivering, "on", False)
+
+
+for _name in ("httpx2", "httpcore2"):
+    logging.getLogger(_name).addFilter(_QuietWhileDelivering())
 
 BATCH = 100  # events read per look
-BUDGET = 20.0  # seconds one execution delivers at most before it commits its progress
+# seconds one execution delivers at most before it commits its progress: what a crash or a
+# takeover redelivers at most, and how long a graceful stop waits for it (plus one POST)
+BUDGET = 1.0
 PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
+INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 MAX_ERROR = 300  # characters of a failure kept in the state
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
@@ -76,9 +95,11 @@ class Deliverer:
 
     def __call__(self, ctx: TaskContext) -> None:
         store = self._open_store()
+        _delivering.on = True
         try:
             self.deliver(ctx, store)
         finally:
+            _delivering.on = False
             store.close()
 
     def _new_client(self, timeout: float) -> Any:
@@ -101,43 +122,57 @@ class Deliverer:
             ctx.finish({**state, "removed": True})
             return
         own = {h.run_id for h in store.webhook_list()}
-        cursor = int(state.get("cursor", 0))
-        failures = int(state.get("failures", 0))
-        more = failed = False
+        state.setdefault("cursor", 0)
+        state.setdefault("failures", 0)
         deadline = time.monotonic() + BUDGET
+        retry_in: float | None = None  # a failure to try again after this long (a new task)
+        full = False
         with self._new_client(hook.retry.timeout) as client:
-            while not failed and time.monotonic() < deadline:
-                batch = store.events(after=cursor, limit=BATCH)
+            while retry_in is None and time.monotonic() < deadline:
+                batch = store.events(after=int(state["cursor"]), limit=BATCH)
                 for event in batch:
                     ours = event.task == DELIVERY_TASK or event.run_id in own
-                    if ours or not hook.wants(event.kind):
-                        cursor = event.id
-                        continue
-                    ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
-                    error = self._post(client, hook, event)
-                    if error is None:
-                        cursor, failures = event.id, 0
-                        state["delivered"] = int(state.get("delivered", 0)) + 1
-                        state["last_delivery_at"] = time.time()
-                        continue
-                    failures += 1
-                    state["last_error"] = f"event {event.id}: {error}"
-                    if failures < hook.retry.max_failures:
-                        failed = True
-                        break
-                    self._dead(state, hook, event, error)
-                    cursor, failures = event.id, 0
+                    if not ours and hook.wants(event.kind):
+                        retry_in = self._one(ctx, client, hook, event, state, deadline)
+                        if retry_in is not None:
+                            break
+                    state["cursor"] = event.id
                     if time.monotonic() >= deadline:
                         break
-                more = len(batch) == BATCH or time.monotonic() >= deadline
-                if not more:
+                full = len(batch) == BATCH
+                if not full:
                     break
-        state.update(cursor=cursor, failures=failures)
-        if failed or more:
-            delay = backoff(failures, hook.retry.backoff, hook.retry.backoff_max) if failed else 0
-            ctx.advance(state, DELIVERY_TASK, payload, delay, queue=WEBHOOK_QUEUE)
+        if retry_in is not None or full or time.monotonic() >= deadline:
+            ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
+
+    def _one(
+        self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
+        deadline: float,
+    ) -> float | None:  # fmt: skip
+        """Deliver ``event``, trying again in place while the backoff is short; None when it is
+        dealt with (delivered, or given up on: a dead letter), else the delay before the next
+        try (the delivery then ends, its state committed, and a new task tries again)."""
+        retry = hook.retry
+        while True:
+            ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
+            error = self._post(client, hook, event)
+            if error is None:
+                state["failures"] = 0
+                state["delivered"] = int(state.get("delivered", 0)) + 1
+                state["last_delivery_at"] = time.time()
+                return None
+            state["failures"] = failures = int(state["failures"]) + 1
+            state["last_error"] = f"event {event.id}: {error}"
+            if failures >= retry.max_failures:
+                self._dead(state, hook, event, error)
+                state["failures"] = 0
+                return None
+            delay = backoff(failures, retry.backoff, retry.backoff_max)
+            if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:
+                return delay
+            time.sleep(delay)
 
     def _post(self, client: Any, hook: Webhook, event: Event) -> str | None:
         """POST one event; None when the receiver took it (2xx), else what went wrong."""
