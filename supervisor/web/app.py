@@ -61,6 +61,7 @@ def create_app(config: WebConfig, store: Operator, streams: Streams | None = Non
         Route("/runs/{run_id:int}", pages.run),
         Route("/leases", pages.leases),
         Route("/limits", pages.limits),
+        Route("/webhooks", pages.webhooks),
         Route("/chaos", pages.chaos),
         Route("/events/stream", streams.endpoint),
         Mount("/static", StaticFiles(packages=[("supervisor.web", "static")]), name="static"),
