@@ -125,7 +125,7 @@ def add(
         raise ConfigError("--backoff must not exceed --backoff-max")
     retry = RetryNumbers(max_failures, backoff, backoff_max, timeout)
     chosen = [k for k in kinds.split(",") if k.strip()] if kinds is not None else None
-    with store_actions.store_for(_db(db, ctx)) as store:
+    with store_actions.store_for(_db(db, ctx), create=True) as store:
         hook = store.add_webhook(name, url, secret=secret, kinds=chosen, after=after, retry=retry)
     what = ",".join(hook.kinds) if hook.kinds else "every kind"
     click.echo(f"webhook {name}: {what} to {url} (delivery run {hook.run_id})")
