@@ -13,12 +13,11 @@ seconds; every wait is bounded, and a failing database is told once per incident
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
+from .background import StoreThread
 from .logs import event as told
 from .outage import Outage
-from .signals import main_thread_only
 from .store import StoreError, WorkerStore
 from .store.protocol.webhooks import PARKED
 from .store.webhooks import DELIVERY_TASK, Webhook
@@ -31,42 +30,23 @@ RETRY = 1.0  # after a failed look
 LOOK = 1000  # events read per look at most
 
 
-class Courier:
+class Courier(StoreThread):
+    name = "courier"
+    what = "the webhooks' waker (parked deliveries look again after their timeout)"
+
     def __init__(self, open_store: Callable[[], WorkerStore], outage: Outage) -> None:
-        self._open_store = open_store
-        self._outage = outage
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="webhooks", daemon=True)
+        super().__init__(open_store, outage)
         self._seen: dict[str, int] = {}  # webhook -> the last event id looked at for it
         self.woken = 0  # signals this waker sent
         self._broken = False
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _main(self) -> None:
-        main_thread_only()
-        store: WorkerStore | None = None
-        try:
-            while not self._stop.is_set():
-                if store is None:
-                    store = self._open_store()
-                token = store.change_token()
-                pause = self.step(store)
-                if pause is not None:
-                    store.wait_change(token, pause)
-                    continue
-                self._stop.wait(RETRY)
-        except BaseException as exc:  # webhooks wait for their timeout; the worker goes on
-            told(log, "courier_died", f"the webhooks' waker died: {exc!r}", level=logging.ERROR)
-        finally:
-            if store is not None:
-                store.close()
+    def turn(self, store: WorkerStore) -> None:
+        token = store.change_token()
+        pause = self.step(store)
+        if pause is None:
+            self._stop.wait(RETRY)
+        elif not self._stop.is_set():
+            store.wait_change(token, pause)
 
     def step(self, store: WorkerStore) -> float | None:
         """Signal every parked webhook that has an event it wants; the seconds to watch for a

@@ -16,7 +16,7 @@ from workerproc.store.webhooks import MAX_SECRET, RetryNumbers, WebhookInfo
 
 from ..errors import ConfigError, SupervisorError
 from . import render, store_actions
-from .clickutil import Number, db_opt, json_option, option
+from .clickutil import Number, db_opt, group_db, json_option, option
 from .events import EVENT_ID
 
 DEAD_SHOWN = 10  # dead letters listed per webhook (--json gives all that are kept)
@@ -45,13 +45,6 @@ def lines(infos: list[WebhookInfo], now: float) -> str:
     return "\n".join(out)
 
 
-def _db(db: str | None, ctx: click.Context) -> str:
-    given = db or (ctx.obj if isinstance(ctx.obj, str) else None)
-    if not given:
-        raise click.UsageError("Missing option '--db' (or SUPERVISOR_DB)", ctx)
-    return given
-
-
 @click.group(invoke_without_command=True)
 @db_opt(required=False)
 @json_option
@@ -63,7 +56,7 @@ def webhooks(ctx: click.Context, db: str | None, as_json: bool) -> None:
     ctx.obj = db
     if ctx.invoked_subcommand is not None:
         return
-    with store_actions.store_for(_db(db, ctx)) as store:
+    with store_actions.store_for(group_db(db, ctx)) as store:
         infos = store.webhooks()
         now = store.now()
     click.echo(render.to_json([i.as_json() for i in infos]) if as_json else lines(infos, now))
@@ -125,7 +118,7 @@ def add(
         raise ConfigError("--backoff must not exceed --backoff-max")
     retry = RetryNumbers(max_failures, backoff, backoff_max, timeout)
     chosen = [k for k in kinds.split(",") if k.strip()] if kinds is not None else None
-    with store_actions.store_for(_db(db, ctx), create=True) as store:
+    with store_actions.store_for(group_db(db, ctx), create=True) as store:
         hook = store.add_webhook(name, url, secret=secret, kinds=chosen, after=after, retry=retry)
     what = ",".join(hook.kinds) if hook.kinds else "every kind"
     click.echo(f"webhook {name}: {what} to {url} (delivery run {hook.run_id})")
@@ -139,7 +132,7 @@ def add(
 @click.pass_context
 def remove(ctx: click.Context, name: str, db: str | None) -> None:
     """Stop delivering to webhook NAME (its delivery run is cancelled)."""
-    with store_actions.store_for(_db(db, ctx)) as store:
+    with store_actions.store_for(group_db(db, ctx)) as store:
         if not store.remove_webhook(name):
             raise SupervisorError(f"no webhook {name!r} (see 'supervisor webhooks')")
     click.echo(f"webhook {name} removed")
