@@ -27,6 +27,7 @@ log = logging.getLogger("workerproc.worker")
 REFRESH = 5.0  # with no parked webhook: look at the list this often
 WATCH = 1.0  # with parked webhooks: the longest sleep between looks (a change wakes it sooner)
 RETRY = 1.0  # after a failed look
+GAP = 0.1  # the shortest time between looks: a busy pool's commits wake it at most this often
 LOOK = 1000  # events read per look at most
 
 
@@ -45,8 +46,8 @@ class Courier(StoreThread):
         pause = self.step(store)
         if pause is None:
             self._stop.wait(RETRY)
-        elif not self._stop.is_set():
-            store.wait_change(token, pause)
+        elif not self._stop.wait(GAP):
+            store.wait_change(token, pause - GAP)
 
     def step(self, store: WorkerStore) -> float | None:
         """Signal every parked webhook that has an event it wants; the seconds to watch for a

@@ -22,6 +22,7 @@ at least once, in event order, so in order per run; a receiver deduplicates by t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -33,7 +34,7 @@ from typing import Any
 from . import __version__
 from .context import TaskContext
 from .logs import event as told
-from .store import WorkerStore
+from .store import StoreError, WorkerStore
 from .store.types import Event
 from .store.webhooks import DELIVERY_TASK, MAX_DEAD, WAKE_SIGNAL, WEBHOOK_QUEUE, Webhook
 from .webhooks import HEADER, signature_header
@@ -84,27 +85,31 @@ def backoff(retry_failures: int, first: float, longest: float) -> float:
 
 
 class Deliverer:
-    """The delivery task's handler: ``Deliverer(open_store)``; each execution opens its own
-    store (on the thread it runs on) and closes it when it ends."""
+    """The delivery task's handler: ``Deliverer(open_store)``. Each thread that delivers opens
+    a store of its own (no connection crosses a thread) and keeps it for its next deliveries;
+    one that failed is closed and opened again next time."""
 
-    def __init__(
-        self, open_store: Callable[[], WorkerStore], *, client: Callable[..., Any] | None = None
-    ) -> None:
+    def __init__(self, open_store: Callable[[], WorkerStore]) -> None:
         self._open_store = open_store
-        self._client = client  # an httpx2.Client maker (tests hand in a transport)
+        self._stores = threading.local()
 
     def __call__(self, ctx: TaskContext) -> None:
-        store = self._open_store()
+        store: WorkerStore | None = getattr(self._stores, "store", None)
+        if store is None:
+            store = self._stores.store = self._open_store()
         _delivering.on = True
         try:
             self.deliver(ctx, store)
+        except StoreError:
+            self._stores.store = None
+            with contextlib.suppress(StoreError):
+                store.close()
+            raise
         finally:
             _delivering.on = False
-            store.close()
 
-    def _new_client(self, timeout: float) -> Any:
-        if self._client is not None:
-            return self._client(timeout=timeout)
+    @staticmethod
+    def _new_client(timeout: float) -> Any:
         try:
             import httpx2  # noqa: PLC0415 (the webhooks extra: only when one is delivered)
         except ImportError:  # told on the run, and tried again after the backoff
