@@ -53,7 +53,11 @@ def event_row(
 ) -> Params:
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
-    text = _encode({k: v for k, v in data.items() if v is not None})
+    if not data:  # the hot path's run.succeeded, step.committed: nothing to encode
+        text = "{}"
+    else:
+        text = _encode(data if None not in data.values() else
+                       {k: v for k, v in data.items() if v is not None})  # fmt: skip
     return {"run_id": run_id, "kind": kind, "task": task, "attempt": attempt, "data": text}
 
 
