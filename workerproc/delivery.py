@@ -5,8 +5,9 @@ Each webhook has one delivery run. Its task, claimed under a lease like any othe
 events after the run's ``cursor`` (in commit order), POSTs each one its webhook wants, signed
 (``workerproc.webhooks``), one at a time, and ends with one fenced commit of the new state:
 
-- all delivered and nothing more to read: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding
-  no lease and no slot) until the waker (``courier``) signals it, or ``PARK`` seconds pass;
+- all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
+  commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
+  waker (``courier``) signals it, or ``PARK`` seconds pass;
 - more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
   webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
@@ -61,6 +62,7 @@ BATCH = 100  # events read per look
 BUDGET = 1.0
 PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
+HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
 MAX_ERROR = 300  # characters of a failure kept in the state
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
@@ -134,7 +136,10 @@ class Deliverer:
         full = False
         with self._new_client(hook.retry.timeout) as client:
             while retry_in is None and time.monotonic() < deadline:
+                token = store.change_token()
                 batch = store.events(after=int(state["cursor"]), limit=BATCH)
+                if not batch and self._hold(store, token, deadline):
+                    continue  # something committed while it held on: look again
                 for event in batch:
                     ours = event.task == DELIVERY_TASK or event.run_id in own
                     if not ours and hook.wants(event.kind):
@@ -151,6 +156,13 @@ class Deliverer:
             ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
+
+    @staticmethod
+    def _hold(store: WorkerStore, token: int, deadline: float) -> bool:
+        """Caught up: hold on for ``HOLD`` seconds (within the budget) for the next commit,
+        which is cheaper than parking and being woken; whether one came."""
+        left = min(HOLD, deadline - time.monotonic())
+        return left > 0 and store.wait_change(token, left) != token
 
     def _one(
         self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
