@@ -283,3 +283,23 @@ def test_one_execution_reads_batch_after_batch_then_parks(s: Store, receiver: Re
     assert ctx.commit is not None and ctx.commit.kind == "wait"
     assert ctx.commit.new_state["cursor"] == s.last_event_id()  # type: ignore[index]
     assert body_of(s.events(limit=1)[0], "b").startswith(b'{"at":')
+
+
+def test_prune_keeps_the_events_a_webhook_has_not_delivered(s: Store, clock: FakeClock) -> None:
+    """A receiver down for a day must not lose the events it has not had to a prune."""
+    hook = s.add_webhook("slow", "https://example.test/", secret=SECRET, after=0)
+    s.start_runs([{"task": "noop"}] * 3)
+    clock.advance(7200.0)
+    s.prune(3600)
+    assert len(s.events(limit=100)) == 4, "the webhook's cursor (0) holds every event back"
+    (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
+    third = s.events(limit=100)[2].id
+    assert s.compare_and_set(lease, lease.revision, {"cursor": third}) is CasResult.OK
+    s.prune(3600)
+    assert [e.id for e in s.events(limit=100)][0] > third, "up to its cursor: those went"
+    s.remove_webhook("slow")
+    clock.advance(7200.0)
+    s.last_event_id()  # (PostgreSQL numbers the committed events when one is read, B18)
+    s.prune(3600)
+    assert len(s.events(limit=100)) == 1, "no webhook left: every event but the newest went"
+    assert hook.run_id > 0
