@@ -296,7 +296,7 @@ def test_prune_keeps_the_events_a_webhook_has_not_delivered(s: Store, clock: Fak
     third = s.events(limit=100)[2].id
     assert s.compare_and_set(lease, lease.revision, {"cursor": third}) is CasResult.OK
     s.prune(3600)
-    assert [e.id for e in s.events(limit=100)][0] > third, "up to its cursor: those went"
+    assert s.events(limit=1)[0].id > third, "up to its cursor: those went"
     s.remove_webhook("slow")
     clock.advance(7200.0)
     s.last_event_id()  # (PostgreSQL numbers the committed events when one is read, B18)

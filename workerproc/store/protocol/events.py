@@ -175,8 +175,8 @@ class Events:
 
 def prune_events(dialect: Dialect, older_than: float, batch: int, force: bool) -> int:
     """Delete events older than ``older_than`` seconds, never one a named consumer has not
-    acknowledged or a webhook has not delivered (unless ``force``) and never the newest (ids count on from it), ``batch``
-    per transaction; how many went."""
+    acknowledged or a webhook has not delivered (unless ``force``) and never the newest (ids
+    count on from it), ``batch`` per transaction; how many went."""
     params = {"age": float(older_than), "limit": int(batch), "force": bool(force)}
     total = 0
     while (n := dialect.write(lambda tx: tx.count("PRUNE_EVENTS", {**params, "now": tx.now}))) > 0:

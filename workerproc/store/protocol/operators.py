@@ -65,8 +65,8 @@ class Operators:
     def prune(self, older_than: float, *, batch: int = 1000, force: bool = False) -> int:
         """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
         (and refused-write records and events as old: never an event a named consumer has
-        not acknowledged or a webhook has not delivered, unless ``force``), ``batch`` runs per write transaction so no lock
-        is held long; returns how many runs went."""
+        not acknowledged or a webhook has not delivered, unless ``force``), ``batch`` runs
+        per write transaction so no lock is held long; returns how many runs went."""
         params = {"age": float(older_than), "limit": int(batch)}
 
         def runs(tx: Tx) -> int:
