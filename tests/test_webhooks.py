@@ -154,6 +154,18 @@ def test_events_are_delivered_signed_in_order_and_the_delivery_parks(
         assert info.cursor >= max(d.event["id"] for d in got)
         # the waker signals a parked delivery once: a second wake finds it woken
         assert store.wake_webhook(hook.run_id) and not store.wake_webhook(hook.run_id)
+    run_until(backend.url, lambda: parked(backend.url) and woken_once(backend.url, hook.run_id))
+    with backend.open() as store:  # woken, delivered nothing, parked again: woken anew
+        (spent,) = store.run_signals(hook.run_id)
+        assert store.wake_webhook(hook.run_id)
+        # that wake deleted the spent one: the run keeps no row per wake
+        assert [s.id for s in store.run_signals(hook.run_id)] not in ([], [spent.id])
+        assert len(store.run_signals(hook.run_id)) == 1
+
+
+def woken_once(url: str, run_id: int) -> bool:
+    with open_store(url) as store:
+        return [s.task_id is None for s in store.run_signals(run_id)] == [False]
 
 
 def parked(url: str) -> bool:

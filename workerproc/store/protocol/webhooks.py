@@ -151,6 +151,7 @@ class Webhooks:
             row = tx.one("WEBHOOK_PARKED", {"run_id": run_id})
             if row is None or row[0] != PARKED:
                 return False
+            tx.count("WEBHOOK_SIGNALS_DONE", {"run_id": run_id})  # the wakes before: spent
             send(tx, params)
             return True
 
