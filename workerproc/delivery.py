@@ -133,26 +133,25 @@ class Deliverer:
         state.setdefault("failures", 0)
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)
-        full = False
+        busy = False  # the last look found events to send: there may be more (a new task)
         with self._new_client(hook.retry.timeout) as client:
             while retry_in is None and time.monotonic() < deadline:
                 token = store.change_token()
                 batch = store.events(after=int(state["cursor"]), limit=BATCH)
-                if not batch and self._hold(store, token, deadline):
-                    continue  # something committed while it held on: look again
+                busy = False
                 for event in batch:
                     ours = event.task == DELIVERY_TASK or event.run_id in own
                     if not ours and hook.wants(event.kind):
+                        busy = True
                         retry_in = self._one(ctx, client, hook, event, state, deadline)
                         if retry_in is not None:
                             break
                     state["cursor"] = event.id
                     if time.monotonic() >= deadline:
                         break
-                full = len(batch) == BATCH
-                if not full:
-                    break
-        if retry_in is not None or full or time.monotonic() >= deadline:
+                if not busy and not self._hold(store, token, deadline):
+                    break  # caught up, and nothing came while it held on: park
+        if retry_in is not None or busy:
             ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)

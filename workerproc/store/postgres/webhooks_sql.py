@@ -36,8 +36,8 @@ WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fa
 # what a delivery run waits for now, its row locked (a second waker waits, then finds it woken)
 WEBHOOK_PARKED = """SELECT wait_for FROM runs WHERE id = %(run_id)s AND status = 'pending'
     FOR UPDATE"""
-# a parked delivery run's delivered wake signals (each resumed a task that is done): gone, so a
-# delivery run that lives for years keeps no row per wake
+# a parked delivery run's delivered wake signals (each resumed a task that is done) but the
+# newest: gone, so a delivery run that lives for years keeps no row per wake
 WEBHOOK_SIGNALS_DONE = """DELETE FROM signals WHERE run_id = %(run_id)s
-    AND task_id IS NOT NULL"""
+    AND task_id IS NOT NULL AND id < (SELECT max(id) FROM signals WHERE run_id = %(run_id)s)"""
 WEBHOOK_DROP = "DELETE FROM webhooks WHERE name = %(name)s RETURNING run_id"

@@ -33,7 +33,9 @@ WEBHOOK_ADD = """INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fai
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # what a delivery run waits for now (the write lock held: no second waker signals it too)
 WEBHOOK_PARKED = "SELECT wait_for FROM runs WHERE id = :run_id AND status = 'pending'"
-# a parked delivery run's delivered wake signals (each resumed a task that is done): gone, so a
-# delivery run that lives for years keeps no row per wake
-WEBHOOK_SIGNALS_DONE = "DELETE FROM signals WHERE run_id = :run_id AND task_id IS NOT NULL"
+# a parked delivery run's delivered wake signals (each resumed a task that is done) but the
+# newest: gone, so a delivery run that lives for years keeps no row per wake (the newest stays,
+# so no id is ever given again: a done task's signal_id keeps naming its own)
+WEBHOOK_SIGNALS_DONE = """DELETE FROM signals WHERE run_id = :run_id AND task_id IS NOT NULL
+    AND id < (SELECT max(id) FROM signals WHERE run_id = :run_id)"""
 WEBHOOK_DROP = "DELETE FROM webhooks WHERE name = :name RETURNING run_id"
