@@ -156,9 +156,7 @@ def test_events_are_delivered_signed_in_order_and_the_delivery_parks(
         assert store.wake_webhook(hook.run_id) and not store.wake_webhook(hook.run_id)
         steps = len(store.get_tasks(hook.run_id))
     for _ in range(2):  # woken, it delivers nothing and parks again: woken anew
-        run_until(
-            backend.url, lambda: parked(backend.url) and more_steps(backend.url, hook.run_id, steps)
-        )
+        run_until(backend.url, parked_again(backend.url, hook.run_id, steps))
         with backend.open() as store:
             steps = len(store.get_tasks(hook.run_id))
             assert store.wake_webhook(hook.run_id)
@@ -168,9 +166,14 @@ def test_events_are_delivered_signed_in_order_and_the_delivery_parks(
         assert len(kept) == 2 and kept[0].id > kept[1].id
 
 
-def more_steps(url: str, run_id: int, than: int) -> bool:
-    with open_store(url) as store:
-        return len(store.get_tasks(run_id)) > than
+def parked_again(url: str, run_id: int, steps: int) -> Callable[[], bool]:
+    """Parked, after a step more than ``steps``: it ran since it was woken."""
+
+    def done() -> bool:
+        with open_store(url) as store:
+            return len(store.get_tasks(run_id)) > steps and parked(url)
+
+    return done
 
 
 def parked(url: str) -> bool:
