@@ -18,6 +18,7 @@ from test_store_postgres import CountingDialect, counting_store
 
 from supervisor import exitcodes
 from workerproc.store.postgres import sql as postgres_sql
+from workerproc.store.types import ClaimRequest
 
 
 @pytest.fixture
@@ -173,6 +174,39 @@ def test_the_claim_walks_each_level_bounded_by_now(
         assert "Index Cond:" in lines[i + 1] and "head_at <= " in lines[i + 1], plan
         assert "Rows Removed by Filter" not in lines[i + 3], plan
     assert "Seq Scan on runs" not in plan, plan
+
+
+def test_the_claims_lease_probe_is_one_index_descent_however_the_leases_heap_grew(
+    pg: PostgresBackend,
+) -> None:
+    """Every claim inserts a lease row and every commit deletes one, so between two vacuums the
+    heap of ``leases`` grows with dead rows while the table's statistics still say "small".
+    Planned in our sessions (``enable_seqscan = off``), the claim's "no live lease" probe stays
+    a descent of its primary key; planned as a sequential scan it read the whole heap once per
+    run walked (7,400 pages for a claim of 32 while 20,000 runs drained)."""
+    from workerproc.store import Commit  # noqa: PLC0415
+
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 200)
+    leases = store.claim("w", 60, limit=8)
+    for _ in range(10):  # 80 runs finished: 80 dead lease rows, the table never vacuumed
+        out = store.commit_many([Commit(lease, "finish") for lease in leases],
+                                claim=ClaimRequest("w", 60.0, limit=8))  # fmt: skip
+        leases = list(out.leases)
+    dialect = store.dialect
+    sql = postgres_sql.claim_sql(None, 8)
+    params = {"owner": "w", "ttl": 60.0, "now": None}
+    with (
+        psycopg.connect(dialect.conninfo, **dialect.session()) as conn,
+        conn.transaction(force_rollback=True),
+    ):
+        rows = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
+    store.close()
+    plan = "\n".join(row[0] for row in rows)
+    assert "Seq Scan on leases" not in plan, plan
+    assert "Index Only Scan using leases_pkey on leases l" in plan or (
+        "Index Scan using leases_pkey on leases l" in plan
+    ), plan
 
 
 def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBackend) -> None:
