@@ -249,9 +249,10 @@ def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBack
 def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL's capability (``Tx.pipelined``): the finishes and releases of a batch over
-    different runs go out as one ``executemany`` per kind, never one statement each; a refused
-    one (a lease taken over) still answers lease_lost on its own, in its place."""
+    """PostgreSQL's capability (``Tx.pipelined``): the releases of a batch over different runs
+    go out as one ``executemany``, its finishes as one statement (``FINISH_MANY``), never one
+    statement each; a refused one (a lease taken over) still answers lease_lost on its own, in
+    its place."""
     from workerproc.store import Commit  # noqa: PLC0415
     from workerproc.store.postgres.dialect import PostgresTx  # noqa: PLC0415
 
@@ -272,9 +273,11 @@ def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_ow
     assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
     asked_why = ("INSERT INTO fence_rejections", "SELECT l.run_id")
     counted = "INSERT INTO run_totals"  # the finishes' end, counted once for the batch
-    assert all(any(s in sql for s in asked_why) or counted in sql for sql in one_by_one), (
+    finishes = "AS i(run_id, task_id, attempt, revision, state, result)"  # FINISH_MANY
+    assert all(any(s in sql for s in (*asked_why, counted, finishes)) for sql in one_by_one), (
         one_by_one  # only the refused finish was asked why, one statement at a time
     )
     assert sum(counted in sql for sql in one_by_one) == 1
+    assert sum(finishes in sql for sql in one_by_one) == 1  # all four finishes, one statement
     assert [r.op for r in store.fence_rejections()][-1] == "finish"
     store.close()

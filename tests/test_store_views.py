@@ -168,3 +168,37 @@ def test_finished_since_counts_runs_per_bucket_by_outcome(s: Store, clock: FakeC
     # a bounded read: only the newest runs count
     assert sum(b.succeeded for b in s.finished_since(start, 60, newest=2)) == 1
     assert s.finished_since(clock.now + 1, 60) == []
+
+
+class TestBatchedFinishes:
+    def test_each_finish_of_a_batch_is_judged_on_its_own_and_keeps_who_committed(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A batch of finishes (one statement on PostgreSQL: ``FINISH_MANY``): a stale revision
+        and a lost lease are refused where they are, the others are written, each with its
+        own state and result, and each done task names the attempt and owner that committed."""
+        for _ in range(4):
+            s.start_run("t", state={})
+        leases = s.claim("w1", TTL, limit=4)
+        assert len(leases) == 4
+        assert s.release(leases[3])  # then someone else holds it: this lease is a zombie's
+        assert s.claim("w2", TTL) is not None
+        clock.advance(1)
+        commits = [
+            Commit(lease, "finish", expected_revision=5 if i == 1 else 0, new_state={"i": i},
+                   result=i)
+            for i, lease in enumerate(leases)
+        ]  # fmt: skip
+        out = s.commit_many(commits)
+        assert [r.value for r in out.results] == ["ok", "conflict", "ok", "lease_lost"]
+        for i in (0, 2):
+            run = s.get_run(leases[i].run_id)
+            assert (run.status, run.state, run.result) == ("succeeded", {"i": i}, i)
+            assert run.revision == 1
+            (task,) = s.get_tasks(leases[i].run_id)
+            assert (task.done_owner, task.done_attempt) == ("w1", 1)
+        moved = s.get_run(leases[1].run_id)
+        assert (moved.status, moved.state, moved.revision) == ("running", {}, 0)
+        assert s.renew(leases[1], TTL)  # the conflict left its lease live
+        assert s.get_run(leases[3].run_id).status == "running"  # w2 holds it
+        assert [r.op for r in s.fence_rejections()] == ["finish"]

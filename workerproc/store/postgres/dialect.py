@@ -42,7 +42,7 @@ from .listen import END, WORK, Listener, _abandoned
 from .ops_sql import NOW, WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
-from .steps import CATALOGUE
+from .steps import CATALOGUE, many
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -158,6 +158,9 @@ class PostgresTx(Tx):
         statement = self.catalogue[name]
         if not isinstance(statement, str):
             return super().many(name, each)
+        batched = many(self, name, each)  # one statement for the batch, where there is one
+        if batched is not None:
+            return batched
         self.cur.executemany(statement, each, returning=True)
         counts = []
         for n in range(len(each)):

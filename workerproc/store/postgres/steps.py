@@ -8,6 +8,7 @@ enqueue). Steps read their statements at each call."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -143,6 +144,33 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
         return []
     tx.execute(w.JOIN_DUE, {"run_id": rows[0][0], "now": params["now"]})
     return [(rows[0][0],)]
+
+
+def many(tx: PostgresTx, name: str, each: Sequence[Params]) -> list[int] | None:
+    """A batch of ``name`` as one statement, where there is one (``batch_sql``): finishes of
+    distinct runs of one owner go as ``FINISH_MANY``, each answered 1 (written) or 0 (refused:
+    the protocol asks why). None: send them one by one (pipelined)."""
+    if name != "FINISH" or len(each) < 2:
+        return None
+    first = each[0]
+    runs = [p["run_id"] for p in each]
+    if len(set(runs)) < len(runs) or any(
+        p["owner"] != first["owner"] or p["now"] != first["now"] for p in each
+    ):
+        return None
+    arrays = {
+        "run_ids": sorted(runs),
+        "runs": runs,
+        "task_ids": [p["task_id"] for p in each],
+        "attempts": [p["attempt"] for p in each],
+        "revisions": [p["revision"] for p in each],
+        "states": [p["state"] for p in each],
+        "results": [p["result"] for p in each],
+        "owner": first["owner"],
+        "now": first["now"],
+    }
+    matched = {row[0] for row in tx.execute(q.FINISH_MANY, arrays).fetchall()}
+    return [int(run in matched) for run in runs]
 
 
 STEPS: dict[str, Step] = {
