@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from .batch_sql import finish_many
+from .batch_sql import advance_many, finish_many
 
 ALIVE = "('pending')"  # a run that may still change (a lease on it says "running")
 _CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
@@ -388,6 +388,10 @@ next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, create
         %(line)s, %(gate_a)s, %(gate_b)s, %(gate_c)s, %(tokens)s
     FROM cas, next, clock)
 SELECT id, {NOTIFY} FROM cas"""
+# the same for every commit of a batch (``batch_sql``): the head counts the row's next task
+ADVANCE_MANY = advance_many(_CLOCK, _FENCE_EACH, head_of(
+    "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
+), ALIVE, NOTIFY)  # fmt: skip
 
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) ------------
 # an exhausted claim or a failure ends the lease's attempt without a commit; read from the
