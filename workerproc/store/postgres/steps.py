@@ -151,7 +151,7 @@ def many(tx: PostgresTx, name: str, each: Sequence[Params]) -> list[int] | None:
     advances of distinct runs of one owner go as ``FINISH_MANY`` or ``ADVANCE_MANY``, each
     answered 1 (written) or 0 (refused: the protocol asks why). None: send them one by one
     (pipelined)."""
-    if name not in _BATCHED or len(each) < 2:
+    if name not in _BATCHED or len(each) < 2 or tx.prefix:  # never on a caller's connection
         return None
     first = each[0]
     runs = [p["run_id"] for p in each]
