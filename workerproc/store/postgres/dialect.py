@@ -42,7 +42,7 @@ from .listen import END, WORK, Listener, _abandoned
 from .ops_sql import NOW, WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
-from .steps import CATALOGUE
+from .steps import CATALOGUE, many
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -158,6 +158,9 @@ class PostgresTx(Tx):
         statement = self.catalogue[name]
         if not isinstance(statement, str):
             return super().many(name, each)
+        batched = many(self, name, each)  # one statement for the batch, where there is one
+        if batched is not None:
+            return batched
         self.cur.executemany(statement, each, returning=True)
         counts = []
         for n in range(len(each)):
@@ -237,8 +240,12 @@ class PostgresDialect(Dialect):
                 f" -c idle_in_transaction_session_timeout="
                 f"{max(10, int(self.idle_in_transaction * 1000))}"
                 # every statement of ours is a bounded index walk; after a bulk enqueue the
-                # planner would otherwise read every pending run per claim (docs/protocol.md)
-                " -c enable_bitmapscan=off"
+                # planner would otherwise read every pending run per claim, and plan the
+                # claim's probe of a run's lease as a scan of the whole leases heap, which
+                # grows with dead rows between vacuums (docs/protocol.md). No JIT: a statement
+                # that can only scan (a small table without an index for it) is costed past
+                # jit_above_cost with sequential scans off, and compiling it took 200-300 ms
+                " -c enable_bitmapscan=off -c enable_seqscan=off -c jit=off"
             ),
         }
 
