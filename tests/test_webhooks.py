@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +19,9 @@ from webhook_receiver import Receiver
 from workerproc import App, TaskContext
 from workerproc.config import WorkerConfig
 from workerproc.context import TaskContext as Context
+from workerproc.courier import REFRESH, Courier
 from workerproc.delivery import BATCH, Deliverer, backoff, body_of
+from workerproc.outage import Outage
 from workerproc.store import CasResult, InvalidOption, Store, open_store
 from workerproc.store.protocol.events import KINDS
 from workerproc.store.webhooks import (
@@ -323,3 +326,18 @@ def test_prune_keeps_the_events_a_webhook_has_not_delivered(s: Store, clock: Fak
     s.prune(3600)
     assert len(s.events(limit=100)) == 1, "no webhook left: every event but the newest went"
     assert hook.run_id > 0
+
+
+@pytest.mark.parametrize("with_webhook", [False, True])
+def test_the_waker_never_holds_up_a_stopping_worker(db_path: str, with_webhook: bool) -> None:
+    """Its watch is five seconds long with no webhook parked, and was sat out whole by every
+    worker's exit (a drain took seconds longer): it looks at the stop in short slices."""
+    with open_store(db_path) as store:
+        if with_webhook:
+            store.add_webhook("w", "https://example.test/", secret=SECRET)
+    courier = Courier(lambda: open_store(db_path), Outage())
+    courier.start()
+    time.sleep(0.5)  # (into its first watch)
+    began = time.monotonic()
+    courier.close()
+    assert time.monotonic() - began < REFRESH / 2
