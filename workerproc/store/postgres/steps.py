@@ -23,7 +23,7 @@ from . import sql as q
 from . import waits_sql as w
 
 if TYPE_CHECKING:
-    from .dialect import PostgresTx
+    from .tx import PostgresTx
 
 
 def _claim(tx: PostgresTx, queues: int | None, params: Params) -> list[Row]:

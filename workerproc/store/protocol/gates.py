@@ -168,21 +168,35 @@ class Admission:
         self.tx.at_commit("GATE_WRITE", [state.params(self.now) for state in dirty])
 
 
-def opened(tx: Tx) -> list[str]:
+@dataclass(frozen=True)
+class Opened:
+    """The gates whose line may admit a run now (``OPEN_GATES``, locked on PostgreSQL), and the
+    moment the claim stands at, read after their locks."""
+
+    gates: list[str]
+    now: float
+
+    def __bool__(self) -> bool:
+        return bool(self.gates)
+
+
+def opened(tx: Tx) -> Opened:
     """The gates whose line may admit a run now, the one served least recently first (none:
-    the claim needs no more than its plain walk)."""
-    return [row[0] for row in tx.rows("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE})]
+    the claim needs no more than its plain walk). The settling of this transaction's commits
+    goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock)."""
+    rows, now = tx.ahead_then("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE})
+    return Opened([row[0] for row in rows], now)
 
 
 def admitted(
-    tx: Tx, req: ClaimRequest, want: int, lease: LeaseMaker, opened: Sequence[str]
+    tx: Tx, req: ClaimRequest, want: int, lease: LeaseMaker, gates_open: Opened
 ) -> list[Lease]:
-    """Up to ``want`` leases of gated runs from the lines of ``opened`` whose gates all have
-    room (the module's docstring); ``lease`` turns a claim row into a lease (or None: the
+    """Up to ``want`` leases of gated runs from the lines of ``gates_open`` whose gates all
+    have room (the module's docstring); ``lease`` turns a claim row into a lease (or None: the
     claim failed its run, R6/B10)."""
     if want < 1:
         return []
-    now = tx.time()
+    now, opened = gates_open.now, gates_open.gates
     gates = Admission(tx, now, req.ttl)
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []
@@ -341,7 +355,9 @@ def _undo(gates: Admission, row: Row, now: float) -> None:
 
 def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """What each written commit under a gated lease gives back to its gates, in the same
-    transaction (a refused one settles nothing): sorted by gate, one statement each."""
+    transaction (a refused one settles nothing): sorted by gate, one statement each, sent
+    when the transaction's claim first looks at its gates (``opened``), or else before
+    COMMIT: a settle waits for a gate another claimer holds, and holds it from there on."""
     per_gate: dict[str, Params] = {}
     for commit, result in zip(commits, results, strict=True):
         lease = commit.lease
@@ -360,5 +376,4 @@ def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> N
             p["unstart"] += commit.kind == "handback"
             if commit.kind == "retry_after" and commit.pause and commit.delay > 0:
                 p["pause"] = max(p["pause"] or 0.0, commit.delay)
-    for gate in sorted(per_gate):
-        tx.count("GATE_SETTLE", {**per_gate[gate], "now": tx.now})
+    tx.before_gates("GATE_SETTLE", [{**per_gate[g], "now": tx.now} for g in sorted(per_gate)])
