@@ -5,6 +5,8 @@ that spends no attempt and pauses a limit for everyone, declarations and operato
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from helpers import FakeClock
 from store_backends import Backend
@@ -167,14 +169,25 @@ class TestFairness:
         limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
         s.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 40}"}} for i in range(80)])
         seen: list[str] = []
-        original = Tx.rows
+        original, original_each = Tx.rows, Tx.rows_each
+        together: list[bool] = []  # inside rows_each (its statements are counted there)
 
         def rows(tx: Tx, name: str, params: Params) -> list[Row]:
-            seen.append(name)
+            if not together:
+                seen.append(name)
             return original(tx, name, params)
+
+        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+            seen.extend(name for name, _ in calls)
+            together.append(True)
+            try:
+                return original_each(tx, calls)
+            finally:
+                together.pop()
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Tx, "rows", rows)
+            mp.setattr(Tx, "rows_each", rows_each)
             got = claims(s, 16)
         assert len(got) == 16 and len(set(keys(got))) == 16  # one run of each of 16 keys
         # the lines are asked together: one read of their gates, of their runs, one claim

@@ -171,6 +171,14 @@ class Tx(abc.ABC):
         rows = self.rows(name, params)
         return rows, self.time()
 
+    def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``rows(name, params)`` for each call, in order (a pipelined engine sends them in one
+        round trip, each statement after the locks of the one before: ``_each``)."""
+        return self._each(calls)
+
+    def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        return [self.rows(name, params) for name, params in calls]
+
     def write_ahead(self) -> None:
         """Send the writes waiting for the gates (``before_gates``) now, in order."""
         ahead, self.ahead = self.ahead, []

@@ -115,25 +115,39 @@ class PostgresTx(Tx):
     def ahead_then(self, name: str, params: Params) -> tuple[list[Row], float]:
         """The writes waiting for the gates, the statement, then the clock, in one round trip
         (a pipeline: the server runs them in order, each after the locks of the one before)."""
-        statement = self.catalogue[name]
-        if self.prefix or not isinstance(statement, str):
+        if self.prefix or not isinstance(self.catalogue[name], str):
             return super().ahead_then(name, params)
-        calls = [(self.catalogue[n], p) for n, each in _steps_first(self) for p in each]
-        calls.append((statement, params))
+        calls = [(self._sql(n), p) for n, each in _steps_first(self) for p in each]
+        calls.append((self._sql(name), params))
         if self.now is None:
             calls.append((NOW, {"now": None}))
+        results = self._pipeline(calls)
+        if self.now is None:
+            clock = results.pop()
+            return results[-1], float(clock[0][0])
+        return results[-1], self.now
+
+    def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """The statements in one round trip (a pipeline), their rows in order."""
+        if self.prefix or any(not isinstance(self.catalogue[n], str) for n, _ in calls):
+            return super()._each(calls)
+        return self._pipeline([(self._sql(name), params) for name, params in calls])
+
+    def _sql(self, name: str) -> str:
+        statement = self.catalogue[name]
+        assert isinstance(statement, str)
+        return statement
+
+    def _pipeline(self, calls: list[tuple[str, Params]]) -> list[list[Row]]:
+        """Each statement on a cursor of its own, sent together; the rows of each (an error
+        raises when the pipeline ends: the transaction is rolled back like any failure)."""
         conn = self.cur.connection
         cursors = [conn.cursor() for _ in calls]
         try:
             with conn.pipeline():
                 for cur, (sql, values) in zip(cursors, calls, strict=True):
-                    assert isinstance(sql, str)
                     cur.execute(sql, values, prepare=self.prepare)
-            if self.now is None:
-                clock = cursors.pop().fetchone()
-                assert clock is not None
-                return cursors[-1].fetchall(), float(clock[0])
-            return cursors[-1].fetchall(), self.now
+            return [cur.fetchall() if cur.description is not None else [] for cur in cursors]
         finally:
             for cur in cursors:
                 cur.close()

@@ -30,113 +30,16 @@ transaction that leases them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..dialect import Params, Row, Tx
-from ..limits import refill, when_level
+from ..limits import GateState
 from ..types import CasResult, ClaimRequest, Commit, Lease
 
 GATES_AT_ONCE = 64  # open gates one claim looks at, at most
 LeaseMaker = Callable[[Tx, ClaimRequest, Row], Lease | None]
 SPENT_ATTEMPT = frozenset({"finish", "advance", "wait", "release", "fail", "drop"})  # charge tokens
-
-
-@dataclass
-class GateState:
-    """One gate as a claim sees it, locked: its numbers, its buckets now, its live leases."""
-
-    gate: str
-    rate: float | None
-    burst: float | None
-    concurrency: int | None
-    tokens: float | None
-    token_burst: float | None
-    level: float | None
-    level_at: float | None
-    tok_level: float | None
-    tok_at: float | None
-    paused_until: float
-    live: int
-    first_expiry: float | None  # the earliest end of a live lease holding one of its slots
-    starts: int = 0  # admitted by this claim
-    dirty: bool = False
-    ready_at: float | None = field(default=None)  # what to write back (with ``decided``)
-    blocked_by: str | None = None  # the gate of another limit that keeps this line closed
-    decided: bool = False
-
-    @classmethod
-    def of(cls, row: Row) -> GateState:
-        return cls(*row)
-
-    def now_levels(self, now: float) -> tuple[float, float]:
-        rate = math.inf
-        if self.rate is not None and self.burst is not None:
-            rate = refill(self.level, self.level_at, self.rate, self.burst, now)
-        toks = math.inf
-        if self.tokens is not None and self.token_burst is not None:
-            toks = refill(self.tok_level, self.tok_at, self.tokens, self.token_burst, now)
-        return rate, toks
-
-    def admits(self, now: float, need: int) -> bool:
-        rate, toks = self.now_levels(now)
-        full = self.concurrency is not None and self.live >= self.concurrency
-        return self.paused_until <= now and not full and rate >= 1 and toks >= need
-
-    def room(self, now: float) -> int:
-        """Starts this gate alone allows now (a token reservation is judged per run)."""
-        if self.paused_until > now:
-            return 0
-        rate, _ = self.now_levels(now)
-        slots = math.inf if self.concurrency is None else self.concurrency - self.live
-        return max(0, int(min(slots, rate, 1_000_000)))
-
-    def admit(self, now: float, need: int, until: float) -> None:
-        """One more run admitted, its lease holding a slot ``until`` (at the latest)."""
-        rate, toks = self.now_levels(now)
-        self.first_expiry = until if self.first_expiry is None else min(self.first_expiry, until)
-        if self.rate is not None:
-            self.level, self.level_at = rate - 1, now
-        if self.tokens is not None:
-            self.tok_level, self.tok_at = toks - need, now
-        self.live += 1
-        self.starts += 1
-        self.dirty = True
-
-    def give_back(self, now: float, tokens: int) -> None:
-        """A reservation returns (a takeover's predecessor, a claim undone)."""
-        if self.tokens is not None and self.token_burst is not None and tokens:
-            _, toks = self.now_levels(now)
-            self.tok_level, self.tok_at = min(self.token_burst, toks + tokens), now
-            self.dirty = True
-
-    def next_open(self, now: float, need: int) -> float | None:
-        """When this gate may have room for a run that reserves ``need`` tokens."""
-        rate, toks = self.now_levels(now)
-        at = max(now, self.paused_until)
-        if self.rate is not None and rate < 1:
-            at = max(at, when_level(rate, 1, self.rate, now))
-        if self.tokens is not None and toks < need:
-            refilled = when_level(toks, need, self.tokens, now)
-            # a lease that expires gives its reservation back when it is taken over: look
-            # again then, if that comes first
-            at = max(at, min(refilled, self.first_expiry or refilled))
-        if self.concurrency is not None and self.live >= self.concurrency:
-            if self.first_expiry is None:
-                return None  # only a lease that ends frees a slot, and that reopens the gate
-            at = max(at, self.first_expiry)
-        return at
-
-    def decide(self, ready_at: float | None, blocked_by: str | None = None) -> None:
-        self.ready_at, self.blocked_by, self.decided, self.dirty = ready_at, blocked_by, True, True
-
-    def params(self, now: float) -> Params:
-        return {"gate": self.gate, "level": self.level, "level_at": self.level_at,
-                "tok_level": self.tok_level, "tok_at": self.tok_at, "starts": self.starts,
-                "ready_at": self.ready_at if self.decided else now,
-                "blocked_by": self.blocked_by, "keep": not self.decided,
-                "now": now}  # fmt: skip
 
 
 class Admission:
@@ -145,6 +48,23 @@ class Admission:
     def __init__(self, tx: Tx, now: float, ttl: float) -> None:
         self.tx, self.now, self.ttl = tx, now, ttl
         self.states: dict[str, GateState | None] = {}
+        self.ahead: dict[str, list[Row]] = {}  # the first runs of lines asked with the states
+        self.ahead_limit = 0
+
+    def first_look(self, lines: list[str], queues: list[str] | None, limit: int) -> None:
+        """The states of the gates of ``lines`` (which this claim holds: ``OPEN_GATES`` locked
+        them) and the first ``limit`` runs of each line, sent together (one round trip on
+        PostgreSQL). A line without room has its runs locked for nothing, until the COMMIT:
+        only a claimer that holds a line's gate asks for its runs, so no one else wanted them."""
+        unread = sorted(set(lines) - self.states.keys())
+        params = {"lines": lines, "queues": queues, "limit": limit, "now": self.now}
+        states, runs = self.tx.rows_each(
+            [("GATE_STATE", {"gates": unread, "now": self.now}), ("LINE_RUNS", params)]
+        )
+        self._keep(unread, states)
+        self.ahead, self.ahead_limit = {line: [] for line in lines}, limit
+        for row in runs:
+            self.ahead[row[0]].append(tuple(row[1:]))
 
     def state(self, gate: str) -> GateState | None:
         if gate not in self.states:
@@ -156,9 +76,29 @@ class Admission:
         claimer holds it)."""
         unread = sorted(set(gates) - self.states.keys())
         if unread:
-            rows = self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now})
-            found = {row[0]: GateState.of(row) for row in rows}
-            self.states.update((g, found.get(g)) for g in unread)
+            self._keep(unread, self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now}))
+
+    def _keep(self, asked: list[str], rows: list[Row]) -> None:
+        found = {row[0]: GateState.of(row) for row in rows}
+        self.states.update((g, found.get(g)) for g in asked)
+
+    def line_runs(
+        self, lines: list[str], queues: list[str] | None, limit: int
+    ) -> dict[str, list[Row]]:
+        """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked);
+        those the first look found are taken from it, once."""
+        found: dict[str, list[Row]] = {}
+        rest = lines
+        if self.ahead and limit <= self.ahead_limit:
+            rest = [line for line in lines if line not in self.ahead]
+            for line in lines:
+                if rows := self.ahead.pop(line, [])[:limit]:
+                    found[line] = rows
+        if rest:
+            params = {"lines": rest, "queues": queues, "limit": limit, "now": self.now}
+            for row in self.tx.rows("LINE_RUNS", params):
+                found.setdefault(row[0], []).append(tuple(row[1:]))
+        return found
 
     def write_back(self) -> None:
         """Every gate the claim changed, in name order, written just before the COMMIT (on
@@ -201,6 +141,8 @@ def admitted(
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []
     served: set[str] = set()
+    # the first lines' gates and first runs at once: one run each of many, or all of one
+    gates.first_look(opened[:want], queues, 1 if len(opened) > 1 else want)
     if len(opened) > 1:  # one run per gate, in turn, many lines in one statement
         leases = _one_each(tx, req, want, opened, gates, lease, served)
     for line in opened:  # then more from the gates with room left (a line alone: all at once)
@@ -214,7 +156,7 @@ def admitted(
             own.decide(own.next_open(now, 0))
             continue
         ask = min(room, want - len(leases))
-        found = _line_runs(tx, [line], queues, ask, now).get(line)
+        found = gates.line_runs([line], queues, ask).get(line)
         if not found:
             if len(opened) == 1:
                 _nothing_due(tx, own, now)
@@ -254,7 +196,7 @@ def _one_each(
             asked.append(line)
         if not asked:
             break
-        found = _line_runs(tx, asked, queues, 1, now)
+        found = gates.line_runs(asked, queues, 1)
         ok: list[Row] = []
         for line in asked:
             own = gates.state(line)
@@ -271,17 +213,6 @@ def _one_each(
         if ok:
             leases += _lease_all(tx, req, ok, gates, now, lease)
     return leases
-
-
-def _line_runs(
-    tx: Tx, lines: list[str], queues: list[str] | None, limit: int, now: float
-) -> dict[str, list[Row]]:
-    """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked)."""
-    found: dict[str, list[Row]] = {}
-    params = {"lines": lines, "queues": queues, "limit": limit, "now": now}
-    for row in tx.rows("LINE_RUNS", params):
-        found.setdefault(row[0], []).append(tuple(row[1:]))
-    return found
 
 
 def _nothing_due(tx: Tx, own: GateState, now: float) -> None:
