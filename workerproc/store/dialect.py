@@ -163,13 +163,16 @@ class Tx(abc.ABC):
         if each:
             self.ahead.append((name, each))
 
-    def ahead_then(self, name: str, params: Params) -> tuple[list[Row], float]:
+    def ahead_then(
+        self, name: str, params: Params, after: Sequence[tuple[str, Params]] = ()
+    ) -> tuple[list[Row], float, list[list[Row]]]:
         """The writes waiting for the gates (``before_gates``), then ``rows(name, params)``,
-        then ``time()`` (read after that statement's locks): a pipelined engine sends them in
-        one round trip."""
+        then ``time()`` (read after that statement's locks), then the rows of each of
+        ``after``: a pipelined engine sends them all in one round trip."""
         self.write_ahead()
         rows = self.rows(name, params)
-        return rows, self.time()
+        now = self.time()
+        return rows, now, [self.rows(n, p) for n, p in after]
 
     def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """``rows(name, params)`` for each call, in order (a pipelined engine sends them in one

@@ -112,20 +112,24 @@ class PostgresTx(Tx):
             counts.append(len(self.cur.fetchall()))
         return counts
 
-    def ahead_then(self, name: str, params: Params) -> tuple[list[Row], float]:
-        """The writes waiting for the gates, the statement, then the clock, in one round trip
-        (a pipeline: the server runs them in order, each after the locks of the one before)."""
-        if self.prefix or not isinstance(self.catalogue[name], str):
-            return super().ahead_then(name, params)
+    def ahead_then(
+        self, name: str, params: Params, after: Sequence[tuple[str, Params]] = ()
+    ) -> tuple[list[Row], float, list[list[Row]]]:
+        """The writes waiting for the gates, the statement, the clock and ``after``, in one
+        round trip (a pipeline: the server runs them in order, each after the locks of the one
+        before)."""
+        names = [name, *(n for n, _ in after)]
+        if self.prefix or any(not isinstance(self.catalogue[n], str) for n in names):
+            return super().ahead_then(name, params, after)
         calls = [(self._sql(n), p) for n, each in _steps_first(self) for p in each]
+        first = len(calls)
         calls.append((self._sql(name), params))
         if self.now is None:
             calls.append((NOW, {"now": None}))
+        calls += [(self._sql(n), p) for n, p in after]
         results = self._pipeline(calls)
-        if self.now is None:
-            clock = results.pop()
-            return results[-1], float(clock[0][0])
-        return results[-1], self.now
+        now = self.now if self.now is not None else float(results[first + 1][0][0])
+        return results[first], now, results[len(calls) - len(after) :]
 
     def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """The statements in one round trip (a pipeline), their rows in order."""

@@ -31,7 +31,7 @@ transaction that leases them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..dialect import Params, Row, Tx
 from ..limits import GateState
@@ -48,23 +48,41 @@ class Admission:
     def __init__(self, tx: Tx, now: float, ttl: float) -> None:
         self.tx, self.now, self.ttl = tx, now, ttl
         self.states: dict[str, GateState | None] = {}
-        self.ahead: dict[str, list[Row]] = {}  # the first runs of lines asked with the states
-        self.ahead_limit = 0
+        # the first runs of lines asked early (with their limit), each taken once
+        self.ahead: dict[str, tuple[int, list[Row]]] = {}
 
     def first_look(self, lines: list[str], queues: list[str] | None, limit: int) -> None:
         """The states of the gates of ``lines`` (which this claim holds: ``OPEN_GATES`` locked
         them) and the first ``limit`` runs of each line, sent together (one round trip on
-        PostgreSQL). A line without room has its runs locked for nothing, until the COMMIT:
-        only a claimer that holds a line's gate asks for its runs, so no one else wanted them."""
+        PostgreSQL), unless asked already (``keep_early``). A line without room has its runs
+        locked for nothing, until the COMMIT: only a claimer that holds a line's gate asks for
+        its runs, so no one else wanted them."""
         unread = sorted(set(lines) - self.states.keys())
-        params = {"lines": lines, "queues": queues, "limit": limit, "now": self.now}
-        states, runs = self.tx.rows_each(
-            [("GATE_STATE", {"gates": unread, "now": self.now}), ("LINE_RUNS", params)]
-        )
-        self._keep(unread, states)
-        self.ahead, self.ahead_limit = {line: [] for line in lines}, limit
-        for row in runs:
-            self.ahead[row[0]].append(tuple(row[1:]))
+        ask = [line for line in lines if self.ahead.get(line, (0, []))[0] < limit]
+        calls: list[tuple[str, Params]] = []
+        if unread:
+            calls.append(("GATE_STATE", {"gates": unread, "now": self.now}))
+        if ask:
+            params: Params = {"lines": ask, "queues": queues, "limit": limit, "now": self.now}
+            calls.append(("LINE_RUNS", params))
+        got = self.tx.rows_each(calls) if calls else []
+        if unread:
+            self._keep(unread, got.pop(0))
+        if ask:
+            self._ahead(ask, limit, got.pop(0))
+
+    def keep_early(self, early: Opened) -> None:
+        """What the round trip of ``OPEN_GATES`` read of the gates this transaction's commits
+        settled (their settles locked them first)."""
+        if early.held:
+            self._keep(early.held, early.states)
+            self._ahead(early.held, early.limit, early.runs)
+
+    def _ahead(self, lines: list[str], limit: int, rows: list[Row]) -> None:
+        found: dict[str, list[Row]] = {line: [] for line in lines}
+        for row in rows:
+            found[row[0]].append(tuple(row[1:]))
+        self.ahead.update((line, (limit, runs)) for line, runs in found.items())
 
     def state(self, gate: str) -> GateState | None:
         if gate not in self.states:
@@ -88,12 +106,13 @@ class Admission:
         """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked);
         those the first look found are taken from it, once."""
         found: dict[str, list[Row]] = {}
-        rest = lines
-        if self.ahead and limit <= self.ahead_limit:
-            rest = [line for line in lines if line not in self.ahead]
-            for line in lines:
-                if rows := self.ahead.pop(line, [])[:limit]:
-                    found[line] = rows
+        rest = []
+        for line in lines:
+            asked, rows = self.ahead.pop(line, (0, []))
+            if asked < limit:
+                rest.append(line)
+            elif rows:
+                found[line] = rows[:limit]
         if rest:
             params = {"lines": rest, "queues": queues, "limit": limit, "now": self.now}
             for row in self.tx.rows("LINE_RUNS", params):
@@ -110,22 +129,37 @@ class Admission:
 
 @dataclass(frozen=True)
 class Opened:
-    """The gates whose line may admit a run now (``OPEN_GATES``, locked on PostgreSQL), and the
-    moment the claim stands at, read after their locks."""
+    """The gates whose line may admit a run now (``OPEN_GATES``, locked on PostgreSQL), the
+    moment the claim stands at, read after their locks, and what the same round trip read of
+    the gates this transaction settled (``held``: their states, their lines' first ``limit``
+    runs)."""
 
     gates: list[str]
     now: float
+    held: list[str] = field(default_factory=list)
+    states: list[Row] = field(default_factory=list)
+    runs: list[Row] = field(default_factory=list)
+    limit: int = 0
 
     def __bool__(self) -> bool:
         return bool(self.gates)
 
 
-def opened(tx: Tx) -> Opened:
+def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened:
     """The gates whose line may admit a run now, the one served least recently first (none:
     the claim needs no more than its plain walk). The settling of this transaction's commits
-    goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock)."""
-    rows, now = tx.ahead_then("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE})
-    return Opened([row[0] for row in rows], now)
+    goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock),
+    and as a settle locks its gate, the states of the settled gates and up to ``want`` runs
+    of their lines are read in that round trip too, after it."""
+    held = sorted({p["gate"] for name, each in tx.ahead if name == "GATE_SETTLE" for p in each})
+    held = held if want > 0 else []
+    lines = {"lines": held, "queues": None if queues is None else list(queues), "limit": want,
+             "now": tx.now}  # fmt: skip
+    after = [("GATE_STATE", {"gates": held, "now": tx.now}), ("LINE_RUNS", lines)] if held else []
+    rows, now, more = tx.ahead_then("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE}, after)
+    if not held:
+        return Opened([row[0] for row in rows], now)
+    return Opened([row[0] for row in rows], now, held, more[0], more[1], want)
 
 
 def admitted(
@@ -138,6 +172,7 @@ def admitted(
         return []
     now, opened = gates_open.now, gates_open.gates
     gates = Admission(tx, now, req.ttl)
+    gates.keep_early(gates_open)
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []
     served: set[str] = set()
