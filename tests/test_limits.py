@@ -63,6 +63,29 @@ class TestConcurrency:
         (again,) = claims(s, 5, "w3")
         assert again.run_id == held.run_id and again.attempt == 3
 
+    def test_an_exchange_claims_the_slots_its_own_commits_freed(self, s: Store) -> None:
+        # its settles lock the gate first, and its reads of the gate come after them (on
+        # PostgreSQL in their round trip): they see its own commits and every other lease
+        limited(s, LimitSpec.declare("cap", concurrency=3))
+        s.start_runs([{"task": "call"}] * 8)
+        first, other = claims(s, 2), claims(s, 5, "other")
+        assert len(first) == 2 and len(other) == 1  # the cap: 3
+        seen: list[str] = []
+        original = Tx.rows_each
+
+        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+            seen.extend(name for name, _ in calls)
+            return original(tx, calls)
+
+        finish = [Commit(x, "finish", expected_revision=x.revision, new_state={}) for x in first]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Tx, "rows_each", rows_each)
+            out = s.commit_many(finish, claim=ClaimRequest("w", TTL, 3, 5))
+        assert [r.value for r in out.results] == ["ok", "ok"]
+        assert len(out.leases) == 2  # the two slots it freed, and not the one still held
+        assert seen == []  # the gate it settled was read with its settles, not looked at again
+        assert claims(s, 5, "third") == []
+
     def test_runs_enqueued_before_their_task_had_limits_obey_them(self, s: Store) -> None:
         s.start_runs([{"task": "call"}] * 5)  # no limits yet: in no line
         limited(s, LimitSpec.declare("cap", concurrency=1))  # a release adds one
