@@ -15,7 +15,8 @@ supervisors beside procrastinate on the same server, idle pickup, takeover, and 
 a million finished runs. Last (--parts limits, scripts/bench_limits.py): flow control's cost,
 no-op throughput behind a limit that never binds and the claim beside 10,000 keys of one limit.
 And (--parts waits, scripts/bench_waits.py) the claim's latency beside
-100,000 runs that wait for a signal and beside none, on both backends (issue 25).
+100,000 runs that wait for a signal and beside none, on both backends (issue 25); (--parts
+webhooks, scripts/bench_webhooks.py) webhook delivery's rate and its commit-to-receipt latency.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-PARTS = ("noop", "slots", "io", "latency", "postgres", "limits", "waits")
+PARTS = ("noop", "slots", "io", "latency", "postgres", "limits", "waits", "webhooks")
 
 
 def main() -> int:
@@ -271,6 +272,8 @@ def main() -> int:
         return postgres_rows(args, widths)
     if parts == {"limits"}:  # flow control's rows alone (scripts/bench_limits.py)
         return limits_rows(args)
+    if parts == {"webhooks"}:  # webhook delivery's rows alone (scripts/bench_webhooks.py)
+        return webhooks_rows(args)
     tmp = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     results: dict[str, list[float]] = {}
     rss: dict[str, float] = {}
@@ -308,7 +311,8 @@ def main() -> int:
     bench_slots.print_tables(args, widths, results, rss_io)
     bench_goals.print_goals(widths, results, rss_io, lat)
     code = postgres_rows(args, widths) if args.postgres and "postgres" in parts else 0
-    return code or (limits_rows(args) if "limits" in parts else 0)
+    code = code or (limits_rows(args) if "limits" in parts else 0)
+    return code or (webhooks_rows(args) if "webhooks" in parts else 0)
 
 
 def limits_rows(args: Any) -> int:
@@ -317,6 +321,13 @@ def limits_rows(args: Any) -> int:
            "--postgres", args.postgres or ""] + (["--quick"] if args.quick else [])  # fmt: skip
     if args.dir:
         cmd += ["--dir", args.dir]
+    return subprocess.run(cmd, check=False).returncode
+
+
+def webhooks_rows(args: Any) -> int:
+    """Webhook delivery, both backends (scripts/bench_webhooks.py, its own sizes)."""
+    cmd = [sys.executable, os.path.join(os.path.dirname(__file__), "bench_webhooks.py"),
+           "--postgres", args.postgres or ""] + (["--quick"] if args.quick else [])  # fmt: skip
     return subprocess.run(cmd, check=False).returncode
 
 

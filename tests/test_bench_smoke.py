@@ -223,3 +223,17 @@ def test_bench_limits_quick_prints_its_rows(tmp_path: object) -> None:
     assert "sqlite: no-op throughput, -n 2, 100 runs, a limit that never binds" in out, out
     assert "sqlite: a batched claim of 16, 200 keys of one limit, 2,000 runs waiting" in out, out
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
+
+
+def test_bench_webhooks_quick_prints_its_rows() -> None:
+    """``scripts/bench_webhooks.py --quick`` (SQLite) still delivers every run's success to its
+    receiver and times the trickle."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench_webhooks.py"), "--quick",
+         "--postgres", ""],
+        cwd=os.path.join(ROOT, "scripts"), capture_output=True, text=True, timeout=240,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^\| SQLite \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9.]+ / [0-9.]+ \|$",
+                     proc.stdout, re.M), proc.stdout  # fmt: skip

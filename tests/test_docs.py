@@ -34,6 +34,7 @@ STATEMENT_MODULES = (
     "calls_sql.py",
     "events_sql.py",
     "waits_sql.py",
+    "webhooks_sql.py",
 )
 PATH_REF = re.compile(r"^([\w/.-]+\.py)(?:::([\w.:]+))?$")  # tests/x.py::Class::test
 CLASS_REF = re.compile(r"^([A-Z]\w*)\.(\w+)(?:\(.*\))?$")  # Heartbeat._renew, Lease.fence

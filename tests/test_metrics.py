@@ -345,6 +345,18 @@ def test_limits_are_in_the_exposition(clock: FakeClock) -> None:
     assert value(samples, "leasekeeper_limit_rate_level", limit="openai") == 55
 
 
+def test_webhooks_are_in_the_exposition(clock: FakeClock) -> None:
+    """Webhook delivery's families (B20), from the probe's read of ``store.webhooks()``."""
+    arb = fake_arbiter(clock, FlakyGate())
+    metrics = Metrics(StatsProbe())
+    metrics.install(arb)
+    samples = parse(metrics.render(arb))
+    assert value(samples, "leasekeeper_webhook_deliveries_total", webhook="billing") == 37
+    assert value(samples, "leasekeeper_webhook_dead_letters_total", webhook="billing") == 1
+    assert value(samples, "leasekeeper_webhook_failing", webhook="billing") == 2
+    assert value(samples, "leasekeeper_webhook_cursor", webhook="billing") == 40
+
+
 def test_a_real_stores_limits_reach_the_probe(tmp_path: Path, clock: FakeClock) -> None:
     db = str(tmp_path / "lk.db")
     with open_store(db) as s:

@@ -37,6 +37,7 @@ from workerproc.status import StatusBoard
 from workerproc.store import Stats, StoreUnavailable
 from workerproc.store.calls import CallTotals
 from workerproc.store.limits import LimitInfo, LimitSpec
+from workerproc.store.webhooks import RetryNumbers, WebhookInfo
 
 
 class Listener:
@@ -158,6 +159,10 @@ class FlakyGate:
     def limits(self, keys: int = 5) -> list[LimitInfo]:
         spec = LimitSpec.declare("openai", rate="60/s", concurrency=4, tokens="100/s")
         return [LimitInfo("openai", spec, spec.numbers, "h", None, 3, 7, 1200, [], 55.0, 4000.0)]
+
+    def webhooks(self) -> list[WebhookInfo]:
+        return [WebhookInfo("billing", "https://x/", None, 1, 0.0, RetryNumbers(), "waiting",
+                            40, 37, 2, "event 41: HTTP 503", None, 1, ())]  # fmt: skip
 
 
 def fake_arbiter(clock: FakeClock, gate: FlakyGate) -> Arbiter:

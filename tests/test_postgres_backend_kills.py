@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pg_session
@@ -33,13 +34,23 @@ KILL_EVERY = 0.5  # twice a second
 FOR = 30.0
 
 
-def _kill_backends(stop: threading.Event, kills: list[int], every: float = KILL_EVERY) -> None:
+def _kill_backends(
+    stop: threading.Event, kills: list[int], every: float = KILL_EVERY,
+    progress: Callable[[], int] | None = None,
+) -> None:  # fmt: skip
+    """Terminate every backend of ours each ``every`` seconds; with ``progress``, the next kill
+    waits (up to 2 s) until it has moved, so on a loaded machine a kill still lands on an
+    exchange that had its chance on a fresh connection, not on every reconnect in a row."""
     with psycopg.connect(pg_session.database_url(), autocommit=True) as admin:
         while not stop.wait(every):
             kills.append(len(admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
                 "current_database() AND application_name = 'leasekeeper'"
             ).fetchall()))  # fmt: skip
+            if progress is not None:
+                mark, until = progress(), time.monotonic() + 2.0
+                while progress() == mark and time.monotonic() < until and not stop.is_set():
+                    time.sleep(0.002)
 
 
 @pytest.mark.timeout(240)
@@ -100,7 +111,9 @@ def test_batched_exchanges_recover_from_every_kill_at_once() -> None:
     store = open_store(pg_session.schema_url("wedge"))
     store.start_runs([{"task": "t"}] * 5000)
     stop, kills = threading.Event(), []
-    killer = threading.Thread(target=_kill_backends, args=(stop, kills, 0.05), daemon=True)
+    exchanges = [0]  # exchanges that committed (what the killer waits on between kills)
+    killer = threading.Thread(target=_kill_backends, args=(stop, kills, 0.05, lambda: exchanges[0]),
+                              daemon=True)  # fmt: skip
     killer.start()
     held: list = []
     done = streak = worst = 0
@@ -123,6 +136,7 @@ def test_batched_exchanges_recover_from_every_kill_at_once() -> None:
                 continue
             streak, held = 0, list(out.leases)
             done += sum(result.value == "ok" for result in out.results)
+            exchanges[0] += 1
     finally:
         stop.set()
         killer.join(10)

@@ -18,6 +18,7 @@ from test_store_postgres import CountingDialect, counting_store
 
 from supervisor import exitcodes
 from workerproc.store.postgres import sql as postgres_sql
+from workerproc.store.types import ClaimRequest
 
 
 @pytest.fixture
@@ -175,6 +176,41 @@ def test_the_claim_walks_each_level_bounded_by_now(
     assert "Seq Scan on runs" not in plan, plan
 
 
+def test_the_claims_lease_probe_is_one_index_descent_however_the_leases_heap_grew(
+    pg: PostgresBackend,
+) -> None:
+    """Every claim inserts a lease row and every commit deletes one, so between two vacuums the
+    heap of ``leases`` grows with dead rows while the table's statistics still say "small".
+    Planned in our sessions (``enable_seqscan = off``), the claim's "no live lease" probe stays
+    a descent of its primary key; planned as a sequential scan it read the whole heap once per
+    run walked (7,400 pages for a claim of 32 while 20,000 runs drained)."""
+    from workerproc.store import Commit  # noqa: PLC0415
+
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 200)
+    leases = store.claim("w", 60, limit=8)
+    for _ in range(10):  # 80 runs finished: 80 dead lease rows, the table never vacuumed
+        out = store.commit_many([Commit(lease, "finish") for lease in leases],
+                                claim=ClaimRequest("w", 60.0, limit=8))  # fmt: skip
+        leases = list(out.leases)
+    dialect = store.dialect
+    sql = postgres_sql.claim_sql(None, 8)
+    params = {"owner": "w", "ttl": 60.0, "now": None}
+    with (
+        psycopg.connect(dialect.conninfo, **dialect.session()) as conn,
+        conn.transaction(force_rollback=True),
+    ):
+        rows = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
+        # and nothing compiled: a statement that can only scan is costed past jit_above_cost
+        assert conn.execute("SHOW jit").fetchone() == ("off",)
+    store.close()
+    plan = "\n".join(row[0] for row in rows)
+    assert "Seq Scan on leases" not in plan, plan
+    assert "Index Only Scan using leases_pkey on leases l" in plan or (
+        "Index Scan using leases_pkey on leases l" in plan
+    ), plan
+
+
 def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBackend) -> None:
     """The priority levels come from a loose scan of runs_prio (one descent a level); no
     probe reads runs of another queue and drops them to find where a served queue's levels
@@ -213,9 +249,10 @@ def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBack
 def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL's capability (``Tx.pipelined``): the finishes and releases of a batch over
-    different runs go out as one ``executemany`` per kind, never one statement each; a refused
-    one (a lease taken over) still answers lease_lost on its own, in its place."""
+    """PostgreSQL's capability (``Tx.pipelined``): the releases of a batch over different runs
+    go out as one ``executemany``, its finishes as one statement (``FINISH_MANY``), never one
+    statement each; a refused one (a lease taken over) still answers lease_lost on its own, in
+    its place."""
     from workerproc.store import Commit  # noqa: PLC0415
     from workerproc.store.postgres.dialect import PostgresTx  # noqa: PLC0415
 
@@ -236,9 +273,11 @@ def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_ow
     assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
     asked_why = ("INSERT INTO fence_rejections", "SELECT l.run_id")
     counted = "INSERT INTO run_totals"  # the finishes' end, counted once for the batch
-    assert all(any(s in sql for s in asked_why) or counted in sql for sql in one_by_one), (
+    finishes = "AS i(run_id, task_id, attempt, revision, state, result)"  # FINISH_MANY
+    assert all(any(s in sql for s in (*asked_why, counted, finishes)) for sql in one_by_one), (
         one_by_one  # only the refused finish was asked why, one statement at a time
     )
     assert sum(counted in sql for sql in one_by_one) == 1
+    assert sum(finishes in sql for sql in one_by_one) == 1  # all four finishes, one statement
     assert [r.op for r in store.fence_rejections()][-1] == "finish"
     store.close()

@@ -168,3 +168,68 @@ def test_finished_since_counts_runs_per_bucket_by_outcome(s: Store, clock: FakeC
     # a bounded read: only the newest runs count
     assert sum(b.succeeded for b in s.finished_since(start, 60, newest=2)) == 1
     assert s.finished_since(clock.now + 1, 60) == []
+
+
+class TestBatchedFinishes:
+    def test_each_finish_of_a_batch_is_judged_on_its_own_and_keeps_who_committed(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A batch of finishes (one statement on PostgreSQL: ``FINISH_MANY``): a stale revision
+        and a lost lease are refused where they are, the others are written, each with its
+        own state and result, and each done task names the attempt and owner that committed."""
+        for _ in range(4):
+            s.start_run("t", state={})
+        leases = s.claim("w1", TTL, limit=4)
+        assert len(leases) == 4
+        assert s.release(leases[3])  # then someone else holds it: this lease is a zombie's
+        assert s.claim("w2", TTL) is not None
+        clock.advance(1)
+        commits = [
+            Commit(lease, "finish", expected_revision=5 if i == 1 else 0, new_state={"i": i},
+                   result=i)
+            for i, lease in enumerate(leases)
+        ]  # fmt: skip
+        out = s.commit_many(commits)
+        assert [r.value for r in out.results] == ["ok", "conflict", "ok", "lease_lost"]
+        for i in (0, 2):
+            run = s.get_run(leases[i].run_id)
+            assert (run.status, run.state, run.result) == ("succeeded", {"i": i}, i)
+            assert run.revision == 1
+            (task,) = s.get_tasks(leases[i].run_id)
+            assert (task.done_owner, task.done_attempt) == ("w1", 1)
+        moved = s.get_run(leases[1].run_id)
+        assert (moved.status, moved.state, moved.revision) == ("running", {}, 0)
+        assert s.renew(leases[1], TTL)  # the conflict left its lease live
+        assert s.get_run(leases[3].run_id).status == "running"  # w2 holds it
+        assert [r.op for r in s.fence_rejections()] == ["finish"]
+
+    def test_each_advance_of_a_batch_is_judged_on_its_own_and_enqueues_its_next_task(
+        self, s: Store, clock: FakeClock
+    ) -> None:
+        """A batch of advances (one statement on PostgreSQL: ``ADVANCE_MANY``): refused where
+        the revision moved or the lease was lost; written, each with its own next task (payload,
+        delay, queue) that becomes its run's head, where it matched."""
+        for _ in range(4):
+            s.start_run("t", state={})
+        leases = s.claim("w1", TTL, limit=4)
+        assert s.release(leases[3])
+        assert s.claim("w2", TTL) is not None  # leases[3] is a zombie's now
+        commits = [
+            Commit(lease, "advance", expected_revision=5 if i == 1 else 0, new_state={"i": i},
+                   next_task="u", next_payload={"i": i}, next_queue="other" if i == 2 else None,
+                   delay=30 if i == 0 else 0)
+            for i, lease in enumerate(leases)
+        ]  # fmt: skip
+        out = s.commit_many(commits)
+        assert [r.value for r in out.results] == ["ok", "conflict", "ok", "lease_lost"]
+        assert s.get_run(leases[2].run_id).queue == "other"
+        assert s.get_run(leases[1].run_id).revision == 0
+        (due,) = s.claim("w3", TTL, limit=4)  # run 0's next task waits 30 s; 1 and 3 are held
+        assert (due.run_id, due.task, due.payload, due.queue) == (leases[2].run_id, "u", {"i": 2},
+                                                                  "other")  # fmt: skip
+        assert s.get_run(due.run_id).state == {"i": 2}
+        clock.advance(31)
+        later = s.claim("w3", TTL, queues=["default"])  # the other leases are still live
+        assert later is not None and (later.run_id, later.payload) == (leases[0].run_id, {"i": 0})
+        done = [t for t in s.get_tasks(leases[0].run_id) if t.name == "t"]
+        assert [(t.done_owner, t.done_attempt) for t in done] == [("w1", 1)]

@@ -531,3 +531,29 @@ def test_takeover_bounds_leave_out_the_time_every_other_worker_was_paused() -> N
     assert verifier.stalled(10.0, 14.0) == 0.0
     verifier.workers = 3
     assert verifier.stalled(10.0, 14.0, victim=100) == 0.0
+
+
+def test_a_pause_cut_short_by_a_stop_is_no_zombie_write_but_one_past_the_ttl_is() -> None:
+    """A stop resumes paused workers at once: one woken before its ttl ran out may still hold
+    a live lease, so its commit is the fence's to judge; one woken after the ttl cannot."""
+    from supervisor.chaos.verifier import FaultEvent, Verifier  # noqa: PLC0415
+
+    class Done:  # the faulted attempt committed 0.6 s after the fault
+        def get_task(self, task_id: int) -> Any:
+            return type("T", (), {"attempts": 1, "claimed_at": 1.0, "done_at": 10.6,
+                                  "done_attempt": 1, "run_id": 1})()  # fmt: skip
+
+        def fence_rejections(self, after: int = 0) -> list[Any]:
+            return []
+
+        def integrity_violations(self) -> list[str]:
+            return []
+
+    verifier = Verifier(ttl=1.0, poll_interval=0.1, fast_release=False)
+    early = FaultEvent("pause", 100, 1, 1, 10.0, "handler", 3.1, woke_at=10.55)
+    late = FaultEvent("pause", 101, 1, 1, 10.0, "handler", 3.1, woke_at=11.2)
+    for ev in (early, late):
+        verifier.record(ev)
+    verifier.observe(Done(), 12.0)  # type: ignore[arg-type]
+    assert (early.outcome, late.outcome) == ("resumed_early", "committed_after_fault")
+    assert len(verifier.violations) == 1 and "pid 101" in verifier.violations[0]

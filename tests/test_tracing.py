@@ -67,6 +67,18 @@ class TestTheColumn:
         leases = s.claim("w", TTL, limit=2)
         assert [x.traceparent for x in leases] == [PARENT, None]
 
+    def test_task_objects_pass_an_explicit_traceparent(self, s: Store) -> None:
+        app = App()
+
+        @app.task
+        def first(ctx: TaskContext) -> None: ...
+
+        one = first.start(store=s, traceparent=PARENT)
+        many = first.start_many([1, 2], store=s, traceparent=PARENT)
+        leases = s.claim("w", TTL, limit=3)
+        assert sorted(x.run_id for x in leases) == sorted([one, *many])
+        assert {x.traceparent for x in leases} == {PARENT}
+
     def test_the_current_span_is_captured(self, s: Store, spans: InMemorySpanExporter) -> None:
         with trace.get_tracer("t").start_as_current_span("request") as span:
             s.start_run("a")

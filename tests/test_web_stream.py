@@ -202,3 +202,22 @@ def test_each_live_part_names_its_stream_and_the_kinds_it_refetches_on(s: Store)
     assert 'data-stream="/events/stream" ' in c.get(f"/runs/{parent}").text
     assert "data-stream" not in c.get("/chaos").text  # a file, not the database
     assert "data-stream" not in client(s, max_streams=0).get("/runs").text
+
+
+def test_an_open_stream_ends_once_its_database_file_is_deleted(
+    tmp_path: Path, web_procs: list[WebProcess]
+) -> None:
+    """As every page answers 503 then: an open SQLite connection keeps reading a deleted file,
+    so a stream left open would show a database that is no longer there."""
+    db = str(tmp_path / "lk.db")
+    open_store(db).close()
+    web = serve(tmp_path, web_procs, db)
+    stream = EventStreamClient(web.url(), timeout=30)
+    assert "id" in stream.message()
+    for suffix in ("", "-wal", "-shm"):
+        Path(db + suffix).unlink(missing_ok=True)
+    started = time.monotonic()
+    assert stream.message() == {}, "the stream ended"
+    assert time.monotonic() - started < 20  # within a check or two, not a keep-alive or more
+    assert web.get("/events/stream")[0] == 503
+    assert web.stop() == 0

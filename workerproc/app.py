@@ -12,6 +12,7 @@ from .limits import LimitSpec
 from .store import TaskOptions
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
+from .store.webhooks import RESERVED
 from .tasks import Task, declare
 
 if TYPE_CHECKING:
@@ -191,6 +192,9 @@ class App:
                 declared = {**declared, **fn.options.declared}
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
+        if name.startswith(RESERVED):
+            raise ValueError(f"task names starting with {RESERVED!r} are leasekeeper's own "
+                             f"(got {name!r})")  # fmt: skip
         options = declare(name, **declared)
         if name in self.handlers and self.handlers[name] is not fn:
             raise ValueError(f"task {name!r} is registered twice")

@@ -16,9 +16,9 @@ read of its task).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from .app import App
+from .app import App, Handler
 from .completer import Completer
 from .execution import Execution, Mode, mode_for
 from .executors import Executors
@@ -43,8 +43,10 @@ class Starter:
         *,
         starting: Callable[[], None],
         calls: CallBook | None = None,
+        builtin: Mapping[str, Handler] | None = None,
     ) -> None:
-        self.handlers = app.handlers
+        # the app's handlers, and the built-in tasks the app does not define itself
+        self.handlers = {**(builtin or {}), **app.handlers}
         self.calls = calls  # the worker's paid calls (``ctx.once``)
         self.tasks = app.tasks
         self.holdings = holdings

@@ -108,13 +108,13 @@ class Task(Generic[R]):
     def start(
         self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
         queue: str | None = None, priority: int | None = None, delay: float = 0,
-        store: AsyncStore, tx: None = None,
+        store: AsyncStore, tx: None = None, traceparent: str | None = None,
     ) -> Awaitable[int]: ...  # fmt: skip
     @overload
     def start(
         self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
         queue: str | None = None, priority: int | None = None, delay: float = 0,
-        store: Producer, tx: Any = None,
+        store: Producer, tx: Any = None, traceparent: str | None = None,
     ) -> int: ...  # fmt: skip
 
     def start(
@@ -128,27 +128,32 @@ class Task(Generic[R]):
         delay: float = 0,
         store: Producer | AsyncStore,
         tx: Any = None,
+        traceparent: str | None = None,
     ) -> int | Awaitable[int]:
         """Start a run whose first task is this one; returns its id (``store.start_run``, with
         the task's declared queue and priority unless ``queue``/``priority`` say otherwise).
         With an async store (``open_async_store``) it returns an awaitable of the id. ``tx``:
-        the caller's own transaction (transactional enqueue; the sync store only)."""
+        the caller's own transaction (transactional enqueue; the sync store only).
+        ``traceparent``: the W3C trace context its steps continue (None: the current span's,
+        when OpenTelemetry records one; "": none)."""
         where, level = self._where(queue, priority)
         extra = {} if tx is None else {"tx": tx}
         return store.start_run(self.name, payload, state, delay, key=key, queue=where,
-                               priority=level, **extra)  # fmt: skip
+                               priority=level, traceparent=traceparent, **extra)  # fmt: skip
 
     @overload
     def start_many(
         self, payloads: Iterable[JSON], *, state: JSON = None,
         keys: Iterable[str | None] | None = None, queue: str | None = None,
         priority: int | None = None, delay: float = 0, store: AsyncStore, tx: None = None,
+        traceparent: str | None = None,
     ) -> Awaitable[list[int]]: ...  # fmt: skip
     @overload
     def start_many(
         self, payloads: Iterable[JSON], *, state: JSON = None,
         keys: Iterable[str | None] | None = None, queue: str | None = None,
         priority: int | None = None, delay: float = 0, store: Producer, tx: Any = None,
+        traceparent: str | None = None,
     ) -> list[int]: ...  # fmt: skip
 
     def start_many(
@@ -162,10 +167,12 @@ class Task(Generic[R]):
         delay: float = 0,
         store: Producer | AsyncStore,
         tx: Any = None,
+        traceparent: str | None = None,
     ) -> list[int] | Awaitable[list[int]]:
         """Start one run of this task per payload, in one transaction (``store.start_runs``);
         ``keys``, if given, holds one idempotency key (or None) per payload. Returns the run
-        ids in order (an awaitable of them with an async store)."""
+        ids in order (an awaitable of them with an async store). ``traceparent``: as
+        ``start``'s, for every run."""
         where, level = self._where(queue, priority)
         payloads = list(payloads)
         chosen = [None] * len(payloads) if keys is None else list(keys)
@@ -173,7 +180,7 @@ class Task(Generic[R]):
             raise ValueError(f"start_many: {len(payloads)} payloads but {len(chosen)} keys")
         items = [
             {"task": self.name, "payload": p, "state": state, "key": k, "queue": where,
-             "priority": level, "delay": delay}
+             "priority": level, "delay": delay, "traceparent": traceparent}
             for p, k in zip(payloads, chosen, strict=True)
         ]  # fmt: skip
         extra = {} if tx is None else {"tx": tx}

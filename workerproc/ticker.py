@@ -11,12 +11,11 @@ never the write lock; every wait is bounded. A failing database is told once per
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 
+from .background import StoreThread
 from .logs import event
 from .outage import Outage
-from .signals import main_thread_only
 from .store import StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.worker")
@@ -26,37 +25,17 @@ RETRY = 1.0  # after a failed look
 MIN_WAIT = 0.05  # a tick still due after a look (another firer is at it): look again this soon
 
 
-class Ticker:
+class Ticker(StoreThread):
+    name = "ticker"
+    what = "the schedules' thread"
+
     def __init__(self, open_store: Callable[[], WorkerStore], outage: Outage) -> None:
-        self._open_store = open_store
-        self._outage = outage
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._main, name="schedules", daemon=True)
+        super().__init__(open_store, outage)
         self.fired = 0  # runs this worker's ticker started
         self._broken = False  # the last look failed other than by the database (told once)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def close(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _main(self) -> None:
-        main_thread_only()
-        store: WorkerStore | None = None
-        try:
-            while not self._stop.is_set():
-                if store is None:
-                    store = self._open_store()
-                self._stop.wait(self.step(store))
-        except BaseException as exc:  # schedules stop; the worker's own loop goes on
-            event(log, "ticker_died", f"the schedules' thread died: {exc!r}",
-                  level=logging.ERROR)  # fmt: skip
-        finally:
-            if store is not None:
-                store.close()
+    def turn(self, store: WorkerStore) -> None:
+        self._stop.wait(self.step(store))
 
     def step(self, store: WorkerStore) -> float:
         """Fire what is due; the seconds to sleep before the next look."""

@@ -30,6 +30,8 @@ from .alarms import Alarms
 from .app import App
 from .completer import Completer
 from .config import WorkerConfig
+from .courier import Courier
+from .delivery import Deliverer, serves_webhooks
 from .execution import Execution, Mode, Stopped, failure, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
@@ -48,11 +50,12 @@ from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
 from .store.roles import CallStore
+from .store.webhooks import DELIVERY_TASK
 from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
 
-FIRERS = 2  # the workers of a pool (its first indexes) that fire the schedules
+FIRERS = 2  # the workers of a pool (its first indexes) that fire the schedules, wake webhooks
 
 
 class Worker:
@@ -92,6 +95,7 @@ class Worker:
         self.outage = Outage()  # a database that stops answering, told once per incident
         self._open_store = open_store
         self.ticker: Ticker | None = None  # the schedules' firer, when the app declares any
+        self.courier: Courier | None = None  # the webhooks' waker (B20)
         # The heartbeat reports to the alarms, which tell it what to stop renewing: each needs
         # the other, so its reports reach the alarms through self (its thread starts in run()).
         self.heartbeat = Heartbeat(
@@ -118,9 +122,11 @@ class Worker:
         )
         # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
         self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())))
+        # the built-in task every worker serves: webhook delivery (B20), on its own connections
+        builtin = {DELIVERY_TASK: Deliverer(open_store)}
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish,
-                               calls=self.calls)  # fmt: skip
+                               calls=self.calls, builtin=builtin)  # fmt: skip
 
     def _presence(self, owner: str, config: WorkerConfig) -> Presence:
         """The worker's row in the store's worker list, kept by the heartbeat thread."""
@@ -144,6 +150,7 @@ class Worker:
             for told in self.store.declare_limits(self.app.limits, by=socket.gethostname()):
                 event(log, "limit_redeclared", told, level=logging.WARNING)
             self._start_schedules()
+            self._start_courier()
             if hooks.start(self.app.worker_start, self._on_loop) is not None:
                 return exitcodes.BOOT_FAILURE  # it cannot work as its app expects: no claim
             self._hooks_started = True
@@ -182,6 +189,16 @@ class Worker:
             return
         self.ticker = Ticker(self._open_store, self.outage)
         self.ticker.start()
+
+    def _start_courier(self) -> None:
+        """B20: the webhooks' waker, in the first ``FIRERS`` workers of a pool that serves
+        the webhooks' queue (it signals parked deliveries; the delivering is any worker's)."""
+        if not serves_webhooks(self.config.queues):
+            return
+        if self.slot is not None and self.slot.index >= FIRERS:
+            return
+        self.courier = Courier(self._open_store, self.outage)
+        self.courier.start()
 
     def _health(self) -> int | None:
         if self.alarms.exit_code is not None:
@@ -391,6 +408,8 @@ class Worker:
         self.executors.close()
         if self.ticker is not None:
             self.ticker.close()
+        if self.courier is not None:
+            self.courier.close()
         self.calls.close()  # after the handlers: a keep handed over is written first
         self.heartbeat.close()
         tracing.shutdown()  # its spans flushed before the process ends

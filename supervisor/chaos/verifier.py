@@ -33,7 +33,7 @@ class FaultEvent:
     phase: str  # what the victim was doing: handler | claiming | committing | idle
     bound_s: float
     outcome: str = "pending"  # taken_over | finished_before | superseded_before | run_over
-    #                 | not_taken_over | committed_after_fault | no_lease | unresolved
+    #   | not_taken_over | committed_after_fault | resumed_early | no_lease | unresolved
     taken_over_ms: float | None = None
     woke_at: float | None = None
     zombie_rejections: int = 0
@@ -92,6 +92,11 @@ class Verifier:
         for message in store.integrity_violations():
             self._violate(message)
 
+    def resumed_early(self, ev: FaultEvent) -> bool:
+        """A pause cut short (by a stop) before a ttl had passed: the lease renewed last at the
+        fault may still be live when the worker wakes, so its commit proves nothing."""
+        return ev.fault == "pause" and ev.woke_at is not None and ev.woke_at - ev.t < self.ttl
+
     def stalled(self, start: float, end: float, victim: int | None = None) -> float:
         """Seconds of [start, end] during which nobody could take anything over, so takeover
         bounds do not count that time: a paused worker may have held the write lock, or every
@@ -144,6 +149,10 @@ class Verifier:
         elif task.done_at is not None and task.done_attempt == ev.attempt:
             if task.done_at <= ev.t + COMMIT_SLACK:
                 ev.outcome = "finished_before"
+            elif self.resumed_early(ev):
+                # a stop (a drain that finished, say) resumed it before its lease could expire:
+                # its lease may still be live, and the fence alone decides its commit
+                ev.outcome = "resumed_early"
             else:
                 ev.outcome = "committed_after_fault"
                 self._violate(

@@ -152,6 +152,15 @@ def db_opt(required: bool = True) -> Callable[[F], F]:
     )
 
 
+def group_db(db: str | None, ctx: click.Context) -> str:
+    """A group's subcommand's database: its own ``--db``, else the group's (kept in
+    ``ctx.obj``), else a usage error."""
+    given = db or (ctx.obj if isinstance(ctx.obj, str) else None)
+    if not given:
+        raise click.UsageError("Missing option '--db' (or SUPERVISOR_DB)", ctx)
+    return given
+
+
 db_option = db_opt()
 pidfile_option = option(
     "--pidfile",

@@ -12,7 +12,7 @@ from workerproc.store.limits import LimitInfo, per_second
 
 from ..errors import ConfigError
 from . import render, store_actions
-from .clickutil import Number, db_opt, json_option, option
+from .clickutil import Number, db_opt, group_db, json_option, option
 
 LIFTED = ("0", "none")  # what lifts a number
 
@@ -58,13 +58,6 @@ def lines(infos: list[LimitInfo]) -> str:
     return "\n".join(out)
 
 
-def _db(db: str | None, ctx: click.Context) -> str:
-    given = db or (ctx.obj if isinstance(ctx.obj, str) else None)
-    if not given:
-        raise click.UsageError("Missing option '--db' (or SUPERVISOR_DB)", ctx)
-    return given
-
-
 @click.group(invoke_without_command=True)
 @db_opt(required=False)
 @option("--keys", "keys", type=Number(int, 0, 100), default=5, metavar="K",
@@ -77,7 +70,7 @@ def limits(ctx: click.Context, db: str | None, keys: int, as_json: bool) -> None
     ctx.obj = db
     if ctx.invoked_subcommand is not None:
         return
-    db = _db(db, ctx)
+    db = group_db(db, ctx)
     with store_actions.store_for(db) as store:
         infos = store.limits(keys=keys)
     click.echo(render.to_json([as_dict(i) for i in infos]) if as_json else lines(infos))
@@ -134,7 +127,7 @@ def set_(
     if not given:
         raise ConfigError("give at least one of --rate, --burst, --concurrency, --tokens, "
                           "--token-burst")  # fmt: skip
-    with store_actions.store_for(_db(db, ctx)) as store:
+    with store_actions.store_for(group_db(db, ctx)) as store:
         spec = store.set_limit(name, **given)
     shown = {k: _per_minute(v) if k in ("rate", "tokens") else v
              for k, v in spec.numbers.items()}  # fmt: skip

@@ -93,6 +93,7 @@ class SupervisorCollector:
     def collect(self) -> Iterator[Metric]:
         yield from self._store()
         yield from self._limits()
+        yield from self._webhooks()
         yield from self._fencing()
         yield from self._work()
         yield from self._calls()
@@ -199,6 +200,39 @@ class SupervisorCollector:
             "Starts each limit's rate bucket holds now (a limit with a rate and without per).",
             ["limit"],
             [([i.name], i.level) for i in infos if i.level is not None],
+        )
+
+    def _webhooks(self) -> Iterator[Metric]:
+        """Webhook delivery (B20), from each delivery run's committed record: the same on
+        each supervisor of one database (aggregate with ``max``)."""
+        infos = self.probe.webhooks
+        yield labelled(
+            CounterMetricFamily,
+            "webhook_deliveries",
+            "Events each webhook's receiver accepted (a redelivery after a takeover counts once).",
+            ["webhook"],
+            [([i.name], i.delivered) for i in infos],
+        )
+        yield labelled(
+            CounterMetricFamily,
+            "webhook_dead_letters",
+            "Events each webhook gave up on after its max_failures.",
+            ["webhook"],
+            [([i.name], i.dead_total) for i in infos],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "webhook_failing",
+            "Failed deliveries in a row of the event each webhook is stuck on (0: healthy).",
+            ["webhook"],
+            [([i.name], i.failures) for i in infos],
+        )
+        yield labelled(
+            GaugeMetricFamily,
+            "webhook_cursor",
+            "The last event id each webhook has dealt with (compare with the newest event).",
+            ["webhook"],
+            [([i.name], i.cursor) for i in infos],
         )
 
     def _fencing(self) -> Iterator[Metric]:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from workerproc.store import Stats, StoreError
 from workerproc.store.calls import CallTotals
 from workerproc.store.limits import LimitInfo
+from workerproc.store.webhooks import WebhookInfo
 
 from ..logs import event
 
@@ -35,6 +36,7 @@ class StatsProbe:
     stats: Stats | None = None  # the last successful read
     calls: CallTotals | None = None  # the paid calls' numbers (ctx.once), at that read
     limits: list[LimitInfo] = field(default_factory=list)  # flow control's limits (issue 24)
+    webhooks: list[WebhookInfo] = field(default_factory=list)  # their delivery records (B20)
     ok_at: float | None = None  # monotonic time of that read
     read_at: float | None = None  # monotonic time of the last attempt, good or bad
     reads: int = 0
@@ -72,6 +74,7 @@ class StatsProbe:
                 stats = store.stats()
                 calls = store.paid_call_totals()
                 limits = store.limits(keys=0)
+                webhooks = store.webhooks()
                 rejected = store.fence_rejections(self.cursor, REJECTIONS_PER_READ)
         except StoreError as exc:
             self.failures += 1
@@ -90,6 +93,7 @@ class StatsProbe:
         self.stats = stats
         self.calls = calls
         self.limits = limits
+        self.webhooks = webhooks
         for r in rejected:
             self.cursor = max(self.cursor, r.id)
             self.rejections[r.op] += 1

@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from workerproc.store import StoreError, redact
+from workerproc.store.webhooks import WEBHOOK_QUEUE
 
 from ..logs import drain_progress, event
 from .arbiter import Arbiter
@@ -20,7 +21,9 @@ WARN = logging.WARNING
 
 def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
-    delayed or leased."""
+    delayed or leased. The webhooks' delivery runs never end (B20): of their queue only a
+    delivery in flight (leased, or its lease expired) is waited for, so a drain under chaos
+    sees a delivery it paused taken over before it stops."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
@@ -32,13 +35,16 @@ def stop_when_drained(arb: Arbiter) -> None:
             # NULL only when it is over or has no pending task); the full counts, a scan of
             # every run, only for the progress line and the final message.
             left = store.next_ready_at(served) is not None
+            if left and (served is None or WEBHOOK_QUEUE in served) and store.webhooks():
+                left = False  # that may be only the deliveries: the counts below tell
             if left and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
         return
-    mine = [c for q, c in stats.queues.items() if served is None or q in served]
+    mine = [c for q, c in stats.queues.items()
+            if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
     runs: Counter[str] = Counter()
     for c in mine:
         runs.update(c.runs)
@@ -46,7 +52,11 @@ def stop_when_drained(arb: Arbiter) -> None:
     if arb.progress is not None:
         progress = drain_progress(done, sum(runs.values()), runs.get("failed", 0), arb.started_at)
         arb.progress.show(progress)
-    if sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
+    deliveries = stats.queues.get(WEBHOOK_QUEUE)
+    in_flight = deliveries.leased + deliveries.expired if deliveries is not None else 0
+    if served is not None and WEBHOOK_QUEUE not in served:
+        in_flight = 0  # not ours to deliver
+    if in_flight == 0 and sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
         if arb.progress is not None:
             arb.progress.finish()
         event(

@@ -53,6 +53,7 @@ def create_app(config: WebConfig, store: Operator, streams: Streams | None = Non
     database = PinnedFile(db_file(config.db))
     with contextlib.suppress(FileNotFoundError):  # the command opened it: it is there
         database.pin()
+    streams.gone = lambda: database.problem("the dashboard")  # an open stream ends then too
     templates = Jinja2Templates(env=environment())
     pages = Pages(config, store, templates, keys)
     routes: list[BaseRoute] = [
@@ -61,6 +62,7 @@ def create_app(config: WebConfig, store: Operator, streams: Streams | None = Non
         Route("/runs/{run_id:int}", pages.run),
         Route("/leases", pages.leases),
         Route("/limits", pages.limits),
+        Route("/webhooks", pages.webhooks),
         Route("/chaos", pages.chaos),
         Route("/events/stream", streams.endpoint),
         Mount("/static", StaticFiles(packages=[("supervisor.web", "static")]), name="static"),

@@ -40,6 +40,7 @@ from .views import MAX_ID
 
 log = logging.getLogger("supervisor.web")
 KEEPALIVE = 15.0  # seconds between two comments on a quiet stream
+CHECK = 1.0  # a quiet stream looks this often whether its database file is still there
 RETRY_MS = 5000  # what a browser waits before it reconnects a stream that ended
 PER_CLIENT_STREAMS = PER_CLIENT // 2  # a client keeps half its connections for requests
 BACKLOG = 1000  # events read ahead of a slow client (then the reads wait for it)
@@ -73,6 +74,9 @@ class Streams:
         self._stops: set[asyncio.Task[None]] = set()
         self._opening: asyncio.Lock | None = None
         self._stopping = asyncio.Event()
+        # why the database can no longer be read (its file deleted or replaced), or None: an
+        # open stream ends then, as every page answers 503 (``app.DatabaseWatch``)
+        self.gone: Callable[[], str | None] = lambda: None
 
     @property
     def open(self) -> int:
@@ -165,20 +169,26 @@ class Streams:
         reading = asyncio.create_task(pump())
         stopping = asyncio.create_task(self._stopping.wait())
         taking: asyncio.Task[Event] | None = None
+        quiet = 0.0  # seconds since the last message
         try:
             yield f"retry: {RETRY_MS}\nid: {after}\n\n"  # a reconnect resumes from here
             while True:
                 if taking is None:
                     taking = asyncio.create_task(queue.get())
                 done, _ = await asyncio.wait(
-                    {taking, reading, stopping}, timeout=KEEPALIVE,
+                    {taking, reading, stopping}, timeout=CHECK,
                     return_when=asyncio.FIRST_COMPLETED,
                 )  # fmt: skip
+                gone = self.gone()
+                if gone is not None:
+                    log.warning("an event stream ended: %s", gone)
+                    return
                 if taking in done:
                     chunk = [message(taking.result())]
                     while not queue.empty():
                         chunk.append(message(queue.get_nowait()))
                     taking = None
+                    quiet = 0.0
                     yield "".join(chunk)
                 elif stopping in done:
                     return
@@ -186,7 +196,8 @@ class Streams:
                     problem = reading.exception()
                     log.warning("an event stream ended: %s", redact(str(problem)))
                     return
-                else:
+                elif (quiet := quiet + CHECK) >= KEEPALIVE:
+                    quiet = 0.0
                     yield ": keep-alive\n\n"
         finally:
             for task in (reading, stopping, taking):

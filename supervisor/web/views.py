@@ -186,6 +186,11 @@ class Pages:
         infos = self.cache.get("limits", STATS_EVERY, lambda: self.store.limits(keys=LIMIT_KEYS))
         return self.render(request, "limits.html", limits=infos, permin=_per_minute, num=_num)
 
+    def webhooks(self, request: Request) -> Response:
+        """Webhooks (issue 26, B20): each one's delivery record and its dead letters."""
+        infos = self.cache.get("webhooks", STATS_EVERY, self.store.webhooks)
+        return self.render(request, "webhooks.html", webhooks=infos)
+
     def chaos(self, request: Request) -> Response:
         report = self.report.read() if self.report else None
         ctx: dict[str, Any] = {"report": report}

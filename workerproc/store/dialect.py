@@ -92,6 +92,9 @@ STATEMENTS = frozenset(
         # child runs (B14): spawned in the parent's commit, joined when the last one ends
         "LINK_CHILDREN", "CHILD_ENDED", "JOIN_DUE", "CHILD_RETRIED", "CHILDREN_OF",
         "CANCEL_DESCENDANTS", "RUN_CHILDREN",
+        # webhooks (B20): declared by operators, delivered by their delivery runs
+        "WEBHOOK_ROWS", "WEBHOOK_ROW", "WEBHOOK_ADD", "WEBHOOK_DROP", "WEBHOOK_PARKED",
+        "WEBHOOK_SIGNALS_DONE",
     }
 )  # fmt: skip
 

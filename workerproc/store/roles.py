@@ -4,8 +4,8 @@
 plays, so what it may call is written down and a test can hand in a smaller fake:
 
 - ``WorkerStore``: a worker: its exchange (commit and claim in one transaction), the
-  heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads, and the
-  declaration of its app's per-task options when it starts.
+  heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads, the
+  declaration of its app's per-task options when it starts, and what webhook delivery reads.
 - ``CallStore``: ``ctx.once``'s own connection: a step's paid calls, found and kept (B13).
 - ``Producer``: code that starts runs and waits for them (users, ``supervisor enqueue``).
 - ``Inspector``: what reads without writing: ``status``, ``runs``, ``show``, ``check``, the
@@ -29,6 +29,7 @@ from .types import (
     BatchOutcome,
     ClaimRequest,
     Commit,
+    Event,
     FinishedBucket,
     Lease,
     Rejection,
@@ -40,6 +41,7 @@ from .types import (
     TaskOptions,
     WorkerInfo,
 )
+from .webhooks import Webhook, WebhookInfo
 
 
 class Role(Protocol):
@@ -58,6 +60,14 @@ class WorkerStore(Role, Protocol):
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]: ...
     def renew_each(self, leases: Sequence[Lease], ttl: float) -> list[Renewal]: ...
     def change_token(self) -> int: ...
+    def wait_change(self, token: int, timeout: float) -> int: ...
+    def events(
+        self, after: int | None = None, limit: int = 500, *, consumer: str | None = None,
+        run: int | None = None,
+    ) -> list[Event]: ...  # fmt: skip
+    def webhook(self, name: str) -> Webhook | None: ...
+    def webhook_list(self) -> list[Webhook]: ...
+    def wake_webhook(self, run_id: int) -> bool: ...
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None: ...
     def now(self) -> float: ...
     def register_tasks(self, declared: Mapping[str, TaskOptions]) -> int: ...
@@ -128,6 +138,7 @@ class Inspector(Role, Protocol):
     def paid_calls(self, run_id: int, limit: int = 1000) -> list[PaidCall]: ...
     def paid_call_totals(self) -> CallTotals: ...
     def limits(self, keys: int = 5) -> list[LimitInfo]: ...
+    def webhooks(self) -> list[WebhookInfo]: ...
 
 
 class Operator(Inspector, Protocol):

@@ -42,6 +42,9 @@ def migrate_locked(cur: Cursor, schema: str, where: str) -> None:
     """Every missing step, in this one transaction (DDL is transactional)."""
     # Two hosts starting at once: the second waits here, then finds nothing left to do.
     cur.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"leasekeeper:{schema}",))
+    # a migration's statements may read whole tables: let the planner scan them (our sessions
+    # turn sequential scans off for the hot path's bounded walks)
+    cur.execute("SET LOCAL enable_seqscan = on")
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
     found = version(cur, schema, where)
     if found == 0:

@@ -146,9 +146,12 @@ class PostgresAsync(AsyncBackend):
     # -- waiting ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
+        """Listening before the body's first read: a commit between that read and the LISTEN
+        would otherwise wait for the poll (a follower's first event came a second late)."""
         if self._listener is None or self._listener.done():
             self._listening.clear()
             self._listener = asyncio.create_task(self._listen())
+        await self._listening.wait()  # set once listening, or once that failed (bounded)
         yield
 
     async def _listen(self) -> None:

@@ -152,8 +152,12 @@ class PostgresDialect(Dialect):
                 f" -c idle_in_transaction_session_timeout="
                 f"{max(10, int(self.idle_in_transaction * 1000))}"
                 # every statement of ours is a bounded index walk; after a bulk enqueue the
-                # planner would otherwise read every pending run per claim (docs/protocol.md)
-                " -c enable_bitmapscan=off"
+                # planner would otherwise read every pending run per claim, and plan the
+                # claim's probe of a run's lease as a scan of the whole leases heap, which
+                # grows with dead rows between vacuums (docs/protocol.md). No JIT: a statement
+                # that can only scan (a small table without an index for it) is costed past
+                # jit_above_cost with sequential scans off, and compiling it took 200-300 ms
+                " -c enable_bitmapscan=off -c enable_seqscan=off -c jit=off"
             ),
         }
 

@@ -80,4 +80,6 @@ DELETE FROM events WHERE id IN (
     SELECT id FROM events, clock WHERE id IS NOT NULL AND at < clock.now - %(age)s
       AND id < (SELECT max(id) FROM events)
       AND (%(force)s OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
+      AND (%(force)s OR id <= coalesce((SELECT min((r.state ->> 'cursor')::bigint)
+          FROM webhooks AS w JOIN runs AS r ON r.id = w.run_id), id))
     ORDER BY id LIMIT %(limit)s) RETURNING id"""

@@ -43,6 +43,7 @@ from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_WAITS
+from .webhooks_sql import MIGRATION as _WEBHOOKS
 
 VERSION_TABLE = "leasekeeper_schema"
 
@@ -427,6 +428,7 @@ MIGRATIONS: list[str] = [
     GATES_READY_ORDER,  # 9: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
+    _WEBHOOKS,  # 12: webhooks (B20)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from functools import cache
 
+from .batch_sql import advance_many, finish_many
+
 ALIVE = "('pending')"  # a run that may still change (a lease on it says "running")
 _CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
 # "now", read once per statement, for statements that lock nothing first
@@ -368,6 +370,8 @@ cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
     updated_at = clock.now, {_NO_HEAD} FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
 {_DONE_AFTER_CAS}
 SELECT id FROM cas"""
+# the same for every commit of a batch, in one statement (``batch_sql``, ``steps.many``)
+FINISH_MANY = finish_many(_CLOCK, _FENCE_EACH, _NO_HEAD, ALIVE)
 _ADVANCED_HEAD = head_of(
     "r.id", without="%(task_id)s", extra="clock.now + %(delay)s, clock.now, next.id, %(line)s"
 )
@@ -384,6 +388,10 @@ next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, create
         %(line)s, %(gate_a)s, %(gate_b)s, %(gate_c)s, %(tokens)s
     FROM cas, next, clock)
 SELECT id, {NOTIFY} FROM cas"""
+# the same for every commit of a batch (``batch_sql``): the head counts the row's next task
+ADVANCE_MANY = advance_many(_CLOCK, _FENCE_EACH, head_of(
+    "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
+), ALIVE, NOTIFY)  # fmt: skip
 
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) ------------
 # an exhausted claim or a failure ends the lease's attempt without a commit; read from the

@@ -8,6 +8,7 @@ enqueue). Steps read their statements at each call."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -21,6 +22,7 @@ from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
 from . import waits_sql as w
+from . import webhooks_sql as wh
 
 if TYPE_CHECKING:
     from .tx import PostgresTx
@@ -145,6 +147,44 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
     return [(rows[0][0],)]
 
 
+def many(tx: PostgresTx, name: str, each: Sequence[Params]) -> list[int] | None:
+    """A batch of ``name`` as one statement, where there is one (``batch_sql``): finishes or
+    advances of distinct runs of one owner go as ``FINISH_MANY`` or ``ADVANCE_MANY``, each
+    answered 1 (written) or 0 (refused: the protocol asks why). None: send them one by one
+    (pipelined)."""
+    if name not in _BATCHED or len(each) < 2 or tx.prefix:  # never on a caller's connection
+        return None
+    first = each[0]
+    runs = [p["run_id"] for p in each]
+    if len(set(runs)) < len(runs) or any(
+        p["owner"] != first["owner"] or p["now"] != first["now"] for p in each
+    ):
+        return None
+    arrays = {
+        "run_ids": sorted(runs),
+        "runs": runs,
+        "task_ids": [p["task_id"] for p in each],
+        "attempts": [p["attempt"] for p in each],
+        "owner": first["owner"],
+        "now": first["now"],
+    }
+    for array, key in _BATCHED[name]:
+        arrays[array] = [p[key] for p in each]
+    statement = q.FINISH_MANY if name == "FINISH" else q.ADVANCE_MANY  # read at each call
+    matched = {row[0] for row in tx.execute(statement, arrays).fetchall()}
+    return [int(run in matched) for run in runs]
+
+
+# what each batched statement takes besides the fence, as (array, commit parameter)
+_BATCHED = {
+    "FINISH": [("revisions", "revision"), ("states", "state"), ("results", "result")],
+    "ADVANCE": [("revisions", "revision"), ("states", "state"), ("queues", "queue"),
+                ("names", "name"), ("payloads", "payload"), ("delays", "delay"),
+                ("lines", "line"), ("gates_a", "gate_a"), ("gates_b", "gate_b"),
+                ("gates_c", "gate_c"), ("tokens", "tokens")],
+}  # fmt: skip
+
+
 STEPS: dict[str, Step] = {
     "CHILD_ENDED": child_ended,
     "PLACE_GATES": place_gates,
@@ -156,4 +196,4 @@ STEPS: dict[str, Step] = {
     "FIND_BY_KEYS": find_by_keys,
     "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r, c, sc, e, w], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc, e, w, wh], STEPS)

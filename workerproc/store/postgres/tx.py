@@ -12,7 +12,7 @@ import psycopg
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
 from .ops_sql import NOW
-from .steps import CATALOGUE
+from .steps import CATALOGUE, many
 
 Cursor = psycopg.Cursor[Any]
 
@@ -104,6 +104,9 @@ class PostgresTx(Tx):
         statement = self.catalogue[name]
         if not isinstance(statement, str):
             return super().many(name, each)
+        batched = many(self, name, each)  # one statement for the batch, where there is one
+        if batched is not None:
+            return batched
         self.cur.executemany(statement, each, returning=True)
         counts = []
         for n in range(len(each)):

@@ -53,7 +53,11 @@ def event_row(
 ) -> Params:
     if kind not in KINDS:
         raise ValueError(f"unknown event kind {kind!r}")
-    text = _encode({k: v for k, v in data.items() if v is not None})
+    if not data:  # the hot path's run.succeeded, step.committed: nothing to encode
+        text = "{}"
+    else:
+        text = _encode(data if None not in data.values() else
+                       {k: v for k, v in data.items() if v is not None})  # fmt: skip
     return {"run_id": run_id, "kind": kind, "task": task, "attempt": attempt, "data": text}
 
 
@@ -171,8 +175,8 @@ class Events:
 
 def prune_events(dialect: Dialect, older_than: float, batch: int, force: bool) -> int:
     """Delete events older than ``older_than`` seconds, never one a named consumer has not
-    acknowledged (unless ``force``) and never the newest (ids count on from it), ``batch``
-    per transaction; how many went."""
+    acknowledged or a webhook has not delivered (unless ``force``) and never the newest (ids
+    count on from it), ``batch`` per transaction; how many went."""
     params = {"age": float(older_than), "limit": int(batch), "force": bool(force)}
     total = 0
     while (n := dialect.write(lambda tx: tx.count("PRUNE_EVENTS", {**params, "now": tx.now}))) > 0:

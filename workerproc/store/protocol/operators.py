@@ -10,6 +10,19 @@ from .totals import counted, ended
 from .waits import cancel_descendants, ended_children
 
 
+def cancel(tx: Tx, run_id: int) -> bool:
+    """Cancel live run ``run_id`` in ``tx`` (its row first, then its tasks); False when it
+    was over already (``RunNotFound`` when there is none)."""
+    _, queue = status(tx, run_id)
+    if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
+        return False
+    ended(tx, queue, "cancelled")
+    emit(tx, "run.cancelled", run_id)
+    cancel_descendants(tx, run_id)  # its children with it (B14)
+    ended_children(tx, [run_id])  # a child's end counts for its parent's join
+    return True
+
+
 class Operators:
     dialect: Dialect
 
@@ -17,17 +30,7 @@ class Operators:
         """Cancel a live run; False when it was over already. Its holder's next commit
         answers ``conflict``."""
 
-        def cancel(tx: Tx) -> bool:
-            _, queue = status(tx, run_id)
-            if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
-                return False
-            ended(tx, queue, "cancelled")
-            emit(tx, "run.cancelled", run_id)
-            cancel_descendants(tx, run_id)  # its children with it (B14)
-            ended_children(tx, [run_id])  # a child's end counts for its parent's join
-            return True
-
-        return self.dialect.write(cancel, runs=[run_id])
+        return self.dialect.write(lambda tx: cancel(tx, run_id), runs=[run_id])
 
     def retry_run(self, run_id: int) -> bool:
         """B2: a failed or cancelled run with pending work starts a new attempt generation
@@ -62,8 +65,8 @@ class Operators:
     def prune(self, older_than: float, *, batch: int = 1000, force: bool = False) -> int:
         """Delete runs that finished more than ``older_than`` seconds ago, with their tasks
         (and refused-write records and events as old: never an event a named consumer has
-        not acknowledged, unless ``force``), ``batch`` runs per write transaction so no lock
-        is held long; returns how many runs went."""
+        not acknowledged or a webhook has not delivered, unless ``force``), ``batch`` runs
+        per write transaction so no lock is held long; returns how many runs went."""
         params = {"age": float(older_than), "limit": int(batch)}
 
         def runs(tx: Tx) -> int:

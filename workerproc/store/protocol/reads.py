@@ -182,6 +182,11 @@ class Reads:
         """A number that changes when another connection commits. Cheap; no write lock."""
         return self.dialect.change_token()
 
+    def wait_change(self, token: int, timeout: float) -> int:
+        """Sleep until the change token differs from ``token`` or ``timeout`` seconds pass (on
+        notifications where the database has them); the current token."""
+        return self.dialect.wait_change(token, timeout)
+
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
         value: claimable now)."""

@@ -25,9 +25,10 @@ CREATE TABLE event_consumers (
 );
 """
 
-# one event of a transition, in its transaction (``steps.insert_events`` sends each one)
+# one event of a transition, in its transaction (``steps.insert_events`` sends each one, its
+# values in this order: positional binding is the cheaper kind on the hot path)
 INSERT_EVENT = """INSERT INTO events (at, run_id, kind, task, attempt, data)
-    VALUES (:now, :run_id, :kind, :task, :attempt, :data)"""
+    VALUES (?, ?, ?, ?, ?, ?)"""
 # a takeover: who held the lease before, and its attempt (the same task, one attempt back)
 TAKEN_FROM = "SELECT prev_owner, attempts - 1 FROM tasks WHERE id = :task_id"
 # numbering: nothing to do (ids are commit-ordered already)
@@ -46,10 +47,12 @@ ACK_EVENTS = """INSERT INTO event_consumers (name, position, updated_at) VALUES 
         updated_at = excluded.updated_at
     RETURNING position"""
 DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = :name"
-# retention: events older than the cutoff that every named consumer has passed (or all of
-# them, forced), but never the newest (the next id counts on from it), a bounded batch per
-# transaction
+# retention: events older than the cutoff that every named consumer and every webhook (its
+# delivery run's cursor, B20) has passed (or all of them, forced), but never the newest (the
+# next id counts on from it), a bounded batch per transaction
 PRUNE_EVENTS = """DELETE FROM events WHERE id IN (
     SELECT id FROM events WHERE at < :now - :age AND id < (SELECT max(id) FROM events)
       AND (:force OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
+      AND (:force OR id <= coalesce((SELECT min(json_extract(r.state, '$.cursor'))
+          FROM webhooks AS w JOIN runs AS r ON r.id = w.run_id), id))
     ORDER BY id LIMIT :limit)"""

@@ -17,6 +17,7 @@ from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_WAITS
+from .webhooks_sql import MIGRATION as _WEBHOOKS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
@@ -403,6 +404,7 @@ MIGRATIONS: list[str] = [
     GATES_READY_ORDER,  # 15: the open gates' order, indexed (issue 24)
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
+    _WEBHOOKS,  # 18: webhooks (B20)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

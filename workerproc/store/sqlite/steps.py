@@ -17,6 +17,7 @@ from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
 from . import waits_sql as w
+from . import webhooks_sql as wh
 
 if TYPE_CHECKING:
     from .dialect import SQLiteTx
@@ -88,7 +89,7 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     the other: ``(id, True)``, or ``(0, False)`` where the run's key is taken (nothing
     inserted)."""
     rows: list[Row] = []
-    events: list[Params] = []
+    events: list[tuple[object, ...]] = []
     now = params["now"]
     for run in params["runs"]:
         new = {"state": run.state, "name": run.task, "queue": run.queue,
@@ -103,8 +104,7 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         enqueued = {"queue": run.queue, "key": run.key, "delay": run.delay or None}
         data = _encode({k: v for k, v in enqueued.items() if v is not None})
-        events.append({"run_id": row[0], "kind": "run.enqueued", "task": run.task,
-                       "attempt": None, "data": data, "now": now})  # fmt: skip
+        events.append((now, row[0], "run.enqueued", run.task, None, data))
         rows.append((row[0], True))
     tx.conn.executemany(e.INSERT_EVENT, events)  # in the runs' order, after them
     return rows
@@ -193,7 +193,9 @@ def regate(tx: SQLiteTx, params: Params) -> list[Row]:
 def insert_events(tx: SQLiteTx, params: Params) -> list[Row]:
     """The transaction's events (``protocol.events``), each its own row, at its "now"."""
     now = params["now"]
-    tx.conn.executemany(e.INSERT_EVENT, [{**event, "now": now} for event in params["events"]])
+    rows = [(now, ev["run_id"], ev["kind"], ev["task"], ev["attempt"], ev["data"])
+            for ev in params["events"]]  # fmt: skip
+    tx.conn.executemany(e.INSERT_EVENT, rows)
     return []
 
 
@@ -268,4 +270,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, c, sc, e, w], STEPS)
+CATALOGUE = catalogue([q, r, c, sc, e, w, wh], STEPS)

@@ -1,0 +1,96 @@
+"""The webhooks' waker (issue 26, B20): a small thread in the first workers of each pool, with
+its own store, beside the schedules' firer.
+
+A delivery run that has delivered everything parks (``wait_for(WAKE_SIGNAL)``): no lease, no
+slot, no poll. The waker watches the change token; when something commits, it reads the parked
+webhooks' new events and signals each webhook that has one it wants, so delivery starts within
+a change check of the event's commit. It only ever *sends a signal*: the delivering is the
+delivery task's, under its lease (``delivery``). Two wakers (or two hosts) signalling the same
+run cost one extra look at most. With no webhooks it reads the webhook list every ``REFRESH``
+seconds; every wait is bounded, and a failing database is told once per incident.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from .background import StoreThread
+from .logs import event as told
+from .outage import Outage
+from .store import StoreError, WorkerStore
+from .store.protocol.webhooks import PARKED
+from .store.webhooks import DELIVERY_TASK, Webhook
+
+log = logging.getLogger("workerproc.worker")
+
+REFRESH = 5.0  # with no parked webhook: look at the list this often
+WATCH = 1.0  # with parked webhooks: the longest sleep between looks (a change wakes it sooner)
+RETRY = 1.0  # after a failed look
+GAP = 0.1  # the shortest time between looks: a busy pool's commits wake it at most this often
+LOOK = 1000  # events read per look at most
+
+
+class Courier(StoreThread):
+    name = "courier"
+    what = "the webhooks' waker (parked deliveries look again after their timeout)"
+
+    def __init__(self, open_store: Callable[[], WorkerStore], outage: Outage) -> None:
+        super().__init__(open_store, outage)
+        self._seen: dict[str, int] = {}  # webhook -> the last event id looked at for it
+        self.woken = 0  # signals this waker sent
+        self._broken = False
+
+    def turn(self, store: WorkerStore) -> None:
+        token = store.change_token()
+        pause = self.step(store)
+        if pause is None:
+            self._stop.wait(RETRY)
+        elif not self._stop.wait(GAP):
+            store.wait_change(token, pause - GAP)
+
+    def step(self, store: WorkerStore) -> float | None:
+        """Signal every parked webhook that has an event it wants; the seconds to watch for a
+        change before the next look (None: the look failed, try again after ``RETRY``)."""
+        try:
+            pause = self._look(store)
+        except StoreError as exc:
+            self._outage.failed("webhooks", exc)
+            return None
+        except Exception as exc:  # told once, looked at again later
+            if not self._broken:
+                told(log, "courier_failed", f"cannot wake the webhooks: {exc!r}",
+                     level=logging.ERROR)  # fmt: skip
+            self._broken = True
+            return REFRESH
+        self._broken = False
+        self._outage.answered()
+        return pause
+
+    def _look(self, store: WorkerStore) -> float:
+        hooks = store.webhook_list()
+        parked: list[tuple[Webhook, int]] = []
+        for hook in hooks:
+            run = store.get_run(hook.run_id)
+            if run is None or run.terminal or run.waiting_for != PARKED:
+                self._seen.pop(hook.name, None)
+                continue
+            cursor = run.state.get("cursor", 0) if isinstance(run.state, dict) else 0
+            parked.append((hook, max(int(cursor), self._seen.get(hook.name, 0))))
+        if not parked:
+            return REFRESH if not hooks else WATCH
+        own = {hook.run_id for hook in hooks}
+        events = store.events(after=min(start for _, start in parked), limit=LOOK)
+        for hook, start in parked:
+            wanted = any(
+                e.id > start and e.task != DELIVERY_TASK and e.run_id not in own
+                and hook.wants(e.kind)
+                for e in events
+            )  # fmt: skip
+            if wanted:
+                if store.wake_webhook(hook.run_id):  # (False: another waker was first)
+                    self.woken += 1
+                self._seen.pop(hook.name, None)
+            elif events:
+                self._seen[hook.name] = max(start, events[-1].id)
+        return WATCH

@@ -1,0 +1,220 @@
+"""Webhook delivery (issue 26, item 4; docs/protocol.md B20): the handler of the built-in task
+``DELIVERY_TASK``, which every worker serves.
+
+Each webhook has one delivery run. Its task, claimed under a lease like any other, reads the
+events after the run's ``cursor`` (in commit order), POSTs each one its webhook wants, signed
+(``workerproc.webhooks``), one at a time, and ends with one fenced commit of the new state:
+
+- all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
+  commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
+  waker (``courier``) signals it, or ``PARK`` seconds pass;
+- more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
+- a delivery failed: the same event is tried again after a backoff that doubles from the
+  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
+  under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
+  after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
+  newest ``MAX_DEAD``) and the cursor moves past it.
+
+The cursor moves only by that commit, so a delivery whose lease was taken over (a zombie) moves
+nothing and its successor starts again from the last committed cursor: every event is delivered
+at least once, in event order, so in order per run; a receiver deduplicates by the
+``Leasekeeper-Event`` header. Events of the delivery runs themselves are never delivered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import __version__
+from .context import TaskContext
+from .logs import event as told
+from .store import StoreError, WorkerStore
+from .store.types import Event
+from .store.webhooks import DELIVERY_TASK, MAX_DEAD, WAKE_SIGNAL, WEBHOOK_QUEUE, Webhook
+from .webhooks import HEADER, signature_header
+
+log = logging.getLogger("workerproc.delivery")
+_delivering = threading.local()  # set on a thread while it delivers
+
+
+class _QuietWhileDelivering(logging.Filter):
+    """httpx2 logs every request at INFO: a line per delivered event is noise in a worker's
+    log (the delivery record is in ``supervisor webhooks``). A handler's own requests on other
+    threads, or outside a delivery, are logged as before."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not getattr(_delivering, "on", False)
+
+
+for _name in ("httpx2", "httpcore2"):
+    logging.getLogger(_name).addFilter(_QuietWhileDelivering())
+
+BATCH = 100  # events read per look
+# seconds one execution delivers at most before it commits its progress: what a crash or a
+# takeover redelivers at most, and how long a graceful stop waits for it (plus one POST)
+BUDGET = 1.0
+PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
+INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
+HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
+MAX_ERROR = 300  # characters of a failure kept in the state
+_encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+def serves_webhooks(queues: Sequence[str] | None) -> bool:
+    """Whether a worker claiming from ``queues`` (None: all) delivers webhooks."""
+    return queues is None or WEBHOOK_QUEUE in queues
+
+
+def body_of(event: Event, webhook: str) -> bytes:
+    """What a delivery POSTs: the event as JSON, with the webhook's name."""
+    return _encode({
+        "id": event.id, "at": event.at, "run_id": event.run_id, "kind": event.kind,
+        "task": event.task, "attempt": event.attempt, "data": event.data, "webhook": webhook,
+    }).encode()  # fmt: skip
+
+
+def backoff(retry_failures: int, first: float, longest: float) -> float:
+    """The delay before the next try after ``retry_failures`` failures in a row."""
+    base = min(longest, first * 2.0 ** max(0, retry_failures - 1))
+    return float(min(longest, base * random.uniform(0.75, 1.25)))
+
+
+class Deliverer:
+    """The delivery task's handler: ``Deliverer(open_store)``. Each thread that delivers opens
+    a store of its own (no connection crosses a thread) and keeps it for its next deliveries;
+    one that failed is closed and opened again next time."""
+
+    def __init__(self, open_store: Callable[[], WorkerStore]) -> None:
+        self._open_store = open_store
+        self._stores = threading.local()
+
+    def __call__(self, ctx: TaskContext) -> None:
+        store: WorkerStore | None = getattr(self._stores, "store", None)
+        if store is None:
+            store = self._stores.store = self._open_store()
+        _delivering.on = True
+        try:
+            self.deliver(ctx, store)
+        except StoreError:
+            self._stores.store = None
+            with contextlib.suppress(StoreError):
+                store.close()
+            raise
+        finally:
+            _delivering.on = False
+
+    @staticmethod
+    def _new_client(timeout: float) -> Any:
+        try:
+            import httpx2  # noqa: PLC0415 (the webhooks extra: only when one is delivered)
+        except ImportError:  # told on the run, and tried again after the backoff
+            raise RuntimeError(
+                "webhook delivery needs httpx2: pip install 'leasekeeper[webhooks]'"
+            ) from None
+        return httpx2.Client(timeout=timeout, follow_redirects=False)
+
+    def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
+        payload = ctx.payload
+        name = payload.get("webhook") if isinstance(payload, dict) else None
+        state: dict[str, Any] = dict(ctx.state) if isinstance(ctx.state, dict) else {}
+        hook = store.webhook(name) if isinstance(name, str) else None
+        if hook is None or hook.run_id != ctx.run_id:  # removed (its run is cancelled too)
+            ctx.finish({**state, "removed": True})
+            return
+        own = {h.run_id for h in store.webhook_list()}
+        state.setdefault("cursor", 0)
+        state.setdefault("failures", 0)
+        deadline = time.monotonic() + BUDGET
+        retry_in: float | None = None  # a failure to try again after this long (a new task)
+        busy = False  # the last look found events to send: there may be more (a new task)
+        with self._new_client(hook.retry.timeout) as client:
+            while retry_in is None and time.monotonic() < deadline:
+                token = store.change_token()
+                batch = store.events(after=int(state["cursor"]), limit=BATCH)
+                busy = False
+                for event in batch:
+                    ours = event.task == DELIVERY_TASK or event.run_id in own
+                    if not ours and hook.wants(event.kind):
+                        busy = True
+                        retry_in = self._one(ctx, client, hook, event, state, deadline)
+                        if retry_in is not None:
+                            break
+                    state["cursor"] = event.id
+                    if time.monotonic() >= deadline:
+                        break
+                if not busy and not self._hold(store, token, deadline):
+                    break  # caught up, and nothing came while it held on: park
+        if retry_in is not None or busy:
+            ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
+        else:
+            ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
+
+    @staticmethod
+    def _hold(store: WorkerStore, token: int, deadline: float) -> bool:
+        """Caught up: hold on for ``HOLD`` seconds (within the budget) for the next commit,
+        which is cheaper than parking and being woken; whether one came."""
+        left = min(HOLD, deadline - time.monotonic())
+        return left > 0 and store.wait_change(token, left) != token
+
+    def _one(
+        self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
+        deadline: float,
+    ) -> float | None:  # fmt: skip
+        """Deliver ``event``, trying again in place while the backoff is short; None when it is
+        dealt with (delivered, or given up on: a dead letter), else the delay before the next
+        try (the delivery then ends, its state committed, and a new task tries again)."""
+        retry = hook.retry
+        while True:
+            ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
+            error = self._post(client, hook, event)
+            if error is None:
+                state["failures"] = 0
+                state["delivered"] = int(state.get("delivered", 0)) + 1
+                state["last_delivery_at"] = time.time()
+                return None
+            state["failures"] = failures = int(state["failures"]) + 1
+            state["last_error"] = f"event {event.id}: {error}"
+            if failures >= retry.max_failures:
+                self._dead(state, hook, event, error)
+                state["failures"] = 0
+                return None
+            delay = backoff(failures, retry.backoff, retry.backoff_max)
+            if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:
+                return delay
+            time.sleep(delay)
+
+    def _post(self, client: Any, hook: Webhook, event: Event) -> str | None:
+        """POST one event; None when the receiver took it (2xx), else what went wrong."""
+        body = body_of(event, hook.name)
+        headers = {
+            "Content-Type": "application/json",
+            "User-Agent": f"leasekeeper/{__version__}",
+            HEADER: signature_header(hook.secret, body),
+            "Leasekeeper-Event": str(event.id),
+            "Leasekeeper-Webhook": hook.name,
+        }
+        try:
+            reply = client.post(hook.url, content=body, headers=headers)
+        except Exception as exc:  # the network's: connection refused, timeout, reset ...
+            return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        if 200 <= reply.status_code < 300:
+            return None
+        return f"HTTP {reply.status_code}"
+
+    @staticmethod
+    def _dead(state: dict[str, Any], hook: Webhook, event: Event, error: str) -> None:
+        dead = list(state.get("dead", ()))[-(MAX_DEAD - 1) :]
+        dead.append({"event": event.id, "run_id": event.run_id, "kind": event.kind,
+                     "error": error, "at": time.time()})  # fmt: skip
+        state["dead"] = dead
+        state["dead_total"] = int(state.get("dead_total", 0)) + 1
+        told(log, "webhook_dead_letter", f"webhook {hook.name!r} gave up on event {event.id} "
+             f"({event.kind}) after {hook.retry.max_failures} failures: {error}",
+             level=logging.WARNING, webhook=hook.name, event_id=event.id)  # fmt: skip

@@ -1,0 +1,172 @@
+"""Webhooks kept in the database (issue 26, item 4; docs/protocol.md B20), written once.
+
+Adding a webhook is ONE write transaction: its row and its delivery run (task
+``DELIVERY_TASK`` on ``WEBHOOK_QUEUE``, state ``{"cursor": N}``: it delivers the events after
+N). Removing one deletes the row and cancels the run in one transaction: a delivery in flight
+finds its commit refused (the run is over) and moves nothing. Everything a delivery does after
+that is the delivery run's own fenced commits (``workerproc.delivery``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..dialect import Dialect, Row, Tx
+from ..errors import InvalidOption, RunNotFound
+from ..newrun import NewRun
+from ..types import Run, TaskOptions
+from ..webhooks import (
+    DELIVERY_TASK,
+    MAX_DEAD,
+    MAX_WEBHOOKS,
+    WAKE_SIGNAL,
+    WEBHOOK_QUEUE,
+    DeadLetter,
+    RetryNumbers,
+    Webhook,
+    WebhookInfo,
+    check_kinds,
+    check_secret,
+    check_url,
+    check_webhook_name,
+    kinds_of,
+    kinds_text,
+)
+from .events import KINDS, check_position
+from .operators import cancel
+from .producers import insert
+from .waits import send, signal_params
+
+# the delivery task's options, declared by ``add_webhook``: a delivery
+# that crashes or is killed is tried again for as long as it takes (its run failing would stop
+# the webhook), on its own queue
+DELIVERY_OPTIONS = TaskOptions(max_attempts=1000, queue=WEBHOOK_QUEUE, timeout=600.0)
+PARKED = f"signal:{WAKE_SIGNAL}"  # a parked delivery run's wait
+
+
+def _webhook(row: Row) -> Webhook:
+    name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout, at = row
+    retry = RetryNumbers(int(max_failures), float(backoff), float(backoff_max), float(timeout))
+    return Webhook(name, url, kinds_of(kinds), int(run_id), float(at), retry, secret)
+
+
+def _count(state: dict[str, Any], key: str) -> int:
+    value = state.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def info(hook: Webhook, run: Run | None) -> WebhookInfo:
+    """A webhook with its delivery run's record (the run's state as its last commit left it)."""
+    state: dict[str, Any] = run.state if run is not None and isinstance(run.state, dict) else {}
+    kept = [d for d in state.get("dead", ()) if isinstance(d, dict) and type(d.get("event")) is int]
+    dead = tuple(
+        DeadLetter(int(d["event"]), d.get("run_id"), str(d.get("kind")), str(d.get("error")),
+                   float(d.get("at", 0)))
+        for d in kept[-MAX_DEAD:]
+    )  # fmt: skip
+    if run is None:
+        status = "missing"
+    elif run.waiting_for is not None and not run.terminal:
+        status = "waiting"
+    else:
+        status = run.status
+    last_at = state.get("last_delivery_at")
+    error = state.get("last_error")
+    return WebhookInfo(
+        hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
+        _count(state, "cursor"), _count(state, "delivered"), _count(state, "failures"),
+        error if isinstance(error, str) else None,
+        float(last_at) if isinstance(last_at, (int, float)) else None,
+        _count(state, "dead_total"), dead,
+    )  # fmt: skip
+
+
+class Webhooks:
+    dialect: Dialect
+    if TYPE_CHECKING:
+
+        def get_run(self, run_id: int) -> Run | None: ...  # ``Reads``
+        def last_event_id(self) -> int: ...  # ``Events``
+        def register_tasks(self, declared: dict[str, TaskOptions]) -> int: ...  # ``Tasks``
+
+    def add_webhook(
+        self, name: str, url: str, *, secret: str, kinds: Sequence[str] | None = None,
+        after: int | None = None, retry: RetryNumbers | None = None,
+    ) -> Webhook:  # fmt: skip
+        """Add webhook ``name``: every event after id ``after`` (None: the newest now, so
+        only events from now on) whose kind ``kinds`` names (None: all; ``run.*``: a family)
+        is POSTed to ``url``, signed with ``secret`` (``workerproc.webhooks``), at least once
+        and in order. ``InvalidOption`` for a bad value or a name already taken."""
+        name = check_webhook_name(name)
+        url = check_url(url)
+        secret = check_secret(secret)
+        chosen = check_kinds(kinds, KINDS)
+        retry = retry or RetryNumbers()
+        start = self.last_event_id() if after is None else check_position(after, "after")
+        self.register_tasks({DELIVERY_TASK: DELIVERY_OPTIONS})
+        run = NewRun.make(DELIVERY_TASK, {"webhook": name}, {"cursor": start}, 0, None,
+                          WEBHOOK_QUEUE, 0, traceparent="")  # fmt: skip
+
+        def write(tx: Tx) -> Webhook:
+            held = tx.rows("WEBHOOK_ROWS", {})
+            if any(row[0] == name for row in held):
+                raise InvalidOption(f"webhook {name!r} exists (supervisor webhooks remove {name})")
+            if len(held) >= MAX_WEBHOOKS:
+                raise InvalidOption(f"a database holds at most {MAX_WEBHOOKS} webhooks")
+            (run_id,) = insert(tx, [run])
+            params = {
+                "name": name, "url": url, "kinds": kinds_text(chosen), "secret": secret,
+                "run_id": run_id, "max_failures": retry.max_failures, "backoff": retry.backoff,
+                "backoff_max": retry.backoff_max, "timeout": retry.timeout, "now": tx.now,
+            }  # fmt: skip
+            if tx.one("WEBHOOK_ADD", params) is None:  # added meanwhile (another host)
+                raise InvalidOption(f"webhook {name!r} exists (supervisor webhooks remove {name})")
+            return Webhook(name, url, chosen, run_id, float(tx.time()), retry, secret)
+
+        return self.dialect.write(write, intent="start")
+
+    def remove_webhook(self, name: str) -> bool:
+        """Remove webhook ``name`` and cancel its delivery run (one transaction); False when
+        there is none. A delivery in flight delivers at most what it had begun."""
+        params = {"name": check_webhook_name(name)}
+
+        def write(tx: Tx) -> bool:
+            row = tx.one("WEBHOOK_DROP", params)
+            if row is None:
+                return False
+            with contextlib.suppress(RunNotFound):  # its run was pruned: nothing to cancel
+                cancel(tx, int(row[0]))
+            return True
+
+        return self.dialect.write(write)
+
+    def wake_webhook(self, run_id: int) -> bool:
+        """Signal delivery run ``run_id`` if it is parked now (one transaction, the run held
+        first: two wakers of the same run signal it once); False when it was not parked."""
+        params = signal_params(run_id, WAKE_SIGNAL, None)
+
+        def write(tx: Tx) -> bool:
+            row = tx.one("WEBHOOK_PARKED", {"run_id": run_id})
+            if row is None or row[0] != PARKED:
+                return False
+            tx.count("WEBHOOK_SIGNALS_DONE", {"run_id": run_id})  # the wakes before: spent
+            send(tx, params)
+            return True
+
+        return self.dialect.write(write, runs=[run_id])
+
+    def webhook(self, name: str) -> Webhook | None:
+        """Webhook ``name`` as its deliverer reads it (its secret included), or None."""
+        params = {"name": check_webhook_name(name)}
+        row = self.dialect.read(lambda tx: tx.one("WEBHOOK_ROW", params))
+        return None if row is None else _webhook(row)
+
+    def webhook_list(self) -> list[Webhook]:
+        """Every webhook (secrets included), by name: what the delivery's waker reads."""
+        return [_webhook(row) for row in self.dialect.read(lambda tx: tx.rows("WEBHOOK_ROWS", {}))]
+
+    def webhooks(self) -> list[WebhookInfo]:
+        """Every webhook with its delivery record, by name (no secret)."""
+        return [info(hook, self.get_run(hook.run_id)) for hook in self.webhook_list()]

@@ -1,0 +1,194 @@
+"""Webhooks (issue 26, item 4; docs/protocol.md B20): what a webhook is, checked before anything
+is written.
+
+A webhook is a row (its URL, the event kinds it wants, its secret, its retry numbers) and one
+long-lived *delivery run* on the reserved queue ``WEBHOOK_QUEUE``, whose task
+``DELIVERY_TASK`` any worker claims under a lease like every other task. The run's state is the
+delivery's position (``cursor``: the last event id it has dealt with) and its record (counts,
+the last error, the dead letters); the fenced commit that moves it is the only write, so a
+zombie's deliveries move nothing and a takeover starts again from the last committed cursor:
+delivery is at least once, in event order (so in order per run). ``workerproc.delivery`` does
+the delivering.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from .codec import QUEUE_NAME, shown
+from .errors import InvalidOption
+
+# the delivery runs' queue (every worker claims it, unless its --queues leaves it out)
+WEBHOOK_QUEUE = "leasekeeper.webhooks"
+DELIVERY_TASK = "leasekeeper.webhook"  # the delivery runs' one task, built into every worker
+RESERVED = "leasekeeper."  # the prefix of the built-in tasks' names (no app may use it)
+WAKE_SIGNAL = "events"  # what a parked delivery run waits for (sent when it has work again)
+MAX_URL = 2048
+MAX_SECRET = 1024
+MAX_WEBHOOKS = 100
+MAX_DEAD = 100  # dead letters a webhook's state keeps (the newest; ``dead_total`` counts all)
+
+_KIND = re.compile(r"[a-z_]+\.(\*|[a-z_]+)")
+
+
+@dataclass(frozen=True)
+class RetryNumbers:
+    """How a webhook retries an event that failed: ``max_failures`` deliveries in a row (1 to
+    1000) before it is a dead letter; the delay after a failure doubles from ``backoff`` up to
+    ``backoff_max`` seconds (±25 % jitter); each POST waits ``timeout`` seconds at most."""
+
+    max_failures: int = 20
+    backoff: float = 1.0
+    backoff_max: float = 600.0
+    timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        _ranged(self.max_failures, "max_failures", 1, 1000, integer=True)
+        _ranged(self.backoff, "backoff", 0.0, 3600.0)
+        _ranged(self.backoff_max, "backoff_max", 0.0, 86_400.0)
+        _ranged(self.timeout, "timeout", 0.1, 120.0)
+        if self.backoff > self.backoff_max:
+            raise InvalidOption("a webhook's backoff must not exceed its backoff_max")
+
+
+@dataclass(frozen=True)
+class Webhook:
+    """A webhook as the deliverer reads it (its secret included: never shown)."""
+
+    name: str
+    url: str
+    kinds: tuple[str, ...] | None  # None: every kind; "run.*": every kind of that family
+    run_id: int  # its delivery run
+    created_at: float
+    retry: RetryNumbers = field(default_factory=RetryNumbers)
+    secret: str = field(default="", repr=False)
+
+    def wants(self, kind: str) -> bool:
+        if self.kinds is None:
+            return True
+        family = kind.partition(".")[0] + ".*"
+        return kind in self.kinds or family in self.kinds
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An event a webhook gave up on after ``max_failures`` deliveries."""
+
+    event: int
+    run_id: int | None
+    kind: str
+    error: str
+    at: float
+
+
+@dataclass(frozen=True)
+class WebhookInfo:
+    """A webhook as ``supervisor webhooks`` and the dashboard show it: its numbers, and its
+    delivery run's record (from the run's state, as the last fenced commit left it)."""
+
+    name: str
+    url: str
+    kinds: tuple[str, ...] | None
+    run_id: int
+    created_at: float
+    retry: RetryNumbers
+    status: str  # the delivery run's: pending/running/waiting (parked)/failed/cancelled
+    cursor: int  # the last event id it has dealt with
+    delivered: int
+    failures: int  # failed deliveries in a row of the event after the cursor
+    last_error: str | None
+    last_delivery_at: float | None
+    dead_total: int
+    dead: tuple[DeadLetter, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "url": self.url, "kinds": list(self.kinds) if self.kinds else None,
+            "run_id": self.run_id, "created_at": self.created_at, "status": self.status,
+            "cursor": self.cursor, "delivered": self.delivered, "failures": self.failures,
+            "last_error": self.last_error, "last_delivery_at": self.last_delivery_at,
+            "max_failures": self.retry.max_failures, "backoff": self.retry.backoff,
+            "backoff_max": self.retry.backoff_max, "timeout": self.retry.timeout,
+            "dead_total": self.dead_total,
+            "dead": [vars(d) for d in self.dead],
+        }  # fmt: skip
+
+
+def _ranged(value: object, what: str, low: float, high: float, *, integer: bool = False) -> None:
+    numeric = isinstance(value, int) or (not integer and isinstance(value, float))
+    if isinstance(value, bool) or not numeric or not low <= value <= high:  # type: ignore[operator]
+        raise InvalidOption(
+            f"a webhook's {what} must be from {low:g} to {high:g} (got {shown(value)})"
+        )
+
+
+def check_webhook_name(name: object) -> str:
+    if not isinstance(name, str) or not QUEUE_NAME.fullmatch(name):
+        raise InvalidOption(
+            "a webhook's name must be 1-64 characters of letters, digits and _.:- "
+            f"(got {shown(name)})"
+        )
+    return name
+
+
+def check_url(url: object) -> str:
+    """An http(s) URL with a host, at most ``MAX_URL`` characters, no credentials in it."""
+    if not isinstance(url, str) or not url or len(url) > MAX_URL or not url.isprintable():
+        raise InvalidOption(
+            f"a webhook's URL must be 1-{MAX_URL} printable characters (got {shown(url)})"
+        )
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (a bad port raises here)
+    except ValueError as exc:
+        raise InvalidOption(f"a webhook's URL cannot be parsed: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidOption(
+            f"a webhook's URL must be http:// or https:// with a host (got {shown(url)})"
+        )
+    if parts.username is not None or parts.password is not None:
+        raise InvalidOption("a webhook's URL must not carry credentials (deliveries are signed)")
+    return url
+
+
+def check_kinds(kinds: Sequence[str] | None, known: frozenset[str]) -> tuple[str, ...] | None:
+    """Event kinds (``run.failed``), or families (``run.*``), each known; None or empty: all."""
+    if kinds is None:
+        return None
+    if isinstance(kinds, str):
+        kinds = [k for k in kinds.split(",") if k.strip()]
+    families = {k.partition(".")[0] for k in known}
+    chosen: list[str] = []
+    for given in kinds:
+        kind = given.strip() if isinstance(given, str) else given
+        if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+            raise InvalidOption(
+                f"a webhook's kind must look like run.failed or run.* (got {shown(given)})"
+            )
+        name, _, rest = kind.partition(".")
+        if (rest == "*" and name not in families) or (rest != "*" and kind not in known):
+            raise InvalidOption(f"unknown event kind {kind!r} (known: {', '.join(sorted(known))})")
+        if kind not in chosen:
+            chosen.append(kind)
+    return tuple(chosen) or None
+
+
+def check_secret(secret: object) -> str:
+    if not isinstance(secret, str) or not secret.strip() or len(secret) > MAX_SECRET:
+        raise InvalidOption(f"a webhook's secret must be 1-{MAX_SECRET} characters")
+    if not secret.isprintable():
+        raise InvalidOption("a webhook's secret must be printable text")
+    return secret
+
+
+def kinds_text(kinds: tuple[str, ...] | None) -> str | None:
+    return None if kinds is None else json.dumps(list(kinds))
+
+
+def kinds_of(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(json.loads(text))
