@@ -69,8 +69,8 @@ OPEN_GATES = f"""SELECT gate FROM gates WHERE ready_at <= {_NOW} ORDER BY ready_
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
 # the gates named (each locked, unless another claimer holds it: then no row), their limits'
 # numbers, their buckets, their live leases and the first of them to end
-# (its live leases counted and their first end found in one walk of them: a gate's index keeps
-# the entries of ended leases until a vacuum, and every claim walks them)
+# (its live leases counted and their first end found in one walk of them: the leases table
+# keeps the rows of ended leases until a vacuum, and every claim walks them)
 GATE_STATE = f"""SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
     g.level, g.level_at, g.tok_level, g.tok_at, g.paused_until, live.n, live.first_end
     FROM gates AS g JOIN limits AS l ON l.name = g.lim
