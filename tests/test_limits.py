@@ -5,6 +5,8 @@ that spends no attempt and pauses a limit for everyone, declarations and operato
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from helpers import FakeClock
 from store_backends import Backend
@@ -60,6 +62,29 @@ class TestConcurrency:
         assert s.release_owner("w2") == 1  # a reaped worker: its slot is free at once
         (again,) = claims(s, 5, "w3")
         assert again.run_id == held.run_id and again.attempt == 3
+
+    def test_an_exchange_claims_the_slots_its_own_commits_freed(self, s: Store) -> None:
+        # its settles lock the gate first, and its reads of the gate come after them (on
+        # PostgreSQL in their round trip): they see its own commits and every other lease
+        limited(s, LimitSpec.declare("cap", concurrency=3))
+        s.start_runs([{"task": "call"}] * 8)
+        first, other = claims(s, 2), claims(s, 5, "other")
+        assert len(first) == 2 and len(other) == 1  # the cap: 3
+        seen: list[str] = []
+        original = Tx.rows_each
+
+        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+            seen.extend(name for name, _ in calls)
+            return original(tx, calls)
+
+        finish = [Commit(x, "finish", expected_revision=x.revision, new_state={}) for x in first]
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(Tx, "rows_each", rows_each)
+            out = s.commit_many(finish, claim=ClaimRequest("w", TTL, 3, 5))
+        assert [r.value for r in out.results] == ["ok", "ok"]
+        assert len(out.leases) == 2  # the two slots it freed, and not the one still held
+        assert seen == []  # the gate it settled was read with its settles, not looked at again
+        assert claims(s, 5, "third") == []
 
     def test_runs_enqueued_before_their_task_had_limits_obey_them(self, s: Store) -> None:
         s.start_runs([{"task": "call"}] * 5)  # no limits yet: in no line
@@ -167,14 +192,25 @@ class TestFairness:
         limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
         s.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 40}"}} for i in range(80)])
         seen: list[str] = []
-        original = Tx.rows
+        original, original_each = Tx.rows, Tx.rows_each
+        together: list[bool] = []  # inside rows_each (its statements are counted there)
 
         def rows(tx: Tx, name: str, params: Params) -> list[Row]:
-            seen.append(name)
+            if not together:
+                seen.append(name)
             return original(tx, name, params)
+
+        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+            seen.extend(name for name, _ in calls)
+            together.append(True)
+            try:
+                return original_each(tx, calls)
+            finally:
+                together.pop()
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Tx, "rows", rows)
+            mp.setattr(Tx, "rows_each", rows_each)
             got = claims(s, 16)
         assert len(got) == 16 and len(set(keys(got))) == 16  # one run of each of 16 keys
         # the lines are asked together: one read of their gates, of their runs, one claim

@@ -156,6 +156,40 @@ class Tx(abc.ABC):
         self.now = now
         self.events = []
         self.deferred: list[tuple[str, list[Params]]] = []
+        self.ahead: list[tuple[str, list[Params]]] = []
+
+    def before_gates(self, name: str, each: list[Params]) -> None:
+        """``many(name, each)``, sent just before this transaction's claim first looks at its
+        gates (``ahead_then``: on PostgreSQL in the round trip that locks them), or else before
+        COMMIT: for a write to gates that waits for their locks, such as a commit's settling,
+        so that the gates are held from there to the COMMIT only, not through the whole claim."""
+        if each:
+            self.ahead.append((name, each))
+
+    def ahead_then(
+        self, name: str, params: Params, after: Sequence[tuple[str, Params]] = ()
+    ) -> tuple[list[Row], float, list[list[Row]]]:
+        """The writes waiting for the gates (``before_gates``), then ``rows(name, params)``,
+        then ``time()`` (read after that statement's locks), then the rows of each of
+        ``after``: a pipelined engine sends them all in one round trip."""
+        self.write_ahead()
+        rows = self.rows(name, params)
+        now = self.time()
+        return rows, now, [self.rows(n, p) for n, p in after]
+
+    def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``rows(name, params)`` for each call, in order (a pipelined engine sends them in one
+        round trip, each statement after the locks of the one before: ``_each``)."""
+        return self._each(calls)
+
+    def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        return [self.rows(name, params) for name, params in calls]
+
+    def write_ahead(self) -> None:
+        """Send the writes waiting for the gates (``before_gates``) now, in order."""
+        ahead, self.ahead = self.ahead, []
+        for name, each in ahead:
+            self.many(name, each)
 
     def at_commit(self, name: str, each: list[Params]) -> None:
         """``many(name, each)``, sent just before COMMIT (``flush``; on PostgreSQL in the
@@ -165,13 +199,15 @@ class Tx(abc.ABC):
             self.deferred.append((name, each))
 
     def write_deferred(self) -> None:
-        """Send what waits for the COMMIT now: a later statement writes the same rows."""
+        """Send what waits for the COMMIT now (the writes waiting for the gates first): a
+        later statement writes the same rows."""
+        self.write_ahead()
         deferred, self.deferred = self.deferred, []
         for name, each in deferred:
             self.many(name, each)
 
     def flush(self) -> None:
-        """Write what waits for the COMMIT (``at_commit``), then the events this
+        """Write what waits for the COMMIT (``before_gates``, ``at_commit``), then the events this
         transaction's transitions emitted (``protocol.events.emit``), all in one statement,
         inside the transaction: the dialect calls it before COMMIT."""
         self.write_deferred()

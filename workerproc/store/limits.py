@@ -8,7 +8,7 @@ cap (live leases at once), a token budget (tokens per second, with a ``token_bur
 is one budget: ``name`` for a limit without ``per``, ``name`` and the payload's value for one
 with it (``gate_of``). A task declares at most ``MAX_LIMITS`` limits; its **line** is the gate it
 queues behind (its first limit with ``per``, else its first), where claims take runs round-robin
-across keys.
+across keys. ``GateState`` is one gate as a claim sees it, and what the claim admits through it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .errors import InvalidPayload
@@ -208,3 +208,99 @@ def refill(level: float | None, at: float | None, rate: float, size: float, now:
 def when_level(level: float, need: float, rate: float, now: float) -> float:
     """When a bucket that holds ``level`` now will hold ``need`` at ``rate``."""
     return now if level >= need else now + (need - level) / rate
+
+
+@dataclass
+class GateState:
+    """One gate as a claim sees it, locked: its numbers, its buckets now, its live leases."""
+
+    gate: str
+    rate: float | None
+    burst: float | None
+    concurrency: int | None
+    tokens: float | None
+    token_burst: float | None
+    level: float | None
+    level_at: float | None
+    tok_level: float | None
+    tok_at: float | None
+    paused_until: float
+    live: int
+    first_expiry: float | None  # the earliest end of a live lease holding one of its slots
+    starts: int = 0  # admitted by this claim
+    dirty: bool = False
+    ready_at: float | None = field(default=None)  # what to write back (with ``decided``)
+    blocked_by: str | None = None  # the gate of another limit that keeps this line closed
+    decided: bool = False
+
+    @classmethod
+    def of(cls, row: tuple[Any, ...]) -> GateState:
+        return cls(*row)
+
+    def now_levels(self, now: float) -> tuple[float, float]:
+        rate = math.inf
+        if self.rate is not None and self.burst is not None:
+            rate = refill(self.level, self.level_at, self.rate, self.burst, now)
+        toks = math.inf
+        if self.tokens is not None and self.token_burst is not None:
+            toks = refill(self.tok_level, self.tok_at, self.tokens, self.token_burst, now)
+        return rate, toks
+
+    def admits(self, now: float, need: int) -> bool:
+        rate, toks = self.now_levels(now)
+        full = self.concurrency is not None and self.live >= self.concurrency
+        return self.paused_until <= now and not full and rate >= 1 and toks >= need
+
+    def room(self, now: float) -> int:
+        """Starts this gate alone allows now (a token reservation is judged per run)."""
+        if self.paused_until > now:
+            return 0
+        rate, _ = self.now_levels(now)
+        slots = math.inf if self.concurrency is None else self.concurrency - self.live
+        return max(0, int(min(slots, rate, 1_000_000)))
+
+    def admit(self, now: float, need: int, until: float) -> None:
+        """One more run admitted, its lease holding a slot ``until`` (at the latest)."""
+        rate, toks = self.now_levels(now)
+        self.first_expiry = until if self.first_expiry is None else min(self.first_expiry, until)
+        if self.rate is not None:
+            self.level, self.level_at = rate - 1, now
+        if self.tokens is not None:
+            self.tok_level, self.tok_at = toks - need, now
+        self.live += 1
+        self.starts += 1
+        self.dirty = True
+
+    def give_back(self, now: float, tokens: int) -> None:
+        """A reservation returns (a takeover's predecessor, a claim undone)."""
+        if self.tokens is not None and self.token_burst is not None and tokens:
+            _, toks = self.now_levels(now)
+            self.tok_level, self.tok_at = min(self.token_burst, toks + tokens), now
+            self.dirty = True
+
+    def next_open(self, now: float, need: int) -> float | None:
+        """When this gate may have room for a run that reserves ``need`` tokens."""
+        rate, toks = self.now_levels(now)
+        at = max(now, self.paused_until)
+        if self.rate is not None and rate < 1:
+            at = max(at, when_level(rate, 1, self.rate, now))
+        if self.tokens is not None and toks < need:
+            refilled = when_level(toks, need, self.tokens, now)
+            # a lease that expires gives its reservation back when it is taken over: look
+            # again then, if that comes first
+            at = max(at, min(refilled, self.first_expiry or refilled))
+        if self.concurrency is not None and self.live >= self.concurrency:
+            if self.first_expiry is None:
+                return None  # only a lease that ends frees a slot, and that reopens the gate
+            at = max(at, self.first_expiry)
+        return at
+
+    def decide(self, ready_at: float | None, blocked_by: str | None = None) -> None:
+        self.ready_at, self.blocked_by, self.decided, self.dirty = ready_at, blocked_by, True, True
+
+    def params(self, now: float) -> dict[str, Any]:
+        return {"gate": self.gate, "level": self.level, "level_at": self.level_at,
+                "tok_level": self.tok_level, "tok_at": self.tok_at, "starts": self.starts,
+                "ready_at": self.ready_at if self.decided else now,
+                "blocked_by": self.blocked_by, "keep": not self.decided,
+                "now": now}  # fmt: skip

@@ -22,9 +22,8 @@ import os
 import random
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import psycopg
@@ -32,17 +31,17 @@ from psycopg import errors as pg_errors
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
-from ..dialect import Catalogue, Channel, Dialect, Intent, Params, Shaped, Tx
+from ..dialect import Channel, Dialect, Intent, Tx
 from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
 from ..settings import PostgresOptions
 from ..types import Clock
 from ..urls import redact
 from . import admin
 from .listen import END, WORK, Listener, _abandoned
-from .ops_sql import NOW, WATCH_RUN
+from .ops_sql import WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
-from .steps import CATALOGUE, many
+from .tx import PostgresTx, commit
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -73,51 +72,6 @@ def _healthy(conn: psycopg.Connection[Any]) -> bool:
     )
 
 
-def _insert_events_prepared() -> str:
-    """``INSERT_EVENTS`` as a prepared statement of the session (its two values as $1, $2)."""
-    entry = CATALOGUE["INSERT_EVENTS"]
-    assert isinstance(entry, Shaped)
-    text = entry.statement("").replace("%(events)s", "$1").replace("%(now)s", "$2")
-    return f"PREPARE {_EVENTS_STATEMENT} (text, float8) AS {text}"
-
-
-_EVENTS_STATEMENT = "leasekeeper_insert_events"
-_PREPARE_EVENTS = _insert_events_prepared()
-# the connections whose session holds that statement (prepared once per connection: a prepared
-# statement outlives a rollback, and a connection that is replaced takes its own with it)
-_events_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
-
-
-def _commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
-    """COMMIT, with the transaction's events (B18) written in the same round trip, just
-    before it: one query of two statements (``EXECUTE`` of the session's prepared
-    ``INSERT_EVENTS``; ``COMMIT``, the simple query protocol, its values bound by the driver),
-    so the outbox costs no round trip of its own and the server plans its insert once per
-    connection. A failed INSERT skips the COMMIT: the transaction is rolled back
-    (``_rollback``)."""
-    if not tx.events and not tx.deferred:
-        cur.execute("COMMIT")
-        return
-    events, tx.events = tx.events, []
-    deferred, tx.deferred = tx.deferred, []
-    if events and conn not in _events_prepared:  # once per connection, in this transaction
-        cur.execute(_PREPARE_EVENTS)
-        _events_prepared.add(conn)
-    with psycopg.ClientCursor(conn) as query:
-        parts = []
-        for name, each in deferred:
-            statement = CATALOGUE[name]
-            assert isinstance(statement, str)
-            parts += [query.mogrify(statement, params) for params in each]
-        if events:
-            entry = CATALOGUE["INSERT_EVENTS"]
-            assert isinstance(entry, Shaped)
-            shaped = entry.shape({"events": events, "now": tx.now})
-            parts.append(query.mogrify(f"EXECUTE {_EVENTS_STATEMENT} (%(events)s, %(now)s)",
-                                       shaped))  # fmt: skip
-        query.execute(";\n".join([*parts, "COMMIT"]))
-
-
 def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
     """Roll back a transaction a failure left open, on a connection still fit to say so (one
     that is not is discarded by the caller: the server rolls back itself)."""
@@ -126,48 +80,6 @@ def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
     if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
         with contextlib.suppress(psycopg.Error):
             cur.execute("ROLLBACK")
-
-
-class PostgresTx(Tx):
-    """A transaction on one cursor. ``prefix``: how our tables are named on a caller's own
-    connection (transactional enqueue), whose search path is not our schema."""
-
-    catalogue: ClassVar[Catalogue] = CATALOGUE
-    pipelined: ClassVar[bool] = True
-
-    def __init__(self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "") -> None:
-        super().__init__(now)
-        self.cur = cur
-        self.prefix = prefix
-        self.schema = schema  # with a prefix: the schema it names
-        self.prepare: bool | None = None if prefix else True  # never on a caller's connection
-
-    def execute(self, sql: str, params: Params) -> Cursor:
-        return self.cur.execute(sql, params, prepare=self.prepare)
-
-    def time(self) -> float:
-        if self.now is not None:
-            return self.now
-        row = self.execute(NOW, {"now": None}).fetchone()
-        assert row is not None
-        return float(row[0])
-
-    def many(self, name: str, each: Sequence[Params]) -> list[int]:
-        """One statement for every parameter set, pipelined: sent together, read back in one
-        round trip (``executemany``); each answers the rows it changed."""
-        statement = self.catalogue[name]
-        if not isinstance(statement, str):
-            return super().many(name, each)
-        batched = many(self, name, each)  # one statement for the batch, where there is one
-        if batched is not None:
-            return batched
-        self.cur.executemany(statement, each, returning=True)
-        counts = []
-        for n in range(len(each)):
-            if n:
-                self.cur.nextset()
-            counts.append(len(self.cur.fetchall()))
-        return counts
 
 
 class PostgresDialect(Dialect):
@@ -306,7 +218,7 @@ class PostgresDialect(Dialect):
                     with conn.cursor() as cur:
                         tx = PostgresTx(cur, self._now_param())
                         result = fn(tx)
-                        if tx.events or tx.deferred:  # no transaction for them: our bug
+                        if tx.events or tx.deferred or tx.ahead:  # no transaction for them: our bug
                             raise StoreError("events emitted outside a write transaction")
                         done = True
                         return result
@@ -319,7 +231,7 @@ class PostgresDialect(Dialect):
                         tx = PostgresTx(cur, self._now_param())
                         result = fn(tx)
                         done = True
-                        _commit(conn, cur, tx)
+                        commit(conn, cur, tx)
                     except BaseException:
                         _rollback(conn, cur)
                         raise

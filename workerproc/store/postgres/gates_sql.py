@@ -17,11 +17,9 @@ GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;
     DROP INDEX gates_ready;
 """
-# the live leases that hold one of a gate's slots (``g``: gates), and the first of them to end
+# the live leases that hold one of a gate's slots (``g``: gates)
 _ON = " OR ".join(f"{c} = g.gate" for c in ("gate_a", "gate_b", "gate_c"))
 _LIVE = f"""(SELECT count(*) FROM leases WHERE ({_ON}) AND owner IS NOT NULL
-        AND expires_at > {_NOW})"""
-_FIRST_END = f"""(SELECT min(expires_at) FROM leases WHERE ({_ON}) AND owner IS NOT NULL
         AND expires_at > {_NOW})"""
 
 LIMIT_SPECS = "SELECT name, per, rate, burst, concurrency, tokens, token_burst FROM limits"
@@ -71,9 +69,14 @@ OPEN_GATES = f"""SELECT gate FROM gates WHERE ready_at <= {_NOW} ORDER BY ready_
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED"""
 # the gates named (each locked, unless another claimer holds it: then no row), their limits'
 # numbers, their buckets, their live leases and the first of them to end
+# (its live leases counted and their first end found in one walk of them: the leases table
+# keeps the rows of ended leases until a vacuum, and every claim walks them)
 GATE_STATE = f"""SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
-    g.level, g.level_at, g.tok_level, g.tok_at, g.paused_until, {_LIVE}, {_FIRST_END}
-    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = ANY(%(gates)s::text[])
+    g.level, g.level_at, g.tok_level, g.tok_at, g.paused_until, live.n, live.first_end
+    FROM gates AS g JOIN limits AS l ON l.name = g.lim
+    CROSS JOIN LATERAL (SELECT count(*) AS n, min(expires_at) AS first_end FROM leases
+        WHERE ({_ON}) AND owner IS NOT NULL AND expires_at > {_NOW}) AS live
+    WHERE g.gate = ANY(%(gates)s::text[])
     ORDER BY g.gate FOR UPDATE OF g SKIP LOCKED"""
 # the first ``limit`` claimable runs of each line named, in the served queues (NULL: all),
 # locked, in one statement (a batched claim asks one run of each of many lines at once): the

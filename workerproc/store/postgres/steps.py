@@ -25,7 +25,7 @@ from . import waits_sql as w
 from . import webhooks_sql as wh
 
 if TYPE_CHECKING:
-    from .dialect import PostgresTx
+    from .tx import PostgresTx
 
 
 def _claim(tx: PostgresTx, queues: int | None, params: Params) -> list[Row]:

@@ -50,15 +50,16 @@ def claim(tx: Tx, req: ClaimRequest, keeper: Gatekeeper | None = None) -> list[L
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
     if next(_turns) % 2:
-        opened = gates.opened(tx)
+        opened = gates.opened(tx, req.queues, req.limit)
         leases = gates.admitted(tx, req, req.limit, _lease, opened) if opened else []
         return leases + _claim(tx, req, req.limit - len(leases), keeper)
     # the plain walk first, then the gates: on PostgreSQL the open gates are locked only from
     # here to the end of the claim, so claimers that share a gate hold it as briefly as can be
     leases = _claim(tx, req, req.limit, keeper)
-    if len(leases) >= req.limit or not (opened := gates.opened(tx)):
+    want = req.limit - len(leases)
+    if want < 1 or not (opened := gates.opened(tx, req.queues, want)):
         return leases  # no line may admit a run now: the claim was the plain one
-    return leases + gates.admitted(tx, req, req.limit - len(leases), _lease, opened)
+    return leases + gates.admitted(tx, req, want, _lease, opened)
 
 
 def regate(tx: Tx, lease: Lease, gating: Gating) -> None:

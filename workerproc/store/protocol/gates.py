@@ -30,113 +30,16 @@ transaction that leases them.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..dialect import Params, Row, Tx
-from ..limits import refill, when_level
+from ..limits import GateState
 from ..types import CasResult, ClaimRequest, Commit, Lease
 
 GATES_AT_ONCE = 64  # open gates one claim looks at, at most
 LeaseMaker = Callable[[Tx, ClaimRequest, Row], Lease | None]
 SPENT_ATTEMPT = frozenset({"finish", "advance", "wait", "release", "fail", "drop"})  # charge tokens
-
-
-@dataclass
-class GateState:
-    """One gate as a claim sees it, locked: its numbers, its buckets now, its live leases."""
-
-    gate: str
-    rate: float | None
-    burst: float | None
-    concurrency: int | None
-    tokens: float | None
-    token_burst: float | None
-    level: float | None
-    level_at: float | None
-    tok_level: float | None
-    tok_at: float | None
-    paused_until: float
-    live: int
-    first_expiry: float | None  # the earliest end of a live lease holding one of its slots
-    starts: int = 0  # admitted by this claim
-    dirty: bool = False
-    ready_at: float | None = field(default=None)  # what to write back (with ``decided``)
-    blocked_by: str | None = None  # the gate of another limit that keeps this line closed
-    decided: bool = False
-
-    @classmethod
-    def of(cls, row: Row) -> GateState:
-        return cls(*row)
-
-    def now_levels(self, now: float) -> tuple[float, float]:
-        rate = math.inf
-        if self.rate is not None and self.burst is not None:
-            rate = refill(self.level, self.level_at, self.rate, self.burst, now)
-        toks = math.inf
-        if self.tokens is not None and self.token_burst is not None:
-            toks = refill(self.tok_level, self.tok_at, self.tokens, self.token_burst, now)
-        return rate, toks
-
-    def admits(self, now: float, need: int) -> bool:
-        rate, toks = self.now_levels(now)
-        full = self.concurrency is not None and self.live >= self.concurrency
-        return self.paused_until <= now and not full and rate >= 1 and toks >= need
-
-    def room(self, now: float) -> int:
-        """Starts this gate alone allows now (a token reservation is judged per run)."""
-        if self.paused_until > now:
-            return 0
-        rate, _ = self.now_levels(now)
-        slots = math.inf if self.concurrency is None else self.concurrency - self.live
-        return max(0, int(min(slots, rate, 1_000_000)))
-
-    def admit(self, now: float, need: int, until: float) -> None:
-        """One more run admitted, its lease holding a slot ``until`` (at the latest)."""
-        rate, toks = self.now_levels(now)
-        self.first_expiry = until if self.first_expiry is None else min(self.first_expiry, until)
-        if self.rate is not None:
-            self.level, self.level_at = rate - 1, now
-        if self.tokens is not None:
-            self.tok_level, self.tok_at = toks - need, now
-        self.live += 1
-        self.starts += 1
-        self.dirty = True
-
-    def give_back(self, now: float, tokens: int) -> None:
-        """A reservation returns (a takeover's predecessor, a claim undone)."""
-        if self.tokens is not None and self.token_burst is not None and tokens:
-            _, toks = self.now_levels(now)
-            self.tok_level, self.tok_at = min(self.token_burst, toks + tokens), now
-            self.dirty = True
-
-    def next_open(self, now: float, need: int) -> float | None:
-        """When this gate may have room for a run that reserves ``need`` tokens."""
-        rate, toks = self.now_levels(now)
-        at = max(now, self.paused_until)
-        if self.rate is not None and rate < 1:
-            at = max(at, when_level(rate, 1, self.rate, now))
-        if self.tokens is not None and toks < need:
-            refilled = when_level(toks, need, self.tokens, now)
-            # a lease that expires gives its reservation back when it is taken over: look
-            # again then, if that comes first
-            at = max(at, min(refilled, self.first_expiry or refilled))
-        if self.concurrency is not None and self.live >= self.concurrency:
-            if self.first_expiry is None:
-                return None  # only a lease that ends frees a slot, and that reopens the gate
-            at = max(at, self.first_expiry)
-        return at
-
-    def decide(self, ready_at: float | None, blocked_by: str | None = None) -> None:
-        self.ready_at, self.blocked_by, self.decided, self.dirty = ready_at, blocked_by, True, True
-
-    def params(self, now: float) -> Params:
-        return {"gate": self.gate, "level": self.level, "level_at": self.level_at,
-                "tok_level": self.tok_level, "tok_at": self.tok_at, "starts": self.starts,
-                "ready_at": self.ready_at if self.decided else now,
-                "blocked_by": self.blocked_by, "keep": not self.decided,
-                "now": now}  # fmt: skip
 
 
 class Admission:
@@ -145,6 +48,41 @@ class Admission:
     def __init__(self, tx: Tx, now: float, ttl: float) -> None:
         self.tx, self.now, self.ttl = tx, now, ttl
         self.states: dict[str, GateState | None] = {}
+        # the first runs of lines asked early (with their limit), each taken once
+        self.ahead: dict[str, tuple[int, list[Row]]] = {}
+
+    def first_look(self, lines: list[str], queues: list[str] | None, limit: int) -> None:
+        """The states of the gates of ``lines`` (which this claim holds: ``OPEN_GATES`` locked
+        them) and the first ``limit`` runs of each line, sent together (one round trip on
+        PostgreSQL), unless asked already (``keep_early``). A line without room has its runs
+        locked for nothing, until the COMMIT: only a claimer that holds a line's gate asks for
+        its runs, so no one else wanted them."""
+        unread = sorted(set(lines) - self.states.keys())
+        ask = [line for line in lines if self.ahead.get(line, (0, []))[0] < limit]
+        calls: list[tuple[str, Params]] = []
+        if unread:
+            calls.append(("GATE_STATE", {"gates": unread, "now": self.now}))
+        if ask:
+            params: Params = {"lines": ask, "queues": queues, "limit": limit, "now": self.now}
+            calls.append(("LINE_RUNS", params))
+        got = self.tx.rows_each(calls) if calls else []
+        if unread:
+            self._keep(unread, got.pop(0))
+        if ask:
+            self._ahead(ask, limit, got.pop(0))
+
+    def keep_early(self, early: Opened) -> None:
+        """What the round trip of ``OPEN_GATES`` read of the gates this transaction's commits
+        settled (their settles locked them first)."""
+        if early.held:
+            self._keep(early.held, early.states)
+            self._ahead(early.held, early.limit, early.runs)
+
+    def _ahead(self, lines: list[str], limit: int, rows: list[Row]) -> None:
+        found: dict[str, list[Row]] = {line: [] for line in lines}
+        for row in rows:
+            found[row[0]].append(tuple(row[1:]))
+        self.ahead.update((line, (limit, runs)) for line, runs in found.items())
 
     def state(self, gate: str) -> GateState | None:
         if gate not in self.states:
@@ -156,9 +94,30 @@ class Admission:
         claimer holds it)."""
         unread = sorted(set(gates) - self.states.keys())
         if unread:
-            rows = self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now})
-            found = {row[0]: GateState.of(row) for row in rows}
-            self.states.update((g, found.get(g)) for g in unread)
+            self._keep(unread, self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now}))
+
+    def _keep(self, asked: list[str], rows: list[Row]) -> None:
+        found = {row[0]: GateState.of(row) for row in rows}
+        self.states.update((g, found.get(g)) for g in asked)
+
+    def line_runs(
+        self, lines: list[str], queues: list[str] | None, limit: int
+    ) -> dict[str, list[Row]]:
+        """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked);
+        those the first look found are taken from it, once."""
+        found: dict[str, list[Row]] = {}
+        rest = []
+        for line in lines:
+            asked, rows = self.ahead.pop(line, (0, []))
+            if asked < limit:
+                rest.append(line)
+            elif rows:
+                found[line] = rows[:limit]
+        if rest:
+            params = {"lines": rest, "queues": queues, "limit": limit, "now": self.now}
+            for row in self.tx.rows("LINE_RUNS", params):
+                found.setdefault(row[0], []).append(tuple(row[1:]))
+        return found
 
     def write_back(self) -> None:
         """Every gate the claim changed, in name order, written just before the COMMIT (on
@@ -168,25 +127,57 @@ class Admission:
         self.tx.at_commit("GATE_WRITE", [state.params(self.now) for state in dirty])
 
 
-def opened(tx: Tx) -> list[str]:
+@dataclass(frozen=True)
+class Opened:
+    """The gates whose line may admit a run now (``OPEN_GATES``, locked on PostgreSQL), the
+    moment the claim stands at, read after their locks, and what the same round trip read of
+    the gates this transaction settled (``held``: their states, their lines' first ``limit``
+    runs)."""
+
+    gates: list[str]
+    now: float
+    held: list[str] = field(default_factory=list)
+    states: list[Row] = field(default_factory=list)
+    runs: list[Row] = field(default_factory=list)
+    limit: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.gates)
+
+
+def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened:
     """The gates whose line may admit a run now, the one served least recently first (none:
-    the claim needs no more than its plain walk)."""
-    return [row[0] for row in tx.rows("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE})]
+    the claim needs no more than its plain walk). The settling of this transaction's commits
+    goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock),
+    and as a settle locks its gate, the states of the settled gates and up to ``want`` runs
+    of their lines are read in that round trip too, after it."""
+    held = sorted({p["gate"] for name, each in tx.ahead if name == "GATE_SETTLE" for p in each})
+    held = held if want > 0 else []
+    lines = {"lines": held, "queues": None if queues is None else list(queues), "limit": want,
+             "now": tx.now}  # fmt: skip
+    after = [("GATE_STATE", {"gates": held, "now": tx.now}), ("LINE_RUNS", lines)] if held else []
+    rows, now, more = tx.ahead_then("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE}, after)
+    if not held:
+        return Opened([row[0] for row in rows], now)
+    return Opened([row[0] for row in rows], now, held, more[0], more[1], want)
 
 
 def admitted(
-    tx: Tx, req: ClaimRequest, want: int, lease: LeaseMaker, opened: Sequence[str]
+    tx: Tx, req: ClaimRequest, want: int, lease: LeaseMaker, gates_open: Opened
 ) -> list[Lease]:
-    """Up to ``want`` leases of gated runs from the lines of ``opened`` whose gates all have
-    room (the module's docstring); ``lease`` turns a claim row into a lease (or None: the
+    """Up to ``want`` leases of gated runs from the lines of ``gates_open`` whose gates all
+    have room (the module's docstring); ``lease`` turns a claim row into a lease (or None: the
     claim failed its run, R6/B10)."""
     if want < 1:
         return []
-    now = tx.time()
+    now, opened = gates_open.now, gates_open.gates
     gates = Admission(tx, now, req.ttl)
+    gates.keep_early(gates_open)
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []
     served: set[str] = set()
+    # the first lines' gates and first runs at once: one run each of many, or all of one
+    gates.first_look(opened[:want], queues, 1 if len(opened) > 1 else want)
     if len(opened) > 1:  # one run per gate, in turn, many lines in one statement
         leases = _one_each(tx, req, want, opened, gates, lease, served)
     for line in opened:  # then more from the gates with room left (a line alone: all at once)
@@ -200,7 +191,7 @@ def admitted(
             own.decide(own.next_open(now, 0))
             continue
         ask = min(room, want - len(leases))
-        found = _line_runs(tx, [line], queues, ask, now).get(line)
+        found = gates.line_runs([line], queues, ask).get(line)
         if not found:
             if len(opened) == 1:
                 _nothing_due(tx, own, now)
@@ -240,7 +231,7 @@ def _one_each(
             asked.append(line)
         if not asked:
             break
-        found = _line_runs(tx, asked, queues, 1, now)
+        found = gates.line_runs(asked, queues, 1)
         ok: list[Row] = []
         for line in asked:
             own = gates.state(line)
@@ -257,17 +248,6 @@ def _one_each(
         if ok:
             leases += _lease_all(tx, req, ok, gates, now, lease)
     return leases
-
-
-def _line_runs(
-    tx: Tx, lines: list[str], queues: list[str] | None, limit: int, now: float
-) -> dict[str, list[Row]]:
-    """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked)."""
-    found: dict[str, list[Row]] = {}
-    params = {"lines": lines, "queues": queues, "limit": limit, "now": now}
-    for row in tx.rows("LINE_RUNS", params):
-        found.setdefault(row[0], []).append(tuple(row[1:]))
-    return found
 
 
 def _nothing_due(tx: Tx, own: GateState, now: float) -> None:
@@ -341,7 +321,9 @@ def _undo(gates: Admission, row: Row, now: float) -> None:
 
 def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """What each written commit under a gated lease gives back to its gates, in the same
-    transaction (a refused one settles nothing): sorted by gate, one statement each."""
+    transaction (a refused one settles nothing): sorted by gate, one statement each, sent
+    when the transaction's claim first looks at its gates (``opened``), or else before
+    COMMIT: a settle waits for a gate another claimer holds, and holds it from there on."""
     per_gate: dict[str, Params] = {}
     for commit, result in zip(commits, results, strict=True):
         lease = commit.lease
@@ -360,5 +342,4 @@ def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> N
             p["unstart"] += commit.kind == "handback"
             if commit.kind == "retry_after" and commit.pause and commit.delay > 0:
                 p["pause"] = max(p["pause"] or 0.0, commit.delay)
-    for gate in sorted(per_gate):
-        tx.count("GATE_SETTLE", {**per_gate[gate], "now": tx.now})
+    tx.before_gates("GATE_SETTLE", [{**per_gate[g], "now": tx.now} for g in sorted(per_gate)])
