@@ -341,3 +341,19 @@ def test_the_waker_never_holds_up_a_stopping_worker(db_path: str, with_webhook: 
     began = time.monotonic()
     courier.close()
     assert time.monotonic() - began < REFRESH / 2
+
+
+def test_a_full_batch_of_unwanted_events_is_read_past_not_taken_for_the_end(
+    s: Store, receiver: Receiver
+) -> None:
+    """A webhook on run.succeeded behind more than a batch of other events: one execution
+    reads on to the end (it parked after each hundred, woken a second later each time)."""
+    s.add_webhook("picky", receiver.url, secret=SECRET, kinds=["run.succeeded"])
+    s.start_runs([{"task": "noop"}] * (2 * BATCH + 10))
+    lease = s.claim("w", 30.0, queues=["default"])
+    assert lease is not None and s.ack(lease)
+    (mine,) = s.claim("d", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
+    ctx = Context(mine, threading.Event())
+    Deliverer(lambda: s).deliver(ctx, s)
+    assert [d.event["kind"] for d in receiver.all()] == ["run.succeeded"]
+    assert ctx.commit is not None and ctx.commit.kind == "wait"

@@ -110,15 +110,23 @@ class Deliverer:
         finally:
             _delivering.on = False
 
+    def _client(self) -> Any:
+        """This thread's HTTP client, kept (making one costs a TLS context: 0.2 s here);
+        each request carries its webhook's timeout."""
+        client = getattr(self._stores, "client", None)
+        if client is None:
+            client = self._stores.client = self._new_client()
+        return client
+
     @staticmethod
-    def _new_client(timeout: float) -> Any:
+    def _new_client() -> Any:
         try:
             import httpx2  # noqa: PLC0415 (the webhooks extra: only when one is delivered)
         except ImportError:  # told on the run, and tried again after the backoff
             raise RuntimeError(
                 "webhook delivery needs httpx2: pip install 'leasekeeper[webhooks]'"
             ) from None
-        return httpx2.Client(timeout=timeout, follow_redirects=False)
+        return httpx2.Client(follow_redirects=False)
 
     def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
         payload = ctx.payload
@@ -133,24 +141,26 @@ class Deliverer:
         state.setdefault("failures", 0)
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)
-        busy = False  # the last look found events to send: there may be more (a new task)
-        with self._new_client(hook.retry.timeout) as client:
-            while retry_in is None and time.monotonic() < deadline:
-                token = store.change_token()
-                batch = store.events(after=int(state["cursor"]), limit=BATCH)
-                busy = False
-                for event in batch:
-                    ours = event.task == DELIVERY_TASK or event.run_id in own
-                    if not ours and hook.wants(event.kind):
-                        busy = True
-                        retry_in = self._one(ctx, client, hook, event, state, deadline)
-                        if retry_in is not None:
-                            break
-                    state["cursor"] = event.id
-                    if time.monotonic() >= deadline:
+        busy = False  # the last look found events to send, or a full batch: maybe more
+        client = self._client()
+        while retry_in is None and time.monotonic() < deadline:
+            token = store.change_token()
+            batch = store.events(after=int(state["cursor"]), limit=BATCH)
+            busy = len(batch) == BATCH
+            for event in batch:
+                ours = event.task == DELIVERY_TASK or event.run_id in own
+                if not ours and hook.wants(event.kind):
+                    busy = True
+                    retry_in = self._one(ctx, client, hook, event, state, deadline)
+                    if retry_in is not None:
                         break
-                if not busy and not self._hold(store, token, deadline):
-                    break  # caught up, and nothing came while it held on: park
+                state["cursor"] = event.id
+                if time.monotonic() >= deadline:
+                    break
+            if batch:
+                continue  # read on: the end of the table is what says "caught up"
+            if not self._hold(store, token, deadline):
+                break  # caught up, and nothing came while it held on: park
         if retry_in is not None or busy:
             ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
@@ -201,7 +211,7 @@ class Deliverer:
             "Leasekeeper-Webhook": hook.name,
         }
         try:
-            reply = client.post(hook.url, content=body, headers=headers)
+            reply = client.post(hook.url, content=body, headers=headers, timeout=hook.retry.timeout)
         except Exception as exc:  # the network's: connection refused, timeout, reset ...
             return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
         if 200 <= reply.status_code < 300:
