@@ -39,7 +39,7 @@ class Courier(StoreThread):
 
     def __init__(self, open_store: Callable[[], WorkerStore], outage: Outage) -> None:
         super().__init__(open_store, outage)
-        self._seen: dict[str, int] = {}  # webhook -> the last event id looked at for it
+        self._seen: dict[int, int] = {}  # delivery run -> the last event id looked at for it
         self.woken = 0  # signals this waker sent
         self._broken = False
 
@@ -81,10 +81,10 @@ class Courier(StoreThread):
         for hook in hooks:
             run = store.get_run(hook.run_id)
             if run is None or run.terminal or run.waiting_for != PARKED:
-                self._seen.pop(hook.name, None)
+                self._seen.pop(hook.run_id, None)
                 continue
             cursor = run.state.get("cursor", 0) if isinstance(run.state, dict) else 0
-            parked.append((hook, max(int(cursor), self._seen.get(hook.name, 0))))
+            parked.append((hook, max(int(cursor), self._seen.get(hook.run_id, 0))))
         if not parked:
             return REFRESH if not hooks else WATCH
         own = {hook.run_id for hook in hooks}
@@ -98,7 +98,7 @@ class Courier(StoreThread):
             if wanted:
                 if store.wake_webhook(hook.run_id):  # (False: another waker was first)
                     self.woken += 1
-                self._seen.pop(hook.name, None)
+                self._seen.pop(hook.run_id, None)
             elif events:
-                self._seen[hook.name] = max(start, events[-1].id)
+                self._seen[hook.run_id] = max(start, events[-1].id)
         return WATCH
