@@ -30,7 +30,8 @@ i AS MATERIALIZED (
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     status = 'succeeded', result = i.result::json, finished_at = clock.now,
     updated_at = clock.now, {no_head}
-    FROM i, clock WHERE r.id = i.run_id AND r.revision = i.revision AND r.status IN {alive}
+    FROM i JOIN run ON run.id = i.run_id, clock
+    WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
       AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence_each})
     RETURNING r.id),
 {_done(fence_each)}
@@ -56,7 +57,8 @@ i AS MATERIALIZED (
         ORDER BY u.n) AS u),
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}
-    FROM i, clock WHERE r.id = i.run_id AND r.revision = i.revision AND r.status IN {alive}
+    FROM i JOIN run ON run.id = i.run_id, clock
+    WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
       AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence_each})
     RETURNING r.id),
 {_done(fence_each)},
@@ -71,7 +73,7 @@ SELECT id, {notify} FROM cas"""
 def _locked(clock: str) -> str:
     """The batch's runs locked in id order (held already: no-ops), then "now"."""
     return f"""WITH run AS MATERIALIZED (
-    SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
+    SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
 clock AS MATERIALIZED (SELECT {clock} AS now FROM (SELECT count(*) FROM run) AS locked)"""
 
 

@@ -212,9 +212,9 @@ WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 picked AS MATERIALIZED (
     SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.priority AS p,
         r.line_at AS head_at, r.head_created, r.parent_id, r.join_task, r.traceparent
-    FROM runs AS r WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
-      AND r.line_at <= (SELECT now FROM clock)
-    ORDER BY r.id FOR UPDATE),
+    FROM (SELECT u.id FROM unnest(%(run_ids)s::bigint[]) AS u(id) ORDER BY u.id) AS u
+    CROSS JOIN LATERAL (SELECT * FROM runs AS r WHERE r.id = u.id AND r.status = 'pending'
+        AND r.line_at <= (SELECT now FROM clock) FOR UPDATE) AS r),
 {_LEASING}"""
 
 

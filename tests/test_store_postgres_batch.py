@@ -1,0 +1,123 @@
+"""PostgreSQL's batches (``store/postgres/tx.py``: ``Batch``): several statements in one round
+trip as ``EXECUTE``s of statements the session prepared, their values quoted by the driver."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from store_backends import PostgresBackend
+
+from workerproc.store.postgres.steps import CATALOGUE
+from workerproc.store.postgres.tx import Batch, Prepared, _session_prepared
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def pg(tmp_path: Path) -> PostgresBackend:
+    backend = PostgresBackend(str(tmp_path))
+    backend.open().close()  # the schema
+    return backend
+
+
+def _session(pg: PostgresBackend) -> psycopg.Connection[Any]:
+    conn = pg.connect()
+    conn.autocommit = False
+    return conn
+
+
+def test_every_statement_of_the_catalogue_can_be_prepared_by_a_session(
+    pg: PostgresBackend,
+) -> None:
+    """Any statement may go in a batch, so the server must infer every parameter's type from
+    where it stands (one it cannot name would fail the first batch that sends it)."""
+    statements = {name: sql for name, sql in CATALOGUE.items() if isinstance(sql, str)}
+    assert len(statements) > 50
+    with _session(pg) as conn:
+        for name, sql in sorted(statements.items()):
+            form = Prepared.of(name, sql)
+            assert "%(" not in form.prepare, name
+            conn.execute(form.prepare)
+        conn.rollback()
+
+
+def test_a_batch_answers_each_statement_in_order_with_its_values_intact(
+    pg: PostgresBackend,
+) -> None:
+    echo = (
+        "SELECT %(text)s::text, %(ids)s::bigint[], %(x)s::float8, %(flag)s::boolean, %(none)s::text"
+    )
+    tricky = ["it's", 'a "quote"', "back\\slash", "%(not_a_param)s", "ünïcødé", "a;b--c", ""]
+    calls = [
+        ("ECHO", echo, {"text": t, "ids": [1, 2**40, -3], "x": x, "flag": i % 2 == 0, "none": None})
+        for i, (t, x) in enumerate(
+            zip(tricky, [1.5, -0.0, 1e300, math.inf, -math.inf, 3, 0], strict=True)
+        )
+    ]
+    calls.append(("EMPTY", "SELECT 1 WHERE %(never)s::boolean", {"never": False}))
+    with _session(pg) as conn:
+        out = Batch(conn).run(calls)
+        conn.rollback()
+    assert len(out) == len(calls)
+    for (_, _, params), (rows, changed) in zip(calls[:-1], out[:-1], strict=True):
+        assert rows == [(params["text"], [1, 2**40, -3], params["x"], params["flag"], None)]
+        assert changed == 1
+    assert out[-1] == ([], 0)
+
+
+def test_each_statement_runs_after_the_one_before_and_counts_the_rows_it_changed(
+    pg: PostgresBackend,
+) -> None:
+    write = "UPDATE limits SET rate = %(rate)s WHERE name = %(name)s"
+    read = "SELECT rate FROM limits WHERE name = %(name)s"
+    with _session(pg) as conn:
+        conn.execute(
+            "INSERT INTO limits (name, rate, declared, declared_by, declared_at) "
+            "VALUES ('a', 1, '{}', 'test', 0), ('b', 1, '{}', 'test', 0)"
+        )
+        out = Batch(conn).run(
+            [
+                ("W", write, {"rate": 7.0, "name": "a"}),
+                ("W", write, {"rate": 8.0, "name": "nobody"}),
+                ("R", read, {"name": "a"}),
+            ]
+        )
+        conn.rollback()
+    assert [changed for _, changed in out] == [1, 0, 1]
+    assert out[2][0] == [(7.0,)]
+
+
+def test_a_failed_statement_skips_the_rest_and_the_session_keeps_what_it_prepared(
+    pg: PostgresBackend,
+) -> None:
+    read = "SELECT count(*) FROM limits WHERE name = %(name)s"
+    fails = "SELECT 1 / %(zero)s::int"
+    marker = (
+        "INSERT INTO limits (name, rate, declared, declared_by, declared_at) "
+        "VALUES (%(name)s, 1, '{}', 't', 0)"
+    )
+    with _session(pg) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            Batch(conn).run([("R", read, {"name": "x"}), ("F", fails, {"zero": 0}),
+                             ("M", marker, {"name": "after"})])  # fmt: skip
+        conn.rollback()
+        known = set(_session_prepared[conn])
+        assert {Prepared.of("R", read).name, Prepared.of("F", fails).name} <= known
+        # prepared once per connection: the next batch prepares nothing again, and runs
+        out = Batch(conn).run([("R", read, {"name": "after"}), ("F", fails, {"zero": 1})])
+        assert out == [([(0,)], 1), ([(1,)], 1)]
+        conn.rollback()
+
+
+def test_a_statement_whose_text_changes_is_another_prepared_statement() -> None:
+    one = Prepared.of("SAME", "SELECT %(a)s::int + %(b)s::int + %(a)s::int")
+    other = Prepared.of("SAME", "SELECT %(a)s::int - %(b)s::int")
+    assert one.name != other.name
+    assert one.prepare.endswith("SELECT $1::int + $2::int + $1::int")
+    assert one.execute == f"EXECUTE {one.name}(%(a)s, %(b)s)"
+    bare = Prepared.of("NONE", "SELECT 1")
+    assert bare.execute == f"EXECUTE {bare.name}"
