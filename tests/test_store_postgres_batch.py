@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from store_backends import PostgresBackend
 
+from workerproc.store.errors import StoreError
 from workerproc.store.postgres.steps import CATALOGUE
 from workerproc.store.postgres.tx import Batch, Prepared, _session_prepared
 
@@ -121,3 +122,47 @@ def test_a_statement_whose_text_changes_is_another_prepared_statement() -> None:
     assert one.execute == f"EXECUTE {one.name}(%(a)s, %(b)s)"
     bare = Prepared.of("NONE", "SELECT 1")
     assert bare.execute == f"EXECUTE {bare.name}"
+
+
+def _one_finished(store: Any, lease: Any) -> None:
+    from workerproc.store import Commit  # noqa: PLC0415
+
+    out = store.commit_many([Commit(lease, "finish", expected_revision=lease.revision)])
+    assert [r.value for r in out.results] == ["ok"]
+
+
+def test_after_a_rolled_back_failure_the_connection_prepares_its_statements_again(
+    pg: PostgresBackend,
+) -> None:
+    """The driver deallocates a session's prepared statements after a ROLLBACK it sends; the
+    store's next commit on that connection (with its events) once failed, and every one
+    after it, with "prepared statement ... does not exist", until the connection was
+    replaced (a lock timeout, a deadlock's retry or any failed statement led there)."""
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 3)
+    first, second, third = store.claim("w", 60, limit=3)
+    _one_finished(store, first)  # the events' statement and the batches' are prepared now
+    with pytest.raises(StoreError):  # a statement fails: rolled back, the connection stays
+        store.dialect.write(lambda tx: tx.execute("SELECT 1 / 0", {}).fetchall())
+    _one_finished(store, second)
+    _one_finished(store, third)
+    store.close()
+
+
+def test_statements_deallocated_behind_the_stores_back_cost_one_retry(
+    pg: PostgresBackend,
+) -> None:
+    """Prepared statements gone without the driver knowing (a pooler's DISCARD, say): the
+    exchange that meets one is rolled back, the session prepares them again, and it lands."""
+    from workerproc.store import ClaimRequest, Commit  # noqa: PLC0415
+
+    store = pg.open()
+    store.start_runs([{"task": "t"}] * 4)
+    leases = store.claim("w", 60, limit=2)
+    _one_finished(store, leases[0])
+    conn = store.dialect._conn()
+    assert conn.pgconn.exec_(b"DEALLOCATE ALL").status == psycopg.pq.ExecStatus.COMMAND_OK
+    out = store.commit_many([Commit(leases[1], "finish", expected_revision=leases[1].revision)],
+                            claim=ClaimRequest("w", 60.0, limit=2))  # fmt: skip
+    assert [r.value for r in out.results] == ["ok"] and len(out.leases) == 2
+    store.close()

@@ -167,15 +167,22 @@ class Tx(abc.ABC):
             self.ahead.append((name, each))
 
     def ahead_then(
-        self, name: str, params: Params, after: Sequence[tuple[str, Params]] = ()
-    ) -> tuple[list[Row], float, list[list[Row]]]:
-        """The writes waiting for the gates (``before_gates``), then ``rows(name, params)``,
-        then ``time()`` (read after that statement's locks), then the rows of each of
-        ``after``: a pipelined engine sends them all in one round trip."""
+        self,
+        name: str,
+        params: Params,
+        after: Sequence[tuple[str, Params]] = (),
+        first: Sequence[tuple[str, Params]] = (),
+    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
+        """The rows of each of ``first``, then the writes waiting for the gates
+        (``before_gates``), then ``rows(name, params)``, then ``time()`` (read after that
+        statement's locks), then the rows of each of ``after``: a pipelined engine sends them
+        all in one round trip (and may write the events emitted so far first: they wait for
+        no lock)."""
+        before = [self.rows(n, p) for n, p in first]
         self.write_ahead()
         rows = self.rows(name, params)
         now = self.time()
-        return rows, now, [self.rows(n, p) for n, p in after]
+        return rows, now, [self.rows(n, p) for n, p in after], before
 
     def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """``rows(name, params)`` for each call, in order (a pipelined engine sends them in one

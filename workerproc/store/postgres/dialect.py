@@ -41,7 +41,7 @@ from .listen import END, WORK, Listener, _abandoned
 from .ops_sql import WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
-from .tx import PostgresTx, commit
+from .tx import PostgresTx, commit, forget_prepared
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -78,6 +78,7 @@ def _rollback(conn: psycopg.Connection[Any], cur: Cursor) -> None:
     if conn.broken or conn.pgconn.pipeline_status != PipelineStatus.OFF:
         return
     if conn.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+        forget_prepared(conn)  # the driver deallocates them after a ROLLBACK
         with contextlib.suppress(psycopg.Error):
             cur.execute("ROLLBACK")
 
@@ -241,6 +242,17 @@ class PostgresDialect(Dialect):
                 if attempt >= _RETRIES:
                     raise _unavailable(exc, self.where) from None
                 time.sleep(random.uniform(0.001, 0.01) * attempt)
+            except pg_errors.InvalidSqlStatementName as exc:
+                # a statement this session had prepared is gone (deallocated by someone the
+                # driver did not see): nothing was written; the session starts its prepared
+                # statements afresh (the driver's own with them) and tries once more
+                self._unless_healthy(conn)
+                forget_prepared(conn)
+                if not conn.closed:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("DEALLOCATE ALL", prepare=False)
+                if attempt >= 2:
+                    raise StoreError(f"{self.where}: {_said(exc)}") from None
             except pg_errors.LockNotAvailable as exc:
                 self._unless_healthy(conn)
                 msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s"

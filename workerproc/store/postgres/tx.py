@@ -42,6 +42,15 @@ _session_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] 
 _PARAM = re.compile(r"%\((\w+)\)s")
 
 
+def forget_prepared(conn: psycopg.Connection[Any]) -> None:
+    """The session may have let go of the statements it prepared: the driver deallocates
+    every prepared statement of a connection after a ROLLBACK (and a DROP or an ALTER) it
+    sends (psycopg: "DEALLOCATE ALL" before the next statement), and a connection pooler may
+    too. The next use prepares them again."""
+    _events_prepared.discard(conn)
+    _session_prepared.pop(conn, None)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """A catalogue statement as the session prepares it (``PREPARE``: its parameters numbered
@@ -98,20 +107,29 @@ class Batch:
 
     def run(self, calls: Sequence[Call]) -> list[tuple[list[Row], int]]:
         """Each call's rows (none for a statement that returns none) and the rows it
-        changed, in order."""
+        changed, in order. The statements run on their generic plans (``_GENERIC``)."""
         if not calls:
             return []
         with psycopg.ClientCursor(self.conn) as query:
-            query.execute(";\n".join(self.texts(calls, query)))
+            query.execute(";\n".join([_GENERIC, *self.texts(calls, query), _AUTO]))
             out: list[tuple[list[Row], int]] = []
-            while True:
+            while query.nextset():  # the first result is the SET's
                 rows = query.fetchall() if query.description is not None else []
                 out.append((rows, len(rows) if query.description is not None else query.rowcount))
-                if not query.nextset():
-                    break
+        out.pop()  # the last SET's
         if len(out) != len(calls):  # a statement of ours that is several: a bug, not data
             raise RuntimeError(f"a batch of {len(calls)} statements answered {len(out)}")
         return out
+
+
+# A prepared statement is planned for its values (a custom plan) at its first five runs, and
+# then on a generic plan unless that plan's estimate is dearer than theirs: one that takes an
+# array of gates (GATE_STATE) is estimated for ten where it gets one, so the server planned it
+# again at every claim. Our statements are index walks whatever their values, so a batch runs
+# them on their generic plans (SET LOCAL: to the end of the batch, or of the transaction if it
+# fails first).
+_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan"
+_AUTO = "SET LOCAL plan_cache_mode = auto"
 
 
 def _steps_first(tx: PostgresTx) -> list[tuple[str, list[Params]]]:
@@ -194,23 +212,32 @@ class PostgresTx(Tx):
         return [changed for _, changed in Batch(self.cur.connection).run(calls)]
 
     def ahead_then(
-        self, name: str, params: Params, after: Sequence[tuple[str, Params]] = ()
-    ) -> tuple[list[Row], float, list[list[Row]]]:
-        """The writes waiting for the gates, the statement, the clock and ``after``, in one
-        round trip (``Batch``: the server runs them in order, each after the locks of the one
-        before)."""
-        names = [name, *(n for n, _ in after)]
+        self,
+        name: str,
+        params: Params,
+        after: Sequence[tuple[str, Params]] = (),
+        first: Sequence[tuple[str, Params]] = (),
+    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
+        """``first``, the events emitted so far (they wait for no lock: written here, they
+        are not written while the gates are held), the writes waiting for the gates, the
+        statement, the clock and ``after``, in one round trip (``Batch``: the server runs
+        them in order, each after the locks of the one before)."""
+        names = [name, *(n for n, _ in after), *(n for n, _ in first)]
         if self.prefix or any(not isinstance(self.catalogue[n], str) for n in names):
-            return super().ahead_then(name, params, after)
-        calls = [(n, self._sql(n), p) for n, each in _steps_first(self) for p in each]
-        first = len(calls)
+            return super().ahead_then(name, params, after, first)
+        calls = [(n, self._sql(n), p) for n, p in first]
+        if self.events:
+            calls.append(_events_call(self.events, self.now))
+            self.events = []
+        calls += [(n, self._sql(n), p) for n, each in _steps_first(self) for p in each]
+        at = len(calls)
         calls.append((name, self._sql(name), params))
         if self.now is None:
             calls.append(("NOW", NOW, {"now": None}))
         calls += [(n, self._sql(n), p) for n, p in after]
         results = self._batch(calls)
-        now = self.now if self.now is not None else float(results[first + 1][0][0])
-        return results[first], now, results[len(calls) - len(after) :]
+        now = self.now if self.now is not None else float(results[at + 1][0][0])
+        return results[at], now, results[len(calls) - len(after) :], results[: len(first)]
 
     def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """The statements in one round trip (``Batch``), their rows in order."""
@@ -223,6 +250,13 @@ class PostgresTx(Tx):
 
     def _batch(self, calls: Sequence[Call]) -> list[list[Row]]:
         return [rows for rows, _ in Batch(self.cur.connection).run(calls)]
+
+
+def _events_call(events: list[Params], now: float | None) -> Call:
+    """The events emitted so far as one statement of a batch (``INSERT_EVENTS``)."""
+    entry = CATALOGUE["INSERT_EVENTS"]
+    assert isinstance(entry, Shaped)
+    return "INSERT_EVENTS", entry.statement(""), entry.shape({"events": events, "now": now})
 
 
 def _sql(catalogue: Catalogue, name: str) -> str:

@@ -94,7 +94,8 @@ class Admission:
         claimer holds it)."""
         unread = sorted(set(gates) - self.states.keys())
         if unread:
-            self._keep(unread, self.tx.rows("GATE_STATE", {"gates": unread, "now": self.now}))
+            asked = [("GATE_STATE", {"gates": unread, "now": self.now})]
+            self._keep(unread, self.tx.rows_each(asked)[0])
 
     def _keep(self, asked: list[str], rows: list[Row]) -> None:
         found = {row[0]: GateState.of(row) for row in rows}
@@ -149,17 +150,23 @@ def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened
     """The gates whose line may admit a run now, the one served least recently first (none:
     the claim needs no more than its plain walk). The settling of this transaction's commits
     goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock),
-    and as a settle locks its gate, the states of the settled gates and up to ``want`` runs
-    of their lines are read in that round trip too, after it."""
+    and as a settle locks its gate, the states of the settled gates are read in that round
+    trip too, after it. Up to ``want`` runs of their lines are read (and locked) in it as
+    well, before the settles: only what the gate decides waits for its lock, so another
+    claimer holds the gate for as short a time as can be (and those runs are only ever
+    leased by a claimer that holds their gate, so no one else wanted them)."""
     held = sorted({p["gate"] for name, each in tx.ahead if name == "GATE_SETTLE" for p in each})
     held = held if want > 0 else []
     lines = {"lines": held, "queues": None if queues is None else list(queues), "limit": want,
              "now": tx.now}  # fmt: skip
-    after = [("GATE_STATE", {"gates": held, "now": tx.now}), ("LINE_RUNS", lines)] if held else []
-    rows, now, more = tx.ahead_then("OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE}, after)
+    after = [("GATE_STATE", {"gates": held, "now": tx.now})] if held else []
+    first = [("LINE_RUNS", lines)] if held else []
+    rows, now, more, before = tx.ahead_then(
+        "OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE}, after, first
+    )
     if not held:
         return Opened([row[0] for row in rows], now)
-    return Opened([row[0] for row in rows], now, held, more[0], more[1], want)
+    return Opened([row[0] for row in rows], now, held, more[0], before[0], want)
 
 
 def admitted(
