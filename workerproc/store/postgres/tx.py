@@ -32,8 +32,8 @@ def _insert_events_prepared() -> str:
 
 _EVENTS_STATEMENT = "leasekeeper_insert_events"
 _PREPARE_EVENTS = _insert_events_prepared()
-# the connections whose session holds that statement (prepared once per connection: a prepared
-# statement outlives a rollback, and a connection that is replaced takes its own with it)
+# the connections whose session holds that statement (prepared once per connection; a
+# connection that is replaced takes its own with it, and a rollback may too: forget_prepared)
 _events_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
 # the catalogue's statements each connection's session has prepared for batches, by name
 _session_prepared: weakref.WeakKeyDictionary[psycopg.Connection[Any], set[str]] = (
@@ -71,7 +71,7 @@ class Prepared:
                 order.append(found[1])
             return f"${order.index(found[1]) + 1}"
 
-        body = _PARAM.sub(number, statement)
+        body = _PARAM.sub(number, statement).replace("%%", "%")  # no values: a % is a %
         # the text's checksum in the name: a statement whose text changes is another one
         session = f"leasekeeper_{name.lower()}_{zlib.crc32(statement.encode()):08x}"
         values = f"({', '.join(f'%({n})s' for n in order)})" if order else ""
@@ -85,10 +85,11 @@ class Batch:
     """Statements sent in one round trip: one query of ``EXECUTE``s (the simple query
     protocol; values quoted by the driver), each of a statement the session prepared at its
     first use, so the server plans it once per connection. It costs one round trip and a
-    fraction of the client's CPU of a driver pipeline (measured: a third, for five
-    statements), and the server runs the statements in order, each after the locks of the
-    one before; the first that fails raises and skips the rest (the transaction is then
-    rolled back, like any failure)."""
+    fraction of the client's CPU of a driver pipeline (five small statements on a 2-core VM:
+    161 us of CPU and 340 us wall, against 785-995 us and 1.3-1.5 ms pipelined, and 480 us
+    and 1.1 ms one at a time), and the server runs the statements in order, each after the
+    locks of the one before; the first that fails raises and skips the rest (the transaction
+    is then rolled back, like any failure)."""
 
     def __init__(self, conn: psycopg.Connection[Any]) -> None:
         self.conn = conn
