@@ -353,3 +353,43 @@ def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     out = store.commit_many([Commit(lease, "finish") for lease in leases])
     assert [result.value for result in out.results] == ["ok"] * 8
     store.close()
+
+
+def _leases_read(plan: str) -> int:
+    """Rows the plan's scans of ``leases`` read: those they returned and those they threw away."""
+    lines = plan.splitlines()
+    read = 0
+    for i, line in enumerate(lines):
+        if re.search(r"Scan (using \w+ )?on leases\b", line):
+            found = re.search(r"rows=(\d+) loops=(\d+)", line)
+            assert found, line
+            read += int(found[1]) * int(found[2])
+            for below in lines[i + 1 : i + 4]:
+                if thrown := re.search(r"Rows Removed by Filter: (\d+)", below):
+                    read += int(thrown[1])
+    return read
+
+
+def test_a_gates_live_leases_are_counted_from_its_own_leases_only(pg: PostgresBackend) -> None:
+    """``GATE_STATE`` counts a gate's live leases through the index of the column the gate
+    stands in; one condition over the three columns walked every live lease of every gate,
+    once per gate read (a batched claim of 16 among 1,280 live leases: 6.9 ms p50, 4.9 now)."""
+    from workerproc.store import TaskOptions  # noqa: PLC0415
+    from workerproc.store.limits import LimitSpec  # noqa: PLC0415
+    from workerproc.store.postgres import gates_sql  # noqa: PLC0415
+
+    store = pg.open()
+    store.register_tasks({"t": TaskOptions(limits=("per-tenant",))})
+    tenants = LimitSpec.declare("per-tenant", concurrency=100, per="tenant")
+    store.declare_limits({"per-tenant": tenants}, by="test")
+    store.start_runs([{"task": "t", "payload": {"tenant": f"t{i % 20}"}} for i in range(400)])
+    held = [lease for _ in range(8) for lease in store.claim("holder", 600, limit=25)]
+    assert len(held) == 200  # 10 live leases behind each of 20 gates
+    gate = held[0].gates[0]
+    dialect = store.dialect
+    with psycopg.connect(dialect.conninfo, **dialect.session()) as conn:
+        plan = _generic_plan(conn, "GATE_STATE", gates_sql.GATE_STATE,
+                             {"gates": [gate], "now": None})  # fmt: skip
+    store.close()
+    assert "rows=1 loops=1" in plan.splitlines()[0], plan  # the gate, read
+    assert _leases_read(plan) <= 20, plan  # its 10 leases, not the 200 of all the gates
