@@ -152,7 +152,9 @@ def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened
     goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock),
     and as a settle locks its gate, the states of the settled gates are read in that round
     trip too, after it. Up to ``want`` runs of their lines are read (and locked) in it as
-    well, before the settles: only what the gate decides waits for its lock, so another
+    well, before the settles (unless a step waits among them, ``PLACE_GATES`` on PostgreSQL:
+    what comes up to it is sent first, the settles with it): only what the gate decides
+    waits for its lock, so another
     claimer holds the gate for as short a time as can be (and those runs are only ever
     leased by a claimer that holds their gate, so no one else wanted them)."""
     held = sorted({p["gate"] for name, each in tx.ahead if name == "GATE_SETTLE" for p in each})
