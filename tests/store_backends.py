@@ -55,6 +55,11 @@ class Backend(abc.ABC):
         """Write ``text`` into a JSON column of ``table`` (``runs`` or ``tasks``) for one run,
         behind the store's back (what an old version or a hand edit might have left)."""
 
+    @abc.abstractmethod
+    def tamper(self, sql: str) -> None:
+        """Run ``sql`` (no parameters) behind the store's back: what an older version's bug or
+        a hand edit might have left in the database."""
+
     @property
     @abc.abstractmethod
     def url(self) -> str:
@@ -106,6 +111,11 @@ class SQLiteBackend(Backend):
         key = "id" if table == "runs" else "run_id"
         with sqlite3.connect(self.path) as conn:
             conn.execute(f"UPDATE {table} SET {column} = ? WHERE {key} = ?", (text, run_id))
+        conn.close()
+
+    def tamper(self, sql: str) -> None:
+        with sqlite3.connect(self.path) as conn:
+            conn.execute(sql)
         conn.close()
 
     @property
@@ -165,6 +175,10 @@ class PostgresBackend(Backend):
         key = "id" if table == "runs" else "run_id"
         with self.connect() as conn:
             conn.execute(f"UPDATE {table} SET {column} = %s::json WHERE {key} = %s", (text, run_id))
+
+    def tamper(self, sql: str) -> None:
+        with self.connect() as conn:
+            conn.execute(sql)
 
     @contextmanager
     def hold_write_lock(self) -> Iterator[None]:

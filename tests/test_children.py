@@ -85,6 +85,27 @@ def test_a_zombies_spawn_is_refused_and_starts_no_child(s: Store, clock: FakeClo
     assert len(s.list_runs()) == 3  # the taker's children, once
 
 
+def test_a_child_that_spawns_children_of_its_own_still_counts_for_its_parent(s: Store) -> None:
+    """Found by tests/test_limits_stateful.py: a run that is a child and then a parent kept one
+    column for both joins, so its end never reached its own parent's join."""
+    parent = s.start_run("fan_out")
+    (lease,) = claim_all(s)
+    assert spawn(s, lease, 1) is CasResult.OK
+    (child,) = claim_all(s)
+    assert spawn(s, child, 1, then="merge_child") is CasResult.OK  # a grandchild
+    (grandchild,) = claim_all(s)
+    finish(s, grandchild, "g")
+    (child_join,) = claim_all(s)
+    assert child_join.run_id == child.run_id and child_join.task == "merge_child"
+    assert [c.result for c in child_join.children or ()] == ["g"]
+    finish(s, child_join, "c")
+    (join,) = claim_all(s)
+    assert join.run_id == parent and join.task == "merge"
+    assert [(c.run_id, c.result) for c in join.children or ()] == [(child.run_id, "c")]
+    run = s.get_run(child.run_id)
+    assert run is not None and run.parent_id == parent
+
+
 def test_children_inherit_the_parents_queue_unless_told(s: Store) -> None:
     s.start_run("fan_out", queue="agents")
     (lease,) = claim_all(s)

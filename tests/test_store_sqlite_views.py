@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from store_backends import claim, finish
 
-from workerproc.store import open_store
+from workerproc.store import Commit, open_store
 from workerproc.store.protocol import claims
 from workerproc.store.protocol.reads import status_filter
 from workerproc.store.sqlite import reads_sql as v
@@ -240,3 +240,39 @@ def test_migration_to_v5_names_existing_runs_by_their_first_task(db_path: str) -
     assert run is not None and run.task == "first"
     assert store.task_names() == ["first"]
     store.close()
+
+
+def test_migration_20_gives_each_child_its_parents_join_back(db_path: str) -> None:
+    """Before v20 one column held both a run's own join and its parent's: a child that spawned
+    children of its own lost its parent's. The migration recovers it from the parent."""
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    raw.execute("PRAGMA journal_mode = WAL")
+    script = "".join(MIGRATIONS[:19])
+    raw.executescript(f"BEGIN; {script} PRAGMA user_version = 19; COMMIT;")
+    far = 9e9
+    raw.executemany(  # a parent, its child (which spawned since), the grandchild
+        "INSERT INTO runs (id, state, created_at, updated_at, parent_id, join_task, wait_for, "
+        "wait_task, children_left) VALUES (?, '{}', 1, 1, ?, ?, ?, ?, ?)",
+        [(1, None, 3, "children", 3, 1), (2, 1, 5, "children", 5, 1), (3, 2, 5, None, None, None)],
+    )
+    raw.executemany(
+        "INSERT INTO tasks (id, run_id, name, available_at, created_at, done_at) "
+        "VALUES (?, ?, ?, ?, 1, ?)",
+        [(1, 1, "fan", 1, 1), (2, 2, "fan", 1, 1), (3, 1, "merge", far, None),
+         (4, 3, "leaf", 1, None), (5, 2, "merge", far, None)],
+    )  # fmt: skip
+    raw.close()
+    with open_store(db_path) as store:
+        (leaf,) = store.claim("w", 30.0, limit=5)
+        assert leaf.run_id == 3
+        for task, run in (("leaf", 3), ("merge", 2), ("merge", 1)):
+            assert leaf.task == task and leaf.run_id == run
+            out = store.commit_many([Commit(leaf, "finish", expected_revision=leaf.revision,
+                                            new_state={}, result=run)])  # fmt: skip
+            assert out.results[0].value == "ok"
+            got = store.claim("w", 30.0, limit=5)
+            if run == 1:
+                assert got == []
+                break
+            (leaf,) = got
+            assert [c.run_id for c in leaf.children or ()] == [run]

@@ -334,16 +334,21 @@ def cancel(run_id: int, db: str) -> None:
     help="a quicker check: SQLite's quick_check, or amcheck without its heap checks",
 )
 def check(db: str, quick: bool) -> None:
-    """Check the database: the engine's own storage check, then the lease invariants."""
+    """Check the database: the engine's own storage check, then the lease invariants; the
+    limits' lines are recounted, and a line whose runs could wait for ever is reopened."""
     try:
         with store_actions.store_for(db) as store:
             name = store.integrity_check_name(quick)
             damage = store.check_integrity(quick=quick)
             violations = [] if damage else store.integrity_violations()
+            repaired = [] if damage else store.repair_lines()
     except StoreCorrupt as exc:  # too damaged to open
         name, damage, violations = "quick_check" if quick else "integrity_check", [str(exc)], []
+        repaired = []
     for line in damage + violations:
         click.echo(line)
+    for line in repaired:
+        click.echo(f"repaired: {line}")
     if damage:
         raise SupervisorError(
             f"{redact(db)} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool "

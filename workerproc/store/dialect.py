@@ -66,7 +66,8 @@ STATEMENTS = frozenset(
         # flow control (issue 24): limits, their gates, the gated claim and its settling
         "LIMIT_SPECS", "LIMIT_ROWS", "DECLARE_LIMIT", "SET_LIMIT", "LIMIT_KEYS", "LIMIT_USE",
         "OPEN_GATES", "GATE_STATE", "LINE_RUNS", "LINE_NEXT", "CLAIM_RUNS", "GATE_WRITE",
-        "GATE_SETTLE", "PLACE_GATES", "UNSPEND", "REGATE",
+        "GATE_SETTLE", "PLACE_GATES", "UNSPEND", "REGATE", "REOPEN_RUN", "LINES_WAITING",
+        "REOPEN_GATES",
         # reads
         "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
         "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",

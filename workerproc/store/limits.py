@@ -232,6 +232,7 @@ class GateState:
     ready_at: float | None = field(default=None)  # what to write back (with ``decided``)
     blocked_by: str | None = None  # the gate of another limit that keeps this line closed
     decided: bool = False
+    idle: bool = False  # closed only until its line's next due run (a sooner one opens it)
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> GateState:
@@ -295,12 +296,17 @@ class GateState:
             at = max(at, self.first_expiry)
         return at
 
-    def decide(self, ready_at: float | None, blocked_by: str | None = None) -> None:
-        self.ready_at, self.blocked_by, self.decided, self.dirty = ready_at, blocked_by, True, True
+    def decide(
+        self, ready_at: float | None, blocked_by: str | None = None, *, idle: bool = False
+    ) -> None:
+        """When its line may next admit a run: ``ready_at`` (None: nothing waits); ``idle``:
+        it has room, only none of its runs is due before then."""
+        self.ready_at, self.blocked_by, self.idle = ready_at, blocked_by, idle
+        self.decided = self.dirty = True
 
     def params(self, now: float) -> dict[str, Any]:
         return {"gate": self.gate, "level": self.level, "level_at": self.level_at,
                 "tok_level": self.tok_level, "tok_at": self.tok_at, "starts": self.starts,
                 "ready_at": self.ready_at if self.decided else now,
-                "blocked_by": self.blocked_by, "keep": not self.decided,
+                "blocked_by": self.blocked_by, "idle": self.idle, "keep": not self.decided,
                 "now": now}  # fmt: skip

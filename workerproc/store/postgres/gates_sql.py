@@ -17,6 +17,10 @@ GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;
     DROP INDEX gates_ready;
 """
+# migration 13 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
+# the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
+# line closed for want of room stays closed until its room comes (a settle reopens it)
+GATES_IDLE = "ALTER TABLE gates ADD COLUMN idle boolean NOT NULL DEFAULT false;"
 # the live leases that hold one of a gate's slots (``g``: gates), found through the index of
 # each of the three columns a gate may stand in (a task's gates are distinct, so no lease is
 # counted twice): one condition naming all three could only walk every live lease of every
@@ -110,7 +114,8 @@ LINE_NEXT = f"""SELECT min(coalesce((SELECT l.expires_at FROM leases AS l WHERE 
 GATE_WRITE = """UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
     tok_level = %(tok_level)s, tok_at = %(tok_at)s, starts = starts + %(starts)s,
     ready_at = CASE WHEN %(keep)s THEN ready_at ELSE %(ready_at)s END,
-    blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END
+    blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END,
+    idle = CASE WHEN %(keep)s THEN idle ELSE %(idle)s END
     WHERE gate = %(gate)s RETURNING gate"""
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (and idle workers
@@ -129,13 +134,34 @@ reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), cl
     blocked_by = NULL FROM clock WHERE blocked_by = %(gate)s)
 SELECT gate, {NOTIFY} FROM settled"""
 # gated runs joined their lines: each gate exists; each line may admit now (unless it is
-# closed for a while: its ready_at stays)
+# closed for want of room: its ready_at stays; one closed only until its next due run is idle)
 PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at)
     SELECT i.gate, i.lim, i.key, CASE WHEN i.gate = ANY(%(lines)s::text[]) THEN {_NOW} END
     FROM unnest(%(gates)s::text[], %(lims)s::text[], %(keys)s::text[]) AS i(gate, lim, key)
     ORDER BY 1
-    ON CONFLICT (gate) DO UPDATE SET ready_at = coalesce(g.ready_at, excluded.ready_at)
-    WHERE excluded.ready_at IS NOT NULL AND g.ready_at IS NULL RETURNING g.gate"""
+    ON CONFLICT (gate) DO UPDATE SET ready_at = excluded.ready_at
+    WHERE excluded.ready_at IS NOT NULL
+      AND (g.ready_at IS NULL OR g.idle AND g.ready_at > excluded.ready_at) RETURNING g.gate"""
+# a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
+# its head task may admit now (a retry dropped its lease), and the lines they kept closed
+REOPEN_RUN = f"""WITH g AS MATERIALIZED (
+    SELECT x.gate FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
+        unnest(ARRAY[t.gate_a, t.gate_b, t.gate_c]) AS x(gate)
+    WHERE r.id = %(run_id)s AND r.line_at IS NOT NULL AND x.gate IS NOT NULL)
+UPDATE gates SET ready_at = least(coalesce(ready_at, {_NOW}), {_NOW}),
+    blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
+    WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g) RETURNING gate"""
+# ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
+# wait there (in the line, alive, no live lease); a line whose gate has no row
+LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS NULL, count(*)
+    FROM runs AS r LEFT JOIN gates AS g ON g.gate = r.line
+    WHERE r.line IS NOT NULL AND r.line_at IS NOT NULL AND r.status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
+                      AND l.owner IS NOT NULL AND l.expires_at > {_NOW})
+    GROUP BY r.line, g.gate ORDER BY r.line"""
+# ``check``'s repair: lines that must admit now
+REOPEN_GATES = f"""UPDATE gates SET ready_at = {_NOW}, blocked_by = NULL, idle = false
+    WHERE gate = %(gate)s RETURNING gate"""
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = %(task_id)s RETURNING id"
 # a run enqueued before its task had limits, handed back at its first claim: its task names

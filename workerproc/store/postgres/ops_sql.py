@@ -53,19 +53,24 @@ RELEASE_OWNER = f"""{_CLOCK_CTE},
 expired AS (UPDATE leases AS l SET expires_at = clock.now FROM clock
     WHERE l.owner = %(owner)s AND l.expires_at > clock.now
     RETURNING l.task_id, l.gate_a, l.gate_b, l.gate_c),
-reopened AS (UPDATE gates AS g SET ready_at = least(coalesce(g.ready_at, clock.now), clock.now)
-    FROM clock WHERE g.gate IN (SELECT gate_a FROM expired UNION SELECT gate_b FROM expired
-                                UNION SELECT gate_c FROM expired))
+freed AS (SELECT gate_a AS gate FROM expired UNION SELECT gate_b FROM expired
+          UNION SELECT gate_c FROM expired),
+reopened AS (UPDATE gates AS g SET ready_at = least(coalesce(g.ready_at, clock.now), clock.now),
+        blocked_by = CASE WHEN g.gate IN (SELECT gate FROM freed) THEN g.blocked_by END
+    FROM clock WHERE g.gate IN (SELECT gate FROM freed) OR g.blocked_by IN (SELECT gate FROM freed))
 SELECT task_id, {NOTIFY} FROM expired"""
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
 # attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
 # each deleted run answers its queue and status (the totals count it out)
-# (a child of a live parent stays: its join reads it, B14)
+# (a child of a live parent stays: its join reads it, B14; so does a cancelled run whose holder
+# still runs its handler: its lease holds a slot of its limits until the holder ends it, B15)
 PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
     SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
       AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
                       AND p.status = 'pending')
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = x.id AND l.owner IS NOT NULL
+                      AND l.expires_at > (SELECT {_CLOCK}))
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
 gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""

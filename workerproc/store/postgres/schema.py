@@ -40,9 +40,9 @@ from __future__ import annotations
 
 from .calls_sql import PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
-from .gates_sql import GATES_READY_ORDER
+from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
-from .waits_sql import MIGRATION_WAITS
+from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 
 VERSION_TABLE = "leasekeeper_schema"
@@ -429,6 +429,8 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
     _WEBHOOKS,  # 12: webhooks (B20)
+    GATES_IDLE,  # 13: a line closed until its next due run says so (issue 36)
+    MIGRATION_PARENT_JOIN,  # 14: a child's parent's join, a column of its own (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

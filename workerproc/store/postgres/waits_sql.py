@@ -75,6 +75,24 @@ GET_SIGNAL = "SELECT name, payload::text, sent_at FROM signals WHERE id = %(sign
 RUN_SIGNALS = """SELECT id, name, payload::text, sent_at, task_id FROM signals
     WHERE run_id = %(run_id)s ORDER BY id DESC LIMIT %(limit)s"""
 
+# migration 14 (issue 36): a child's place in its parent's join has a column of its own,
+# ``parent_join``; ``join_task`` is only a run's own join. One column for both lost a child's
+# parent as soon as the child spawned children of its own: its end never reached that join.
+# Children linked before keep what can be recovered: their own column's value, or (a child
+# that spawned since) its parent's join.
+MIGRATION_PARENT_JOIN = """
+    ALTER TABLE runs ADD COLUMN parent_join bigint;
+    UPDATE runs SET parent_join = join_task WHERE parent_id IS NOT NULL;
+    UPDATE runs SET join_task = NULL WHERE parent_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM tasks WHERE tasks.id = runs.join_task AND tasks.run_id = runs.id);
+    UPDATE runs SET parent_join = (SELECT p.join_task FROM runs AS p WHERE p.id = runs.parent_id)
+        WHERE parent_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM tasks WHERE tasks.id = runs.parent_join AND tasks.run_id = runs.id);
+    DROP INDEX runs_parent;
+    CREATE INDEX runs_parent ON runs (parent_id, parent_join, spawn_ord)
+        WHERE parent_id IS NOT NULL;
+"""
+
 # -- child runs (B14) -------------------------------------------------------------------------
 # the spawn commit (after ADVANCE wrote the join task, not due, and INSERT_RUNS the children,
 # under the parent's lock): each child knows its parent, the join task and its place; the
@@ -82,16 +100,17 @@ RUN_SIGNALS = """SELECT id, name, payload::text, sent_at, task_id FROM signals
 LINK_CHILDREN = """WITH parent AS MATERIALIZED (
     UPDATE runs SET children_left = cardinality(%(children)s::bigint[]), join_task = wait_task
     WHERE id = %(parent)s RETURNING wait_task)
-UPDATE runs AS r SET parent_id = %(parent)s, join_task = parent.wait_task, spawn_ord = c.ord - 1
+UPDATE runs AS r SET parent_id = %(parent)s, parent_join = parent.wait_task,
+    spawn_ord = c.ord - 1
     FROM parent, unnest(%(children)s::bigint[]) WITH ORDINALITY AS c(id, ord)
     WHERE r.id = c.id RETURNING r.id"""
 # a run ended: its parent (locked after the child: a cancel that locks the parent first and
 # then its children may meet it in a deadlock, which the dialect retries) waits for one child
 # less (``steps.child_ended``: the last one makes the join due, JOIN_DUE)
 CHILD_LEFT = """WITH child AS MATERIALIZED (
-    SELECT parent_id, join_task FROM runs WHERE id = %(run_id)s AND parent_id IS NOT NULL)
+    SELECT parent_id, parent_join FROM runs WHERE id = %(run_id)s AND parent_id IS NOT NULL)
 UPDATE runs AS r SET children_left = r.children_left - 1 FROM child
-    WHERE r.id = child.parent_id AND r.join_task = child.join_task AND r.children_left > 0
+    WHERE r.id = child.parent_id AND r.join_task = child.parent_join AND r.children_left > 0
       AND r.status = 'pending' RETURNING r.id, r.children_left"""
 _JOIN_HEAD = head_of("r.id", without="d.id", extra="clock.now, d.created_at, d.id, d.line")
 # the join task due now (its wait over, its head with it): the last child's end, or a spawn of
@@ -106,13 +125,13 @@ UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL,
     FROM due AS d, clock WHERE r.id = %(run_id)s RETURNING r.id, {NOTIFY}"""
 # a failed or cancelled child retried while its parent still waits for it: one more to wait for
 CHILD_RETRIED = """WITH child AS MATERIALIZED (
-    SELECT parent_id, join_task FROM runs WHERE id = %(run_id)s AND parent_id IS NOT NULL)
+    SELECT parent_id, parent_join FROM runs WHERE id = %(run_id)s AND parent_id IS NOT NULL)
 UPDATE runs AS r SET children_left = r.children_left + 1 FROM child
-    WHERE r.id = child.parent_id AND r.join_task = child.join_task
+    WHERE r.id = child.parent_id AND r.join_task = child.parent_join
       AND r.wait_for = 'children' AND r.status = 'pending' RETURNING r.id"""
 # the join's children, in spawn order (``ctx.children``)
 CHILDREN_OF = """SELECT id, status, result::text, last_error FROM runs
-    WHERE parent_id = %(run_id)s AND join_task = %(task_id)s ORDER BY spawn_ord"""
+    WHERE parent_id = %(run_id)s AND parent_join = %(task_id)s ORDER BY spawn_ord"""
 # a cancelled run's live descendants are cancelled with it, locked in id order
 CANCEL_DESCENDANTS = f"""WITH RECURSIVE kin(id) AS (
         SELECT id FROM runs WHERE parent_id = %(run_id)s

@@ -262,7 +262,7 @@ def _one_each(
 def _nothing_due(tx: Tx, own: GateState, now: float) -> None:
     """A line with nothing to take closes until its next due run (None: nothing waits)."""
     nxt = tx.one("LINE_NEXT", {"line": own.gate, "now": now})
-    own.decide(None if nxt is None else nxt[0])
+    own.decide(None if nxt is None else nxt[0], idle=True)
 
 
 def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> list[Row]:

@@ -22,6 +22,8 @@ from ..dialect import Dialect, Row, Tx
 from ..errors import StoreError
 from ..limits import (
     NUMBERS,
+    SEP,
+    GateState,
     Gating,
     LimitInfo,
     LimitKey,
@@ -29,6 +31,7 @@ from ..limits import (
     check_limit_name,
     gating,
     refill,
+    split_gate,
 )
 from ..newrun import NewRun
 
@@ -163,6 +166,13 @@ class Limits:
 
         return self.dialect.write(write)
 
+    def repair_lines(self) -> list[str]:
+        """``check``'s recount of the lines (issue 36): every line with runs waiting in it whose
+        gate could keep them waiting for ever (no gate row; closed with nothing to reopen it; or
+        closed until later although its first due run has room in every gate now) is opened
+        now, for the next claim to decide. A line for people each, of what was repaired."""
+        return self.dialect.write(repair_lines)
+
     def limits(self, keys: int = 5) -> list[LimitInfo]:
         """Every limit: its numbers, its use now (live leases, waiting runs) and its ``keys``
         busiest keys."""
@@ -190,6 +200,43 @@ class Limits:
             return out
 
         return self.dialect.read(read, snapshot=True)
+
+
+def repair_lines(tx: Tx) -> list[str]:
+    """``Limits.repair_lines`` in ``tx``."""
+    now, repaired = tx.time(), []
+    for line, ready_at, _idle, _blocked, missing, waiting in tx.rows(
+        "LINES_WAITING", {"now": tx.now}
+    ):
+        if missing:
+            why = "its gate had no row"
+            tx.count("PLACE_GATES", {"gates": [line], "lines": [line], "now": tx.now})
+        elif ready_at is None:
+            why = "its line was closed with nothing to reopen it"
+        elif ready_at > now and _admits_now(tx, line, now):
+            why = f"its line was closed for {ready_at - now:.3g} s more although a run had room"
+        else:
+            continue
+        tx.count("REOPEN_GATES", {"gate": line, "now": tx.now})
+        lim, key = split_gate(line)
+        where = f"limit {lim!r}" + (f" key {key!r}" if SEP in line else "")
+        repaired.append(f"{where}: {waiting} run(s) waiting, {why}: reopened")
+    return repaired
+
+
+def _admits_now(tx: Tx, line: str, now: float) -> bool:
+    """Whether the first due run of ``line`` has room in every gate of its task now (a gate
+    another claimer holds, on PostgreSQL: not judged, False)."""
+    first = tx.rows("LINE_RUNS", {"lines": [line], "queues": None, "limit": 1, "now": tx.now})
+    if not first:
+        return False
+    _line, _run, _task, reserve, before, *names = first[0]
+    gates = [g for g in names if g]
+    states = {
+        row[0]: GateState.of(row) for row in tx.rows("GATE_STATE", {"gates": gates, "now": tx.now})
+    }
+    need = max(0, (reserve or 0) - (before or 0))
+    return len(states) == len(gates) and all(s.admits(now, need) for s in states.values())
 
 
 def _levels(spec: LimitSpec, row: Row | None, now: float) -> tuple[float | None, float | None]:

@@ -53,9 +53,12 @@ def spawn(tx: Tx, params: Params, children: Sequence[NewRun]) -> CasResult:
 
 def ended_children(tx: Tx, run_ids: Sequence[int]) -> None:
     """Runs that just ended: each child's parent waits for one less; the last one's end
-    makes the parent's join task due."""
+    makes the parent's join task due, and its line (if gated) may admit it now: written with
+    the transaction's other writes to gates (``Tx.before_gates``)."""
+    due = []
     for run_id in run_ids:
-        tx.count("CHILD_ENDED", {"run_id": run_id, "now": tx.now})
+        due += tx.rows("CHILD_ENDED", {"run_id": run_id, "now": tx.now})
+    tx.before_gates("REOPEN_RUN", [{"run_id": row[0], "now": tx.now} for row in due])
 
 
 def cancel_descendants(tx: Tx, run_id: int) -> None:
@@ -135,6 +138,8 @@ def sending(params: Params, now: float | None) -> Program[int]:
         raise RunOver(params["run_id"], status if status in TERMINAL_STATUSES else "over")
     signal_id = int(rows[0][0])
     taken = yield "DELIVER_SIGNAL", {"run_id": params["run_id"], "now": now}
+    if taken:  # its task is due now: its line (if gated) may admit it now
+        yield "REOPEN_RUN", {"run_id": params["run_id"], "now": now}
     event = {"name": params["name"], "signal": signal_id, "resumed": bool(taken)}
     yield from inserted([event_row("run.signalled", params["run_id"], None, None, event)], now)
     return signal_id

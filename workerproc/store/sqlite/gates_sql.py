@@ -9,3 +9,8 @@ GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;
     DROP INDEX gates_ready;
 """
+
+# migration 19 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
+# the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
+# line closed for want of room stays closed until its room comes (a settle reopens it)
+GATES_IDLE = "ALTER TABLE gates ADD COLUMN idle INTEGER NOT NULL DEFAULT 0;"

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from .calls_sql import PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
-from .gates_sql import GATES_READY_ORDER
+from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
-from .waits_sql import MIGRATION_WAITS
+from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
@@ -405,6 +405,8 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
     _WEBHOOKS,  # 18: webhooks (B20)
+    GATES_IDLE,  # 19: a line closed until its next due run says so (issue 36)
+    MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

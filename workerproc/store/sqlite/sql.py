@@ -181,18 +181,26 @@ RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finish
 # slots they held may admit again (``steps.release_owner``)
 EXPIRE_OWNER = """UPDATE tasks SET lease_expires_at = :now
     WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
-REOPEN_OWNER_GATES = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now)
-    WHERE gate IN (SELECT gate_a FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
-                   UNION SELECT gate_b FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
-                   UNION SELECT gate_c FROM tasks WHERE lease_owner = :owner AND done_at IS NULL)"""
+# (and the lines they kept closed: a task's other limits' lines)
+REOPEN_OWNER_GATES = """WITH g(gate) AS (
+        SELECT gate_a FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
+        UNION SELECT gate_b FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
+        UNION SELECT gate_c FROM tasks WHERE lease_owner = :owner AND done_at IS NULL)
+    UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+        blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
+    WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
 
 # prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
 # (a child of a live parent stays: its join reads it, B14)
+# (nor a cancelled run whose holder still runs its handler: its lease holds a slot of its
+# limits until the holder ends it, B15)
 PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
     SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < :now - :age AND NOT EXISTS (
           SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN {ALIVE})
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
+                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
     LIMIT :limit) RETURNING queue, status"""
 PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
@@ -321,7 +329,8 @@ CLAIM_RUNS = f"""UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner
 GATE_WRITE = """UPDATE gates SET level = :level, level_at = :level_at, tok_level = :tok_level,
     tok_at = :tok_at, starts = starts + :starts,
     ready_at = CASE WHEN :keep THEN ready_at ELSE :ready_at END,
-    blocked_by = CASE WHEN :keep THEN blocked_by ELSE :blocked_by END
+    blocked_by = CASE WHEN :keep THEN blocked_by ELSE :blocked_by END,
+    idle = CASE WHEN :keep THEN idle ELSE :idle END
     WHERE gate = :gate"""
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (steps)
@@ -337,9 +346,32 @@ SETTLE_GATE = """UPDATE gates SET
 REOPEN_BLOCKED = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
     blocked_by = NULL WHERE blocked_by = :gate"""
 # gated runs joined their lines: each gate exists; each line may admit now (unless it is
-# closed for a while: its ready_at stays)
+# closed for want of room: its ready_at stays; one closed only until its next due run is idle)
 NEW_GATE = "INSERT OR IGNORE INTO gates (gate, lim, key) VALUES (:gate, :lim, :key)"
-LINE_JOINED = "UPDATE gates SET ready_at = coalesce(ready_at, :now) WHERE gate = :gate"
+LINE_JOINED = """UPDATE gates SET ready_at = :now WHERE gate = :gate
+    AND (ready_at IS NULL OR idle AND ready_at > :now)"""
+# a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
+# its head task may admit now (a retry dropped its lease), and the lines they kept closed
+REOPEN_RUN = """WITH g(gate) AS (
+        SELECT t.gate_a FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+        WHERE r.id = :run_id AND r.line_at IS NOT NULL
+        UNION SELECT t.gate_b FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+        WHERE r.id = :run_id AND r.line_at IS NOT NULL
+        UNION SELECT t.gate_c FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+        WHERE r.id = :run_id AND r.line_at IS NOT NULL)
+    UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+        blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
+    WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
+# ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
+# wait there (in the line, alive, no live lease); a line whose gate has no row
+LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS NULL, count(*)
+    FROM runs AS r LEFT JOIN gates AS g ON g.gate = r.line
+    WHERE r.line IS NOT NULL AND r.line_at IS NOT NULL AND r.status IN {ALIVE}
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+    GROUP BY r.line ORDER BY r.line"""
+# ``check``'s repair: lines that must admit now
+REOPEN_GATES = "UPDATE gates SET ready_at = :now, blocked_by = NULL, idle = 0 WHERE gate = :gate"
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = :task_id"
 # a run enqueued before its task had limits, handed back at its first claim: its task names

@@ -66,16 +66,35 @@ GET_SIGNAL = "SELECT name, payload, sent_at FROM signals WHERE id = :signal_id"
 RUN_SIGNALS = """SELECT id, name, payload, sent_at, task_id FROM signals WHERE run_id = :run_id
     ORDER BY id DESC LIMIT :limit"""
 
+# migration 20 (issue 36): a child's place in its parent's join has a column of its own,
+# ``parent_join``; ``join_task`` is only a run's own join. One column for both lost a child's
+# parent as soon as the child spawned children of its own: its end never reached that join.
+# Children linked before keep what can be recovered: their own column's value, or (a child
+# that spawned since) its parent's join.
+MIGRATION_PARENT_JOIN = """
+    ALTER TABLE runs ADD COLUMN parent_join INTEGER;
+    UPDATE runs SET parent_join = join_task WHERE parent_id IS NOT NULL;
+    UPDATE runs SET join_task = NULL WHERE parent_id IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM tasks WHERE tasks.id = runs.join_task AND tasks.run_id = runs.id);
+    UPDATE runs SET parent_join = (SELECT p.join_task FROM runs AS p WHERE p.id = runs.parent_id)
+        WHERE parent_id IS NOT NULL AND EXISTS (
+            SELECT 1 FROM tasks WHERE tasks.id = runs.parent_join AND tasks.run_id = runs.id);
+    DROP INDEX runs_parent;
+    CREATE INDEX runs_parent ON runs (parent_id, parent_join, spawn_ord)
+        WHERE parent_id IS NOT NULL;
+"""
+
 # -- child runs (B14) -------------------------------------------------------------------------
 # the spawn commit (after ADVANCE wrote the join task, not due, and INSERT_RUNS the children):
 # each child knows its parent, the join task and its place; the parent how many it waits for
 # (``steps.link_children``: the children as a JSON array of ids)
-LINK_CHILD = """UPDATE runs SET parent_id = :parent, join_task = :join_task, spawn_ord = :ord
+LINK_CHILD = """UPDATE runs SET parent_id = :parent, parent_join = :join_task, spawn_ord = :ord
     WHERE id = :child"""
 LINK_PARENT = """UPDATE runs SET children_left = :n, join_task = wait_task WHERE id = :parent
     RETURNING wait_task"""
 # a run ended: its parent waits for one child less (``steps.child_ended``) ...
-PARENT_OF = "SELECT parent_id, join_task FROM runs WHERE id = :run_id AND parent_id IS NOT NULL"
+PARENT_OF = """SELECT parent_id, parent_join FROM runs
+    WHERE id = :run_id AND parent_id IS NOT NULL"""
 CHILD_LEFT = f"""UPDATE runs SET children_left = children_left - 1
     WHERE id = :parent AND join_task = :join_task AND children_left > 0 AND status IN {ALIVE}
     RETURNING children_left"""
@@ -88,11 +107,11 @@ JOIN_DUE = """UPDATE tasks SET available_at = :now WHERE id = (
 # a failed or cancelled child retried while its parent still waits for it: one more to wait for
 CHILD_RETRIED = f"""UPDATE runs SET children_left = children_left + 1
     WHERE id = (SELECT parent_id FROM runs WHERE id = :run_id)
-      AND join_task = (SELECT join_task FROM runs WHERE id = :run_id)
+      AND join_task = (SELECT parent_join FROM runs WHERE id = :run_id)
       AND wait_for = 'children' AND status IN {ALIVE}"""
 # the join's children, in spawn order (``ctx.children``)
 CHILDREN_OF = """SELECT id, status, result, last_error FROM runs
-    WHERE parent_id = :run_id AND join_task = :task_id ORDER BY spawn_ord"""
+    WHERE parent_id = :run_id AND parent_join = :task_id ORDER BY spawn_ord"""
 # a cancelled run's live descendants are cancelled with it
 CANCEL_DESCENDANTS = f"""WITH RECURSIVE kin(id) AS (
         SELECT id FROM runs WHERE parent_id = :run_id
