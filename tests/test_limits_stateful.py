@@ -317,10 +317,11 @@ class LimitBookkeeping(RuleBasedStateMachine):
             run.kids.append(cid)
 
     @precondition(lambda self: self.leases)
-    @rule(i=PICK, kind=st.sampled_from(["drop", "finish"]))
+    @rule(i=PICK, kind=st.sampled_from(["release", "drop", "finish"]))
     def holder_of_an_ended_run(self, i: int, kind: str) -> None:
-        """The holder of a run cancelled under it stops (B15): a drop ends its lease; a last
-        word that would change the run is refused."""
+        """The holder of a run cancelled under it stops (B15): its release ends its lease and
+        keeps the step for a retry; a drop (a last word settled) ends its step; a last word
+        that would change the run is refused."""
         lease, run, other = self._held(i, alive=False)
         if other:
             return
@@ -328,7 +329,9 @@ class LimitBookkeeping(RuleBasedStateMachine):
         out = self._commit(lease, kind, **kw)
         if run is None:
             return  # not the current holder of an ended run: whatever it says, nothing moves
-        assert out == ("ok" if kind == "drop" else "conflict"), (kind, out)
+        assert out == ("conflict" if kind == "finish" else "ok"), (kind, out)
+        if kind == "release":
+            run.lease, run.due = None, self.now
         if kind == "drop":  # its step is over: nothing of the run is left to retry
             run.lease, run.task = None, None
 
