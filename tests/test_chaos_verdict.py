@@ -136,6 +136,28 @@ def test_a_takeover_while_every_worker_was_busy_is_no_warning_a_free_worker_sitt
     assert v.report()["ok"] and v.violations == []
 
 
+def test_the_time_every_other_worker_was_paused_by_chaos_does_not_count(
+    s: Store, clock: FakeClock
+) -> None:
+    """The only other worker (two slots, one free) is frozen by chaos itself: nobody could take
+    the orphan over. Its clock runs once that worker is awake."""
+    s.start_runs([{"task": "t"}] * 3)
+    victim, frozen = worker(s, "victim"), worker(s, "frozen", slots=2)
+    v = verifier()
+    pause = fault(v, claim(s, frozen, ttl=60), clock(), "pause")
+    held = claim(s, victim)
+    ev = fault(v, held, clock())
+    s.release_owner(victim)
+    looks(v, s, clock, 3.0)
+    pause.woke_at = clock()  # SIGCONT: free again, and slow to claim
+    looks(v, s, clock, 0.5)
+    assert claim(s, frozen).run_id == held.run_id
+    looks(v, s, clock, 0.1)
+    assert ev.taken_over_ms is not None and ev.taken_over_ms >= 3500
+    assert ev.claimable_ms is not None and 450 <= ev.claimable_ms <= 600
+    assert v.report()["warnings"] == [] and v.violations == []
+
+
 def test_a_paused_lease_counts_from_its_expiry(s: Store, clock: FakeClock) -> None:
     s.start_run("t")
     victim, other = worker(s, "victim"), worker(s, "other")

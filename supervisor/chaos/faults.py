@@ -34,9 +34,10 @@ from ..config import ChaosConfig
 from ..logs import event
 from ..loop.arbiter import Step
 from . import report
+from .fault_event import FaultEvent
 from .pauses import Pauses
 from .targets import Held, Spare, Targeting, wait_settled
-from .verifier import FaultEvent, Verifier
+from .verifier import Verifier
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from workerproc.store import Inspector, TaskInfo
 
+from .fault_event import FaultEvent
 from .room import Look
 
 # A task is claimed within one poll interval of becoming claimable (idle workers look at least
@@ -40,49 +40,6 @@ TAKEOVER_MARGIN = 2.0
 COMMIT_SLACK = 0.05  # the faulted attempt's commit may carry a "now" read just before the fault
 STALL_TTLS = 10  # no_progress: nothing claimed for this many ttls while work is ready
 EXHAUSTED = "task_attempts_exhausted"
-PRIVATE = ("bound_s", "owner", "looked_at", "was_claimable", "claimable_s", "lease_end")
-
-
-@dataclass
-class FaultEvent:
-    fault: str  # kill | pause
-    pid: int
-    task_id: int
-    attempt: int
-    t: float  # wall clock, same clock as the store's on this host
-    phase: str  # what the victim was doing: handler (with slots, its main loop's phase)
-    bound_s: float
-    run_id: int = 0
-    owner: str = ""
-    expires_at: float | None = None  # the lease's end in the database when the victim froze
-    outcome: str = "pending"  # taken_over | finished_before | committed_in_flight
-    #   | superseded_before | run_over | resumed_early | committed_after_fault | lost
-    #   | not_taken_over | unresolved
-    taken_over_ms: float | None = None  # from the fault to the next attempt's claim
-    lease_ended_ms: float | None = None  # from the fault to the lease's end
-    claimable_ms: float | None = None  # of the wait, the time it could be claimed (the clock)
-    woke_at: float | None = None
-    zombie_rejections: int = 0
-    # the takeover clock: the last look at it, and what it said
-    lease_end: float | None = None
-    looked_at: float | None = None
-    was_claimable: bool = False
-    claimable_s: float = 0.0
-
-    @property
-    def stalls_the_store(self) -> bool:
-        """Paused inside a store call: it may hold the write lock, so the whole pool waits."""
-        return self.fault == "pause" and self.phase.rstrip("?") in ("claiming", "committing")
-
-    @property
-    def orphaned(self) -> bool:
-        return self.outcome in ("taken_over", "not_taken_over", "lost")
-
-    def public(self) -> dict[str, Any]:
-        out = asdict(self)
-        for key in PRIVATE:
-            out.pop(key)
-        return out
 
 
 class Verifier:
@@ -101,6 +58,9 @@ class Verifier:
         self.rejections_seen = 0
         self.longest_stall = 0.0  # seconds the pool claimed nothing while it could
         self._after = 0  # last fence_rejections id read
+        self._killed: set[str] = set()  # owners killed: they claim nothing any more
+        self._paused: list[FaultEvent] = []  # pauses whose worker may not be awake yet
+        self._stallers: list[FaultEvent] = []  # pauses that may hold the write lock
 
     def bound(self, fault: str) -> float:
         """Claimable seconds a takeover may take before it is reported slow (a warning)."""
@@ -115,6 +75,12 @@ class Verifier:
 
     def record(self, event: FaultEvent) -> None:
         self.events.append(event)
+        if event.fault == "kill":
+            self._killed.add(event.owner)
+        else:
+            self._paused.append(event)
+        if event.stalls_the_store:
+            self._stallers.append(event)
 
     def _violate(self, message: str) -> None:
         if message not in self.violations:
@@ -141,7 +107,7 @@ class Verifier:
             if ev.outcome == "pending":
                 self._judge(store, ev, now, look)
                 if final and ev.outcome == "pending":
-                    self._unresolved(store, ev, drained)
+                    self._unresolved(ev, drained)
         self._count_rejections(store)
         for message in store.integrity_violations():
             self._violate(message)
@@ -150,7 +116,8 @@ class Verifier:
 
     def _gone(self) -> set[str]:
         """Owners that cannot claim: killed, or paused now."""
-        return {e.owner for e in self.events if e.fault == "kill" or e.woke_at is None}
+        self._paused = [e for e in self._paused if e.woke_at is None]
+        return self._killed | {e.owner for e in self._paused}
 
     # -- one orphan ----------------------------------------------------------------------------
     def _judge(self, store: Inspector, ev: FaultEvent, now: float, look: Look) -> None:
@@ -257,7 +224,7 @@ class Verifier:
             counted += max(0.0, end - ev.t)  # releasing a dead worker's lease is the pool's job
         ev.claimable_ms = round(counted * 1000, 1)
 
-    def _unresolved(self, store: Inspector, ev: FaultEvent, drained: bool) -> None:
+    def _unresolved(self, ev: FaultEvent, drained: bool) -> None:
         self._settle(ev, ev.lease_end if ev.lease_end is not None else ev.t)
         if drained:
             ev.outcome = "lost"
@@ -272,13 +239,12 @@ class Verifier:
 
     # -- stalls the verifier does not count ---------------------------------------------------
     def _store_stalled(self, now: float) -> bool:
-        return any(e.stalls_the_store and e.t <= now and e.woke_at is None for e in self.events)
+        return any(e.t <= now and e.woke_at is None for e in self._stallers)
 
     def stalled(self, start: float, end: float) -> float:
         """Seconds of [start, end] during which nobody could take anything over: a paused
         worker may have held the write lock."""
-        windows = [(e.t, e.woke_at if e.woke_at is not None else end)
-                   for e in self.events if e.stalls_the_store]  # fmt: skip
+        windows = [(e.t, e.woke_at if e.woke_at is not None else end) for e in self._stallers]
         return _covered(windows, start, end)
 
     # -- runs failed by chaos ------------------------------------------------------------------
