@@ -146,7 +146,7 @@ def verdicts(sups: list[Supervisor], n: int) -> list[dict[str, Any]]:
     docs = [json.loads((sv.workdir / f"{sv.log_path.stem}-chaos.json").read_text()) for sv in sups]
     for doc in docs:
         assert doc["ok"] and doc["violations"] == [] and doc["drained"], doc["violations"]
-        assert doc["taken_over"] == doc["orphaned_leases"] == doc["leases_hit"] >= 1
+        assert doc["taken_over"] == doc["orphaned_leases"] >= 1
         # every fault struck a lease holder inside its handler (issue 36: none while starting)
         assert all(e["task_id"] is not None for e in doc["events"]), doc["events"]
         assert doc["longest_stall_s"] < 10, doc["longest_stall_s"]
