@@ -11,7 +11,7 @@ WORKER_BOOT = 4  # a worker exited with workerproc's BOOT_FAILURE: respawning ca
 PIDFILE_LOCKED = 5  # another supervisor holds the pidfile
 NOT_RUNNING = 6  # stop/reload/scale/health: no live supervisor behind the pidfile
 UNHEALTHY = 7  # health: the supervisor is alive but its loop stopped ticking
-CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a violation (see the report)
+CHAOS_VIOLATION = 8  # start --chaos: the verifier saw a safety violation (see the report)
 STATE_UNWRITABLE = 9  # health: the loop runs but cannot write its state file (disk full?)
 STALLED = 10  # health: work is ready, workers are free, and nothing was claimed for too long
 RELOAD_FAILED = 11  # reload --wait: the reload failed; the old workers keep serving
@@ -33,8 +33,8 @@ DESCRIPTIONS = {
     "(missing or stale)",
     UNHEALTHY: "`health`: the supervisor is alive but its main loop has not ticked within "
     "`--max-age`",
-    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a violation (listed in the report and on "
-    "stderr)",
+    CHAOS_VIOLATION: "`start --chaos`: the verifier saw a safety violation (listed in the report "
+    "and on stderr; a slow takeover is only a warning)",
     STATE_UNWRITABLE: "`health`: the main loop runs but cannot write its state file (disk full "
     "or read-only)",
     STALLED: "`health`: work is ready and workers are free, but nothing was claimed for "

@@ -1,6 +1,7 @@
-"""Chaos mode's sparing rule without processes: a real database and real status slots, a fake
-pool. A task's last allowed attempt is never a victim, whether the slot shows it or only the
-database does, and a pause never freezes a process that holds the write lock."""
+"""Chaos mode's targeting without processes: a real database and real status slots, a fake
+pool. A fault strikes only a worker that holds a lease inside its handler; a task's last allowed
+attempt is never a victim, whether the slot shows it or only the database does; and a pause
+never freezes a process that holds the write lock."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from test_supervisor_units import FakeProcs, make_pool
 from supervisor.chaos.targets import Targeting
 from supervisor.loop.pool import Pool, WorkerProcess
 from supervisor.loop.storegate import StoreGate
-from workerproc.status import HANDLER, IDLE, StatusBoard
+from workerproc.status import CLAIMING, COMMITTING, HANDLER, IDLE, StatusBoard
 from workerproc.store import Lease, Store, open_store
 
 MAX_ATTEMPTS = 3
@@ -85,7 +86,7 @@ def test_a_task_on_its_last_attempt_is_never_a_victim(arb: Arb, db: Store, wall:
     in_handler(arb, fresh, fresh_lease)
     in_handler(arb, spare, lease_on_try(db, wall, spare.owner, MAX_ATTEMPTS - 1))
     rule = Targeting(MAX_ATTEMPTS)
-    candidates = rule.candidates(arb, "pause", exclude=lambda pid: False)
+    candidates = rule.candidates(arb, exclude=lambda pid: False)
     assert candidates == [last, fresh, spare]
     assert rule.eligible(arb, candidates) == [fresh, spare]
     for fault in ("kill", "pause"):
@@ -93,21 +94,50 @@ def test_a_task_on_its_last_attempt_is_never_a_victim(arb: Arb, db: Store, wall:
         assert rule.judge_frozen(arb, fresh, fault)[0] is None
         assert rule.judge_frozen(arb, spare, fault)[0] is None
     # the leases a struck victim held, from the database: each one an orphan to take over
-    assert rule.judge_frozen(arb, fresh, "kill")[1] == [(fresh_lease.task_id, fresh_lease.attempt)]
+    (held,) = rule.judge_frozen(arb, fresh, "kill")[1]
+    assert (held.task_id, held.attempt, held.run_id) == (
+        fresh_lease.task_id, fresh_lease.attempt, fresh_lease.run_id)  # fmt: skip
+    assert held.expires_at == fresh_lease.expires_at  # the end the verifier's zombie rule needs
     # with one more attempt allowed, the same lease is no longer the last one
     assert Targeting(MAX_ATTEMPTS + 1).judge_frozen(arb, last, "kill")[0] is None
 
 
 def test_a_lease_the_slot_does_not_show_yet_is_protected_too(arb: Arb, db: Store, wall: FakeClock):
-    """Claimed and committed, not yet published: only the database knows, and the frozen
-    victim is judged by the database."""
-    idle, _, _ = workers(arb)
-    arb.board.slot(idle.slot).publish(idle.pid, IDLE)
-    lease_on_try(db, wall, idle.owner, MAX_ATTEMPTS)
+    """In a handler (with slots: busy) for one task, and holding another lease on its last
+    attempt that the slot does not show: only the database knows, and the frozen victim is
+    judged by the database."""
+    busy, _, _ = workers(arb)
+    arb.board.slot(busy.slot).publish(busy.pid, HANDLER, busy=1)
+    lease_on_try(db, wall, busy.owner, 1)
+    lease_on_try(db, wall, busy.owner, MAX_ATTEMPTS)
     rule = Targeting(MAX_ATTEMPTS)
-    assert rule.candidates(arb, "kill", exclude=lambda pid: False) == [idle]
-    assert rule.eligible(arb, [idle]) == [idle]
-    assert rule.judge_frozen(arb, idle, "kill")[0] == "last_attempt"
+    assert rule.candidates(arb, exclude=lambda pid: False) == [busy]
+    assert rule.eligible(arb, [busy]) == [busy]
+    assert rule.judge_frozen(arb, busy, "kill")[0] == "last_attempt"
+
+
+def test_a_fault_strikes_only_a_lease_holder_inside_its_handler(
+    arb: Arb, db: Store, wall: FakeClock
+) -> None:
+    """Issue 36: while a pool starts (every worker claiming, or idle), no worker is a
+    candidate, whatever the fault: killing new workers before their first claim starved the
+    whole pool. Frozen, a victim is struck only if its slot still shows a handler and the
+    database shows it holding a live lease."""
+    claiming, idle, handler = workers(arb)
+    arb.board.slot(claiming.slot).publish(claiming.pid, CLAIMING)
+    arb.board.slot(idle.slot).publish(idle.pid, IDLE)
+    rule = Targeting(MAX_ATTEMPTS)
+    assert rule.candidates(arb, exclude=lambda pid: False) == []
+    lease = lease_on_try(db, wall, handler.owner, 1)
+    in_handler(arb, handler, lease)
+    assert rule.candidates(arb, exclude=lambda pid: False) == [handler]
+    # it left its handler between the choice and the freeze: let go
+    arb.board.slot(handler.slot).publish(handler.pid, COMMITTING, lease.task_id, lease.attempt)
+    assert rule.judge_frozen(arb, handler, "kill") == ("not_in_handler", [])
+    # in its handler, but the database shows no lease of it (lapsed, or given back): let go
+    in_handler(arb, handler, lease)
+    assert db.release(lease)
+    assert rule.judge_frozen(arb, handler, "kill") == ("no_lease", [])
 
 
 def test_a_pause_never_freezes_the_holder_of_the_write_lock(

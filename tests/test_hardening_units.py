@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -115,7 +116,7 @@ class ReadyGate(FakeGate):
         self.ready: bool | None = True  # None: the database does not answer
         self.reads = 0
 
-    def ready_now(self) -> bool:
+    def ready_now(self, queues: Sequence[str] | None = None) -> bool:
         self.reads += 1
         if self.ready is None:
             raise StoreUnavailable("database is locked")

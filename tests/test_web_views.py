@@ -252,11 +252,13 @@ class TestChaosPage:
             task = None if outcome == "no_lease" else 10 + k
             verifier.record(FaultEvent(fault, 100 + k, task, 1, 1000.0 + k, "handler",
                                        2.0, outcome=outcome, taken_over_ms=ms))  # fmt: skip
+        verifier.events[1].claimable_ms = 3500.0  # a slow takeover: a warning, not a verdict
         verifier.violations.append("task 9 attempt 2 committed 1.00 s after the fault")
         path = tmp_path / "chaos.json"
         path.write_text(json.dumps(verifier.report(seed=7, duration_s=3.0)))
         html = client(s, chaos_report=str(path)).get("/chaos").text
         assert 'id="verdict">VIOLATIONS<' in html and "committed 1.00 s after" in html
+        assert "task 11 taken over after 1800 ms, 3500 ms of it claimable" in html
         assert html.count('<rect class="span"') == 2  # two takeovers, drawn with their latency
         assert html.count('<rect class="muted"') == 1  # the fault that orphaned nothing
         assert "2 takeovers (ms)" in html and "seed 7" in html

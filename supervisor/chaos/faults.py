@@ -1,8 +1,11 @@
 """Chaos mode: the supervisor attacks its own workers, as one step of its main loop.
 
-- ``kill``: SIGKILL a worker, preferring one inside its handler (mid-task, holding a lease).
+- ``kill``: SIGKILL a worker inside its handler (mid-task, holding a lease).
 - ``pause``: SIGSTOP a worker inside its handler for at least 2x the ttl, then SIGCONT it: a real
   zombie that wakes believing it still holds its task.
+
+Both strike only a worker that holds a lease inside its handler, never one that is starting,
+claiming or idle (``targets``): while nobody runs a handler, no fault lands.
 
 Every fault first freezes its victim (SIGSTOP), so the phase read from its status slot is the one
 it is truly in, and the database shows every lease it holds. Chaos never costs a task its last
@@ -31,15 +34,17 @@ from ..config import ChaosConfig
 from ..logs import event
 from ..loop.arbiter import Step
 from . import report
+from .fault_event import FaultEvent
 from .pauses import Pauses
-from .targets import Spare, Targeting, wait_settled
-from .verifier import FaultEvent, Verifier
+from .targets import Held, Spare, Targeting, wait_settled
+from .verifier import Verifier
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter
     from ..loop.pool import WorkerProcess
 
 SUMMARY_EVERY = 60.0
+DRAINED = "drain finished"  # the stop's reason when --drain found nothing left (loop.report)
 OBSERVE_EVERY = 0.05
 
 
@@ -58,6 +63,7 @@ class Chaos:
         poll_interval: float,
         fast_release: bool,
         max_attempts: int,
+        server: bool = False,
         wall: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -68,7 +74,9 @@ class Chaos:
         self.ttl = ttl
         self.pause_for = config.pause_for if config.pause_for is not None else 2 * ttl + 0.1
         self.wall = wall
-        self.verifier = Verifier(ttl=ttl, poll_interval=poll_interval, fast_release=fast_release)
+        self.verifier = Verifier(
+            ttl=ttl, poll_interval=poll_interval, fast_release=fast_release, server=server
+        )
         self.targets = Targeting(max_attempts)
         self.pauses = Pauses(wall)
         self.fast_release = fast_release
@@ -77,10 +85,12 @@ class Chaos:
         self.injected = 0
         self.spared: Counter[str] = Counter()  # by how: skipped | redirected
         self.spared_why: Counter[str] = Counter()  # by reason
+        self.drained = False  # the pool stopped because its drain found nothing left
 
     def install(self, arb: Arbiter) -> None:
         arb.add_step(Step("chaos", self.step), before="maintain")
-        arb.events.on("stopping", lambda **_: self.pauses.resume_all(arb))
+        arb.events.on("stopping", lambda **data: self._stopping(arb, data.get("why")))
+        arb.events.on("stalled", lambda **data: self.verifier.stall(data["seconds"], data["free"]))
         event(
             "chaos_started",
             f"chaos mode: faults {','.join(self.config.faults)} every ~{self.config.interval:g}s, "
@@ -90,10 +100,13 @@ class Chaos:
             seed=self.seed,
         )
 
+    def _stopping(self, arb: Arbiter, why: object) -> None:
+        self.drained = why == DRAINED
+        self.pauses.resume_all(arb)
+
     # -- the loop step -------------------------------------------------------------------------
     def step(self, arb: Arbiter) -> None:
         now = arb.clock()
-        self.verifier.workers = len(arb.pool.active())
         if self.started is None:
             self.started = now
             self.next_fault = now + self._gap()
@@ -130,7 +143,7 @@ class Chaos:
     # -- faults --------------------------------------------------------------------------------
     def _inject(self, arb: Arbiter) -> Outcome:
         fault = self.rng.choice(sorted(self.config.faults))
-        candidates = self.targets.candidates(arb, fault, exclude=self.pauses.__contains__)
+        candidates = self.targets.candidates(arb, exclude=self.pauses.__contains__)
         if not candidates:
             return Outcome.NO_VICTIM
         eligible = self.targets.eligible(arb, candidates)
@@ -155,7 +168,7 @@ class Chaos:
         return Outcome.STRUCK
 
     def _strike(
-        self, arb: Arbiter, fault: str, victim: WorkerProcess, t: float, held: list[tuple[int, int]]
+        self, arb: Arbiter, fault: str, victim: WorkerProcess, t: float, held: list[Held]
     ) -> None:
         """``victim`` is frozen and may be struck: keep it stopped (pause: it took effect at
         ``t``, when it froze) or SIGKILL it. Every lease it held (``held``, from the database:
@@ -167,36 +180,40 @@ class Chaos:
             settled = wait_settled(victim.pid, gone=True)
             t = self.wall()
         self.injected += 1
-        mine = state is not None and state.pid == victim.pid
-        phase = state.phase_name if mine and state else "starting"
+        phase = state.phase_name if state is not None and state.pid == victim.pid else "handler"
         events = [
             FaultEvent(
                 fault=fault,
                 pid=victim.pid,
-                task_id=task_id,
-                attempt=attempt,
+                task_id=lease.task_id,
+                attempt=lease.attempt,
                 t=t,
                 phase=phase if settled else f"{phase}?",
                 bound_s=self.verifier.bound(fault),
+                run_id=lease.run_id,
+                owner=victim.owner,
+                expires_at=lease.expires_at,
             )
-            for task_id, attempt in (held or [(None, None)])  # type: ignore[list-item]
+            for lease in held
         ]
         for ev in events:
             self.verifier.record(ev)
-        first = held[0] if held else (None, None)
-        arb.events.emit("chaos_fault", fault=fault, pid=victim.pid, task_id=first[0], phase=phase)
+        first = held[0]
+        arb.events.emit(
+            "chaos_fault", fault=fault, pid=victim.pid, task_id=first.task_id, phase=phase
+        )
         if fault == "pause":
             self.pauses.add(victim, arb.clock() + self.pause_for, events)
         signum = signal.SIGKILL if fault == "kill" else signal.SIGSTOP
-        leases = ", ".join(f"task {task} attempt {attempt}" for task, attempt in held)
+        leases = ", ".join(f"task {h.task_id} attempt {h.attempt}" for h in held)
         event(
             "chaos_fault",
             f"chaos: {signal.Signals(signum).name} pid {victim.pid} ({phase}, "
-            + (f"{len(held)} lease(s): {leases})" if held else "no lease)"),
+            f"{len(held)} lease(s): {leases})",
             fault=fault,
             worker=victim.pid,
-            task_id=first[0],
-            attempt=first[1],
+            task_id=first.task_id,
+            attempt=first.attempt,
             leases=len(held),
             phase=phase,
         )
@@ -230,13 +247,16 @@ class Chaos:
     def conclude(self, arb: Arbiter, exit_code: int, violation_code: int) -> int:
         """Resume anyone still paused, judge one last time, write the report, pick the code."""
         self.pauses.resume_all(arb)
-        self._with_store(arb, lambda s: self.verifier.observe(s, self.wall(), final=True))
+        self._with_store(
+            arb, lambda s: self.verifier.observe(s, self.wall(), final=True, drained=self.drained)
+        )
         calls: list[dict[str, int]] = []  # what ctx.once saved, from the database
         self._with_store(arb, lambda s: calls.append(report.paid_calls(s.paid_call_totals())))
         doc = self.report(
             paid_calls=calls[0] if calls else None,
             seed=self.seed,
             fast_release=self.fast_release,
+            drained=self.drained,
             lease_ttl=self.ttl,
             pause_s=self.pause_for,
             duration_s=round(arb.clock() - (self.started or arb.clock()), 2),
@@ -244,6 +264,8 @@ class Chaos:
         if self.config.report:
             report.write(self.config.report, doc)
         report.print_text(doc, self.verifier.takeover_ms(), self.config.report)
+        for w in doc["warnings"]:
+            event("chaos_warning", f"chaos warning: {w}", level=logging.WARNING)
         if not doc["ok"]:
             for v in doc["violations"]:
                 event("chaos_violation", f"chaos VIOLATION: {v}", level=logging.ERROR)

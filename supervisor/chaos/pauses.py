@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..logs import event
-from .verifier import FaultEvent
+from .fault_event import FaultEvent
 
 if TYPE_CHECKING:
     from ..loop.arbiter import Arbiter

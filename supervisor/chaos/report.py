@@ -1,4 +1,5 @@
-"""Chaos mode's report: the one-line summary, the JSON file and the text printed at exit."""
+"""Chaos mode's report: the one-line summary, the JSON file and the text printed at exit: the
+verdict (violations: safety) apart from the warnings (slow takeovers: load)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def summary_line(r: dict[str, Any]) -> str:
         f"{r['taken_over']}/"
         f"{r['orphaned_leases']} orphaned leases taken over (p50 {r['takeover_ms']['p50']} ms, "
         f"p99 {r['takeover_ms']['p99']} ms), {r['zombie_writes_rejected']} zombie writes "
-        f"rejected, {len(r['violations'])} violations"
+        f"rejected, {len(r['warnings'])} warnings, {len(r['violations'])} violations"
     )
 
 
@@ -60,8 +61,20 @@ def print_text(report: dict[str, Any], takeover_ms: list[float], path: str | Non
         lines.append("  " + calls_line(report["paid_calls"]))
     lines.append("  takeover latency:")
     lines += histogram(takeover_ms)
+    lines += listed("warnings (slow takeovers: load, not a verdict)", report["warnings"])
+    lines += listed("violations", report["violations"])
     lines.append("  verdict: " + ("OK" if report["ok"] else "VIOLATIONS"))
     print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def listed(title: str, items: list[str], most: int = 10) -> list[str]:
+    """``items`` under ``title``, at most ``most`` of them (the report file has them all)."""
+    if not items:
+        return []
+    lines = [f"  {title}:"] + [f"    {item}" for item in items[:most]]
+    if len(items) > most:
+        lines.append(f"    ... and {len(items) - most} more")
+    return lines
 
 
 def histogram(values: list[float], width: int = 40) -> list[str]:

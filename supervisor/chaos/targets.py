@@ -1,5 +1,12 @@
 """Which worker a chaos fault may strike, and the rule that keeps chaos from failing runs.
 
+**A fault strikes only a worker that holds a lease inside its handler** (``--chaos-faults``):
+never one that is starting, claiming or idle. Killing those would prove nothing about takeover
+and fencing, and a pool whose new workers are killed before their first claim never claims at
+all. A victim is chosen among the workers whose status slot shows a handler, and once frozen it
+is struck only if its slot still shows one and the database shows it holding a live lease;
+otherwise it is let go (``not_in_handler``, ``no_lease``).
+
 **The rule: chaos never costs a task its last allowed attempt.** A victim is first frozen
 (SIGSTOP: its status slot and its leases cannot change any more) and struck only if every lease
 it holds in the database leaves its task at least one more try under ``--max-attempts`` (or the
@@ -19,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import psutil
 
@@ -67,7 +74,17 @@ class Spare:
     """Why a fault was held back (or went elsewhere)."""
 
     how: str  # skipped | redirected
-    reason: str  # last_attempt | store_locked | store_unreadable | unsettled
+    reason: str  # last_attempt | not_in_handler | no_lease | store_locked | store_unreadable
+    #   | unsettled
+
+
+class Held(NamedTuple):
+    """A live lease a frozen victim holds, as the database has it."""
+
+    task_id: int
+    attempt: int
+    run_id: int
+    expires_at: float  # its end as things stand (an in-flight renewal may still move it)
 
 
 class Targeting:
@@ -76,13 +93,12 @@ class Targeting:
 
     # -- before the freeze: from the status slots ---------------------------------------------
     @staticmethod
-    def candidates(arb: Arbiter, fault: str, exclude: Callable[[int], bool]) -> list[WorkerProcess]:
-        """Workers inside a handler (holding a lease); for a kill, any worker if none is."""
+    def candidates(arb: Arbiter, exclude: Callable[[int], bool]) -> list[WorkerProcess]:
+        """Workers inside a handler (so holding a lease), whatever the fault; none while the
+        pool is starting, claiming or idle."""
         up = [w for w in arb.pool.active() if arb.is_up(w) and not exclude(w.pid)]
         in_handler = [w for w in up if _in_handler(arb.board.read(w.slot), w.pid)]
-        if in_handler or fault == "pause":
-            return sorted(in_handler, key=lambda w: w.slot)
-        return sorted(up, key=lambda w: w.slot)  # kill: an idle worker if none holds a lease
+        return sorted(in_handler, key=lambda w: w.slot)
 
     def eligible(self, arb: Arbiter, candidates: list[WorkerProcess]) -> list[WorkerProcess] | None:
         """The candidates whose slot shows no task on its last attempt; None: cannot tell."""
@@ -111,10 +127,12 @@ class Targeting:
     # -- after the freeze: from the database ---------------------------------------------------
     def judge_frozen(
         self, arb: Arbiter, victim: WorkerProcess, fault: str
-    ) -> tuple[str | None, list[tuple[int, int]]]:
+    ) -> tuple[str | None, list[Held]]:
         """Whether to strike the frozen ``victim`` (None) or why it must be let go, and the
-        live leases (task id, attempt) the database shows it holding: with slots, several."""
-        held: list[tuple[int, int]] = []
+        live leases the database shows it holding: with slots, several."""
+        held: list[Held] = []
+        if not _in_handler(arb.board.read(victim.slot), victim.pid):
+            return "not_in_handler", held  # it left its handler before the freeze landed
         try:
             with arb.gate.session(busy_timeout=LOCK_PROBE_TIMEOUT) as store:
                 stats = store.stats()
@@ -123,7 +141,10 @@ class Targeting:
                         continue
                     if self.on_last(store, lease.task_id, lease.attempt):
                         return "last_attempt", held
-                    held.append((lease.task_id, lease.attempt))
+                    held.append(Held(lease.task_id, lease.attempt, lease.run_id,
+                                     lease.expires_at))  # fmt: skip
+                if not held:
+                    return "no_lease", held  # its lease lapsed (a handler that outlived it)
                 if fault == "pause":
                     try:
                         store.release_owner(LOCK_PROBE_OWNER)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from workerproc import App
 from workerproc.runner import AppLoadError, WorkerConfig, load_app
 from workerproc.status import StatusBoard
+from workerproc.store import is_postgres_url
 
 from .. import exitcodes, integrations, logs
 from ..chaos import Chaos
@@ -142,6 +143,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
             poll_interval=config.worker.poll_interval,
             fast_release=config.fast_release,
             max_attempts=config.worker.max_attempts,
+            server=is_postgres_url(config.worker.db),
         )
         chaos.install(arbiter)
         arbiter.exit_hooks.append(

@@ -9,12 +9,14 @@ one, cheaply:
   after every commit): any increase since the last look is progress;
 - **free workers** are up and idle or claiming (a worker inside a handler or committing is busy:
   a long handler is never a stall);
-- **ready work** is one index lookup (``next_ready_at() <= now``), read only when nothing moved
-  and some worker is free, so a busy pool never pays for it.
+- **ready work** is one index lookup per served queue (``next_ready_at(--queues) <= now``),
+  read only when nothing moved and some worker is free, so a busy pool never pays for it.
 
 No progress + a free worker + ready work, look after look, is a stall. ``stalled_since`` (wall
-clock) goes into the state file for ``supervisor health`` (exit 10 past ``--max-stall``), and a
-stall that lasts ``LOG_AFTER`` seconds is logged once, with its end.
+clock) goes into the state file for ``supervisor health`` (exit 10 past ``--max-stall``), a
+stall that lasts ``LOG_AFTER`` seconds is logged once, with its end, and every look while it
+lasts tells the arbiter's subscribers how long it has lasted (``stalled``: chaos mode's verdict
+counts a stall of 10 x the ttl as a violation, ``no_progress``).
 """
 
 from __future__ import annotations
@@ -58,6 +60,8 @@ class StallWatch:
         elif ready:
             self._set(arb, self.since if self.since is not None else arb.clock())
         # unknown (the database did not answer): keep whatever we knew
+        if self.since is not None:
+            arb.events.emit("stalled", seconds=arb.clock() - self.since, free=self.free)
 
     def _moved(self, arb: Arbiter) -> bool:
         seen: dict[int, int] = {}
@@ -82,7 +86,7 @@ class StallWatch:
     @staticmethod
     def _ready(arb: Arbiter) -> bool | None:
         try:
-            return arb.gate.ready_now()
+            return arb.gate.ready_now(arb.config.worker.queues)
         except StoreError:
             return None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from workerproc.identity import owner_is_dead
 from workerproc.store import (
@@ -93,10 +93,11 @@ class StoreGate:
         except StoreCorrupt as exc:  # too damaged to open
             return [str(exc)]
 
-    def ready_now(self) -> bool:
-        """Is some task claimable right now? One index lookup, no write."""
+    def ready_now(self, queues: Sequence[str] | None = None) -> bool:
+        """Is some task of ``queues`` (None: any) claimable right now? One index lookup per
+        queue, no write."""
         with self.session() as store:
-            at = store.next_ready_at()
+            at = store.next_ready_at(queues)
             return at is not None and at <= store.now()
 
     def lease_counts(self, owners: list[str]) -> dict[str, int]:

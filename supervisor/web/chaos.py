@@ -30,6 +30,11 @@ class ChaosReport:
     def violations(self) -> list[str]:
         return [str(v) for v in self.doc.get("violations", [])]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Slow takeovers: load, not a verdict (reports before issue 36 have none)."""
+        return [str(w) for w in self.doc.get("warnings", [])]
+
     def latencies(self) -> list[float]:
         """Takeover latencies (ms) of the faults that orphaned a lease."""
         return [float(e["taken_over_ms"]) for e in self.events

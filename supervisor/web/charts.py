@@ -19,8 +19,8 @@ WIDTH = 720
 LATENCY_EDGES = (1.0, 5.0, 10.0, 50.0, 100.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0)
 FAULT_CLASS = {
     "taken_over": "ok", "finished_before": "muted", "superseded_before": "muted",
-    "resumed_early": "muted", "run_over": "muted", "no_lease": "muted", "not_taken_over": "bad",
-    "committed_after_fault": "bad",
+    "committed_in_flight": "muted", "resumed_early": "muted", "run_over": "muted",
+    "no_lease": "muted", "not_taken_over": "warn", "lost": "bad", "committed_after_fault": "bad",
 }  # fmt: skip
 
 
