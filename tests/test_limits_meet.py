@@ -150,3 +150,21 @@ def test_check_recounts_the_lines_and_reopens_one_left_closed(
     with backend.open() as real:  # the command's clock: the machine's
         (again,) = real.claim("w", TTL, limit=5)
     assert again.run_id == c
+
+
+def test_lines_a_global_cap_kept_closed_take_their_turns_when_it_frees(
+    s: Store, clock: FakeClock
+) -> None:
+    """Found by the chaos verdict's tests: the lines a full global cap closed all reopened at
+    the same moment and were served in name order, so the first tenants took every slot."""
+    limited(s, LimitSpec.declare("t", concurrency=5, per="tenant"),
+            LimitSpec.declare("g", concurrency=1))  # fmt: skip
+    s.start_runs([{"task": "call", "payload": {"tenant": t}} for t in "abcde" for _ in range(4)])
+    clock.advance(0.001)
+    served = []
+    for _ in range(10):
+        (lease,) = s.claim("w", TTL, limit=5)
+        served.append(lease.payload["tenant"])
+        assert commit(s, lease, "finish", new_state={}) == "ok"
+        clock.advance(0.001)
+    assert served == list("abcde" * 2)  # each key in its turn

@@ -233,6 +233,7 @@ class GateState:
     blocked_by: str | None = None  # the gate of another limit that keeps this line closed
     decided: bool = False
     idle: bool = False  # closed only until its line's next due run (a sooner one opens it)
+    served: bool = False  # its line admitted a run in this claim: its turn moves to the back
 
     @classmethod
     def of(cls, row: tuple[Any, ...]) -> GateState:
@@ -309,4 +310,5 @@ class GateState:
                 "tok_level": self.tok_level, "tok_at": self.tok_at, "starts": self.starts,
                 "ready_at": self.ready_at if self.decided else now,
                 "blocked_by": self.blocked_by, "idle": self.idle, "keep": not self.decided,
+                "turn": now if self.served else None,
                 "now": now}  # fmt: skip

@@ -20,7 +20,13 @@ GATES_READY_ORDER = """
 # migration 13 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
 # the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
 # line closed for want of room stays closed until its room comes (a settle reopens it)
-GATES_IDLE = "ALTER TABLE gates ADD COLUMN idle boolean NOT NULL DEFAULT false;"
+# (and ``turn``: its place in the lines' round robin, the ``ready_at`` it was last open at: a
+# line a full gate closed goes back to its place when it reopens, never after lines served
+# since, and lines reopened together keep their order rather than their names')
+GATES_IDLE = """
+    ALTER TABLE gates ADD COLUMN idle boolean NOT NULL DEFAULT false;
+    ALTER TABLE gates ADD COLUMN turn double precision;
+"""
 # the live leases that hold one of a gate's slots (``g``: gates), found through the index of
 # each of the three columns a gate may stand in (a task's gates are distinct, so no lease is
 # counted twice): one condition naming all three could only walk every live lease of every
@@ -53,7 +59,7 @@ SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 set AS (UPDATE limits SET rate = %(rate)s, burst = %(burst)s, concurrency = %(concurrency)s,
         tokens = %(tokens)s, token_burst = %(token_burst)s, overrides = %(overrides)s::json,
         set_at = clock.now FROM clock WHERE name = %(name)s RETURNING name),
-reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now),
+reopened AS (UPDATE gates SET ready_at = least(ready_at, turn, clock.now),
         blocked_by = CASE WHEN gates.lim = set.name THEN gates.blocked_by END
     FROM clock, set WHERE gates.lim = set.name
        OR gates.blocked_by IN (SELECT b.gate FROM gates AS b WHERE b.lim = set.name))
@@ -115,7 +121,8 @@ GATE_WRITE = """UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
     tok_level = %(tok_level)s, tok_at = %(tok_at)s, starts = starts + %(starts)s,
     ready_at = CASE WHEN %(keep)s THEN ready_at ELSE %(ready_at)s END,
     blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END,
-    idle = CASE WHEN %(keep)s THEN idle ELSE %(idle)s END
+    idle = CASE WHEN %(keep)s THEN idle ELSE %(idle)s END,
+    turn = coalesce(%(turn)s::float8, turn)
     WHERE gate = %(gate)s RETURNING gate"""
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (and idle workers
@@ -127,19 +134,20 @@ settled AS (UPDATE gates SET
     paused_until = CASE WHEN %(pause)s::float8 IS NULL THEN paused_until
                         ELSE greatest(paused_until, clock.now + %(pause)s) END,
     ready_at = CASE WHEN %(pause)s::float8 IS NULL
-                    THEN least(coalesce(ready_at, clock.now), clock.now)
+                    THEN least(ready_at, turn, clock.now)
                     ELSE greatest(paused_until, clock.now + %(pause)s) END
     FROM clock WHERE gate = %(gate)s RETURNING gate),
-reopened AS (UPDATE gates SET ready_at = least(coalesce(ready_at, clock.now), clock.now),
+reopened AS (UPDATE gates SET ready_at = least(ready_at, turn, clock.now),
     blocked_by = NULL FROM clock WHERE blocked_by = %(gate)s)
 SELECT gate, {NOTIFY} FROM settled"""
 # gated runs joined their lines: each gate exists; each line may admit now (unless it is
 # closed for want of room: its ready_at stays; one closed only until its next due run is idle)
-PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at)
-    SELECT i.gate, i.lim, i.key, CASE WHEN i.gate = ANY(%(lines)s::text[]) THEN {_NOW} END
+PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at, turn)
+    SELECT i.gate, i.lim, i.key, CASE WHEN i.gate = ANY(%(lines)s::text[]) THEN {_NOW} END,
+        {_NOW}
     FROM unnest(%(gates)s::text[], %(lims)s::text[], %(keys)s::text[]) AS i(gate, lim, key)
     ORDER BY 1
-    ON CONFLICT (gate) DO UPDATE SET ready_at = excluded.ready_at
+    ON CONFLICT (gate) DO UPDATE SET ready_at = least(g.turn, excluded.ready_at)
     WHERE excluded.ready_at IS NOT NULL
       AND (g.ready_at IS NULL OR g.idle AND g.ready_at > excluded.ready_at) RETURNING g.gate"""
 # a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
@@ -148,7 +156,7 @@ REOPEN_RUN = f"""WITH g AS MATERIALIZED (
     SELECT x.gate FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
         unnest(ARRAY[t.gate_a, t.gate_b, t.gate_c]) AS x(gate)
     WHERE r.id = %(run_id)s AND r.line_at IS NOT NULL AND x.gate IS NOT NULL)
-UPDATE gates SET ready_at = least(coalesce(ready_at, {_NOW}), {_NOW}),
+UPDATE gates SET ready_at = least(ready_at, turn, {_NOW}),
     blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g) RETURNING gate"""
 # ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
@@ -160,7 +168,7 @@ LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS N
                       AND l.owner IS NOT NULL AND l.expires_at > {_NOW})
     GROUP BY r.line, g.gate ORDER BY r.line"""
 # ``check``'s repair: lines that must admit now
-REOPEN_GATES = f"""UPDATE gates SET ready_at = {_NOW}, blocked_by = NULL, idle = false
+REOPEN_GATES = f"""UPDATE gates SET ready_at = least(turn, {_NOW}), blocked_by = NULL, idle = false
     WHERE gate = %(gate)s RETURNING gate"""
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = %(task_id)s RETURNING id"

@@ -55,7 +55,7 @@ expired AS (UPDATE leases AS l SET expires_at = clock.now FROM clock
     RETURNING l.task_id, l.gate_a, l.gate_b, l.gate_c),
 freed AS (SELECT gate_a AS gate FROM expired UNION SELECT gate_b FROM expired
           UNION SELECT gate_c FROM expired),
-reopened AS (UPDATE gates AS g SET ready_at = least(coalesce(g.ready_at, clock.now), clock.now),
+reopened AS (UPDATE gates AS g SET ready_at = least(g.ready_at, g.turn, clock.now),
         blocked_by = CASE WHEN g.gate IN (SELECT gate FROM freed) THEN g.blocked_by END
     FROM clock WHERE g.gate IN (SELECT gate FROM freed) OR g.blocked_by IN (SELECT gate FROM freed))
 SELECT task_id, {NOTIFY} FROM expired"""

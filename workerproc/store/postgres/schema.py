@@ -429,7 +429,7 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
     _WEBHOOKS,  # 12: webhooks (B20)
-    GATES_IDLE,  # 13: a line closed until its next due run says so (issue 36)
+    GATES_IDLE,  # 13: a line idle until its next due run; its place in the round robin (issue 36)
     MIGRATION_PARENT_JOIN,  # 14: a child's parent's join, a column of its own (issue 36)
 ]
 

@@ -209,8 +209,10 @@ def admitted(
         if ok:
             served.add(line)
             leases += _lease_all(tx, req, ok, gates, now, lease)
-    for line in served:
+    for line in served:  # its turn moves to the back of the lines (``turn``)
         state = gates.states.get(line)
+        if state is not None:
+            state.served = state.dirty = True
         if state is not None and not state.decided:
             state.decide(now if state.admits(now, 0) else state.next_open(now, 0))
     gates.write_back()

@@ -13,4 +13,10 @@ GATES_READY_ORDER = """
 # migration 19 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
 # the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
 # line closed for want of room stays closed until its room comes (a settle reopens it)
-GATES_IDLE = "ALTER TABLE gates ADD COLUMN idle INTEGER NOT NULL DEFAULT 0;"
+# (and ``turn``: its place in the lines' round robin, the ``ready_at`` it was last open at: a
+# line a full gate closed goes back to its place when it reopens, never after lines served
+# since, and lines reopened together keep their order rather than their names')
+GATES_IDLE = """
+    ALTER TABLE gates ADD COLUMN idle INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE gates ADD COLUMN turn REAL;
+"""

@@ -405,7 +405,7 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
     _WEBHOOKS,  # 18: webhooks (B20)
-    GATES_IDLE,  # 19: a line closed until its next due run says so (issue 36)
+    GATES_IDLE,  # 19: a line idle until its next due run; its place in the round robin (issue 36)
     MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own (issue 36)
 ]
 

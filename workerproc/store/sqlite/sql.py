@@ -177,16 +177,19 @@ RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
 RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
     updated_at = :now, wait_for = NULL, wait_until = NULL, wait_task = NULL
     WHERE id = :run_id"""
+# a line that may admit now goes back to its place in the lines' round robin (``turn``): never
+# behind lines served since it closed, and lines reopened together keep their order (issue 36)
+_IN_TURN = "min(coalesce(ready_at, :now), coalesce(turn, :now), :now)"
 # release_owner: the supervisor reaped this owner; its leases expire now, and the gates whose
 # slots they held may admit again (``steps.release_owner``)
 EXPIRE_OWNER = """UPDATE tasks SET lease_expires_at = :now
     WHERE lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
 # (and the lines they kept closed: a task's other limits' lines)
-REOPEN_OWNER_GATES = """WITH g(gate) AS (
+REOPEN_OWNER_GATES = f"""WITH g(gate) AS (
         SELECT gate_a FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
         UNION SELECT gate_b FROM tasks WHERE lease_owner = :owner AND done_at IS NULL
         UNION SELECT gate_c FROM tasks WHERE lease_owner = :owner AND done_at IS NULL)
-    UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+    UPDATE gates SET ready_at = {_IN_TURN},
         blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
 
@@ -269,7 +272,7 @@ SET_LIMIT_NUMBERS = """UPDATE limits SET rate = :rate, burst = :burst, concurren
     tokens = :tokens, token_burst = :token_burst, overrides = :overrides, set_at = :now
     WHERE name = :name"""
 # (and the lines its gates kept closed: a task's other limits' lines)
-REOPEN_LIMIT = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+REOPEN_LIMIT = f"""UPDATE gates SET ready_at = {_IN_TURN},
     blocked_by = CASE WHEN lim = :name THEN blocked_by END
     WHERE lim = :name OR blocked_by IN (SELECT gate FROM gates WHERE lim = :name)"""
 # the runs waiting behind each gate: in a line, not leased, counted under every gate of their
@@ -330,36 +333,38 @@ GATE_WRITE = """UPDATE gates SET level = :level, level_at = :level_at, tok_level
     tok_at = :tok_at, starts = starts + :starts,
     ready_at = CASE WHEN :keep THEN ready_at ELSE :ready_at END,
     blocked_by = CASE WHEN :keep THEN blocked_by ELSE :blocked_by END,
-    idle = CASE WHEN :keep THEN idle ELSE :idle END
+    idle = CASE WHEN :keep THEN idle ELSE :idle END,
+    turn = coalesce(:turn, turn)
     WHERE gate = :gate"""
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (steps)
-SETTLE_GATE = """UPDATE gates SET
+SETTLE_GATE = f"""UPDATE gates SET
     tok_level = CASE WHEN tok_level IS NULL THEN NULL ELSE tok_level + :back END,
     level = CASE WHEN level IS NULL THEN NULL ELSE level + :unstart END,
     starts = starts - :unstart, used_tokens = used_tokens + :charged,
     paused_until = CASE WHEN :pause IS NULL THEN paused_until
                         ELSE max(paused_until, :now + :pause) END,
-    ready_at = CASE WHEN :pause IS NULL THEN min(coalesce(ready_at, :now), :now)
+    ready_at = CASE WHEN :pause IS NULL THEN {_IN_TURN}
                     ELSE max(paused_until, :now + :pause) END
     WHERE gate = :gate"""
-REOPEN_BLOCKED = """UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+REOPEN_BLOCKED = f"""UPDATE gates SET ready_at = {_IN_TURN},
     blocked_by = NULL WHERE blocked_by = :gate"""
 # gated runs joined their lines: each gate exists; each line may admit now (unless it is
 # closed for want of room: its ready_at stays; one closed only until its next due run is idle)
-NEW_GATE = "INSERT OR IGNORE INTO gates (gate, lim, key) VALUES (:gate, :lim, :key)"
-LINE_JOINED = """UPDATE gates SET ready_at = :now WHERE gate = :gate
+NEW_GATE = """INSERT OR IGNORE INTO gates (gate, lim, key, turn)
+    VALUES (:gate, :lim, :key, :now)"""
+LINE_JOINED = """UPDATE gates SET ready_at = min(coalesce(turn, :now), :now) WHERE gate = :gate
     AND (ready_at IS NULL OR idle AND ready_at > :now)"""
 # a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
 # its head task may admit now (a retry dropped its lease), and the lines they kept closed
-REOPEN_RUN = """WITH g(gate) AS (
+REOPEN_RUN = f"""WITH g(gate) AS (
         SELECT t.gate_a FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
         WHERE r.id = :run_id AND r.line_at IS NOT NULL
         UNION SELECT t.gate_b FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
         WHERE r.id = :run_id AND r.line_at IS NOT NULL
         UNION SELECT t.gate_c FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
         WHERE r.id = :run_id AND r.line_at IS NOT NULL)
-    UPDATE gates SET ready_at = min(coalesce(ready_at, :now), :now),
+    UPDATE gates SET ready_at = {_IN_TURN},
         blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
 # ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
@@ -371,7 +376,8 @@ LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS N
                       AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
     GROUP BY r.line ORDER BY r.line"""
 # ``check``'s repair: lines that must admit now
-REOPEN_GATES = "UPDATE gates SET ready_at = :now, blocked_by = NULL, idle = 0 WHERE gate = :gate"
+REOPEN_GATES = """UPDATE gates SET ready_at = min(coalesce(turn, :now), :now), blocked_by = NULL,
+    idle = 0 WHERE gate = :gate"""
 # RetryAfter: the release spent no attempt
 UNSPEND = "UPDATE tasks SET attempt_base = attempt_base + 1 WHERE id = :task_id"
 # a run enqueued before its task had limits, handed back at its first claim: its task names

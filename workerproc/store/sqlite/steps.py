@@ -170,7 +170,7 @@ def gate_settle(tx: SQLiteTx, params: Params) -> list[Row]:
 def place_gates(tx: SQLiteTx, params: Params) -> list[Row]:
     for gate in params["gates"]:
         lim, key = split_gate(gate)
-        tx.conn.execute(q.NEW_GATE, {"gate": gate, "lim": lim, "key": key})
+        tx.conn.execute(q.NEW_GATE, {"gate": gate, "lim": lim, "key": key, "now": params["now"]})
     for line in params["lines"]:
         tx.conn.execute(q.LINE_JOINED, {"gate": line, "now": params["now"]})
     return [(g,) for g in params["lines"]]
