@@ -429,6 +429,19 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
     _WEBHOOKS,  # 12: webhooks (B20)
+    # 13 (issue 36): an attempt is spent only by a handler that began (B3). ``leases.started``
+    # says whether the lease's handler began, as far as the database knows: a claim for a slot
+    # that starts it at once says so, a prefetched lease is recorded when the renewal that
+    # confirms its start lands. A takeover of a lease that never began moves attempt_base
+    # with attempts (like a hand-back) and keeps it in the history as ``unstarted``
+    # (``prev_started``: the replaced lease's). Leases from before this version count as begun.
+    """
+    ALTER TABLE leases ADD COLUMN started boolean NOT NULL DEFAULT true,
+        ADD COLUMN prev_started boolean;
+    ALTER TABLE task_attempts DROP CONSTRAINT task_attempts_outcome_check;
+    ALTER TABLE task_attempts ADD CONSTRAINT task_attempts_outcome_check
+        CHECK (outcome IN ('released', 'failed', 'taken_over', 'unstarted', 'exhausted'));
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
