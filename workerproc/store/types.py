@@ -384,11 +384,24 @@ class CommitOutcome:
 
 
 @dataclass(frozen=True)
+class RunFailure:
+    """A run that a transaction failed (its ``run.failed`` event): the worker logs one line of
+    each, whether its handler's commit or the claim decided it (R6, B10, an unknown task)."""
+
+    run_id: int
+    task: str | None
+    reason: str
+    error: str | None
+
+
+@dataclass(frozen=True)
 class BatchOutcome:
-    """What a batched commit answers: one result per commit, in order, and the new leases."""
+    """What a batched commit answers: one result per commit, in order, the new leases, and the
+    runs the transaction failed."""
 
     results: tuple[CasResult, ...]
     leases: tuple[Lease, ...] = ()
+    failed: tuple[RunFailure, ...] = ()
 
 
 @dataclass(frozen=True)
