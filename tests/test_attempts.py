@@ -24,11 +24,15 @@ from helpers import FakeClock, wait_for
 from procs import Proc, spawn_worker
 from store_backends import TTL, claim, finish
 
+from workerproc.execution import Execution, Mode
+from workerproc.heartbeat import Heartbeat
+from workerproc.holdings import Holdings
 from workerproc.store import (
     CasResult,
     ClaimRequest,
     Commit,
     Lease,
+    Renewal,
     Run,
     Store,
     StoreUnavailable,
@@ -320,3 +324,72 @@ def prefetch_round(tmp_path: Path, db: str) -> None:
         assert [a.outcome for a in store.attempt_history(frozen)] == ["taken_over"]
     finally:
         store.close()
+
+
+# -- the worker's own bookkeeping ------------------------------------------------------------------
+class Renewals:
+    """A store stand-in for the heartbeat: renews everything, records what each round marked."""
+
+    def __init__(self) -> None:
+        self.starting: list[list[int]] = []
+
+    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
+        self.starting.append([lease.task_id for lease in starting])
+        return [Renewal(time.time() + ttl) for _ in leases]
+
+    def close(self) -> None:
+        pass
+
+
+def heartbeat(store: Any, lost: list[tuple[int, int]]) -> Heartbeat:
+    return Heartbeat(lambda: store, ttl=30.0, interval=10.0,
+                     on_lost=lambda lease, why: lost.append((lease.task_id, lease.attempt)),
+                     on_timeout=lambda lease, store: None,
+                     on_death=lambda exc: lost.append((-1, -1)))  # fmt: skip
+
+
+def test_the_heartbeat_keeps_two_attempts_of_one_task_apart() -> None:
+    """The worker took its own lapsed lease over: the older attempt is lost, and what is said of
+    it (its handler finished, its lease untracked) never touches the newer one."""
+    lost: list[tuple[int, int]] = []
+    hb = heartbeat(Renewals(), lost)  # never started: no thread, the calls alone
+    old, new = (Lease(7, 7, "t", None, n, "me", 0.0, 0.0) for n in (1, 2))
+    now = time.monotonic()
+    hb.track(old, now)
+    hb.track(new, now)
+    assert lost == [(7, 1)]  # taken over by this very claim
+    hb.started(old)
+    hb.finished(old)
+    hb.untrack([old], wait=False)
+    assert hb.confirmed_at(new) == now and hb.recorded(new) and not hb.is_lost(new)
+
+
+def test_a_lease_claimed_waiting_is_recorded_by_the_round_that_confirms_it() -> None:
+    store = Renewals()
+    hb = heartbeat(store, [])
+    hb.start()
+    try:
+        waiting = Lease(3, 3, "t", None, 1, "me", 0.0, 0.0, started=False)
+        begun = Lease(4, 4, "t", None, 1, "me", 0.0, 0.0)
+        for lease in (waiting, begun):
+            hb.track(lease, time.monotonic())
+        assert not hb.recorded(waiting) and hb.recorded(begun)
+        assert set(hb.confirm([waiting, begun], timeout=10.0)) == {3, 4}
+        assert hb.recorded(waiting)
+        assert store.starting[-1] == [3]  # only the one the database did not know began
+    finally:
+        hb.close()
+
+
+def test_a_lease_waits_while_an_older_attempt_of_its_task_still_runs_here() -> None:
+    holdings = Holdings()
+    old, new, other = (Lease(t, t, "t", None, n, "me", 0.0, 0.0) for t, n in ((7, 1), (7, 2),
+                                                                             (8, 1)))  # fmt: skip
+    running = Execution(old, lambda ctx: None, Mode.THREAD)
+    holdings.running[7] = running
+    holdings.add_waiting([new, other])
+    with holdings.lock:
+        assert holdings.startable() is other  # the next task goes first
+    holdings.running[7] = Execution(new, lambda ctx: None, Mode.THREAD)  # as a start would
+    holdings.end(running)  # the old attempt ends: the newer one's slot stays
+    assert holdings.running[7].lease is new

@@ -163,7 +163,10 @@ class Heartbeat:
         asked = time.monotonic()
         with self._cond:
             target = self._rounds_begun + 1  # a round in flight began before this call
-            self._starting.update(wanted)
+            for task_id, attempt in wanted.items():  # the round records their start (B3)
+                held = self._held.get(task_id)
+                if held is not None and held.lease.attempt == attempt and not held.recorded:
+                    self._starting[task_id] = attempt
             self._urgent = True
             self._cond.notify_all()
             self._cond.wait_for(

@@ -79,6 +79,13 @@ class Holdings:
                 return lease
         return None
 
+    def take(self, lease: Lease) -> None:
+        """Take ``lease`` out of the waiting ones to start it (holding ``lock``)."""
+        if self.waiting[0] is lease:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(lease)
+
     def take_waiting(self) -> list[Lease]:
         """Every waiting lease (to go back unstarted), leaving none."""
         with self.lock:

@@ -80,7 +80,7 @@ class Starter:
             with h.lock:
                 if h.startable() is not lease:
                     continue  # lost (or handed back) meanwhile
-                h.waiting.remove(lease)
+                h.take(lease)
                 handler = self.handlers.get(lease.task)
                 ex = None
                 if handler is not None:
@@ -116,7 +116,7 @@ class Starter:
                 self.waker.wake()  # to be renewed (and its start recorded) first, or dropped
                 return None
             assert confirmed is not None
-            h.waiting.remove(lease)
+            h.take(lease)
             nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD,
                                                        tasks=self.tasks,
                                                        calls=self.calls)  # fmt: skip
