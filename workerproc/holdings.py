@@ -106,11 +106,11 @@ class Holdings:
         waiting (then it is removed: a lease reported lost or timed out never starts)."""
         with self.lock:
             ex = self.running.get(lease.task_id)
+            if ex is not None and ex.lease.attempt != lease.attempt:
+                ex = None  # another attempt's (a later one, or an older one still ending)
             waiting = ex is None and lease in self.waiting
             if waiting:
                 self.waiting.remove(lease)
-        if ex is not None and ex.lease.attempt != lease.attempt:
-            ex = None  # a late word about a task already behind us: never touch the next
         return ex, waiting
 
     def clear(self) -> tuple[list[Execution], list[Lease]]:
