@@ -21,7 +21,7 @@ from sv_harness import Supervisor
 from supervisor import exitcodes
 from supervisor.config import StartConfig, start_config
 from supervisor.errors import ConfigError
-from workerproc import App, TaskContext
+from workerproc import App, RetryAfter, TaskContext
 from workerproc.completer import Completer
 from workerproc.store import ClaimRequest, Commit, Lease, RunFailure, Store, open_store
 
@@ -152,3 +152,21 @@ def test_failed_since_counts_the_runs_failed_from_a_moment_per_queue(
     fail(s.start_run("t", queue="other"))
     assert s.failed_since(since) == {"other": 2}
     assert s.failed_since(since - 1.0) == {"default": 1, "other": 2}
+
+
+def test_a_handler_reads_its_try_within_the_budget() -> None:
+    """``ctx.tries`` is what ``max_attempts`` bounds; ``ctx.attempt`` (the fencing token) also
+    counts the claims that spent nothing (here a ``RetryAfter``)."""
+    app = App()
+    seen: list[tuple[int, int]] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        seen.append((ctx.attempt, ctx.tries))
+        if ctx.attempt == 1:
+            raise RetryAfter(1.0)  # back without spending an attempt
+        raise ValueError("again")
+
+    run = app.run_inline(step, raise_errors=False, max_attempts=2)
+    assert run.failure_reason == "task_attempts_exhausted"
+    assert seen == [(1, 1), (2, 1), (3, 2)]
