@@ -140,6 +140,11 @@ class StartConfig:
     drain: bool = opt(
         False, flag="--drain", help="stop (exit 0) once no task is ready, delayed or leased"
     )
+    fail_on_failed: bool = opt(
+        False,
+        flag="--fail-on-failed",
+        help="with --drain: exit 16 when any run failed during the drain",
+    )
     pidfile: str | None = opt(
         None,
         flag="--pidfile",
@@ -198,6 +203,8 @@ class StartConfig:
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
         self.chaos.validate(self.worker.lease_ttl)
+        if self.fail_on_failed and not self.drain:
+            raise ConfigError("--fail-on-failed needs --drain (it judges the runs of one drain)")
         return self
 
     def max_tasks_for_new_worker(self, rng: random.Random) -> int | None:

@@ -19,6 +19,7 @@ RUN_FAILED = 12  # wait: the run failed
 RUN_CANCELLED = 13  # wait: the run was cancelled
 WAIT_TIMEOUT = 14  # wait: the run had not ended within --timeout
 RUN_UNKNOWN = 15  # wait: no run has that id
+RUNS_FAILED = 16  # start --drain --fail-on-failed: a run failed during the drain
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
@@ -45,4 +46,6 @@ DESCRIPTIONS = {
     RUN_CANCELLED: "`wait`: the run was cancelled",
     WAIT_TIMEOUT: "`wait`: the run had not ended within `--timeout`",
     RUN_UNKNOWN: "`wait`: no run has that id (it was never started, or was pruned)",
+    RUNS_FAILED: "`start --drain --fail-on-failed`: the drain finished, and a run failed while "
+    "it ran (its last line counts them; `supervisor runs --status failed` lists them)",
 }

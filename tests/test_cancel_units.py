@@ -185,7 +185,7 @@ class Answers:
         self.cancelled = cancelled
         self.rounds = 0
 
-    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
+    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
         self.rounds += 1
         return [Renewal(time.time() + ttl, cancelled=x.run_id in self.cancelled) for x in leases]
 

@@ -57,7 +57,7 @@ class Renewals:
         self.busy = busy
         self.sent: list[float] = []
 
-    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
+    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
         self.sent.append(time.monotonic())
         if self.busy:
             raise StoreUnavailable("database is locked")
@@ -106,12 +106,14 @@ def test_confirm_never_counts_a_renewal_sent_before_it_was_asked():
     release = threading.Event()
 
     class Slow(Renewals):
-        def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
+        def renew_each(
+            self, leases: list[Lease], ttl: float, *, starting: Any = ()
+        ) -> list[Renewal]:
             if not self.sent:  # the first round is in flight when confirm() is called
                 self.sent.append(time.monotonic())
                 release.wait(10)
                 return [Renewal(time.time() + ttl) for _ in leases]
-            return super().renew_each(leases, ttl)
+            return super().renew_each(leases, ttl, starting=starting)
 
     store = Slow()
     lost: list[int] = []
@@ -279,10 +281,10 @@ def test_a_lease_renewed_at_the_turns_request_starts_however_slow_the_renewal(
         def __init__(self, db: str) -> None:
             super().__init__(open_store(db).dialect)
 
-        def renew_each(self, leases: Any, ttl: float) -> list[Renewal]:
+        def renew_each(self, leases: Any, ttl: float, *, starting: Any = ()) -> list[Renewal]:
             renewals.append(len(leases))
             time.sleep(0.15)
-            return super().renew_each(leases, ttl)
+            return super().renew_each(leases, ttl, starting=starting)
 
     app = App()
     app.task("short")(lambda ctx: time.sleep(0.005))

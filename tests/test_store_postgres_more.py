@@ -144,7 +144,14 @@ def test_check_integrity_runs_amcheck_and_finds_an_index_that_lies(pg: PostgresB
 # -- the claim's walk ------------------------------------------------------------------------------
 def explain_claim(pg: PostgresBackend, queues: list[str] | None, limit: int) -> str:
     sql = postgres_sql.claim_sql(None if queues is None else len(queues))
-    params = {"owner": "w", "ttl": 60.0, "now": None, "limit": limit, "queues": queues}
+    params = {
+        "owner": "w",
+        "ttl": 60.0,
+        "now": None,
+        "limit": limit,
+        "queues": queues,
+        "start": True,
+    }
     with pg.connect() as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")  # a small table: as a big one would
         rows = conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {sql}", params).fetchall()
@@ -196,7 +203,7 @@ def test_the_claims_lease_probe_is_one_index_descent_however_the_leases_heap_gre
         leases = list(out.leases)
     dialect = store.dialect
     sql = postgres_sql.claim_sql(None, 8)
-    params = {"owner": "w", "ttl": 60.0, "now": None}
+    params = {"owner": "w", "ttl": 60.0, "now": None, "start": True}
     with (
         psycopg.connect(dialect.conninfo, **dialect.session()) as conn,
         conn.transaction(force_rollback=True),
@@ -337,7 +344,7 @@ def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     pending = [run_id + 100 for run_id in ids]  # pending runs of the backlog, not leased
     dialect = store.dialect
     with psycopg.connect(dialect.conninfo, **dialect.session()) as conn:
-        asked = {"run_ids": pending, "owner": "x", "ttl": 60.0, "now": None}
+        asked = {"run_ids": pending, "owner": "x", "ttl": 60.0, "now": None, "start": True}
         claim = _generic_plan(conn, "CLAIM_RUNS", postgres_sql.CLAIM_RUNS, asked)
         finish = _generic_plan(conn, "FINISH_MANY", postgres_sql.FINISH_MANY, {
             "run_ids": ids, "runs": [lease.run_id for lease in leases],

@@ -1,11 +1,13 @@
 """A plain-Python model of the lease protocol against the real store, driven by hypothesis.
 
 Random interleavings of start (in two queues, at three priorities) / claim / batched claim
-(``limit=k``, some queues) / renew / renew_many / ack / release / compare_and_set / advance /
-finish / batched commit (with hand-backs) / release_owner / cancel / retry / clock advance with
-four owners. After every step the store must equal the model, and the invariants hold: at most
-one live lease per task and per run, attempts strictly increase per task, nothing acked is
-handed out again, and a superseded lease never changes anything.
+(``limit=k``, some queues, some leases claimed waiting) / renew / renew_many / the renewal that
+records a start / ack / release / compare_and_set / advance / finish / batched commit (with
+hand-backs) / release_owner / cancel / retry / clock advance with four owners. After every step
+the store must equal the model, and the invariants hold: at most one live lease per task and per
+run, attempts strictly increase per task, nothing acked is handed out again, a superseded lease
+never changes anything, and a takeover of a lease whose handler never began spends no attempt
+(B3).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class MTask:
     attempts: int = 0
     base: int = 0
     done: bool = False
+    started: bool = True  # the current lease's handler began, as the database knows (B3)
 
 
 @dataclass
@@ -163,12 +166,17 @@ class LeaseProtocol(RuleBasedStateMachine):
             self.claim_one(owner, ttl)
 
     def model_claim(
-        self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None = None
-    ) -> list[MTask]:
+        self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None = None,
+        start: int | None = None,
+    ) -> list[MTask]:  # fmt: skip
         expected: list[MTask] = []
         for t in self.claimable(queues):
             if len(expected) == k:
                 break
+            if t.owner is not None and not t.started:  # B3: it never began, it spent nothing
+                t.base += 1
+                event("takeover of a lease that never began")
+            t.started = start is None or len(expected) < start
             t.attempts += 1
             run = self.runs[t.run_id]
             if t.attempts - t.base > MAX_ATTEMPTS:  # R6: fail the run, go on to the next
@@ -184,7 +192,9 @@ class LeaseProtocol(RuleBasedStateMachine):
         got = sorted((lease.task_id, lease.attempt, lease.expires_at) for lease in leases)
         assert got == sorted((t.id, t.attempts, t.expires) for t in expected)
         assert len({lease.run_id for lease in leases}) == len(leases), "two leases in one run"
+        began = {t.id: t.started for t in expected}
         for lease in leases:
+            assert lease.started == began[lease.task_id]
             assert lease.task_id not in self.acked, "an acked task was handed out again"
             assert lease.attempt > self.highest.get(lease.task_id, 0), "attempts must increase"
             self.highest[lease.task_id] = lease.attempt
@@ -208,10 +218,14 @@ class LeaseProtocol(RuleBasedStateMachine):
         ttl=st.sampled_from([2.0, 5.0]),
         k=st.integers(1, 5),
         queues=SERVED,
+        start=st.sampled_from([None, None, 0, 1, 2]),
     )
-    def claim_batch(self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None) -> None:
-        expected = self.model_claim(owner, ttl, k, queues)
-        leases = self.store.claim(owner, ttl, max_attempts=MAX_ATTEMPTS, limit=k, queues=queues)
+    def claim_batch(
+        self, owner: str, ttl: float, k: int, queues: tuple[str, ...] | None, start: int | None
+    ) -> None:
+        expected = self.model_claim(owner, ttl, k, queues, start)
+        leases = self.store.claim(owner, ttl, max_attempts=MAX_ATTEMPTS, limit=k, queues=queues,
+                                  start=start)  # fmt: skip
         event(f"batch claim: {len(leases)} of {k}")
         self.check_leases(leases, expected)
 
@@ -241,8 +255,11 @@ class LeaseProtocol(RuleBasedStateMachine):
         ),
         owner=st.sampled_from(OWNERS),
         k=st.integers(0, 3),
+        start=st.sampled_from([None, None, 0, 1]),
     )  # fmt: skip
-    def commit_batch(self, picks: list[tuple[int, str, int]], owner: str, k: int) -> None:
+    def commit_batch(
+        self, picks: list[tuple[int, str, int]], owner: str, k: int, start: int | None
+    ) -> None:
         """Several fenced writes and a claim in one transaction, each answered on its own."""
         commits: list[Commit] = []
         expected: list[CasResult] = []
@@ -252,13 +269,13 @@ class LeaseProtocol(RuleBasedStateMachine):
             commits.append(Commit(lease, kind, expected_revision=rev,  # type: ignore[arg-type]
                                   new_state={"b": i}, next_task="next"))  # fmt: skip
             expected.append(self.model_commit(lease, kind, rev, {"b": i}))
-        request = ClaimRequest(owner, 5.0, MAX_ATTEMPTS, limit=k)
+        request = ClaimRequest(owner, 5.0, MAX_ATTEMPTS, limit=k, start=start)
         out = self.store.commit_many(commits, claim=request)
         assert list(out.results) == expected
         for commit, result in zip(commits, expected, strict=True):
             if result is CasResult.OK and commit.kind == "advance":
                 self.add_task(self.runs[commit.lease.run_id], 0.0)
-        claimed = self.model_claim(owner, 5.0, k)  # after the writes, in the same transaction
+        claimed = self.model_claim(owner, 5.0, k, start=start)  # after the writes, same tx
         event(f"batch commit of {len(commits)}, claim {len(out.leases)} of {k}")
         self.check_leases(list(out.leases), claimed)
 
@@ -283,6 +300,18 @@ class LeaseProtocol(RuleBasedStateMachine):
         if kind == "finish":
             run.status = "succeeded"
         return CasResult.OK
+
+    @precondition(lambda self: self.leases)
+    @rule(i=PICK, ttl=st.sampled_from([1.0, 5.0]))
+    def confirm_start(self, i: int, ttl: float) -> None:
+        """R4's renewal before a waiting lease begins: it records the start (B3)."""
+        lease = self.pick(i)
+        if self.check_stale(lease, lambda: self.store.renew(lease, ttl, start=True), False):
+            return
+        t = self.tasks[lease.task_id]
+        assert t.expires is not None
+        t.expires, t.started = max(t.expires, self.now + ttl), True
+        assert self.store.renew(lease, ttl, start=True) is True
 
     @precondition(lambda self: self.leases)
     @rule(i=PICK, ttl=st.sampled_from([1.0, 5.0, 20.0]))

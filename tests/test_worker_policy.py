@@ -187,7 +187,13 @@ def test_a_renewal_asked_for_this_turn_lets_a_lease_start_however_long_it_took(
 def test_stale_names_the_leases_to_renew_before_they_start(clock: FakeClock) -> None:
     p = policy(clock)
     now = clock.now
-    assert p.needs_renewal([now, now - 0.5, now - 1.5, None]) == [False, False, True, True]
+    confirmations = [now, now - 0.5, now - 1.5, None]
+    assert p.needs_renewal((c, True) for c in confirmations) == [False, False, True, True]
+    # a lease claimed to wait (a prefetch) is renewed before it starts, however fresh (B3)
+    assert p.needs_renewal([(now, False)]) == [True]
+    assert p.start(now, None, renewed=False, recorded=False) is Start.RENEW
+    assert p.start(now, vouched=now, renewed=True, recorded=False) is Start.NOW
+    assert not p.thread_may_start(now, recorded=False)
 
 
 def test_a_slot_thread_chains_only_a_fresh_lease(clock: FakeClock) -> None:

@@ -107,12 +107,35 @@ def test_sigkill_mid_task_is_taken_over_with_next_attempt(workdir, db, real_stor
     assert task.attempts == 2
 
 
+def stop_outside_a_write(proc: Proc, db: str) -> None:
+    """SIGSTOP ``proc`` at a moment it holds no SQLite write transaction (its heartbeat's
+    renewal, say): one stopped inside one would hold the write lock, and nobody could take
+    its task over until it woke (docs/protocol.md, R4). Resumed and stopped again until then."""
+    for _ in range(100):
+        proc.signal(signal.SIGSTOP)
+        wait_for(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_STOPPED,
+                 timeout=10, interval=0.001, what="stopped")  # fmt: skip
+        if is_postgres_url(db):
+            return  # the server ends a transaction it leaves idle: no lock outlives that
+        probe = sqlite3.connect(db, isolation_level=None, timeout=0.2)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:  # locked: it froze inside a write
+            proc.signal(signal.SIGCONT)
+            time.sleep(0.01)
+        finally:
+            probe.close()
+    pytest.fail("the worker was never stopped outside a write transaction")
+
+
 def test_sigstop_zombie_commit_is_refused(workdir, db, real_store, procs):
     run_id = real_store.start_run("record", {"seconds": 1.5})
     a = spawn_worker(db, workdir, "--lease-ttl", "1")
     procs.append(a)
     started(workdir, run_id)
-    a.signal(signal.SIGSTOP)  # a pause past the ttl: A becomes a zombie
+    stop_outside_a_write(a, db)  # a pause past the ttl: A becomes a zombie
     b = spawn_worker(db, workdir, "--lease-ttl", "1")
     procs.append(b)
     started(workdir, run_id, n=2)  # B took over and runs the task under a live lease

@@ -39,7 +39,7 @@ class SlowRenewals:
         self.calls: list[tuple[float, float]] = []
         self.lock = threading.Lock()
 
-    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
+    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
         with self.lock:
             self.active += 1
             self.max_active = max(self.max_active, self.active)
@@ -228,7 +228,7 @@ class ScriptedRenewals:
         self.refuse = refuse
         self.calls: list[tuple[int, float]] = []
 
-    def renew_each(self, leases: list[Lease], ttl: float) -> list[Renewal]:
+    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
         now = time.monotonic()
         self.calls += [(lease.task_id, now) for lease in leases]
         return [Renewal(None if lease.task_id in self.refuse else time.time() + ttl)

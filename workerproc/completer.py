@@ -17,6 +17,9 @@ hand-backs) and claims the next tasks in ONE transaction, each commit fenced on 
   database's) is written again one commit at a time, and the commit that cannot be written is
   replaced by its task's failure (``unwritable``: the error recorded, released with backoff
   or, on its last attempt, failed), so the others land.
+- **Failures are said.** Every run a write failed (a handler's last attempt, or what the claim
+  decided: attempts spent, an undecodable payload, a task no handler has) is logged once, at
+  warning level (``run_failed``).
 - **Answers.** ``lease_lost`` is logged and discarded (someone else owns the task). A
   ``conflict`` (someone moved the run: an operator cancelled it, say) is settled: the task is
   dropped if the run is over, else released for another attempt, in the next batch.
@@ -40,6 +43,7 @@ from .store import (
     Commit,
     InvalidPayload,
     Lease,
+    RunFailure,
     StoreCorrupt,
     StoreError,
     StoreReadOnly,
@@ -170,6 +174,8 @@ class Completer:
                 self.readonly_since = None
                 self.sent = started
                 self.outage.answered()
+                for failure in out.failed:
+                    run_failed(failure)
                 return out
             tries += 1
             self.outage.failed("commit" if commits else "claim", error)
@@ -248,6 +254,18 @@ class Completer:
             terminal=terminal,
         )
         return Commit(lease, "drop" if terminal else "release")
+
+
+def run_failed(failure: RunFailure) -> None:
+    """One line at warning level for every run this worker's writes failed: its handler's last
+    attempt, or what its claim decided (attempts spent, a payload no worker can decode, a task
+    no handler of the app has): the run, its task, the reason and the error's first line."""
+    lines = (failure.error or "").strip().splitlines()
+    error = f": {lines[0][:300]}" if lines else ""
+    event(log, "run_failed",
+          f"run {failure.run_id} ({failure.task}) failed: {failure.reason}{error}",
+          level=logging.WARNING, run_id=failure.run_id, task=failure.task,
+          reason=failure.reason, error=lines[0][:300] if lines else None)  # fmt: skip
 
 
 def refused(commit: Commit) -> None:

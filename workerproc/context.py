@@ -105,6 +105,14 @@ class TaskContext:
         return self._lease.attempt
 
     @property
+    def tries(self) -> int:
+        """This try's number within the task's budget (``max_attempts``): the attempts since
+        the run was last retried, not counting claims that spent nothing (a hand-back, a lease
+        that lapsed before its handler began, a ``RetryAfter``). 1 on the first try, the bound
+        on the last (readable after the lease is lost)."""
+        return self._lease.tries
+
+    @property
     def payload(self) -> JSON:
         """The task's JSON payload; ``LeaseLost`` once the lease is lost."""
         self._readable()

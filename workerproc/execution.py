@@ -29,7 +29,7 @@ from .limits import RetryAfter
 from .logs import event, running
 from .once import CallBook
 from .signals import Abort
-from .store import Commit, Lease
+from .store import Commit, InvalidPayload, Lease
 from .store.codec import dumps
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
@@ -148,14 +148,21 @@ def task_timeout(lease: Lease, config: WorkerConfig) -> float | None:
 
 def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
     """A handler raised: release with backoff, or fail the run on its last attempt (the
-    task's declared ``max_attempts`` and ``retry_backoff`` where it has them)."""
+    task's declared ``max_attempts`` and ``retry_backoff`` where it has them). A value that
+    cannot be stored (``InvalidPayload``: not JSON, over the limits) fails the run at once:
+    every retry would write the same value. The log says the try within the task's budget
+    (``tries``: since the run's last retry, hand-backs not counted), not the fencing token."""
     error = describe_error(exc)
+    limit = max_attempts(lease, config)
+    final = isinstance(exc, InvalidPayload)
     event(log, "task_failed",
-          f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} failed: "
-          f"{message(exc)}", level=logging.WARNING, task_id=lease.task_id,
-          run_id=lease.run_id, task=lease.task, attempt=lease.attempt,
-          error=type(exc).__name__)  # fmt: skip
-    if lease.tries >= max_attempts(lease, config):
+          f"task {lease.task_id} ({lease.task}) try {lease.tries} of {limit} failed: "
+          f"{message(exc)}{': no retry can fix it' if final else ''}",
+          level=logging.WARNING, task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
+          attempt=lease.attempt, tries=lease.tries, error=type(exc).__name__)  # fmt: skip
+    if final:
+        return Commit(lease, "fail", reason="invalid_payload", error=error)
+    if lease.tries >= limit:
         return Commit(lease, "fail", reason="task_attempts_exhausted", error=error)
     first = lease.options.retry_backoff
     if first is None:

@@ -15,7 +15,12 @@
   deadline is that moment plus the ttl. A renewal that *errors* (database busy or locked) is
   retried soon and is not a loss, until the local deadline passes.
 - ``confirm``: the conductor asks for a renewal round now and waits for it, before it starts
-  handlers on leases that waited (R4's start rule, ``workerproc/startrule.py``).
+  handlers on leases that waited (R4's start rule, ``workerproc/startrule.py``). That round
+  also records their start in the database (``recorded``, B3): a lease claimed as waiting (a
+  prefetch) spends no attempt if it lapses before then.
+- A lease is held per task *and attempt*: a claim of this worker's that took over its own
+  older attempt of a task (it paused past its lease) replaces it, and the older one is
+  reported lost; a word about one attempt (``finished``, ``untrack``) never touches another.
 - ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
   ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
   ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
@@ -58,6 +63,8 @@ class Held:
     lost_at: float | None = None
     timed_out: bool = False
     cancelled: bool = False  # a renewal said its run was cancelled (``on_cancelled`` fired)
+    recorded: bool = True  # the database counts its handler as begun (B3: the claim said so,
+    # or a renewal that carried its start landed)
 
     def deadline(self, ttl: float) -> float:
         """Monotonic: the lease may be gone after this."""
@@ -97,6 +104,7 @@ class Heartbeat:
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
+        self._starting: dict[int, int] = {}  # task id -> attempt: record its start (``confirm``)
         self._chore: tuple[float, Callable[[WorkerStore], None]] | None = None
         self.renewals = 0  # statements sent
         self._rounds_begun = 0  # renewal rounds sent ...
@@ -114,29 +122,51 @@ class Heartbeat:
     def track(self, lease: Lease, lease_start: float) -> None:
         """Keep ``lease`` alive from its claim; ``lease_start`` is the monotonic time the claim
         began, so ``lease_start + ttl`` is a safe local deadline. No wake-up: the thread looks
-        again within ``idle_wait``, far inside the first renewal's due time."""
+        again within ``idle_wait``, far inside the first renewal's due time. An older attempt
+        of the same task still held here was taken over by this very claim: it is lost."""
+        held = Held(lease, lease_start, lease_start + self.interval, recorded=lease.started)
         with self._cond:
-            self._held[lease.task_id] = Held(lease, lease_start, lease_start + self.interval)
+            old = self._held.get(lease.task_id)
+            self._held[lease.task_id] = held
+        if old is not None and old.lease.attempt < lease.attempt and old.lost_at is None:
+            self._lose(old, f"this worker took the task over as attempt {lease.attempt}")
+
+    def _get(self, lease: Lease) -> Held | None:
+        """What is held of ``lease``'s own attempt (None: another attempt, or nothing)."""
+        held = self._held.get(lease.task_id)
+        return held if held is not None and held.lease.attempt == lease.attempt else None
+
+    def recorded(self, lease: Lease) -> bool:
+        """Whether the database counts ``lease``'s handler as begun (B3): claimed to start at
+        once, or confirmed by a renewal that recorded its start."""
+        with self._cond:
+            held = self._get(lease)
+            return held is not None and held.recorded
 
     def confirmed_at(self, lease: Lease) -> float | None:
         """The monotonic moment the last confirmation of ``lease`` (its claim or a renewal) was
         sent; None when it is not held (committed, forgotten) or known lost. A moment, never an
         age: a pause between reading it and using it cannot make a stale lease look fresh."""
         with self._cond:
-            held = self._held.get(lease.task_id)
-            if held is None or held.lost_at is not None or held.lease.attempt != lease.attempt:
+            held = self._get(lease)
+            if held is None or held.lost_at is not None:
                 return None
             return held.confirmed
 
     def confirm(self, leases: Iterable[Lease], timeout: float) -> dict[int, float]:
         """Renew now and wait for it: one round, one statement for every lease held (R4's
-        renewal at start). Returns, for each of ``leases`` that a renewal sent after this call
-        confirmed, the monotonic moment it was sent; a lease missing from the answer is lost,
-        or its renewal failed (busy) within ``timeout``."""
+        renewal at start), which also records the start of ``leases`` (B3). Returns, for each
+        of ``leases`` that a renewal sent after this call confirmed (and recorded), the
+        monotonic moment it was sent; a lease missing from the answer is lost, or its renewal
+        failed (busy) within ``timeout``."""
         wanted = {lease.task_id: lease.attempt for lease in leases}
         asked = time.monotonic()
         with self._cond:
             target = self._rounds_begun + 1  # a round in flight began before this call
+            for task_id, attempt in wanted.items():  # the round records their start (B3)
+                held = self._held.get(task_id)
+                if held is not None and held.lease.attempt == attempt and not held.recorded:
+                    self._starting[task_id] = attempt
             self._urgent = True
             self._cond.notify_all()
             self._cond.wait_for(
@@ -149,6 +179,7 @@ class Heartbeat:
                 and held.lease.attempt == attempt
                 and held.lost_at is None
                 and not held.cancelled  # a cancelled run's lease never starts
+                and held.recorded
                 and held.confirmed >= asked
             }
 
@@ -156,7 +187,7 @@ class Heartbeat:
         """The handler of ``lease`` starts now: its task timeout (its own declared one, else
         ``task_timeout``) counts from here."""
         with self._cond:
-            held = self._held.get(lease.task_id)
+            held = self._get(lease)
             if held is not None:
                 held.started = time.monotonic()
                 limit = lease.options.timeout or self.task_timeout  # the task's own (B11)
@@ -167,7 +198,7 @@ class Heartbeat:
     def finished(self, lease: Lease) -> None:
         """The handler of ``lease`` returned: keep renewing until its commit, check nothing."""
         with self._cond:
-            held = self._held.get(lease.task_id)
+            held = self._get(lease)
             if held is not None:
                 held.finished = True
 
@@ -185,7 +216,7 @@ class Heartbeat:
 
     def is_lost(self, lease: Lease) -> bool:
         with self._cond:
-            held = self._held.get(lease.task_id)
+            held = self._get(lease)
             return held is not None and held.lost_at is not None
 
     def untrack(self, leases: Iterable[Lease], *, wait: bool = True, timeout: float = 30.0) -> None:
@@ -199,7 +230,10 @@ class Heartbeat:
             # Forget first: no new renewal can start for them, so the wait cannot starve
             # behind a stream of renewals (the lock is not fair).
             for lease in leases:
-                self._held.pop(lease.task_id, None)
+                if self._get(lease) is not None:  # never another attempt's (a newer claim)
+                    del self._held[lease.task_id]
+                if self._starting.get(lease.task_id) == lease.attempt:
+                    del self._starting[lease.task_id]
             if wait:
                 self._cond.wait_for(lambda: not self._busy, timeout=timeout)
 
@@ -316,9 +350,13 @@ class Heartbeat:
         # recorded there as evidence that a zombie tried and was turned away.
         with self._cond:
             batch = [h for h in self._held.values() if h.lost_at is None and not h.timed_out]
+            starting = [h for h in batch if not h.recorded
+                        and self._starting.get(h.lease.task_id) == h.lease.attempt]  # fmt: skip
         started = time.monotonic()
         try:
-            renewals = store.renew_each([h.lease for h in batch], self.ttl)
+            renewals = store.renew_each(
+                [h.lease for h in batch], self.ttl, starting=[h.lease for h in starting]
+            )
         except StoreError as exc:  # busy or locked: not a lost lease, retry soon
             self.outage.failed("renewal", exc)
             now = time.monotonic()
@@ -337,6 +375,9 @@ class Heartbeat:
             with self._cond:  # ``age`` and ``confirm`` read these on other threads
                 held.confirmed = max(held.confirmed, started)
                 held.due = held.confirmed + self.interval
+                if any(held is h for h in starting):
+                    held.recorded = True
+                    self._starting.pop(held.lease.task_id, None)
                 if renewal.cancelled and not held.cancelled:
                     held.cancelled = True
                     cancelled.append(held.lease)

@@ -53,7 +53,8 @@ class Holdings:
         """``ex``'s handler ended (any thread): its slot is free. True for the first ending
         since the last ``collect`` (the one that must wake the conductor)."""
         with self.lock:
-            self.running.pop(ex.lease.task_id, None)
+            if self.running.get(ex.lease.task_id) is ex:  # never a newer attempt's slot
+                del self.running[ex.lease.task_id]
             first = not self.ended
             self.ended.append(ex)
         return first
@@ -68,6 +69,22 @@ class Holdings:
     def add_waiting(self, leases: Iterable[Lease]) -> None:
         with self.lock:
             self.waiting.extend(leases)
+
+    def startable(self) -> Lease | None:
+        """The first waiting lease whose task runs no older attempt here (one lost, its handler
+        not ended yet: a run's steps never overlap, not even in one process). Call it holding
+        ``lock``."""
+        for lease in self.waiting:
+            if lease.task_id not in self.running:
+                return lease
+        return None
+
+    def take(self, lease: Lease) -> None:
+        """Take ``lease`` out of the waiting ones to start it (holding ``lock``)."""
+        if self.waiting[0] is lease:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(lease)
 
     def take_waiting(self) -> list[Lease]:
         """Every waiting lease (to go back unstarted), leaving none."""
@@ -89,11 +106,11 @@ class Holdings:
         waiting (then it is removed: a lease reported lost or timed out never starts)."""
         with self.lock:
             ex = self.running.get(lease.task_id)
+            if ex is not None and ex.lease.attempt != lease.attempt:
+                ex = None  # another attempt's (a later one, or an older one still ending)
             waiting = ex is None and lease in self.waiting
             if waiting:
                 self.waiting.remove(lease)
-        if ex is not None and ex.lease.attempt != lease.attempt:
-            ex = None  # a late word about a task already behind us: never touch the next
         return ex, waiting
 
     def clear(self) -> tuple[list[Execution], list[Lease]]:

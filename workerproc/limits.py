@@ -35,20 +35,21 @@ class RetryAfter(Exception):
 def check_task_limits(
     task: str, limits: object, tokens: object
 ) -> tuple[tuple[str, ...] | None, int | None]:
-    """``@app.task(limits=..., tokens=...)``, checked (ValueError names the bad value)."""
-    if limits is None:
-        names: tuple[str, ...] | None = None
-    else:
+    """``@app.task(limits=..., tokens=...)``, checked (ValueError names the bad value). An
+    empty list means no limits, as None does."""
+    names: tuple[str, ...] | None = None
+    if limits is not None:
         if isinstance(limits, str) or not hasattr(limits, "__iter__"):
             raise ValueError(f"@app.task({task!r}): limits must be a list of limit names")
         try:
             names = tuple(check_limit_name(n) for n in limits)
         except ValueError as exc:
             raise ValueError(f"@app.task({task!r}): {exc}") from None
-        if len(set(names)) != len(names) or not 1 <= len(names) <= MAX_LIMITS:
+        if len(set(names)) != len(names) or len(names) > MAX_LIMITS:
             raise ValueError(
-                f"@app.task({task!r}): limits names 1 to {MAX_LIMITS} different limits"
+                f"@app.task({task!r}): limits names at most {MAX_LIMITS} different limits"
             )
+        names = names or None
     if tokens is not None and (
         isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**9
     ):

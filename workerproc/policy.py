@@ -66,6 +66,7 @@ class Turn:
     want: int  # leases to claim if the turn talks to the store (the free slots and the prefetch)
     write: bool  # the finished commits are due
     claim: bool  # claim, even with nothing to write
+    start: int = 0  # of the leases claimed, how many begin at once (recorded as begun, B3)
 
     @property
     def talks_to_store(self) -> bool:
@@ -140,9 +141,13 @@ class Policy:
             return 0
         if self._config.prefetch is not None:
             return self._config.prefetch
+        return ADAPTIVE_PREFETCH if self.fast else 0
+
+    @property
+    def fast(self) -> bool:
+        """The last ``RECENT`` handlers each took at most ``FAST``."""
         recent = self._recent
-        fast = len(recent) == RECENT and max(recent) <= FAST
-        return ADAPTIVE_PREFETCH if fast else 0
+        return len(recent) == RECENT and max(recent) <= FAST
 
     def turn(self, view: View) -> Turn:
         """What this turn does with the store, from what the conductor holds now. Deciding to
@@ -165,7 +170,13 @@ class Policy:
                 held = now - (view.finished_since or 0.0)
                 write = held >= HOLD or view.finished >= self.capacity + ADAPTIVE_PREFETCH
         claim = bool(want) and self._maybe_ready and waiting <= self.capacity
-        return Turn(hand_back, want, write, claim)
+        # B3: what a claim records as begun. The leases for the slots free now begin at once;
+        # a prefetch begins within milliseconds behind fast handlers (one that goes back after
+        # all is handed back, which un-spends it), else it is claimed waiting: its start is
+        # recorded by the renewal that confirms it, and a lapse before then spends nothing.
+        free = max(0, self.capacity - view.running - waiting)
+        start = want if self.fast else min(want, free)
+        return Turn(hand_back, want, write, claim, start)
 
     def claimed(self, asked: int, got: int) -> None:
         """A claim for ``asked`` leases got ``got``: fewer means the queue ran dry, so the next
@@ -180,28 +191,34 @@ class Policy:
     def slot_free(self, running: int) -> bool:
         return running < self.capacity
 
-    def start(self, confirmed: float | None, vouched: float | None, renewed: bool) -> Start:
+    def start(
+        self, confirmed: float | None, vouched: float | None, renewed: bool, recorded: bool = True
+    ) -> Start:
         """Whether the next waiting lease, last confirmed at ``confirmed`` (None: lost), may
-        start now. ``vouched``: when a renewal this turn asked for was sent for it; ``renewed``:
-        this turn has asked for one already."""
+        start now. ``vouched``: when a renewal this turn asked for was sent for it (that
+        renewal recorded its start); ``renewed``: this turn has asked for one already;
+        ``recorded``: the database counts its handler as begun already (B3: a lease claimed
+        to wait, a prefetch, is renewed first, and that renewal records its start)."""
         if confirmed is None:
             return Start.DROP
         if vouched is not None and vouched <= confirmed:
             return Start.NOW  # however long that renewal's round trip took
-        if self.rule.is_fresh(confirmed, self.clock()):
+        if recorded and self.rule.is_fresh(confirmed, self.clock()):
             return Start.NOW
         return Start.LATER if renewed else Start.RENEW
 
-    def needs_renewal(self, confirmations: Iterable[float | None]) -> list[bool]:
-        """For each lease about to start, last confirmed at the moment given (None: unknown),
-        whether it must be renewed first."""
+    def needs_renewal(self, leases: Iterable[tuple[float | None, bool]]) -> list[bool]:
+        """For each lease about to start, last confirmed at the moment given (None: unknown)
+        and whether its start is recorded, whether it must be renewed first."""
         now = self.clock()
-        return [c is None or not self.rule.is_fresh(c, now) for c in confirmations]
+        return [c is None or not recorded or not self.rule.is_fresh(c, now)
+                for c, recorded in leases]  # fmt: skip
 
-    def thread_may_start(self, confirmed: float | None) -> bool:
+    def thread_may_start(self, confirmed: float | None, recorded: bool = True) -> bool:
         """Whether a slot thread whose handler ended may start a waiting lease confirmed at
-        ``confirmed`` itself; anything older is the conductor's (it renews first)."""
-        return confirmed is not None and self.rule.is_fresh(confirmed, self.clock())
+        ``confirmed`` itself; anything older, or not recorded as begun, is the conductor's (it
+        renews first)."""
+        return confirmed is not None and recorded and self.rule.is_fresh(confirmed, self.clock())
 
     def begin_by(self, confirmed: float) -> float:
         """The moment after which a lease confirmed at ``confirmed`` must not begin."""

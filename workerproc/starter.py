@@ -15,7 +15,6 @@ read of its task).
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Mapping
 
 from .app import App, Handler
@@ -63,12 +62,12 @@ class Starter:
         h, policy = self.holdings, self.policy
         while policy.accepting:
             with h.lock:
-                if not h.waiting or not policy.slot_free(len(h.running)):
+                if not policy.slot_free(len(h.running)) or (lease := h.startable()) is None:
                     return
-                lease = h.waiting[0]
             confirmed = self.heartbeat.confirmed_at(lease)
+            recorded = self.heartbeat.recorded(lease)
             asked = vouched.get(lease.task_id) if vouched is not None else None
-            start = policy.start(confirmed, asked, vouched is not None)
+            start = policy.start(confirmed, asked, vouched is not None, recorded)
             if start is Start.DROP:  # lost while it waited: never start it
                 self.drop(lease)
                 continue
@@ -79,9 +78,9 @@ class Starter:
                 continue
             assert confirmed is not None
             with h.lock:
-                if not h.waiting or h.waiting[0] is not lease:
+                if h.startable() is not lease:
                     continue  # lost (or handed back) meanwhile
-                h.waiting.popleft()
+                h.take(lease)
                 handler = self.handlers.get(lease.task)
                 ex = None
                 if handler is not None:
@@ -106,16 +105,18 @@ class Starter:
         with h.lock:
             if not (h.waiting and policy.slot_free(len(h.running)) and policy.accepting):
                 return None
-            lease = h.waiting[0]
+            lease = h.startable()
+            if lease is None:
+                return None
             handler = self.handlers.get(lease.task)
             if handler is None or mode_for(handler, policy.capacity) is not Mode.THREAD:
                 return None
             confirmed = self.heartbeat.confirmed_at(lease)
-            if not policy.thread_may_start(confirmed):
-                self.waker.wake()  # to be renewed first, or dropped
+            if not policy.thread_may_start(confirmed, self.heartbeat.recorded(lease)):
+                self.waker.wake()  # to be renewed (and its start recorded) first, or dropped
                 return None
             assert confirmed is not None
-            h.waiting.popleft()
+            h.take(lease)
             nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD,
                                                        tasks=self.tasks,
                                                        calls=self.calls)  # fmt: skip
@@ -136,14 +137,17 @@ class Starter:
 
     def _confirm_waiting(self) -> dict[int, float]:
         """Renew, in one round of the heartbeat, every lease that waits for one of the free
-        slots and is no longer fresh, and wait for it. Returns when each lease the database
-        confirmed was sent its renewal: they may start this turn however long the round trip
-        took (their window counts from that moment). A refused one is dropped as lost."""
+        slots and is no longer fresh (or whose start the database has not recorded: a
+        prefetch, B3), and wait for it; the round records their start. Returns when each lease
+        the database confirmed was sent its renewal: they may start this turn however long the
+        round trip took (their window counts from that moment). A refused one is dropped as
+        lost."""
         h = self.holdings
         with h.lock:
             free = self.policy.capacity - len(h.running)
-            waiting = list(itertools.islice(h.waiting, max(0, free)))
-        renew = self.policy.needs_renewal(self.heartbeat.confirmed_at(w) for w in waiting)
+            waiting = [w for w in h.waiting if w.task_id not in h.running][: max(0, free)]
+        hb = self.heartbeat
+        renew = self.policy.needs_renewal((hb.confirmed_at(w), hb.recorded(w)) for w in waiting)
         stale = [w for w, old in zip(waiting, renew, strict=True) if old]
         if not stale:
             return {}

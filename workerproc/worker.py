@@ -166,7 +166,7 @@ class Worker:
                 self.starter.start_waiting()
                 turn = self.policy.turn(self._view())
                 if turn.talks_to_store:
-                    self._commit_and_claim(turn.hand_back, turn.want)
+                    self._commit_and_claim(turn.hand_back, turn.want, turn.start)
                     continue
                 code = self._drained()
                 if code is not None:
@@ -318,11 +318,12 @@ class Worker:
             self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     # -- the store conversation -------------------------------------------------------------------
-    def _commit_and_claim(self, hand_back: bool, want: int) -> None:
+    def _commit_and_claim(self, hand_back: bool, want: int, start: int | None = None) -> None:
         handbacks: list[Commit] = []
         if hand_back:  # behind slow slots, or the worker stopped taking work
             handbacks = [Commit(lease, "handback") for lease in self.holdings.take_waiting()]
-        claim = dataclasses.replace(self._claim_request, limit=want) if want else None
+        claim = (dataclasses.replace(self._claim_request, limit=want, start=start)
+                 if want else None)  # fmt: skip
         self._publish(COMMITTING if self.completer.pending or handbacks else CLAIMING)
         leases = self.completer.commit_and_claim(handbacks, claim)
         for lease in leases:

@@ -22,6 +22,8 @@ from ..config import StartConfig
 from ..errors import AppImportError, SupervisorError
 from ..logs import event
 from ..loop.arbiter import Arbiter, Step
+from ..loop.failures import drain_began
+from ..loop.failures import exit_code as drain_exit_code
 from ..loop.forking import ForkContext, fork_probe, fork_worker, other_threads
 from ..loop.guard import RESTORE, DbGuard
 from ..loop.pidfile import Pidfile
@@ -136,6 +138,8 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
     arbiter.add_step(Step("dbguard", DbGuard().step), before="reap")
     arbiter.add_step(Step("progress", StallWatch().step), before="publish")
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
+    drain_began(arbiter)  # before the first fork: what fails from here on is the drain's
+    arbiter.exit_hooks.append(drain_exit_code)  # --fail-on-failed
     if config.chaos.enabled:
         chaos = Chaos(
             config.chaos,

@@ -125,7 +125,8 @@ def executions(task: TaskInfo, history: Sequence[AttemptEnd]) -> int:
     """How many times ``task`` was handed to a handler: its attempts that ended without a
     commit (released, failed, taken over), the one that committed, and the one holding its
     lease now. Its ``attempts`` counts claims (the fencing token): also the claim that found
-    the attempt budget spent (R6) and a prefetched lease handed back unstarted."""
+    the attempt budget spent (R6), a prefetched lease handed back unstarted and one that lapsed
+    before its handler began (``unstarted`` in the history, B3)."""
     ended = sum(1 for a in history if a.task_id == task.id and a.outcome in RAN)
     return ended + (task.done_attempt is not None) + (task.lease_owner is not None)
 

@@ -86,6 +86,8 @@ class Arbiter:
     ready_announced: bool = False
     stop_started_at: float | None = None
     started_at: float = 0.0
+    drain_since: float | None = None  # --drain: the database's clock when it began
+    drain_failed: int | None = None  # --drain: the runs that failed during it, once finished
     pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True

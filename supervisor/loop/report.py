@@ -15,6 +15,7 @@ from workerproc.store.webhooks import WEBHOOK_QUEUE
 
 from ..logs import drain_progress, event
 from .arbiter import Arbiter
+from .failures import failed_in_drain
 
 WARN = logging.WARNING
 
@@ -59,11 +60,18 @@ def stop_when_drained(arb: Arbiter) -> None:
     if in_flight == 0 and sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
         if arb.progress is not None:
             arb.progress.finish()
+        try:
+            with arb.gate.session() as store:
+                failed = failed_in_drain(arb, store)
+        except StoreError as exc:
+            event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
+            return
         event(
             "drain_finished",
             f"drain finished: no task ready, delayed or leased ({done} runs done, "
-            f"{runs.get('failed', 0)} failed)",
+            f"{runs.get('failed', 0)} failed, {failed} of them during this drain)",
             runs=dict(runs),
+            failed_in_drain=failed,
         )
         arb.stop("drain finished")
 

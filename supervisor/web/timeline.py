@@ -19,6 +19,7 @@ OUTCOMES = {
     "released": "released",
     "failed": "failed the run",
     "taken_over": "taken over",
+    "unstarted": "lapsed before its handler began (no attempt spent)",
     "exhausted": "refused: attempts exhausted",
     "holding": "holding the lease",
     "expired": "lease expired, not yet taken over",

@@ -75,7 +75,7 @@ STATEMENTS = frozenset(
         # the dashboard's reads
         "RUNS_BEFORE", "RUNS_BEFORE_STATUS", "RUNS_BEFORE_TASK", "RUNS_BEFORE_STATUS_TASK",
         "RUNS_AFTER", "RUNS_AFTER_STATUS", "RUNS_AFTER_TASK", "RUNS_AFTER_STATUS_TASK",
-        "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE",
+        "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE", "FAILED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
         # schedules (B16): declared, fired by compare-and-set on next_at, read

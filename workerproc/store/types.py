@@ -120,6 +120,10 @@ class Lease:
     traceparent: str | None = None  # the run's W3C trace context (issue 26: tracing)
     previous_owner: str | None = None  # a takeover's: whose lease it took over
     previous_attempt: int | None = None  # and that lease's attempt
+    # the database counts this attempt as begun (B3): claimed to start at once; False: held
+    # waiting (a prefetch), its start recorded by the renewal that confirms it
+    # (``renew_each(starting=...)``), and a lapse before that spends no attempt
+    started: bool = True
 
     @property
     def fence(self) -> tuple[int, str, int]:
@@ -187,13 +191,22 @@ class Renewal:
 @dataclass(frozen=True)
 class ClaimRequest:
     """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
-    up to ``limit`` leases, from ``queues`` (None: every queue)."""
+    up to ``limit`` leases, from ``queues`` (None: every queue). ``start``: how many of them
+    (the first ones) the worker's handlers begin at once (None: all); the database records
+    them as begun, and the others as waiting (B3: a lease that lapses before its start was
+    recorded spends no attempt)."""
 
     owner: str
     ttl: float
     max_attempts: int = 3
     limit: int = 1
     queues: tuple[str, ...] | None = None
+    start: int | None = None
+
+    @property
+    def begins(self) -> bool:
+        """Whether every lease of this claim begins at once (recorded as begun)."""
+        return self.start is None or self.start >= self.limit
 
 
 @dataclass(frozen=True)
@@ -371,11 +384,24 @@ class CommitOutcome:
 
 
 @dataclass(frozen=True)
+class RunFailure:
+    """A run that a transaction failed (its ``run.failed`` event): the worker logs one line of
+    each, whether its handler's commit or the claim decided it (R6, B10, an unknown task)."""
+
+    run_id: int
+    task: str | None
+    reason: str
+    error: str | None
+
+
+@dataclass(frozen=True)
 class BatchOutcome:
-    """What a batched commit answers: one result per commit, in order, and the new leases."""
+    """What a batched commit answers: one result per commit, in order, the new leases, and the
+    runs the transaction failed."""
 
     results: tuple[CasResult, ...]
     leases: tuple[Lease, ...] = ()
+    failed: tuple[RunFailure, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -384,7 +410,8 @@ class AttemptEnd:
 
     ``outcome``: ``released`` (given back, with ``error`` if its handler raised), ``failed``
     (its handler failed the run), ``taken_over`` (its lease ran out or was released as dead,
-    and ``taken_by`` claimed the task; ``ended_at`` is when the lease ended), ``exhausted`` (the
+    and ``taken_by`` claimed the task; ``ended_at`` is when the lease ended), ``unstarted``
+    (the same, for a lease whose handler never began: no attempt spent, B3), ``exhausted`` (the
     claim that would have exceeded max_attempts failed the run instead).
     """
 

@@ -147,6 +147,10 @@ FINISHED_SINCE = """SELECT floor((finished_at - %(since)s) / %(bucket)s)::bigint
           ORDER BY finished_at DESC LIMIT %(newest)s) AS newest
     GROUP BY slot ORDER BY slot"""
 
+# failed_since: the runs that failed since a moment (``--drain --fail-on-failed``), per queue
+FAILED_SINCE = """SELECT queue, count(*) FROM runs WHERE status = 'failed'
+    AND finished_at >= %(since)s GROUP BY queue ORDER BY queue"""
+
 # -- the engine's own check of its storage (amcheck) --------------------------------------------
 AMCHECK = """SELECT n.nspname, e.extversion FROM pg_extension AS e
     JOIN pg_namespace AS n ON n.oid = e.extnamespace WHERE e.extname = 'amcheck'"""

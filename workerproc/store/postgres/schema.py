@@ -431,6 +431,19 @@ MIGRATIONS: list[str] = [
     _WEBHOOKS,  # 12: webhooks (B20)
     GATES_IDLE,  # 13: a line idle until its next due run; its place in the round robin (issue 36)
     MIGRATION_PARENT_JOIN,  # 14: a child's parent's join, a column of its own (issue 36)
+    # 15 (issue 36): an attempt is spent only by a handler that began (B3). ``leases.started``
+    # says whether the lease's handler began, as far as the database knows: a claim for a slot
+    # that starts it at once says so, a prefetched lease is recorded when the renewal that
+    # confirms its start lands. A takeover of a lease that never began moves attempt_base
+    # with attempts (like a hand-back) and keeps it in the history as ``unstarted``
+    # (``prev_started``: the replaced lease's). Leases from before this version count as begun.
+    """
+    ALTER TABLE leases ADD COLUMN started boolean NOT NULL DEFAULT true,
+        ADD COLUMN prev_started boolean;
+    ALTER TABLE task_attempts DROP CONSTRAINT task_attempts_outcome_check;
+    ALTER TABLE task_attempts ADD CONSTRAINT task_attempts_outcome_check
+        CHECK (outcome IN ('released', 'failed', 'taken_over', 'unstarted', 'exhausted'));
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -143,6 +143,15 @@ every_level(p) AS (
             AND priority < every_level.p)
     FROM every_level WHERE every_level.p IS NOT NULL),
 levels(q, p) AS (SELECT served.q, every_level.p FROM served CROSS JOIN every_level)"""
+
+
+def _unstarted(row: str, prefix: str = "") -> str:
+    """1 where lease ``row`` (its columns named ``prefix``...) is taken over without its
+    handler ever having begun, else 0: that attempt is not counted (B3)."""
+    return (f"(CASE WHEN {row}.{prefix}owner IS NOT NULL AND NOT {row}.{prefix}started "
+            "THEN 1 ELSE 0 END)")  # fmt: skip
+
+
 # granted, heads, leased, taken, kept: what every claim does with the runs it picked (the
 # walk's, or a gated claim's admitted ones): read "now" again, lease each run's head (its gates
 # and its reservation with it), and answer in claim order
@@ -157,35 +166,38 @@ heads AS MATERIALIZED (
     WHERE p.head_at <= granted.now),
 leased AS (
     INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-                             claimed_at, gate_a, gate_b, gate_c, reserved)
+                             claimed_at, gate_a, gate_b, gate_c, reserved, started)
     SELECT h.run_id, h.task_id, %(owner)s, h.attempts + 1, h.attempt_base,
-        granted.now + %(ttl)s, granted.now, h.gate_a, h.gate_b, h.gate_c, h.tokens
+        granted.now + %(ttl)s, granted.now, h.gate_a, h.gate_b, h.gate_c, h.tokens,
+        %(start)s::boolean
     FROM heads AS h, granted
     ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
         attempts = CASE WHEN l.task_id = excluded.task_id THEN l.attempts + 1
                         ELSE excluded.attempts END,
-        attempt_base = CASE WHEN l.task_id = excluded.task_id THEN l.attempt_base
+        attempt_base = CASE WHEN l.task_id = excluded.task_id
+                            THEN l.attempt_base + {_unstarted("l")}
                             ELSE excluded.attempt_base END,
         expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
         gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-        reserved = excluded.reserved,
+        reserved = excluded.reserved, started = excluded.started,
         prev_task = l.task_id, prev_owner = l.owner, prev_attempts = l.attempts,
         prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-        prev_expires_at = l.expires_at,
+        prev_expires_at = l.expires_at, prev_started = l.started,
         prev_reserved = CASE WHEN l.owner IS NOT NULL THEN l.reserved END
     WHERE l.expires_at <= excluded.claimed_at
     RETURNING l.run_id, l.task_id, l.attempts, l.attempt_base, l.expires_at, l.claimed_at,
         l.prev_task, l.prev_owner, l.prev_attempts, l.prev_base, l.prev_claimed_at,
-        l.prev_expires_at, l.gate_a, l.gate_b, l.gate_c, l.reserved,
+        l.prev_expires_at, l.gate_a, l.gate_b, l.gate_c, l.reserved, l.prev_started,
         CASE WHEN l.prev_owner IS NOT NULL THEN l.prev_reserved END AS given_back),
 taken AS (
     INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
                                taken_by)
     SELECT run_id, prev_task, prev_attempts, prev_owner, prev_claimed_at, prev_expires_at,
-        'taken_over', %(owner)s
+        CASE WHEN prev_started THEN 'taken_over' ELSE 'unstarted' END, %(owner)s
     FROM leased WHERE prev_owner IS NOT NULL),
 kept AS (
-    UPDATE tasks AS t SET attempts = x.prev_attempts, attempt_base = x.prev_base,
+    UPDATE tasks AS t SET attempts = x.prev_attempts,
+        attempt_base = x.prev_base + {_unstarted("x", "prev_")},
         claimed_at = x.prev_claimed_at
     FROM leased AS x WHERE t.id = x.prev_task AND x.prev_task <> x.task_id)
 SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires_at,
@@ -267,15 +279,17 @@ FAIL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'failed', failure_reason = 
 # and the new expiry is max(old, now + ttl) (a HOT update: only the expiry changes); the
 # protocol records each lease refused as evidence, with its event, in the next transaction.
 # Each renewed lease also says whether its run is still alive (B15), read from the locked row
-# (the newest version: a cancel that committed while this waited for the lock is seen).
+# (the newest version: a cancel that committed while this waited for the lock is seen). The
+# leases whose handlers begin on this renewal (``starts``) are recorded as begun (B3).
 RENEW_MANY = f"""
 WITH run AS MATERIALIZED (
     SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
 clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM run) AS locked),
-i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[])
-      AS i(task_id, attempt, run_id)),
+i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[],
+                          %(starts)s::boolean[]) AS i(task_id, attempt, run_id, start)),
 renewed AS (
-    UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s)
+    UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s),
+        started = l.started OR i.start
     FROM i, clock WHERE {_FENCE_EACH}
     RETURNING l.task_id, l.attempts AS attempt, l.expires_at, l.run_id)
 SELECT n.task_id, n.attempt, n.expires_at, run.status IN {ALIVE}

@@ -48,11 +48,12 @@ def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
     """Every lease in one statement, as arrays; it locks the runs in id order itself (the
     protocol records each refusal)."""
-    leases = params["leases"]
+    leases, starting = params["leases"], set(params["starting"])
     arrays = {
         "task_ids": [lease.task_id for lease in leases],
         "attempts": [lease.attempt for lease in leases],
         "runs": [lease.run_id for lease in leases],
+        "starts": [lease.task_id in starting for lease in leases],
         "run_ids": sorted({lease.run_id for lease in leases}),
         "owner": params["owner"],
         "ttl": params["ttl"],

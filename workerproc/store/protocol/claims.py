@@ -49,6 +49,10 @@ def claim(tx: Tx, req: ClaimRequest, keeper: Gatekeeper | None = None) -> list[L
     if queues == [] or req.limit < 1:
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
+    if not req.begins and req.start:  # B3: the first ones begin at once, the others wait
+        first = claim(tx, dataclasses.replace(req, limit=req.start), keeper)
+        rest = dataclasses.replace(req, limit=req.limit - len(first), start=0)
+        return first + claim(tx, rest, keeper)
     if next(_turns) % 2:
         opened = gates.opened(tx, req.queues, req.limit)
         leases = gates.admitted(tx, req, req.limit, _lease, opened) if opened else []
@@ -82,7 +86,8 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
         return []
     queues = None if req.queues is None else list(req.queues)
     name = "CLAIM" if queues is None else "CLAIM_QUEUES"
-    params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues}
+    params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues,
+                      "start": req.begins}  # fmt: skip
     leases: list[Lease] = []
     unseen = 0  # turns in a row that leased nothing, only found runs with unseen heads
     for _ in range(CLAIM_TURNS):
@@ -166,6 +171,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         traceparent=row[20] if len(row) > 20 else None,
         previous_owner=was[0],
         previous_attempt=was[1],
+        started=req.begins,
     )
 
 

@@ -301,7 +301,7 @@ def _lease_all(
     lease: LeaseMaker,
 ) -> list[Lease]:  # fmt: skip
     params = {"run_ids": [r[0] for r in rows], "owner": req.owner, "ttl": float(req.ttl),
-              "now": tx.now}  # fmt: skip
+              "now": tx.now, "start": req.begins}  # fmt: skip
     made: list[Lease] = []
     wanted = {r[0]: r for r in rows}
     leased: set[int] = set()

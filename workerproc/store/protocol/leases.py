@@ -14,7 +14,7 @@ from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import apply_all, fence, refused, rejected
-from .events import emit
+from .events import emit, failures
 from .limits import Limits
 from .producers import placing
 from .totals import ended
@@ -55,7 +55,7 @@ class Leases(Limits):
             if placed:  # after the settling, like it when the claim first looks at gates
                 tx.before_gates("PLACE_GATES", [placing(placed, tx.now)])
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
-            return BatchOutcome(results, tuple(leases))
+            return BatchOutcome(results, tuple(leases), failures(tx))
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")
@@ -69,15 +69,21 @@ class Leases(Limits):
         recorded like any other)."""
         return [renewal.expires_at for renewal in self.renew_each(leases, ttl)]
 
-    def renew_each(self, leases: Sequence[Lease], ttl: float) -> list[Renewal]:
+    def renew_each(
+        self, leases: Sequence[Lease], ttl: float, *, starting: Sequence[Lease] = ()
+    ) -> list[Renewal]:
         """``renew_many`` that also says, for each lease renewed, whether its run is over
-        (B15: cancelled under its holder, who must stop the handler and drop the task)."""
+        (B15: cancelled under its holder, who must stop the handler and drop the task).
+        ``starting``: leases among them whose handlers begin on this renewal's answer (R4's
+        confirmation of a start): the database records them as begun (B3), so a lapse after
+        this counts as an attempt."""
         if not leases:
             return []
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("renew_many renews the leases of one owner")
         check_owner(leases[0].owner)
-        params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl)}
+        params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl),
+                          "starting": [lease.task_id for lease in starting]}  # fmt: skip
 
         def renew(tx: Tx) -> list[Renewal]:
             rows = tx.rows("RENEW_MANY", {**params, "now": tx.now})
@@ -122,22 +128,26 @@ class Leases(Limits):
         max_attempts: int = 3,
         limit: int | None = None,
         queues: Sequence[str] | None = None,
+        start: int | None = None,
     ) -> Lease | list[Lease] | None:
         """R1: claim the first ready task (or, with ``limit=k``, up to k tasks of k different
         runs) in the served ``queues`` (None: all), a higher priority first: an exchange that
-        commits nothing."""
+        commits nothing. ``start``: how many of them begin at once (None: all; the others are
+        recorded waiting, B3)."""
         request = ClaimRequest(
             owner, ttl, max_attempts, 1 if limit is None else limit,
-            None if queues is None else tuple(queues),
+            None if queues is None else tuple(queues), start,
         )  # fmt: skip
         leases = list(self.commit_many((), claim=request).leases)
         if limit is None:
             return leases[0] if leases else None
         return leases
 
-    def renew(self, lease: Lease, ttl: float) -> bool:
-        """R3 for one lease: ``renew_many`` of one."""
-        return self.renew_many([lease], ttl)[0] is not None
+    def renew(self, lease: Lease, ttl: float, *, start: bool = False) -> bool:
+        """R3 for one lease: ``renew_many`` of one (``start``: its handler begins on this
+        answer, recorded as begun, B3)."""
+        starting = [lease] if start else []
+        return self.renew_each([lease], ttl, starting=starting)[0].expires_at is not None
 
     def release(self, lease: Lease, delay: float = 0, *, error: str | None = None) -> bool:
         """Give the task back for another attempt after ``delay``: a release commit."""

@@ -259,6 +259,11 @@ class Reads:
         """The writes the fence refused for this run's tasks, oldest first."""
         return [Rejection(*row) for row in self._rows("RUN_REJECTIONS", {"run_id": run_id})]
 
+    def failed_since(self, since: float) -> dict[str, int]:
+        """How many runs failed at or after ``since`` (the store's clock) and are failed still,
+        per queue (``start --drain --fail-on-failed``)."""
+        return {queue: n for queue, n in self._rows("FAILED_SINCE", {"since": since})}
+
     def finished_since(
         self, since: float, bucket: float, *, newest: int = 100_000
     ) -> list[FinishedBucket]:

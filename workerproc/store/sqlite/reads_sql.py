@@ -117,5 +117,10 @@ FINISHED_SINCE = """SELECT CAST((finished_at - :since) / :bucket AS INTEGER) AS 
     FROM (SELECT status, finished_at FROM runs ORDER BY id DESC LIMIT :newest)
     WHERE finished_at >= :since GROUP BY slot ORDER BY slot"""
 
+# failed_since: the runs that failed since a moment (``--drain --fail-on-failed``), per queue:
+# a walk of the failed runs (runs_status), few where it matters
+FAILED_SINCE = """SELECT queue, count(*) FROM runs WHERE status = 'failed'
+    AND finished_at >= :since GROUP BY queue ORDER BY queue"""
+
 # per-task options (B11): every task that declares some (a few rows)
 TASK_OPTIONS = "SELECT name, options FROM task_options ORDER BY name"

@@ -407,6 +407,42 @@ MIGRATIONS: list[str] = [
     _WEBHOOKS,  # 18: webhooks (B20)
     GATES_IDLE,  # 19: a line idle until its next due run; its place in the round robin (issue 36)
     MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own (issue 36)
+    # 21 (issue 36): an attempt is spent only by a handler that began (B3). ``tasks.started``
+    # says whether the current lease's handler began, as far as the database knows: a claim
+    # for a slot that starts it at once says so, a prefetched lease is recorded when the
+    # renewal that confirms its start lands. A takeover of a lease that never began moves
+    # attempt_base with attempts (like a hand-back) and keeps it in the history as
+    # ``unstarted``. Leases from before this version count as begun.
+    """
+    ALTER TABLE tasks ADD COLUMN started INTEGER NOT NULL DEFAULT 1 CHECK (started IN (0, 1));
+    DROP TRIGGER tasks_takeover;
+    CREATE TABLE task_attempts_v21 (
+        id          INTEGER PRIMARY KEY,
+        run_id      INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+        task_id     INTEGER NOT NULL,
+        attempt     INTEGER NOT NULL,
+        owner       TEXT    NOT NULL,
+        claimed_at  REAL,
+        ended_at    REAL,
+        outcome     TEXT    NOT NULL CHECK (outcome IN ('released', 'failed', 'taken_over',
+                                                        'unstarted', 'exhausted')),
+        error       TEXT,
+        taken_by    TEXT
+    );
+    INSERT INTO task_attempts_v21 SELECT id, run_id, task_id, attempt, owner, claimed_at,
+        ended_at, outcome, error, taken_by FROM task_attempts;
+    DROP TABLE task_attempts;
+    ALTER TABLE task_attempts_v21 RENAME TO task_attempts;
+    CREATE INDEX task_attempts_run ON task_attempts (run_id, task_id, attempt);
+    CREATE TRIGGER tasks_takeover AFTER UPDATE OF attempts ON tasks
+        WHEN OLD.lease_owner IS NOT NULL AND NEW.attempts > OLD.attempts BEGIN
+        INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at,
+                                   outcome, taken_by)
+        VALUES (NEW.run_id, NEW.id, OLD.attempts, OLD.lease_owner, OLD.claimed_at,
+                OLD.lease_expires_at,
+                CASE WHEN OLD.started THEN 'taken_over' ELSE 'unstarted' END, NEW.lease_owner);
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -34,6 +34,12 @@ INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created
     VALUES (:run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
             :tokens)"""
 
+# a claim that takes over a lease whose handler never began spends no attempt (B3): its
+# attempt_base moves with attempts, as a hand-back's does; and the claim records whether its
+# own lease begins at once (``:start``) or waits (its start recorded by RENEW_MANY)
+_COUNTED = """attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
+    started = :start"""
+
 # claim (R1): one statement picks the first ``:limit`` claimable runs of the served queues, a
 # higher priority first, then in head order (the head is a run's first pending task in
 # (available_at, created_at, id) order, kept by triggers), and claims each one's first task:
@@ -65,7 +71,7 @@ WITH RECURSIVE
     WHERE levels.p IS NOT NULL
     ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
 UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
-    attempts = attempts + 1, claimed_at = :now
+    attempts = attempts + 1, claimed_at = :now, {_COUNTED}
 WHERE id IN (
     SELECT (SELECT t.id FROM tasks AS t
             WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
@@ -107,8 +113,10 @@ _FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_ext
                          FROM json_each(:pairs))
       AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
 # Each renewed lease also says whether its run is still alive (B15): a cancelled run's holder
-# hears it at its next renewal, and stops its handler.
-RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl)
+# hears it at its next renewal, and stops its handler. The leases whose handlers begin on this
+# renewal (``:starting``, task ids) are recorded as begun (B3).
+RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl),
+    started = started OR id IN (SELECT value FROM json_each(:starting))
     WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at,
     (SELECT status IN {ALIVE} FROM runs WHERE runs.id = tasks.run_id)"""
 
@@ -321,7 +329,7 @@ LINE_NEXT = f"""SELECT min(coalesce((SELECT max(a.lease_expires_at) FROM tasks A
 # lease the head task of each admitted run (R1-R3 as in CLAIM); a takeover's predecessor held
 # the task's reservation until its lease expired: it is given back (the last column)
 CLAIM_RUNS = f"""UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner,
-    lease_expires_at = :now + :ttl, attempts = attempts + 1, claimed_at = :now
+    lease_expires_at = :now + :ttl, attempts = attempts + 1, claimed_at = :now, {_COUNTED}
     WHERE id IN (SELECT head_id FROM runs WHERE id IN (SELECT value FROM json_each(:run_ids))
                  AND line_at <= :now AND status IN {ALIVE})
       AND done_at IS NULL AND (lease_owner IS NULL OR lease_expires_at <= :now)

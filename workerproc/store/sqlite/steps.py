@@ -45,10 +45,13 @@ def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
-    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs (the protocol
-    records each lease it did not renew as refused)."""
+    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs, and the ids of
+    those that begin as another (the protocol records each lease it did not renew as
+    refused)."""
     pairs = json.dumps([[lease.task_id, lease.attempt] for lease in params["leases"]])
-    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, {**params, "pairs": pairs}).fetchall()
+    starting = json.dumps(params["starting"])
+    shaped = {**params, "pairs": pairs, "starting": starting}
+    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, shaped).fetchall()
     return rows
 
 

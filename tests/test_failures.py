@@ -1,0 +1,172 @@
+"""Issue 36, finding 6: every failure is said where the user looks.
+
+- A run that fails logs one line at warning level (run, task, reason, error), whoever decided
+  it: the handler's last attempt, or the store inside a claim (attempts spent, an unknown task).
+- ``start --drain`` counts the runs that failed during it on its last line, and with
+  ``--fail-on-failed`` exits 16 when there are any.
+- A value that cannot be stored (``InvalidPayload``) fails its run at once: no retry can fix it.
+- ``@app.task(limits=[])`` means no limits.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import FakeClock
+from sv_harness import Supervisor
+
+from supervisor import exitcodes
+from supervisor.config import StartConfig, start_config
+from supervisor.errors import ConfigError
+from workerproc import App, RetryAfter, TaskContext
+from workerproc.completer import Completer
+from workerproc.store import ClaimRequest, Commit, Lease, RunFailure, Store, open_store
+
+APP = "apps.failures_app:app"
+
+
+def failed_lines(sv: Supervisor) -> list[dict[str, Any]]:
+    return sv.events("run_failed")
+
+
+def test_every_failed_run_is_one_warning_line_and_fail_on_failed_exits_16(
+    sv: Supervisor,
+) -> None:
+    typo = sv.enqueue("draft")
+    unstorable = sv.enqueue("unstorable")
+    fine = [sv.enqueue("fine") for _ in range(2)]
+    assert sv.start("--drain", n=1, app=APP).wait_exit(60) == exitcodes.OK  # not asked to fail
+    lines = {line["run_id"]: line for line in failed_lines(sv)}
+    assert set(lines) == {typo, unstorable}, sv.text()
+    assert all(line["level"] == "warning" for line in lines.values())
+    assert lines[typo]["reason"] == "unknown_task" and lines[typo]["task"] == "sumarise"
+    assert "no handler named 'sumarise'" in lines[typo]["msg"]
+    assert lines[unstorable]["reason"] == "invalid_payload"
+    assert "not JSON-serializable" in lines[unstorable]["msg"]
+    (finished,) = sv.events("drain_finished")
+    assert "4 runs done, 2 failed, 2 of them during this drain" in finished["msg"]
+    store = open_store(sv.db)
+    try:
+        (task,) = store.get_tasks(unstorable)
+        assert task.attempts == 1  # failed at once: no retry could write a set as JSON
+        assert {store.get_run(r).status for r in fine} == {"succeeded"}  # type: ignore[union-attr]
+    finally:
+        store.close()
+
+    # the next drain: the old failures are not its own
+    assert sv.start("--drain", "--fail-on-failed", n=1, app=APP).wait_exit(60) == exitcodes.OK
+    sv.enqueue("draft")
+    sv.enqueue("fine")
+    code = sv.start("--drain", "--fail-on-failed", n=1, app=APP).wait_exit(60)
+    assert code == exitcodes.RUNS_FAILED, sv.text()
+    last = sv.events("drain_finished")[-1]
+    assert last["failed_in_drain"] == 1
+    assert "1 run failed during the drain: exiting 16" in sv.text()
+
+
+def test_fail_on_failed_needs_drain() -> None:
+    with pytest.raises(ConfigError, match="--fail-on-failed needs --drain"):
+        start_config({"db": "lk.db", "app": APP, "fail_on_failed": True})
+    config = start_config({"db": "lk.db", "app": APP, "fail_on_failed": True, "drain": True})
+    assert isinstance(config, StartConfig) and config.fail_on_failed
+
+
+def test_a_run_the_claim_fails_is_logged_by_the_worker_that_claimed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """R6 decided inside the store: the claim that would start a fourth attempt fails the run;
+    the worker whose exchange it was says so, once."""
+    clock = FakeClock()
+    store = open_store(str(tmp_path / "lk.db"), clock=clock)
+    try:
+        run_id = store.start_run("poison")
+        for _ in range(3):  # three handlers began and died with their workers
+            assert store.claim("gone", 10.0) is not None
+            clock.advance(10.001)
+        completer = Completer(store, 10.0, _NoRenewals(), clock=clock)
+        with caplog.at_level(logging.WARNING, logger="workerproc.worker"):
+            leases = completer.commit_and_claim((), ClaimRequest("w", 10.0, 3, 1))
+        assert leases == ()
+        (line,) = [r for r in caplog.records if getattr(r, "event", None) == "run_failed"]
+        assert line.levelno == logging.WARNING
+        assert line.getMessage().startswith(f"run {run_id} (poison) failed: "
+                                            "task_attempts_exhausted: 3 attempts")  # fmt: skip
+    finally:
+        store.close()
+
+
+class _NoRenewals:
+    def track(self, lease: Lease, lease_start: float) -> None:
+        pass
+
+    def untrack(self, leases: Any) -> None:
+        pass
+
+
+def test_an_unstorable_state_fails_the_run_at_once(tmp_path: Path) -> None:
+    app = App()
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        ctx.advance({"at": object()}, next="step")
+
+    store: Store = open_store(str(tmp_path / "lk.db"))
+    try:
+        run = app.run_inline(step, store=store, raise_errors=False)
+        assert (run.status, run.failure_reason) == ("failed", "invalid_payload")
+        (task,) = store.get_tasks(run.id)
+        assert task.attempts == 1
+    finally:
+        store.close()
+
+
+def test_an_empty_list_of_limits_means_none() -> None:
+    app = App()
+
+    @app.task(limits=[])
+    def step(ctx: TaskContext) -> None:
+        return None
+
+    assert step.options.limits is None and step.options.declared == {}
+    with pytest.raises(ValueError, match="tokens reserve from limits"):
+        app.task("other", limits=[], tokens=5)(lambda ctx: None)
+
+
+def test_failed_since_counts_the_runs_failed_from_a_moment_per_queue(
+    s: Store, clock: FakeClock
+) -> None:
+    """What ``--drain`` counts as its own failures, on every backend."""
+
+    def fail(run_id: int) -> None:
+        lease = s.claim("w", 60.0)
+        assert lease is not None and lease.run_id == run_id
+        out = s.commit_many([Commit(lease, "fail", reason="broken", error="E: no")])
+        assert out.failed == (RunFailure(run_id, "t", "broken", "E: no"),)
+
+    fail(s.start_run("t"))
+    since = clock.advance(1.0)
+    fail(s.start_run("t", queue="other"))
+    fail(s.start_run("t", queue="other"))
+    assert s.failed_since(since) == {"other": 2}
+    assert s.failed_since(since - 1.0) == {"default": 1, "other": 2}
+
+
+def test_a_handler_reads_its_try_within_the_budget() -> None:
+    """``ctx.tries`` is what ``max_attempts`` bounds; ``ctx.attempt`` (the fencing token) also
+    counts the claims that spent nothing (here a ``RetryAfter``)."""
+    app = App()
+    seen: list[tuple[int, int]] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        seen.append((ctx.attempt, ctx.tries))
+        if ctx.attempt == 1:
+            raise RetryAfter(1.0)  # back without spending an attempt
+        raise ValueError("again")
+
+    run = app.run_inline(step, raise_errors=False, max_attempts=2)
+    assert run.failure_reason == "task_attempts_exhausted"
+    assert seen == [(1, 1), (2, 1), (3, 2)]
