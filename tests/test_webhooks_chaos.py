@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import pg_session
@@ -77,6 +77,10 @@ def run_soak(tmp_path: Path, db: str, runs_n: int) -> None:
     assert refused > 0, "the receiver failed some on purpose"
     assert info.dead_total == 0 and info.failures == 0
     accepted = [d.event for d in tries if d.accepted]
+    seen: Counter[int] = Counter(e["id"] for e in accepted)
+    repeated = sum(n - 1 for n in seen.values())
+    print({"accepted": len(accepted), "repeated": repeated,
+           "repeated_pct": round(100 * repeated / len(seen), 2)})  # fmt: skip
     assert {e["id"] for e in accepted} >= {e.id for e in events}, "every event at least once"
     assert {e["run_id"] for e in accepted} == set(runs)
     first_seen: dict[int, list[int]] = defaultdict(list)

@@ -1,24 +1,30 @@
-"""Webhook delivery (issue 26, item 4; docs/protocol.md B20): the handler of the built-in task
+"""Webhook delivery (issues 26 and 36; docs/protocol.md B20): the handler of the built-in task
 ``DELIVERY_TASK``, which every worker serves.
 
-Each webhook has one delivery run. Its task, claimed under a lease like any other, reads the
-events after the run's ``cursor`` (in commit order), POSTs each one its webhook wants, signed
-(``workerproc.webhooks``), one at a time, and ends with one fenced commit of the new state:
+Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
+other, reads the users' events after the webhook's position (in commit order) and POSTs each
+one its webhook wants, signed (``workerproc.webhooks``), one at a time. Each POST its receiver
+acknowledges moves the position past it at once, in one small write under the lease's fence
+(``move_webhook``; events passed over move with it, or before the delivery holds on or ends),
+so a fault re-sends at most the POST in flight. The execution ends with one fenced commit of the
+run's state (the failures in a row, the last error, the dead letters):
 
 - all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
   commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
   waker (``courier``) signals it, or ``PARK`` seconds pass;
-- more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
+- more to read (a full batch, ``BUDGET`` seconds spent, or a dead letter just kept): the next
+  task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
   webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
   under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
   after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
-  newest ``MAX_DEAD``) and the cursor moves past it.
+  newest ``MAX_DEAD``, committed with a position past it in the state's ``cursor``, which the
+  next execution moves the webhook's to first) and delivery goes on after it.
 
-The cursor moves only by that commit, so a delivery whose lease was taken over (a zombie) moves
-nothing and its successor starts again from the last committed cursor: every event is delivered
+A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
+there) and its successor starts again from the last position moved: every event is delivered
 at least once, in event order, so in order per run; a receiver deduplicates by the
-``Leasekeeper-Event`` header. Events of the delivery runs themselves are never delivered.
+``Leasekeeper-Event`` header. The system's own runs' events are never delivered.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
-from .context import TaskContext
+from .context import LeaseLost, TaskContext
 from .logs import event as told
 from .store import StoreError, WorkerStore
 from .store.types import Event
@@ -57,8 +63,8 @@ for _name in ("httpx2", "httpcore2"):
     logging.getLogger(_name).addFilter(_QuietWhileDelivering())
 
 BATCH = 100  # events read per look
-# seconds one execution delivers at most before it commits its progress: what a crash or a
-# takeover redelivers at most, and how long a graceful stop waits for it (plus one POST)
+# seconds one execution delivers at most before it commits its state: how long a graceful stop
+# waits for it (plus one POST). What a crash or a takeover redelivers is the POST in flight.
 BUDGET = 1.0
 PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
@@ -84,6 +90,23 @@ def backoff(retry_failures: int, first: float, longest: float) -> float:
     """The delay before the next try after ``retry_failures`` failures in a row."""
     base = min(longest, first * 2.0 ** max(0, retry_failures - 1))
     return float(min(longest, base * random.uniform(0.75, 1.25)))
+
+
+class _Mover:
+    """Moves a webhook's position (``move_webhook``) under the fence of the delivery's lease:
+    a refusal means the lease is lost (``LeaseLost``: stop, commit nothing)."""
+
+    def __init__(self, store: WorkerStore, ctx: TaskContext, position: int) -> None:
+        self._store = store
+        self._lease = ctx._lease  # the fence its moves carry: this execution's
+        self.position = position  # where the webhook's row stands, as far as this one knows
+
+    def move(self, position: int, delivered: int = 0) -> None:
+        if position <= self.position and not delivered:
+            return
+        if not self._store.move_webhook(self._lease, position, delivered):
+            raise LeaseLost(f"webhook position {position} refused: the delivery's lease is gone")
+        self.position = max(self.position, position)
 
 
 class Deliverer:
@@ -136,32 +159,45 @@ class Deliverer:
         if hook is None or hook.run_id != ctx.run_id:  # removed (its run is cancelled too)
             ctx.finish({**state, "removed": True})
             return
-        own = {h.run_id for h in store.webhook_list()}
-        state.setdefault("cursor", 0)
         state.setdefault("failures", 0)
+        floor = state.get("cursor")  # where the last commit left it (past a dead letter, say)
+        mover = _Mover(store, ctx, hook.position)
+        position = max(hook.position, floor if type(floor) is int else 0)
+        mover.move(position)  # (a commit's position the webhook's row has not had yet)
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)
         busy = False  # the last look found events to send, or a full batch: maybe more
+        stop = False  # a dead letter was kept: commit it before going on
         client = self._client()
-        while retry_in is None and time.monotonic() < deadline:
+        while not stop and time.monotonic() < deadline:
             token = store.change_token()
-            batch = store.events(after=int(state["cursor"]), limit=BATCH)
+            batch = store.events(after=position, limit=BATCH)
             busy = len(batch) == BATCH
             for event in batch:
-                ours = event.task == DELIVERY_TASK or event.run_id in own
-                if not ours and hook.wants(event.kind):
+                if hook.wants(event.kind):
                     busy = True
                     retry_in = self._one(ctx, client, hook, event, state, deadline)
                     if retry_in is not None:
+                        stop = True
                         break
-                state["cursor"] = event.id
+                    position = event.id
+                    if state.pop("dead_now", False):
+                        stop = True
+                        break
+                    mover.move(position, delivered=1)
+                else:
+                    position = event.id  # passed over: moved with the next one
                 if time.monotonic() >= deadline:
                     break
-            if batch:
+            if stop or batch:
                 continue  # read on: the end of the table is what says "caught up"
+            mover.move(position)  # caught up: the webhook's row says so while it holds on
             if not self._hold(store, token, deadline):
                 break  # caught up, and nothing came while it held on: park
-        if retry_in is not None or busy:
+        if not stop:
+            mover.move(position)
+        state["cursor"] = position
+        if stop or busy:
             ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
@@ -178,22 +214,22 @@ class Deliverer:
         deadline: float,
     ) -> float | None:  # fmt: skip
         """Deliver ``event``, trying again in place while the backoff is short; None when it is
-        dealt with (delivered, or given up on: a dead letter), else the delay before the next
-        try (the delivery then ends, its state committed, and a new task tries again)."""
+        dealt with (delivered, or given up on: a dead letter, ``state["dead_now"]`` set), else
+        the delay before the next try (the delivery then ends, its state committed, and a new
+        task tries again)."""
         retry = hook.retry
         while True:
             ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
             error = self._post(client, hook, event)
             if error is None:
                 state["failures"] = 0
-                state["delivered"] = int(state.get("delivered", 0)) + 1
-                state["last_delivery_at"] = time.time()
                 return None
             state["failures"] = failures = int(state["failures"]) + 1
             state["last_error"] = f"event {event.id}: {error}"
             if failures >= retry.max_failures:
                 self._dead(state, hook, event, error)
                 state["failures"] = 0
+                state["dead_now"] = True
                 return None
             delay = backoff(failures, retry.backoff, retry.backoff_max)
             if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:

@@ -44,6 +44,7 @@ from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
+from .webhooks_sql import MIGRATION_POSITIONS
 
 VERSION_TABLE = "leasekeeper_schema"
 
@@ -429,6 +430,7 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
     _WEBHOOKS,  # 12: webhooks (B20)
+    MIGRATION_POSITIONS,  # 13: webhook positions on their rows, the system runs apart (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -18,6 +18,7 @@ from .gates_sql import GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
+from .webhooks_sql import MIGRATION_POSITIONS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
@@ -405,6 +406,7 @@ MIGRATIONS: list[str] = [
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
     _WEBHOOKS,  # 18: webhooks (B20)
+    MIGRATION_POSITIONS,  # 19: webhook positions on their rows, the system runs apart (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)
