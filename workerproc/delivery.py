@@ -98,8 +98,17 @@ class _Mover:
 
     def __init__(self, store: WorkerStore, ctx: TaskContext, position: int) -> None:
         self._store = store
-        self._lease = ctx._lease  # the fence its moves carry: this execution's
+        self._ctx = ctx
+        self._lease = lease = ctx._lease  # the fence its moves carry: this execution's
+        self._ttl = lease.expires_at - lease.claimed_at
         self.position = position  # where the webhook's row stands, as far as this one knows
+
+    def fresh(self) -> bool:
+        """Whether the lease was confirmed (claimed or renewed) within its ttl, by the local
+        clock: a delivery woken from a pause longer than that sends nothing more (its commit
+        says whether the lease held), rather than a POST its successor sends too."""
+        latest = self._ctx.latest()
+        return latest is None or time.monotonic() < latest + self._ttl
 
     def move(self, position: int, delivered: int = 0) -> None:
         if position <= self.position and not delivered:
@@ -167,7 +176,7 @@ class Deliverer:
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)
         busy = False  # the last look found events to send, or a full batch: maybe more
-        stop = False  # a dead letter was kept: commit it before going on
+        stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
         client = self._client()
         while not stop and time.monotonic() < deadline:
             token = store.change_token()
@@ -176,6 +185,9 @@ class Deliverer:
             for event in batch:
                 if hook.wants(event.kind):
                     busy = True
+                    if not mover.fresh():
+                        stop = True  # (a pause past the ttl: the commit decides)
+                        break
                     retry_in = self._one(ctx, client, hook, event, state, deadline)
                     if retry_in is not None:
                         stop = True

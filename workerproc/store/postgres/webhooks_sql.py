@@ -69,12 +69,16 @@ WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fa
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # a delivery moves its webhook's position past what its receiver acknowledged (and counts the
 # POSTs): one small row, under the fence of the delivery's lease (R2; its run locked first, "now"
-# read after), so a zombie moves nothing; never backwards
-WEBHOOK_MOVE = f"""{_LOCKED}
+# read after), so a zombie moves nothing; never backwards. Its commit does not wait for the WAL
+# to reach the disk (``synchronous_commit`` off for this transaction): a crash of the server may
+# undo the newest moves, and those events are sent again; nothing else is at stake.
+WEBHOOK_MOVE = f"""{_LOCKED},
+lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE webhooks AS w SET position = greatest(w.position, %(position)s),
     delivered = w.delivered + %(delivered)s,
     delivered_at = CASE WHEN %(delivered)s > 0 THEN clock.now ELSE w.delivered_at END
-FROM clock WHERE w.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})
+FROM clock, lazy
+WHERE w.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})
 RETURNING w.position"""
 # a webhook's backlog: the users' numbered events after its position, by kind (the caller
 # keeps the kinds it wants), counted up to %(limit)s

@@ -83,7 +83,9 @@ def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = N
     else:
         status = run.status
     error = state.get("last_error")
-    failures = _count(state, "failures")
+    # the failures in a row of the event after the cursor its state was committed at: none
+    # once the position is past it (delivered since; the next commit says so too)
+    failures = _count(state, "failures") if hook.position <= _count(state, "cursor") else 0
     return WebhookInfo(
         hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
         max(hook.position, _count(state, "cursor")), hook.delivered, failures,
