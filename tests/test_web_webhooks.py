@@ -24,7 +24,7 @@ def test_the_page_shows_each_webhook_and_its_dead_letters(s: Store) -> None:
     page = client(s).get("/webhooks")
     assert page.status_code == 200
     html, text = page.text, text_of(page.text)
-    assert "billing https://example.test/&lt;hook&gt; run.failed, run.* running 12 3 2 1" in text
+    assert "billing https://example.test/&lt;hook&gt; run.failed, run.* running 12 0 3 2 1" in text
     assert "event 13: HTTP 503" in text and "Dead letters of billing (newest 1 of 1)" in text
     assert f'href="/runs/{hook.run_id}"' in html and 'href="/runs/4"' in html
     assert "<b>HTTP 410</b>" not in html and "&lt;b&gt;HTTP 410&lt;/b&gt;" in html

@@ -316,6 +316,23 @@ def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(
     assert s.webhooks()[0].cursor == second and info.run_id == hook.run_id
 
 
+def test_a_delivery_woken_past_its_ttl_sends_nothing_more(s: Store, receiver: Receiver) -> None:
+    """Its lease last confirmed longer than a ttl ago (a pause, by the local clock): no POST
+    (its successor may be sending that event now); its commit says whether the lease held."""
+    s.add_webhook("p", receiver.url, secret=SECRET, kinds=["run.enqueued"])
+    s.start_run("noop")
+    (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
+    ctx = Context(lease, threading.Event())
+    ctx.latest = lambda: time.monotonic() - 31.0  # (the heartbeat's last renewal: 31 s ago)
+    Deliverer(lambda: s).deliver(ctx, s)
+    assert receiver.all() == []
+    assert ctx.commit is not None and ctx.commit.kind == "advance"
+    ctx = Context(lease, threading.Event())  # the same lease, renewed just now: it delivers
+    ctx.latest = time.monotonic
+    Deliverer(lambda: s).deliver(ctx, s)
+    assert len(receiver.all()) == 1
+
+
 def test_one_execution_reads_batch_after_batch_then_parks(s: Store, receiver: Receiver) -> None:
     s.add_webhook("b", receiver.url, secret=SECRET, kinds=["run.enqueued"])
     runs = s.start_runs([{"task": "noop"}] * (BATCH + 10))
