@@ -93,8 +93,9 @@ def backoff(retry_failures: int, first: float, longest: float) -> float:
 
 
 class _Mover:
-    """Moves a webhook's position (``move_webhook``) under the fence of the delivery's lease:
-    a refusal means the lease is lost (``LeaseLost``: stop, commit nothing)."""
+    """Moves a webhook's position (``move_webhook``) under the fence of the delivery's lease,
+    after each acknowledged POST (and past the events passed over before the delivery holds on
+    or ends). A refusal means the lease is lost (``LeaseLost``: stop, commit nothing)."""
 
     def __init__(self, store: WorkerStore, ctx: TaskContext, position: int) -> None:
         self._store = store
@@ -102,6 +103,12 @@ class _Mover:
         self._lease = lease = ctx._lease  # the fence its moves carry: this execution's
         self._ttl = lease.expires_at - lease.claimed_at
         self.position = position  # where the webhook's row stands, as far as this one knows
+        self._delivered = 0  # acknowledged POSTs not counted on the row yet
+
+    def delivered(self, position: int) -> None:
+        """A POST up to ``position`` was acknowledged: the position moves past it now."""
+        self._delivered += 1
+        self.move(position)
 
     def fresh(self) -> bool:
         """Whether the lease was confirmed (claimed or renewed) within its ttl, by the local
@@ -110,12 +117,13 @@ class _Mover:
         latest = self._ctx.latest()
         return latest is None or time.monotonic() < latest + self._ttl
 
-    def move(self, position: int, delivered: int = 0) -> None:
-        if position <= self.position and not delivered:
+    def move(self, position: int) -> None:
+        """Move to ``position`` now (if it is ahead, or POSTs are to be counted)."""
+        if position <= self.position and not self._delivered:
             return
-        if not self._store.move_webhook(self._lease, position, delivered):
+        if not self._store.move_webhook(self._lease, position, self._delivered):
             raise LeaseLost(f"webhook position {position} refused: the delivery's lease is gone")
-        self.position = max(self.position, position)
+        self.position, self._delivered = max(self.position, position), 0
 
 
 class Deliverer:
@@ -177,6 +185,7 @@ class Deliverer:
         retry_in: float | None = None  # a failure to try again after this long (a new task)
         busy = False  # the last look found events to send, or a full batch: maybe more
         stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
+        dead = False  # a dead letter kept: its position moves once it is committed
         client = self._client()
         while not stop and time.monotonic() < deadline:
             token = store.change_token()
@@ -192,11 +201,12 @@ class Deliverer:
                     if retry_in is not None:
                         stop = True
                         break
-                    position = event.id
-                    if state.pop("dead_now", False):
-                        stop = True
+                    if state.pop("dead_now", False):  # committed with the state, then moved
+                        mover.move(position)  # (what came before it, first)
+                        position, dead, stop = event.id, True, True
                         break
-                    mover.move(position, delivered=1)
+                    position = event.id
+                    mover.delivered(position)
                 else:
                     position = event.id  # passed over: moved with the next one
                 if time.monotonic() >= deadline:
@@ -206,7 +216,7 @@ class Deliverer:
             mover.move(position)  # caught up: the webhook's row says so while it holds on
             if not self._hold(store, token, deadline):
                 break  # caught up, and nothing came while it held on: park
-        if not stop:
+        if not dead:
             mover.move(position)
         state["cursor"] = position
         if stop or busy:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..types import SYSTEM_RUNS
 from ..webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
-from .sql import _CLOCK, _FENCE, _LOCKED
+from .sql import _CLOCK, _CLOCK_CTE, _FENCE
 
 # 12 (issue 26): webhooks, one row each: where to POST, which kinds, the signing secret, the
 # retry numbers and the delivery run that carries its position
@@ -68,11 +68,13 @@ WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fa
             %(backoff)s, %(backoff_max)s, %(timeout)s, {_CLOCK}, %(position)s)
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # a delivery moves its webhook's position past what its receiver acknowledged (and counts the
-# POSTs): one small row, under the fence of the delivery's lease (R2; its run locked first, "now"
-# read after), so a zombie moves nothing; never backwards. Its commit does not wait for the WAL
-# to reach the disk (``synchronous_commit`` off for this transaction): a crash of the server may
-# undo the newest moves, and those events are sent again; nothing else is at stake.
-WEBHOOK_MOVE = f"""{_LOCKED},
+# POSTs): one small row (a HOT update), under the fence of the delivery's lease (R2), so a
+# zombie moves nothing; never backwards. Its run is not locked: "now" is read after the
+# statement's snapshot, so a takeover it cannot see came after a moment its lease was live at,
+# and what it records (POSTs acknowledged under that lease) stays true. Its commit does not
+# wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction): a crash
+# of the server may undo the newest moves, and those events are sent again.
+WEBHOOK_MOVE = f"""{_CLOCK_CTE},
 lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE webhooks AS w SET position = greatest(w.position, %(position)s),
     delivered = w.delivered + %(delivered)s,
