@@ -18,9 +18,11 @@ import pg_session
 import psycopg
 import pytest
 from click.testing import CliRunner
+from event_stream import EventStreamClient
 from helpers import FakeClock
 from store_backends import Backend
 from web_helpers import client
+from web_process import WebProcess
 
 from supervisor.commands.cli import cli
 from workerproc.context import TaskContext
@@ -146,6 +148,35 @@ def test_the_dashboard_lists_them_only_when_asked(s: Store) -> None:
     every = client(s).get("/runs?all=1").text
     assert f'href="/runs/{system}"' in every and DELIVERY_TASK in every
     assert client(s).get(f"/runs/{system}").status_code == 200
+
+
+def test_the_dashboards_event_stream_leaves_them_out_unless_asked(
+    backend: Backend, tmp_path: Path, web_procs: list[WebProcess]
+) -> None:
+    """Its pages reload on the users' events; the Webhooks page asks for the deliveries' too."""
+    with backend.open() as s:
+        mine = s.start_run("noop")
+        system = parked(s, "h")
+    web = WebProcess(tmp_path, "--db", backend.url, "--port", "0")
+    web_procs.append(web)
+    plain = EventStreamClient(web.url(), "/events/stream?after=0")
+    every = EventStreamClient(web.url(), "/events/stream?after=0&all=1")
+    try:
+        assert plain.event()["run_id"] == mine
+        with backend.open() as s:
+            later = s.start_run("noop")
+        assert plain.event()["run_id"] == later, "the delivery's events in between: left out"
+        got = [every.event()["run_id"] for _ in range(7)]
+        assert got == [mine, *[system] * 5, later], got
+    finally:
+        plain.close()
+        every.close()
+    assert 'data-stream="/events/stream?all=1"' in client_page(backend, "/webhooks")
+
+
+def client_page(backend: Backend, path: str) -> str:
+    with backend.open() as s:
+        return str(client(s).get(path).text)
 
 
 # -- a database made before: its delivery runs move into the system's range ---------------------
