@@ -23,10 +23,9 @@ def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
     delayed or leased, and every webhook has delivered what it can (B20): caught up, or backing
     off after a failure (named in the last line, with its backlog and its next try). The
-    delivery runs never end: of their queue a delivery in flight (leased, or its lease expired)
-    is waited for, so a drain under chaos sees a delivery it paused taken over before it
-    stops, and a webhook with events to deliver (a delivery due, or parked until its waker
-    wakes it)."""
+    delivery runs never end, so of their queue the drain waits for a delivery in flight (leased,
+    or its lease expired: a drain under chaos sees a delivery it paused taken over) and for a
+    webhook with events to deliver (its delivery due, or parked until its waker wakes it)."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
