@@ -5,9 +5,10 @@ chaos) delivers what is left.
 - Issue 26's acceptance: a fault every second, a receiver that fails 30 % of the requests and is
   down for a while: every event is delivered at least once, in order per run, with a valid
   signature, and nothing is given up on.
-- Issue 36's (item 5): a fault every 2 s, a webhook on ``run.succeeded``: a fault re-sends at
-  most what was in flight (the position moves with each acknowledged POST), so at most 2 % of
-  the events are delivered twice (with the position moved once a second, 450 of 1,200 were).
+- Issue 36's (item 5): a fault every 2 s, 1,200 runs, a webhook on ``run.succeeded``: a fault
+  re-sends at most what was in flight (the position moves with each acknowledged POST), so at
+  most 2 % of the events are delivered twice (with the position moved once a second, 450 of
+  1,200 were).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ class Soak:
     runs: list[int]
     tries: list[Delivery]
     info: WebhookInfo
-    taken: int
+    taken: int  # delivery attempts taken over by another worker
+    struck: int  # delivery attempts cut short by a fault: taken over, or released as dead
 
     def repeated(self) -> int:
         """Deliveries its receiver accepted that it had accepted before (events sent twice)."""
@@ -57,6 +59,7 @@ class Soak:
 def run_soak(
     tmp_path: Path, db: str, runs_n: int, *, interval: float = 1.0, fail_share: float = 0.3,
     kinds: list[str] | None = None, payload: dict[str, Any] | None = None, outage: bool = True,
+    n: int = 2, args: tuple[str, ...] = (),
 ) -> Soak:  # fmt: skip
     receiver = Receiver(SECRET, fail_share=fail_share, seed=11)
     ledger = tmp_path / "ledger.jsonl"
@@ -72,7 +75,7 @@ def run_soak(
         for i, sv in enumerate(sups):
             sv.db = db
             sv.start(*CHAOS, "--chaos-interval", str(interval), "--chaos-seed", str(3 + i),
-                     app=APP, n=2)  # fmt: skip
+                     *args, app=APP, n=n)  # fmt: skip
         wait_for(lambda: len(receiver.accepted()) >= 5, 60, what="the first deliveries")
         if outage:
             receiver.down()  # down for a while: connections are refused
@@ -100,7 +103,7 @@ def run_soak(
         for sv in [*sups, closer]:
             sv.kill_all()
     taken = sum(h.outcome == "taken_over" for h in history)
-    return Soak(events, runs, receiver.all(), info, taken)
+    return Soak(events, runs, receiver.all(), info, taken, len(history))
 
 
 def test_sqlite_webhooks_deliver_every_event_through_chaos_and_a_failing_receiver(
@@ -140,27 +143,30 @@ def check_soak(soak: Soak) -> None:
 
 
 # -- issue 36: a fault re-sends at most what was in flight ---------------------------------------
-QUICK = {"steps": 1, "sleep": 0.01, "sleep_max": 0.05}  # a run: one short step
+QUICK = {"steps": 1, "sleep": 0.01, "sleep_max": 0.04}  # a run: one short step
+# one worker of two slots per supervisor: a fault strikes the process delivering one time in two
+POOL: dict[str, Any] = {"n": 1, "args": ("--concurrency", "2")}
 
 
 def check_repeats(soak: Soak) -> None:
+    """Each fault that struck a delivery re-sent at most what was in flight: the POST under way
+    (and, for a pause, one begun just before it), so no repeat without a strike; and at most 2 %
+    of the events in all."""
     repeated = soak.repeated()
     share = 100 * repeated / len(soak.events)
-    print({"events": len(soak.events), "deliveries_taken_over": soak.taken,
+    print({"events": len(soak.events), "deliveries_struck": soak.struck,
            "repeated": repeated, "repeated_pct": round(share, 2)})  # fmt: skip
-    assert soak.taken >= 1, "chaos struck a delivery in flight"
     accepted = {d.event["id"] for d in soak.tries if d.accepted}
     assert accepted >= {e.id for e in soak.events}, "every event at least once"
+    assert repeated <= 2 * soak.struck, f"{repeated} repeats from {soak.struck} struck deliveries"
     assert share <= 2.0, f"{repeated} of {len(soak.events)} events delivered twice"
 
 
 def test_sqlite_a_fault_re_sends_at_most_the_deliveries_in_flight(tmp_path: Path) -> None:
-    check_repeats(run_soak(tmp_path, str(tmp_path / "lk.db"), 800, interval=2.0,
-                           fail_share=0.0, kinds=["run.succeeded"], payload=QUICK,
-                           outage=False))  # fmt: skip
+    check_repeats(run_soak(tmp_path, str(tmp_path / "lk.db"), 1200, interval=2.0,
+                           fail_share=0.0, payload=QUICK, outage=False, **POOL))  # fmt: skip
 
 
 def test_postgres_a_fault_re_sends_at_most_the_deliveries_in_flight(tmp_path: Path) -> None:
-    check_repeats(run_soak(tmp_path, pg_session.schema_url("repeats"), 800, interval=2.0,
-                           fail_share=0.0, kinds=["run.succeeded"], payload=QUICK,
-                           outage=False))  # fmt: skip
+    check_repeats(run_soak(tmp_path, pg_session.schema_url("repeats"), 1200, interval=2.0,
+                           fail_share=0.0, payload=QUICK, outage=False, **POOL))  # fmt: skip

@@ -68,17 +68,20 @@ WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fa
             %(backoff)s, %(backoff_max)s, %(timeout)s, {_CLOCK}, %(position)s)
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # a delivery moves its webhook's position past what its receiver acknowledged (and counts the
-# POSTs): one small row (a HOT update), under the fence of the delivery's lease (R2), so a
-# zombie moves nothing; never backwards. Its run is not locked: "now" is read after the
-# statement's snapshot, so a takeover it cannot see came after a moment its lease was live at,
-# and what it records (POSTs acknowledged under that lease) stays true. Its commit does not
-# wait for the WAL to reach the disk (``synchronous_commit`` off for this transaction): a crash
-# of the server may undo the newest moves, and those events are sent again.
+# POSTs, as the position moves: sent again, it changes nothing): one small row (a HOT update),
+# under the fence of the delivery's lease (R2), so a zombie moves nothing; never backwards.
+# One statement on its own (no BEGIN, no COMMIT round trip). Its run is not locked: "now" is
+# read after the statement's snapshot, so a takeover it cannot see came after a moment its
+# lease was live at, and what it records (POSTs acknowledged under that lease) stays true. Its
+# commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this
+# transaction): a crash of the server may undo the newest moves, and those events are sent
+# again.
 WEBHOOK_MOVE = f"""{_CLOCK_CTE},
 lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE webhooks AS w SET position = greatest(w.position, %(position)s),
-    delivered = w.delivered + %(delivered)s,
-    delivered_at = CASE WHEN %(delivered)s > 0 THEN clock.now ELSE w.delivered_at END
+    delivered = w.delivered + CASE WHEN %(position)s > w.position THEN %(delivered)s ELSE 0 END,
+    delivered_at = CASE WHEN %(position)s > w.position AND %(delivered)s > 0 THEN clock.now
+                        ELSE w.delivered_at END
 FROM clock, lazy
 WHERE w.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})
 RETURNING w.position"""

@@ -174,19 +174,25 @@ class Webhooks:
     def move_webhook(self, lease: Lease, position: int, delivered: int = 0) -> bool:
         """The delivery holding ``lease`` (its webhook's delivery run's) has dealt with every
         event up to ``position``, ``delivered`` of them POSTed and acknowledged: its webhook's
-        position moves there (never back) and the count on, in one small fenced write (R2). False
-        when nothing moved: the fence refused it (a zombie: recorded), or the webhook is gone."""
+        position moves there (never back) and the count on, in one small fenced write (R2).
+        One statement that may run on its own (on PostgreSQL: no BEGIN, no COMMIT round trip),
+        idempotent (a count moves only with the position), so a lost connection may send it
+        again. False when nothing moved: the fence refused it (a zombie: recorded, in a
+        transaction of its own), or the webhook is gone."""
         params = {"position": check_position(position, "position"), "delivered": int(delivered)}
 
-        def write(tx: Tx) -> bool:
+        def move(tx: Tx) -> bool:
+            return tx.one("WEBHOOK_MOVE", {**params, **fence(lease, tx.now)}) is not None
+
+        def refused(tx: Tx) -> None:
             fenced = fence(lease, tx.now)
-            if tx.one("WEBHOOK_MOVE", {**params, **fenced}) is not None:
-                return True
             if tx.one("CHECK_FENCE", fenced) is None:  # (else the webhook was removed)
                 rejected(tx, fenced, "webhook_move", lease.task)
-            return False
 
-        return self.dialect.write(write, runs=[lease.run_id])
+        if self.dialect.write(move, intent="statement"):
+            return True
+        self.dialect.write(refused, runs=[lease.run_id])
+        return False
 
     def webhook(self, name: str) -> Webhook | None:
         """Webhook ``name`` as its deliverer reads it (its secret included), or None."""

@@ -89,11 +89,12 @@ WEBHOOK_ADD = """INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fai
             :timeout, :now, :position)
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # a delivery moves its webhook's position past what its receiver acknowledged (and counts the
-# POSTs): one small row, under the fence of the delivery's lease (R2), so a zombie moves nothing;
-# never backwards
+# POSTs, as the position moves: sent again, it changes nothing): one small row, under the fence
+# of the delivery's lease (R2), so a zombie moves nothing; never backwards
 WEBHOOK_MOVE = f"""UPDATE webhooks SET position = max(position, :position),
-        delivered = delivered + :delivered,
-        delivered_at = CASE WHEN :delivered > 0 THEN :now ELSE delivered_at END
+        delivered = delivered + CASE WHEN :position > position THEN :delivered ELSE 0 END,
+        delivered_at = CASE WHEN :position > position AND :delivered > 0 THEN :now
+                            ELSE delivered_at END
     WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM tasks WHERE {_FENCE} AND run_id = :run_id)
     RETURNING position"""
 # a webhook's backlog: the users' events after its position, by kind (the caller keeps the
