@@ -70,6 +70,7 @@ PARK = 30.0  # a parked delivery run looks again after this long, even if nobody
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
 MAX_ERROR = 300  # characters of a failure kept in the state
+DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
@@ -177,6 +178,8 @@ class Deliverer:
             ctx.finish({**state, "removed": True})
             return
         state.setdefault("failures", 0)
+        for moved in ("delivered", "last_delivery_at"):  # (kept on the webhook's row now)
+            state.pop(moved, None)
         floor = state.get("cursor")  # where the last commit left it (past a dead letter, say)
         mover = _Mover(store, ctx, hook.position)
         position = max(hook.position, floor if type(floor) is int else 0)
@@ -197,13 +200,13 @@ class Deliverer:
                     if not mover.fresh():
                         stop = True  # (a pause past the ttl: the commit decides)
                         break
-                    retry_in = self._one(ctx, client, hook, event, state, deadline)
-                    if retry_in is not None:
-                        stop = True
-                        break
-                    if state.pop("dead_now", False):  # committed with the state, then moved
+                    outcome = self._one(ctx, client, hook, event, state, deadline)
+                    if outcome == DEAD:  # committed with the state first, then moved
                         mover.move(position)  # (what came before it, first)
                         position, dead, stop = event.id, True, True
+                        break
+                    if outcome != DELIVERED:  # tried again after this long, by a new task
+                        retry_in, stop = float(outcome), True
                         break
                     position = event.id
                     mover.delivered(position)
@@ -234,25 +237,23 @@ class Deliverer:
     def _one(
         self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
         deadline: float,
-    ) -> float | None:  # fmt: skip
-        """Deliver ``event``, trying again in place while the backoff is short; None when it is
-        dealt with (delivered, or given up on: a dead letter, ``state["dead_now"]`` set), else
-        the delay before the next try (the delivery then ends, its state committed, and a new
-        task tries again)."""
+    ) -> str | float:  # fmt: skip
+        """Deliver ``event``, trying again in place while the backoff is short: ``DELIVERED``,
+        ``DEAD`` (given up on: a dead letter, kept in ``state``), else the delay before the
+        next try (the delivery then ends, its state committed, and a new task tries again)."""
         retry = hook.retry
         while True:
             ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
             error = self._post(client, hook, event)
             if error is None:
                 state["failures"] = 0
-                return None
+                return DELIVERED
             state["failures"] = failures = int(state["failures"]) + 1
             state["last_error"] = f"event {event.id}: {error}"
             if failures >= retry.max_failures:
                 self._dead(state, hook, event, error)
                 state["failures"] = 0
-                state["dead_now"] = True
-                return None
+                return DEAD
             delay = backoff(failures, retry.backoff, retry.backoff_max)
             if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:
                 return delay
