@@ -5,7 +5,10 @@ SQLite and PostgreSQL:
 (a) backlog: M no-op runs enqueued with a webhook on ``run.succeeded``; the seconds until every
     run succeeded and until every success was delivered, and deliveries per second;
 (b) trickle: one run every 50 ms into an idle pool: from each ``run.succeeded`` event's commit
-    to its receipt (p50 / p99): the parked delivery woken by the waker, claimed and POSTed.
+    to its receipt (p50 / p99): the parked delivery woken by the waker, claimed and POSTed;
+(c) catch-up: M runs succeeded first, then a webhook added over them (``--after 0``): the
+    deliveries per second with nothing else running (each acknowledged POST moves the
+    position: one small fenced commit each, issue 36).
 
     .venv/bin/python scripts/bench_webhooks.py [--quick] [--runs 2000] [--trickle 60]
         [--postgres URL|'']
@@ -107,6 +110,26 @@ def one(db: str, runs: int, trickle: int) -> dict[str, float]:
     }  # fmt: skip
 
 
+def catch_up(db: str, runs: int) -> float:
+    """Deliveries per second of a webhook added over ``runs`` succeeded runs."""
+    with open_store(db) as store:
+        store.start_runs([{"task": "noop"}] * runs)
+    proc = pool(db)
+    receiver = Receiver()
+    try:
+        with open_store(db) as store:
+            wait(lambda: store.stats().runs.get("succeeded", 0) >= runs, 600)
+            store.add_webhook("behind", receiver.url, secret="b", kinds=["run.succeeded"],
+                              after=0)  # fmt: skip
+        began = time.monotonic()
+        done = wait(lambda: receiver.count() >= runs, 600)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        receiver.server.shutdown()
+    return runs / (done - began)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=2000)
@@ -118,23 +141,29 @@ def main() -> None:
         args.runs, args.trickle = min(args.runs, 100), min(args.trickle, 5)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        rows.append(("SQLite", one(os.path.join(tmp, "lk.db"), args.runs, args.trickle)))
+        row = one(os.path.join(tmp, "lk.db"), args.runs, args.trickle)
+        row["catch_up_per_s"] = catch_up(os.path.join(tmp, "behind.db"), args.runs)
+        rows.append(("SQLite", row))
     if args.postgres:
         with bench_pg.bench_database(args.postgres) as url:
-            rows.append(("PostgreSQL", one(url, args.runs, args.trickle)))
+            row = one(url, args.runs, args.trickle)
+        with bench_pg.bench_database(args.postgres) as url:
+            row["catch_up_per_s"] = catch_up(url, args.runs)
+        rows.append(("PostgreSQL", row))
     print(
         f"webhook delivery, supervisor start -n 2 --concurrency 4, {args.runs:,} no-op runs "
         f"with a webhook on run.succeeded, then {args.trickle} runs, one every 50 ms\n"
     )
     print(
         "| backend | all runs succeeded (s) | all delivered (s) | deliveries/s "
-        "| commit to receipt, p50 / p99 (ms) |"
+        "| commit to receipt, p50 / p99 (ms) | catch-up, deliveries/s |"
     )
-    print("| --- | ---: | ---: | ---: | --- |")
+    print("| --- | ---: | ---: | ---: | --- | ---: |")
     for name, r in rows:
         print(
             f"| {name} | {r['drain_s']:.2f} | {r['delivered_s']:.2f} "
-            f"| {r['deliveries_per_s']:,.0f} | {r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} |"
+            f"| {r['deliveries_per_s']:,.0f} | {r['lag_p50_ms']:.1f} / {r['lag_p99_ms']:.1f} "
+            f"| {r['catch_up_per_s']:,.0f} |"
         )
     sys.stdout.flush()
 

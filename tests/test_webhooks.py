@@ -18,12 +18,14 @@ from webhook_receiver import Receiver
 
 from workerproc import App, TaskContext
 from workerproc.config import WorkerConfig
+from workerproc.context import LeaseLost
 from workerproc.context import TaskContext as Context
 from workerproc.courier import REFRESH, Courier
 from workerproc.delivery import BATCH, Deliverer, backoff, body_of
 from workerproc.outage import Outage
 from workerproc.store import CasResult, InvalidOption, Store, open_store
 from workerproc.store.protocol.events import KINDS
+from workerproc.store.types import SYSTEM_RUNS
 from workerproc.store.webhooks import (
     DELIVERY_TASK,
     MAX_DEAD,
@@ -267,33 +269,68 @@ def test_dead_letters_keep_the_newest(db_path: str) -> None:
 def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(
     s: Store, clock: FakeClock, receiver: Receiver
 ) -> None:
+    """Each acknowledged POST moves the position under the lease's fence: a delivery paused past
+    its lease between a POST and its move (a zombie) moves nothing, stops at the refusal and
+    commits nothing; its successor delivers that event again (at least once) and moves it."""
     hook = s.add_webhook("z", receiver.url, secret=SECRET, kinds=["run.succeeded"])
-    done = s.start_run("noop")
-    lease = s.claim("worker-a", 30.0, queues=["default"])
-    assert lease is not None and lease.run_id == done
-    assert s.ack(lease)
-    deliverer = Deliverer(lambda: s)
+    done = [s.start_run("noop") for _ in range(2)]
+    for _ in done:
+        lease = s.claim("worker-a", 30.0, queues=["default"])
+        assert lease is not None and s.ack(lease)
+    first, second = (e.id for e in s.events(limit=100) if e.kind == "run.succeeded")
+    successor: list[Context] = []
 
-    def execute(owner: str) -> Context:
+    def execute(owner: str, deliverer: Deliverer) -> Context:
         (got,) = s.claim(owner, 10.0, limit=1, queues=[WEBHOOK_QUEUE])
         ctx = Context(got, threading.Event())
         deliverer.deliver(ctx, s)
         return ctx
 
-    zombie = execute("worker-a")  # delivers, then pauses past its lease before committing
-    clock.advance(11.0)
-    successor = execute("worker-b")  # takes the lease over and delivers the same event again
-    assert successor.attempt == zombie.attempt + 1
-    assert [d.event["run_id"] for d in receiver.all()] == [done, done], "at least once"
-    assert zombie.commit is not None and successor.commit is not None
-    (refused,) = s.commit_many([zombie.commit]).results
-    assert refused is CasResult.LEASE_LOST
-    assert s.webhooks()[0].cursor < receiver.all()[0].event["id"], "the zombie moved nothing"
-    (ok,) = s.commit_many([successor.commit]).results
-    assert ok is CasResult.OK
+    class Pausing(Deliverer):
+        """POSTs the second event, then pauses past its lease before it moves the position:
+        meanwhile another worker takes the delivery over and delivers."""
+
+        def _post(self, client: Any, hook: Any, event: Any) -> str | None:
+            error = super()._post(client, hook, event)
+            if event.id == second and not successor:
+                assert s.webhooks()[0].cursor == first, "the first POST moved it at once"
+                clock.advance(11.0)
+                successor.append(execute("worker-b", Deliverer(lambda: s)))
+            return error
+
+    zombie = Context(s.claim("worker-a", 10.0, limit=1, queues=[WEBHOOK_QUEUE])[0],
+                     threading.Event())  # fmt: skip
+    with pytest.raises(LeaseLost):
+        Pausing(lambda: s).deliver(zombie, s)
+    assert zombie.commit is None, "the zombie stopped at the refusal: nothing to commit"
+    (taker,) = successor
+    assert taker.attempt == zombie.attempt + 1
+    got = [d.event["id"] for d in receiver.all()]
+    assert got == [first, second, second], "the one in flight twice (at least once), no more"
     (info,) = s.webhooks()
-    assert info.cursor >= receiver.all()[0].event["id"] and info.delivered == 1
-    assert info.run_id == hook.run_id
+    assert (info.cursor, info.delivered) == (second, 2), "the zombie's move changed nothing"
+    assert [r.op for r in s.fence_rejections()] == ["webhook_move"]
+    assert taker.commit is not None
+    (ok,) = s.commit_many([taker.commit]).results
+    assert ok is CasResult.OK
+    assert s.webhooks()[0].cursor == second and info.run_id == hook.run_id
+
+
+def test_a_delivery_woken_past_its_ttl_sends_nothing_more(s: Store, receiver: Receiver) -> None:
+    """Its lease last confirmed longer than a ttl ago (a pause, by the local clock): no POST
+    (its successor may be sending that event now); its commit says whether the lease held."""
+    s.add_webhook("p", receiver.url, secret=SECRET, kinds=["run.enqueued"])
+    s.start_run("noop")
+    (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
+    ctx = Context(lease, threading.Event())
+    ctx.latest = lambda: time.monotonic() - 31.0  # (the heartbeat's last renewal: 31 s ago)
+    Deliverer(lambda: s).deliver(ctx, s)
+    assert receiver.all() == []
+    assert ctx.commit is not None and ctx.commit.kind == "advance"
+    ctx = Context(lease, threading.Event())  # the same lease, renewed just now: it delivers
+    ctx.latest = time.monotonic
+    Deliverer(lambda: s).deliver(ctx, s)
+    assert len(receiver.all()) == 1
 
 
 def test_one_execution_reads_batch_after_batch_then_parks(s: Store, receiver: Receiver) -> None:
@@ -304,7 +341,10 @@ def test_one_execution_reads_batch_after_batch_then_parks(s: Store, receiver: Re
     Deliverer(lambda: s).deliver(ctx, s)
     assert [d.event["run_id"] for d in receiver.all()] == runs
     assert ctx.commit is not None and ctx.commit.kind == "wait"
-    assert ctx.commit.new_state["cursor"] == s.last_event_id()  # type: ignore[index]
+    newest = s.events(limit=1000)[-1].id  # the users' newest (the delivery run's own follow)
+    assert ctx.commit.new_state["cursor"] == newest  # type: ignore[index]
+    (info,) = s.webhooks()  # moved with each POST: before the execution's commit is written
+    assert (info.cursor, info.delivered, info.backlog) == (newest, len(runs), 0)
     assert body_of(s.events(limit=1)[0], "b").startswith(b'{"at":')
 
 
@@ -314,18 +354,18 @@ def test_prune_keeps_the_events_a_webhook_has_not_delivered(s: Store, clock: Fak
     s.start_runs([{"task": "noop"}] * 3)
     clock.advance(7200.0)
     s.prune(3600)
-    assert len(s.events(limit=100)) == 4, "the webhook's cursor (0) holds every event back"
+    assert len(s.events(limit=100)) == 3, "the webhook's position (0) holds every event back"
     (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
     third = s.events(limit=100)[2].id
-    assert s.compare_and_set(lease, lease.revision, {"cursor": third}) is CasResult.OK
+    assert s.move_webhook(lease, third)
     s.prune(3600)
-    assert s.events(limit=1)[0].id > third, "up to its cursor: those went"
+    assert s.events(limit=1, system=True)[0].id > third, "up to its position: those went"
     s.remove_webhook("slow")
     clock.advance(7200.0)
     s.last_event_id()  # (PostgreSQL numbers the committed events when one is read, B18)
     s.prune(3600)
-    assert len(s.events(limit=100)) == 1, "no webhook left: every event but the newest went"
-    assert hook.run_id > 0
+    assert len(s.events(limit=100, system=True)) == 1, "no webhook left: all but the newest went"
+    assert hook.run_id >= SYSTEM_RUNS
 
 
 @pytest.mark.parametrize("with_webhook", [False, True])

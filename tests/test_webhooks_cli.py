@@ -92,6 +92,23 @@ def test_dead_letters_are_listed(db: str) -> None:
     assert doc["dead"][0]["event"] == 7 and doc["dead_total"] == 4 and doc["run_id"] == hook.run_id
 
 
+def test_how_far_behind_each_webhook_is(db: str) -> None:
+    """Issue 36: the events after its cursor that it wants (the drain waits for them)."""
+    with open_store(db) as store:
+        store.add_webhook("all", "https://example.test/", secret="s", after=0)
+        store.add_webhook("ends", "https://example.test/", secret="s", after=0,
+                          kinds=["run.succeeded"])  # fmt: skip
+        store.start_runs([{"task": "t"}] * 3)
+    docs = {d["name"]: d for d in json.loads(invoke("webhooks", "--db", db, "--json").output)}
+    assert (docs["all"]["backlog"], docs["ends"]["backlog"]) == (3, 0)
+    assert docs["all"]["next_try_at"] is None
+    text = invoke("webhooks", "--db", db).output
+    header, first, second = text.splitlines()[:3]
+    assert header.split()[:7] == ["WEBHOOK", "URL", "KINDS", "DELIVERY", "CURSOR", "BEHIND",
+                                  "DELIVERED"]  # fmt: skip
+    assert first.split()[4:6] == ["0", "3"] and second.split()[4:6] == ["0", "0"]
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -21,7 +21,7 @@ from .logs import event as told
 from .outage import Outage
 from .store import StoreError, WorkerStore
 from .store.protocol.webhooks import PARKED
-from .store.webhooks import DELIVERY_TASK, Webhook
+from .store.webhooks import Webhook
 
 log = logging.getLogger("workerproc.worker")
 
@@ -83,18 +83,13 @@ class Courier(StoreThread):
             if run is None or run.terminal or run.waiting_for != PARKED:
                 self._seen.pop(hook.run_id, None)
                 continue
-            cursor = run.state.get("cursor", 0) if isinstance(run.state, dict) else 0
-            parked.append((hook, max(int(cursor), self._seen.get(hook.run_id, 0))))
+            parked.append((hook, max(hook.position, self._seen.get(hook.run_id, 0))))
         if not parked:
             return REFRESH if not hooks else WATCH
-        own = {hook.run_id for hook in hooks}
+        # (the users' events: the system's own runs' are never delivered)
         events = store.events(after=min(start for _, start in parked), limit=LOOK)
         for hook, start in parked:
-            wanted = any(
-                e.id > start and e.task != DELIVERY_TASK and e.run_id not in own
-                and hook.wants(e.kind)
-                for e in events
-            )  # fmt: skip
+            wanted = any(e.id > start and hook.wants(e.kind) for e in events)
             if wanted:
                 if store.wake_webhook(hook.run_id):  # (False: another waker was first)
                     self.woken += 1

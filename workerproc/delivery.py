@@ -1,24 +1,30 @@
-"""Webhook delivery (issue 26, item 4; docs/protocol.md B20): the handler of the built-in task
+"""Webhook delivery (issues 26 and 36; docs/protocol.md B20): the handler of the built-in task
 ``DELIVERY_TASK``, which every worker serves.
 
-Each webhook has one delivery run. Its task, claimed under a lease like any other, reads the
-events after the run's ``cursor`` (in commit order), POSTs each one its webhook wants, signed
-(``workerproc.webhooks``), one at a time, and ends with one fenced commit of the new state:
+Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
+other, reads the users' events after the webhook's position (in commit order) and POSTs each
+one its webhook wants, signed (``workerproc.webhooks``), one at a time. Each POST its receiver
+acknowledges moves the position past it at once, in one small write under the lease's fence
+(``move_webhook``; events passed over move with it, or before the delivery holds on or ends),
+so a fault re-sends at most the POST in flight. The execution ends with one fenced commit of the
+run's state (the failures in a row, the last error, the dead letters):
 
 - all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
   commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
   waker (``courier``) signals it, or ``PARK`` seconds pass;
-- more to read (a full batch, or ``BUDGET`` seconds spent): the next task is due at once;
+- more to read (a full batch, ``BUDGET`` seconds spent, or a dead letter just kept): the next
+  task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
   webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
   under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
   after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
-  newest ``MAX_DEAD``) and the cursor moves past it.
+  newest ``MAX_DEAD``, committed with a position past it in the state's ``cursor``, which the
+  next execution moves the webhook's to first) and delivery goes on after it.
 
-The cursor moves only by that commit, so a delivery whose lease was taken over (a zombie) moves
-nothing and its successor starts again from the last committed cursor: every event is delivered
+A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
+there) and its successor starts again from the last position moved: every event is delivered
 at least once, in event order, so in order per run; a receiver deduplicates by the
-``Leasekeeper-Event`` header. Events of the delivery runs themselves are never delivered.
+``Leasekeeper-Event`` header. The system's own runs' events are never delivered.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
-from .context import TaskContext
+from .context import LeaseLost, TaskContext
 from .logs import event as told
 from .store import StoreError, WorkerStore
 from .store.types import Event
@@ -57,13 +63,14 @@ for _name in ("httpx2", "httpcore2"):
     logging.getLogger(_name).addFilter(_QuietWhileDelivering())
 
 BATCH = 100  # events read per look
-# seconds one execution delivers at most before it commits its progress: what a crash or a
-# takeover redelivers at most, and how long a graceful stop waits for it (plus one POST)
+# seconds one execution delivers at most before it commits its state: how long a graceful stop
+# waits for it (plus one POST). What a crash or a takeover redelivers is the POST in flight.
 BUDGET = 1.0
 PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
 MAX_ERROR = 300  # characters of a failure kept in the state
+DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
@@ -84,6 +91,40 @@ def backoff(retry_failures: int, first: float, longest: float) -> float:
     """The delay before the next try after ``retry_failures`` failures in a row."""
     base = min(longest, first * 2.0 ** max(0, retry_failures - 1))
     return float(min(longest, base * random.uniform(0.75, 1.25)))
+
+
+class _Mover:
+    """Moves a webhook's position (``move_webhook``) under the fence of the delivery's lease,
+    after each acknowledged POST (and past the events passed over before the delivery holds on
+    or ends). A refusal means the lease is lost (``LeaseLost``: stop, commit nothing)."""
+
+    def __init__(self, store: WorkerStore, ctx: TaskContext, position: int) -> None:
+        self._store = store
+        self._ctx = ctx
+        self._lease = lease = ctx._lease  # the fence its moves carry: this execution's
+        self._ttl = lease.expires_at - lease.claimed_at
+        self.position = position  # where the webhook's row stands, as far as this one knows
+        self._delivered = 0  # acknowledged POSTs not counted on the row yet
+
+    def delivered(self, position: int) -> None:
+        """A POST up to ``position`` was acknowledged: the position moves past it now."""
+        self._delivered += 1
+        self.move(position)
+
+    def fresh(self) -> bool:
+        """Whether the lease was confirmed (claimed or renewed) within its ttl, by the local
+        clock: a delivery woken from a pause longer than that sends nothing more (its commit
+        says whether the lease held), rather than a POST its successor sends too."""
+        latest = self._ctx.latest()
+        return latest is None or time.monotonic() < latest + self._ttl
+
+    def move(self, position: int) -> None:
+        """Move to ``position`` now (if it is ahead, or POSTs are to be counted)."""
+        if position <= self.position and not self._delivered:
+            return
+        if not self._store.move_webhook(self._lease, position, self._delivered):
+            raise LeaseLost(f"webhook position {position} refused: the delivery's lease is gone")
+        self.position, self._delivered = max(self.position, position), 0
 
 
 class Deliverer:
@@ -136,32 +177,52 @@ class Deliverer:
         if hook is None or hook.run_id != ctx.run_id:  # removed (its run is cancelled too)
             ctx.finish({**state, "removed": True})
             return
-        own = {h.run_id for h in store.webhook_list()}
-        state.setdefault("cursor", 0)
         state.setdefault("failures", 0)
+        for moved in ("delivered", "last_delivery_at"):  # (kept on the webhook's row now)
+            state.pop(moved, None)
+        floor = state.get("cursor")  # where the last commit left it (past a dead letter, say)
+        mover = _Mover(store, ctx, hook.position)
+        position = max(hook.position, floor if type(floor) is int else 0)
+        mover.move(position)  # (a commit's position the webhook's row has not had yet)
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)
         busy = False  # the last look found events to send, or a full batch: maybe more
+        stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
+        dead = False  # a dead letter kept: its position moves once it is committed
         client = self._client()
-        while retry_in is None and time.monotonic() < deadline:
+        while not stop and time.monotonic() < deadline:
             token = store.change_token()
-            batch = store.events(after=int(state["cursor"]), limit=BATCH)
+            batch = store.events(after=position, limit=BATCH)
             busy = len(batch) == BATCH
             for event in batch:
-                ours = event.task == DELIVERY_TASK or event.run_id in own
-                if not ours and hook.wants(event.kind):
+                if hook.wants(event.kind):
                     busy = True
-                    retry_in = self._one(ctx, client, hook, event, state, deadline)
-                    if retry_in is not None:
+                    if not mover.fresh():
+                        stop = True  # (a pause past the ttl: the commit decides)
                         break
-                state["cursor"] = event.id
+                    outcome = self._one(ctx, client, hook, event, state, deadline)
+                    if outcome == DEAD:  # committed with the state first, then moved
+                        mover.move(position)  # (what came before it, first)
+                        position, dead, stop = event.id, True, True
+                        break
+                    if outcome != DELIVERED:  # tried again after this long, by a new task
+                        retry_in, stop = float(outcome), True
+                        break
+                    position = event.id
+                    mover.delivered(position)
+                else:
+                    position = event.id  # passed over: moved with the next one
                 if time.monotonic() >= deadline:
                     break
-            if batch:
+            if stop or batch:
                 continue  # read on: the end of the table is what says "caught up"
+            mover.move(position)  # caught up: the webhook's row says so while it holds on
             if not self._hold(store, token, deadline):
                 break  # caught up, and nothing came while it held on: park
-        if retry_in is not None or busy:
+        if not dead:
+            mover.move(position)
+        state["cursor"] = position
+        if stop or busy:
             ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
         else:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
@@ -176,25 +237,23 @@ class Deliverer:
     def _one(
         self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
         deadline: float,
-    ) -> float | None:  # fmt: skip
-        """Deliver ``event``, trying again in place while the backoff is short; None when it is
-        dealt with (delivered, or given up on: a dead letter), else the delay before the next
-        try (the delivery then ends, its state committed, and a new task tries again)."""
+    ) -> str | float:  # fmt: skip
+        """Deliver ``event``, trying again in place while the backoff is short: ``DELIVERED``,
+        ``DEAD`` (given up on: a dead letter, kept in ``state``), else the delay before the
+        next try (the delivery then ends, its state committed, and a new task tries again)."""
         retry = hook.retry
         while True:
             ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
             error = self._post(client, hook, event)
             if error is None:
                 state["failures"] = 0
-                state["delivered"] = int(state.get("delivered", 0)) + 1
-                state["last_delivery_at"] = time.time()
-                return None
+                return DELIVERED
             state["failures"] = failures = int(state["failures"]) + 1
             state["last_error"] = f"event {event.id}: {error}"
             if failures >= retry.max_failures:
                 self._dead(state, hook, event, error)
                 state["failures"] = 0
-                return None
+                return DEAD
             delay = backoff(failures, retry.backoff, retry.backoff_max)
             if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:
                 return delay

@@ -74,6 +74,15 @@ def exit_with_parent(parent_pid: int) -> bool:
     return os.getppid() == parent_pid
 
 
+def delivery_options(db: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The webhook deliveries' own connections (B20): each moves its webhook's position once
+    per acknowledged POST, a commit that need not wait for the disk (``synchronous=NORMAL`` on
+    SQLite; on PostgreSQL the move's own statement says so): a crash of the machine may undo
+    the newest moves, and those events are sent again (at least once holds); a crash of the
+    process undoes nothing."""
+    return options if is_postgres_url(db) else {**options, "synchronous": "NORMAL"}
+
+
 def run_worker(
     app: App,
     config: WorkerConfig,
@@ -127,6 +136,7 @@ def run_worker(
         owner=owner,
         open_store=partial(open_store, config.db, **{**options, "busy_timeout": hb_busy}),
         call_store=partial(open_store, config.db, **options),
+        delivery_store=partial(open_store, config.db, **delivery_options(config.db, options)),
         waker=waker,
         slot=slot,
         parent_pid=parent_pid,

@@ -68,6 +68,7 @@ class Worker:
         owner: str,
         open_store: Callable[[], WorkerStore],
         call_store: Callable[[], CallStore] | None = None,
+        delivery_store: Callable[[], WorkerStore] | None = None,
         waker: Waker | None = None,
         slot: StatusSlot | None = None,
         parent_pid: int | None = None,
@@ -123,7 +124,7 @@ class Worker:
         # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
         self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())))
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
-        builtin = {DELIVERY_TASK: Deliverer(open_store)}
+        builtin = {DELIVERY_TASK: Deliverer(delivery_store or open_store)}
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish,
                                calls=self.calls, builtin=builtin)  # fmt: skip

@@ -12,6 +12,7 @@ from workerproc.config import DAY
 from workerproc.store import RunNotFound, StoreCorrupt, redact
 from workerproc.store.codec import MAX_PAYLOAD
 from workerproc.store.types import RUN_STATUSES
+from workerproc.store.webhooks import RESERVED
 
 from .. import exitcodes
 from ..errors import ConfigError, NotRunning, SupervisorError
@@ -196,11 +197,17 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
     metavar="K",
     help="at most K runs, newest first",
 )
+@option("--all", "all_", is_flag=True,
+        help="the system's own runs too (the webhooks' delivery runs)")  # fmt: skip
 @json_option
-def runs(db: str, status_: str | None, queue: str | None, limit: int, as_json: bool) -> None:
-    """List runs, newest first."""
+def runs(
+    db: str, status_: str | None, queue: str | None, limit: int, all_: bool, as_json: bool
+) -> None:
+    """List runs, newest first (the system's own runs, numbered apart, with --all or their
+    queue named)."""
+    system = all_ or (queue or "").startswith(RESERVED)
     with store_actions.store_for(db) as store:
-        found = store.list_runs(status_, limit, queue=queue)
+        found = store.list_runs(status_, limit, queue=queue, system=system)
     if as_json:
         click.echo(render.to_json(found))
         return

@@ -24,19 +24,22 @@ EVENT_ID = Number(int, 0, 2**63 - 1)
 @option("--run", "run_id", type=RUN_ID, metavar="RUN", help="only this run's events")
 @option("--limit", type=Number(int, 1, 10_000), default=1000, metavar="N",
         help="without --follow: print at most N events (default 1000)")  # fmt: skip
+@option("--all", "all_", is_flag=True,
+        help="the system's own runs' events too (the webhooks' deliveries)")  # fmt: skip
 @json_option
 def events(
-    db: str, after: int, follow: bool, run_id: int | None, limit: int, as_json: bool
-) -> None:
+    db: str, after: int, follow: bool, run_id: int | None, limit: int, all_: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Run transitions in commit order: enqueued, claimed, taken over, committed, released,
-    handed back, refused writes, succeeded, failed, cancelled. With --json, one JSON object
-    per line."""
+    handed back, refused writes, succeeded, failed, cancelled (of the system's own runs too
+    with --all or their --run). With --json, one JSON object per line."""
     with store_actions.store_for(db) as store:
         if not follow:
-            show(store.events(after=after, limit=limit, run=run_id), as_json)
+            show(store.events(after=after, limit=limit, run=run_id, system=all_), as_json)
             return
         try:
-            for event in store.follow(after=after, run=run_id):
+            for event in store.follow(after=after, run=run_id, system=all_):
                 show([event], as_json)
         except KeyboardInterrupt:  # the way to stop following: no error
             return

@@ -12,7 +12,7 @@ import sys
 import click
 
 from workerproc.store.protocol.events import KINDS
-from workerproc.store.webhooks import MAX_SECRET, RetryNumbers, WebhookInfo
+from workerproc.store.webhooks import BACKLOG_MAX, MAX_SECRET, RetryNumbers, WebhookInfo
 
 from ..errors import ConfigError, SupervisorError
 from . import render, store_actions
@@ -27,11 +27,12 @@ def lines(infos: list[WebhookInfo], now: float) -> str:
         return "no webhook (supervisor webhooks add NAME URL)"
     rows = [
         [i.name, i.url, ",".join(i.kinds) if i.kinds else "all", i.status, i.cursor,
-         i.delivered, i.failures, i.dead_total, render.relative(i.last_delivery_at, now),
+         f"{i.backlog}+" if i.backlog >= BACKLOG_MAX else i.backlog, i.delivered, i.failures,
+         i.dead_total, render.relative(i.last_delivery_at, now),
          render.short(i.last_error or "", 50) or None]
         for i in infos
     ]  # fmt: skip
-    out = [render.table(["webhook", "url", "kinds", "delivery", "cursor", "delivered",
+    out = [render.table(["webhook", "url", "kinds", "delivery", "cursor", "behind", "delivered",
                          "failing", "dead", "last delivery", "last error"], rows)]  # fmt: skip
     for i in infos:
         if i.dead:
@@ -51,7 +52,8 @@ def lines(infos: list[WebhookInfo], now: float) -> str:
 @click.pass_context
 def webhooks(ctx: click.Context, db: str | None, as_json: bool) -> None:
     """Each webhook: where it POSTs, the kinds it takes, its delivery (waiting: caught up),
-    the last event it dealt with, what it delivered, failed and gave up on (its dead letters).
+    the last event it dealt with, how many events it is behind, what it delivered, failed and
+    gave up on (its dead letters).
     'webhooks add' and 'webhooks remove' change them."""
     ctx.obj = db
     if ctx.invoked_subcommand is not None:

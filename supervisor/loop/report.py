@@ -10,8 +10,8 @@ import time
 from collections import Counter
 from typing import Any
 
-from workerproc.store import StoreError, redact
-from workerproc.store.webhooks import WEBHOOK_QUEUE
+from workerproc.store import QueueCounts, Stats, StoreError, redact
+from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
 from .arbiter import Arbiter
@@ -22,30 +22,38 @@ WARN = logging.WARNING
 
 def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
-    delayed or leased. The webhooks' delivery runs never end (B20): of their queue only a
-    delivery in flight (leased, or its lease expired) is waited for, so a drain under chaos
-    sees a delivery it paused taken over before it stops."""
+    delayed or leased, and every webhook has delivered what it can (B20): caught up, or backing
+    off after a failure (named in the last line, with its backlog and its next try). The
+    delivery runs never end, so of their queue the drain waits for a delivery in flight (leased,
+    or its lease expired: a drain under chaos sees a delivery it paused taken over) and for a
+    webhook with events to deliver (its delivery due, or parked until its waker wakes it)."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
         return
     served = arb.config.worker.queues
+    delivering = served is None or WEBHOOK_QUEUE in served
+    hooks: list[WebhookInfo] = []
+    now = 0.0
     try:
         with arb.gate.session() as store:
             # One index lookup per queue says whether any work is left (a run's ready_at is
             # NULL only when it is over or has no pending task); the full counts, a scan of
             # every run, only for the progress line and the final message.
             left = store.next_ready_at(served) is not None
-            if left and (served is None or WEBHOOK_QUEUE in served) and store.webhooks():
+            if left and delivering and store.webhook_list():
                 left = False  # that may be only the deliveries: the counts below tell
             if left and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
+            if delivering and _queues_done(stats, served):  # (the webhooks' turn: backlogs)
+                hooks, now = store.webhooks(), store.now()
+                if not all(h.settled(now) for h in hooks):
+                    return
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
         return
-    mine = [c for q, c in stats.queues.items()
-            if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
+    mine = _mine(stats, served)
     runs: Counter[str] = Counter()
     for c in mine:
         runs.update(c.runs)
@@ -53,11 +61,7 @@ def stop_when_drained(arb: Arbiter) -> None:
     if arb.progress is not None:
         progress = drain_progress(done, sum(runs.values()), runs.get("failed", 0), arb.started_at)
         arb.progress.show(progress)
-    deliveries = stats.queues.get(WEBHOOK_QUEUE)
-    in_flight = deliveries.leased + deliveries.expired if deliveries is not None else 0
-    if served is not None and WEBHOOK_QUEUE not in served:
-        in_flight = 0  # not ours to deliver
-    if in_flight == 0 and sum(c.ready + c.delayed + c.leased + c.expired for c in mine) == 0:
+    if _queues_done(stats, served):
         if arb.progress is not None:
             arb.progress.finish()
         try:
@@ -66,14 +70,46 @@ def stop_when_drained(arb: Arbiter) -> None:
         except StoreError as exc:
             event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
             return
+        behind = [h for h in hooks if h.backlog]
         event(
             "drain_finished",
             f"drain finished: no task ready, delayed or leased ({done} runs done, "
-            f"{runs.get('failed', 0)} failed, {failed} of them during this drain)",
+            f"{runs.get('failed', 0)} failed, {failed} of them during this drain)"
+            + "".join(f"; {_behind(h, now)}" for h in behind),
             runs=dict(runs),
             failed_in_drain=failed,
+            webhooks_behind={h.name: h.backlog for h in behind},
         )
         arb.stop("drain finished")
+
+
+def _mine(stats: Stats, served: tuple[str, ...] | None) -> list[QueueCounts]:
+    """The served queues' counts, the deliveries' left out (their runs never end)."""
+    return [c for q, c in stats.queues.items()
+            if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
+
+
+def _in_flight(stats: Stats) -> bool:
+    """A delivery is leased, or its lease expired (to be taken over)."""
+    deliveries = stats.queues.get(WEBHOOK_QUEUE)
+    return deliveries is not None and deliveries.leased + deliveries.expired > 0
+
+
+def _queues_done(stats: Stats, served: tuple[str, ...] | None) -> bool:
+    """No task of the served queues is ready, delayed or leased, and no delivery in flight."""
+    mine = _mine(stats, served)
+    if sum(c.ready + c.delayed + c.leased + c.expired for c in mine):
+        return False
+    return not ((served is None or WEBHOOK_QUEUE in served) and _in_flight(stats))
+
+
+def _behind(hook: WebhookInfo, now: float) -> str:
+    """A webhook still behind as a drain ends: its backlog, and why it is not delivered."""
+    more = "+" if hook.backlog >= BACKLOG_MAX else ""
+    text = f"webhook {hook.name} behind by {hook.backlog}{more} events"
+    if hook.next_try_at is not None and hook.failures:
+        return f"{text}, next try in {max(0.0, hook.next_try_at - now):.0f} s"
+    return f"{text}, its delivery run {hook.status} (supervisor retry {hook.run_id})"
 
 
 def publish_state(arb: Arbiter) -> None:

@@ -24,6 +24,7 @@ import functools
 from collections.abc import AsyncIterator
 
 from workerproc.store import AsyncStore, Event
+from workerproc.store.types import SYSTEM_RUNS
 
 KEEP = 10_000  # events kept in memory for the streams (trimmed when twice as many)
 READ = 500  # events a stream that catches up reads at a time
@@ -52,7 +53,7 @@ class Fanout:
 
     async def _follow(self) -> None:
         try:
-            async for event in self.store.follow(after=self.cursor):
+            async for event in self.store.follow(after=self.cursor, system=True):
                 self.kept.append(event)
                 if len(self.kept) > 2 * self.keep:
                     self.base = self.kept[-self.keep - 1].id
@@ -73,15 +74,18 @@ class Fanout:
     def _moved_from(self, seen: int) -> bool:
         return self.cursor != seen or self.failed is not None
 
-    async def follow(self, after: int, run: int | None) -> AsyncIterator[Event]:
-        """Every event after ``after`` (of run ``run``), then each new one, for ever."""
+    async def follow(
+        self, after: int, run: int | None, system: bool = False
+    ) -> AsyncIterator[Event]:
+        """Every event after ``after`` (of run ``run``; the users' runs' only unless
+        ``system``, B20), then each new one, for ever."""
         at = after
         while True:
             if self.failed is not None:
                 raise self.failed
             if at >= self.base:
                 first = bisect.bisect_right(self.kept, at, key=lambda e: e.id)
-                batch = [e for e in self.kept[first:] if run is None or e.run_id == run]
+                batch = [e for e in self.kept[first:] if _shown(e, run, system)]
                 seen = self.cursor
                 at = max(at, seen)
                 for event in batch:
@@ -91,10 +95,18 @@ class Fanout:
                         await self._moved.wait_for(functools.partial(self._moved_from, seen))
                 continue
             noted = self.cursor
-            read = await self.store.events(at, READ, run=run)
+            read = await self.store.events(at, READ, run=run, system=system)
             for event in read:
                 yield event
             if read:
                 at = read[-1].id
             if len(read) < READ:
                 at = max(at, noted)
+
+
+def _shown(event: Event, run: int | None, system: bool) -> bool:
+    """Whether a stream of run ``run`` (None: every run's; the users' only unless ``system``,
+    not the webhooks' deliveries', B20) takes ``event``."""
+    if run is not None:
+        return event.run_id == run
+    return system or (event.run_id or 0) < SYSTEM_RUNS

@@ -137,6 +137,7 @@ class Streams:
         if after is None:
             after = position(request.query_params.get("after"), "after")
         run = position(request.query_params.get("run"), "run")
+        system = request.query_params.get("all") == "1"  # the system's runs' events too (B20)
         client = request.client.host if request.client else "?"
         refused = self._refusal(client)
         if refused is not None:
@@ -148,7 +149,7 @@ class Streams:
             self._unsubscribe(fanout)
             return refused
         self.by_client[client] = self.by_client.get(client, 0) + 1
-        return EventStream(self._messages(fanout, start, run),
+        return EventStream(self._messages(fanout, start, run, system),
                            lambda: self._left(client, fanout))  # fmt: skip
 
     def _left(self, client: str, fanout: Fanout) -> None:
@@ -159,11 +160,13 @@ class Streams:
         else:
             self.by_client.pop(client, None)
 
-    async def _messages(self, fanout: Fanout, after: int, run: int | None) -> AsyncGenerator[str]:
+    async def _messages(
+        self, fanout: Fanout, after: int, run: int | None, system: bool = False
+    ) -> AsyncGenerator[str]:
         queue: asyncio.Queue[Event] = asyncio.Queue(BACKLOG)
 
         async def pump() -> None:
-            async for event in fanout.follow(after, run):
+            async for event in fanout.follow(after, run, system):
                 await queue.put(event)
 
         reading = asyncio.create_task(pump())

@@ -150,16 +150,19 @@ class Pages:
         before, after = _id(q.get("before"), "before"), _id(q.get("after"), "after")
         if before is not None and after is not None:
             raise not_found("a page is before a run or after one, not both")
-        page = self.store.runs_page(status, task, before=before, after=after, limit=PAGE + 1)
+        system = q.get("all") == "1"  # the system's own runs too (the webhooks' deliveries)
+        page = self.store.runs_page(status, task, before=before, after=after, limit=PAGE + 1,
+                                    system=system)  # fmt: skip
         more = len(page) > PAGE
         if after is not None:  # the extra run is the newest one: there are newer pages
             runs, newer, older = page[-PAGE:], more, True
         else:
             runs, newer, older = page[:PAGE], before is not None, more
-        filters = {k: v for k, v in (("status", status), ("task", task)) if v}
+        filters = {k: v for k, v in (("status", status), ("task", task),
+                                     ("all", "1" if system else None)) if v}  # fmt: skip
         return self.render(request, "runs.html", runs=runs, status=status, task=task,
                            filters=filters, newer=newer and bool(runs), older=older and bool(runs),
-                           tasks=self.store.task_names())  # fmt: skip
+                           tasks=self.store.task_names(system=system), system=system)  # fmt: skip
 
     def run(self, request: Request) -> Response:
         run_id = int(request.path_params["run_id"])

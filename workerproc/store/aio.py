@@ -154,13 +154,13 @@ class AsyncStore:
     # -- the outbox (B18): ``Store.events`` and its kin, awaitable ------------------------------
     async def events(
         self, after: int | None = None, limit: int = 500, *, consumer: str | None = None,
-        run: int | None = None,
+        run: int | None = None, system: bool = False,
     ) -> list[Event]:  # fmt: skip
         """``Store.events``: up to ``limit`` events after ``after`` (or ``consumer``'s
-        acknowledged position), in commit order."""
+        acknowledged position), in commit order; the system's runs' only with ``system``."""
         if consumer is not None and after is None:
             after = await self.consumer_position(consumer)
-        name, params = reading(0 if after is None else after, limit, run)
+        name, params = reading(0 if after is None else after, limit, run, system)
         if not self.backend.ordered_events:
             await self.backend.write(lambda now: sequencing())
         return [event_of(row) for row in await self.backend.rows(name, params)]
@@ -189,7 +189,7 @@ class AsyncStore:
 
     async def follow(
         self, after: int | None = None, *, consumer: str | None = None, run: int | None = None,
-        limit: int = 500, poll: float = DEFAULT_POLL,
+        limit: int = 500, poll: float = DEFAULT_POLL, system: bool = False,
     ) -> AsyncIterator[Event]:  # fmt: skip
         """``Store.follow``: every event after ``after`` (or ``consumer``'s position), then
         each new one as it commits, for ever. Sleeps on notifications (PostgreSQL: LISTEN)
@@ -201,7 +201,7 @@ class AsyncStore:
         async with self.backend.watching():
             while True:
                 token = self.backend.token(None)
-                batch = await self.events(cursor, limit, run=run)
+                batch = await self.events(cursor, limit, run=run, system=system)
                 for event in batch:
                     yield event
                 if batch:

@@ -95,7 +95,7 @@ STATEMENTS = frozenset(
         "CANCEL_DESCENDANTS", "RUN_CHILDREN",
         # webhooks (B20): declared by operators, delivered by their delivery runs
         "WEBHOOK_ROWS", "WEBHOOK_ROW", "WEBHOOK_ADD", "WEBHOOK_DROP", "WEBHOOK_PARKED",
-        "WEBHOOK_SIGNALS_DONE",
+        "WEBHOOK_SIGNALS_DONE", "WEBHOOK_MOVE", "WEBHOOK_BACKLOG", "WEBHOOK_DUE",
     }
 )  # fmt: skip
 

@@ -32,6 +32,7 @@ class NewRun:
     priority: int
     gating: Gating = UNGATED  # what its task's limits make of it (``protocol.limits``)
     traceparent: str | None = None  # W3C trace context of its starter (``workerproc.tracing``)
+    system: bool = False  # numbered from ``SYSTEM_RUNS`` up: a webhook's delivery run
 
     def gated(self, gating: Gating) -> NewRun:
         return dataclasses.replace(self, gating=gating)

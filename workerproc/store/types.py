@@ -25,6 +25,11 @@ STORED_STATUS: dict[str, tuple[str, bool | None]] = {
 # (issue 25: a wait for a signal or for children is a next task that is not due)
 WAITING_FILTER: dict[str, bool] = {"pending": False, "waiting": True}
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
+# The system's own runs (the webhooks' delivery runs, B20) are numbered from here up, apart from
+# the users' (1, 2, 3 ...): they never take a user's id, and every list hides them unless asked
+# (``system=True``, ``--all``) by one index bound, ``id < SYSTEM_RUNS``. Below 2**53, so a
+# browser's JSON keeps such an id exact.
+SYSTEM_RUNS = 10**15
 
 
 class CasResult(enum.StrEnum):
@@ -231,6 +236,11 @@ class Run:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def system(self) -> bool:
+        """One of the system's own runs (a webhook's delivery run), not a user's."""
+        return self.id >= SYSTEM_RUNS
 
 
 @dataclass(frozen=True)

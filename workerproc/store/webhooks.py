@@ -32,6 +32,7 @@ MAX_URL = 2048
 MAX_SECRET = 1024
 MAX_WEBHOOKS = 100
 MAX_DEAD = 100  # dead letters a webhook's state keeps (the newest; ``dead_total`` counts all)
+BACKLOG_MAX = 100_000  # events a backlog counts at most (a bounded read, whatever is behind)
 
 _KIND = re.compile(r"[a-z_]+\.(\*|[a-z_]+)")
 
@@ -67,6 +68,9 @@ class Webhook:
     created_at: float
     retry: RetryNumbers = field(default_factory=RetryNumbers)
     secret: str = field(default="", repr=False)
+    position: int = 0  # the last event id it has dealt with (moved by ``move_webhook``)
+    delivered: int = 0  # POSTs its receiver acknowledged
+    delivered_at: float | None = None  # when the last one was
 
     def wants(self, kind: str) -> bool:
         if self.kinds is None:
@@ -98,13 +102,23 @@ class WebhookInfo:
     created_at: float
     retry: RetryNumbers
     status: str  # the delivery run's: pending/running/waiting (parked)/failed/cancelled
-    cursor: int  # the last event id it has dealt with
+    cursor: int  # the last event id it has dealt with (its position)
     delivered: int
     failures: int  # failed deliveries in a row of the event after the cursor
     last_error: str | None
     last_delivery_at: float | None
     dead_total: int
     dead: tuple[DeadLetter, ...]
+    backlog: int = 0  # the users' events after the cursor it wants (counted to ``BACKLOG_MAX``)
+    next_try_at: float | None = None  # after a failure: when it tries again (backing off)
+
+    def settled(self, now: float) -> bool:
+        """Whether it has delivered what it can for now: caught up, backing off after a
+        failure (its next try ahead), or unable to (its delivery run over). What ``--drain``
+        waits for, besides a delivery in flight."""
+        if self.backlog == 0 or self.status in ("failed", "cancelled", "missing"):
+            return True
+        return self.failures > 0 and self.next_try_at is not None and self.next_try_at > now
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -114,7 +128,8 @@ class WebhookInfo:
             "last_error": self.last_error, "last_delivery_at": self.last_delivery_at,
             "max_failures": self.retry.max_failures, "backoff": self.retry.backoff,
             "backoff_max": self.retry.backoff_max, "timeout": self.retry.timeout,
-            "dead_total": self.dead_total,
+            "dead_total": self.dead_total, "backlog": self.backlog,
+            "next_try_at": self.next_try_at,
             "dead": [vars(d) for d in self.dead],
         }  # fmt: skip
 

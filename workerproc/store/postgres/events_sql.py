@@ -59,8 +59,9 @@ numbered AS MATERIALIZED (
 UPDATE events AS e SET id = n.id FROM numbered AS n WHERE e.seq = n.seq AND e.id IS NULL
 RETURNING e.id"""
 _COLUMNS = "id, at, run_id, kind, task, attempt, data::text"
-LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > %(after)s ORDER BY id
-    LIMIT %(limit)s"""
+# (the system's runs' events only when asked: ``%(below)s`` is ``SYSTEM_RUNS`` or above every id)
+LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > %(after)s
+    AND coalesce(run_id, 0) < %(below)s ORDER BY id LIMIT %(limit)s"""
 LIST_RUN_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE run_id = %(run_id)s
     AND id > %(after)s ORDER BY id LIMIT %(limit)s"""
 # the newest numbered event's id (0: none yet), read after a numbering (the partial index)
@@ -73,13 +74,13 @@ ACK_EVENTS = f"""INSERT INTO event_consumers AS c (name, position, updated_at)
         updated_at = excluded.updated_at
     RETURNING c.position"""
 DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = %(name)s RETURNING name"
-# retention: numbered events older than the cutoff that every named consumer has passed (or
-# all of them, forced), but never the newest (as on SQLite), a bounded batch per transaction
+# retention: numbered events older than the cutoff that every named consumer and every webhook
+# (its position, B20) has passed (or all of them, forced), but never the newest (as on
+# SQLite), a bounded batch per transaction
 PRUNE_EVENTS = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now)
 DELETE FROM events WHERE id IN (
     SELECT id FROM events, clock WHERE id IS NOT NULL AND at < clock.now - %(age)s
       AND id < (SELECT max(id) FROM events)
       AND (%(force)s OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
-      AND (%(force)s OR id <= coalesce((SELECT min((r.state ->> 'cursor')::bigint)
-          FROM webhooks AS w JOIN runs AS r ON r.id = w.run_id), id))
+      AND (%(force)s OR id <= coalesce((SELECT min(position) FROM webhooks), id))
     ORDER BY id LIMIT %(limit)s) RETURNING id"""

@@ -101,24 +101,26 @@ NOW = f"SELECT {_CLOCK}"
 
 # -- producers (B7) ---------------------------------------------------------------------------
 # Every run of the batch in one statement. Run and first-task ids are drawn from their
-# sequences in the items' order first, so ids follow the items and each run is inserted with
-# its head already set (no second write); a key already taken (by a run that exists, or by an
-# earlier item of the same batch) inserts nothing and FIND_BY_KEYS, a second statement with a
-# fresh snapshot, answers the first run's id. ``{s}``: the schema prefix (empty on our own
-# connections, whose search path is the schema; the caller's connection gets qualified
-# names); ``{channel}``: the schema's notification channel, as an SQL expression.
+# sequences in the items' order first (a system run's, B20, from the system's own), so ids
+# follow the items and each run is inserted with its head already set (no second write); a key
+# already taken (by a run that exists, or by an earlier item of the same batch) inserts nothing
+# and FIND_BY_KEYS, a second statement with a fresh snapshot, answers the first run's id.
+# ``{s}``: the schema prefix (empty on our own connections, whose search path is the schema;
+# the caller's connection gets qualified names); ``{channel}``: the schema's notification
+# channel, as an SQL expression.
 _INSERT_RUNS = f"""
 WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
 i AS MATERIALIZED (
-    SELECT i.*, nextval(pg_get_serial_sequence('{{s}}runs', 'id')) AS id,
+    SELECT i.*, CASE WHEN i.system THEN nextval('{{s}}system_run_ids')
+                     ELSE nextval(pg_get_serial_sequence('{{s}}runs', 'id')) END AS id,
         nextval(pg_get_serial_sequence('{{s}}tasks', 'id')) AS task_id
     FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
                 %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
                 %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
                 %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[],
-                %(traceparents)s::text[])
+                %(traceparents)s::text[], %(systems)s::bool[])
          WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
-                              gate_b, gate_c, tokens, traceparent, n)
+                              gate_b, gate_c, tokens, traceparent, system, n)
     ORDER BY i.n),
 new_runs AS (
     INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at,

@@ -27,13 +27,15 @@ GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.id = %(run_id)s"
 _STATUS = f"""r.status = %(stored)s AND (%(held)s::bool IS NULL OR {_HELD} = %(held)s)
     AND (%(waiting)s::bool IS NULL OR {_WAITING} = %(waiting)s)"""
 # newest first; a filter by status walks runs_status (succeeded: the primary key), by queue
-# alone the primary key
-LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs AS r ORDER BY r.id DESC LIMIT %(limit)s"
+# alone the primary key; ids below %(below)s (``SYSTEM_RUNS``: the users' runs only; above
+# every id: the system's too, B20)
+LIST_RUNS = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.id < %(below)s
+    ORDER BY r.id DESC LIMIT %(limit)s"""
 LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs AS r
-    WHERE {_STATUS} AND (%(queue)s::text IS NULL OR r.queue = %(queue)s)
+    WHERE {_STATUS} AND (%(queue)s::text IS NULL OR r.queue = %(queue)s) AND r.id < %(below)s
     ORDER BY r.id DESC LIMIT %(limit)s"""
 LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE r.queue = %(queue)s
-    ORDER BY r.id DESC LIMIT %(limit)s"""
+    AND r.id < %(below)s ORDER BY r.id DESC LIMIT %(limit)s"""
 # a task's lease is its run's lease row, while that row names it (a free one: no holder);
 # while it has one, its counts are the lease's
 _TASK_COLUMNS = """t.id, t.run_id, t.name, t.payload::text, t.available_at, t.created_at,
@@ -113,9 +115,9 @@ NEXT_READY_QUEUES = _NEXT_READY.format(
 # always bound (the largest id by default): one statement per (filter, direction).
 _BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE {{where}}r.id < %(before)s
         ORDER BY r.id DESC LIMIT %(limit)s"""
-# the newer page, read upwards (the caller reverses it)
+# the newer page, read upwards (the caller reverses it), below %(below)s (as LIST_RUNS)
 _AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs AS r WHERE {{where}}r.id > %(after)s
-        ORDER BY r.id ASC LIMIT %(limit)s"""
+        AND r.id < %(below)s ORDER BY r.id ASC LIMIT %(limit)s"""
 _BY_TASK, _BY_STATUS = "r.task = %(task)s AND ", f"{_STATUS} AND "
 RUNS_BEFORE = _BEFORE.format(where="")
 RUNS_BEFORE_STATUS = _BEFORE.format(where=_BY_STATUS)

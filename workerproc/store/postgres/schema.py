@@ -44,6 +44,7 @@ from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
+from .webhooks_sql import MIGRATION_POSITIONS
 
 VERSION_TABLE = "leasekeeper_schema"
 
@@ -444,6 +445,7 @@ MIGRATIONS: list[str] = [
     ALTER TABLE task_attempts ADD CONSTRAINT task_attempts_outcome_check
         CHECK (outcome IN ('released', 'failed', 'taken_over', 'unstarted', 'exhausted'));
     """,
+    MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

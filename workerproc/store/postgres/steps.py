@@ -92,6 +92,7 @@ def _insert_runs_shape(params: Params) -> Params:
         "gates_c": [r.gating.params()["gate_c"] for r in runs],
         "tokens": [r.gating.tokens for r in runs],
         "traceparents": [r.traceparent for r in runs],
+        "systems": [r.system for r in runs],
         "now": params["now"],
     }
 

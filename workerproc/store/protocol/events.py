@@ -23,7 +23,7 @@ from typing import Any
 from ..codec import QUEUE_NAME, shown
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import InvalidOption
-from ..types import JSON, Event, RunFailure
+from ..types import JSON, SYSTEM_RUNS, Event, RunFailure
 from .programs import Program, drive
 
 # The transitions that write an event (the lead adds waits, signals, schedules ... here).
@@ -36,6 +36,7 @@ KINDS = frozenset(
 )  # fmt: skip
 SEQUENCE_BATCH = 10_000  # events a reader numbers at most per pass (PostgreSQL)
 MAX_LIMIT = 10_000  # events one read answers at most
+EVERY_RUN = 2**63 - 1  # an id bound above every run's: the system's runs included
 DEFAULT_POLL = 1.0  # a follower looks again at least this often (a notification may not come)
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: made once, not per event
 
@@ -102,13 +103,14 @@ def check_position(value: object, what: str) -> int:
     return value
 
 
-def reading(after: int, limit: int, run: int | None) -> tuple[str, Params]:
-    """The statement that reads up to ``limit`` events after ``after`` (of run ``run``)."""
+def reading(after: int, limit: int, run: int | None, system: bool = False) -> tuple[str, Params]:
+    """The statement that reads up to ``limit`` events after ``after`` (of run ``run``; else
+    the users' runs' only, unless ``system``: the system's runs' too, B20)."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidOption(f"limit must be from 1 to {MAX_LIMIT} (got {shown(limit)})")
     params: Params = {"after": check_position(after, "after"), "limit": limit}
     if run is None:
-        return "LIST_EVENTS", params
+        return "LIST_EVENTS", {**params, "below": EVERY_RUN if system else SYSTEM_RUNS}
     return "LIST_RUN_EVENTS", {**params, "run_id": check_position(run, "run")}
 
 
@@ -126,15 +128,17 @@ class Events:
 
     def events(
         self, after: int | None = None, limit: int = 500, *, consumer: str | None = None,
-        run: int | None = None,
+        run: int | None = None, system: bool = False,
     ) -> list[Event]:  # fmt: skip
         """Up to ``limit`` events with ids above ``after`` (0: from the first), in commit
         order; with ``consumer`` (and no ``after``), above that consumer's acknowledged
         position (a new consumer starts at 0 and is kept from then on). ``run``: that
-        run's events only. Reading moves no cursor: ``ack_events`` does."""
+        run's events only. The system's own runs' events (the webhooks' deliveries, B20) are
+        left out unless ``system`` (or their ``run`` is named). Reading moves no cursor:
+        ``ack_events`` does."""
         if consumer is not None and after is None:
             after = self.consumer_position(consumer)
-        name, params = reading(0 if after is None else after, limit, run)
+        name, params = reading(0 if after is None else after, limit, run, system)
         if not self.dialect.ordered_events:
             self.dialect.write(lambda tx: drive(sequencing(), tx))
         return [event_of(row) for row in self.dialect.read(lambda tx: tx.rows(name, params))]
@@ -168,15 +172,16 @@ class Events:
 
     def follow(
         self, after: int | None = None, *, consumer: str | None = None, run: int | None = None,
-        limit: int = 500, poll: float = DEFAULT_POLL,
+        limit: int = 500, poll: float = DEFAULT_POLL, system: bool = False,
     ) -> Iterator[Event]:  # fmt: skip
         """Every event after ``after`` (or ``consumer``'s position), then each new one as it
         commits, for ever: sleeps on the change token between reads (at most ``poll``
-        seconds), never spins. Acknowledging stays the consumer's (``ack_events``)."""
+        seconds), never spins. Acknowledging stays the consumer's (``ack_events``).
+        ``system``: as ``events``."""
         cursor = self.consumer_position(consumer) if after is None and consumer else after or 0
         while True:
             token = self.dialect.change_token()
-            batch = self.events(cursor, limit, run=run)
+            batch = self.events(cursor, limit, run=run, system=system)
             yield from batch
             if batch:
                 cursor = batch[-1].id

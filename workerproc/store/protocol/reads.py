@@ -14,6 +14,7 @@ from ..errors import RunNotFound
 from ..types import (
     RUN_STATUSES,
     STORED_STATUS,
+    SYSTEM_RUNS,
     WAITING_FILTER,
     AttemptEnd,
     FinishedBucket,
@@ -23,11 +24,18 @@ from ..types import (
     Stats,
     TaskInfo,
 )
+from ..webhooks import RESERVED
 from .programs import Steps, perform
 
 MAX_PAGE = 1000  # runs per page, at most
 MAX_NEWEST = 10_000_000  # finished_since looks at no more runs than this
 MAX_WAIT = 366 * 86_400.0  # a wait longer than a year is a mistake: wait without a timeout
+EVERY_RUN = 2**63 - 1  # an id bound above every run's (the system's runs included)
+
+
+def below(system: bool) -> int:
+    """The id bound of a list: the users' runs only, or the system's too (B20)."""
+    return EVERY_RUN if system else SYSTEM_RUNS
 
 
 def check_timeout(timeout: float | None) -> float | None:
@@ -114,16 +122,19 @@ class Reads:
         return task_of(rows[0]) if rows else None
 
     def list_runs(
-        self, status: str | None = None, limit: int = 100, *, queue: str | None = None
-    ) -> list[Run]:
-        """Runs newest first: of one status (and queue), of one queue, or all."""
+        self, status: str | None = None, limit: int = 100, *, queue: str | None = None,
+        system: bool = False,
+    ) -> list[Run]:  # fmt: skip
+        """Runs newest first: of one status (and queue), of one queue, or all; the users'
+        runs, and with ``system`` the system's own too (the webhooks' delivery runs, B20)."""
         if queue is not None:
             check_queue(queue)
         if status is not None:
             statement = "LIST_RUNS_BY_STATUS"
         else:
             statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
-        params = {"limit": limit, "queue": queue, **(status_filter(status) if status else {})}
+        params = {"limit": limit, "queue": queue, "below": below(system),
+                  **(status_filter(status) if status else {})}  # fmt: skip
         return [run_of(row) for row in self._rows(statement, params)]
 
     def stats(self) -> Stats:
@@ -227,29 +238,36 @@ class Reads:
         before: int | None = None,
         after: int | None = None,
         limit: int = 50,
+        system: bool = False,
     ) -> list[Run]:
-        """One keyset page of runs, newest first: ids below ``before`` (or above ``after``)."""
+        """One keyset page of runs, newest first: ids below ``before`` (or above ``after``);
+        the users' runs, and with ``system`` the system's own too (B20)."""
         if before is not None and after is not None:
             raise ValueError("runs_page takes before or after, not both")
         if task is not None:
             check_name(task)
-        params: Params = {"status": status, "task": task,
-                                     "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
+        bound = below(system)
+        params: Params = {"status": status, "task": task, "below": bound,
+                          "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
         if status is not None:
             params.update(status_filter(status))
         if after is not None:
             statement, params["after"] = "RUNS_AFTER", after
         else:
-            statement, params["before"] = "RUNS_BEFORE", 2**63 - 1 if before is None else before
+            upto = bound if before is None else min(bound, before)
+            statement, params["before"] = "RUNS_BEFORE", upto
         statement += ("_STATUS" if status is not None else "") + (
             "_TASK" if task is not None else ""
         )
         runs = [run_of(row) for row in self._rows(statement, params)]
         return runs[::-1] if after is not None else runs
 
-    def task_names(self, limit: int = 100) -> list[str]:
-        """The distinct names of runs' first tasks (what ``runs_page(task=...)`` filters on)."""
-        return [row[0] for row in self._rows("TASK_NAMES", {"limit": max(1, limit)})]
+    def task_names(self, limit: int = 100, *, system: bool = False) -> list[str]:
+        """The distinct names of runs' first tasks (what ``runs_page(task=...)`` filters on);
+        the built-in tasks' (``leasekeeper.*``, the system's runs, B20) only with ``system``."""
+        # (one name more: the one built-in task may be among them)
+        names = [row[0] for row in self._rows("TASK_NAMES", {"limit": max(1, limit) + 1})]
+        return [n for n in names if system or not n.startswith(RESERVED)][: max(1, limit)]
 
     def attempt_history(self, run_id: int) -> list[AttemptEnd]:
         """The attempts of a run's tasks that ended without a commit, oldest first."""

@@ -1,23 +1,27 @@
-"""Webhooks kept in the database (issue 26, item 4; docs/protocol.md B20), written once.
+"""Webhooks kept in the database (issues 26 and 36; docs/protocol.md B20), written once.
 
-Adding a webhook is ONE write transaction: its row and its delivery run (task
-``DELIVERY_TASK`` on ``WEBHOOK_QUEUE``, state ``{"cursor": N}``: it delivers the events after
-N). Removing one deletes the row and cancels the run in one transaction: a delivery in flight
-finds its commit refused (the run is over) and moves nothing. Everything a delivery does after
-that is the delivery run's own fenced commits (``workerproc.delivery``).
+Adding a webhook is ONE write transaction: its row (its position N: it delivers the events
+after N) and its delivery run (task ``DELIVERY_TASK`` on ``WEBHOOK_QUEUE``), a system run,
+numbered from ``SYSTEM_RUNS`` up. Removing one deletes the row and cancels the run in one
+transaction: a delivery in flight finds its next write refused (the run is over) and moves
+nothing. Everything a delivery does after that is under its lease's fence: each acknowledged
+POST moves the position (``move_webhook``, one small row), and its end commits the run's state
+(the failures, the last error, the dead letters) (``workerproc.delivery``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..dialect import Dialect, Row, Tx
 from ..errors import InvalidOption, RunNotFound
 from ..newrun import NewRun
-from ..types import Run, TaskOptions
+from ..types import Lease, Run, TaskOptions
 from ..webhooks import (
+    BACKLOG_MAX,
     DELIVERY_TASK,
     MAX_DEAD,
     MAX_WEBHOOKS,
@@ -34,9 +38,11 @@ from ..webhooks import (
     kinds_of,
     kinds_text,
 )
-from .events import KINDS, check_position
+from .commits import fence, rejected
+from .events import KINDS, check_position, sequencing
 from .operators import cancel
 from .producers import insert
+from .programs import drive
 from .waits import send, signal_params
 
 # the delivery task's options, declared by ``add_webhook``: a delivery
@@ -47,9 +53,12 @@ PARKED = f"signal:{WAKE_SIGNAL}"  # a parked delivery run's wait
 
 
 def _webhook(row: Row) -> Webhook:
-    name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout, at = row
+    name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout, at = row[:10]
+    position, delivered, delivered_at = row[10:13]
     retry = RetryNumbers(int(max_failures), float(backoff), float(backoff_max), float(timeout))
-    return Webhook(name, url, kinds_of(kinds), int(run_id), float(at), retry, secret)
+    return Webhook(name, url, kinds_of(kinds), int(run_id), float(at), retry, secret,
+                   int(position), int(delivered),
+                   None if delivered_at is None else float(delivered_at))  # fmt: skip
 
 
 def _count(state: dict[str, Any], key: str) -> int:
@@ -57,8 +66,9 @@ def _count(state: dict[str, Any], key: str) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def info(hook: Webhook, run: Run | None) -> WebhookInfo:
-    """A webhook with its delivery run's record (the run's state as its last commit left it)."""
+def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = None) -> WebhookInfo:
+    """A webhook with its position, its backlog (``backlog``) and its delivery run's record (the
+    run's state as its last commit left it; ``due``: when its next task is)."""
     state: dict[str, Any] = run.state if run is not None and isinstance(run.state, dict) else {}
     kept = [d for d in state.get("dead", ()) if isinstance(d, dict) and type(d.get("event")) is int]
     dead = tuple(
@@ -72,14 +82,16 @@ def info(hook: Webhook, run: Run | None) -> WebhookInfo:
         status = "waiting"
     else:
         status = run.status
-    last_at = state.get("last_delivery_at")
     error = state.get("last_error")
+    # the failures in a row of the event after the cursor its state was committed at: none
+    # once the position is past it (delivered since; the next commit says so too)
+    failures = _count(state, "failures") if hook.position <= _count(state, "cursor") else 0
     return WebhookInfo(
         hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
-        _count(state, "cursor"), _count(state, "delivered"), _count(state, "failures"),
-        error if isinstance(error, str) else None,
-        float(last_at) if isinstance(last_at, (int, float)) else None,
-        _count(state, "dead_total"), dead,
+        max(hook.position, _count(state, "cursor")), hook.delivered, failures,
+        error if isinstance(error, str) else None, hook.delivered_at,
+        _count(state, "dead_total"), dead, backlog,
+        due if failures and status == "pending" else None,
     )  # fmt: skip
 
 
@@ -106,8 +118,9 @@ class Webhooks:
         retry = retry or RetryNumbers()
         start = self.last_event_id() if after is None else check_position(after, "after")
         self.register_tasks({DELIVERY_TASK: DELIVERY_OPTIONS})
-        run = NewRun.make(DELIVERY_TASK, {"webhook": name}, {"cursor": start}, 0, None,
-                          WEBHOOK_QUEUE, 0, traceparent="")  # fmt: skip
+        run = NewRun.make(DELIVERY_TASK, {"webhook": name}, {}, 0, None, WEBHOOK_QUEUE, 0,
+                          traceparent="")  # fmt: skip
+        run = dataclasses.replace(run, system=True)  # numbered apart: no user id taken
 
         def write(tx: Tx) -> Webhook:
             held = tx.rows("WEBHOOK_ROWS", {})
@@ -120,10 +133,11 @@ class Webhooks:
                 "name": name, "url": url, "kinds": kinds_text(chosen), "secret": secret,
                 "run_id": run_id, "max_failures": retry.max_failures, "backoff": retry.backoff,
                 "backoff_max": retry.backoff_max, "timeout": retry.timeout, "now": tx.now,
+                "position": start,
             }  # fmt: skip
             if tx.one("WEBHOOK_ADD", params) is None:  # added meanwhile (another host)
                 raise InvalidOption(f"webhook {name!r} exists (supervisor webhooks remove {name})")
-            return Webhook(name, url, chosen, run_id, float(tx.time()), retry, secret)
+            return Webhook(name, url, chosen, run_id, float(tx.time()), retry, secret, start)
 
         return self.dialect.write(write, intent="start")
 
@@ -157,6 +171,29 @@ class Webhooks:
 
         return self.dialect.write(write, runs=[run_id])
 
+    def move_webhook(self, lease: Lease, position: int, delivered: int = 0) -> bool:
+        """The delivery holding ``lease`` (its webhook's delivery run's) has dealt with every
+        event up to ``position``, ``delivered`` of them POSTed and acknowledged: its webhook's
+        position moves there (never back) and the count on, in one small fenced write (R2).
+        One statement that may run on its own (on PostgreSQL: no BEGIN, no COMMIT round trip),
+        idempotent (a count moves only with the position), so a lost connection may send it
+        again. False when nothing moved: the fence refused it (a zombie: recorded, in a
+        transaction of its own), or the webhook is gone."""
+        params = {"position": check_position(position, "position"), "delivered": int(delivered)}
+
+        def move(tx: Tx) -> bool:
+            return tx.one("WEBHOOK_MOVE", {**params, **fence(lease, tx.now)}) is not None
+
+        def refused(tx: Tx) -> None:
+            fenced = fence(lease, tx.now)
+            if tx.one("CHECK_FENCE", fenced) is None:  # (else the webhook was removed)
+                rejected(tx, fenced, "webhook_move", lease.task)
+
+        if self.dialect.write(move, intent="statement"):
+            return True
+        self.dialect.write(refused, runs=[lease.run_id])
+        return False
+
     def webhook(self, name: str) -> Webhook | None:
         """Webhook ``name`` as its deliverer reads it (its secret included), or None."""
         params = {"name": check_webhook_name(name)}
@@ -168,5 +205,28 @@ class Webhooks:
         return [_webhook(row) for row in self.dialect.read(lambda tx: tx.rows("WEBHOOK_ROWS", {}))]
 
     def webhooks(self) -> list[WebhookInfo]:
-        """Every webhook with its delivery record, by name (no secret)."""
-        return [info(hook, self.get_run(hook.run_id)) for hook in self.webhook_list()]
+        """Every webhook with its delivery record and its backlog, by name (no secret)."""
+        hooks = self.webhook_list()
+        if hooks and not self.dialect.ordered_events:  # (PostgreSQL: number what committed)
+            self.dialect.write(lambda tx: drive(sequencing(), tx))
+        found = []
+        for hook in hooks:
+            run = self.get_run(hook.run_id)
+            state = run.state if run is not None and isinstance(run.state, dict) else {}
+            found.append(
+                info(hook, run, *self._behind(hook, max(hook.position, _count(state, "cursor"))))
+            )
+        return found
+
+    def _behind(self, hook: Webhook, after: int) -> tuple[int, float | None]:
+        """How many of the users' events after ``after`` ``hook`` wants (up to
+        ``BACKLOG_MAX``), and when its delivery run's next task is due."""
+        params = {"after": after, "limit": BACKLOG_MAX, "run_id": hook.run_id}
+
+        def read(tx: Tx) -> tuple[int, float | None]:
+            kinds = tx.rows("WEBHOOK_BACKLOG", params)
+            due = tx.one("WEBHOOK_DUE", params)
+            backlog = sum(int(n) for kind, n in kinds if hook.wants(kind))
+            return backlog, None if due is None or due[0] is None else float(due[0])
+
+        return self.dialect.read(read)

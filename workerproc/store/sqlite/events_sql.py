@@ -35,7 +35,9 @@ TAKEN_FROM = "SELECT prev_owner, attempts - 1 FROM tasks WHERE id = :task_id"
 LOCK_EVENTS = "SELECT 1"
 SEQUENCE_EVENTS = "SELECT 0 WHERE 0"
 _COLUMNS = "id, at, run_id, kind, task, attempt, data"
-LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > :after ORDER BY id LIMIT :limit"""
+# (the system's runs' events only when asked: ``:below`` is ``SYSTEM_RUNS`` or above every id)
+LIST_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE id > :after
+    AND coalesce(run_id, 0) < :below ORDER BY id LIMIT :limit"""
 LIST_RUN_EVENTS = f"""SELECT {_COLUMNS} FROM events WHERE run_id = :run_id AND id > :after
     ORDER BY id LIMIT :limit"""
 # the newest event's id (0: none yet): where a follower that wants only new events starts
@@ -48,11 +50,10 @@ ACK_EVENTS = """INSERT INTO event_consumers (name, position, updated_at) VALUES 
     RETURNING position"""
 DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = :name"
 # retention: events older than the cutoff that every named consumer and every webhook (its
-# delivery run's cursor, B20) has passed (or all of them, forced), but never the newest (the
-# next id counts on from it), a bounded batch per transaction
+# position, B20) has passed (or all of them, forced), but never the newest (the next id counts
+# on from it), a bounded batch per transaction
 PRUNE_EVENTS = """DELETE FROM events WHERE id IN (
     SELECT id FROM events WHERE at < :now - :age AND id < (SELECT max(id) FROM events)
       AND (:force OR id <= coalesce((SELECT min(position) FROM event_consumers), id))
-      AND (:force OR id <= coalesce((SELECT min(json_extract(r.state, '$.cursor'))
-          FROM webhooks AS w JOIN runs AS r ON r.id = w.run_id), id))
+      AND (:force OR id <= coalesce((SELECT min(position) FROM webhooks), id))
     ORDER BY id LIMIT :limit)"""

@@ -23,11 +23,13 @@ GET_RUN = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = :run_id"
 # live lease holds the run (``:held``: NULL when the status says nothing of it)
 _STATUS = f"""status = :stored AND (:held IS NULL OR {_HELD} = :held)
     AND (:waiting IS NULL OR {_WAITING} = :waiting)"""
-# newest first; a filter by status walks runs_status, by queue alone the rowid order
-LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT :limit"
+# newest first; a filter by status walks runs_status, by queue alone the rowid order; ids
+# below :below (``SYSTEM_RUNS``: the users' runs only; above every id: the system's too, B20)
+LIST_RUNS = f"SELECT {_RUN_COLUMNS} FROM runs WHERE id < :below ORDER BY id DESC LIMIT :limit"
 LIST_RUNS_BY_STATUS = f"""SELECT {_RUN_COLUMNS} FROM runs
-    WHERE {_STATUS} AND (:queue IS NULL OR queue = :queue) ORDER BY id DESC LIMIT :limit"""
-LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue
+    WHERE {_STATUS} AND (:queue IS NULL OR queue = :queue) AND id < :below
+    ORDER BY id DESC LIMIT :limit"""
+LIST_RUNS_BY_QUEUE = f"""SELECT {_RUN_COLUMNS} FROM runs WHERE queue = :queue AND id < :below
     ORDER BY id DESC LIMIT :limit"""
 _TASK_COLUMNS = """id, run_id, name, payload, available_at, created_at, lease_owner,
     lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
@@ -81,9 +83,9 @@ NEXT_READY_QUEUES = _NEXT_READY.format(served=_NAMED_QUEUES)
 # largest id, so there is one statement per filter and direction.
 _BEFORE = f"""SELECT {_RUN_COLUMNS} FROM runs
     WHERE {{where}}id < :before ORDER BY id DESC LIMIT :limit"""
-# the newer page, read upwards (the caller reverses it)
+# the newer page, read upwards (the caller reverses it), below :below (as LIST_RUNS)
 _AFTER = f"""SELECT {_RUN_COLUMNS} FROM runs
-    WHERE {{where}}id > :after ORDER BY id ASC LIMIT :limit"""
+    WHERE {{where}}id > :after AND id < :below ORDER BY id ASC LIMIT :limit"""
 _BY_STATUS, _BY_TASK = f"{_STATUS} AND ", "task = :task AND "
 RUNS_BEFORE = _BEFORE.format(where="")
 RUNS_BEFORE_STATUS = _BEFORE.format(where=_BY_STATUS)

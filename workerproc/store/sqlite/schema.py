@@ -18,6 +18,7 @@ from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
+from .webhooks_sql import MIGRATION_POSITIONS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
@@ -443,6 +444,7 @@ MIGRATIONS: list[str] = [
                 CASE WHEN OLD.started THEN 'taken_over' ELSE 'unstarted' END, NEW.lease_owner);
     END;
     """,
+    MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart (issue 36)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -10,6 +10,7 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 
 from __future__ import annotations
 
+from ..types import SYSTEM_RUNS
 from .schema import _HEAD_LINE_AND_READY
 
 ALIVE = "('pending', 'running')"  # a run that may still change ('running': before schema v9)
@@ -20,12 +21,21 @@ _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
 
 # start_run: a new run and its first task. With a key, a run with that key already there
 # makes the insert a no-op (and FIND_BY_KEY answers its id).
-# A new run's id is one past the largest ever given (schema v8: ids are never reused).
-INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created_at, updated_at,
+# A new run's id is one past the largest ever given (schema v8: ids are never reused), below
+# the system's runs (v22: ``SYSTEM_RUNS`` up, a range of their own, B20): one index seek each.
+_INSERT_RUN = """INSERT INTO runs (id, state, task, queue, priority, key, created_at, updated_at,
         traceparent)
-    VALUES (max(coalesce((SELECT max(id) FROM runs), 0), (SELECT high FROM run_ids)) + 1,
-            :state, :name, :queue, :priority, :key, :now, :now, :traceparent)
+    VALUES ({id}, :state, :name, :queue, :priority, :key, :now, :now, :traceparent)
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id"""
+INSERT_RUN = _INSERT_RUN.format(
+    id=f"""max(coalesce(
+        (SELECT max(id) FROM runs WHERE id < {SYSTEM_RUNS}), 0), (SELECT high FROM run_ids)) + 1"""
+)
+# a system run (a webhook's delivery run): one past the largest system id ever given
+INSERT_SYSTEM_RUN = _INSERT_RUN.format(
+    id=f"""max(coalesce((SELECT max(id) FROM runs), 0),
+        (SELECT system_high FROM run_ids), {SYSTEM_RUNS}) + 1"""
+)
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 # (a task with limits names its gates, its line and its reservation: ``store/limits.py``; the
 # head trigger puts its run in the line instead of the claim index)

@@ -98,7 +98,7 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
         new = {"state": run.state, "name": run.task, "queue": run.queue,
                "priority": run.priority, "key": run.key, "now": now,
                "traceparent": run.traceparent}  # fmt: skip
-        row = tx.conn.execute(q.INSERT_RUN, new).fetchone()
+        row = tx.conn.execute(q.INSERT_SYSTEM_RUN if run.system else q.INSERT_RUN, new).fetchone()
         if row is None:
             rows.append((0, False))
             continue
