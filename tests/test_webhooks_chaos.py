@@ -5,10 +5,10 @@ chaos) delivers what is left.
 - Issue 26's acceptance: a fault every second, a receiver that fails 30 % of the requests and is
   down for a while: every event is delivered at least once, in order per run, with a valid
   signature, and nothing is given up on.
-- Issue 36's (item 5): a fault every 2 s, 1,200 runs, a webhook on ``run.succeeded``: a fault
-  re-sends at most what was in flight (the position moves with each acknowledged POST), so at
-  most 2 % of the events are delivered twice (with the position moved once a second, 450 of
-  1,200 were).
+- Issue 36's (item 5): a fault every 2 s, 400 runs (1,200 when measured for the issue), a
+  webhook on every kind: a fault re-sends at most what was in flight (the position moves with
+  each acknowledged POST), so at most 2 % of the events are delivered twice (with the position
+  moved once a second, 450 of 1,200 ``run.succeeded`` were).
 """
 
 from __future__ import annotations
@@ -87,8 +87,9 @@ def run_soak(
             events = [e for e in store.events(limit=10_000) if kinds is None or e.kind in kinds]
             last = events[-1].id
 
-            def delivered() -> bool:
-                return store.webhooks()[0].cursor >= last
+            def delivered() -> bool:  # and not failing: a try of a later event may be
+                (now,) = store.webhooks()  # under way, and the receiver refuses some
+                return now.cursor >= last and now.failures == 0
 
             closer.db = db
             closer.start("--poll-interval", "0.2", app=APP, n=1)
@@ -163,10 +164,10 @@ def check_repeats(soak: Soak) -> None:
 
 
 def test_sqlite_a_fault_re_sends_at_most_the_deliveries_in_flight(tmp_path: Path) -> None:
-    check_repeats(run_soak(tmp_path, str(tmp_path / "lk.db"), 1200, interval=2.0,
+    check_repeats(run_soak(tmp_path, str(tmp_path / "lk.db"), 400, interval=2.0,
                            fail_share=0.0, payload=QUICK, outage=False, **POOL))  # fmt: skip
 
 
 def test_postgres_a_fault_re_sends_at_most_the_deliveries_in_flight(tmp_path: Path) -> None:
-    check_repeats(run_soak(tmp_path, pg_session.schema_url("repeats"), 1200, interval=2.0,
+    check_repeats(run_soak(tmp_path, pg_session.schema_url("repeats"), 400, interval=2.0,
                            fail_share=0.0, payload=QUICK, outage=False, **POOL))  # fmt: skip
