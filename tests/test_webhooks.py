@@ -316,6 +316,57 @@ def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(
     assert s.webhooks()[0].cursor == second and info.run_id == hook.run_id
 
 
+def test_failures_left_in_the_state_by_a_lost_commit_are_not_charged_to_the_next_event(
+    s: Store, clock: FakeClock, receiver: Receiver
+) -> None:
+    """An execution delivers the event that was failing (the position moves past it at once),
+    fails on the next one and dies before its commit: the run's state still holds the first
+    event's three failures. Its successor counts the next event's from nought: its first
+    failure is the first (the first backoff), and it gives up only after ``max_failures``
+    POSTs of its own (it gave up after one: "after 4 failures")."""
+    retry = RetryNumbers(max_failures=4, backoff=5.0, backoff_max=20.0, timeout=5.0)
+    s.add_webhook("h", receiver.url, secret=SECRET, kinds=["run.enqueued"], retry=retry)
+    first, second = s.start_run("noop"), s.start_run("noop")
+
+    def execute(owner: str, deliverer: Deliverer | None = None, commit: bool = True) -> None:
+        clock.advance(25.0)  # (past the last one's lease and backoff: the next try is due)
+        (lease,) = s.claim(owner, 10.0, limit=1, queues=[WEBHOOK_QUEUE])
+        ctx = Context(lease, threading.Event())
+        (deliverer or Deliverer(lambda: s)).deliver(ctx, s)
+        if commit:
+            assert ctx.commit is not None
+            (ok,) = s.commit_many([ctx.commit]).results
+            assert ok is CasResult.OK
+
+    receiver.fail_share = 1.0
+    for _ in range(3):
+        execute("w")
+    assert s.webhooks()[0].failures == 3
+
+    class Dying(Deliverer):
+        """Its first POST is taken; every one after it fails (then it dies, uncommitted)."""
+
+        def _post(self, client: Any, hook: Any, event: Any) -> str | None:
+            error = super()._post(client, hook, event)
+            receiver.fail_share = 1.0
+            return error
+
+    receiver.fail_share = 0.0
+    execute("dying", Dying(lambda: s), commit=False)
+    (info,) = s.webhooks()
+    posts = [d.event["run_id"] for d in receiver.all()]
+    assert posts == [first] * 4 + [second] and info.failures == 0
+    execute("successor")
+    (info,) = s.webhooks()
+    assert (info.failures, info.dead_total) == (1, 0), "its first failure, not its fourth"
+    assert info.next_try_at is not None and info.next_try_at - s.now() <= 5.0 * 1.25
+    while not s.webhooks()[0].dead_total:
+        execute("successor")
+    posts = [d.event["run_id"] for d in receiver.all()]
+    assert posts == [first] * 4 + [second] * 5, "the dying one's POST, then max_failures"
+    assert s.webhooks()[0].dead[0].run_id == second
+
+
 def test_a_delivery_woken_past_its_ttl_sends_nothing_more(s: Store, receiver: Receiver) -> None:
     """Its lease last confirmed longer than a ttl ago (a pause, by the local clock): no POST
     (its successor may be sending that event now); its commit says whether the lease held."""

@@ -43,7 +43,14 @@ from .context import LeaseLost, TaskContext
 from .logs import event as told
 from .store import StoreError, WorkerStore
 from .store.types import Event
-from .store.webhooks import DELIVERY_TASK, MAX_DEAD, WAKE_SIGNAL, WEBHOOK_QUEUE, Webhook
+from .store.webhooks import (
+    DELIVERY_TASK,
+    MAX_DEAD,
+    WAKE_SIGNAL,
+    WEBHOOK_QUEUE,
+    Webhook,
+    standing,
+)
 from .webhooks import HEADER, signature_header
 
 log = logging.getLogger("workerproc.delivery")
@@ -177,12 +184,12 @@ class Deliverer:
         if hook is None or hook.run_id != ctx.run_id:  # removed (its run is cancelled too)
             ctx.finish({**state, "removed": True})
             return
-        state.setdefault("failures", 0)
         for moved in ("delivered", "last_delivery_at"):  # (kept on the webhook's row now)
             state.pop(moved, None)
-        floor = state.get("cursor")  # where the last commit left it (past a dead letter, say)
+        # where the last commit left it (past a dead letter, say), and the failures of the
+        # event after it: none if the position has moved past it since (a lost commit's)
+        position, state["failures"] = standing(hook.position, state)
         mover = _Mover(store, ctx, hook.position)
-        position = max(hook.position, floor if type(floor) is int else 0)
         mover.move(position)  # (a commit's position the webhook's row has not had yet)
         deadline = time.monotonic() + BUDGET
         retry_in: float | None = None  # a failure to try again after this long (a new task)

@@ -134,6 +134,24 @@ class WebhookInfo:
         }  # fmt: skip
 
 
+def count_in(state: object, key: str) -> int:
+    """A count kept in a delivery run's state (0: none there)."""
+    value = state.get(key) if isinstance(state, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def standing(position: int, state: object) -> tuple[int, int]:
+    """Where a webhook stands, from its row's ``position`` and its delivery run's ``state`` as
+    the last commit left it: the last event it has dealt with (the state's ``cursor`` when that
+    is ahead: a dead letter is committed before its position moves) and the failures in a row
+    of the event after it. Those count only while the position is not past the cursor they were
+    committed at: once it is, that event was delivered since (by an execution whose end was
+    never committed), and the next event's failures start from none."""
+    cursor = count_in(state, "cursor")
+    failures = count_in(state, "failures") if position <= cursor else 0
+    return max(position, cursor), failures
+
+
 def _ranged(value: object, what: str, low: float, high: float, *, integer: bool = False) -> None:
     numeric = isinstance(value, int) or (not integer and isinstance(value, float))
     if isinstance(value, bool) or not numeric or not low <= value <= high:  # type: ignore[operator]

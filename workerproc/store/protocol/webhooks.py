@@ -35,8 +35,10 @@ from ..webhooks import (
     check_secret,
     check_url,
     check_webhook_name,
+    count_in,
     kinds_of,
     kinds_text,
+    standing,
 )
 from .commits import fence, rejected
 from .events import KINDS, check_position, sequencing
@@ -61,11 +63,6 @@ def _webhook(row: Row) -> Webhook:
                    None if delivered_at is None else float(delivered_at))  # fmt: skip
 
 
-def _count(state: dict[str, Any], key: str) -> int:
-    value = state.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = None) -> WebhookInfo:
     """A webhook with its position, its backlog (``backlog``) and its delivery run's record (the
     run's state as its last commit left it; ``due``: when its next task is)."""
@@ -83,14 +80,11 @@ def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = N
     else:
         status = run.status
     error = state.get("last_error")
-    # the failures in a row of the event after the cursor its state was committed at: none
-    # once the position is past it (delivered since; the next commit says so too)
-    failures = _count(state, "failures") if hook.position <= _count(state, "cursor") else 0
+    cursor, failures = standing(hook.position, state)
     return WebhookInfo(
         hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
-        max(hook.position, _count(state, "cursor")), hook.delivered, failures,
-        error if isinstance(error, str) else None, hook.delivered_at,
-        _count(state, "dead_total"), dead, backlog,
+        cursor, hook.delivered, failures, error if isinstance(error, str) else None,
+        hook.delivered_at, count_in(state, "dead_total"), dead, backlog,
         due if failures and status == "pending" else None,
     )  # fmt: skip
 
@@ -212,10 +206,8 @@ class Webhooks:
         found = []
         for hook in hooks:
             run = self.get_run(hook.run_id)
-            state = run.state if run is not None and isinstance(run.state, dict) else {}
-            found.append(
-                info(hook, run, *self._behind(hook, max(hook.position, _count(state, "cursor"))))
-            )
+            cursor, _ = standing(hook.position, None if run is None else run.state)
+            found.append(info(hook, run, *self._behind(hook, cursor)))
         return found
 
     def _behind(self, hook: Webhook, after: int) -> tuple[int, float | None]:
