@@ -419,6 +419,31 @@ def test_prune_keeps_the_events_a_webhook_has_not_delivered(s: Store, clock: Fak
     assert hook.run_id >= SYSTEM_RUNS
 
 
+def test_prune_keeps_the_delivery_run_a_webhook_names_so_it_can_be_retried(
+    s: Store, clock: FakeClock, receiver: Receiver
+) -> None:
+    """A webhook whose delivery run was cancelled: prune deleted the run, and then the webhook
+    (its position) held every event back from retention for ever, and the drain's advice,
+    ``supervisor retry``, named a run that was gone. The run stays while its webhook does."""
+    hook = s.add_webhook("cx", receiver.url, secret=SECRET, kinds=["run.enqueued"])
+    assert s.cancel_run(hook.run_id)
+    runs = s.start_runs([{"task": "noop"}] * 3)
+    clock.advance(7200.0)
+    s.prune(3600)
+    run = s.get_run(hook.run_id)
+    assert run is not None and run.status == "cancelled"
+    (info,) = s.webhooks()
+    assert (info.status, info.backlog) == ("cancelled", 3)
+    assert s.retry_run(hook.run_id), "retryable: it delivers what it held back"
+    (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
+    Deliverer(lambda: s).deliver(Context(lease, threading.Event()), s)
+    assert [d.event["run_id"] for d in receiver.all()] == runs
+    s.remove_webhook("cx")  # (its run cancelled with it: nothing names it now)
+    clock.advance(7200.0)
+    s.prune(3600)
+    assert s.get_run(hook.run_id) is None
+
+
 @pytest.mark.parametrize("with_webhook", [False, True])
 def test_the_waker_never_holds_up_a_stopping_worker(db_path: str, with_webhook: bool) -> None:
     """Its watch is five seconds long with no webhook parked, and was sat out whole by every

@@ -17,8 +17,9 @@ from sv_harness import Supervisor
 from webhook_receiver import Receiver
 
 from supervisor.commands.cli import cli
+from supervisor.loop.report import _behind
 from workerproc.store import open_store
-from workerproc.store.webhooks import RetryNumbers
+from workerproc.store.webhooks import RetryNumbers, WebhookInfo
 
 pytestmark = pytest.mark.slow
 
@@ -119,3 +120,34 @@ def test_a_drain_does_not_wait_for_a_webhook_backing_off_and_its_last_line_names
         assert info["down"].failures >= 1 and info["down"].backlog == 5
         assert info["down"].next_try_at is not None
         assert info["gone"].backlog == 0
+
+
+def test_a_drain_names_a_webhook_whose_delivery_run_is_cancelled_and_how_to_resume_it(
+    tmp_path: Path, url: str
+) -> None:
+    with open_store(url) as store:
+        hook = store.add_webhook("cx", "http://127.0.0.1:9/", secret=SECRET,
+                                 kinds=["run.succeeded"])  # fmt: skip
+        assert store.cancel_run(hook.run_id)
+        store.start_runs([{"task": "noop"}] * 5)
+    last = drain(supervisor(tmp_path, url))
+    assert last.endswith(
+        f"; webhook cx behind by 5 events, its delivery run cancelled "
+        f"(supervisor retry {hook.run_id})"
+    ), last
+
+
+@pytest.mark.parametrize(
+    ("status", "advice"),
+    [
+        ("missing", "its delivery run is gone: supervisor webhooks remove cx, then add it "
+                    "again with --after 41"),
+        ("cancelled", "its delivery run cancelled (supervisor retry 7)"),
+        ("failed", "its delivery run failed (supervisor retry 7)"),
+    ],
+)  # fmt: skip
+def test_the_drains_advice_fits_the_delivery_runs_state(status: str, advice: str) -> None:
+    """A run that is gone cannot be retried (a database pruned before prune kept them)."""
+    hook = WebhookInfo("cx", "http://127.0.0.1:9/", None, 7, 0.0, RetryNumbers(), status, 41,
+                       0, 0, None, None, 0, (), backlog=3)  # fmt: skip
+    assert _behind(hook, 100.0) == f"webhook cx behind by 3 events, {advice}"

@@ -107,9 +107,14 @@ def _behind(hook: WebhookInfo, now: float) -> str:
     """A webhook still behind as a drain ends: its backlog, and why it is not delivered."""
     more = "+" if hook.backlog >= BACKLOG_MAX else ""
     text = f"webhook {hook.name} behind by {hook.backlog}{more} events"
+    if hook.status == "missing":  # (pruned by a version whose prune did not keep it)
+        return (f"{text}, its delivery run is gone: supervisor webhooks remove {hook.name}, "
+                f"then add it again with --after {hook.cursor}")  # fmt: skip
+    if hook.status in ("failed", "cancelled"):
+        return f"{text}, its delivery run {hook.status} (supervisor retry {hook.run_id})"
     if hook.next_try_at is not None and hook.failures:
         return f"{text}, next try in {max(0.0, hook.next_try_at - now):.0f} s"
-    return f"{text}, its delivery run {hook.status} (supervisor retry {hook.run_id})"
+    return f"{text}, its delivery run {hook.status}"
 
 
 def publish_state(arb: Arbiter) -> None:

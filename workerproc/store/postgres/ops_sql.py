@@ -5,6 +5,7 @@ the run row first (``RUN_STATUS ... FOR UPDATE``), then write its tasks and leas
 
 from __future__ import annotations
 
+from ..types import SYSTEM_RUNS
 from .schema import VERSION_TABLE
 from .sql import _CLOCK, _CLOCK_CTE, _NO_HEAD, ALIVE, NOTIFY
 
@@ -64,13 +65,15 @@ SELECT task_id, {NOTIFY} FROM expired"""
 # attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
 # each deleted run answers its queue and status (the totals count it out)
 # (a child of a live parent stays: its join reads it, B14; so does a cancelled run whose holder
-# still runs its handler: its lease holds a slot of its limits until the holder ends it, B15)
+# still runs its handler: its lease holds a slot of its limits until the holder ends it, B15;
+# and a delivery run its webhook names: it stays retryable, B20)
 PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
     SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
       AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
                       AND p.status = 'pending')
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = x.id AND l.owner IS NOT NULL
                       AND l.expires_at > (SELECT {_CLOCK}))
+      AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
 gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""

@@ -215,13 +215,15 @@ REOPEN_OWNER_GATES = f"""WITH g(gate) AS (
 # with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
 # (a child of a live parent stays: its join reads it, B14)
 # (nor a cancelled run whose holder still runs its handler: its lease holds a slot of its
-# limits until the holder ends it, B15)
+# limits until the holder ends it, B15; nor a delivery run its webhook names: it stays
+# retryable, B20)
 PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
     SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < :now - :age AND NOT EXISTS (
           SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN {ALIVE})
       AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
                       AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
     LIMIT :limit) RETURNING queue, status"""
 PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
     SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
