@@ -86,10 +86,11 @@ class Courier(StoreThread):
             parked.append((hook, max(hook.position, self._seen.get(hook.run_id, 0))))
         if not parked:
             return REFRESH if not hooks else WATCH
-        # (the users' events: the system's own runs' are never delivered)
-        events = store.events(after=min(start for _, start in parked), limit=LOOK)
+        # (the system's events too, which no webhook takes: read past, so the next look
+        # starts after them rather than scanning them again)
+        events = store.events(after=min(start for _, start in parked), limit=LOOK, system=True)
         for hook, start in parked:
-            wanted = any(e.id > start and hook.wants(e.kind) for e in events)
+            wanted = any(e.id > start and hook.takes(e) for e in events)
             if wanted:
                 if store.wake_webhook(hook.run_id):  # (False: another waker was first)
                     self.woken += 1

@@ -24,7 +24,8 @@ run's state (the failures in a row, the last error, the dead letters):
 A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
 there) and its successor starts again from the last position moved: every event is delivered
 at least once, in event order, so in order per run; a receiver deduplicates by the
-``Leasekeeper-Event`` header. The system's own runs' events are never delivered.
+``Leasekeeper-Event`` header. The system's own runs' events are never delivered: they are read
+and passed over like the kinds a webhook does not want, so its position keeps up with them.
 """
 
 from __future__ import annotations
@@ -199,10 +200,12 @@ class Deliverer:
         client = self._client()
         while not stop and time.monotonic() < deadline:
             token = store.change_token()
-            batch = store.events(after=position, limit=BATCH)
+            # (the system's events too: read past, so the position keeps up with them while
+            # the users are idle, and no read scans them again)
+            batch = store.events(after=position, limit=BATCH, system=True)
             busy = len(batch) == BATCH
             for event in batch:
-                if hook.wants(event.kind):
+                if hook.takes(event):
                     busy = True
                     if not mover.fresh():
                         stop = True  # (a pause past the ttl: the commit decides)
@@ -218,7 +221,7 @@ class Deliverer:
                     position = event.id
                     mover.delivered(position)
                 else:
-                    position = event.id  # passed over: moved with the next one
+                    position = event.id  # passed over (unwanted, or the system's): moved later
                 if time.monotonic() >= deadline:
                     break
             if stop or batch:

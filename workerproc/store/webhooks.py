@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 from .codec import QUEUE_NAME, shown
 from .errors import InvalidOption
+from .types import SYSTEM_RUNS, Event
 
 # the delivery runs' queue (every worker claims it, unless its --queues leaves it out)
 WEBHOOK_QUEUE = "leasekeeper.webhooks"
@@ -77,6 +78,12 @@ class Webhook:
             return True
         family = kind.partition(".")[0] + ".*"
         return kind in self.kinds or family in self.kinds
+
+    def takes(self, event: Event) -> bool:
+        """Whether it delivers ``event``: a kind it wants, of a user's run (the system's own
+        runs' events, the deliveries' claims, parks and wakes, are never delivered: they are
+        read past, as the kinds it does not want are, so its position keeps up with them)."""
+        return (event.run_id or 0) < SYSTEM_RUNS and self.wants(event.kind)
 
 
 @dataclass(frozen=True)
