@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import os
 import re
+import socket
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,6 +42,26 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver(SECRET)
     yield r
     r.down()
+
+
+@pytest.fixture
+def silent() -> Iterator[str]:
+    """A receiver that takes every connection and never answers: each POST times out."""
+    server = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def take() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # (closed: the test is over)
+                return
+
+    threading.Thread(target=take, daemon=True).start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}/hook"
+    server.close()
+    for conn in held:
+        conn.close()
 
 
 def supervisor(tmp_path: Path, url: str) -> Supervisor:
@@ -151,3 +174,26 @@ def test_the_drains_advice_fits_the_delivery_runs_state(status: str, advice: str
     hook = WebhookInfo("cx", "http://127.0.0.1:9/", None, 7, 0.0, RetryNumbers(), status, 41,
                        0, 0, None, None, 0, (), backlog=3)  # fmt: skip
     assert _behind(hook, 100.0) == f"webhook cx behind by 3 events, {advice}"
+
+
+def test_a_drain_does_not_wait_out_a_receiver_that_never_answers(
+    tmp_path: Path, url: str, silent: str
+) -> None:
+    """``backoff=backoff_max=0`` (allowed) and a receiver that never answers: the delivery is
+    always trying again (in flight, or due now), never "backing off" with its next try ahead,
+    so the drain waited ``max_failures`` timeouts per event (here 5 x 20 x 1 s; hours with the
+    default numbers). A webhook with a failure committed has delivered what it can for now."""
+    retry = RetryNumbers(max_failures=20, backoff=0.0, backoff_max=0.0, timeout=1.0)
+    with open_store(url) as store:
+        store.add_webhook("silent", silent, secret=SECRET, kinds=["run.succeeded"],
+                          retry=retry)  # fmt: skip
+        store.start_runs([{"task": "noop"}] * 5)
+    began = time.monotonic()
+    last = drain(supervisor(tmp_path, url), timeout=45.0)
+    assert time.monotonic() - began < 45.0
+    found = re.search(r"webhook silent behind by 5 events, next try (now|in \d+ s) "
+                      r"\((\d+) failures? in a row\)$", last)  # fmt: skip
+    assert found is not None, last
+    with open_store(url) as store:
+        (info,) = store.webhooks()
+        assert info.backlog == 5 and info.dead_total == 0

@@ -22,11 +22,13 @@ WARN = logging.WARNING
 
 def stop_when_drained(arb: Arbiter) -> None:
     """--drain: stop once no task of the served queues (--queues; all by default) is ready,
-    delayed or leased, and every webhook has delivered what it can (B20): caught up, or backing
-    off after a failure (named in the last line, with its backlog and its next try). The
-    delivery runs never end, so of their queue the drain waits for a delivery in flight (leased,
-    or its lease expired: a drain under chaos sees a delivery it paused taken over) and for a
-    webhook with events to deliver (its delivery due, or parked until its waker wakes it)."""
+    delayed or leased, and every webhook has delivered what it can (B20, ``WebhookInfo.settled``):
+    caught up, or failing (named in the last line, with its backlog and its next try). The
+    delivery runs never end, so of their queue the drain waits for a webhook with events to
+    deliver (its delivery due, or parked until its waker wakes it) and for a delivery in flight
+    (leased, or its lease expired: a drain under chaos sees a delivery it paused taken over),
+    unless its webhook is failing: one trying again at once, always in flight, is not waited
+    out."""
     if not arb.config.drain or arb.stopping:
         return
     if not arb.due("drain", arb.config.timing.drain_check):
@@ -48,7 +50,7 @@ def stop_when_drained(arb: Arbiter) -> None:
             stats = store.stats()
             if delivering and _queues_done(stats, served):  # (the webhooks' turn: backlogs)
                 hooks, now = store.webhooks(), store.now()
-                if not all(h.settled(now) for h in hooks):
+                if not all(h.settled() for h in hooks):
                     return
     except StoreError as exc:
         event("drain_check_failed", f"drain check failed: {exc}", level=WARN)
@@ -89,18 +91,10 @@ def _mine(stats: Stats, served: tuple[str, ...] | None) -> list[QueueCounts]:
             if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
 
 
-def _in_flight(stats: Stats) -> bool:
-    """A delivery is leased, or its lease expired (to be taken over)."""
-    deliveries = stats.queues.get(WEBHOOK_QUEUE)
-    return deliveries is not None and deliveries.leased + deliveries.expired > 0
-
-
 def _queues_done(stats: Stats, served: tuple[str, ...] | None) -> bool:
-    """No task of the served queues is ready, delayed or leased, and no delivery in flight."""
-    mine = _mine(stats, served)
-    if sum(c.ready + c.delayed + c.leased + c.expired for c in mine):
-        return False
-    return not ((served is None or WEBHOOK_QUEUE in served) and _in_flight(stats))
+    """No task of the served queues is ready, delayed or leased (the deliveries' are the
+    webhooks' own to judge: ``WebhookInfo.settled``)."""
+    return not sum(c.ready + c.delayed + c.leased + c.expired for c in _mine(stats, served))
 
 
 def _behind(hook: WebhookInfo, now: float) -> str:
@@ -112,8 +106,13 @@ def _behind(hook: WebhookInfo, now: float) -> str:
                 f"then add it again with --after {hook.cursor}")  # fmt: skip
     if hook.status in ("failed", "cancelled"):
         return f"{text}, its delivery run {hook.status} (supervisor retry {hook.run_id})"
-    if hook.next_try_at is not None and hook.failures:
-        return f"{text}, next try in {max(0.0, hook.next_try_at - now):.0f} s"
+    if hook.failures:
+        if hook.next_try_at is not None and hook.next_try_at > now:
+            when = f"in {hook.next_try_at - now:.0f} s"
+        else:
+            when = "now"  # (due, or in flight: trying again at once)
+        failed = f"{hook.failures} failure{'s' if hook.failures > 1 else ''} in a row"
+        return f"{text}, next try {when} ({failed})"
     return f"{text}, its delivery run {hook.status}"
 
 

@@ -118,14 +118,16 @@ class WebhookInfo:
     dead: tuple[DeadLetter, ...]
     backlog: int = 0  # the users' events after the cursor it wants (counted to ``BACKLOG_MAX``)
     next_try_at: float | None = None  # after a failure: when it tries again (backing off)
+    in_flight: bool = False  # a delivery holds its lease (or held it until it expired)
 
-    def settled(self, now: float) -> bool:
-        """Whether it has delivered what it can for now: caught up, backing off after a
-        failure (its next try ahead), or unable to (its delivery run over). What ``--drain``
-        waits for, besides a delivery in flight."""
-        if self.backlog == 0 or self.status in ("failed", "cancelled", "missing"):
+    def settled(self) -> bool:
+        """Whether it has delivered what it can for now, what ``--drain`` waits for: caught up
+        (and no delivery in flight), failing (a failure committed: backing off, or trying the
+        event again however soon: a receiver that never answers is not waited out), or
+        unable to deliver (its delivery run over, or gone)."""
+        if self.status in ("failed", "cancelled", "missing") or self.failures > 0:
             return True
-        return self.failures > 0 and self.next_try_at is not None and self.next_try_at > now
+        return self.backlog == 0 and not self.in_flight
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -136,7 +138,7 @@ class WebhookInfo:
             "max_failures": self.retry.max_failures, "backoff": self.retry.backoff,
             "backoff_max": self.retry.backoff_max, "timeout": self.retry.timeout,
             "dead_total": self.dead_total, "backlog": self.backlog,
-            "next_try_at": self.next_try_at,
+            "next_try_at": self.next_try_at, "in_flight": self.in_flight,
             "dead": [vars(d) for d in self.dead],
         }  # fmt: skip
 

@@ -91,8 +91,12 @@ WEBHOOK_BACKLOG = f"""SELECT kind, count(*) FROM (SELECT kind FROM events
         WHERE id > %(after)s AND coalesce(run_id, 0) < {SYSTEM_RUNS} ORDER BY id
         LIMIT %(limit)s) AS behind
     GROUP BY kind"""
-# when a delivery run's next task is due (its first pending one: a backoff's next try)
-WEBHOOK_DUE = "SELECT head_at FROM runs WHERE id = %(run_id)s"
+# when a delivery run's next task is due (its first pending one: a backoff's next try), and
+# whether a delivery is in flight (its task leased, or its lease expired: to be taken over)
+WEBHOOK_DUE = """SELECT r.head_at, r.status = 'pending' AND EXISTS (
+        SELECT 1 FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
+        WHERE l.run_id = r.id AND l.owner IS NOT NULL AND t.done_at IS NULL)
+    FROM runs AS r WHERE r.id = %(run_id)s"""
 # what a delivery run waits for now, its row locked (a second waker waits, then finds it woken)
 WEBHOOK_PARKED = """SELECT wait_for FROM runs WHERE id = %(run_id)s AND status = 'pending'
     FOR UPDATE"""

@@ -63,9 +63,13 @@ def _webhook(row: Row) -> Webhook:
                    None if delivered_at is None else float(delivered_at))  # fmt: skip
 
 
-def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = None) -> WebhookInfo:
+def info(
+    hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = None,
+    in_flight: bool = False,
+) -> WebhookInfo:  # fmt: skip
     """A webhook with its position, its backlog (``backlog``) and its delivery run's record (the
-    run's state as its last commit left it; ``due``: when its next task is)."""
+    run's state as its last commit left it; ``due``: when its next task is; ``in_flight``: a
+    delivery holds its lease, or held it until it expired)."""
     state: dict[str, Any] = run.state if run is not None and isinstance(run.state, dict) else {}
     kept = [d for d in state.get("dead", ()) if isinstance(d, dict) and type(d.get("event")) is int]
     dead = tuple(
@@ -85,7 +89,7 @@ def info(hook: Webhook, run: Run | None, backlog: int = 0, due: float | None = N
         hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
         cursor, hook.delivered, failures, error if isinstance(error, str) else None,
         hook.delivered_at, count_in(state, "dead_total"), dead, backlog,
-        due if failures and status == "pending" else None,
+        due if failures and status == "pending" else None, in_flight,
     )  # fmt: skip
 
 
@@ -210,15 +214,18 @@ class Webhooks:
             found.append(info(hook, run, *self._behind(hook, cursor)))
         return found
 
-    def _behind(self, hook: Webhook, after: int) -> tuple[int, float | None]:
+    def _behind(self, hook: Webhook, after: int) -> tuple[int, float | None, bool]:
         """How many of the users' events after ``after`` ``hook`` wants (up to
-        ``BACKLOG_MAX``), and when its delivery run's next task is due."""
+        ``BACKLOG_MAX``), when its delivery run's next task is due, and whether a delivery
+        is in flight."""
         params = {"after": after, "limit": BACKLOG_MAX, "run_id": hook.run_id}
 
-        def read(tx: Tx) -> tuple[int, float | None]:
+        def read(tx: Tx) -> tuple[int, float | None, bool]:
             kinds = tx.rows("WEBHOOK_BACKLOG", params)
             due = tx.one("WEBHOOK_DUE", params)
             backlog = sum(int(n) for kind, n in kinds if hook.wants(kind))
-            return backlog, None if due is None or due[0] is None else float(due[0])
+            if due is None:  # (its run is gone)
+                return backlog, None, False
+            return backlog, None if due[0] is None else float(due[0]), bool(due[1])
 
         return self.dialect.read(read)

@@ -102,8 +102,12 @@ WEBHOOK_MOVE = f"""UPDATE webhooks SET position = max(position, :position),
 WEBHOOK_BACKLOG = f"""SELECT kind, count(*) FROM (SELECT kind FROM events
         WHERE id > :after AND coalesce(run_id, 0) < {SYSTEM_RUNS} ORDER BY id LIMIT :limit)
     GROUP BY kind"""
-# when a delivery run's next task is due (its first pending one: a backoff's next try)
-WEBHOOK_DUE = "SELECT head_at FROM runs WHERE id = :run_id"
+# when a delivery run's next task is due (its first pending one: a backoff's next try), and
+# whether a delivery is in flight (its task leased, or its lease expired: to be taken over)
+WEBHOOK_DUE = """SELECT r.head_at, r.status IN ('pending', 'running') AND EXISTS (
+        SELECT 1 FROM tasks AS t WHERE t.run_id = r.id AND t.done_at IS NULL
+          AND t.lease_owner IS NOT NULL)
+    FROM runs AS r WHERE r.id = :run_id"""
 # what a delivery run waits for now (the write lock held: no second waker signals it too)
 WEBHOOK_PARKED = "SELECT wait_for FROM runs WHERE id = :run_id AND status = 'pending'"
 # a parked delivery run's delivered wake signals (each resumed a task that is done) but the
