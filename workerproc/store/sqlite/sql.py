@@ -1,6 +1,7 @@
-"""The SQLite backend's writes: claims, renewals, fenced commits, producers and operators, each
-statement named with its one-line purpose (its reads are in ``reads_sql``). A name of
-``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are parts
+"""The SQLite backend's writes: claims, renewals, fenced commits and producers, each statement
+named with its one-line purpose (its reads are in ``reads_sql``, its operators' in
+``ops_sql``). A name of ``store.dialect.STATEMENTS`` is a statement of the protocol's
+vocabulary; the others are parts
 that ``steps`` composes into one logical step (``FINISH`` is ``CAS_FINISH`` then
 ``TASK_DONE``).
 
@@ -183,18 +184,6 @@ CAS_NEXT_TASK = INSERT_TASK
 # advance to another queue: the run (and so its next task) moves there
 MOVE_RUN = "UPDATE runs SET queue = :queue WHERE id = :run_id"
 
-# operators
-CANCEL_RUN = f"""UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
-    WHERE id = :run_id AND status IN {ALIVE}"""
-RUN_STATUS = "SELECT status, queue FROM runs WHERE id = :run_id"
-PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL"
-# retry_run: a new attempt generation. attempts keeps counting (the fencing token never
-# repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
-RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
-    lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL"""
-RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
-    updated_at = :now, wait_for = NULL, wait_until = NULL, wait_task = NULL
-    WHERE id = :run_id"""
 # a line that may admit now goes back to its place in the lines' round robin (``turn``): never
 # behind lines served since it closed, and lines reopened together keep their order (issue 36)
 _IN_TURN = "min(coalesce(ready_at, :now), coalesce(turn, :now), :now)"
@@ -210,40 +199,6 @@ REOPEN_OWNER_GATES = f"""WITH g(gate) AS (
     UPDATE gates SET ready_at = {_IN_TURN},
         blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
-
-# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
-# with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
-# (a child of a live parent stays: its join reads it, B14)
-# (nor a cancelled run whose holder still runs its handler: its lease holds a slot of its
-# limits until the holder ends it, B15; nor a delivery run its webhook names: it stays
-# retryable, B20)
-PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
-    SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < :now - :age AND NOT EXISTS (
-          SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN {ALIVE})
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
-      AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
-    LIMIT :limit) RETURNING queue, status"""
-PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
-    SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
-
-# finished runs counted as they end, retry and go (``protocol.totals``)
-COUNT_ENDED = """INSERT INTO run_totals (queue, status, shard, n)
-    VALUES (:queue, :status, :shard, :n)
-    ON CONFLICT (queue, status, shard) DO UPDATE SET n = n + excluded.n"""
-
-# the worker processes of every host (``protocol.workers``): each heartbeat writes its row; a
-# clean stop deletes it; a row silent for ten of its periods (and a minute) goes at the next
-# worker's start
-WORKER_SEEN = """INSERT INTO workers (owner, host, pid, started_at, heartbeat_at, beat_every,
-        slots, queues, version, state)
-    VALUES (:owner, :host, :pid, :started_at, :now, :beat_every, :slots, :queues, :version,
-            :state)
-    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
-        state = excluded.state, slots = excluded.slots"""
-WORKER_GONE = "DELETE FROM workers WHERE owner = :owner"
-PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < :now - 10 * beat_every - 60"
 
 # -- the attempt history, written on the unhappy paths only (never on claim -> commit) --------
 # a release, a failure or an exhausted claim ends the task's current attempt without a commit;

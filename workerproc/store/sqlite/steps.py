@@ -13,6 +13,7 @@ from ..dialect import Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import calls_sql as c
 from . import events_sql as e
+from . import ops_sql as o
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
@@ -273,4 +274,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, r, c, sc, e, w, wh], STEPS)
+CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh], STEPS)
