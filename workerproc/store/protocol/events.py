@@ -23,8 +23,9 @@ from typing import Any
 from ..codec import QUEUE_NAME, shown
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import InvalidOption
-from ..types import JSON, SYSTEM_RUNS, Event, RunFailure
+from ..types import JSON, Event, RunFailure
 from .programs import Program, drive
+from .reads import below
 
 # The transitions that write an event (the lead adds waits, signals, schedules ... here).
 KINDS = frozenset(
@@ -36,7 +37,6 @@ KINDS = frozenset(
 )  # fmt: skip
 SEQUENCE_BATCH = 10_000  # events a reader numbers at most per pass (PostgreSQL)
 MAX_LIMIT = 10_000  # events one read answers at most
-EVERY_RUN = 2**63 - 1  # an id bound above every run's: the system's runs included
 DEFAULT_POLL = 1.0  # a follower looks again at least this often (a notification may not come)
 _encode = json.JSONEncoder(separators=(",", ":")).encode  # one encoder: made once, not per event
 
@@ -110,7 +110,7 @@ def reading(after: int, limit: int, run: int | None, system: bool = False) -> tu
         raise InvalidOption(f"limit must be from 1 to {MAX_LIMIT} (got {shown(limit)})")
     params: Params = {"after": check_position(after, "after"), "limit": limit}
     if run is None:
-        return "LIST_EVENTS", {**params, "below": EVERY_RUN if system else SYSTEM_RUNS}
+        return "LIST_EVENTS", {**params, "below": below(system)}
     return "LIST_RUN_EVENTS", {**params, "run_id": check_position(run, "run")}
 
 
