@@ -337,6 +337,25 @@ def test_the_first_read_of_the_task_refuses_a_start_judged_stale_unless_renewed_
     assert ctx.state is None  # checked once: later reads are reads
 
 
+def test_the_lease_a_context_shows_carries_the_fence_and_not_the_runs_data() -> None:
+    """``ctx.lease`` (what the webhooks' delivery fences its moves with) cannot be a way around
+    the check above: the run's data is read through ``payload`` and ``state`` only."""
+    from workerproc.app import LeaseLost, TaskContext  # noqa: PLC0415
+
+    held = Lease(7, 3, "t", {"secret": 1}, 2, "me", 40.0, 10.0, state={"n": 1}, revision=4)
+    lost = threading.Event()
+    ctx = TaskContext(held, lost)
+    ctx.confirmed, ctx.latest = 100.0, lambda: 100.0
+    ctx.begin_by = time.monotonic() - 1  # (stale: reading the run's data refuses)
+    assert ctx.lease.fence == held.fence == (7, "me", 2) and ctx.lease.run_id == 3
+    assert (ctx.lease.payload, ctx.lease.state) == (None, None)
+    assert (ctx.lease.expires_at, ctx.lease.claimed_at, ctx.lease.revision) == (40.0, 10.0, 4)
+    lost.set()
+    assert ctx.lease.fence == held.fence, "readable once lost (the store refuses its writes)"
+    with pytest.raises(LeaseLost):
+        ctx.payload  # noqa: B018 - the read is the check
+
+
 @pytest.mark.slow
 def test_a_handler_that_reads_its_task_late_keeps_running_on_a_renewed_lease(
     tmp_path: Path,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import threading
@@ -111,6 +112,15 @@ class TaskContext:
         that lapsed before its handler began, a ``RetryAfter``). 1 on the first try, the bound
         on the last (readable after the lease is lost)."""
         return self._lease.tries
+
+    @property
+    def lease(self) -> Lease:
+        """The lease this execution holds, as claimed, for a fenced write of the task's own (the
+        webhooks' delivery moves its position under it, B20): its fence (task, owner, attempt),
+        its run and its times, readable after the lease is lost (the store then refuses the
+        write). The run's data is not in it: ``payload`` and ``state`` read that, checking the
+        lease first."""
+        return dataclasses.replace(self._lease, payload=None, state=None)
 
     @property
     def payload(self) -> JSON:

@@ -109,7 +109,7 @@ class _Mover:
     def __init__(self, store: WorkerStore, ctx: TaskContext, position: int) -> None:
         self._store = store
         self._ctx = ctx
-        self._lease = lease = ctx._lease  # the fence its moves carry: this execution's
+        self._lease = lease = ctx.lease  # the fence its moves carry: this execution's
         self._ttl = lease.expires_at - lease.claimed_at
         self.position = position  # where the webhook's row stands, as far as this one knows
         self._delivered = 0  # acknowledged POSTs not counted on the row yet
