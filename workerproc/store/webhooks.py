@@ -1,14 +1,15 @@
 """Webhooks (issue 26, item 4; docs/protocol.md B20): what a webhook is, checked before anything
 is written.
 
-A webhook is a row (its URL, the event kinds it wants, its secret, its retry numbers) and one
-long-lived *delivery run* on the reserved queue ``WEBHOOK_QUEUE``, whose task
-``DELIVERY_TASK`` any worker claims under a lease like every other task. The run's state is the
-delivery's position (``cursor``: the last event id it has dealt with) and its record (counts,
-the last error, the dead letters); the fenced commit that moves it is the only write, so a
-zombie's deliveries move nothing and a takeover starts again from the last committed cursor:
-delivery is at least once, in event order (so in order per run). ``workerproc.delivery`` does
-the delivering.
+A webhook is a row (its URL, the event kinds it wants, its secret, its retry numbers, its
+position: the last event id it has dealt with) and one long-lived *delivery run* on the reserved
+queue ``WEBHOOK_QUEUE``, whose task ``DELIVERY_TASK`` any worker claims under a lease like every
+other task. Every write of a delivery is fenced by that lease: the position moves after each
+acknowledged POST (``move_webhook``), and the run's state, committed at each execution's end,
+keeps the rest of its record (the failures in a row, the last error, the dead letters, and the
+``cursor`` it reached: ``standing`` reads the two together). So a zombie's deliveries move
+nothing and a takeover starts again from the last position moved: delivery is at least once,
+in event order (so in order per run). ``workerproc.delivery`` does the delivering.
 """
 
 from __future__ import annotations
