@@ -447,10 +447,11 @@ class LimitBookkeeping(RuleBasedStateMachine):
         for _ in range(60):
             if not any(r.status == ALIVE for r in self.runs.values()):
                 return
-            self.clock.advance(WAIT + TTL)
-            for lease in self.store.claim("end", TTL, limit=50):
-                assert self._commit(lease, "finish", new_state={}) == "ok"
-                self.ended(self.runs[lease.run_id], "succeeded")
+            self.clock.advance(WAIT + TTL)  # every wait over, every lease and pause ended
+            while leases := self.store.claim("end", TTL, limit=50):  # all that may run now
+                for lease in leases:
+                    assert self._commit(lease, "finish", new_state={}) == "ok"
+                    self.ended(self.runs[lease.run_id], "succeeded")
         stuck = [r for r in self.runs.values() if r.status == ALIVE]
         assert not stuck, f"runs never claimed again: {stuck}"
 
