@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
+from store_backends import TTL, claim
 from sv_harness import Supervisor
 
 from supervisor import exitcodes
@@ -33,8 +34,11 @@ def failed_lines(sv: Supervisor) -> list[dict[str, Any]]:
 
 
 def test_every_failed_run_is_one_warning_line_and_fail_on_failed_exits_16(
-    sv: Supervisor,
+    sv_each: Supervisor,
 ) -> None:
+    """On both backends: on PostgreSQL the failures a claim's exchange decided before it looked
+    at the gates went unsaid (their events were written, and forgotten, in that round trip)."""
+    sv = sv_each
     typo = sv.enqueue("draft")
     unstorable = sv.enqueue("unstorable")
     fine = [sv.enqueue("fine") for _ in range(2)]
@@ -152,6 +156,44 @@ def test_failed_since_counts_the_runs_failed_from_a_moment_per_queue(
     fail(s.start_run("t", queue="other"))
     assert s.failed_since(since) == {"other": 2}
     assert s.failed_since(since - 1.0) == {"default": 1, "other": 2}
+
+
+def test_an_exchange_answers_every_run_it_failed(s: Store, clock: FakeClock) -> None:
+    """``BatchOutcome.failed`` names every run the exchange failed, whether a commit or its own
+    claim failed it, on every backend. PostgreSQL writes the events emitted so far in the
+    round trip that locks the gates, in the middle of the claim: a failure read back from the
+    events then was lost, and its run never got its warning line. A claim looks at the gates
+    first or last, in turn: each case runs twice, with a claim of nothing (one turn) between,
+    so that both orders are seen."""
+
+    def last_try() -> None:  # a handler's last try, in the exchange that claims the next task
+        doomed = s.start_run("t")
+        s.start_run("t")
+        lease = claim(s, "h")
+        assert lease.run_id == doomed
+        out = s.commit_many([Commit(lease, "fail", reason="broken", error="E: no")],
+                            claim=ClaimRequest("h", TTL, 3, 1))  # fmt: skip
+        assert out.failed == (RunFailure(doomed, "t", "broken", "E: no"),)
+        (nxt,) = out.leases
+        assert s.ack(nxt)
+
+    def exhausted() -> None:  # the claim's own: a fourth attempt after three died
+        poison = s.start_run("poison")
+        for _ in range(3):
+            assert claim(s, "gone").run_id == poison
+            clock.advance(TTL + 0.001)
+        fine = s.start_run("t")
+        out = s.commit_many((), claim=ClaimRequest("w", TTL, 3, 2))
+        ((failed,), (lease,)) = out.failed, out.leases
+        assert (failed.run_id, failed.task, failed.reason) == (
+            poison, "poison", "task_attempts_exhausted")  # fmt: skip
+        assert lease.run_id == fine and s.ack(lease)
+        assert s.get_run(poison).status == "failed"  # type: ignore[union-attr]
+
+    for case in (last_try, exhausted):
+        case()
+        assert s.claim("other", TTL, queues=["nowhere"]) is None  # the other order next
+        case()
 
 
 def test_a_handler_reads_its_try_within_the_budget() -> None:

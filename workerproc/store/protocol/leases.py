@@ -14,7 +14,7 @@ from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import apply_all, fence, refused, rejected
-from .events import emit, failures
+from .events import emit
 from .limits import Limits
 from .producers import placing
 from .totals import ended
@@ -55,7 +55,7 @@ class Leases(Limits):
             if placed:  # after the settling, like it when the claim first looks at gates
                 tx.before_gates("PLACE_GATES", [placing(placed, tx.now)])
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
-            return BatchOutcome(results, tuple(leases), failures(tx))
+            return BatchOutcome(results, tuple(leases), tuple(tx.failed))
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")
