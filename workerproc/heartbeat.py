@@ -21,6 +21,9 @@
 - A lease is held per task *and attempt*: a claim of this worker's that took over its own
   older attempt of a task (it paused past its lease) replaces it, and the older one is
   reported lost; a word about one attempt (``finished``, ``untrack``) never touches another.
+  An older attempt whose handler began and has not returned stays watched (``_replaced``)
+  until it does: its stuck check still fires, and the newer attempt, which waits for it to
+  end, cannot wait for ever behind a handler that ignores ``LeaseLost``.
 - ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
   ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
   ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
@@ -101,6 +104,9 @@ class Heartbeat:
         self._on_cancelled = on_cancelled
         self._cond = threading.Condition()
         self._held: dict[int, Held] = {}  # task id -> what we know of its lease
+        # (task id, attempt) -> a lost older attempt replaced in ``_held`` by this worker's own
+        # takeover, whose handler began and has not returned yet (its stuck check goes on)
+        self._replaced: dict[tuple[int, int], Held] = {}
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
@@ -128,13 +134,19 @@ class Heartbeat:
         with self._cond:
             old = self._held.get(lease.task_id)
             self._held[lease.task_id] = held
-        if old is not None and old.lease.attempt < lease.attempt and old.lost_at is None:
+            if old is None or old.lease.attempt >= lease.attempt:
+                return
+            if old.started is not None and not old.finished:  # its handler may still run
+                self._replaced[(lease.task_id, old.lease.attempt)] = old
+        if old.lost_at is None:
             self._lose(old, f"this worker took the task over as attempt {lease.attempt}")
 
     def _get(self, lease: Lease) -> Held | None:
         """What is held of ``lease``'s own attempt (None: another attempt, or nothing)."""
         held = self._held.get(lease.task_id)
-        return held if held is not None and held.lease.attempt == lease.attempt else None
+        if held is not None and held.lease.attempt == lease.attempt:
+            return held
+        return self._replaced.get((lease.task_id, lease.attempt))
 
     def recorded(self, lease: Lease) -> bool:
         """Whether the database counts ``lease``'s handler as begun (B3): claimed to start at
@@ -201,6 +213,7 @@ class Heartbeat:
             held = self._get(lease)
             if held is not None:
                 held.finished = True
+            self._replaced.pop((lease.task_id, lease.attempt), None)
 
     def schedule_chore(self, at: float, chore: Callable[[WorkerStore], None]) -> None:
         """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
@@ -230,8 +243,10 @@ class Heartbeat:
             # Forget first: no new renewal can start for them, so the wait cannot starve
             # behind a stream of renewals (the lock is not fair).
             for lease in leases:
-                if self._get(lease) is not None:  # never another attempt's (a newer claim)
-                    del self._held[lease.task_id]
+                held = self._held.get(lease.task_id)
+                if held is not None and held.lease.attempt == lease.attempt:
+                    del self._held[lease.task_id]  # never another attempt's (a newer claim)
+                self._replaced.pop((lease.task_id, lease.attempt), None)
                 if self._starting.get(lease.task_id) == lease.attempt:
                     del self._starting[lease.task_id]
             if wait:
@@ -269,7 +284,7 @@ class Heartbeat:
         if self.presence is not None:
             wake = min(wake, self._beat_at)
         due, timeouts, stuck = [], [], []
-        for held in self._held.values():
+        for held in (*self._held.values(), *self._replaced.values()):
             if held.lost_at is not None:
                 if held.started is not None and not held.finished and self._on_stuck:
                     at = held.lost_at + self.ttl
