@@ -87,8 +87,8 @@ def test_a_run_the_claim_fails_is_logged_by_the_worker_that_claimed(
     store = open_store(str(tmp_path / "lk.db"), clock=clock)
     try:
         run_id = store.start_run("poison")
-        for _ in range(3):  # three handlers began and died with their workers
-            assert store.claim("gone", 10.0) is not None
+        for i in range(3):  # three handlers began and died with their workers
+            assert store.claim(f"gone{i}", 10.0) is not None
             clock.advance(10.001)
         completer = Completer(store, 10.0, _NoRenewals(), clock=clock)
         with caplog.at_level(logging.WARNING, logger="workerproc.worker"):
@@ -179,8 +179,8 @@ def test_an_exchange_answers_every_run_it_failed(s: Store, clock: FakeClock) -> 
 
     def exhausted() -> None:  # the claim's own: a fourth attempt after three died
         poison = s.start_run("poison")
-        for _ in range(3):
-            assert claim(s, "gone").run_id == poison
+        for i in range(3):  # (three workers: a takeover of one's own lease would wait, B3)
+            assert claim(s, f"gone{i}").run_id == poison
             clock.advance(TTL + 0.001)
         fine = s.start_run("t")
         out = s.commit_many((), claim=ClaimRequest("w", TTL, 3, 2))

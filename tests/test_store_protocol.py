@@ -307,8 +307,8 @@ class TestLeaseProtocol:
 
     def test_r6_expired_leases_count_as_attempts(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("t")
-        for _ in range(2):
-            claim(s, "w1", 10, max_attempts=2)
+        for owner in ("w1", "w3"):  # two workers (B3: one's own takeover would wait)
+            claim(s, owner, 10, max_attempts=2)
             clock.advance(10)  # the holder died silently
         assert s.claim("w2", TTL, max_attempts=2) is None
         run = s.get_run(run_id)

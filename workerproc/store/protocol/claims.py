@@ -171,7 +171,9 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         traceparent=row[20] if len(row) > 20 else None,
         previous_owner=was[0],
         previous_attempt=was[1],
-        started=req.begins,
+        # a lease taken over from this very claimer waits for its older handler, which may
+        # still run there: its start is recorded when it begins (as the claim statement did)
+        started=req.begins and was[0] != req.owner,
     )
 
 
