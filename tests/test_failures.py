@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FakeClock
+from helpers import Drains, FakeClock
 from store_backends import TTL, claim
 from sv_harness import Supervisor
 
@@ -23,8 +24,19 @@ from supervisor import exitcodes
 from supervisor.config import StartConfig, start_config
 from supervisor.errors import ConfigError
 from workerproc import App, RetryAfter, TaskContext
+from workerproc import exitcodes as worker_exits
 from workerproc.completer import Completer
-from workerproc.store import ClaimRequest, Commit, Lease, RunFailure, Store, open_store
+from workerproc.config import WorkerConfig
+from workerproc.store import (
+    ClaimRequest,
+    Commit,
+    InvalidPayload,
+    Lease,
+    RunFailure,
+    Store,
+    open_store,
+)
+from workerproc.store.calls import MAX_RESULT
 
 APP = "apps.failures_app:app"
 
@@ -123,6 +135,110 @@ def test_an_unstorable_state_fails_the_run_at_once(tmp_path: Path) -> None:
         assert (run.status, run.failure_reason) == ("failed", "invalid_payload")
         (task,) = store.get_tasks(run.id)
         assert task.attempts == 1
+    finally:
+        store.close()
+
+
+BAD = {"at": object()}  # no JSON for it
+# each way a handler's own last word can hold a value that cannot be stored
+LAST_WORDS: dict[str, Callable[[TaskContext], object]] = {
+    "advance state": lambda ctx: ctx.advance(BAD, next="step"),
+    "advance payload": lambda ctx: ctx.advance({}, next="step", payload=BAD),
+    "advance next": lambda ctx: ctx.advance({}, next="no\x00name"),
+    "advance delay": lambda ctx: ctx.advance({}, next="step", delay=-1),
+    "finish result": lambda ctx: ctx.finish({}, result=BAD),
+    "wait_for timeout": lambda ctx: ctx.wait_for("go", next="step", timeout=float("nan")),
+    "spawn child": lambda ctx: ctx.spawn([{"task": "step", "payload": BAD}], then="step"),
+    "return value": lambda ctx: BAD,
+}
+
+
+@pytest.mark.parametrize("last_word", sorted(LAST_WORDS))
+def test_a_value_of_the_commit_itself_fails_the_run_at_once(last_word: str) -> None:
+    """Every try writes the same value: ``InvalidCommit``, no retry."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> object:
+        tries.append(ctx.tries)
+        return LAST_WORDS[last_word](ctx)
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.failure_reason, tries) == ("failed", "invalid_payload", [1])
+    assert run.last_error is not None and run.last_error.startswith("InvalidCommit: ")
+
+
+def test_a_paid_answer_too_long_to_keep_is_retried() -> None:
+    """``once``'s answer is the call's, not the commit's: a model may answer too long once and
+    not the next time, so the step is retried (it used to fail the run at its first try)."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        big = len(tries) == 1
+        answer = ctx.once("llm", {"q": 1}, lambda: "x" * (MAX_RESULT + 10) if big else "ok")
+        ctx.finish({"answer": answer})
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.state, tries) == ("succeeded", {"answer": "ok"}, [1, 2])
+
+
+def test_a_bad_token_count_of_a_paid_call_is_retried() -> None:
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        used = -1 if len(tries) == 1 else 5  # a usage read from a flaky answer
+        ctx.finish({"answer": ctx.once("llm", {"q": len(tries)}, lambda: "ok", tokens=used)})
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, tries) == ("succeeded", [1, 2])
+
+
+def test_an_invalid_payload_of_the_handlers_own_is_a_handler_error() -> None:
+    """Raised by the handler's own code (not its commit): retried, then exhausted."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        raise InvalidPayload("the upstream answer was not JSON")
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.failure_reason, tries) == ("failed", "task_attempts_exhausted",
+                                                       [1, 2, 3])  # fmt: skip
+
+
+def test_a_commit_the_store_refuses_fails_the_run_at_once(db_path: str) -> None:
+    """Write time: a commit built past the handler's API (no check at a call) holds a value
+    the store cannot encode (a lone surrogate in the next task's name). The worker fails that
+    task at once, as at the call: the same commit would be refused every try."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        lease = ctx._lease
+        ctx.commit = Commit(lease, "advance", expected_revision=lease.revision, new_state={},
+                            next_task="\ud800")  # fmt: skip
+
+    store = open_store(db_path)
+    try:
+        run_id = store.start_run("step")
+        config = WorkerConfig(db=db_path, app="tests:app", poll_interval=0.05, max_attempts=3)
+        worker = Drains(store, app, config, owner="host:1:1.00:w",
+                        open_store=lambda: open_store(db_path))  # fmt: skip
+        assert worker.run() == worker_exits.OK
+        run = store.get_run(run_id)
+        assert run is not None and (run.status, run.failure_reason, tries) == (
+            "failed", "invalid_payload", [1])  # fmt: skip
     finally:
         store.close()
 

@@ -118,7 +118,7 @@ class Worker:
             store,
             config.lease_ttl,
             self.heartbeat,
-            unwritable=lambda commit, exc: failure(commit.lease, exc, config),
+            unwritable=lambda commit, exc: failure(commit.lease, exc, config, final=True),
             outage=self.outage,
         )
         # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
