@@ -328,3 +328,22 @@ def test_a_handler_reads_its_try_within_the_budget() -> None:
     run = app.run_inline(step, raise_errors=False, max_attempts=2)
     assert run.failure_reason == "task_attempts_exhausted"
     assert seen == [(1, 1), (2, 1), (3, 2)]
+
+
+def test_every_log_line_names_an_attempt_and_its_try_alike(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App()
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        if ctx.attempt == 1:
+            raise RetryAfter(1.0)
+        raise ValueError("again")
+
+    with caplog.at_level(logging.INFO, logger="workerproc.worker"):
+        app.run_inline(step, raise_errors=False, max_attempts=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("task 1 (step) attempt 1 (try 1 of 2): retry after") for m in lines)
+    assert any(m.startswith("task 1 (step) attempt 2 (try 1 of 2) failed: ") for m in lines)
+    assert any(m.startswith("task 1 (step) attempt 3 (try 2 of 2) failed: ") for m in lines)

@@ -139,7 +139,9 @@ def test_a_worker_whose_old_handler_ignores_its_lost_lease_exits_stuck(
         finally:
             worker.kill()
         assert worker.popen.returncode == exitcodes.LEASE_STUCK, worker.output()
-        assert "ignored LeaseLost for a whole ttl" in worker.output()
+        out = worker.output()  # each line names the attempt and its try the same way
+        assert "task 1 attempt 1 (try 1 of 3): lease lost" in out, out
+        assert "task 1 attempt 1 (try 1 of 3): the handler ignored LeaseLost for a whole ttl" in out
         (task,) = store.get_tasks(run_id)
         assert task.attempts == 2, task  # it did take the task over itself
         assert [e.attempt for e in ledger.read(path) if e.ev == "start"] == [1]

@@ -27,7 +27,7 @@ from .backoff import backoff
 from .config import WorkerConfig
 from .context import last_word
 from .limits import RetryAfter
-from .logs import event, running
+from .logs import attempt_of, event, running
 from .once import CallBook
 from .signals import Abort
 from .store import Commit, InvalidCommit, Lease
@@ -161,7 +161,7 @@ def failure(
     limit = max_attempts(lease, config)
     final = final or isinstance(exc, InvalidCommit)
     event(log, "task_failed",
-          f"task {lease.task_id} ({lease.task}) try {lease.tries} of {limit} failed: "
+          f"task {lease.task_id} ({lease.task}) {attempt_of(lease, limit)} failed: "
           f"{message(exc)}{': no retry can fix it' if final else ''}",
           level=logging.WARNING, task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
           attempt=lease.attempt, tries=lease.tries, error=type(exc).__name__)  # fmt: skip
@@ -207,7 +207,8 @@ def _conclude(
         return Commit(lease, "release", error=CANCELLED_ERROR, used_tokens=ex.ctx.used_tokens)
     if ex.late:  # never began: no attempt spent, no error to keep
         event(log, "start_refused",
-              f"task {lease.task_id} attempt {lease.attempt}: its lease was not confirmed "
+              f"task {lease.task_id} {attempt_of(lease, max_attempts(lease, config))}: its "
+              "lease was not confirmed "
               "recently enough to start (the worker paused?): handing it back",
               level=logging.WARNING, task_id=lease.task_id, attempt=lease.attempt)  # fmt: skip
         return Commit(lease, "handback")
@@ -221,7 +222,8 @@ def _conclude(
     used = ex.ctx.used_tokens
     if isinstance(raised, RetryAfter):  # a limit said "not now": back, no attempt spent
         event(log, "retry_after",
-              f"task {lease.task_id} ({lease.task}) attempt {lease.attempt}: {raised}"
+              f"task {lease.task_id} ({lease.task}) "
+              f"{attempt_of(lease, max_attempts(lease, config))}: {raised}"
               f"{'' if raised.limit else ' (its limits go on)'}", task_id=lease.task_id,
               run_id=lease.run_id, attempt=lease.attempt, seconds=raised.seconds)  # fmt: skip
         return Commit(lease, "retry_after", delay=raised.seconds, pause=raised.limit,

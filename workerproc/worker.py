@@ -32,7 +32,7 @@ from .completer import Completer
 from .config import WorkerConfig
 from .courier import Courier
 from .delivery import Deliverer, serves_webhooks
-from .execution import Execution, Mode, Stopped, failure, message
+from .execution import Execution, Mode, Stopped, failure, max_attempts, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
 from .executors.inline import InlineExecutor
@@ -40,7 +40,7 @@ from .executors.threads import ThreadExecutor
 from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
-from .logs import event
+from .logs import attempt_of, event
 from .once import CallBook
 from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
@@ -235,7 +235,8 @@ class Worker:
         if ex is self._blocking and ex is not None:
             return
         self._blocking = ex
-        who = (f"task {ex.lease.task_id} ({ex.lease.task}) attempt {ex.lease.attempt}"
+        who = (f"task {ex.lease.task_id} ({ex.lease.task}) "
+               f"{attempt_of(ex.lease, max_attempts(ex.lease, self.config))}"
                if ex is not None else "a task that is no handler's own")  # fmt: skip
         event(log, "loop_blocked",
               f"{who} has blocked the event loop for {lag:.1f}s: an async handler calls "
