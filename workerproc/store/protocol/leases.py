@@ -21,6 +21,12 @@ from .totals import ended
 from .waits import ended_children
 
 
+def check_start(start: object) -> None:
+    """``ClaimRequest.start``: None (every lease begins at once) or a whole number from 0."""
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+        raise ValueError(f"a claim's start is None or a whole number from 0 (got {start!r})")
+
+
 class Leases(Limits):
     dialect: Dialect
 
@@ -31,6 +37,8 @@ class Leases(Limits):
         """Write every commit under its own lease (each a fenced write answering ok, conflict
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
         tasks (B4). Every value is encoded first: a bad one writes nothing."""
+        if claim is not None:
+            check_start(claim.start)
         encoded = [commit_params(commit) for commit in commits]
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
@@ -77,6 +85,9 @@ class Leases(Limits):
         ``starting``: leases among them whose handlers begin on this renewal's answer (R4's
         confirmation of a start): the database records them as begun (B3), so a lapse after
         this counts as an attempt."""
+        renewed = {(lease.task_id, lease.attempt) for lease in leases}
+        if any((lease.task_id, lease.attempt) not in renewed for lease in starting):
+            raise ValueError("renew_each's starting leases must be among the leases it renews")
         if not leases:
             return []
         if len({lease.owner for lease in leases}) != 1:
