@@ -119,6 +119,26 @@ def test_an_old_attempt_that_returns_is_no_longer_watched() -> None:
         hb.close()
 
 
+def test_a_stuck_check_the_process_slept_through_gives_the_handler_a_ttl_from_the_wake() -> None:
+    """The ttl after a loss is the process's own time: paused past it (the thread looks late),
+    the handler, which could not run either, gets a ttl from the wake; one that returns as the
+    process wakes is no stuck handler. Looked at on time, it fires."""
+    stuck: list[Lease] = []
+    hb = watching(stuck)  # never started: the thread's look, called by hand at given moments
+    old, new = (Lease(7, 7, "t", None, n, "me", 0.0, 0.0) for n in (1, 2))
+    hb.track(old, time.monotonic())
+    hb.started(old)
+    hb.track(new, time.monotonic())  # the old one is lost now
+    lost = time.monotonic()
+    due = lost + hb.ttl
+    assert hb._next(due + 0.01)[3]  # on time: stuck
+    late = due + 5.0  # the process was stopped across the moment
+    assert hb._next(late)[3] == []
+    assert hb._next(late + hb.ttl / 2)[3] == []
+    (held,) = hb._next(late + hb.ttl + 0.01)[3]
+    assert held.lease == old
+
+
 def test_a_worker_whose_old_handler_ignores_its_lost_lease_exits_stuck(
     tmp_path: Path, db: str
 ) -> None:

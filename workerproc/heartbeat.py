@@ -28,7 +28,9 @@
   ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
   ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
   A lost lease whose handler has not finished a whole ttl later fires
-  ``on_stuck`` (the handler ignored ``LeaseLost``).
+  ``on_stuck`` (the handler ignored ``LeaseLost``). A ttl of the process's own time: when the
+  thread looks at that moment late (``LATE``: the process did not run, a pause), the handler
+  gets a ttl from then instead, so one that returned as the process woke is not taken for stuck.
 - A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) fires
   ``on_cancelled`` once for that lease; the lease is still renewed until the commit that ends
   it.
@@ -53,6 +55,7 @@ log = logging.getLogger("workerproc.heartbeat")
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
 MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
 POSTPONE = 0.1  # a timeout its callback put off is looked at again this much later
+LATE = 0.25  # a look this long past its moment: this thread did not run (the process paused)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class Held:
     timeout_at: float | None = None  # monotonic: task_timeout after the start (or postponed)
     finished: bool = False  # the handler returned: no timeout, no stuck check
     lost_at: float | None = None
+    stuck_at: float | None = None  # monotonic: its handler is stuck if still running then
     timed_out: bool = False
     cancelled: bool = False  # a renewal said its run was cancelled (``on_cancelled`` fired)
     recorded: bool = True  # the database counts its handler as begun (B3: the claim said so,
@@ -287,8 +291,10 @@ class Heartbeat:
         for held in (*self._held.values(), *self._replaced.values()):
             if held.lost_at is not None:
                 if held.started is not None and not held.finished and self._on_stuck:
-                    at = held.lost_at + self.ttl
-                    if at <= now:
+                    at = held.stuck_at if held.stuck_at is not None else held.lost_at + self.ttl
+                    if at <= now - LATE:  # looked at late: the process did not run meanwhile
+                        at = held.stuck_at = now + self.ttl
+                    elif at <= now:
                         stuck.append(held)
                     wake = min(wake, at)
                 continue
