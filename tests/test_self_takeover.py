@@ -11,6 +11,7 @@ and B3): the new attempt waits here until the old handler ends, and that wait ha
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -25,9 +26,12 @@ from test_attempts import WORKER, Renewals, lapse, pause
 from test_limits import limited
 
 from workerproc import App, TaskContext, exitcodes, testing
+from workerproc.config import WorkerConfig
+from workerproc.execution import Execution, Mode
 from workerproc.heartbeat import Heartbeat
 from workerproc.store import ClaimRequest, Lease, Store, open_store
 from workerproc.store.limits import LimitSpec
+from workerproc.worker import Worker
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -137,6 +141,25 @@ def test_a_stuck_check_the_process_slept_through_gives_the_handler_a_ttl_from_th
     assert hb._next(late + hb.ttl / 2)[3] == []
     (held,) = hb._next(late + hb.ttl + 0.01)[3]
     assert held.lease == old
+
+
+def test_the_heartbeat_hears_of_a_handlers_end_when_it_ends(db_path: str) -> None:
+    """Not when the conductor collects it: a conductor slow to collect (an exchange retried
+    after a pause) must not make a lost lease's handler that returned look stuck (exit 74)."""
+    store = open_store(db_path)
+    try:
+        app = App()
+        config = WorkerConfig(db=db_path, app="tests:app", lease_ttl=1.0)
+        w = Worker(store, app, config, owner="host:1:1.00:w", open_store=lambda: store)
+        old = Lease(7, 7, "t", None, 1, w.owner, 0.0, 0.0)
+        w.heartbeat.track(old, time.monotonic())
+        w.heartbeat.started(old)
+        w.heartbeat.track(dataclasses.replace(old, attempt=2), time.monotonic())  # old: lost
+        w._ended(Execution(old, lambda ctx: None, Mode.THREAD))  # on its slot thread
+        assert w.holdings.ended  # not collected by the conductor yet
+        assert w.heartbeat._next(time.monotonic() + config.lease_ttl + 0.01)[3] == []
+    finally:
+        store.close()
 
 
 def test_a_worker_whose_old_handler_ignores_its_lost_lease_exits_stuck(

@@ -279,7 +279,10 @@ class Worker:
     # -- endings ----------------------------------------------------------------------------------
     def _ended(self, ex: Execution) -> None:
         """A handler ended (any thread): its slot is free; the conductor collects it on its
-        next turn (woken by the first of a batch: it collects them all)."""
+        next turn (woken by the first of a batch: it collects them all). The heartbeat hears of
+        it now: a lost lease's handler that returned is no stuck one, however long the
+        conductor takes to collect it (a slow exchange after a pause)."""
+        self.heartbeat.finished(ex.lease)
         if self.holdings.end(ex):
             self.waker.wake()
 
@@ -291,6 +294,7 @@ class Worker:
     def _ended_inline(self, ex: Execution) -> None:
         """The inline handler returned, on this very thread: collect it now (nothing to wake),
         so the next one starts in this turn."""
+        self.heartbeat.finished(ex.lease)
         self.holdings.end(ex)
         self._collect()
 
@@ -306,7 +310,6 @@ class Worker:
 
     def _collect(self) -> None:
         for ex in self.holdings.collect():
-            self.heartbeat.finished(ex.lease)
             if not ex.late:  # a handler that never began did no task
                 self.counters.task_done(ex.seconds)
                 self.policy.task_done(ex.seconds)
