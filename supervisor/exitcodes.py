@@ -47,5 +47,6 @@ DESCRIPTIONS = {
     WAIT_TIMEOUT: "`wait`: the run had not ended within `--timeout`",
     RUN_UNKNOWN: "`wait`: no run has that id (it was never started, or was pruned)",
     RUNS_FAILED: "`start --drain --fail-on-failed`: the drain finished, and a run failed while "
-    "it ran (its last line counts them; `supervisor runs --status failed` lists them)",
+    "it ran (its last line counts them; `supervisor runs --status failed` lists them); a drain "
+    "stopped before it finished (TERM) is not judged, and a chaos violation (8) wins",
 }

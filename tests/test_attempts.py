@@ -95,8 +95,8 @@ def test_r6_still_bounds_the_handlers_that_began(s: Store, clock: FakeClock) -> 
     for _ in range(5):
         assert s.claim("w1", TTL, max_attempts=3, start=0) is not None
         lapse(clock)
-    for expected in (1, 2, 3):
-        assert claim(s, "w1", max_attempts=3).tries == expected
+    for expected, owner in ((1, "w2"), (2, "w3"), (3, "w2")):  # (not its own: B3)
+        assert claim(s, owner, max_attempts=3).tries == expected
         lapse(clock)
     assert s.claim("w1", TTL, max_attempts=3) is None  # the fourth that would begin
     run = s.get_run(run_id)

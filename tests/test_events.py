@@ -93,8 +93,8 @@ def test_failures_cancels_retries_and_exhausted_claims_write_their_events(
 
     exhausted = s.start_run("x")
     s.cancel_run(cancelled)
-    for _ in range(2):
-        claim(s, max_attempts=2)
+    for owner in ("w2", "w3"):  # two workers die holding it (one's own takeover would wait)
+        claim(s, owner, max_attempts=2)
         clock.advance(TTL + 1)
     assert s.claim("w1", TTL, max_attempts=2) is None  # attempt 3 fails the run instead
     assert kinds(s, exhausted) == ["run.enqueued", "step.claimed", "lease.taken_over",

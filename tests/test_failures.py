@@ -11,19 +11,32 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import FakeClock
+from helpers import Drains, FakeClock
+from store_backends import TTL, claim
 from sv_harness import Supervisor
 
 from supervisor import exitcodes
 from supervisor.config import StartConfig, start_config
 from supervisor.errors import ConfigError
 from workerproc import App, RetryAfter, TaskContext
+from workerproc import exitcodes as worker_exits
 from workerproc.completer import Completer
-from workerproc.store import ClaimRequest, Commit, Lease, RunFailure, Store, open_store
+from workerproc.config import WorkerConfig
+from workerproc.store import (
+    ClaimRequest,
+    Commit,
+    InvalidPayload,
+    Lease,
+    RunFailure,
+    Store,
+    open_store,
+)
+from workerproc.store.calls import MAX_RESULT
 
 APP = "apps.failures_app:app"
 
@@ -33,8 +46,11 @@ def failed_lines(sv: Supervisor) -> list[dict[str, Any]]:
 
 
 def test_every_failed_run_is_one_warning_line_and_fail_on_failed_exits_16(
-    sv: Supervisor,
+    sv_each: Supervisor,
 ) -> None:
+    """On both backends: on PostgreSQL the failures a claim's exchange decided before it looked
+    at the gates went unsaid (their events were written, and forgotten, in that round trip)."""
+    sv = sv_each
     typo = sv.enqueue("draft")
     unstorable = sv.enqueue("unstorable")
     fine = [sv.enqueue("fine") for _ in range(2)]
@@ -83,8 +99,8 @@ def test_a_run_the_claim_fails_is_logged_by_the_worker_that_claimed(
     store = open_store(str(tmp_path / "lk.db"), clock=clock)
     try:
         run_id = store.start_run("poison")
-        for _ in range(3):  # three handlers began and died with their workers
-            assert store.claim("gone", 10.0) is not None
+        for i in range(3):  # three handlers began and died with their workers
+            assert store.claim(f"gone{i}", 10.0) is not None
             clock.advance(10.001)
         completer = Completer(store, 10.0, _NoRenewals(), clock=clock)
         with caplog.at_level(logging.WARNING, logger="workerproc.worker"):
@@ -123,6 +139,110 @@ def test_an_unstorable_state_fails_the_run_at_once(tmp_path: Path) -> None:
         store.close()
 
 
+BAD = {"at": object()}  # no JSON for it
+# each way a handler's own last word can hold a value that cannot be stored
+LAST_WORDS: dict[str, Callable[[TaskContext], object]] = {
+    "advance state": lambda ctx: ctx.advance(BAD, next="step"),
+    "advance payload": lambda ctx: ctx.advance({}, next="step", payload=BAD),
+    "advance next": lambda ctx: ctx.advance({}, next="no\x00name"),
+    "advance delay": lambda ctx: ctx.advance({}, next="step", delay=-1),
+    "finish result": lambda ctx: ctx.finish({}, result=BAD),
+    "wait_for timeout": lambda ctx: ctx.wait_for("go", next="step", timeout=float("nan")),
+    "spawn child": lambda ctx: ctx.spawn([{"task": "step", "payload": BAD}], then="step"),
+    "return value": lambda ctx: BAD,
+}
+
+
+@pytest.mark.parametrize("last_word", sorted(LAST_WORDS))
+def test_a_value_of_the_commit_itself_fails_the_run_at_once(last_word: str) -> None:
+    """Every try writes the same value: ``InvalidCommit``, no retry."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> object:
+        tries.append(ctx.tries)
+        return LAST_WORDS[last_word](ctx)
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.failure_reason, tries) == ("failed", "invalid_payload", [1])
+    assert run.last_error is not None and run.last_error.startswith("InvalidCommit: ")
+
+
+def test_a_paid_answer_too_long_to_keep_is_retried() -> None:
+    """``once``'s answer is the call's, not the commit's: a model may answer too long once and
+    not the next time, so the step is retried (it used to fail the run at its first try)."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        big = len(tries) == 1
+        answer = ctx.once("llm", {"q": 1}, lambda: "x" * (MAX_RESULT + 10) if big else "ok")
+        ctx.finish({"answer": answer})
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.state, tries) == ("succeeded", {"answer": "ok"}, [1, 2])
+
+
+def test_a_bad_token_count_of_a_paid_call_is_retried() -> None:
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        used = -1 if len(tries) == 1 else 5  # a usage read from a flaky answer
+        ctx.finish({"answer": ctx.once("llm", {"q": len(tries)}, lambda: "ok", tokens=used)})
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, tries) == ("succeeded", [1, 2])
+
+
+def test_an_invalid_payload_of_the_handlers_own_is_a_handler_error() -> None:
+    """Raised by the handler's own code (not its commit): retried, then exhausted."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        raise InvalidPayload("the upstream answer was not JSON")
+
+    run = app.run_inline(step, raise_errors=False)
+    assert (run.status, run.failure_reason, tries) == ("failed", "task_attempts_exhausted",
+                                                       [1, 2, 3])  # fmt: skip
+
+
+def test_a_commit_the_store_refuses_fails_the_run_at_once(db_path: str) -> None:
+    """Write time: a commit built past the handler's API (no check at a call) holds a value
+    the store cannot encode (a lone surrogate in the next task's name). The worker fails that
+    task at once, as at the call: the same commit would be refused every try."""
+    app = App()
+    tries: list[int] = []
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        tries.append(ctx.tries)
+        lease = ctx._lease
+        ctx.commit = Commit(lease, "advance", expected_revision=lease.revision, new_state={},
+                            next_task="\ud800")  # fmt: skip
+
+    store = open_store(db_path)
+    try:
+        run_id = store.start_run("step")
+        config = WorkerConfig(db=db_path, app="tests:app", poll_interval=0.05, max_attempts=3)
+        worker = Drains(store, app, config, owner="host:1:1.00:w",
+                        open_store=lambda: open_store(db_path))  # fmt: skip
+        assert worker.run() == worker_exits.OK
+        run = store.get_run(run_id)
+        assert run is not None and (run.status, run.failure_reason, tries) == (
+            "failed", "invalid_payload", [1])  # fmt: skip
+    finally:
+        store.close()
+
+
 def test_an_empty_list_of_limits_means_none() -> None:
     app = App()
 
@@ -154,6 +274,44 @@ def test_failed_since_counts_the_runs_failed_from_a_moment_per_queue(
     assert s.failed_since(since - 1.0) == {"default": 1, "other": 2}
 
 
+def test_an_exchange_answers_every_run_it_failed(s: Store, clock: FakeClock) -> None:
+    """``BatchOutcome.failed`` names every run the exchange failed, whether a commit or its own
+    claim failed it, on every backend. PostgreSQL writes the events emitted so far in the
+    round trip that locks the gates, in the middle of the claim: a failure read back from the
+    events then was lost, and its run never got its warning line. A claim looks at the gates
+    first or last, in turn: each case runs twice, with a claim of nothing (one turn) between,
+    so that both orders are seen."""
+
+    def last_try() -> None:  # a handler's last try, in the exchange that claims the next task
+        doomed = s.start_run("t")
+        s.start_run("t")
+        lease = claim(s, "h")
+        assert lease.run_id == doomed
+        out = s.commit_many([Commit(lease, "fail", reason="broken", error="E: no")],
+                            claim=ClaimRequest("h", TTL, 3, 1))  # fmt: skip
+        assert out.failed == (RunFailure(doomed, "t", "broken", "E: no"),)
+        (nxt,) = out.leases
+        assert s.ack(nxt)
+
+    def exhausted() -> None:  # the claim's own: a fourth attempt after three died
+        poison = s.start_run("poison")
+        for i in range(3):  # (three workers: a takeover of one's own lease would wait, B3)
+            assert claim(s, f"gone{i}").run_id == poison
+            clock.advance(TTL + 0.001)
+        fine = s.start_run("t")
+        out = s.commit_many((), claim=ClaimRequest("w", TTL, 3, 2))
+        ((failed,), (lease,)) = out.failed, out.leases
+        assert (failed.run_id, failed.task, failed.reason) == (
+            poison, "poison", "task_attempts_exhausted")  # fmt: skip
+        assert lease.run_id == fine and s.ack(lease)
+        assert s.get_run(poison).status == "failed"  # type: ignore[union-attr]
+
+    for case in (last_try, exhausted):
+        case()
+        assert s.claim("other", TTL, queues=["nowhere"]) is None  # the other order next
+        case()
+
+
 def test_a_handler_reads_its_try_within_the_budget() -> None:
     """``ctx.tries`` is what ``max_attempts`` bounds; ``ctx.attempt`` (the fencing token) also
     counts the claims that spent nothing (here a ``RetryAfter``)."""
@@ -170,3 +328,22 @@ def test_a_handler_reads_its_try_within_the_budget() -> None:
     run = app.run_inline(step, raise_errors=False, max_attempts=2)
     assert run.failure_reason == "task_attempts_exhausted"
     assert seen == [(1, 1), (2, 1), (3, 2)]
+
+
+def test_every_log_line_names_an_attempt_and_its_try_alike(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App()
+
+    @app.task
+    def step(ctx: TaskContext) -> None:
+        if ctx.attempt == 1:
+            raise RetryAfter(1.0)
+        raise ValueError("again")
+
+    with caplog.at_level(logging.INFO, logger="workerproc.worker"):
+        app.run_inline(step, raise_errors=False, max_attempts=2)
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("task 1 (step) attempt 1 (try 1 of 2): retry after") for m in lines)
+    assert any(m.startswith("task 1 (step) attempt 2 (try 1 of 2) failed: ") for m in lines)
+    assert any(m.startswith("task 1 (step) attempt 3 (try 2 of 2) failed: ") for m in lines)

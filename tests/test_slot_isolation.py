@@ -98,7 +98,7 @@ def test_a_bad_next_task_fails_at_the_call_and_only_its_own_run(
     run, others = outcome(backend, culprit, innocent)
     assert others == ["succeeded"] * INNOCENTS
     assert run is not None and run.status == "failed"
-    assert "InvalidPayload" in (run.last_error or "") and words in (run.last_error or "")
+    assert "InvalidCommit" in (run.last_error or "") and words in (run.last_error or "")
 
 
 def test_advance_checks_every_value_at_the_call(backend: Backend) -> None:
@@ -115,13 +115,13 @@ def test_advance_checks_every_value_at_the_call(backend: Backend) -> None:
         for name, call in calls.items():
             try:
                 call()
-            except ValueError as exc:  # InvalidPayload is a ValueError
+            except ValueError as exc:  # InvalidCommit is an InvalidPayload, a ValueError
                 tried[name] = type(exc).__name__
         ctx.finish({})
 
     culprit, innocent = with_innocents(backend, "bad")
     assert run_worker(backend.url, app_with(bad)) == exitcodes.OK
-    assert tried == dict.fromkeys(tried, "InvalidPayload") and len(tried) == 5
+    assert tried == dict.fromkeys(tried, "InvalidCommit") and len(tried) == 5
     run, _ = outcome(backend, culprit, innocent)
     assert run is not None and run.status == "succeeded"  # every bad call raised, nothing stuck
 
@@ -159,7 +159,7 @@ def test_a_return_value_whose_methods_raise_fails_only_its_task(
     run, others = outcome(backend, culprit, innocent)
     assert others == ["succeeded"] * INNOCENTS
     assert run is not None and run.status == "failed"
-    assert "RuntimeError" in (run.last_error or "") or "InvalidPayload" in (run.last_error or "")
+    assert "RuntimeError" in (run.last_error or "") or "InvalidCommit" in (run.last_error or "")
     assert not [r for r in caplog.records if "Exception in thread" in r.getMessage()]
 
 

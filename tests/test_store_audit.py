@@ -143,8 +143,8 @@ def test_attempts_lost_without_an_error_still_explain_the_failure(db_path: str):
     now = [1000.0]
     store = open_store(db_path, clock=lambda: now[0])
     run_id = store.start_run("fragile")
-    for _ in range(3):  # three workers die holding it: no handler ever raised
-        assert store.claim("w", 1.0) is not None
+    for i in range(3):  # three workers die holding it: no handler ever raised
+        assert store.claim(f"w{i}", 1.0) is not None
         now[0] += 2
     assert store.claim("w", 1.0) is None
     run = store.get_run(run_id)

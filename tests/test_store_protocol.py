@@ -10,10 +10,11 @@ from __future__ import annotations
 import sys
 import threading
 
+import pytest
 from helpers import FakeClock, wait_for
 from store_backends import TTL, Backend, advance, claim, fail_run, finish, renew_until, snapshot
 
-from workerproc.store import CasResult, Lease, Store
+from workerproc.store import CasResult, ClaimRequest, Lease, Store
 
 
 def blocked_inside(thread: threading.Thread, method: str) -> bool:
@@ -307,8 +308,8 @@ class TestLeaseProtocol:
 
     def test_r6_expired_leases_count_as_attempts(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("t")
-        for _ in range(2):
-            claim(s, "w1", 10, max_attempts=2)
+        for owner in ("w1", "w3"):  # two workers (B3: one's own takeover would wait)
+            claim(s, owner, 10, max_attempts=2)
             clock.advance(10)  # the holder died silently
         assert s.claim("w2", TTL, max_attempts=2) is None
         run = s.get_run(run_id)
@@ -337,3 +338,19 @@ class TestLeaseProtocol:
         lease = out["claimed"]
         assert isinstance(lease, Lease)
         assert (lease.claimed_at, lease.expires_at) == (clock.now, clock.now + 10)  # not stale
+
+
+def test_a_claim_s_start_and_a_renewal_s_starting_leases_are_checked(s: Store) -> None:
+    """``start`` is None or a whole number from 0; a renewal records the start only of leases it
+    renews (the same attempt): a caller's bug is refused before anything is written."""
+    s.start_run("t")
+    for bad in (-1, True, 1.5):
+        with pytest.raises(ValueError, match="start is None or a whole number"):
+            s.commit_many((), claim=ClaimRequest("w1", TTL, limit=2, start=bad))  # type: ignore[arg-type]
+    lease = claim(s, "w1")
+    other = Lease(lease.task_id, lease.run_id, "t", None, lease.attempt + 1, "w1", 0.0, 0.0)
+    for starting in ([other], [lease]):
+        renewing = [] if starting == [lease] else [lease]
+        with pytest.raises(ValueError, match="starting leases must be among"):
+            s.renew_each(renewing, TTL, starting=starting)
+    assert s.renew_each([lease], TTL, starting=[lease])[0].expires_at is not None

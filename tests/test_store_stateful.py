@@ -176,7 +176,8 @@ class LeaseProtocol(RuleBasedStateMachine):
             if t.owner is not None and not t.started:  # B3: it never began, it spent nothing
                 t.base += 1
                 event("takeover of a lease that never began")
-            t.started = start is None or len(expected) < start
+            # a lease taken over from the claimer itself waits for its older handler (B3)
+            t.started = (start is None or len(expected) < start) and t.owner != owner
             t.attempts += 1
             run = self.runs[t.run_id]
             if t.attempts - t.base > MAX_ATTEMPTS:  # R6: fail the run, go on to the next

@@ -3,12 +3,15 @@ past --task-timeout, a handler that ignored its lost lease, the heartbeat's own 
 chore it runs while an inline handler holds the conductor's thread (handing back what waits
 behind a slow one).
 
-Every method here runs on the heartbeat thread. They set flags, interrupt handlers through their
-executor (``Executor.interrupt``), write what cannot wait on the heartbeat's own connection
-(fenced: a no-op for a lease whose commit came first), and wake the conductor, which does the
-rest. A handler that cannot be interrupted after its timeout costs the worker its slot: the
-worker drains and exits (``TASK_TIMEOUT``) to be replaced, at once when that slot is the
-conductor's own thread.
+Every method here runs on the heartbeat thread, except ``lease_lost``, which also runs on the
+conductor's when a claim of this worker takes over its own older attempt (``Heartbeat.track``
+reports the old one lost): it only takes the holdings' lock, forgets a waiting lease without
+waiting for the heartbeat, and interrupts the old handler, each safe from either thread. They
+set flags, interrupt handlers through their executor (``Executor.interrupt``), write what cannot
+wait on the heartbeat's own connection (fenced: a no-op for a lease whose commit came first),
+and wake the conductor, which does the rest. A handler that cannot be interrupted after its
+timeout costs the worker its slot: the worker drains and exits (``TASK_TIMEOUT``) to be
+replaced, at once when that slot is the conductor's own thread.
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from collections.abc import Callable
 
 from . import exitcodes
 from .config import WorkerConfig
-from .execution import Execution, Stopped, task_timeout
+from .execution import Execution, Stopped, max_attempts, task_timeout
 from .executors import Executors
 from .heartbeat import Heartbeat
 from .holdings import Holdings
-from .logs import event
+from .logs import attempt_of, event
 from .policy import Policy
 from .signals import Waker
 from .store import Commit, Lease, StoreError, WorkerStore
@@ -84,11 +87,13 @@ class Alarms:
         return ex
 
     def lease_lost(self, lease: Lease, why: str) -> None:
-        """The heartbeat lost ``lease`` (a refused renewal, or its local deadline passed)."""
+        """The heartbeat lost ``lease`` (a refused renewal, or its local deadline passed; on
+        the heartbeat thread), or this worker's own claim took its task over (on the
+        conductor's, from ``Heartbeat.track``)."""
         event(
             log,
             "lease_lost",
-            f"task {lease.task_id} attempt {lease.attempt}: lease lost ({why})",
+            f"task {lease.task_id} {self._attempt(lease)}: lease lost ({why})",
             level=logging.WARNING,
             task_id=lease.task_id,
             attempt=lease.attempt,
@@ -109,7 +114,7 @@ class Alarms:
             log,
             "run_cancelled",
             f"run {lease.run_id} cancelled in flight: stopping task {lease.task_id} "
-            f"({lease.task}) attempt {lease.attempt}",
+            f"({lease.task}) {self._attempt(lease)}",
             run_id=lease.run_id,
             task_id=lease.task_id,
             attempt=lease.attempt,
@@ -140,7 +145,7 @@ class Alarms:
         event(
             log,
             "task_timeout",
-            f"task {lease.task_id} attempt {lease.attempt} outlived its timeout "
+            f"task {lease.task_id} {self._attempt(lease)} outlived its timeout "
             f"({self._limit(lease)})",
             level=logging.ERROR,
             task_id=lease.task_id,
@@ -166,6 +171,9 @@ class Alarms:
         self._drain(exitcodes.TASK_TIMEOUT, f"task {lease.task_id} timed out on a thread")
         return True
 
+    def _attempt(self, lease: Lease) -> str:
+        return attempt_of(lease, max_attempts(lease, self.config))
+
     def _limit(self, lease: Lease) -> str:
         """The timeout ``lease`` outlived, for people: its own, or the pool's."""
         if lease.options.timeout is not None:
@@ -188,7 +196,7 @@ class Alarms:
             ex.stopped = Stopped.ABANDONED
         lease = blocker.lease
         event(log, "loop_stuck",
-              f"task {lease.task_id} ({lease.task}) attempt {lease.attempt} outlived "
+              f"task {lease.task_id} ({lease.task}) {self._attempt(lease)} outlived "
               f"its timeout, the event loop blocked for {lag:.1f}s: releasing it, handing back "
               f"{len(innocent)} other async tasks, then exiting", level=logging.ERROR,
               task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
@@ -209,7 +217,7 @@ class Alarms:
         event(
             log,
             "lease_stuck",
-            f"task {lease.task_id} attempt {lease.attempt}: the handler "
+            f"task {lease.task_id} {self._attempt(lease)}: the handler "
             "ignored LeaseLost for a whole ttl; exiting",
             level=logging.ERROR,
             task_id=lease.task_id,

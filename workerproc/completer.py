@@ -34,7 +34,7 @@ from typing import Protocol
 
 from . import tracing
 from .backoff import backoff
-from .logs import event
+from .logs import attempt_of, event
 from .outage import Outage
 from .store import (
     BatchOutcome,
@@ -214,7 +214,7 @@ class Completer:
     ) -> BatchOutcome:
         lease = commit.lease
         event(log, "commit_unwritable",
-              f"task {lease.task_id} attempt {lease.attempt}: its {commit.kind} cannot be "
+              f"task {lease.task_id} {attempt_of(lease)}: its {commit.kind} cannot be "
               f"written ({exc}); failing that task alone", level=logging.ERROR,
               task_id=lease.task_id, run_id=lease.run_id, attempt=lease.attempt)  # fmt: skip
         instead = self.unwritable(commit, exc)

@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from . import once as paid
 from .once import CallBook, OnceCall, Tokens
-from .store import Commit, InvalidPayload, Lease, StoreError
+from .store import Commit, InvalidCommit, InvalidPayload, Lease, StoreError
 from .store.calls import CallKey, KeptCall
 from .store.codec import (
     MAX_DELAY,
@@ -192,15 +193,17 @@ class TaskContext:
         value is checked here, with the limits every backend stores: a bad one raises
         ``InvalidPayload`` (a ``ValueError``) at this call."""
         self.raise_if_lost()
-        dumps(new_state, "state")  # reject a bad value here, at the call that made it
-        dumps(payload, "payload", MAX_PAYLOAD)
-        # a Task object stands for its name
-        name = check_name(next.name if isinstance(next, Task) else next, "advance's next task")
-        if queue is None and (declared := self._tasks.get(name)) is not None:
-            queue = declared.options.queue
-        if queue is not None:
-            check_run_options(queue, 0, None)
-        seconds = _seconds(delay, "delay")
+        with last_word():  # reject a bad value here, at the call that made it
+            dumps(new_state, "state")
+            dumps(payload, "payload", MAX_PAYLOAD)
+            # a Task object stands for its name
+            name = check_name(next.name if isinstance(next, Task) else next,
+                              "advance's next task")  # fmt: skip
+            if queue is None and (declared := self._tasks.get(name)) is not None:
+                queue = declared.options.queue
+            if queue is not None:
+                check_run_options(queue, 0, None)
+            seconds = _seconds(delay, "delay")
         self._record(
             Commit(
                 self._lease,
@@ -236,13 +239,15 @@ class TaskContext:
         seconds (None: no timeout) with ``ctx.signal`` None. ``state``: the run's new state
         (None: unchanged). Written with the commit, fenced like every commit."""
         self.raise_if_lost()
-        signal = check_name(name, "signal name")
         new_state = self._lease.state if state is None else state
-        dumps(new_state, "state")
-        dumps(payload, "payload", MAX_PAYLOAD)
-        task = check_name(next.name if isinstance(next, Task) else next, "wait_for's next task")
+        with last_word():
+            signal = check_name(name, "signal name")
+            dumps(new_state, "state")
+            dumps(payload, "payload", MAX_PAYLOAD)
+            task = check_name(next.name if isinstance(next, Task) else next,
+                              "wait_for's next task")  # fmt: skip
+            seconds = WAIT_FOREVER if timeout is None else _seconds(timeout, "timeout")
         queue = declared.options.queue if (declared := self._tasks.get(task)) else None
-        seconds = WAIT_FOREVER if timeout is None else _seconds(timeout, "timeout")
         self._record(
             Commit(
                 self._lease,
@@ -279,13 +284,14 @@ class TaskContext:
         none. A child runs in ``queue``, else the queue its task declares, else this run's.
         ``state``: the run's new state (None: unchanged)."""
         self.raise_if_lost()
-        if not isinstance(items, (list, tuple)) or len(items) > MAX_CHILDREN:
-            raise InvalidPayload(f"spawn takes a list of at most {MAX_CHILDREN} children")
-        children = tuple(self._child(item) for item in items)
         new_state = self._lease.state if state is None else state
-        dumps(new_state, "state")
-        dumps(payload, "payload", MAX_PAYLOAD)
-        task = check_name(then.name if isinstance(then, Task) else then, "spawn's then task")
+        with last_word():
+            if not isinstance(items, (list, tuple)) or len(items) > MAX_CHILDREN:
+                raise InvalidPayload(f"spawn takes a list of at most {MAX_CHILDREN} children")
+            children = tuple(self._child(item) for item in items)
+            dumps(new_state, "state")
+            dumps(payload, "payload", MAX_PAYLOAD)
+            task = check_name(then.name if isinstance(then, Task) else then, "spawn's then task")
         queue = declared.options.queue if (declared := self._tasks.get(task)) else None
         self._record(
             Commit(
@@ -328,8 +334,9 @@ class TaskContext:
     def finish(self, new_state: JSON, result: JSON = None) -> None:
         """Move the run to ``new_state`` and mark it succeeded with ``result``."""
         self.raise_if_lost()
-        dumps(new_state, "state")
-        dumps(result, "result")
+        with last_word():
+            dumps(new_state, "state")
+            dumps(result, "result")
         self._record(
             Commit(
                 self._lease,
@@ -433,6 +440,18 @@ class TaskContext:
         reused = kept.outcome == "reused"  # fn was not called
         self.last_once = OnceCall(key.name, reused, kept.tokens, kept.attempt)
         return kept.result
+
+
+@contextlib.contextmanager
+def last_word() -> Iterator[None]:
+    """Checks of a value of the handler's own commit: one that cannot be stored raises
+    ``InvalidCommit`` (no retry of the step can fix it), not a plain ``InvalidPayload``."""
+    try:
+        yield
+    except InvalidCommit:
+        raise
+    except InvalidPayload as exc:
+        raise InvalidCommit(str(exc)) from None
 
 
 def _seconds(value: object, what: str) -> float:

@@ -25,11 +25,12 @@ from . import tracing
 from .app import Handler, LeaseLost, Task, TaskContext
 from .backoff import backoff
 from .config import WorkerConfig
+from .context import last_word
 from .limits import RetryAfter
-from .logs import event, running
+from .logs import attempt_of, event, running
 from .once import CallBook
 from .signals import Abort
-from .store import Commit, InvalidPayload, Lease
+from .store import Commit, InvalidCommit, Lease
 from .store.codec import dumps
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
@@ -146,17 +147,21 @@ def task_timeout(lease: Lease, config: WorkerConfig) -> float | None:
     return lease.options.timeout or config.task_timeout
 
 
-def failure(lease: Lease, exc: BaseException, config: WorkerConfig) -> Commit:
+def failure(
+    lease: Lease, exc: BaseException, config: WorkerConfig, *, final: bool = False
+) -> Commit:
     """A handler raised: release with backoff, or fail the run on its last attempt (the
-    task's declared ``max_attempts`` and ``retry_backoff`` where it has them). A value that
-    cannot be stored (``InvalidPayload``: not JSON, over the limits) fails the run at once:
-    every retry would write the same value. The log says the try within the task's budget
-    (``tries``: since the run's last retry, hand-backs not counted), not the fencing token."""
+    task's declared ``max_attempts`` and ``retry_backoff`` where it has them). A value of the
+    handler's own commit that cannot be stored (``InvalidCommit``: not JSON, over the limits;
+    or ``final``: the store refused to write the commit) fails the run at once: every retry
+    would write the same value. Any other ``InvalidPayload`` (a paid answer too long to keep,
+    say) is retried like any error. The log says the try within the task's budget (``tries``:
+    since the run's last retry, hand-backs not counted), not the fencing token."""
     error = describe_error(exc)
     limit = max_attempts(lease, config)
-    final = isinstance(exc, InvalidPayload)
+    final = final or isinstance(exc, InvalidCommit)
     event(log, "task_failed",
-          f"task {lease.task_id} ({lease.task}) try {lease.tries} of {limit} failed: "
+          f"task {lease.task_id} ({lease.task}) {attempt_of(lease, limit)} failed: "
           f"{message(exc)}{': no retry can fix it' if final else ''}",
           level=logging.WARNING, task_id=lease.task_id, run_id=lease.run_id, task=lease.task,
           attempt=lease.attempt, tries=lease.tries, error=type(exc).__name__)  # fmt: skip
@@ -202,7 +207,8 @@ def _conclude(
         return Commit(lease, "release", error=CANCELLED_ERROR, used_tokens=ex.ctx.used_tokens)
     if ex.late:  # never began: no attempt spent, no error to keep
         event(log, "start_refused",
-              f"task {lease.task_id} attempt {lease.attempt}: its lease was not confirmed "
+              f"task {lease.task_id} {attempt_of(lease, max_attempts(lease, config))}: its "
+              "lease was not confirmed "
               "recently enough to start (the worker paused?): handing it back",
               level=logging.WARNING, task_id=lease.task_id, attempt=lease.attempt)  # fmt: skip
         return Commit(lease, "handback")
@@ -216,7 +222,8 @@ def _conclude(
     used = ex.ctx.used_tokens
     if isinstance(raised, RetryAfter):  # a limit said "not now": back, no attempt spent
         event(log, "retry_after",
-              f"task {lease.task_id} ({lease.task}) attempt {lease.attempt}: {raised}"
+              f"task {lease.task_id} ({lease.task}) "
+              f"{attempt_of(lease, max_attempts(lease, config))}: {raised}"
               f"{'' if raised.limit else ' (its limits go on)'}", task_id=lease.task_id,
               run_id=lease.run_id, attempt=lease.attempt, seconds=raised.seconds)  # fmt: skip
         return Commit(lease, "retry_after", delay=raised.seconds, pause=raised.limit,
@@ -225,7 +232,8 @@ def _conclude(
         return dataclasses.replace(failure(lease, raised, config), used_tokens=used)
     if ex.ctx.commit is not None:
         return dataclasses.replace(ex.ctx.commit, used_tokens=used)
-    dumps(value, "the handler's return value")  # InvalidPayload: a failure, like any other
+    with last_word():  # InvalidCommit: the run fails at once
+        dumps(value, "the handler's return value")
     return Commit(lease, "finish", expected_revision=lease.revision, new_state=lease.state,
                   result=value, used_tokens=used)  # fmt: skip
 

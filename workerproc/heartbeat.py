@@ -21,11 +21,16 @@
 - A lease is held per task *and attempt*: a claim of this worker's that took over its own
   older attempt of a task (it paused past its lease) replaces it, and the older one is
   reported lost; a word about one attempt (``finished``, ``untrack``) never touches another.
+  An older attempt whose handler began and has not returned stays watched (``_replaced``)
+  until it does: its stuck check still fires, and the newer attempt, which waits for it to
+  end, cannot wait for ever behind a handler that ignores ``LeaseLost``.
 - ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
   ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
   ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
   A lost lease whose handler has not finished a whole ttl later fires
-  ``on_stuck`` (the handler ignored ``LeaseLost``).
+  ``on_stuck`` (the handler ignored ``LeaseLost``). A ttl of the process's own time: when the
+  thread looks at that moment late (``LATE``: the process did not run, a pause), the handler
+  gets a ttl from then instead, so one that returned as the process woke is not taken for stuck.
 - A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) fires
   ``on_cancelled`` once for that lease; the lease is still renewed until the commit that ends
   it.
@@ -50,6 +55,7 @@ log = logging.getLogger("workerproc.heartbeat")
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
 MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
 POSTPONE = 0.1  # a timeout its callback put off is looked at again this much later
+LATE = 0.25  # a look this long past its moment: this thread did not run (the process paused)
 
 
 @dataclass
@@ -61,6 +67,7 @@ class Held:
     timeout_at: float | None = None  # monotonic: task_timeout after the start (or postponed)
     finished: bool = False  # the handler returned: no timeout, no stuck check
     lost_at: float | None = None
+    stuck_at: float | None = None  # monotonic: its handler is stuck if still running then
     timed_out: bool = False
     cancelled: bool = False  # a renewal said its run was cancelled (``on_cancelled`` fired)
     recorded: bool = True  # the database counts its handler as begun (B3: the claim said so,
@@ -101,6 +108,9 @@ class Heartbeat:
         self._on_cancelled = on_cancelled
         self._cond = threading.Condition()
         self._held: dict[int, Held] = {}  # task id -> what we know of its lease
+        # (task id, attempt) -> a lost older attempt replaced in ``_held`` by this worker's own
+        # takeover, whose handler began and has not returned yet (its stuck check goes on)
+        self._replaced: dict[tuple[int, int], Held] = {}
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
@@ -128,13 +138,19 @@ class Heartbeat:
         with self._cond:
             old = self._held.get(lease.task_id)
             self._held[lease.task_id] = held
-        if old is not None and old.lease.attempt < lease.attempt and old.lost_at is None:
+            if old is None or old.lease.attempt >= lease.attempt:
+                return
+            if old.started is not None and not old.finished:  # its handler may still run
+                self._replaced[(lease.task_id, old.lease.attempt)] = old
+        if old.lost_at is None:
             self._lose(old, f"this worker took the task over as attempt {lease.attempt}")
 
     def _get(self, lease: Lease) -> Held | None:
         """What is held of ``lease``'s own attempt (None: another attempt, or nothing)."""
         held = self._held.get(lease.task_id)
-        return held if held is not None and held.lease.attempt == lease.attempt else None
+        if held is not None and held.lease.attempt == lease.attempt:
+            return held
+        return self._replaced.get((lease.task_id, lease.attempt))
 
     def recorded(self, lease: Lease) -> bool:
         """Whether the database counts ``lease``'s handler as begun (B3): claimed to start at
@@ -201,6 +217,7 @@ class Heartbeat:
             held = self._get(lease)
             if held is not None:
                 held.finished = True
+            self._replaced.pop((lease.task_id, lease.attempt), None)
 
     def schedule_chore(self, at: float, chore: Callable[[WorkerStore], None]) -> None:
         """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
@@ -230,8 +247,10 @@ class Heartbeat:
             # Forget first: no new renewal can start for them, so the wait cannot starve
             # behind a stream of renewals (the lock is not fair).
             for lease in leases:
-                if self._get(lease) is not None:  # never another attempt's (a newer claim)
-                    del self._held[lease.task_id]
+                held = self._held.get(lease.task_id)
+                if held is not None and held.lease.attempt == lease.attempt:
+                    del self._held[lease.task_id]  # never another attempt's (a newer claim)
+                self._replaced.pop((lease.task_id, lease.attempt), None)
                 if self._starting.get(lease.task_id) == lease.attempt:
                     del self._starting[lease.task_id]
             if wait:
@@ -269,11 +288,13 @@ class Heartbeat:
         if self.presence is not None:
             wake = min(wake, self._beat_at)
         due, timeouts, stuck = [], [], []
-        for held in self._held.values():
+        for held in (*self._held.values(), *self._replaced.values()):
             if held.lost_at is not None:
                 if held.started is not None and not held.finished and self._on_stuck:
-                    at = held.lost_at + self.ttl
-                    if at <= now:
+                    at = held.stuck_at if held.stuck_at is not None else held.lost_at + self.ttl
+                    if at <= now - LATE:  # looked at late: the process did not run meanwhile
+                        at = held.stuck_at = now + self.ttl
+                    elif at <= now:
                         stuck.append(held)
                     wake = min(wake, at)
                 continue

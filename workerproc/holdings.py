@@ -72,8 +72,8 @@ class Holdings:
 
     def startable(self) -> Lease | None:
         """The first waiting lease whose task runs no older attempt here (one lost, its handler
-        not ended yet: a run's steps never overlap, not even in one process). Call it holding
-        ``lock``."""
+        not ended yet: two attempts of one task never run at once in one process; the check is
+        per task, not per run). Call it holding ``lock``."""
         for lease in self.waiting:
             if lease.task_id not in self.running:
                 return lease

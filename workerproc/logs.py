@@ -44,6 +44,14 @@ def event(
     logger.log(level, message, exc_info=exc_info, extra={"event": name, "fields": fields})
 
 
+def attempt_of(lease: Lease, limit: int | None = None) -> str:
+    """How a log line names an attempt, the same everywhere: its fencing token and, beside it,
+    the try within the task's budget (R6), ``attempt 5 (try 2 of 3)`` (``of`` when the bound is
+    known where the line is written)."""
+    budget = f" of {limit}" if limit else ""
+    return f"attempt {lease.attempt} (try {lease.tries}{budget})"
+
+
 def set_worker(index: int | None) -> None:
     """This process is the worker at ``index`` of its pool (None: not in a pool)."""
     _worker["index"] = index

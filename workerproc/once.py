@@ -23,7 +23,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from .logs import event
+from .logs import attempt_of, event
 from .store import InvalidPayload, StoreError
 from .store.calls import MAX_RESULT, CallKey, KeptCall
 from .store.codec import MAX_PAYLOAD, check_name, dumps
@@ -82,14 +82,14 @@ def check_result(key: CallKey, result: Any) -> None:
 
 def refused(key: CallKey, lease: Lease) -> None:
     event(log, "call_not_kept",
-          f"task {lease.task_id} attempt {lease.attempt}: once({key.name!r}) was paid, but its "
+          f"task {lease.task_id} {attempt_of(lease)}: once({key.name!r}) was paid, but its "
           "run ended or its step moved on: the answer is not kept", level=logging.WARNING,
           task_id=lease.task_id, run_id=lease.run_id, attempt=lease.attempt)  # fmt: skip
 
 
 def unkept(key: CallKey, lease: Lease, exc: BaseException) -> None:
     event(log, "call_keep_failed",
-          f"task {lease.task_id} attempt {lease.attempt}: once({key.name!r}) was paid, but its "
+          f"task {lease.task_id} {attempt_of(lease)}: once({key.name!r}) was paid, but its "
           f"answer could not be kept: {exc}", level=logging.WARNING, task_id=lease.task_id,
           run_id=lease.run_id, attempt=lease.attempt)  # fmt: skip
 

@@ -193,8 +193,12 @@ def run_inline(
                 return run
             lease = store.claim(OWNER, TTL, max_attempts=max_attempts)
             if lease is None:
-                _wait(store, clock, run)
+                run = _get(store, run_id)  # the claim may have failed it (R6)
+                if not run.terminal:
+                    _wait(store, clock, run)
                 continue
+            if not lease.started and not store.renew(lease, TTL, start=True):
+                continue  # its own lapsed lease, taken over: it begins now, recorded (B3)
             raised = _step(app, store, lease, loop, config, calls)
             done += lease.run_id == run_id
             if raised is not None and raise_errors:

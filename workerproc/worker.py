@@ -32,7 +32,7 @@ from .completer import Completer
 from .config import WorkerConfig
 from .courier import Courier
 from .delivery import Deliverer, serves_webhooks
-from .execution import Execution, Mode, Stopped, failure, message
+from .execution import Execution, Mode, Stopped, failure, max_attempts, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
 from .executors.inline import InlineExecutor
@@ -40,7 +40,7 @@ from .executors.threads import ThreadExecutor
 from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
-from .logs import event
+from .logs import attempt_of, event
 from .once import CallBook
 from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
@@ -118,7 +118,7 @@ class Worker:
             store,
             config.lease_ttl,
             self.heartbeat,
-            unwritable=lambda commit, exc: failure(commit.lease, exc, config),
+            unwritable=lambda commit, exc: failure(commit.lease, exc, config, final=True),
             outage=self.outage,
         )
         # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
@@ -235,7 +235,8 @@ class Worker:
         if ex is self._blocking and ex is not None:
             return
         self._blocking = ex
-        who = (f"task {ex.lease.task_id} ({ex.lease.task}) attempt {ex.lease.attempt}"
+        who = (f"task {ex.lease.task_id} ({ex.lease.task}) "
+               f"{attempt_of(ex.lease, max_attempts(ex.lease, self.config))}"
                if ex is not None else "a task that is no handler's own")  # fmt: skip
         event(log, "loop_blocked",
               f"{who} has blocked the event loop for {lag:.1f}s: an async handler calls "
@@ -278,7 +279,10 @@ class Worker:
     # -- endings ----------------------------------------------------------------------------------
     def _ended(self, ex: Execution) -> None:
         """A handler ended (any thread): its slot is free; the conductor collects it on its
-        next turn (woken by the first of a batch: it collects them all)."""
+        next turn (woken by the first of a batch: it collects them all). The heartbeat hears of
+        it now: a lost lease's handler that returned is no stuck one, however long the
+        conductor takes to collect it (a slow exchange after a pause)."""
+        self.heartbeat.finished(ex.lease)
         if self.holdings.end(ex):
             self.waker.wake()
 
@@ -290,6 +294,7 @@ class Worker:
     def _ended_inline(self, ex: Execution) -> None:
         """The inline handler returned, on this very thread: collect it now (nothing to wake),
         so the next one starts in this turn."""
+        self.heartbeat.finished(ex.lease)
         self.holdings.end(ex)
         self._collect()
 
@@ -305,7 +310,6 @@ class Worker:
 
     def _collect(self) -> None:
         for ex in self.holdings.collect():
-            self.heartbeat.finished(ex.lease)
             if not ex.late:  # a handler that never began did no task
                 self.counters.task_done(ex.seconds)
                 self.policy.task_done(ex.seconds)

@@ -139,7 +139,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
     arbiter.add_step(Step("progress", StallWatch().step), before="publish")
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
     drain_began(arbiter)  # before the first fork: what fails from here on is the drain's
-    arbiter.exit_hooks.append(drain_exit_code)  # --fail-on-failed
+    chaos = None
     if config.chaos.enabled:
         chaos = Chaos(
             config.chaos,
@@ -150,10 +150,19 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
             server=is_postgres_url(config.worker.db),
         )
         chaos.install(arbiter)
+    exit_rules(arbiter, chaos)
+    return arbiter
+
+
+def exit_rules(arbiter: Arbiter, chaos: Chaos | None) -> None:
+    """What decides the exit code once the loop is done, in this order: chaos's verdict (a
+    violation exits 8, whatever else happened: safety first), then ``--fail-on-failed`` (16,
+    for a drain that finished with exit 0 and failed runs). Each keeps a code that is not 0."""
+    if chaos is not None:
         arbiter.exit_hooks.append(
             lambda arb, code: chaos.conclude(arb, code, exitcodes.CHAOS_VIOLATION)
         )
-    return arbiter
+    arbiter.exit_hooks.append(drain_exit_code)
 
 
 def run_start(config: StartConfig) -> int:

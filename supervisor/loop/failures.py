@@ -3,8 +3,8 @@
 The drain notes the database's clock before the first worker is forked (``drain_began``); its
 last line counts the runs of its queues that failed since then and are failed still
 (``failed_in_drain``), and with ``--fail-on-failed`` a drain that finished with any exits 16
-(``exit_code``). A run that failed before the drain, or that failed and was retried and
-succeeded during it, is not one of them.
+(``exit_code``); one stopped before it finished (TERM) keeps its exit code. A run that failed
+before the drain, or that failed and was retried and succeeded during it, is not one of them.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from workerproc.store import Inspector, StoreError
+from workerproc.store import Inspector
 from workerproc.store.webhooks import WEBHOOK_QUEUE
 
 from .. import exitcodes
@@ -43,18 +43,16 @@ def failed_in_drain(arb: Arbiter, store: Inspector) -> int:
 
 
 def exit_code(arb: Arbiter, code: int) -> int:
-    """``--fail-on-failed``: a drain that stopped normally exits 16 when a run failed in it."""
+    """``--fail-on-failed``: a drain that finished (its last check counted the runs that failed
+    in it) exits 16 when a run failed in it. A drain stopped before it finished (TERM) is not
+    judged: it keeps its exit code, and says so."""
     if not arb.config.fail_on_failed or code != exitcodes.OK:
         return code
     failed = arb.drain_failed
-    if failed is None:  # stopped before its last check (TERM): count now
-        try:
-            with arb.gate.session() as store:
-                failed = failed_in_drain(arb, store)
-        except StoreError as exc:
-            event("drain_count_failed", f"cannot count the drain's failed runs: {exc}",
-                  level=logging.WARNING)  # fmt: skip
-            return exitcodes.ERROR
+    if failed is None:
+        event("drain_unfinished", "the drain was stopped before it finished: "
+              "--fail-on-failed judges a finished drain only", level=logging.WARNING)  # fmt: skip
+        return code
     if not failed:
         return code
     event("runs_failed",

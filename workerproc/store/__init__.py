@@ -9,6 +9,7 @@ from typing import Unpack
 from .aio import AsyncStore, open_async_store
 from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
+    InvalidCommit,
     InvalidOption,
     InvalidPayload,
     RunNotFound,
@@ -62,6 +63,7 @@ __all__ = [
     "Event",
     "FinishedBucket",
     "Inspector",
+    "InvalidCommit",
     "InvalidOption",
     "InvalidPayload",
     "Lease",

@@ -26,7 +26,10 @@ import abc
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from .types import RunFailure
 
 T = TypeVar("T")
 Params = dict[str, Any]
@@ -152,10 +155,14 @@ class Tx(abc.ABC):
     pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
     events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
+    # the runs this transaction failed, in order: kept apart from ``events``, which an engine
+    # may write (and empty) in the middle of the transaction (``ahead_then``)
+    failed: list[RunFailure]
 
     def __init__(self, now: float | None) -> None:
         self.now = now
         self.events = []
+        self.failed = []
         self.deferred: list[tuple[str, list[Params]]] = []
         self.ahead: list[tuple[str, list[Params]]] = []
 

@@ -35,6 +35,14 @@ class InvalidPayload(StoreError, ValueError):
     """A payload, state or result that is not JSON-serializable. Nothing was written."""
 
 
+class InvalidCommit(InvalidPayload):
+    """A value of a handler's own last word that cannot be stored: the run's new state, the next
+    task's name, payload, delay or queue, the children it spawns, the result, or the handler's
+    return value. The step writes the same value on every try, so no retry can fix it: the run
+    fails at once (R6). ``InvalidPayload`` raised anywhere else in a handler (a paid answer too
+    long to keep, say) is a handler error like any other, and is retried."""
+
+
 class RunNotFound(StoreError, KeyError):
     """No run has that id."""
 

@@ -154,7 +154,10 @@ def _unstarted(row: str, prefix: str = "") -> str:
 
 # granted, heads, leased, taken, kept: what every claim does with the runs it picked (the
 # walk's, or a gated claim's admitted ones): read "now" again, lease each run's head (its gates
-# and its reservation with it), and answer in claim order
+# and its reservation with it), and answer in claim order. A lease is recorded as begun when
+# the claim says so (``start``, B3), unless the claimer takes it over from itself: its older
+# handler may still run in that worker, and the new one begins (recorded by the renewal that
+# confirms it) only once that one ended
 _LEASING = f"""granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM picked)
     AS locked),
 heads AS MATERIALIZED (
@@ -179,7 +182,8 @@ leased AS (
                             ELSE excluded.attempt_base END,
         expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
         gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-        reserved = excluded.reserved, started = excluded.started,
+        reserved = excluded.reserved,
+        started = excluded.started AND l.owner IS DISTINCT FROM excluded.owner,
         prev_task = l.task_id, prev_owner = l.owner, prev_attempts = l.attempts,
         prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
         prev_expires_at = l.expires_at, prev_started = l.started,

@@ -23,7 +23,7 @@ from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..limits import Gating
-from ..types import ClaimRequest, Lease
+from ..types import ClaimRequest, Lease, RunFailure
 from . import gates
 from .events import emit
 from .limits import Gatekeeper
@@ -171,7 +171,9 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         traceparent=row[20] if len(row) > 20 else None,
         previous_owner=was[0],
         previous_attempt=was[1],
-        started=req.begins,
+        # a lease taken over from this very claimer waits for its older handler, which may
+        # still run there: its start is recorded when it begins (as the claim statement did)
+        started=req.begins and was[0] != req.owner,
     )
 
 
@@ -186,6 +188,7 @@ def fail_run(
     if changed:
         ended(tx, queue, "failed")
         emit(tx, "run.failed", run_id, task, attempt, reason=reason, error=error)
+        tx.failed.append(RunFailure(run_id, task, reason, error))  # for the worker's log line
         ended_children(tx, [run_id])  # a child's failure counts for its parent's join (B14)
     return changed
 

@@ -23,7 +23,7 @@ from typing import Any
 from ..codec import QUEUE_NAME, shown
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import InvalidOption
-from ..types import JSON, Event, RunFailure
+from ..types import JSON, Event
 from .programs import Program, drive
 from .reads import below
 
@@ -60,17 +60,6 @@ def event_row(
         text = _encode(data if None not in data.values() else
                        {k: v for k, v in data.items() if v is not None})  # fmt: skip
     return {"run_id": run_id, "kind": kind, "task": task, "attempt": attempt, "data": text}
-
-
-def failures(tx: Tx) -> tuple[RunFailure, ...]:
-    """The runs ``tx`` failed so far (its ``run.failed`` events), in order."""
-    found = []
-    for ev in tx.events:
-        if ev["kind"] == "run.failed":
-            data = json.loads(ev["data"])
-            found.append(RunFailure(ev["run_id"], ev["task"], data.get("reason", ""),
-                                    data.get("error")))  # fmt: skip
-    return tuple(found)
 
 
 def inserted(events: list[Params], now: float | None) -> Program[None]:

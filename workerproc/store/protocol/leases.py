@@ -14,11 +14,17 @@ from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import apply_all, fence, refused, rejected
-from .events import emit, failures
+from .events import emit
 from .limits import Limits
 from .producers import placing
 from .totals import ended
 from .waits import ended_children
+
+
+def check_start(start: object) -> None:
+    """``ClaimRequest.start``: None (every lease begins at once) or a whole number from 0."""
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+        raise ValueError(f"a claim's start is None or a whole number from 0 (got {start!r})")
 
 
 class Leases(Limits):
@@ -31,6 +37,8 @@ class Leases(Limits):
         """Write every commit under its own lease (each a fenced write answering ok, conflict
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
         tasks (B4). Every value is encoded first: a bad one writes nothing."""
+        if claim is not None:
+            check_start(claim.start)
         encoded = [commit_params(commit) for commit in commits]
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
@@ -55,7 +63,7 @@ class Leases(Limits):
             if placed:  # after the settling, like it when the claim first looks at gates
                 tx.before_gates("PLACE_GATES", [placing(placed, tx.now)])
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
-            return BatchOutcome(results, tuple(leases), failures(tx))
+            return BatchOutcome(results, tuple(leases), tuple(tx.failed))
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")
@@ -77,6 +85,9 @@ class Leases(Limits):
         ``starting``: leases among them whose handlers begin on this renewal's answer (R4's
         confirmation of a start): the database records them as begun (B3), so a lapse after
         this counts as an attempt."""
+        renewed = {(lease.task_id, lease.attempt) for lease in leases}
+        if any((lease.task_id, lease.attempt) not in renewed for lease in starting):
+            raise ValueError("renew_each's starting leases must be among the leases it renews")
         if not leases:
             return []
         if len({lease.owner for lease in leases}) != 1:

@@ -47,9 +47,11 @@ INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created
 
 # a claim that takes over a lease whose handler never began spends no attempt (B3): its
 # attempt_base moves with attempts, as a hand-back's does; and the claim records whether its
-# own lease begins at once (``:start``) or waits (its start recorded by RENEW_MANY)
+# own lease begins at once (``:start``) or waits (its start recorded by RENEW_MANY). A lease
+# the claimer takes over from itself waits: its older handler may still run in that worker,
+# and the new one begins only once it ended (SET reads the row as it was)
 _COUNTED = """attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
-    started = :start"""
+    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)"""
 
 # claim (R1): one statement picks the first ``:limit`` claimable runs of the served queues, a
 # higher priority first, then in head order (the head is a run's first pending task in
