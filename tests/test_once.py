@@ -75,7 +75,8 @@ class TestReuse:
         again = ctx_of(second, book)
         assert again.once("llm", dict(REQ), bill, tokens=100) == got
         assert bill.calls == 1  # no second payment
-        assert again.used_tokens is None and again.reused == 1  # nor charged again
+        # nor charged again: its tokens count through once, and a reuse used none
+        assert again.used_tokens == 0 and again.reused == 1
         assert again.last_once == OnceCall("llm", True, 100, first.attempt)
         (call,) = s.paid_calls(first.run_id)
         assert (call.reused, call.unused, call.attempt, call.tokens) == (1, 0, first.attempt, 100)
@@ -204,7 +205,10 @@ class TestLimits:
             deep = [deep]
         with pytest.raises(InvalidPayload, match="deeper"):
             ctx.once("deep", REQ, lambda: deep)
-        assert s.paid_calls(ctx.run_id) == []
+        # each was made (an intent before its call) and none kept
+        calls = s.paid_calls(ctx.run_id)
+        assert sorted(c.name for c in calls) == ["big", "deep", "odd"]
+        assert all(c.started == 1 and not c.kept for c in calls)
 
     def test_prune_deletes_them_with_their_run(
         self, s: Store, clock: FakeClock, book: CallBook

@@ -47,9 +47,11 @@ def paid_twice(store: Store) -> int:
     lease = store.claim("w1", 30)
     assert lease is not None
     key = call_key(lease, "llm", REQ)
-    store.keep_call(lease, key, {"text": "a"}, 120)
+    start = store.begin_call(lease, key)
+    assert start.outcome == "call" and start.intent is not None
+    store.keep_call(lease, key, {"text": "a"}, 120, intent=start.intent)
     store.keep_call(lease, key, {"text": "b"}, 80)  # lost the race: paid, unused
-    assert store.reuse_call(key) is not None
+    assert store.begin_call(lease, key).outcome == "reused"
     return run
 
 

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, NoReturn
 
-from . import once as paid
-from .once import CallBook, OnceCall, Tokens
-from .store import Commit, InvalidCommit, InvalidPayload, Lease, StoreError
-from .store.calls import CallKey, KeptCall
+from .once import CallBook, OnceCall
+from .paying import PaidCalls
+from .store import Commit, InvalidCommit, InvalidPayload, Lease
 from .store.codec import (
     MAX_DELAY,
     MAX_PAYLOAD,
@@ -27,7 +24,7 @@ from .store.codec import (
     shown,
 )
 from .store.newrun import START_FIELDS, NewRun
-from .store.types import JSON, MAX_CHILDREN, Child, Signal
+from .store.types import JSON, MAX_CHILDREN, Child, Signal, Usage
 from .tasks import Task
 
 
@@ -45,7 +42,7 @@ class RunCancelled(BaseException):
     (the task stays pending, for a ``retry_run``)."""
 
 
-class TaskContext:
+class TaskContext(PaidCalls):
     """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
     last word; the worker writes it under the lease when the handler returns, in one transaction
     with the claims of the next tasks. Returning without either finishes the run with its state
@@ -83,7 +80,8 @@ class TaskContext:
         self.confirmed = 0.0  # the confirmation the start was judged on
         self.latest: Callable[[], float | None] = lambda: None  # the lease's newest one
         self.late = False  # that check failed: the handler never began in earnest
-        self.used_tokens: int | None = None  # what ``usage`` reported, settled at the commit
+        self.used_tokens: int | None = None  # tokens used (usage, once): settled at the commit
+        self.reported: Usage | None = None  # what ``usage`` reported, kept with the commit
 
     @property
     def run_id(self) -> int:
@@ -163,6 +161,14 @@ class TaskContext:
         """The run was cancelled while this execution ran (B15): its next ``ctx`` call raises
         ``RunCancelled``."""
         return self._cancelled.is_set()
+
+    def _lost_now(self, over: bool) -> NoReturn:
+        """The database said this attempt no longer holds a live lease (``over``: it does,
+        but its run is over): stop here."""
+        if over:
+            self._cancelled.set()
+            raise RunCancelled()
+        raise LeaseLost()
 
     def raise_if_lost(self) -> None:
         """Raise ``LeaseLost`` if the lease is gone, ``RunCancelled`` if the run was
@@ -322,15 +328,6 @@ class TaskContext:
         return NewRun.make(name, item.get("payload"), item.get("state"), item.get("delay", 0),
                            None, queue, priority)  # fmt: skip
 
-    def usage(self, *, tokens: int) -> None:
-        """Report what this execution used of its limits' token budgets (a model's usage,
-        say): the commit settles it against the task's reservation in the same fenced
-        transaction, so a zombie's report never counts. Reports add up."""
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or not 0 <= tokens <= 10**12:
-            raise InvalidPayload(f"usage(tokens=...) takes a whole number from 0 (got {tokens!r})")
-        self.raise_if_lost()
-        self.used_tokens = (self.used_tokens or 0) + tokens
-
     def finish(self, new_state: JSON, result: JSON = None) -> None:
         """Move the run to ``new_state`` and mark it succeeded with ``result``."""
         self.raise_if_lost()
@@ -346,100 +343,6 @@ class TaskContext:
                 result=result,
             )
         )
-
-    # -- paid once (issue 27, B13) -----------------------------------------------------------
-    def once(
-        self, name: str, request: JSON, fn: Callable[[], Any], *, tokens: Tokens = None
-    ) -> Any:
-        """``fn()``'s answer, paid at most once per step: if an earlier attempt of this step
-        kept an answer for ``name`` and this exact ``request`` (a hash of its canonical JSON),
-        return it without calling ``fn``; else call ``fn`` and keep its JSON answer at once,
-        before returning it (a worker that then loses its lease, pauses or dies leaves it
-        behind). ``tokens`` (a number, or a function of the answer) is what the call used:
-        added to ``usage`` when paid now, never for a reused answer. A lease lost while the
-        answer is being kept raises ``LeaseLost`` at once; the answer is kept all the same."""
-        book, key = self._once_begin(name, request)
-        kept = self._wait(paid.reuse(book, key), key)
-        if kept is not None:
-            return self._once_end(key, kept)
-        result = fn()
-        if inspect.isawaitable(result):
-            close = getattr(result, "close", None)
-            if callable(close):
-                close()
-            raise TypeError(f"once({name!r}): fn returned an awaitable: use await ctx.once_async")
-        n = paid.count_tokens(tokens, result)
-        paid.check_result(key, result)
-        try:
-            kept = self._wait(paid.keep(book, self._lease, key, result, n), key)
-        except StoreError as exc:
-            paid.unkept(key, self._lease, exc)
-            return self._once_end(key, KeptCall(result, self._lease.attempt, n, "failed"), n)
-        return self._once_end(key, kept, n)
-
-    async def once_async(
-        self, name: str, request: JSON, fn: Callable[[], Awaitable[Any] | Any], *,
-        tokens: Tokens = None,
-    ) -> Any:  # fmt: skip
-        """``once`` for ``async def`` handlers: ``fn()`` may return an awaitable (it is
-        awaited); the lookup and the keep run off the event loop."""
-        import asyncio  # noqa: PLC0415 - a worker of plain handlers never loads it
-
-        book, key = self._once_begin(name, request)
-        kept = await self._await(paid.reuse(book, key), key)
-        if kept is not None:
-            return self._once_end(key, kept)
-        result = fn()
-        if inspect.isawaitable(result):
-            result = await result
-        n = paid.count_tokens(tokens, result)
-        paid.check_result(key, result)
-        try:  # shielded: a handler cancelled meanwhile still leaves its paid answer behind
-            kept = await asyncio.shield(
-                self._await(paid.keep(book, self._lease, key, result, n), key)
-            )
-        except StoreError as exc:
-            paid.unkept(key, self._lease, exc)
-            return self._once_end(key, KeptCall(result, self._lease.attempt, n, "failed"), n)
-        return self._once_end(key, kept, n)
-
-    def _once_begin(self, name: str, request: JSON) -> tuple[CallBook, CallKey]:
-        if self._calls is None:
-            raise RuntimeError("ctx.once needs a worker's store (this context has none)")
-        self._readable()  # no call is paid on a lease already lost, or too late to begin
-        return self._calls, paid.call_key(self._lease, name, request)
-
-    def _wait(self, future: Any, key: CallKey) -> Any:
-        """The book's answer, bounded; ``LeaseLost`` as soon as the lease is (a keep handed
-        over is still written: the book's thread does it)."""
-        deadline = time.monotonic() + paid.CALL_WAIT
-        while (left := deadline - time.monotonic()) > 0:
-            self.raise_if_lost()
-            try:
-                return future.result(timeout=min(paid.LOST_CHECK, left))
-            except FutureTimeout:
-                continue
-        raise StoreError(f"once({key.name!r}): the store did not answer in {paid.CALL_WAIT:g} s")
-
-    async def _await(self, future: Any, key: CallKey) -> Any:
-        import asyncio  # noqa: PLC0415 - as in once_async
-
-        try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), paid.CALL_WAIT)
-        except TimeoutError:
-            raise StoreError(f"once({key.name!r}): the store did not answer in "
-                             f"{paid.CALL_WAIT:g} s") from None  # fmt: skip
-
-    def _once_end(self, key: CallKey, kept: KeptCall, paid_tokens: int | None = None) -> Any:
-        if kept.outcome == "refused":
-            paid.refused(key, self._lease)
-        if kept.outcome == "reused":
-            self.reused += 1
-        elif paid_tokens:  # paid now (kept, lost the race, or refused): what it used counts
-            self.used_tokens = (self.used_tokens or 0) + paid_tokens
-        reused = kept.outcome == "reused"  # fn was not called
-        self.last_once = OnceCall(key.name, reused, kept.tokens, kept.attempt)
-        return kept.result
 
 
 @contextlib.contextmanager

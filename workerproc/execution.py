@@ -28,10 +28,11 @@ from .config import WorkerConfig
 from .context import last_word
 from .limits import RetryAfter
 from .logs import attempt_of, event, running
-from .once import CallBook
+from .once import CallBook, CallParked
 from .signals import Abort
 from .store import Commit, InvalidCommit, Lease
-from .store.codec import dumps
+from .store.calls import parked_on
+from .store.codec import WAIT_FOREVER, dumps
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
     import asyncio
@@ -186,6 +187,8 @@ def conclude(
         commit = _conclude(ex, value, raised, config)
     except BaseException as exc:  # a handler's leftovers, whatever their kind
         commit = failure(ex.lease, exc, config)
+    if commit is not None and ex.ctx.reported is not None:  # kept with it, for ``spend``
+        commit = dataclasses.replace(commit, usage=ex.ctx.reported)
     if ex.stopped is not Stopped.ABANDONED:  # an abandoned one's span ended with its release
         tracing.concluded(ex.lease, ex.span, raised, commit)
     return commit
@@ -228,6 +231,14 @@ def _conclude(
               run_id=lease.run_id, attempt=lease.attempt, seconds=raised.seconds)  # fmt: skip
         return Commit(lease, "retry_after", delay=raised.seconds, pause=raised.limit,
                       error=f"RetryAfter: {raised}", used_tokens=used)  # fmt: skip
+    if isinstance(raised, CallParked):  # B13: a paid call's outcome is unknown: wait
+        event(log, "call_parked",
+              f"task {lease.task_id} ({lease.task}) {attempt_of(lease)}: {raised}: the run "
+              f"waits for 'supervisor resolve {lease.run_id} {raised.name}'",
+              level=logging.WARNING, task_id=lease.task_id, run_id=lease.run_id,
+              attempt=lease.attempt, call=raised.name)  # fmt: skip
+        return Commit(lease, "park", delay=WAIT_FOREVER, wait_for=parked_on(raised.name),
+                      error=f"OutcomeUnknown: {raised}", used_tokens=used)  # fmt: skip
     if raised is not None:  # any other exception, KeyboardInterrupt and SystemExit included
         return dataclasses.replace(failure(lease, raised, config), used_tokens=used)
     if ex.ctx.commit is not None:

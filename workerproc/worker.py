@@ -41,7 +41,7 @@ from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
 from .logs import attempt_of, event
-from .once import CallBook
+from .once import CALL_SEATS, CallBook
 from .outage import Outage
 from .policy import SLOW_BEHIND, Policy, View
 from .presence import Presence
@@ -121,8 +121,11 @@ class Worker:
             unwritable=lambda commit, exc: failure(commit.lease, exc, config, final=True),
             outage=self.outage,
         )
-        # ``ctx.once``'s connection, on its own thread (the heartbeat's kind, unless given)
-        self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())))
+        # ``ctx.once``'s store (the heartbeat's kind, unless given): a connection per slot
+        # thread with a seat, and per thread of its own for the rest (``once.py``)
+        seats = min(CALL_SEATS, self.policy.capacity)
+        self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())),
+                              threads=seats, seats=seats)  # fmt: skip
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
         builtin = {DELIVERY_TASK: Deliverer(delivery_store or open_store)}
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,

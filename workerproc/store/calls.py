@@ -1,6 +1,7 @@
-"""What paid calls are (issue 27, docs/protocol.md B13), on every backend: which call
-(``CallKey``), its kept answer (``KeptCall``), and what ``show`` and metrics read of them; the
-protocol is ``protocol/calls.py``."""
+"""What paid calls are (issues 27 and 37, docs/protocol.md B13), on every backend: which call
+(``CallKey``), what its intent found (``CallStart``), its kept answer (``KeptCall``), and what
+``show``, the timeline, metrics and ``spend`` read of them; the protocol is
+``protocol/calls.py``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,19 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .codec import MAX_PAYLOAD
-from .types import JSON
+from .types import JSON, Lease, Usage
 
 MAX_RESULT = MAX_PAYLOAD  # a kept answer is at most what a payload may be
+MAX_COST = 1e12  # a cost, in the user's own unit
+PARKED = "outcome_unknown"  # what a parked run waits for: ``outcome_unknown:NAME``
+
+Unknown = Literal["pay", "park"]  # what ``once`` does after an intent without an answer
+UNKNOWN_MODES: tuple[Unknown, ...] = ("pay", "park")
+
+
+def parked_on(name: str) -> str:
+    """What a run parked on call ``name`` waits for."""
+    return f"{PARKED}:{name}"
 
 
 @dataclass(frozen=True)
@@ -28,6 +39,32 @@ class CallKey:
 
 
 @dataclass(frozen=True)
+class CallStart:
+    """What ``begin_call`` found for a call about to be made: ``reused`` (an answer is kept:
+    ``kept`` is it, the reuse counted), ``call`` (an intent was written, ``intent`` its id;
+    ``again``: an earlier intent of the same call came first, so this is a payment again),
+    ``park`` (an earlier intent has no answer and the caller parks: nothing written),
+    ``lost`` (this attempt no longer holds a live lease: nothing written, no call may begin)
+    or ``over`` (the lease is live but its run is over: cancelled)."""
+
+    outcome: Literal["reused", "call", "park", "lost", "over"]
+    kept: KeptCall | None = None
+    intent: int | None = None
+    again: bool = False
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What ``resolve`` did: ``kept`` the answer given (False: one was kept already, the
+    first kept answer wins), ``settled`` intents without an answer, ``resumed`` a run parked
+    on the call (its step is due now)."""
+
+    kept: bool
+    settled: int
+    resumed: bool
+
+
+@dataclass(frozen=True)
 class KeptCall:
     """A kept answer: what it was, which attempt paid for it and its tokens. ``outcome``:
     ``reused`` (found), ``kept`` (this answer is the one stored), ``lost_race`` (another was
@@ -42,8 +79,10 @@ class KeptCall:
 
 @dataclass(frozen=True)
 class PaidCall:
-    """One kept call as ``show`` lists it: ``unused`` answers were paid for and thrown away
-    (the call was paid ``1 + unused`` times); ``reused`` times it saved a call."""
+    """One call of a run as ``show`` lists it: ``started`` times it was made (an intent each),
+    ``paid_again`` of them after an earlier one, ``unknown`` of them ended without an answer;
+    its kept answer's attempt, owner and tokens (``attempt`` 0: none kept yet); ``unused``
+    answers were paid for and thrown away; ``reused`` times it saved a call."""
 
     task_id: int
     name: str
@@ -55,19 +94,66 @@ class PaidCall:
     reused: int
     unused: int
     unused_tokens: int
+    started: int = 0
+    paid_again: int = 0
+    unknown: int = 0
+
+    @property
+    def kept(self) -> bool:
+        return self.attempt > 0
 
     @property
     def outcome(self) -> str:
-        """What it cost, for people: paid once or twice (and more), reused how often."""
-        words = [f"paid {1 + self.unused}x" if self.unused else "paid once"]
+        """What it cost, for people: paid once or more (an upper bound: an intent whose
+        answer never came may not have been paid), reused how often, unknown outcomes."""
+        paid = max(self.started, (1 if self.kept else 0) + self.unused)
+        words = [f"paid {paid}x" if paid > 1 else "paid once" if paid else "not paid"]
+        if not self.kept:
+            words.append("no answer kept")
+        if self.unknown:
+            words.append(f"{self.unknown} unknown")
         if self.reused:
             words.append(f"reused {self.reused}x")
         return ", ".join(words)
 
 
 @dataclass(frozen=True)
+class CallIntent:
+    """One call as it was made (the run's timeline): which step, attempt and worker, whether
+    it was a payment again, when it began and when its answer reached the database (None:
+    never, or not yet: ``unknown`` says the attempt ended without one), and an operator's
+    ``settled`` (``answer``, ``pay_again``)."""
+
+    task_id: int
+    name: str
+    request_hash: str
+    attempt: int
+    owner: str
+    again: bool
+    at: float
+    answered_at: float | None
+    settled: str | None
+    unknown: bool
+
+
+@dataclass(frozen=True)
+class Spend:
+    """What was kept of usage for one task or payload value: ``entries`` rows (``calls`` of
+    them paid calls' own), their tokens and cost (None: no cost was reported)."""
+
+    key: str | None
+    entries: int
+    calls: int
+    tokens: int
+    cost: float | None
+
+
+@dataclass(frozen=True)
 class CallTotals:
-    """Every kept call's numbers: ``saved_tokens`` are the tokens of reused calls."""
+    """Every call's numbers: ``started`` calls made (intents), ``calls`` answers kept,
+    ``reused``, ``paid_again`` (an intent after an earlier intent of the same call: an upper
+    bound of real second payments), ``unknown`` (an intent whose attempt ended without an
+    answer); ``saved_tokens`` are the tokens of reused calls."""
 
     calls: int = 0
     reused: int = 0
@@ -75,3 +161,18 @@ class CallTotals:
     tokens: int = 0
     saved_tokens: int = 0
     unused_tokens: int = 0
+    started: int = 0
+    paid_again: int = 0
+    unknown: int = 0
+
+    @property
+    def kept(self) -> int:
+        return self.calls
+
+
+def usage_row(lease: Lease, name: str | None, usage: Usage, now: float | None) -> dict[str, object]:
+    """A row of ``usage``: what ``lease``'s attempt used, of paid call ``name`` (None: its
+    ``ctx.usage``)."""
+    return {"run_id": lease.run_id, "task_id": lease.task_id, "task": lease.task,
+            "attempt": lease.attempt, "name": name, "tokens": usage.tokens, "cost": usage.cost,
+            "now": now}  # fmt: skip

@@ -216,7 +216,7 @@ def commit_params(commit: Commit) -> dict[str, Any]:
         params["revision"] = commit.expected_revision
     if commit.kind == "finish":
         params["result"] = dumps(commit.result, "result")
-    if commit.kind == "wait":
+    if commit.kind in ("wait", "park"):
         params["wait_for"] = _text(commit.wait_for, "what the run waits for", MAX_NAME + 7)
     if commit.kind == "spawn":
         params["wait_for"] = "children"

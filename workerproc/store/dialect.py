@@ -87,6 +87,11 @@ STATEMENTS = frozenset(
         # paid calls (B13): kept the moment they return, reused by the step's next attempt
         "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
         "CALL_TOTALS",
+        # ... and recorded before they are made (issue 37): intents, parked calls, resolve, usage
+        "EARLIER_INTENTS", "INSERT_INTENT", "ANSWER_INTENT", "KEPT_ANSWER", "INSERT_USAGE",
+        "MARK_PARKED", "UNPARK", "CALL_TO_RESOLVE", "SETTLE_INTENTS", "RESOLVE_CALL",
+        "RUN_INTENTS", "INTENT_TOTALS", "RUN_INTENT_COUNTS", "SPEND_BY_TASK", "SPEND_BY_FIELD",
+        "FORGET_INTENTS", "STORE_IDENTITY",
         # the outbox (B18): events, their commit order, named consumers, retention
         "INSERT_EVENTS", "TAKEN_FROM", "LOCK_EVENTS", "SEQUENCE_EVENTS", "LIST_EVENTS",
         "LIST_RUN_EVENTS", "LAST_EVENT", "CONSUMER_AT", "ACK_EVENTS", "DROP_CONSUMER",

@@ -136,7 +136,16 @@ class Lease:
 
 
 CommitKind = Literal[
-    "finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait", "spawn"
+    "finish",
+    "advance",
+    "release",
+    "fail",
+    "drop",
+    "handback",
+    "retry_after",
+    "wait",
+    "spawn",
+    "park",
 ]
 
 
@@ -160,6 +169,9 @@ class Commit:
     - ``spawn``: a ``wait`` for ``children`` (``NewRun`` each, started in the same
       transaction, each knowing its parent): the next task joins them, due when the last one
       ends.
+    - ``park``: a paid call's outcome is unknown (``once(unknown="park")``): the task goes back,
+      not due before ``delay``, without spending an attempt, and the run waits for
+      ``wait_for`` (``outcome_unknown:NAME``) until ``resolve`` makes it due (B13).
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction (issue 24).
@@ -177,9 +189,19 @@ class Commit:
     error: str | None = None
     reason: str | None = None
     used_tokens: int | None = None
+    usage: Usage | None = None  # what ``ctx.usage`` reported, kept with the commit (spend)
     pause: bool = True
     wait_for: str | None = None  # wait: what the run waits for ("signal:NAME")
     children: tuple[Any, ...] = ()  # spawn: the child runs to start (``NewRun`` each)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What an execution reported using (``ctx.usage``): tokens, and a cost in the user's own
+    unit; kept with its commit for ``supervisor spend``."""
+
+    tokens: int | None = None
+    cost: float | None = None
 
 
 @dataclass(frozen=True)

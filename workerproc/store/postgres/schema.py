@@ -38,7 +38,7 @@ listen (``listen``). A watched run's end (``Store.wait``) notifies the ``.end`` 
 
 from __future__ import annotations
 
-from .calls_sql import PAID_CALLS_SCHEMA
+from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
@@ -451,6 +451,7 @@ MIGRATIONS: list[str] = [
         NOT VALID;
     """,
     MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart (issue 36)
+    MIGRATION_INTENTS,  # 17: paid calls' intents, usage kept for spend (issue 37)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

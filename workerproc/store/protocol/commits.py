@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..calls import usage_row
 from ..dialect import Params, Tx
 from ..types import CasResult, Commit, Lease
 from .claims import attempt_ended, fail_run
@@ -81,6 +82,9 @@ def committed(tx: Tx, commit: Commit, params: Params) -> None:
              retry_after=kind == "retry_after" or None)  # fmt: skip
     elif kind == "handback":
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **held)
+    elif kind == "park":  # B13: a paid call whose outcome is unknown waits for ``resolve``
+        emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
+             waiting_for=params.get("wait_for"))  # fmt: skip
 
 
 def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
@@ -93,6 +97,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         _emit_committed(tx, commits, encoded, results)
         _count_finished(tx, commits, results)
         settle(tx, commits, results)
+        _keep_usage(tx, commits, results)
         return results
     params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
     by_kind: dict[str, list[int]] = {}
@@ -110,7 +115,16 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
     _emit_committed(tx, commits, encoded, results)
     _count_finished(tx, commits, results)
     settle(tx, commits, results)
+    _keep_usage(tx, commits, results)
     return results
+
+
+def _keep_usage(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
+    """What each written commit's execution reported (``ctx.usage``), kept for ``spend``: a
+    refused one (a zombie's) keeps nothing."""
+    for commit, result in zip(commits, results, strict=True):
+        if result is CasResult.OK and commit.usage is not None:
+            tx.count("INSERT_USAGE", usage_row(commit.lease, None, commit.usage, tx.now))
 
 
 def _emit_committed(
@@ -155,9 +169,11 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
     if kind == "drop":
         tx.count("TASK_DONE", params)
         return CasResult.OK
-    if kind == "retry_after":  # a release after the delay that spends no attempt
+    if kind in ("retry_after", "park"):  # a release after the delay that spends no attempt
         tx.count("RELEASE", params)
         tx.count("UNSPEND", params)
+        if kind == "park":  # ... and the run waits for ``resolve`` (B13)
+            tx.count("MARK_PARKED", params)
         return CasResult.OK
     if kind == "fail":
         lease = commit.lease

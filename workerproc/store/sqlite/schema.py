@@ -12,7 +12,7 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 
 from __future__ import annotations
 
-from .calls_sql import PAID_CALLS_SCHEMA
+from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
@@ -445,6 +445,7 @@ MIGRATIONS: list[str] = [
     END;
     """,
     MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart (issue 36)
+    MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend (issue 37)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -218,6 +218,14 @@ def deliver_signal(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(task_id, signal_id)]
 
 
+def unpark(tx: SQLiteTx, params: Params) -> list[Row]:
+    """A run parked on a call (B13) goes on: its task is due now, and it waits no more."""
+    rows: list[Row] = tx.conn.execute(c.UNPARK_TASK, params).fetchall()
+    if rows:
+        tx.conn.execute(c.UNPARKED, params)
+    return rows
+
+
 def link_children(tx: SQLiteTx, params: Params) -> list[Row]:
     """Each child knows its parent, the join task and its place; the parent its count."""
     execute, parent = tx.conn.execute, params["parent"]
@@ -253,6 +261,7 @@ def join_due(tx: SQLiteTx, params: Params) -> list[Row]:
 STEPS: dict[str, Step] = {
     "INSERT_EVENTS": insert_events,
     "DELIVER_SIGNAL": deliver_signal,
+    "UNPARK": unpark,
     "LINK_CHILDREN": link_children,
     "CHILD_ENDED": child_ended,
     "JOIN_DUE": join_due,
