@@ -91,8 +91,9 @@ class TestIntent:
         assert (totals.started, totals.kept, totals.paid_again, totals.unknown) == (1, 0, 0, 1)
         bill = Bill()
         ctx = ctx_of(second, book)
-        assert ctx.once("llm", REQ, bill) == {"text": "answer 1"} and bill.calls == 1
+        assert ctx.once("llm", REQ, bill, tokens=40) == {"text": "answer 1"} and bill.calls == 1
         assert ctx.last_once is not None and ctx.last_once.again
+        assert ctx.used_tokens == 80  # charged to the limits again: the first call was paid
         totals = s.paid_call_totals()
         assert (totals.started, totals.kept, totals.paid_again, totals.unknown) == (2, 1, 1, 1)
         (call,) = s.paid_calls(second.run_id)

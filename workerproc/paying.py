@@ -185,7 +185,9 @@ class PaidCalls:
         reused = kept.outcome == "reused"  # fn was not called
         if reused:
             self.reused += 1
-        elif paid_tokens:  # paid now (kept, lost the race, or refused): what it used counts
-            self.used_tokens = (self.used_tokens or 0) + paid_tokens
+        elif paid_tokens:  # paid now (kept, lost the race, or refused): what it used counts,
+            # and twice when paid again: the same request's earlier call, whose answer never
+            # came, used about as much, and no commit ever charged it to the limits
+            self.used_tokens = (self.used_tokens or 0) + paid_tokens * (2 if again else 1)
         self.last_once = OnceCall(key.name, reused, kept.tokens, kept.attempt, again)
         return kept.result

@@ -66,14 +66,16 @@ DURATION_MIN, DURATION_MAX = 1.0, 3650 * 86400.0  # one second .. ten years
 PRUNE_BATCH_MAX = 10_000
 
 
-def parse_duration(text: str, what: str) -> float:
-    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range. The unit is required:
-    a bare ``1`` could mean a second or a day, and a prune deletes what it matched."""
+def parse_duration(text: str, what: str, *, bare_seconds: bool = False) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d``, ``2w`` -> seconds, within range. The unit is required
+    unless ``bare_seconds`` (``spend --since 3600``, a read): a bare ``1`` could mean a second
+    or a day, and a prune deletes what it matched."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text.lower())
-    if match is None or not match.group(2):
+    if match is None or not (match.group(2) or bare_seconds):
         unit = " (a unit is required)" if match is not None else ""
-        raise ConfigError(f"{what} must look like 90s, 30m, 12h, 7d or 2w{unit} (got {text!r})")
-    seconds = float(match.group(1)) * _UNITS[match.group(2)]
+        shapes = "3600, 90m, 24h, 7d or 2w" if bare_seconds else "90s, 30m, 12h, 7d or 2w"
+        raise ConfigError(f"{what} must look like {shapes}{unit} (got {text!r})")
+    seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     if not DURATION_MIN <= seconds <= DURATION_MAX:
         raise ConfigError(f"{what} must be between 1s and 3650d (got {text!r})")
     return seconds
