@@ -134,6 +134,32 @@ class TestIntent:
             ctx.once("llm", REQ, bill)
         assert bill.calls == 0 and ctx.cancelled
 
+    def test_once_never_returns_an_answer_it_could_not_keep(
+        self, s: Store, clock: FakeClock, book: CallBook
+    ) -> None:
+        run = s.start_run("call")
+        lease = claim(s, "w1")
+        ctx = ctx_of(lease, book)
+
+        def cancelled_meanwhile() -> str:
+            s.cancel_run(run)  # an operator, while the call was in flight
+            return "paid"
+
+        with pytest.raises(RunCancelled):
+            ctx.once("llm", REQ, cancelled_meanwhile)
+        assert ctx.cancelled
+        s.start_run("call")
+        other = claim(s, "w2")
+
+        def done_meanwhile() -> str:
+            clock.advance(TTL + 1)  # paused past the lease: w3 takes over and finishes
+            taken = claim(s, "w3")
+            s.commit_many([Commit(taken, "finish", expected_revision=taken.revision)])
+            return "paid"
+
+        with pytest.raises(LeaseLost):
+            ctx_of(other, book).once("llm", REQ, done_meanwhile)
+
     def test_a_keep_retried_after_it_landed_counts_once(self, s: Store, book: CallBook) -> None:
         s.start_run("call")
         lease = claim(s, "w1")

@@ -178,8 +178,9 @@ class PaidCalls:
     def _once_end(
         self, key: CallKey, kept: KeptCall, paid_tokens: int | None = None, again: bool = False
     ) -> Any:
-        if kept.outcome == "refused":
+        if kept.outcome in ("refused", "ended"):  # never its own answer: there is no kept one
             paid.refused(key, self._lease)
+            self._lost_now(over=kept.outcome == "ended")
         if again:
             paid.paid_again(key, self._lease)
         reused = kept.outcome == "reused"  # fn was not called

@@ -68,13 +68,14 @@ class Resolved:
 class KeptCall:
     """A kept answer: what it was, which attempt paid for it and its tokens. ``outcome``:
     ``reused`` (found), ``kept`` (this answer is the one stored), ``lost_race`` (another was
-    kept first: this is that one, ours counted as paid, unused) or ``refused`` (not kept: the
-    run is over or its step done; ``result`` is the caller's own)."""
+    kept first: this is that one, ours counted as paid, unused), ``refused`` (not kept: the
+    step moved on without this attempt) or ``ended`` (not kept: this attempt's lease is live
+    but its run is over); then ``result`` is the caller's own, which ``once`` never returns."""
 
     result: JSON
     attempt: int
     tokens: int | None
-    outcome: Literal["reused", "kept", "lost_race", "refused", "failed"]  # failed: not kept
+    outcome: Literal["reused", "kept", "lost_race", "refused", "ended"]
 
 
 @dataclass(frozen=True)

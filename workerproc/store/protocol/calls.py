@@ -116,8 +116,8 @@ class Calls:
             if tx.count("KEEP_CALL", {**params, "now": tx.now}) == 1:
                 return KeptCall(result, lease.attempt, tokens, "kept")
             row = tx.one("CALL_LOSER", params)
-            if row is None:
-                return KeptCall(result, lease.attempt, tokens, "refused")
+            if row is None:  # nothing kept, ever: the run is over, or the step done
+                return _refused(tx, lease, result, tokens)
             return _kept(row, "lost_race")
 
         return self.dialect.write(keep)
@@ -251,6 +251,13 @@ def _kept_before(tx: Tx, lease: Lease, key: CallKey, result: JSON, tokens: int |
     try did, read back (never counted twice)."""
     row = tx.one("KEPT_ANSWER", key.params())
     if row is None:
-        return KeptCall(result, lease.attempt, tokens, "refused")
+        return _refused(tx, lease, result, tokens)
     own = int(row[1]) == lease.attempt and str(row[3]) == lease.owner
     return _kept(row, "kept" if own else "lost_race")
+
+
+def _refused(tx: Tx, lease: Lease, result: JSON, tokens: int | None) -> KeptCall:
+    """No answer can be kept: ``ended`` when ``lease`` is still live (its run is over:
+    cancelled), else ``refused`` (the step moved on without it)."""
+    held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
+    return KeptCall(result, lease.attempt, tokens, "ended" if held else "refused")
