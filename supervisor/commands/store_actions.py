@@ -21,6 +21,7 @@ from workerproc.store import (
     Operator,
     Producer,
     RunNotFound,
+    RunOver,
     Store,
     StoreError,
     TaskOptions,
@@ -28,6 +29,7 @@ from workerproc.store import (
     open_store,
     resolve,
 )
+from workerproc.store.calls import MAX_RESULT, Resolved
 from workerproc.store.codec import MAX_STATE, check_run_options, check_traceparent
 from workerproc.store.types import JSON, AttemptEnd, TaskInfo, WorkerInfo
 
@@ -168,6 +170,45 @@ def cancel(store: Operator, run_id: int) -> None:
         raise RunNotFound(run_id)
     ended = "was already cancelled" if run.status == "cancelled" else f"already {run.status}"
     raise SupervisorError(f"run {run_id} {ended}")
+
+
+def resolve_call(
+    store: Operator, run_id: int, name: str, answer: str | None, pay_again: bool, what: str
+) -> tuple[Resolved, bool]:
+    """An operator's word on RUN's call NAME whose outcome is unknown (``supervisor resolve``,
+    the dashboard's Resolve form): ``answer`` (JSON text, ``what`` names it in an error) kept
+    as if the call had returned it, or ``pay_again``; exactly one of the two. Returns what
+    ``resolve`` did and whether the call has a kept answer now (its next attempt reuses it)."""
+    if (answer is None) == (not pay_again):
+        raise ConfigError(f"give {what} or pay again, one of the two")
+    try:
+        if pay_again:
+            done = store.resolve(run_id, name, pay_again=True)
+        else:
+            done = store.resolve(run_id, name, answer=parse_json(answer or "", what, MAX_RESULT))
+    except RunOver as exc:  # its own words are a signal's
+        raise SupervisorError(
+            f"{run_status(run_id, exc.status)}: a run that is over has no call to resolve"
+        ) from None
+    made = [i for i in store.call_timeline(run_id) if i.name == name]
+    newest = (made[-1].task_id, made[-1].request_hash) if made else None
+    answered = any((c.task_id, c.request_hash) == newest and c.kept
+                   for c in store.paid_calls(run_id) if c.name == name)  # fmt: skip
+    return done, answered
+
+
+def resolved_line(run_id: int, name: str, done: Resolved, answered: bool) -> str:
+    """What ``resolve`` did, in one line."""
+    if done.kept:
+        what = f"answer kept for call {name!r}"
+    elif answered:
+        what = (f"an answer was kept already for call {name!r}: the first kept answer wins, "
+                "and its next attempt reuses it")  # fmt: skip
+    else:
+        what = f"call {name!r} is paid again by its next attempt"
+    settled = render.plural(done.settled, "intent") + " without an answer settled"
+    goes = "the run goes on now" if done.resumed else "the run was not parked on this call"
+    return f"run {run_id}: {what}; {settled}; {goes}"
 
 
 def pool_lines(pool: list[WorkerInfo], now: float) -> str:
