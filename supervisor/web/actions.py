@@ -1,5 +1,6 @@
 """What an operator can do from the dashboard: retry a failed or cancelled run, cancel a live
-one, signal a waiting one (issue 25). POST only, each with the CSRF token of the browser's own
+one, signal a waiting one (issue 25), resolve a paid call whose outcome is unknown: its answer,
+or pay again (issue 37). POST only, each with the CSRF token of the browser's own
 session; ``--read-only`` leaves these routes out entirely (and the pages leave out their
 forms)."""
 
@@ -34,6 +35,7 @@ class Actions:
             Route("/runs/{run_id:int}/retry", self.retry, methods=["POST"]),
             Route("/runs/{run_id:int}/cancel", self.cancel, methods=["POST"]),
             Route("/runs/{run_id:int}/signal", self.signal, methods=["POST"]),
+            Route("/runs/{run_id:int}/resolve", self.resolve, methods=["POST"]),
         ]
 
     async def retry(self, request: Request) -> Response:
@@ -44,6 +46,9 @@ class Actions:
 
     async def signal(self, request: Request) -> Response:
         return await self._act(request, "signal", "signalled")
+
+    async def resolve(self, request: Request) -> Response:
+        return await self._act(request, "resolve", "resolved")
 
     async def _act(self, request: Request, action: str, done: str) -> Response:
         run_id = int(request.path_params["run_id"])
@@ -71,6 +76,11 @@ class Actions:
             payload = store_actions.parse_json(form.get("payload") or "null", "payload",
                                                MAX_PAYLOAD)  # fmt: skip
             self.store.signal(run_id, form.get("name", ""), payload)
+        elif action == "resolve":  # the form's answer (JSON), or its "pay again" button
+            pay_again = form.get("how") == "pay_again"
+            answer = None if pay_again else form.get("answer", "")
+            store_actions.resolve_call(self.store, run_id, form.get("name", ""), answer,
+                                       pay_again, "the answer")  # fmt: skip
         elif action == "retry":
             store_actions.retry(self.store, run_id)
         else:

@@ -11,7 +11,8 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from workerproc.store import AttemptEnd, Rejection, TaskInfo
+from workerproc.store import AttemptEnd, Rejection, Run, TaskInfo
+from workerproc.store.calls import PARKED, CallIntent, PaidCall
 
 # outcome -> how the page says it
 OUTCOMES = {
@@ -115,3 +116,20 @@ def _attempt(
                        task.claimed_at, None if live else expires, expires_at=expires,
                        refused=zombie)  # fmt: skip
     return Attempt(task.id, n, "unknown", refused=zombie)
+
+
+def unresolved(run: Run, calls: Iterable[PaidCall], intents: Iterable[CallIntent]) -> list[str]:
+    """The paid calls of a live run an operator may resolve (issue 37): the one it is parked
+    on (``outcome_unknown:NAME``) and any whose outcome is unknown (an intent whose attempt
+    ended without an answer, not settled) and that has no kept answer."""
+    if run.terminal:
+        return []
+    names: set[str] = set()
+    parked = f"{PARKED}:"
+    if run.waiting_for and run.waiting_for.startswith(parked):
+        names.add(run.waiting_for.removeprefix(parked))
+    kept = {(c.task_id, c.name, c.request_hash) for c in calls if c.kept}
+    names.update(i.name for i in intents
+                 if i.unknown and i.answered_at is None and i.settled is None
+                 and (i.task_id, i.name, i.request_hash) not in kept)  # fmt: skip
+    return sorted(names)

@@ -34,6 +34,7 @@ CHART_RUNS = 200_000
 LIMIT_KEYS = 10  # the busiest keys the limits page shows of each limit
 TREE_DEPTH = 4  # a run page's tree of child runs: this many generations below it
 TREE_RUNS = 200  # and at most this many runs in all
+DONE = ("retried", "cancelled", "signalled", "resolved")  # what an action's redirect may say
 
 
 def _per_minute(value: float | None) -> str:
@@ -176,9 +177,11 @@ class Pages:
         ends = [run.finished_at or now] + [a.ended_at or 0.0 for t in lines for a in t.attempts]
         chart = charts.run_timeline(lines, run.created_at, max(ends))
         done = request.query_params.get("done")
+        calls, intents = self.store.paid_calls(run_id), self.store.call_timeline(run_id)
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
-                           calls=self.store.paid_calls(run_id),
-                           done=done if done in ("retried", "cancelled", "signalled") else None,
+                           calls=calls, intents=intents,
+                           unresolved=timeline.unresolved(run, calls, intents),
+                           done=done if done in DONE else None,
                            children=children_tree(self.store, run_id))  # fmt: skip
 
     def leases(self, request: Request) -> Response:
