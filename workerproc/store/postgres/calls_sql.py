@@ -103,6 +103,11 @@ MIGRATION_INTENTS = """
     INSERT INTO store_identity VALUES (md5(random()::text || clock_timestamp()::text));
 """
 
+# the run's calls begin one at a time (the run row first, as the schema's lock order says): two
+# attempts racing on one call (a paused worker wakes while its successor calls) must each see
+# the other's intent, so the second is counted as a payment again. NO KEY UPDATE: inserts that
+# only reference the run (a keep, an intent) do not wait for it
+LOCK_CALL = "SELECT id FROM runs WHERE id = %(run_id)s FOR NO KEY UPDATE"
 # the earlier intents of this call: how many, and how many are open (no answer, not settled)
 EARLIER_INTENTS = f"""SELECT count(*),
         count(*) FILTER (WHERE answered_at IS NULL AND settled IS NULL)

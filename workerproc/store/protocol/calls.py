@@ -68,6 +68,7 @@ class Calls:
         params = key.params()
 
         def begin(tx: Tx) -> CallStart:
+            tx.one("LOCK_CALL", params)  # racing attempts see each other's intents
             row = tx.one("FIND_CALL", params)
             if row is not None:
                 tx.count("COUNT_REUSE", params)

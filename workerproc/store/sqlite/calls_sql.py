@@ -103,6 +103,9 @@ MIGRATION_INTENTS = """
     INSERT INTO store_identity VALUES (lower(hex(randomblob(16))));
 """
 
+# the step's calls begin one at a time: SQLite's write transaction holds the database's write
+# lock already, so this only reads the run (PostgreSQL locks it)
+LOCK_CALL = "SELECT id FROM runs WHERE id = :run_id"
 _CALL = """run_id = :run_id AND task_id = :task_id AND name = :name
       AND request_hash = :request_hash"""
 # the earlier intents of this call: how many, and how many are open (no answer, not settled)
