@@ -18,6 +18,7 @@ from pathlib import Path
 
 from demoapp import STEPS, tokens_for
 
+from supervisor.chaos.report import counts_line
 from workerproc.store import open_store
 
 HERE = Path(__file__).resolve().parent
@@ -92,6 +93,13 @@ def ledger(db: Path) -> dict[str, int]:
         store.close()
 
 
+def paid_calls_line(counts: dict[str, int] | None) -> str:
+    """The chaos report's count of every paid call (ctx.once), in one line."""
+    if not counts or "started" not in counts:
+        return "not counted (no chaos report)"
+    return counts_line(counts) + " (paid again: an upper bound of second payments)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=400)
@@ -128,6 +136,7 @@ def main() -> int:
         ("tokens spent by re-runs", f"{led['respent']:,} (billed twice without leases)"),
         ("tokens saved by reuse", f"{led['saved']:,} ({led['reused']} calls reused: ctx.once)"),
         ("tokens charged twice", f"{led['twice']}"),
+        ("paid calls", paid_calls_line(doc.get("paid_calls"))),
         ("faults", f"{faults.get('kill')} kill, {faults.get('pause')} pause"),
         ("takeover after a kill", f"p50 {kill.get('p50')} ms, p99 {kill.get('p99')} ms (fast)"),
         ("takeover after a pause", f"p50 {pause.get('p50')} ms, p99 {pause.get('p99')} ms (ttl)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +27,11 @@ def test_demo_processes_everything_under_chaos_and_charges_nothing_twice(tmp_pat
     assert out.returncode == 0, out.stdout + out.stderr
     assert "tokens charged twice     0" in out.stdout
     assert "tokens saved by reuse" in out.stdout  # the model is called inside ctx.once
+    counted = re.search(r"^  paid calls +(\d+) started, (\d+) kept, (\d+) reused, (\d+) paid "
+                        r"again, (\d+) unknown", out.stdout, re.MULTILINE)  # fmt: skip
+    assert counted, out.stdout
+    started, answered, _, again, _ = map(int, counted.groups())
+    assert started >= answered >= 1 and started >= again  # each call counted when it starts
     with open_store(str(db)) as kept:
         calls = [c for r in kept.list_runs(limit=100) for c in kept.paid_calls(r.id)]
     assert calls and all(c.name == "model" for c in calls)

@@ -17,6 +17,7 @@ from test_notify import FlakyGate, fake_arbiter
 from web_helpers import client, text_of
 
 from supervisor import exitcodes
+from supervisor.chaos import report
 from supervisor.commands.cli import cli
 from supervisor.integrations.metrics import Metrics
 from supervisor.integrations.probe import StatsProbe
@@ -79,7 +80,7 @@ def test_show_lists_the_calls_and_forget_drops_them(db: str) -> None:
 def test_metrics_count_reused_and_paid_unused_calls(clock: FakeClock) -> None:
     gate = FlakyGate()
     gate.calls = CallTotals(calls=3, reused=2, unused=1, tokens=300, saved_tokens=200,
-                            unused_tokens=90)  # fmt: skip
+                            unused_tokens=90, started=5, paid_again=2, unknown=1)  # fmt: skip
     arb = fake_arbiter(clock, gate)
     metrics = Metrics(StatsProbe())
     metrics.install(arb)
@@ -89,6 +90,33 @@ def test_metrics_count_reused_and_paid_unused_calls(clock: FakeClock) -> None:
               for s in families["leasekeeper_paid_call_tokens"].samples}  # fmt: skip
     assert calls == {"paid": 3, "reused": 2, "paid_unused": 1}
     assert tokens == {"paid": 300, "saved": 200, "paid_unused": 90}
+    every = {s.labels["outcome"]: s.value for s in families["leasekeeper_calls"].samples}
+    assert every == {"started": 5, "kept": 3, "reused": 2, "paid_again": 2, "unknown": 1}
+
+
+def test_the_chaos_report_counts_every_paid_call(capsys: pytest.CaptureFixture[str]) -> None:
+    totals = CallTotals(calls=3, reused=2, unused=1, tokens=300, saved_tokens=200,
+                        unused_tokens=90, started=6, paid_again=3, unknown=2)  # fmt: skip
+    counted = report.paid_calls(totals)
+    assert {k: counted[k] for k in ("started", "kept", "reused", "paid_again", "unknown")} == {
+        "started": 6, "kept": 3, "reused": 2, "paid_again": 3, "unknown": 2}  # fmt: skip
+    assert counted["tokens_saved"] == 200 and counted["paid_unused"] == 1  # as before
+    doc = {
+        "faults": {"kill": 1, "pause": 0},
+        "leases_hit": 1,
+        "spared": 0,
+        "taken_over": 1,
+        "orphaned_leases": 1,
+        "takeover_ms": {"p50": 1, "p99": 1},
+        "zombie_writes_rejected": 0,
+        "warnings": [],
+        "violations": [],
+        "ok": True,
+        "paid_calls": report.paid_calls(CallTotals(started=2, paid_again=1, unknown=1)),
+    }
+    report.print_text(doc, [1.0], None)
+    line = next(x for x in capsys.readouterr().err.splitlines() if "paid calls" in x)
+    assert "2 started, 0 kept, 0 reused, 1 paid again, 1 unknown" in line  # none kept: shown
 
 
 def test_run_inline_runs_once_as_a_worker_does(tmp_path: Path) -> None:

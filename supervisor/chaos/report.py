@@ -26,17 +26,29 @@ def summary_line(r: dict[str, Any]) -> str:
 
 
 def paid_calls(totals: CallTotals) -> dict[str, int]:
-    """What ``ctx.once`` saved (issue 27): calls reused instead of paid again, their tokens
-    (saved by reuse), and answers paid again and thrown away (the losers of races)."""
-    return {"kept": totals.calls, "reused": totals.reused, "tokens_saved": totals.saved_tokens,
-            "paid_unused": totals.unused, "paid_unused_tokens": totals.unused_tokens}  # fmt: skip
+    """Every paid call accounted for (issues 27 and 37): calls started (an intent each), kept,
+    reused instead of paid again (their tokens saved), paid again (an intent after an earlier
+    one of the same call: an upper bound of real second payments), unknown (an intent whose
+    attempt ended without an answer), and answers paid and thrown away (the losers of races)."""
+    return {"started": totals.started, "kept": totals.kept, "reused": totals.reused,
+            "paid_again": totals.paid_again, "unknown": totals.unknown,
+            "tokens_saved": totals.saved_tokens, "paid_unused": totals.unused,
+            "paid_unused_tokens": totals.unused_tokens}  # fmt: skip
+
+
+def counts_line(c: dict[str, int]) -> str:
+    """The five counts of every paid call, in one line (the chaos report, ``scripts/demo``)."""
+    return (
+        f"{c['started']} started, {c['kept']} kept, {c['reused']} reused, "
+        f"{c['paid_again']} paid again, {c['unknown']} unknown"
+    )
 
 
 def calls_line(c: dict[str, int]) -> str:
     return (
-        f"paid calls (ctx.once): {c['kept']} kept, {c['reused']} reused "
-        f"({c['tokens_saved']:,} tokens saved by reuse), {c['paid_unused']} paid unused "
-        f"({c['paid_unused_tokens']:,} tokens spent twice)"
+        f"paid calls (ctx.once): {counts_line(c)} ({c['tokens_saved']:,} tokens saved by "
+        f"reuse); {c['paid_unused']} paid unused ({c['paid_unused_tokens']:,} tokens spent "
+        "twice)"
     )
 
 
@@ -57,7 +69,8 @@ def write(path: str, report: dict[str, Any]) -> None:
 def print_text(report: dict[str, Any], takeover_ms: list[float], path: str | None) -> None:
     lines = ["", "chaos report" + (f" ({path})" if path else "")]
     lines.append("  " + summary_line(report).removeprefix("chaos: "))
-    if report.get("paid_calls") and report["paid_calls"]["kept"]:
+    if report.get("paid_calls") and (report["paid_calls"]["started"]
+                                     or report["paid_calls"]["kept"]):  # fmt: skip
         lines.append("  " + calls_line(report["paid_calls"]))
     lines.append("  takeover latency:")
     lines += histogram(takeover_ms)

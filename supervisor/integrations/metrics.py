@@ -140,6 +140,18 @@ class SupervisorCollector:
             return
         yield labelled(
             CounterMetricFamily,
+            "calls",
+            "Paid calls (ctx.once) by outcome: started (an intent recorded before each call), "
+            "kept (answers kept), reused (an attempt took the kept answer instead of paying), "
+            "paid_again (an intent after an earlier one of the same call: an upper bound of "
+            "real second payments), unknown (an intent whose attempt ended without an answer). "
+            "Counted from the database: pruned runs leave the count.",
+            ["outcome"],
+            [(["started"], calls.started), (["kept"], calls.kept), (["reused"], calls.reused),
+             (["paid_again"], calls.paid_again), (["unknown"], calls.unknown)],
+        )  # fmt: skip
+        yield labelled(
+            CounterMetricFamily,
             "paid_calls",
             "Paid calls kept by ctx.once, by outcome: paid (kept), reused (an attempt took the "
             "kept answer instead of paying), paid_unused (paid again and thrown away: the loser "
