@@ -269,7 +269,7 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks: how many times each ran (executions) and
     was claimed (claims: also a claim that found the attempt budget spent), and its errors;
-    its paid calls (ctx.once): which were reused and which were paid twice."""
+    its paid calls (ctx.once): how often each was made, paid again, left unknown and reused."""
     with store_actions.store_for(db) as store:
         data = store_actions.get_run(store, run_id)
         now = store.now()
@@ -295,7 +295,7 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     ]  # fmt: skip
     headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
     click.echo("\n" + render.table(headers, rows))
-    if data["calls"]:  # ctx.once's kept answers: which were reused, which paid twice
+    if data["calls"]:  # ctx.once's calls: made, paid again, unknown, kept and reused
         click.echo("\npaid calls:\n" + calls_table(data["calls"]))
     if data["signals"]:  # newest first; "kept": no wait has taken it yet
         rows = [
