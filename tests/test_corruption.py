@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -36,12 +37,17 @@ def garbage_in_page_2(path: str) -> None:
 
 
 def scribble_random_pages(path: str, pages: int = 5, seed: int = 7) -> None:
-    """Overwrite part of a few seeded random pages of the second half of the file: data and
-    index pages (the schema lives in the first pages; damage there is the other case)."""
+    """Overwrite part of a few seeded random pages of the second half of the file, past every
+    table's and index's root page: data and index pages (the schema lives in the first pages,
+    which grow with each migration; damage there is the other case)."""
     rng = random.Random(seed)
     count = os.path.getsize(path) // PAGE
+    with sqlite3.connect(path) as conn:
+        (roots,) = conn.execute("SELECT max(rootpage) FROM sqlite_master").fetchone()
+    conn.close()
+    first = max(count // 2, int(roots)) + 1
     with open(path, "r+b") as fh:
-        for page in rng.sample(range(count // 2 + 1, count + 1), pages):
+        for page in rng.sample(range(first, count + 1), pages):
             fh.seek((page - 1) * PAGE)  # from the b-tree page header on
             fh.write(rng.randbytes(512))
 
