@@ -20,11 +20,13 @@ RUN_CANCELLED = 13  # wait: the run was cancelled
 WAIT_TIMEOUT = 14  # wait: the run had not ended within --timeout
 RUN_UNKNOWN = 15  # wait: no run has that id
 RUNS_FAILED = 16  # start --drain --fail-on-failed: a run failed during the drain
+DRAIN_CORRUPT = 17  # start --drain: the quick check at the drain's end found the database damaged
 
 DESCRIPTIONS = {
     OK: "success; `start`: stopped on request (graceful, fast, or `--drain` finished)",
     ERROR: "the command failed: database missing or corrupt, unknown run, refused operation; "
-    "`start`: the database is corrupt or its file was deleted or replaced under the pool",
+    "`start`: the database is corrupt or its file was deleted or replaced under the pool; "
+    "`events --follow`: its database file was deleted or replaced",
     USAGE: "bad option or value (`-n 0`, `--lease-ttl inf`, invalid JSON, a non-numeric run id)",
     APP_LOAD: "`start`: the `--app` cannot be imported (or its import started threads: the parent "
     "must fork from one thread)",
@@ -49,4 +51,8 @@ DESCRIPTIONS = {
     RUNS_FAILED: "`start --drain --fail-on-failed`: the drain finished, and a run failed while "
     "it ran (its last line counts them; `supervisor runs --status failed` lists them); a drain "
     "stopped before it finished (TERM) is not judged, and a chaos violation (8) wins",
+    DRAIN_CORRUPT: "`start --drain` on SQLite: the drain finished, but the quick integrity check "
+    "that ends it (its workers gone) found the database damaged (a page written under the pool "
+    "and never read again, a scribbled `-wal`); the line names the damage: restore from a "
+    "backup (`supervisor check`). Wins over 16; a chaos violation (8) wins over it",
 }

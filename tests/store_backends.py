@@ -29,7 +29,7 @@ from workerproc.store import (
     open_store,
 )
 from workerproc.store.dialect import Tx
-from workerproc.store.protocol.claims import fail_run as protocol_fail_run
+from workerproc.store.protocol.failures import fail_run as protocol_fail_run
 from workerproc.store.protocol.operators import status
 from workerproc.store.types import JSON
 

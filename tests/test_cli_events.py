@@ -96,3 +96,33 @@ def test_events_follow_prints_each_new_event_as_it_commits(db: str, tmp_path: Pa
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_events_follow_stops_when_its_database_file_goes(tmp_path: Path, how: str) -> None:
+    """Issue 38: a follower of a deleted (or replaced) SQLite file says so in one line and
+    exits 1, as ``start`` does, instead of following the old inode for ever and never seeing
+    the file now at that path."""
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        store.start_run("before")
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "events", "--db", db,
+                             "--follow", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env_with_tests(),
+                            start_new_session=True, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("{")  # following
+        for suffix in ("", "-wal", "-shm"):
+            Path(db + suffix).unlink(missing_ok=True)
+        if how == "replaced":  # a new database at the path: another file, never followed
+            with open_store(db) as store:
+                store.start_run("other")
+        out, err = proc.communicate(timeout=30)  # it looks at least once a second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 1, err
+    (line,) = err.strip().splitlines()
+    assert f"the database file {db} was {how}" in line and "Traceback" not in err
+    assert "other" not in out

@@ -5,6 +5,8 @@ real store."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from helpers import FakeClock
 from test_chaos_verdict import TTL, StoreGate
 from test_supervisor_units import FakeProcs, make_arbiter
@@ -77,3 +79,23 @@ def test_a_drain_stopped_before_it_finished_is_not_judged(store: Store, clock: F
     assert arb.drain_failed is None
     exit_rules(arb, None)
     assert exit_code(arb) == exitcodes.OK
+
+
+def test_a_damaged_database_at_the_drains_end_exits_17_over_16(
+    store: Store, clock: FakeClock, tmp_path: Path
+) -> None:
+    """Issue 38: the quick check that ends a finished drain found damage: 17, which wins over
+    ``--fail-on-failed``'s 16; a drain not finished is not checked."""
+    arb = drain(store, clock)
+    arb.gate.file = str(tmp_path / "lk.db")  # type: ignore[misc]  # an SQLite file, small
+    checks: list[int] = []
+
+    def quick_check() -> list[str]:
+        checks.append(1)
+        return ["Tree 7 page 12: btreeInitPage() returns error code 11"]
+
+    arb.gate.quick_check = quick_check  # type: ignore[method-assign]
+    exit_rules(arb, None)
+    assert exit_code(arb) == exitcodes.OK and checks == []  # not finished: not checked
+    arb.drain_failed = 1
+    assert exit_code(arb) == exitcodes.DRAIN_CORRUPT and checks == [1]

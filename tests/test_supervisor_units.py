@@ -65,6 +65,8 @@ class FakeProcs:
 
 
 class FakeGate:
+    file: str | None = None  # a server database: no file to check or pin
+
     def __init__(self) -> None:
         self.released: list[str] = []  # owners whose leases were released
         self.counted: list[str] = []  # owners whose leases were only counted

@@ -88,6 +88,29 @@ def test_a_signal_sent_before_the_wait_is_kept_and_delivered_when_it_waits(s: St
     assert lease.signal is not None and lease.signal.payload == {"early": 1}
 
 
+@pytest.mark.parametrize("early", [True, False])
+def test_a_wait_of_timeout_zero_takes_a_signal_sent_before_it(
+    s: Store, clock: FakeClock, early: bool
+) -> None:
+    """Issue 38: the order of the signal and the wait does not matter with ``timeout=0``
+    either: the wait commit takes the kept signal at once (its deadline is now)."""
+    run_id = s.start_run("draft")
+    first = one(s)
+    if early:
+        s.signal(run_id, "approval", {"early": 1})
+    assert wait(s, first, "approval", timeout=0) is CasResult.OK
+    clock.advance(5)  # claimed after its deadline: the signal was taken by the wait already
+    lease = one(s)
+    assert lease.task == "after"
+    if not early:  # nothing kept: due at once, without one (a signal now is kept for later)
+        assert lease.signal is None
+        return
+    assert lease.signal is not None and lease.signal.payload == {"early": 1}
+    finish(s, lease)
+    (sent,) = s.run_signals(run_id)
+    assert sent.task_id == lease.task_id  # taken, not kept on a finished run
+
+
 def test_a_signal_after_a_timeout_is_kept_for_a_later_wait(s: Store, clock: FakeClock) -> None:
     run_id = waiting_run(s, timeout=60)
     assert s.claim("w", TTL, limit=5) == []

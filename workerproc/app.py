@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
 from .store import TaskOptions
+from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
 from .store.webhooks import RESERVED
@@ -67,6 +68,8 @@ class App:
                                  tokens=tokens, token_burst=token_burst, per=per)  # fmt: skip
         if name in self.limits and self.limits[name] != spec:
             raise ValueError(f"limit {name!r} is declared twice, with other numbers")
+        if never := unfit(self._reservations(), {name: spec}):  # B12: it would wait for ever
+            raise ValueError(f"app.limit({name!r}): {never[0]}")
         self.limits[name] = spec
         return spec
 
@@ -198,10 +201,17 @@ class App:
         options = declare(name, **declared)
         if name in self.handlers and self.handlers[name] is not fn:
             raise ValueError(f"task {name!r} is registered twice")
+        if never := unfit({name: (options.limits or (), options.tokens)}, self.limits):
+            raise ValueError(f"@app.task({name!r}): {never[0]}")  # B12: it would wait for ever
         task: Task[Any] = Task(name, fn, options)
         self.handlers[name] = fn
         self.tasks[name] = task
         return task
+
+    def _reservations(self) -> dict[str, tuple[tuple[str, ...], int | None]]:
+        """Each task's limits and token reservation, by name."""
+        return {name: (task.options.limits or (), task.options.tokens)
+                for name, task in self.tasks.items()}  # fmt: skip
 
     def task_options(self) -> dict[str, TaskOptions]:
         """Every task's declared options, by name (what a worker writes to the database)."""

@@ -49,6 +49,7 @@ from .signals import Signals, Waker
 from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
+from .store.limits import TOO_LARGE
 from .store.roles import CallStore
 from .store.webhooks import DELIVERY_TASK
 from .ticker import Ticker
@@ -152,7 +153,8 @@ class Worker:
             # limits (issue 24), whose numbers every claim obeys
             self.store.register_tasks(self.app.task_options())
             for told in self.store.declare_limits(self.app.limits, by=socket.gethostname()):
-                event(log, "limit_redeclared", told, level=logging.WARNING)
+                kind = TOO_LARGE if told.startswith("task ") else "limit_redeclared"
+                event(log, kind, told, level=logging.WARNING)
             self._start_schedules()
             self._start_courier()
             if hooks.start(self.app.worker_start, self._on_loop) is not None:

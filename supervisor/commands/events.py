@@ -10,6 +10,9 @@ import click
 
 from workerproc.store import Event
 
+from ..errors import SupervisorError
+from ..loop.pinned import PinnedFile
+from ..loop.storegate import db_file
 from . import render, store_actions
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
@@ -38,8 +41,22 @@ def events(
         if not follow:
             show(store.events(after=after, limit=limit, run=run_id, system=all_), as_json)
             return
+        # the file it opened, as ``start`` pins it (``loop.pinned``): an open connection goes
+        # on reading a deleted file, and a new file at the path is another database
+        pinned = PinnedFile(db_file(db))
         try:
-            for event in store.follow(after=after, run=run_id, system=all_):
+            pinned.pin()
+        except FileNotFoundError:
+            raise SupervisorError(f"database {pinned.path} does not exist") from None
+
+        def watch() -> None:
+            problem = pinned.problem("`events --follow`")
+            if problem is not None:  # one line, exit 1, as ``start`` stops (``loop.guard``)
+                raise SupervisorError(f"{problem}: stopping (a new file at that path is "
+                                      "never taken for this one)")  # fmt: skip
+
+        try:
+            for event in store.follow(after=after, run=run_id, system=all_, watch=watch):
                 show([event], as_json)
         except KeyboardInterrupt:  # the way to stop following: no error
             return

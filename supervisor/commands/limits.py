@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from workerproc.store.limits import LimitInfo, per_second
+from workerproc.store.limits import TOO_LARGE, LimitInfo, per_second, unfit
 
 from ..errors import ConfigError
 from . import render, store_actions
@@ -129,10 +129,14 @@ def set_(
                           "--token-burst")  # fmt: skip
     with store_actions.store_for(group_db(db, ctx)) as store:
         spec = store.set_limit(name, **given)
+        declared = store.task_options()
     shown = {k: _per_minute(v) if k in ("rate", "tokens") else v
              for k, v in spec.numbers.items()}  # fmt: skip
     click.echo(f"limit {name}: {', '.join(f'{k} {v}' for k, v in shown.items())} "
                "(every host, until a release declares other numbers)")  # fmt: skip
+    reserving = {t: (o.limits, o.tokens) for t, o in declared.items() if o.limits}
+    for line in unfit(reserving, {name: spec}):  # B12: such runs fail at claim from now on
+        click.echo(f"warning: {line}; its runs fail at claim ({TOO_LARGE})", err=True)
 
 
 ALL = [limits]

@@ -8,7 +8,6 @@ workers of a previous supervisor on this host; only then the first fork.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Callable
 
 from workerproc import App
@@ -25,7 +24,7 @@ from ..loop.arbiter import Arbiter, Step
 from ..loop.failures import drain_began
 from ..loop.failures import exit_code as drain_exit_code
 from ..loop.forking import ForkContext, fork_probe, fork_worker, other_threads
-from ..loop.guard import RESTORE, DbGuard
+from ..loop.guard import RESTORE, DbGuard, bounded_quick_check, checked_drain
 from ..loop.pidfile import Pidfile
 from ..loop.pool import Pool, imports_app
 from ..loop.progress import StallWatch
@@ -55,30 +54,9 @@ def worker_config(config: StartConfig, max_tasks: int | None) -> WorkerConfig:
     return dataclasses.replace(config.worker, max_tasks=max_tasks)
 
 
-# A quick_check reads every page once: about 0.1 s per 50 MB from the page cache on the 2-core
-# development machine, a few seconds per GB from a cold disk. Up to 256 MiB it costs a start
-# well under a second, which buys never serving a damaged queue; above, start logs that it
-# skipped the check (`supervisor check --db` runs it, and the full integrity_check, offline).
-QUICK_CHECK_MAX_BYTES = 256 * 1024 * 1024
-
-
 def check_at_start(gate: StoreGate) -> None:
     """Refuse to start on a corrupt database (exit 1) when it is small enough to check."""
-    if gate.file is None:
-        return  # a server database: its own checks are the server's business
-    try:
-        size = os.path.getsize(gate.file)
-    except OSError:
-        size = 0  # missing: the store creates it
-    if size > QUICK_CHECK_MAX_BYTES:
-        event(
-            "quick_check_skipped",
-            f"database is {size / 1048576:.0f} MB (> {QUICK_CHECK_MAX_BYTES // 1048576} MB): "
-            "start-up quick check skipped; run `supervisor check --db …` offline",
-            size=size,
-        )
-        return
-    problems = gate.quick_check()
+    problems = bounded_quick_check(gate, "start-up")
     if problems:
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise SupervisorError(
@@ -156,12 +134,14 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
 
 def exit_rules(arbiter: Arbiter, chaos: Chaos | None) -> None:
     """What decides the exit code once the loop is done, in this order: chaos's verdict (a
-    violation exits 8, whatever else happened: safety first), then ``--fail-on-failed`` (16,
+    violation exits 8, whatever else happened: safety first), then the quick check that ends a
+    finished drain on SQLite (17: the database is damaged), then ``--fail-on-failed`` (16,
     for a drain that finished with exit 0 and failed runs). Each keeps a code that is not 0."""
     if chaos is not None:
         arbiter.exit_hooks.append(
             lambda arb, code: chaos.conclude(arb, code, exitcodes.CHAOS_VIOLATION)
         )
+    arbiter.exit_hooks.append(checked_drain)  # a damaged database: 17, before 16
     arbiter.exit_hooks.append(drain_exit_code)
 
 

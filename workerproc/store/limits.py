@@ -197,6 +197,33 @@ def gating(
     return Gating(gates, (keyed or list(gates))[0], (tokens or 0) if budgeted else None)
 
 
+TOO_LARGE = "reservation_too_large"  # the failure reason of a run no bucket can ever admit
+
+
+def never_fits(tokens: int | None, spec: LimitSpec | GateState) -> bool:
+    """Whether a reservation of ``tokens`` exceeds what the token bucket of ``spec`` ever
+    holds (its ``token_burst``): a run reserving it could never be admitted through it."""
+    burst = spec.token_burst if spec.tokens is not None else None
+    return bool(tokens) and burst is not None and tokens is not None and tokens > burst
+
+
+def too_large(task: str, tokens: int, limit: str, burst: float) -> str:
+    """The one line that says why a reservation can never fit (``never_fits``)."""
+    return (f"task {task!r} reserves {tokens} tokens, more than limit {limit!r} ever holds "
+            f"(token_burst {burst:g}): lower the task's tokens= or raise the limit's "
+            "token_burst")  # fmt: skip
+
+
+def unfit(
+    tasks: Mapping[str, tuple[Sequence[str], int | None]], specs: Mapping[str, LimitSpec]
+) -> list[str]:
+    """``too_large``'s line for every task (its limits and reservation, by name) whose
+    reservation one of its limits in ``specs`` can never admit."""
+    return [too_large(task, tokens or 0, name, specs[name].token_burst or 0)
+            for task, (limits, tokens) in sorted(tasks.items()) for name in limits
+            if name in specs and never_fits(tokens, specs[name])]  # fmt: skip
+
+
 def refill(level: float | None, at: float | None, rate: float, size: float, now: float) -> float:
     """A bucket's level at ``now``: full when never used, else what it held plus what ``rate``
     added since ``at``, at most ``size``."""

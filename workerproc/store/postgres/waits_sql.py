@@ -50,9 +50,10 @@ clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM run)
 INSERT INTO signals (run_id, name, payload, sent_at)
     SELECT run.id, %(name)s, %(payload)s::json, clock.now FROM run, clock RETURNING id"""
 
-# the oldest kept signal of the name the run waits for now (its deadline ahead, its task not
-# done), delivered: the signal is taken, its task is due now and knows it, the run waits no
-# more, its head is that task (due now, unless one comes before it), and idle workers are told
+# the oldest kept signal of the name the run waits for now (its deadline ahead, or the wait
+# being committed: ``fresh``, even with timeout 0; its task not done), delivered: the signal
+# is taken, its task is due now and knows it, the run waits no more, its head is that task
+# (due now, unless one comes before it), and idle workers are told
 _DUE_HEAD = head_of("r.id", without="f.task_id", extra="clock.now, f.created_at, f.task_id, f.line")
 DELIVER_SIGNAL = f"""{_LOCKED},
 found AS MATERIALIZED (
@@ -60,7 +61,8 @@ found AS MATERIALIZED (
     JOIN signals AS s ON s.run_id = r.id AND s.task_id IS NULL
         AND 'signal:' || s.name = r.wait_for
     JOIN tasks AS t ON t.id = r.wait_task AND t.done_at IS NULL, clock
-    WHERE r.id = %(run_id)s AND r.status = 'pending' AND r.wait_until > clock.now
+    WHERE r.id = %(run_id)s AND r.status = 'pending'
+        AND (r.wait_until > clock.now OR %(fresh)s::boolean)
     ORDER BY s.id LIMIT 1),
 taken AS (UPDATE signals AS s SET task_id = f.task_id FROM found AS f WHERE s.id = f.signal_id),
 due AS (UPDATE tasks AS t SET available_at = clock.now, signal_id = f.signal_id

@@ -23,12 +23,12 @@ from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import Params, Row, Tx
 from ..errors import InvalidPayload
 from ..limits import Gating
-from ..types import ClaimRequest, Lease, RunFailure
+from ..types import ClaimRequest, Lease
 from . import gates
 from .events import emit
+from .failures import attempt_ended, fail_run
 from .limits import Gatekeeper
-from .totals import ended
-from .waits import delivered, ended_children, joined
+from .waits import delivered, joined
 
 # One claim runs at most this many statements. Each turn hands out leases, fails runs
 # (attempts exhausted, payload undecodable) or finds heads its snapshot could not see, so the
@@ -175,29 +175,3 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         # still run there: its start is recorded when it begins (as the claim statement did)
         started=req.begins and was[0] != req.owner,
     )
-
-
-def fail_run(
-    tx: Tx, run_id: int, queue: str, reason: str, error: str | None, task: str | None = None,
-    attempt: int | None = None,
-) -> int:  # fmt: skip
-    """Fail a live run (of ``queue``, where it is counted; ``task`` at ``attempt`` failed
-    it); how many runs changed (0: it was over already)."""
-    params = {"run_id": run_id, "reason": reason, "error": error, "now": tx.now}
-    changed = tx.count("FAIL_RUN", params)
-    if changed:
-        ended(tx, queue, "failed")
-        emit(tx, "run.failed", run_id, task, attempt, reason=reason, error=error)
-        tx.failed.append(RunFailure(run_id, task, reason, error))  # for the worker's log line
-        ended_children(tx, [run_id])  # a child's failure counts for its parent's join (B14)
-    return changed
-
-
-def attempt_ended(
-    tx: Tx, run_id: int, task_id: int, outcome: str, error: str | None = None
-) -> None:
-    """Keep the current attempt of ``task_id`` (of ``run_id``) in the history before its lease
-    is cleared."""
-    params = {"run_id": run_id, "task_id": task_id, "now": tx.now, "outcome": outcome,
-              "error": error}  # fmt: skip
-    tx.count("ATTEMPT_ENDED", params)

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from ..calls import usage_row
 from ..dialect import Params, Tx
 from ..types import CasResult, Commit, Lease
-from .claims import attempt_ended, fail_run
 from .events import emit
+from .failures import attempt_ended, fail_run
 from .gates import settle
 from .totals import counted
 from .waits import ended_children, spawn, wait

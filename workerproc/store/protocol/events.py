@@ -17,7 +17,7 @@ larger than every number any reader has seen (docs/protocol.md, B18).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..codec import QUEUE_NAME, shown
@@ -162,13 +162,18 @@ class Events:
     def follow(
         self, after: int | None = None, *, consumer: str | None = None, run: int | None = None,
         limit: int = 500, poll: float = DEFAULT_POLL, system: bool = False,
+        watch: Callable[[], object] | None = None,
     ) -> Iterator[Event]:  # fmt: skip
         """Every event after ``after`` (or ``consumer``'s position), then each new one as it
         commits, for ever: sleeps on the change token between reads (at most ``poll``
         seconds), never spins. Acknowledging stays the consumer's (``ack_events``).
-        ``system``: as ``events``."""
+        ``system``: as ``events``. ``watch``: called before every read (at least every
+        ``poll`` seconds): what it raises ends the follow (``supervisor events --follow``
+        checks there that the database file is still the one it opened)."""
         cursor = self.consumer_position(consumer) if after is None and consumer else after or 0
         while True:
+            if watch is not None:
+                watch()
             token = self.dialect.change_token()
             batch = self.events(cursor, limit, run=run, system=system)
             yield from batch

@@ -15,6 +15,9 @@ transaction that leases them.
 - **Which runs.** ``LINE_RUNS``: the first claimable runs of the line in the served queues (a
   higher priority first, then head order), locked; ``CLAIM_RUNS`` leases the admitted ones
   exactly as the claim does (R1-R6 unchanged: the lease arbitrates there too).
+- **Never fits.** A run whose reservation is above a token bucket's size (its limits changed
+  after it was enqueued) fails where the claim finds it (``reservation_too_large``), and the
+  claim goes on down its line: a run that can never enter never keeps its line closed.
 - **Closing.** A gate without room gets ``ready_at`` set to the moment it may have some (its
   bucket refilled, its pause over, its first live lease expired); a line with nothing to take,
   to its next due run (or NULL: nothing waits). So a claim never walks runs waiting on a full
@@ -34,8 +37,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ..dialect import Params, Row, Tx
-from ..limits import GateState
+from ..limits import GateState, never_fits, split_gate, too_large
 from ..types import CasResult, ClaimRequest, Commit, Lease
+from .failures import refuse_too_large
 
 GATES_AT_ONCE = 64  # open gates one claim looks at, at most
 LeaseMaker = Callable[[Tx, ClaimRequest, Row], Lease | None]
@@ -280,6 +284,9 @@ def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> lis
         if any(s is None for s in states):
             continue  # a gate another claimer holds: this run waits for the next claim
         held = [s for s in states if s is not None]
+        if (never := next((s for s in held if never_fits(reserve, s)), None)) is not None:
+            _refuse(gates, row, never)  # it could wait for ever, and the line behind it
+            continue
         if all(s.admits(now, need) for s in held):
             for s in held:
                 s.admit(now, need, now + gates.ttl)
@@ -294,6 +301,22 @@ def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> lis
                     own.decide(at, blocked_by=s.gate)
         break  # the line's order holds: what stands behind a blocked run waits too
     return ok
+
+
+def _refuse(gates: Admission, row: Row, never: GateState) -> None:
+    """A run whose reservation ``never``'s token bucket can never hold (its limits changed
+    after it was enqueued: ``limits set``, another host's declaration) fails in the claim
+    instead of closing its line for good; an expired lease on it gives its reservation back."""
+    run_id, task_id, reserve, before, *names = row
+    limit, _key = split_gate(never.gate)
+
+    def why(task: str) -> str:
+        return too_large(task, reserve, limit, never.token_burst or 0)
+
+    refuse_too_large(gates.tx, run_id, task_id, before is not None, why)
+    for g in (n for n in names if n and before):
+        if (s := gates.state(g)) is not None:
+            s.give_back(gates.now, before)
 
 
 def _lease_all(

@@ -32,6 +32,7 @@ from ..limits import (
     gating,
     refill,
     split_gate,
+    unfit,
 )
 from ..newrun import NewRun
 
@@ -41,6 +42,16 @@ REFRESH = 1.0  # seconds a store trusts what it read of the declarations
 def _spec(row: Row) -> LimitSpec:
     name, per, rate, burst, concurrency, tokens, token_burst = row[:7]
     return LimitSpec(name, rate, burst, concurrency, tokens, token_burst, per)
+
+
+def reservations(options: Iterable[Row]) -> dict[str, tuple[tuple[str, ...], int | None]]:
+    """The limits and token reservation of every task with limits (``TASK_OPTIONS`` rows)."""
+    out = {}
+    for name, text in options:
+        o = task_options(text)
+        if o.limits:
+            out[name] = (o.limits, o.tokens)
+    return out
 
 
 class Gatekeeper:
@@ -55,11 +66,7 @@ class Gatekeeper:
         return time.monotonic() - self.read_at > REFRESH
 
     def learn(self, options: Iterable[Row], specs: Iterable[Row]) -> None:
-        self.tasks = {}
-        for name, text in options:
-            o = task_options(text)
-            if o.limits:
-                self.tasks[name] = (o.limits, o.tokens)
+        self.tasks = reservations(options)
         self.specs = {row[0]: _spec(row) for row in specs}
         self.read_at = time.monotonic()
 
@@ -96,7 +103,9 @@ class Limits:
 
     def declare_limits(self, specs: Mapping[str, LimitSpec], by: str) -> list[str]:
         """Write the numbers an app declares (``by``: who declares, for the record); returns
-        a line for each limit another host had declared otherwise (this declaration wins)."""
+        a line for each limit another host had declared otherwise (this declaration wins), and
+        one (``too_large``'s, starting ``task``) for each task in the database whose token
+        reservation one of these limits can never admit: its runs fail at claim (B12)."""
         told: list[str] = []
 
         def write(tx: Tx) -> list[str]:
@@ -124,7 +133,10 @@ class Limits:
                         "now": tx.now,
                     },
                 )
-            return told
+            # B12: a reservation one of these limits can never admit (a task of another
+            # app, or numbers an operator set): its runs fail at claim, said here first
+            now = {row[0]: _spec(row) for row in tx.rows("LIMIT_SPECS", {}) if row[0] in specs}
+            return told + unfit(reservations(tx.rows("TASK_OPTIONS", {})), now)
 
         result = self.dialect.write(write)
         self._gatekeeper = None

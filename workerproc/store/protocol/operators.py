@@ -13,7 +13,9 @@ from .waits import cancel_descendants, ended_children
 def cancel(tx: Tx, run_id: int) -> bool:
     """Cancel live run ``run_id`` in ``tx`` (its row first, then its tasks); False when it
     was over already (``RunNotFound`` when there is none)."""
-    _, queue = status(tx, run_id)
+    was, queue = status(tx, run_id)
+    if was == "pending":  # a run that waits in its line may close it (B12): it opens again
+        tx.count("REOPEN_RUN", {"run_id": run_id, "now": tx.now})
     if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
         return False
     ended(tx, queue, "cancelled")

@@ -10,8 +10,9 @@ task (``wait_task``); the reads call such a run ``waiting``. A signal is a row o
 task due now and records the signal on it (the claim hands it to the handler as
 ``ctx.signal``), and ends the wait, all under the run's lock. It runs when a signal is sent and
 right after a wait commit, so a signal sent before the wait is kept and delivered when it
-waits. A wait whose deadline passed takes no signal: its task is claimed with none
-(``ctx.signal is None``), and a signal sent then is kept for a later wait.
+waits, whatever its timeout (the wait commit takes a kept signal even at a deadline of now:
+``timeout=0``). A wait whose deadline passed takes no signal sent after it: its task is claimed
+with none (``ctx.signal is None``), and a signal sent then is kept for a later wait.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def wait(tx: Tx, params: Params) -> CasResult:
     """The wait commit after its ADVANCE matched (the next task not due before the deadline):
     the run waits, and a signal it was sent already is delivered at once."""
     tx.count("MARK_WAIT", params)
-    tx.count("DELIVER_SIGNAL", {"run_id": params["run_id"], "now": tx.now})
+    # ``fresh``: this wait's own commit takes a kept signal even when its deadline is now
+    # (timeout 0): a signal sent before the wait is delivered, whatever the timeout
+    tx.count("DELIVER_SIGNAL", {"run_id": params["run_id"], "now": tx.now, "fresh": True})
     return CasResult.OK
 
 
@@ -137,7 +140,7 @@ def sending(params: Params, now: float | None) -> Program[int]:
         status = str(found[0][0])
         raise RunOver(params["run_id"], status if status in TERMINAL_STATUSES else "over")
     signal_id = int(rows[0][0])
-    taken = yield "DELIVER_SIGNAL", {"run_id": params["run_id"], "now": now}
+    taken = yield "DELIVER_SIGNAL", {"run_id": params["run_id"], "now": now, "fresh": False}
     if taken:  # its task is due now: its line (if gated) may admit it now
         yield "REOPEN_RUN", {"run_id": params["run_id"], "now": now}
     event = {"name": params["name"], "signal": signal_id, "resumed": bool(taken)}

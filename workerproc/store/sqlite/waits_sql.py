@@ -46,12 +46,13 @@ INSERT_SIGNAL = f"""INSERT INTO signals (run_id, name, payload, sent_at)
         SELECT 1 FROM runs WHERE id = :run_id AND status IN {ALIVE})
     RETURNING id"""
 
-# the oldest kept signal of the name the run waits for now (its deadline ahead, its task not
-# claimed), and the task that waits for it (``steps.deliver_signal`` then delivers it)
+# the oldest kept signal of the name the run waits for now (its deadline ahead, or the wait
+# being committed: ``:fresh``, even with timeout 0; its task not claimed), and the task that
+# waits for it (``steps.deliver_signal`` then delivers it)
 WAITING_SIGNAL = f"""SELECT r.wait_task, s.id FROM runs AS r
     JOIN signals AS s ON s.run_id = r.id AND s.task_id IS NULL AND 'signal:' || s.name = r.wait_for
     JOIN tasks AS t ON t.id = r.wait_task AND t.done_at IS NULL AND t.lease_owner IS NULL
-    WHERE r.id = :run_id AND r.status IN {ALIVE} AND r.wait_until > :now
+    WHERE r.id = :run_id AND r.status IN {ALIVE} AND (r.wait_until > :now OR :fresh)
     ORDER BY s.id LIMIT 1"""
 SIGNAL_TAKEN = "UPDATE signals SET task_id = :task_id WHERE id = :signal_id"
 # the waiting task is due now and knows its signal; the run waits no more
