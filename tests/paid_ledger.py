@@ -11,10 +11,11 @@ What the ledger proves, against what the database and the chaos reports say:
   or after fn returned, before its answer was kept: in the keep's own few milliseconds
   (``KEEP_WINDOW_MOST`` per soak at most). Calls are ordered by attempt (the order of their
   intents: an intent is written only under its attempt's live lease), not by when fn began.
-- **Nothing is billed after a ``once`` of its step returned** (the answer was kept by then),
-  but by a zombie a pause froze between its intent and its fn: on waking it goes straight into
-  fn (``once`` does not look at the lease or the kept answer again), an extra payment the fault
-  caused, counted as in flight.
+- **No attempt that began after a ``once`` of its step returned calls fn** (the answer was
+  kept by then), but a zombie a pause froze between its intent and its fn: on waking it goes
+  straight into fn (``once`` does not look at the lease or the kept answer again), an extra
+  payment the fault caused, counted as in flight. An attempt whose lookup ran just before the
+  keep landed may bill just after it: counted (``raced``), not a finding.
 - **Every once returned the first kept answer**: the answer of the attempt the database kept
   (``paid_calls``), as that attempt's fn returned it (its ``paid`` line, nonce and all).
 - **The counts never undercount**: ``paid_again`` >= the extra payments; every intent without a
@@ -40,7 +41,7 @@ APP = "apps.paid_app:app"
 KEEP_WINDOW_MOST = 2  # faults struck between fn's return and its keep, per soak (issue 37)
 CHAOS = ["--drain", "--lease-ttl", "1", "--poll-interval", "0.2", "--prefetch", "0",
          "--max-attempts", "20", "--chaos", "--chaos-faults", "kill,pause"]  # fmt: skip
-CALL = (0.02, 0.08)  # fn's time: faults land inside calls
+CALL = (0.05, 0.25)  # fn's time: faults land inside calls
 WORK = (0.05, 0.15)  # the step's own work after the call
 
 
@@ -70,7 +71,8 @@ class Soak:
                 f"{f['keep_window']}); paid_again {f['paid_again']}, unknown {f['unknown']}, "
                 f"started {f['started']}, kept {f['kept']}, reused {f['reused']}; calls billed "
                 f"{f['bills']}, intents without a call {f['intent_only']}, zombies that woke into "
-                f"their call after the keep {f['woke_into']}; faults {f['faults']} "
+                f"their call after the keep {f['woke_into']}, calls begun as the answer was "
+                f"kept {f['raced']}; faults {f['faults']} "
                 f"({f['kills']} kill, {f['pauses']} pause), {f['leases_hit']} leases hit, "
                 f"{f['calls_hit']} calls in flight hit; fn's return -> once's return p50 "
                 f"{f['keep_p50_ms']} ms, p99 {f['keep_p99_ms']} ms")  # fmt: skip
@@ -86,7 +88,7 @@ def faults_of(reports: list[dict[str, Any]]) -> list[Fault]:
 
 
 def run_soak(
-    work: Path, db: str, name: str, runs: int, interval: float = 0.25, timeout: float = 600.0
+    work: Path, db: str, name: str, runs: int, interval: float = 0.5, timeout: float = 600.0
 ) -> Soak:
     """``runs`` runs of ``pay`` under two chaos supervisors (``-n 2 --concurrency 2`` each) on
     ``db``, then the judgement."""
@@ -138,8 +140,11 @@ def judge(
     bills: dict[int, list[dict[str, Any]]] = defaultdict(list)
     paid: dict[tuple[int, int], dict[str, Any]] = {}
     onces: list[dict[str, Any]] = []
+    starts: dict[tuple[int, int], float] = {}
     for e in log:
-        if e["ev"] == "bill":
+        if e["ev"] == "start":
+            starts[(e["task"], e["attempt"])] = e["t"]
+        elif e["ev"] == "bill":
             bills[e["task"]].append(e)
         elif e["ev"] == "paid":
             paid[(e["task"], e["attempt"])] = e
@@ -147,22 +152,26 @@ def judge(
             onces.append(e)
     tasks = {e["task"] for e in log if e["ev"] == "start"}
     out += [f"task {t}: no answer kept" for t in sorted(tasks - set(kept))]
-    # nothing is billed after a once of its step returned (its answer was kept by then), but
-    # by a zombie a pause froze between its intent and its fn: it wakes into the call
+    # no attempt that began after a once of its step returned (its answer was kept by then)
+    # calls fn, but a zombie a pause froze between its intent and its fn: it wakes into the call.
+    # (An attempt that began before may bill just after: its lookup ran before the keep landed.)
     first_once: dict[int, float] = {}
     for e in onces:
         first_once[e["task"]] = min(first_once.get(e["task"], e["t"]), e["t"])
-    woke_into = 0
+    woke_into = raced = 0
     for calls in bills.values():
         for e in calls:
-            if e["t"] <= first_once.get(e["task"], float("inf")):
+            kept_at = first_once.get(e["task"], float("inf"))
+            if e["t"] <= kept_at:
                 continue
             if any(f.t < e["t"] for f in by_attempt.get((e["task"], e["attempt"]), [])):
                 woke_into += 1
+            elif starts[(e["task"], e["attempt"])] < kept_at:
+                raced += 1
             else:
-                out.append(f"task {e['task']} attempt {e['attempt']}: billed "
-                           f"{e['t'] - first_once[e['task']]:.3f} s after its step's answer "
-                           "was kept")  # fmt: skip
+                out.append(f"task {e['task']} attempt {e['attempt']}: began "
+                           f"{starts[(e['task'], e['attempt'])] - kept_at:.3f} s after its step's "
+                           "answer was kept, and paid for it")  # fmt: skip
     # every extra payment follows a call that a fault struck: each call (in attempt order, the
     # order of their intents) that another call of its step followed
     extra = in_flight = keep_window = 0
@@ -207,7 +216,7 @@ def judge(
         "extra": extra, "in_flight": in_flight, "keep_window": keep_window,
         "paid_again": totals.paid_again, "unknown": totals.unknown, "started": totals.started,
         "kept": totals.kept, "reused": totals.reused, "bills": len(billed),
-        "intent_only": len(intent_only), "woke_into": woke_into,
+        "intent_only": len(intent_only), "woke_into": woke_into, "raced": raced,
         "faults": kinds["kill"] + kinds["pause"], "kills": kinds["kill"],
         "pauses": kinds["pause"], "leases_hit": len(faults),
         "calls_hit": sum(1 for key in billed if key in by_attempt
