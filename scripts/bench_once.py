@@ -14,7 +14,7 @@ main thread and its calls go to the paid-call thread; more: each slot thread kee
 connection). ``--work-ms``: what each handler does after its call (a sleep), so the pool is
 not claim-bound and the load stays low; the CPU's busy share and the load (the processes
 runnable, sampled while the pool runs) are printed beside the figures, and in brackets the same
-for the 2 s before the pool starts (what else runs on the machine). PostgreSQL:
+for the 2 s (``--before``) before the pool starts (what else runs on the machine). PostgreSQL:
 ``LEASEKEEPER_TEST_POSTGRES`` (default postgresql://postgres@127.0.0.1:5432/test), in a schema
 of its own, dropped after.
 """
@@ -75,7 +75,9 @@ class RunQueue:
         return sum(self.samples) / len(self.samples) if self.samples else 0.0
 
 
-def measure(db: str, runs: int, workers: int, concurrency: int, work: float) -> dict[str, object]:
+def measure(
+    db: str, runs: int, workers: int, concurrency: int, work: float, before: float
+) -> dict[str, object]:
     with open_store(db) as store:
         ids = store.start_runs([{"task": "paid_call", "payload": work}] * runs)
     env = {
@@ -85,8 +87,8 @@ def measure(db: str, runs: int, workers: int, concurrency: int, work: float) -> 
     cmd = [sys.executable, "-m", "supervisor", "start", "-n", str(workers), "--db", db,
            "--app", "benchapp_once:app", "--drain", "--concurrency", str(concurrency),
            "--poll-interval", "0.1"]  # fmt: skip
-    with RunQueue() as before:  # what else runs on the machine (a shared one, say)
-        idle = psutil.cpu_percent(interval=2.0)
+    with RunQueue() as others:  # what else runs on the machine (a shared one, say)
+        idle = psutil.cpu_percent(interval=before)
     psutil.cpu_percent(interval=None)
     began = time.monotonic()
     with RunQueue() as queue:
@@ -112,7 +114,7 @@ def measure(db: str, runs: int, workers: int, concurrency: int, work: float) -> 
         "busy": busy,
         "load": load,
         "idle": idle,
-        "idle_load": before.mean,
+        "idle_load": others.mean,
         "total": list(parts[0]),
         "to_keep": list(parts[1]),
         "keep": list(parts[2]),
@@ -140,6 +142,9 @@ def main() -> int:
     ap.add_argument("--backends", default="sqlite,postgres")
     ap.add_argument("--work-ms", type=float, default=10.0)
     ap.add_argument("--configs", default="2x1,4x1,2x2")
+    ap.add_argument(
+        "--before", type=float, default=2.0, help="seconds of looking at the load first"
+    )
     args = ap.parse_args()
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows, worst = [], 0.0
@@ -150,14 +155,18 @@ def main() -> int:
                     f" --concurrency {concurrency}" if concurrency > 1 else "")  # fmt: skip
                 if backend == "sqlite":
                     db = os.path.join(tmp, f"once-{workers}x{concurrency}.db")
-                    m = measure(db, args.runs, workers, concurrency, args.work_ms / 1000)
+                    m = measure(
+                        db, args.runs, workers, concurrency, args.work_ms / 1000, args.before
+                    )
                 else:
                     import psycopg  # noqa: PLC0415 - only this part needs it
 
                     schema = f"lk_bench_once_{secrets.token_hex(4)}"
                     db = f"{ADMIN}{'&' if '?' in ADMIN else '?'}schema={schema}"
                     try:
-                        m = measure(db, args.runs, workers, concurrency, args.work_ms / 1000)
+                        m = measure(
+                            db, args.runs, workers, concurrency, args.work_ms / 1000, args.before
+                        )
                     finally:
                         with psycopg.connect(ADMIN, autocommit=True) as conn:
                             conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
