@@ -6,7 +6,7 @@ extra payment is a call in flight at a fault (at most two struck in the keep's o
 milliseconds), ``paid_again`` >= the extra payments, every ``once`` returned the first kept
 answer, every run succeeded. tests/test_paid_chaos.py runs the same with 60 runs.
 
-    scripts/soak-paid [--backends sqlite,postgres] [--runs 300]
+    scripts/soak-paid [--backends sqlite,postgres] [--runs 300] [--keep DIR]
 
 Prints the figures of each soak; exits 1 on any finding. About 2-3 minutes on 2 cores.
 PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES`` (default postgresql://postgres@127.0.0.1:5432/test),
@@ -16,6 +16,7 @@ in a schema of its own, dropped after.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import secrets
 import sys
@@ -34,10 +35,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backends", default="sqlite,postgres")
     ap.add_argument("--runs", type=int, default=300)
+    ap.add_argument("--keep", metavar="DIR", help="work (and leave the ledgers, logs) in DIR")
     args = ap.parse_args()
     backends = args.backends.split(",")
     soaks = []
-    with tempfile.TemporaryDirectory(prefix="lk-soak-paid-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="lk-soak-paid-"))
         if "sqlite" in backends:
             work = Path(tmp) / "sqlite"
             soaks.append(paid_ledger.run_soak(work, str(Path(tmp) / "lk.db"), "SQLite",
