@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from workerproc.store import redact
+from workerproc.store import redact_url
 
 from .. import exitcodes
 from ..logs import event
@@ -53,7 +53,7 @@ class DbGuard:
                 f"{problem}: stopping (a new file at that path is never taken for this pool's "
                 "queue); restore the database and start again",
                 level=logging.ERROR,
-                db=redact(gate.db),
+                db=redact_url(gate.db),
             )
             arb.stop("the database file is gone", exitcodes.ERROR)
         if gate.corrupt and not self.corrupt:

@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 from .errors import InvalidPayload
+from .redaction import redact
 from .types import JSON, NO_OPTIONS, Commit, TaskOptions
-from .urls import redact
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
