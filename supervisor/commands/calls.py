@@ -8,12 +8,12 @@ import click
 from workerproc.store.calls import PaidCall
 
 from . import render, store_actions
-from .clickutil import RUN_ID, db_option
+from .clickutil import RUN_ID, Name, db_option
 
 
 @click.command()
 @click.argument("run_id", metavar="RUN", type=RUN_ID)
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", type=Name("a call's name"))
 @db_option
 def forget(run_id: int, name: str, db: str) -> None:
     """Drop RUN's kept answers of the call NAME (``ctx.once``): the next attempt pays afresh."""

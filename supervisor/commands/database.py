@@ -20,14 +20,14 @@ from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
 from . import render, store_actions
 from .calls import calls_table
-from .clickutil import RUN_ID, Number, db_option, json_option, option
+from .clickutil import RUN_ID, Name, Number, db_option, json_option, option
 
 ENQUEUE_QUEUE = "SUPERVISOR_ENQUEUE_QUEUE"
 RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 
 
 @click.command()
-@click.argument("task")
+@click.argument("task", type=Name("task name"))
 @db_option
 @option("--payload", default="null", metavar="JSON", help="the first task's payload (JSON)")
 @option("--state", "state_json", default="{}", metavar="JSON", help="the run's initial state")
