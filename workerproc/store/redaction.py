@@ -44,9 +44,10 @@ SECRET_WORDS = ("password", "passwd", "pwd", "secret", "token", "key", "sig", "a
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
 # a URL in free text: any scheme's with "//", and ours without it (``postgresql:db?password=``
 # is refused, but its refusal and anything else that quotes it must not show the password). It
-# ends at a space, but for a password's: ``user:a b@host`` (up to an "@" on the same line)
+# ends at a space, but for a password's: ``user:a b@host`` (up to an "@" on the same line). A
+# scheme starts a word (tried at every letter of a long word, the search took quadratic time)
 _URL = re.compile(
-    r"(?:[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s/@:]*:[^\n/@]*@)?"
+    r"(?:(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]*://(?:[^\s/@:]*:[^\n/@]*@)?"
     r"|(?<![\w.+\-])(?i:postgres(?:ql)?|sqlite):)\S*"
 )
 _CLOSERS = {'"': '"', "'": "'", "(": ")", "<": ">", "[": "]", "`": "`"}
