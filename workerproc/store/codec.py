@@ -165,8 +165,9 @@ def check_name(name: object, what: str = "task name") -> str:
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     """Free text we keep (an error, a reason) made storable everywhere: at most ``limit``
     characters, NUL and lone surrogates written as escapes instead of refused, and the
-    password of any URL it quotes masked (``redact``: a handler's error may quote the URL of
-    a database it could not reach, and ``show``, the dashboard and backups show it on)."""
+    secrets of any URL it quotes masked (``redact``: its password, and its query's secrets;
+    every query value of a web URL. A handler's error may quote the URL of a database it could
+    not reach, or an API's with its key, and ``show``, the dashboard and backups show it on)."""
     if text is None:
         return None
     text = redact(str(text)[: limit + 1000])[:limit]  # masked before a cut ends a URL early

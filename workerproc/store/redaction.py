@@ -1,6 +1,7 @@
 """What we print of a connection string or a URL: one redaction for every address and every
 message that quotes one (issue 38, item 4). Logs, pages, state files, the CLI's lines and JSON,
-and error messages show ``redact(...)``; nothing else prints an address.
+and error messages show an address known to be one (a ``--db``, a webhook's URL) as
+``redact_url`` does, and any other text as ``redact`` does; nothing else prints an address.
 
 An address is read the way each reader of it would, and what any of them takes for a secret is
 masked (``***``):
@@ -67,9 +68,8 @@ Span = tuple[int, int]
 def redact(text: str) -> str:
     """Free text (a message, a log line) without a secret: every URL in it (it ends at a space
     or where the quote before it closes, but for a space in its password) and every secret
-    keyword's value masked; a whole
-    keyword/value string as ``redact_url`` shows it. An address known to be one (a ``--db``,
-    a webhook's URL) is shown with ``redact_url``: a space may be in it."""
+    keyword's value masked; a whole keyword/value string as ``redact_url`` shows it. An
+    address known to be one (a ``--db``, a webhook's URL) is shown with ``redact_url``."""
     if not text or (":" not in text and "=" not in text):
         return text
     if CONNINFO.match(text):
