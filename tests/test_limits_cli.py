@@ -103,8 +103,14 @@ def test_the_group_takes_db_before_the_subcommand(db: str) -> None:
         (["set", "openai", "--concurrency", "2.5"], exitcodes.USAGE, "--concurrency must be"),
         (["set", "openai", "--burst", "1e12"], exitcodes.USAGE, "--burst must be"),
         (["set", "openai"], exitcodes.USAGE, "give at least one of"),
-        (["set", "per-tenant", "--concurrency", "0"], exitcodes.ERROR, "limits nothing"),
-        (["set", "per-tenant", "--burst", "3"], exitcodes.ERROR, "burst needs a rate"),
+        # issue 38: lifting a limit's last number is a bad value (exit 2), said plainly
+        (
+            ["set", "per-tenant", "--concurrency", "0"],
+            exitcodes.USAGE,
+            "limit 'per-tenant' would limit nothing: lifting concurrency leaves it no rate",
+        ),
+        (["set", "per-tenant", "--concurrency", "none"], exitcodes.USAGE, "would limit nothing"),
+        (["set", "per-tenant", "--burst", "3"], exitcodes.USAGE, "burst needs a rate"),
         (["--keys", "1000"], exitcodes.USAGE, "--keys must be"),
     ],
 )

@@ -27,7 +27,8 @@ PER_CLIENT, LIMIT = 3, 5
 
 
 class App:
-    """``/fast`` answers at once; ``/slow`` after ``release`` is set."""
+    """``/fast`` answers at once; ``/slow`` after ``release`` is set; ``/early`` at once,
+    without reading the body (as a 401 or a 413 does)."""
 
     def __init__(self) -> None:
         self.release = threading.Event()
@@ -35,7 +36,7 @@ class App:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         assert scope["type"] == "http"
-        while (await receive()).get("more_body"):
+        while scope["path"] != "/early" and (await receive()).get("more_body"):
             pass
         if scope["path"] == "/slow":
             self.started += 1
@@ -209,3 +210,34 @@ def test_all_clients_together_are_bounded_too(bounded: Any) -> None:
     with contextlib.suppress(OSError):
         for sock in idle:
             sock.close()
+
+
+def test_a_connection_still_sending_its_body_makes_room_before_an_idle_one(bounded: Any) -> None:
+    """Issue 38: bodies trickled a byte a second held every slot, and only idle connections
+    could make room. A request still sending its body is closed first (the oldest), then an
+    idle one; a request whose head is in and that has no body is served."""
+    target, _ = bounded
+    idle = connect(target, first=b"GET / HTTP/1.1\r\n")  # the oldest
+    head = b"POST /fast HTTP/1.1\r\nHost: x\r\nContent-Length: 16000\r\n\r\nab"
+    bodies = [connect(target, first=head) for _ in range(PER_CLIENT - 1)]
+    time.sleep(0.2)  # every head is in
+    fresh = connect(target)
+    wait_for(lambda: is_closed(bodies[0]), timeout=30, what="the oldest body closed")
+    assert not is_closed(idle) and not is_closed(bodies[1])
+    assert request(fresh, "/fast").startswith(b"HTTP/1.1 200")
+    newer = connect(target)  # again: the other body goes, still not the idle socket
+    wait_for(lambda: is_closed(bodies[1]), timeout=30, what="the next body closed")
+    assert not is_closed(idle)
+    assert request(newer, "/fast").startswith(b"HTTP/1.1 200")
+
+
+def test_an_answer_sent_before_the_body_is_in_closes_the_connection(bounded: Any) -> None:
+    """A 401 or 413 answered from the head: the rest of the body is never waited for (the
+    request timeout here is far longer than the wait)."""
+    target, _ = bounded
+    sock = connect(
+        target, first=b"POST /early HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab"
+    )
+    assert response(sock).startswith(b"HTTP/1.1 200")
+    # at once: before uvicorn's keep-alive timeout (5 s) would have closed it
+    wait_for(lambda: is_closed(sock), timeout=3, what="the connection closed")

@@ -21,8 +21,8 @@ class RetryAfter(Exception):
     task (for its key) pauses that long for every worker on every host."""
 
     def __init__(self, seconds: float, *, limit: bool = True) -> None:
-        try:
-            value = float(seconds)
+        try:  # a bool is no number of seconds (True would have meant 1 s)
+            value = math.nan if isinstance(seconds, bool) else float(seconds)
         except (TypeError, ValueError):
             value = math.nan
         if not 0 <= value <= MAX_RETRY_AFTER:

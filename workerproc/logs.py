@@ -135,7 +135,20 @@ class JsonFormatter(logging.Formatter):
         doc.update(getattr(record, "fields", {}))
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
-        return redact(json.dumps(doc, default=str, separators=(",", ":")))
+        # each text masked on its own: a URL in one never runs on into the next field
+        plain = json.loads(json.dumps(doc, default=str))
+        return json.dumps(_redacted(plain), separators=(",", ":"))
+
+
+def _redacted(value: Any) -> Any:
+    """``value`` (decoded JSON) with ``redact`` applied to every text in it, keys too."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {redact(k): _redacted(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_redacted(v) for v in value]
+    return value
 
 
 def formatter(

@@ -15,14 +15,14 @@ from workerproc.store.codec import check_name
 
 from ..errors import ConfigError
 from . import render, store_actions
-from .clickutil import RUN_ID, Number, db_option, json_option, option
+from .clickutil import RUN_ID, Name, Number, db_option, json_option, option
 
 SPEND_LIMIT = 100  # the most spent keys shown by default
 
 
 @click.command()
 @click.argument("run_id", metavar="RUN", type=RUN_ID)
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", type=Name("a call's name"))
 @db_option
 def forget(run_id: int, name: str, db: str) -> None:
     """Drop RUN's kept answers of the call NAME (``ctx.once``): the next attempt pays afresh."""
@@ -33,7 +33,7 @@ def forget(run_id: int, name: str, db: str) -> None:
 
 @click.command()
 @click.argument("run_id", metavar="RUN", type=RUN_ID)
-@click.argument("name", metavar="NAME")
+@click.argument("name", metavar="NAME", type=Name("a call's name"))
 @db_option
 @option("--answer", default=None, metavar="JSON",
         help="the call's answer (JSON), kept as if the call had returned it")  # fmt: skip

@@ -15,7 +15,8 @@ from click.core import ParameterSource
 from workerproc import options
 from workerproc.options import Declared
 from workerproc.runner import AppLoadError
-from workerproc.store import InvalidOption, StoreError, redact
+from workerproc.store import InvalidOption, InvalidPayload, StoreError, redact
+from workerproc.store.codec import check_name
 
 from .. import exitcodes
 from ..errors import SupervisorError
@@ -87,6 +88,23 @@ class Number(click.ParamType):  # type: ignore[type-arg]
 
 
 RUN_ID = Number(int, 1, 2**63 - 1)
+
+
+class Name(click.ParamType):  # type: ignore[type-arg]
+    """A name the store keeps (a task's, a signal's, a call's), held to the store's rules
+    (``check_name``: no control or bidirectional characters, at most 200 characters) before
+    anything is opened: a bad one is a bad value (exit 2), as every other."""
+
+    name = "name"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        try:
+            return check_name(value, self.what)
+        except InvalidPayload as exc:
+            raise click.UsageError(str(exc), ctx) from None
 
 
 class DeclaredOption(click.Option):

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from workerproc.config import DAY
-from workerproc.store import RunNotFound, StoreCorrupt, redact
+from workerproc.store import RunNotFound, StoreCorrupt, redact_url
 from workerproc.store.codec import MAX_PAYLOAD
 from workerproc.store.types import RUN_STATUSES
 from workerproc.store.webhooks import RESERVED
@@ -20,14 +20,14 @@ from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
 from . import render, store_actions
 from .calls import calls_table
-from .clickutil import RUN_ID, Number, db_option, json_option, option
+from .clickutil import RUN_ID, Name, Number, db_option, json_option, option
 
 ENQUEUE_QUEUE = "SUPERVISOR_ENQUEUE_QUEUE"
 RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 
 
 @click.command()
-@click.argument("task")
+@click.argument("task", type=Name("task name"))
 @db_option
 @option("--payload", default="null", metavar="JSON", help="the first task's payload (JSON)")
 @option("--state", "state_json", default="{}", metavar="JSON", help="the run's initial state")
@@ -358,12 +358,12 @@ def check(db: str, quick: bool) -> None:
         click.echo(f"repaired: {line}")
     if damage:
         raise SupervisorError(
-            f"{redact(db)} is corrupt ({name}: {len(damage)} problem(s) above): stop every pool "
-            "on it and restore it from a backup"
+            f"{redact_url(db)} is corrupt ({name}: {len(damage)} problem(s) above): stop every "
+            "pool on it and restore it from a backup"
         )
     if violations:
         raise SupervisorError(
-            f"{redact(db)}: {len(violations)} lease invariant(s) violated (above)"
+            f"{redact_url(db)}: {len(violations)} lease invariant(s) violated (above)"
         )
     if name is None:
         click.echo("storage not checked: this database offers no check of its own storage "
@@ -401,7 +401,7 @@ def migrate(db: str) -> None:
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
     with store_actions.store_for(db, create=True) as store:
-        click.echo(f"{redact(store.url)}: the schema is current")
+        click.echo(f"{redact_url(store.url)}: the schema is current")
     if new:
         click.echo(f"created a new database {path}", err=True)
 

@@ -7,12 +7,12 @@ import click
 from workerproc.store.codec import MAX_PAYLOAD
 
 from . import store_actions
-from .clickutil import RUN_ID, db_option, option
+from .clickutil import RUN_ID, Name, db_option, option
 
 
 @click.command()
 @click.argument("run_id", metavar="RUN", type=RUN_ID)
-@click.argument("name")
+@click.argument("name", type=Name("signal name"))
 @db_option
 @option("--payload", default="null", metavar="JSON", help="the signal's payload (JSON)")
 def signal(run_id: int, name: str, db: str, payload: str) -> None:

@@ -11,6 +11,7 @@ import sys
 
 import click
 
+from workerproc.store import redact_url
 from workerproc.store.protocol.events import KINDS
 from workerproc.store.webhooks import BACKLOG_MAX, MAX_SECRET, RetryNumbers, WebhookInfo
 
@@ -123,7 +124,7 @@ def add(
     with store_actions.store_for(group_db(db, ctx), create=True) as store:
         hook = store.add_webhook(name, url, secret=secret, kinds=chosen, after=after, retry=retry)
     what = ",".join(hook.kinds) if hook.kinds else "every kind"
-    click.echo(f"webhook {name}: {what} to {url} (delivery run {hook.run_id})")
+    click.echo(f"webhook {name}: {what} to {redact_url(url)} (delivery run {hook.run_id})")
     if secret_file is None:
         click.echo(f"secret (shown once; receivers verify with it): {secret}")
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from workerproc import App
 from workerproc.status import StatusBoard
-from workerproc.store import redact
+from workerproc.store import redact_url
 
 from .. import exitcodes
 from ..config import StartConfig
@@ -109,10 +109,10 @@ class Arbiter:
         event(
             "supervisor_started",
             f"supervisor started: {self.config.workers} workers, app {self.config.worker.app}, "
-            f"db {redact(self.config.worker.db)}",
+            f"db {redact_url(self.config.worker.db)}",
             workers=self.config.workers,
             app=self.config.worker.app,
-            db=redact(self.config.worker.db),
+            db=redact_url(self.config.worker.db),
         )
         while not self.done:
             self.turn()

@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from workerproc.store import StoreError, redact
+from workerproc.store import StoreError, redact_url
 
 from .. import exitcodes
 from ..logs import event
@@ -124,7 +124,7 @@ class DbGuard:
                 f"{problem}: stopping (a new file at that path is never taken for this pool's "
                 "queue); restore the database and start again",
                 level=logging.ERROR,
-                db=redact(gate.db),
+                db=redact_url(gate.db),
             )
             arb.stop("the database file is gone", exitcodes.ERROR)
         if gate.corrupt and not self.corrupt:

@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from workerproc.store import QueueCounts, Stats, StoreError, redact
+from workerproc.store import QueueCounts, Stats, StoreError, redact_url
 from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
@@ -155,7 +155,7 @@ def snapshot(arb: Arbiter) -> dict[str, Any]:
         "target": arb.pool.target,
         "concurrency": arb.config.worker.concurrency,
         "generation": arb.pool.generation,
-        "db": redact(arb.config.worker.db),
+        "db": redact_url(arb.config.worker.db),
         "app": arb.config.worker.app,
         "workers": workers,
         **arb.extra_state,

@@ -10,7 +10,7 @@ from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
@@ -56,7 +56,11 @@ class Actions:
             raise not_found(f"no run {run_id}")
         if request.headers.get("content-type", "").split(";")[0].strip() != FORM_TYPE:
             raise HTTPException(415, f"send the form as {FORM_TYPE}")
-        body = (await request.body()).decode("utf-8", "replace")
+        try:
+            raw = await request.body()
+        except ClientDisconnect:  # gone, or closed by the guard (too slow, or to make room):
+            return Response(status_code=400)  # nobody to answer, nothing to log
+        body = raw.decode("utf-8", "replace")
         form = dict(parse_qsl(body, max_num_fields=8))
         if not same_origin(request) or not self.keys.csrf_ok(
             session_of(request), form.get("csrf", "")

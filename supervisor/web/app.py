@@ -28,7 +28,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workerproc.identity import parse_owner
-from workerproc.store import Operator, StoreError, redact
+from workerproc.store import Operator, StoreError, redact, redact_url
 from workerproc.store.protocol.events import KINDS
 
 from ..commands.render import short
@@ -132,7 +132,7 @@ def environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters.update(when=when, ago=ago, seconds=seconds, owner=owner, short=short, pretty=pretty,
-                       redact=redact)  # fmt: skip
+                       redact_url=redact_url)  # fmt: skip
     env.globals["event_kinds"] = " ".join(sorted(KINDS))  # what a live part refetches on
     return env
 

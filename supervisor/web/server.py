@@ -21,7 +21,7 @@ import sys
 
 import uvicorn
 
-from workerproc.store import Operator, redact
+from workerproc.store import Operator, redact_url
 
 from ..sockets import listen_tcp
 from .app import create_app
@@ -69,7 +69,7 @@ def serve(config: WebConfig, store: Operator) -> int:
         signal.signal(signum, lambda *_: setattr(server, "should_exit", True))
     mode = ", read-only" if config.read_only else ""
     auth = ", token required" if config.token else ""
-    print(f"dashboard on {url_of(sock)} ({redact(config.db)}{mode}{auth})", flush=True)
+    print(f"dashboard on {url_of(sock)} ({redact_url(config.db)}{mode}{auth})", flush=True)
     asyncio.run(server.serve_then_close(sock))
     return 0
 

@@ -21,6 +21,7 @@ from .errors import (
     StoreUnavailable,
 )
 from .protocol import Store
+from .redaction import redact, redact_url
 from .roles import Inspector, Operator, Producer, WorkerStore
 from .settings import DEFAULT_BUSY_TIMEOUT, SQLiteOptions, StoreOptions, resolve
 from .sqlite.dialect import SQLiteDialect
@@ -47,7 +48,7 @@ from .types import (
     TaskOptions,
     WorkerInfo,
 )
-from .urls import is_postgres_url, redact, sqlite_file
+from .urls import is_postgres_url, sqlite_file
 
 __all__ = [
     "CHANGE_CHECK",
@@ -93,6 +94,7 @@ __all__ = [
     "open_async_store",
     "open_store",
     "redact",
+    "redact_url",
     "resolve",
     "sqlite_file",
 ]

@@ -19,8 +19,8 @@ import re
 from typing import Any
 
 from .errors import InvalidPayload
+from .redaction import redact
 from .types import JSON, NO_OPTIONS, Commit, TaskOptions
-from .urls import redact
 
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
@@ -101,7 +101,10 @@ MAX_KEY = 255
 MAX_NAME = 200  # a task's name
 MAX_OWNER = 255  # a lease's owner (a worker's is host:pid:start-time:random)
 MAX_ERROR = 4000  # an error kept on a task and its run
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# What a name must not hold: control characters (C0, DEL, C1), line and paragraph separators,
+# and the bidirectional controls (U+202E shows "evil\u202etxt.exe" as "evilexe.txt"): each
+# makes a name print as something else than it is, or over several lines.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069]")
 
 
 def _unicode(text: str) -> bool:
@@ -141,14 +144,19 @@ def check_traceparent(value: object) -> str | None:
 
 
 def check_name(name: object, what: str = "task name") -> str:
-    """A task's name, the same limits on every backend: a string of 1 to ``MAX_NAME``
-    characters, valid Unicode, no control characters (NUL included)."""
+    """A name a user gives (a task's, a signal's, a call's), the same limits on every backend:
+    a string of 1 to ``MAX_NAME`` characters, valid Unicode, and nothing that prints as
+    something else (``_CONTROL``: control characters, NUL included, line separators and the
+    bidirectional controls)."""
     if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME:
         raise InvalidPayload(
             f"{what} must be a string of 1 to {MAX_NAME} characters (got {shown(name)})"
         )
     if _CONTROL.search(name):
-        raise InvalidPayload(f"{what} must not contain control characters (got {name!r})")
+        raise InvalidPayload(
+            f"{what} must not contain control characters or bidirectional controls "
+            f"(got {ascii(name)[:80]})"
+        )
     if not _unicode(name):
         raise InvalidPayload(f"{what} is not valid Unicode (a lone surrogate): {name!r}")
     return name
@@ -157,8 +165,9 @@ def check_name(name: object, what: str = "task name") -> str:
 def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     """Free text we keep (an error, a reason) made storable everywhere: at most ``limit``
     characters, NUL and lone surrogates written as escapes instead of refused, and the
-    password of any URL it quotes masked (``redact``: a handler's error may quote the URL of
-    a database it could not reach, and ``show``, the dashboard and backups show it on)."""
+    secrets of any URL it quotes masked (``redact``: its password, and its query's secrets;
+    every query value of a web URL. A handler's error may quote the URL of a database it could
+    not reach, or an API's with its key, and ``show``, the dashboard and backups show it on)."""
     if text is None:
         return None
     text = redact(str(text)[: limit + 1000])[:limit]  # masked before a cut ends a URL early

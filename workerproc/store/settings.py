@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from .errors import InvalidOption
-from .urls import parse_url
+from .urls import check_libpq, parse_url
 
 Options = TypeVar("Options")
 Check = Callable[[str, object], Any]  # (option name, value given) -> the value, or InvalidOption
@@ -152,4 +152,5 @@ def resolve(url_or_path: str, **options: Unpack[StoreOptions]) -> Target:
         ours, where = address.split({name for name, _, _ in address.query})
         return Target("sqlite", where, declared(SQLiteOptions, "SQLite", ours, options))
     ours, conninfo = address.split(in_url(PostgresOptions))
+    check_libpq(conninfo)
     return Target("postgres", conninfo, declared(PostgresOptions, "PostgreSQL", ours, options))

@@ -1,5 +1,6 @@
 """Database URLs, without any driver, parsed in one place: which backend a URL or path names,
-where its database is, the options its query gives, and what logs may show of it (``redact``).
+where its database is, the options its query gives, and whether libpq can read it
+(``check_libpq``); what logs may show of it is ``redaction.redact_url``.
 
 - A path (``/var/lib/lk.db``, ``lk.db``) or ``sqlite:///absolute/path.db`` (``sqlite:path.db``:
   a relative path) opens SQLite; its query holds only our options (``synchronous``,
@@ -15,13 +16,13 @@ where its database is, the options its query gives, and what logs may show of it
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Literal
-from urllib.parse import unquote, unquote_plus
+from urllib.parse import unquote_plus
 
 from .errors import InvalidOption
+from .redaction import CONNINFO, misread, redact_url, scrub
 
 SCHEMES: dict[str, Literal["sqlite", "postgres"]] = {
     "sqlite": "sqlite",
@@ -64,7 +65,7 @@ def parse_url(url_or_path: str) -> Address:
             )
         if not url_or_path:
             raise InvalidOption("no database given (a path, sqlite:///path or postgresql://...)")
-        if _CONNINFO.match(url_or_path):  # never quoted: it may hold password=...
+        if CONNINFO.match(url_or_path):  # never quoted: it may hold password=...
             raise InvalidOption(
                 "--db takes a URL, not a libpq keyword/value string: write "
                 "postgresql://USER@HOST:PORT/DBNAME?sslmode=... (./NAME for a file named so)"
@@ -75,11 +76,15 @@ def parse_url(url_or_path: str) -> Address:
             f"a PostgreSQL URL starts with {scheme.lower()}:// (e.g. {scheme.lower()}:///DBNAME"
             "?host=/run/postgresql); libpq reads no other form"
         )
-    base, _, raw_query = rest.partition("?")
+    # libpq's query starts at the first "?" after the user information, which runs to the
+    # first "@" before any "/" (a "?" in a password is no query: postgresql://u:a?b@h/db)
+    at = rest.find("@", 2, _end(rest.find("/", 2), rest)) if backend == "postgres" else -1
+    question = rest.find("?", at + 1)
+    base, raw_query = rest[: _end(question, rest)], rest[_end(question, rest) + 1 :]
     if backend == "sqlite" and "#" in url_or_path:
         raise InvalidOption(
-            f"{redact(url_or_path)}: a SQLite URL has no #fragment (for a file whose name holds "
-            "'#', give the path itself)"
+            f"{redact_url(url_or_path)}: a SQLite URL has no #fragment (for a file whose name "
+            "holds '#', give the path itself)"
         )
     query = tuple(_pairs(raw_query))
     if backend == "postgres":
@@ -88,13 +93,18 @@ def parse_url(url_or_path: str) -> Address:
         host, _, path = base[2:].partition("/")
         if host:
             raise InvalidOption(
-                f"{redact(url_or_path)}: a SQLite URL names no host; write "
+                f"{redact_url(url_or_path)}: a SQLite URL names no host; write "
                 "sqlite:///absolute/path.db (three slashes) or the path itself"
             )
         base = "/" + path.lstrip("/")  # sqlite:////abs/path is /abs/path too
     if not base.strip("/") or base.endswith("/"):
-        raise InvalidOption(f"{redact(url_or_path)}: no database file in this SQLite URL")
+        raise InvalidOption(f"{redact_url(url_or_path)}: no database file in this SQLite URL")
     return Address("sqlite", base, query)
+
+
+def _end(index: int, text: str) -> int:
+    """``index`` found, or the end of ``text`` (``str.find``'s -1)."""
+    return len(text) if index < 0 else index
 
 
 def _pairs(raw_query: str) -> list[tuple[str, str, str]]:
@@ -122,58 +132,30 @@ def sqlite_file(url_or_path: str) -> str | None:
     return address.where if address.backend == "sqlite" else None
 
 
-# Query options that carry a secret (libpq's ``password``, ``sslpassword`` for the client key,
-# ``oauth_client_secret``; and any option of ours or a driver's named like one).
-SECRET_WORDS = ("password", "secret", "token")
-MASK = "***"
-# Any scheme's URL, and ours without "//" too (``postgresql:db?password=...`` is refused, but
-# its refusal and anything else that quotes it must not show the password either).
-_URL = re.compile(
-    r"(?:[A-Za-z][A-Za-z0-9+.\-]*://|(?<![\w.+\-])(?i:postgres(?:ql)?|sqlite):)[^\s\"'<>`]*"
-)
-# A libpq keyword/value connection string starts with one of these (``host=h dbname=d``).
-_CONNINFO = re.compile(
-    r"\s*(host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options)\s*=", re.I
-)
-
-
-def redact(url: str) -> str:
-    """The URL without its password: logs, pages, state files and error lines show this.
-
-    Masks the password of the userinfo (``user:***@host``) and the value of every query option
-    that holds a secret (``?password=***``, ``sslpassword``, ...). Takes a message that quotes
-    URLs too (a driver's error may repeat the URL it was given): each URL in it is masked. The
-    rest is kept as written (IPv6 hosts keep their brackets; nothing is re-encoded).
-    """
-    if ":" not in url:
-        return url
-    return _URL.sub(lambda m: _masked(m.group()), url)
-
-
-def _masked(url: str) -> str:
-    scheme, slashes, rest = url.partition("://")
-    if not slashes:  # postgresql:db?password=...
-        scheme, slashes, rest = url.partition(":")
-    head, mark, tail = _split_at(rest, "?#")
-    # The userinfo ends at the last "@" before the query: a password may hold a raw "@" or "/"
-    # (invalid, but then it must not be shown either). "sqlite:///a@b.db" has no authority.
-    at = -1 if head.startswith("/") else head.rfind("@")
-    if at >= 0:
-        user, colon, _ = head[:at].partition(":")
-        if colon:
-            head = f"{user}:{MASK}{head[at:]}"
-    if mark == "?":
-        query, hash_, fragment = tail.partition("#")
-        tail = "&".join(_masked_option(o) for o in query.split("&")) + hash_ + fragment
-    return f"{scheme}{slashes}{head}{mark}{tail}"
-
-
-def _split_at(text: str, marks: str) -> tuple[str, str, str]:
-    cut = min((i for i in (text.find(m) for m in marks) if i >= 0), default=len(text))
-    return text[:cut], text[cut : cut + 1], text[cut + 1 :]
-
-
-def _masked_option(option: str) -> str:
-    key, eq, _ = option.partition("=")
-    name = unquote(key).strip().lower()
-    return f"{key}={MASK}" if eq and any(w in name for w in SECRET_WORDS) else option
+def check_libpq(conninfo: str) -> None:
+    """Refuse a PostgreSQL URL that libpq reads otherwise than it looks (a raw ``@`` or ``/``
+    in its password: ``redaction.misread``; an ``@`` left in its host) or cannot read, with one
+    line that shows no secret of it (libpq's own message quotes the part it could not read: a
+    password with a space, say).
+    Without psycopg (the ``postgres`` extra) only the first is checked: nothing can connect."""
+    if misread(conninfo):
+        raise InvalidOption(
+            f"{redact_url(conninfo)}: an '@' or '/' in the user name or password must be written "
+            "%40 or %2F (libpq reads what follows the first '@' or '/' as the host or database)"
+        )
+    try:
+        from psycopg.conninfo import conninfo_to_dict  # noqa: PLC0415 - an optional extra
+    except ImportError:
+        return
+    try:
+        params = conninfo_to_dict(conninfo)
+    except Exception as exc:  # psycopg.ProgrammingError: libpq's parser refused it
+        said = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InvalidOption(
+            f"{redact_url(conninfo)}: libpq cannot read this URL: {scrub(said, conninfo)}"
+        ) from None
+    if "@" in str(params.get("host") or ""):
+        raise InvalidOption(
+            f"{redact_url(conninfo)}: an '@' in the user name must be written %40 (libpq reads "
+            "what follows the first '@' as the host)"
+        )

@@ -14,6 +14,7 @@ in event order (so in order per run). ``workerproc.delivery`` does the deliverin
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
 from collections.abc import Sequence
@@ -23,6 +24,7 @@ from urllib.parse import urlsplit
 
 from .codec import QUEUE_NAME, shown
 from .errors import InvalidOption
+from .redaction import redact_url
 from .types import SYSTEM_RUNS, Event
 
 # the delivery runs' queue (every worker claims it, unless its --queues leaves it out)
@@ -101,7 +103,8 @@ class DeadLetter:
 @dataclass(frozen=True)
 class WebhookInfo:
     """A webhook as ``supervisor webhooks`` and the dashboard show it: its numbers, and its
-    delivery run's record (from the run's state, as the last fenced commit left it)."""
+    delivery run's record (from the run's state, as the last fenced commit left it). Its URL
+    and errors are shown ones (``redact_url``: a token in the query is masked)."""
 
     name: str
     url: str
@@ -183,7 +186,7 @@ def check_url(url: object) -> str:
     """An http(s) URL with a host, at most ``MAX_URL`` characters, no credentials in it."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL or not url.isprintable():
         raise InvalidOption(
-            f"a webhook's URL must be 1-{MAX_URL} printable characters (got {shown(url)})"
+            f"a webhook's URL must be 1-{MAX_URL} printable characters (got {_shown_url(url)})"
         )
     try:
         parts = urlsplit(url)
@@ -192,11 +195,41 @@ def check_url(url: object) -> str:
         raise InvalidOption(f"a webhook's URL cannot be parsed: {exc}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InvalidOption(
-            f"a webhook's URL must be http:// or https:// with a host (got {shown(url)})"
+            f"a webhook's URL must be http:// or https:// with a host (got {_shown_url(url)})"
+        )
+    if any(c.isspace() for c in url):  # no URL holds one ("http://a b.com/" names no host)
+        raise InvalidOption(
+            f"a webhook's URL must not contain spaces (write %20 in its path; got "
+            f"{_shown_url(url)})"
+        )
+    if not _host_ok(parts.hostname):
+        raise InvalidOption(
+            f"a webhook's URL names no valid host: {shown(parts.hostname)} (letters, digits, "
+            "'-' and '.', or an IP address)"
         )
     if parts.username is not None or parts.password is not None:
         raise InvalidOption("a webhook's URL must not carry credentials (deliveries are signed)")
     return url
+
+
+def _shown_url(url: object) -> str:
+    """A refused URL in its refusal: its secrets masked, cut short."""
+    return shown(redact_url(url) if isinstance(url, str) else url, 80)
+
+
+def _host_ok(host: str) -> bool:
+    """A DNS name (its labels letters, digits, '-' and '_'; letters of any script: an IDN), an
+    IPv4 address, or an IPv6 one (``urlsplit`` drops its brackets)."""
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host.partition("%")[0])
+        except ValueError:
+            return False
+        return True
+    labels = host.removesuffix(".").split(".")
+    return all(
+        0 < len(label) <= 63 and all(c.isalnum() or c in "-_" for c in label) for label in labels
+    )
 
 
 def check_kinds(kinds: Sequence[str] | None, known: frozenset[str]) -> tuple[str, ...] | None:

@@ -77,9 +77,11 @@ class PostgresAsync(AsyncBackend):
             return await psycopg.AsyncConnection.connect(self.dialect.conninfo,
                                                          **self.dialect.session())  # fmt: skip
         except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"{self.dialect.where}: cannot connect: {_line(exc)}") from None
+            raise StoreUnavailable(
+                f"{self.dialect.where}: cannot connect: {self.dialect.said(exc)}"
+            ) from None
         except psycopg.Error as exc:
-            raise StoreError(f"{self.dialect.where}: {_line(exc)}") from None
+            raise StoreError(f"{self.dialect.where}: {self.dialect.said(exc)}") from None
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Connection]:
@@ -127,10 +129,12 @@ class PostgresAsync(AsyncBackend):
                 return result
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 if attempt >= _RETRIES:
-                    raise StoreUnavailable(f"{self.dialect.where}: {_line(exc)}") from None
+                    raise StoreUnavailable(
+                        f"{self.dialect.where}: {self.dialect.said(exc)}"
+                    ) from None
                 await asyncio.sleep(random.uniform(0.001, 0.01) * attempt)
             except psycopg.Error as exc:
-                raise _translated(exc, self.dialect.where) from None
+                raise _translated(exc, self.dialect) from None
             except (UnicodeEncodeError, OverflowError) as exc:
                 raise InvalidPayload(f"a value cannot be written: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -141,7 +145,7 @@ class PostgresAsync(AsyncBackend):
                 # every read is given "now", as the sync store's (a run's status reads its lease)
                 return await self._run(cur, name, {**params, "now": self.dialect._now_param()})
         except psycopg.Error as exc:
-            raise _translated(exc, self.dialect.where) from None
+            raise _translated(exc, self.dialect) from None
 
     # -- waiting ---------------------------------------------------------------------------------
     @contextlib.asynccontextmanager
@@ -192,7 +196,7 @@ class PostgresAsync(AsyncBackend):
             async with self._connection() as conn:
                 await conn.execute(WATCH_RUN, {"run_id": run_id}, prepare=True)
         except psycopg.Error as exc:
-            raise _translated(exc, self.dialect.where) from None
+            raise _translated(exc, self.dialect) from None
 
     def token(self, channel: Channel | None = "end") -> int:
         return self._ended if channel == "end" else self._any
@@ -228,14 +232,10 @@ def _migrate(dialect: PostgresDialect) -> None:
         dialect.close()  # its connection was this thread's: closed here, by this thread
 
 
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0].strip() if text else type(exc).__name__
-
-
-def _translated(exc: psycopg.Error, where: str) -> StoreError:
+def _translated(exc: psycopg.Error, dialect: PostgresDialect) -> StoreError:
+    said, where = dialect.said(exc), dialect.where  # the driver's first line, no secret in it
     if isinstance(exc, psycopg.DataError):  # a value PostgreSQL cannot take (NUL in text)
-        return InvalidPayload(f"a value cannot be written: {_line(exc)}")
+        return InvalidPayload(f"a value cannot be written: {said}")
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return StoreUnavailable(f"{where}: {_line(exc)}")
-    return StoreError(f"{where}: {_line(exc)}")
+        return StoreUnavailable(f"{where}: {said}")
+    return StoreError(f"{where}: {said}")

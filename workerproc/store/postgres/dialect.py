@@ -33,9 +33,9 @@ from psycopg.rows import tuple_row
 
 from ..dialect import Channel, Dialect, Intent, Tx
 from ..errors import InvalidOption, InvalidPayload, SchemaTooNew, StoreError, StoreUnavailable
+from ..redaction import redact, redact_url, scrub
 from ..settings import PostgresOptions
 from ..types import Clock
-from ..urls import redact
 from . import admin
 from .listen import END, WORK, Listener, _abandoned
 from .ops_sql import WATCH_RUN
@@ -55,10 +55,6 @@ def _said(exc: BaseException) -> str:
     ..." on others) and without a password (libpq quotes the URL it could not read)."""
     text = str(exc).strip()
     return redact(text.splitlines()[0].strip() if text else type(exc).__name__)
-
-
-def _unavailable(exc: BaseException, where: str) -> StoreUnavailable:
-    return StoreUnavailable(f"{where}: {_said(exc)}")
 
 
 def _healthy(conn: psycopg.Connection[Any]) -> bool:
@@ -101,7 +97,7 @@ class PostgresDialect(Dialect):
         # the URL this store reports opens the same database and schema again
         glue = "&" if "?" in conninfo else "?"
         self.url = f"{conninfo}{glue}{urlencode({'schema': self.schema})}"
-        self.where = redact(self.url)
+        self.where = redact_url(self.url)
         self._clock = clock
         self._local = threading.local()
         self._pid = os.getpid()
@@ -112,6 +108,14 @@ class PostgresDialect(Dialect):
         self._listener = Listener(
             conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
         )
+
+    def said(self, exc: BaseException) -> str:
+        """What the driver said (``_said``), without any secret of our URL: libpq may quote a
+        part of it (a password as written, say)."""
+        return scrub(_said(exc), self.conninfo)
+
+    def _unavailable(self, exc: BaseException, where: str) -> StoreUnavailable:
+        return StoreUnavailable(f"{where}: {self.said(exc)}")
 
     # -- connections ---------------------------------------------------------------------------
     def _conn(self) -> psycopg.Connection[Any]:
@@ -172,13 +176,13 @@ class PostgresDialect(Dialect):
                 return conn
             except psycopg.OperationalError as exc:
                 if time.monotonic() + backoff >= deadline:
-                    raise _unavailable(exc, f"{self.where}: cannot connect") from None
+                    raise self._unavailable(exc, f"{self.where}: cannot connect") from None
                 time.sleep(backoff * (0.5 + random.random()))
                 backoff = min(backoff * 2, _BACKOFF_MAX)
             except psycopg.ProgrammingError as exc:  # libpq cannot read the URL: a usage error
-                raise InvalidOption(f"{self.where}: {_said(exc)}") from None
+                raise InvalidOption(f"{self.where}: {self.said(exc)}") from None
             except psycopg.Error as exc:
-                raise StoreError(f"{self.where}: {_said(exc)}") from None
+                raise StoreError(f"{self.where}: {self.said(exc)}") from None
 
     # -- transactions --------------------------------------------------------------------------
     def _now_param(self) -> float | None:
@@ -240,7 +244,7 @@ class PostgresDialect(Dialect):
             except (pg_errors.DeadlockDetected, pg_errors.SerializationFailure) as exc:
                 self._unless_healthy(conn)
                 if attempt >= _RETRIES:
-                    raise _unavailable(exc, self.where) from None
+                    raise self._unavailable(exc, self.where) from None
                 time.sleep(random.uniform(0.001, 0.01) * attempt)
             except pg_errors.InvalidSqlStatementName as exc:
                 # a statement this session had prepared is gone (deallocated by someone the
@@ -252,22 +256,22 @@ class PostgresDialect(Dialect):
                     with contextlib.suppress(psycopg.Error):
                         conn.execute("DEALLOCATE ALL", prepare=False)
                 if attempt >= 2:
-                    raise StoreError(f"{self.where}: {_said(exc)}") from None
+                    raise StoreError(f"{self.where}: {self.said(exc)}") from None
             except pg_errors.LockNotAvailable as exc:
                 self._unless_healthy(conn)
                 msg = f"{self.where}: a lock was held past {self.busy_timeout:g} s"
-                raise StoreUnavailable(f"{msg} ({_said(exc)})") from None
+                raise StoreUnavailable(f"{msg} ({self.said(exc)})") from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self._discard(conn)  # terminated, broken or wedged: never used again
                 if (done and mode != "read") or attempt >= 2:
-                    raise _unavailable(exc, self.where) from None
+                    raise self._unavailable(exc, self.where) from None
                 # the server never saw our COMMIT: nothing was written; try a new connection
             except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
                 self._unless_healthy(conn)
-                raise InvalidPayload(f"a value cannot be written: {_said(exc)}") from None
+                raise InvalidPayload(f"a value cannot be written: {self.said(exc)}") from None
             except psycopg.Error as exc:
                 self._unless_healthy(conn)
-                raise StoreError(f"{self.where}: {_said(exc)}") from None
+                raise StoreError(f"{self.where}: {self.said(exc)}") from None
             except (UnicodeEncodeError, OverflowError) as exc:  # a value it cannot bind
                 self._unless_healthy(conn)
                 raise InvalidPayload(f"a value cannot be written: {exc}") from None
@@ -291,7 +295,7 @@ class PostgresDialect(Dialect):
                 tx.flush()
                 return result
         except psycopg.Error as exc:  # the caller's transaction decides what happens next
-            raise StoreError(f"{self.where}: {_said(exc)}") from None
+            raise StoreError(f"{self.where}: {self.said(exc)}") from None
 
     def _our_database(self) -> str:
         if self._database is None:

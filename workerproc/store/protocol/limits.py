@@ -19,7 +19,7 @@ from typing import Any
 
 from ..codec import task_options
 from ..dialect import Dialect, Row, Tx
-from ..errors import StoreError
+from ..errors import InvalidOption, StoreError
 from ..limits import (
     NUMBERS,
     SEP,
@@ -147,7 +147,7 @@ class Limits:
         for every worker on every host until a declaration with other numbers arrives."""
         unknown = set(numbers) - set(NUMBERS)
         if unknown:
-            raise StoreError(f"limits have no {', '.join(sorted(unknown))}")
+            raise InvalidOption(f"limits have no {', '.join(sorted(unknown))}")
 
         def write(tx: Tx) -> LimitSpec:
             rows = {row[0]: row for row in tx.rows("LIMIT_ROWS", {})}
@@ -159,10 +159,17 @@ class Limits:
             for bucket, size in (("rate", "burst"), ("tokens", "token_burst")):
                 if bucket not in merged and not numbers.get(size):  # with its bucket's size
                     merged.pop(size, None)
+            if not {"rate", "concurrency", "tokens"} & set(merged):
+                lifted = ", ".join(k for k, v in numbers.items() if not v)
+                raise InvalidOption(
+                    f"limit {name!r} would limit nothing: lifting {lifted} leaves it no rate, "
+                    "concurrency or tokens (keep one; to let every run through, give it a "
+                    "high one, such as concurrency 1000000)"
+                )
             try:
                 spec = LimitSpec.declare(name, per=current.per, **merged)
-            except ValueError as exc:
-                raise StoreError(str(exc)) from None
+            except ValueError as exc:  # a number out of range: a bad value
+                raise InvalidOption(str(exc)) from None
             overrides = json.loads(rows[name][9]) if rows[name][9] else {}
             overrides.update(numbers)
             tx.count(

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from ..dialect import Dialect, Row, Tx
 from ..errors import InvalidOption, RunNotFound
 from ..newrun import NewRun
+from ..redaction import redact, redact_url
 from ..types import Lease, Run, TaskOptions
 from ..webhooks import (
     BACKLOG_MAX,
@@ -73,8 +74,8 @@ def info(
     state: dict[str, Any] = run.state if run is not None and isinstance(run.state, dict) else {}
     kept = [d for d in state.get("dead", ()) if isinstance(d, dict) and type(d.get("event")) is int]
     dead = tuple(
-        DeadLetter(int(d["event"]), d.get("run_id"), str(d.get("kind")), str(d.get("error")),
-                   float(d.get("at", 0)))
+        DeadLetter(int(d["event"]), d.get("run_id"), str(d.get("kind")),
+                   redact(str(d.get("error"))), float(d.get("at", 0)))
         for d in kept[-MAX_DEAD:]
     )  # fmt: skip
     if run is None:
@@ -85,9 +86,9 @@ def info(
         status = run.status
     error = state.get("last_error")
     cursor, failures = standing(hook.position, state)
-    return WebhookInfo(
-        hook.name, hook.url, hook.kinds, hook.run_id, hook.created_at, hook.retry, status,
-        cursor, hook.delivered, failures, error if isinstance(error, str) else None,
+    return WebhookInfo(  # as people and scripts see it: no secret of its URL (a ?token=...)
+        hook.name, redact_url(hook.url), hook.kinds, hook.run_id, hook.created_at, hook.retry,
+        status, cursor, hook.delivered, failures, redact(error) if isinstance(error, str) else None,
         hook.delivered_at, count_in(state, "dead_total"), dead, backlog,
         due if failures and status == "pending" else None, in_flight,
     )  # fmt: skip
