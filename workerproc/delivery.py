@@ -23,9 +23,10 @@ run's state (the failures in a row, the last error, the dead letters):
 
 A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
 there) and its successor starts again from the last position moved: every event is delivered
-at least once, in event order, so in order per run; a receiver deduplicates by the
-``Leasekeeper-Event`` header. The system's own runs' events are never delivered: they are read
-and passed over like the kinds a webhook does not want, so its position keeps up with them.
+at least once, in event order, so in order per run; a receiver deduplicates by the ``id`` of
+the body it verified (the signature covers the body; no unsigned header repeats the id). The
+system's own runs' events are never delivered: they are read and passed over like the kinds a
+webhook does not want, so its position keeps up with them.
 """
 
 from __future__ import annotations
@@ -276,7 +277,6 @@ class Deliverer:
             "Content-Type": "application/json",
             "User-Agent": f"leasekeeper/{__version__}",
             HEADER: signature_header(hook.secret, body),
-            "Leasekeeper-Event": str(event.id),
             "Leasekeeper-Webhook": hook.name,
         }
         try:
