@@ -88,8 +88,6 @@ def test_a_hostile_receiver_is_a_failure_with_its_reason_backed_off_then_dead_le
         assert REASONS[behaviour] in letter.error and info.dead_total == 1
         assert hostile.requests == 2
         assert honest.all() == [], "a redirect is never followed"
-        if behaviour == "flood":  # it stopped reading: the sender is held by full buffers
-            assert hostile.sent < 64 * MAX_ANSWER
     finally:
         hostile.close()
 
