@@ -17,11 +17,13 @@ import pytest
 from sv_harness import Supervisor
 
 from workerproc.config import WorkerConfig
+from workerproc.execution import Execution, Mode
+from workerproc.holdings import Holdings
 from workerproc.policy import LANE_LOOK, Policy, View
 from workerproc.signals import Signals
-from workerproc.store import ClaimRequest, Store, open_store
+from workerproc.store import ClaimRequest, Lease, Store, open_store
 from workerproc.store.webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
-from workerproc.worker import LANE
+from workerproc.worker import LANE, on_lane
 
 SECRET = "lane-secret"
 
@@ -79,8 +81,32 @@ def test_the_lane_is_counted_apart_from_the_users_slots() -> None:
     assert not p.slow_behind(View(running=0, lane=2), clock.now + 10), "deliveries are no slots"
     p.drain(0)
     assert p.turn(View()).lane == 0, "a stopping worker claims no delivery"
+    turn = p.turn(View(lane=1, lane_waiting=1))
+    assert turn.hand_back, "nor keeps one it claimed and has not started: it goes back"
     none = Policy(config, Signals(), clock=clock)  # a worker that delivers no webhooks
     assert none.turn(View()).lane == 0
+
+
+def test_the_holdings_count_the_lane_apart_and_start_its_leases_first() -> None:
+    def lease(task_id: int, queue: str) -> Lease:
+        return Lease(task_id, task_id, "t", None, 1, "me", 0.0, 0.0, queue=queue)
+
+    h = Holdings(on_lane)
+    user, delivery = lease(1, "default"), lease(2, WEBHOOK_QUEUE)
+    h.add_waiting([user, delivery])
+    view = h.view(1, 0, None)
+    assert (view.running, view.waiting, view.lane, view.lane_waiting) == (0, 1, 1, 1)
+    with h.lock:
+        assert h.startable(users=False, lane=True) is delivery
+        assert h.startable(users=True, lane=False) is user
+        assert h.startable(users=False, lane=False) is None
+        h.take(delivery)
+        h.begin(Execution(delivery, lambda ctx: None, Mode.LANE))
+    view = h.view(1, 0, None)
+    assert (view.running, view.waiting, view.lane, view.lane_waiting) == (0, 1, 1, 0)
+    assert h.busy()
+    ended = h.clear()[0]
+    assert h.end(ended[0]) and h.lane == 0
 
 
 # -- a real pool: dead receivers cost the users nothing --------------------------------------------

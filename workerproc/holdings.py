@@ -63,7 +63,7 @@ class Holdings:
             on_lane = self.on_lane
             lane_waiting = 0 if on_lane is None else sum(map(on_lane, self.waiting))
             return View(running, youngest, len(self.waiting) - lane_waiting, finished, since,
-                        self.lane + lane_waiting)  # fmt: skip
+                        self.lane + lane_waiting, lane_waiting)  # fmt: skip
 
     def busy(self) -> bool:
         """Something is left to do: a live handler, an ending not collected, a waiting lease

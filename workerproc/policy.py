@@ -64,6 +64,7 @@ class View:
     finished: int = 0  # commits waiting for the next exchange
     finished_since: float | None = None  # monotonic: when the oldest of them finished
     lane: int = 0  # the delivery lane's leases, running or waiting (never the users' slots)
+    lane_waiting: int = 0  # of those, the ones waiting to start
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +171,7 @@ class Policy:
         accepting = self.accepting
         slow = self.slow_behind(view, now)
         hand_back = bool(view.waiting) and (slow or not accepting)
+        hand_back = hand_back or (bool(view.lane_waiting) and not accepting)
         if hand_back and accepting:
             self.slow_after_all()
         waiting = 0 if hand_back else view.waiting
