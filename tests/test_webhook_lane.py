@@ -17,13 +17,13 @@ import pytest
 from sv_harness import Supervisor
 
 from workerproc.config import WorkerConfig
+from workerproc.delivery import LANE, on_lane
 from workerproc.execution import Execution, Mode
 from workerproc.holdings import Holdings
 from workerproc.policy import LANE_LOOK, Policy, View
 from workerproc.signals import Signals
 from workerproc.store import ClaimRequest, Lease, Store, open_store
 from workerproc.store.webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
-from workerproc.worker import LANE, on_lane
 
 SECRET = "lane-secret"
 

@@ -46,7 +46,7 @@ from .context import LeaseLost, TaskContext
 from .logs import event as told
 from .posting import Poster
 from .store import StoreError, WorkerStore
-from .store.types import Event
+from .store.types import Event, Lease
 from .store.webhooks import (
     DELIVERY_TASK,
     MAX_DEAD,
@@ -82,6 +82,17 @@ INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again i
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
 DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+# A worker's delivery lane (issue 38): deliveries it runs at once, each on a thread of its own,
+# beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
+# delivery run is serial), so no receiver, however slow, holds up a user's run.
+LANE = 2
+
+
+def on_lane(lease: Lease) -> bool:
+    """Whether ``lease`` is the delivery lane's: a task of the webhooks' queue."""
+    return lease.queue == WEBHOOK_QUEUE
 
 
 def serves_webhooks(queues: Sequence[str] | None) -> bool:

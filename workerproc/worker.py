@@ -32,7 +32,7 @@ from .app import App
 from .completer import Completer
 from .config import WorkerConfig
 from .courier import Courier
-from .delivery import Deliverer, serves_webhooks
+from .delivery import LANE, Deliverer, on_lane, serves_webhooks
 from .execution import Execution, Mode, Stopped, failure, max_attempts, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
@@ -51,22 +51,12 @@ from .starter import Starter
 from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, StatusSlot
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
 from .store.roles import CallStore
-from .store.types import Lease
 from .store.webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
 from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
 
 FIRERS = 2  # the workers of a pool (its first indexes) that fire the schedules, wake webhooks
-# A worker's delivery lane (B20): webhook deliveries it runs at once, each on a thread of its own,
-# beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
-# delivery run is serial), so no receiver, however slow, holds up a user's run.
-LANE = 2
-
-
-def on_lane(lease: Lease) -> bool:
-    """Whether ``lease`` is the delivery lane's: a task of the webhooks' queue."""
-    return lease.queue == WEBHOOK_QUEUE
 
 
 class Worker:
@@ -109,7 +99,7 @@ class Worker:
                            before=self._inline_begins, after=self._inline_ended),
             ThreadExecutor(config.concurrency, config, self._ended_on_thread),
             AsyncExecutor(config, self._ended),
-            LaneExecutor(max(1, lane), config, self._ended_on_lane),
+            LaneExecutor(max(1, lane), config, self._ended),  # (takes only what it is given)
         )  # fmt: skip
         self.outage = Outage()  # a database that stops answering, told once per incident
         self._open_store = open_store
@@ -145,8 +135,8 @@ class Worker:
         self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())),
                               threads=seats, seats=seats)  # fmt: skip
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
-        stopping = lambda: not self.policy.accepting  # noqa: E731 (a stop: no new POST)
-        builtin = {DELIVERY_TASK: Deliverer(delivery_store or open_store, stopping)}
+        deliverer = Deliverer(delivery_store or open_store, lambda: not self.policy.accepting)
+        builtin = {DELIVERY_TASK: deliverer}  # (stopping: it starts no new POST)
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish,
                                calls=self.calls, builtin=builtin)  # fmt: skip
@@ -312,11 +302,6 @@ class Worker:
         """A slot thread's handler ended: what the thread runs next (``Starter``)."""
         self._ended(ex)
         return self.starter.next_for_thread()
-
-    def _ended_on_lane(self, ex: Execution) -> None:
-        """A delivery ended on its lane thread, which takes nothing else (the conductor
-        starts the next delivery)."""
-        self._ended(ex)
 
     def _ended_inline(self, ex: Execution) -> None:
         """The inline handler returned, on this very thread: collect it now (nothing to wake),
