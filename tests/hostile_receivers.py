@@ -5,7 +5,9 @@ test process, each reading a whole request and then answering badly:
 - ``trickle_head``: the whole answer, status line and headers too, one byte every ``pace`` s;
 - ``trickle_body``: the head at once, then a 1,000-byte body one byte every ``pace`` s;
 - ``hang``: nothing at all, the connection held open;
-- ``redirect``: 307 to ``location``.
+- ``redirect``: 307 to ``location``;
+- ``tls_trickle``: for an ``https://`` URL: a TLS record header, then its body, one byte every
+  ``pace`` s (the client's handshake waits for the whole record).
 
 ``requests`` counts the requests read in full; ``busy`` how many connections are being
 answered right now (a test waits for a POST in hand)."""
@@ -17,7 +19,7 @@ import socket
 import threading
 import time
 
-BEHAVIOURS = ("flood", "trickle_head", "trickle_body", "hang", "redirect")
+BEHAVIOURS = ("flood", "trickle_head", "trickle_body", "hang", "redirect", "tls_trickle")
 CHUNK = 16 * 1024
 
 
@@ -36,7 +38,8 @@ class HostileReceiver:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.getsockname()[1]}/hook"
+        scheme = "https" if self.behaviour == "tls_trickle" else "http"
+        return f"{scheme}://127.0.0.1:{self._server.getsockname()[1]}/hook"
 
     def close(self) -> None:
         self._stop.set()
@@ -66,6 +69,9 @@ class HostileReceiver:
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(60.0)
+        if self.behaviour == "tls_trickle":
+            self._tls_trickle(conn)
+            return
         try:
             while not self._stop.is_set() and self._read_request(conn):
                 with self._lock:
@@ -79,6 +85,22 @@ class HostileReceiver:
                         self.busy -= 1
         except OSError:  # the client gave up (as it should): this connection is over
             return
+
+    def _tls_trickle(self, conn: socket.socket) -> None:
+        with self._lock:
+            self.requests += 1
+            self.busy += 1
+        try:
+            # a handshake record of 16 KiB: the client reads all of it before it can parse any
+            for byte in b"\x16\x03\x03\x40\x00" + b"x" * 0x4000:
+                if self._stop.wait(self.pace):
+                    return
+                self._send(conn, bytes([byte]))
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self.busy -= 1
 
     @staticmethod
     def _read_request(conn: socket.socket) -> bool:

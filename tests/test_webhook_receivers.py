@@ -38,6 +38,7 @@ REASONS = {
     "trickle_body": f"no complete answer within {LIMIT:g} s",
     "hang": f"no complete answer within {LIMIT:g} s",
     "redirect": "HTTP 307: redirects are not followed",
+    "tls_trickle": f"no complete answer within {LIMIT:g} s",
 }
 
 

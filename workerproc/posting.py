@@ -88,8 +88,14 @@ class Poster:
     def __init__(self, client: Any, watchdog: Watchdog = WATCHDOG) -> None:
         self._client = client
         self._watchdog = watchdog
+        self._lock = threading.Lock()  # the sockets: this thread adds, the watchdog's shuts
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        # a copy of the descriptor of each connection this POST made, kept to its end: a TLS
+        # handshake takes the socket's descriptor over before its stream is known, and a
+        # shutdown through the copy still wakes it (it acts on the connection, not the copy)
+        self._copies: list[socket.socket] = []
         self._late = False  # the current POST's deadline has passed: new sockets are shut too
+        self._posts = 0  # POSTs begun (a watchdog's late call for an earlier one does nothing)
 
     def _trace(self, name: str, info: Mapping[str, Any]) -> None:
         """httpcore's ``trace`` extension: each connection made (TCP, then TLS) is kept."""
@@ -98,31 +104,47 @@ class Poster:
         stream = info.get("return_value")
         getter = getattr(stream, "get_extra_info", None)
         sock = getter("socket") if getter is not None else None
-        if isinstance(sock, socket.socket):
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
             self._sockets.add(sock)
+            if name.endswith("connect_tcp.complete"):
+                with contextlib.suppress(OSError):
+                    self._copies.append(sock.dup())
             if self._late:
                 _shut(sock)
 
-    def _expire(self) -> None:
-        """The watchdog's, at the deadline: every socket of this client is shut down."""
-        self._late = True
-        for sock in list(self._sockets):
-            _shut(sock)
+    def _expire(self, post: int) -> None:
+        """The watchdog's, at POST ``post``'s deadline: every socket of this client is shut
+        down (unless that POST is over)."""
+        if post != self._posts:
+            return
+        with self._lock:
+            self._late = True
+            for sock in [*self._sockets, *self._copies]:
+                _shut(sock)
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
         """POST ``body`` to ``url`` within ``limit`` seconds in all; None when the receiver
         took it (a 2xx answer, complete, of at most ``MAX_ANSWER`` bytes), else the reason it
         failed."""
         self._late = False
-        token = self._watchdog.arm(time.monotonic() + limit, self._expire)
+        self._posts = post = self._posts + 1
+        deadline = time.monotonic() + limit
+        token = self._watchdog.arm(deadline, lambda: self._expire(post))
         try:
             return self._send(url, body, headers, limit)
         except Exception as exc:  # the network's: refused, reset, cut by the deadline ...
-            if self._late:
+            if self._late or time.monotonic() >= deadline:  # (or a timeout of the library's)
                 return f"no complete answer within {limit:g} s ({type(exc).__name__})"
             return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
         finally:
             self._watchdog.disarm(token)
+            self._posts += 1  # (over: a late call of the watchdog for it does nothing)
+            with self._lock:
+                copies, self._copies = self._copies, []
+            for copy in copies:
+                copy.close()
 
     def _send(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
         client = self._client
