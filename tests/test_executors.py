@@ -18,7 +18,7 @@ from workerproc.execution import Execution, Mode, Stopped
 from workerproc.executors import Executor, Executors
 from workerproc.executors.aio import AsyncExecutor
 from workerproc.executors.inline import InlineExecutor
-from workerproc.executors.threads import ThreadExecutor
+from workerproc.executors.threads import LaneExecutor, ThreadExecutor
 from workerproc.signals import Signals, Waker
 from workerproc.store import Lease
 
@@ -52,6 +52,8 @@ def make(mode: Mode, done: Endings, waker: Waker) -> Executor:
                               after=lambda: None)  # fmt: skip
     if mode is Mode.THREAD:
         return ThreadExecutor(2, CONFIG, lambda ex: done(ex))
+    if mode is Mode.LANE:  # (the delivery lane: threads of its own, B20)
+        return LaneExecutor(1, CONFIG, lambda ex: done(ex))
     return AsyncExecutor(CONFIG, done)
 
 

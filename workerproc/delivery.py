@@ -3,11 +3,12 @@
 
 Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
 other, reads the users' events after the webhook's position (in commit order) and POSTs each
-one its webhook wants, signed (``workerproc.webhooks``), one at a time. Each POST its receiver
-acknowledges moves the position past it at once, in one small write under the lease's fence
-(``move_webhook``; events passed over move with it, or before the delivery holds on or ends),
-so a fault re-sends at most the POST in flight. The execution ends with one fenced commit of the
-run's state (the failures in a row, the last error, the dead letters):
+one its webhook wants, signed (``workerproc.webhooks``), one at a time, each within one
+deadline over the whole POST and reading at most 64 KiB of the answer (``workerproc.posting``).
+Each POST its receiver acknowledges moves the position past it at once, in one small write under
+the lease's fence (``move_webhook``; events passed over move with it, or before the delivery
+holds on or ends), so a fault re-sends at most the POST in flight. The execution ends with one
+fenced commit of the run's state (the failures in a row, the last error, the dead letters):
 
 - all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
   commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
@@ -23,9 +24,10 @@ run's state (the failures in a row, the last error, the dead letters):
 
 A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
 there) and its successor starts again from the last position moved: every event is delivered
-at least once, in event order, so in order per run; a receiver deduplicates by the
-``Leasekeeper-Event`` header. The system's own runs' events are never delivered: they are read
-and passed over like the kinds a webhook does not want, so its position keeps up with them.
+at least once, in event order, so in order per run; a receiver deduplicates by the ``id`` of
+the body it verified (the signature covers the body; no unsigned header repeats the id). The
+system's own runs' events are never delivered: they are read and passed over like the kinds a
+webhook does not want, so its position keeps up with them.
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ from typing import Any
 from . import __version__
 from .context import LeaseLost, TaskContext
 from .logs import event as told
+from .posting import Poster
 from .store import StoreError, WorkerStore
-from .store.types import Event
+from .store.types import Event, Lease
 from .store.webhooks import (
     DELIVERY_TASK,
     MAX_DEAD,
@@ -77,9 +80,19 @@ BUDGET = 1.0
 PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
-MAX_ERROR = 300  # characters of a failure kept in the state
 DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
+
+
+# A worker's delivery lane (issue 38): deliveries it runs at once, each on a thread of its own,
+# beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
+# delivery run is serial), so no receiver, however slow, holds up a user's run.
+LANE = 2
+
+
+def on_lane(lease: Lease) -> bool:
+    """Whether ``lease`` is the delivery lane's: a task of the webhooks' queue."""
+    return lease.queue == WEBHOOK_QUEUE
 
 
 def serves_webhooks(queues: Sequence[str] | None) -> bool:
@@ -140,8 +153,11 @@ class Deliverer:
     a store of its own (no connection crosses a thread) and keeps it for its next deliveries;
     one that failed is closed and opened again next time."""
 
-    def __init__(self, open_store: Callable[[], WorkerStore]) -> None:
+    def __init__(
+        self, open_store: Callable[[], WorkerStore], stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         self._open_store = open_store
+        self._stopping = stopping  # the worker stops: no new POST (the one in flight ends)
         self._stores = threading.local()
 
     def __call__(self, ctx: TaskContext) -> None:
@@ -159,13 +175,13 @@ class Deliverer:
         finally:
             _delivering.on = False
 
-    def _client(self) -> Any:
-        """This thread's HTTP client, kept (making one costs a TLS context: 0.2 s here);
-        each request carries its webhook's timeout."""
-        client = getattr(self._stores, "client", None)
-        if client is None:
-            client = self._stores.client = self._new_client()
-        return client
+    def _client(self) -> Poster:
+        """This thread's POSTs: its HTTP client, kept (making one costs a TLS context: 0.2 s
+        here); each POST carries its webhook's deadline (``posting``)."""
+        poster: Poster | None = getattr(self._stores, "poster", None)
+        if poster is None:
+            poster = self._stores.poster = Poster(self._new_client())
+        return poster
 
     @staticmethod
     def _new_client() -> Any:
@@ -197,7 +213,7 @@ class Deliverer:
         busy = False  # the last look found events to send, or a full batch: maybe more
         stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
         dead = False  # a dead letter kept: its position moves once it is committed
-        client = self._client()
+        poster = self._client()
         while not stop and time.monotonic() < deadline:
             token = store.change_token()
             # (the system's events too: read past, so the position keeps up with them while
@@ -207,10 +223,10 @@ class Deliverer:
             for event in batch:
                 if hook.takes(event):
                     busy = True
-                    if not mover.fresh():
-                        stop = True  # (a pause past the ttl: the commit decides)
+                    if not mover.fresh() or self._stopping():
+                        stop = True  # (a pause past the ttl: the commit decides; a stop)
                         break
-                    outcome = self._one(ctx, client, hook, event, state, deadline)
+                    outcome = self._one(ctx, poster, hook, event, state, deadline)
                     if outcome == DEAD:  # committed with the state first, then moved
                         mover.move(position)  # (what came before it, first)
                         position, dead, stop = event.id, True, True
@@ -245,7 +261,7 @@ class Deliverer:
         return left > 0 and store.wait_change(token, left) != token
 
     def _one(
-        self, ctx: TaskContext, client: Any, hook: Webhook, event: Event, state: dict[str, Any],
+        self, ctx: TaskContext, poster: Poster, hook: Webhook, event: Event, state: dict[str, Any],
         deadline: float,
     ) -> str | float:  # fmt: skip
         """Deliver ``event``, trying again in place while the backoff is short: ``DELIVERED``,
@@ -254,7 +270,7 @@ class Deliverer:
         retry = hook.retry
         while True:
             ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
-            error = self._post(client, hook, event)
+            error = self._post(poster, hook, event)
             if error is None:
                 state["failures"] = 0
                 return DELIVERED
@@ -265,27 +281,22 @@ class Deliverer:
                 state["failures"] = 0
                 return DEAD
             delay = backoff(failures, retry.backoff, retry.backoff_max)
-            if delay > INLINE_RETRY or time.monotonic() + delay >= deadline:
+            if delay > INLINE_RETRY or time.monotonic() + delay >= deadline or self._stopping():
                 return delay
             time.sleep(delay)
 
-    def _post(self, client: Any, hook: Webhook, event: Event) -> str | None:
-        """POST one event; None when the receiver took it (2xx), else what went wrong."""
+    @staticmethod
+    def _post(poster: Poster, hook: Webhook, event: Event) -> str | None:
+        """POST one event; None when the receiver took it (a complete 2xx answer within the
+        webhook's timeout, of at most ``MAX_ANSWER`` bytes), else what went wrong."""
         body = body_of(event, hook.name)
         headers = {
             "Content-Type": "application/json",
             "User-Agent": f"leasekeeper/{__version__}",
             HEADER: signature_header(hook.secret, body),
-            "Leasekeeper-Event": str(event.id),
             "Leasekeeper-Webhook": hook.name,
         }
-        try:
-            reply = client.post(hook.url, content=body, headers=headers, timeout=hook.retry.timeout)
-        except Exception as exc:  # the network's: connection refused, timeout, reset ...
-            return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
-        if 200 <= reply.status_code < 300:
-            return None
-        return f"HTTP {reply.status_code}"
+        return poster.post(hook.url, body, headers, hook.retry.timeout)
 
     @staticmethod
     def _dead(state: dict[str, Any], hook: Webhook, event: Event, error: str) -> None:

@@ -2,8 +2,10 @@
 
 A worker runs up to ``--concurrency`` executions at once (its slots), each on the executor of its
 handler's ``Mode`` (``workerproc/executors``): inline on the main thread, on a slot thread, or on
-the event loop. Every ending becomes the commit the conductor writes under the lease
-(``conclude``), or None when there is nothing to write (the lease is gone).
+the event loop; and, beside them, up to ``LANE`` webhook deliveries on threads of their own
+(``Mode.LANE``: the delivery lane, which no user's slot ever waits for). Every ending becomes
+the commit the conductor writes under the lease (``conclude``), or None when there is nothing
+to write (the lease is gone).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class Mode(enum.StrEnum):
     INLINE = "inline"
     THREAD = "thread"
     ASYNC = "async"
+    LANE = "lane"  # the worker's own deliveries (B20), on threads of their own: no user's slot
 
 
 class Stopped(enum.StrEnum):

@@ -1,6 +1,10 @@
 """What a worker holds, across its threads: the handlers running, the claimed leases waiting for a
 slot, and the executions that ended and were not collected yet.
 
+Deliveries (B20) are held here too, but on the worker's delivery lane: ``on_lane`` tells their
+leases apart, ``lane`` counts those running, and the ``View`` the policy decides from counts the
+users' slots without them (and the lane's apart), so no delivery takes a user's slot.
+
 The conductor, the slot threads, the event loop and the heartbeat thread all touch them, so one
 lock guards the three. It is held for a few dict and deque operations at a time, never across a
 call out (a store, a handler, the heartbeat); code that needs a few steps in one (a slot thread
@@ -12,19 +16,35 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-from .execution import Execution, Stopped
+from .execution import Execution, Mode, Stopped
 from .policy import View
 from .store import Lease
 
 
 class Holdings:
-    def __init__(self) -> None:
+    def __init__(self, on_lane: Callable[[Lease], bool] | None = None) -> None:
         self.lock = threading.Lock()
         self.running: dict[int, Execution] = {}  # task id -> a handler running now
         self.waiting: deque[Lease] = deque()  # claimed (prefetched), waiting for a slot
         self.ended: deque[Execution] = deque()  # ended, not collected yet
+        self.on_lane = on_lane  # whether a lease is the delivery lane's (None: no lane)
+        self.lane = 0  # of the running, the lane's (``Mode.LANE``)
+
+    def lane_lease(self, lease: Lease) -> bool:
+        """Whether ``lease`` is the delivery lane's (a webhook delivery)."""
+        return self.on_lane is not None and self.on_lane(lease)
+
+    def users(self) -> int:
+        """The users' handlers running now (holding ``lock``)."""
+        return len(self.running) - self.lane
+
+    def begin(self, ex: Execution) -> None:
+        """``ex`` starts: it is running (holding ``lock``)."""
+        self.running[ex.lease.task_id] = ex
+        if ex.mode is Mode.LANE:
+            self.lane += 1
 
     def executions(self) -> list[Execution]:
         """The handlers running now (never iterate ``running`` without the lock)."""
@@ -32,13 +52,18 @@ class Holdings:
             return list(self.running.values())
 
     def view(self, capacity: int, finished: int, since: float | None) -> View:
-        """What the policy looks at: counts, and (every slot busy) the youngest start."""
+        """What the policy looks at: counts, and (every users' slot busy) the youngest start;
+        the delivery lane's running and waiting leases apart (``View.lane``)."""
         with self.lock:
-            running = len(self.running)
+            running = len(self.running) - self.lane
             youngest = -math.inf
             if running and running >= capacity:
-                youngest = max(ex.started for ex in self.running.values())
-            return View(running, youngest, len(self.waiting), finished, since)
+                youngest = max(ex.started for ex in self.running.values()
+                               if ex.mode is not Mode.LANE)  # fmt: skip
+            on_lane = self.on_lane
+            lane_waiting = 0 if on_lane is None else sum(map(on_lane, self.waiting))
+            return View(running, youngest, len(self.waiting) - lane_waiting, finished, since,
+                        self.lane + lane_waiting, lane_waiting)  # fmt: skip
 
     def busy(self) -> bool:
         """Something is left to do: a live handler, an ending not collected, a waiting lease
@@ -55,6 +80,7 @@ class Holdings:
         with self.lock:
             if self.running.get(ex.lease.task_id) is ex:  # never a newer attempt's slot
                 del self.running[ex.lease.task_id]
+                self.lane -= ex.mode is Mode.LANE
             first = not self.ended
             self.ended.append(ex)
         return first
@@ -70,12 +96,13 @@ class Holdings:
         with self.lock:
             self.waiting.extend(leases)
 
-    def startable(self) -> Lease | None:
+    def startable(self, users: bool = True, lane: bool = False) -> Lease | None:
         """The first waiting lease whose task runs no older attempt here (one lost, its handler
         not ended yet: two attempts of one task never run at once in one process; the check is
-        per task, not per run). Call it holding ``lock``."""
+        per task, not per run), among the users' (``users``: a users' slot is free) and the
+        delivery lane's (``lane``: a lane slot is free). Call it holding ``lock``."""
         for lease in self.waiting:
-            if lease.task_id not in self.running:
+            if lease.task_id not in self.running and (lane if self.lane_lease(lease) else users):
                 return lease
         return None
 
@@ -119,4 +146,5 @@ class Holdings:
             running, waiting = list(self.running.values()), list(self.waiting)
             self.running.clear()
             self.waiting.clear()
+            self.lane = 0
         return running, waiting

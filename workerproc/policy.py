@@ -15,6 +15,10 @@ and the conductor acts, the way the supervisor's loop runs its steps (``supervis
   adaptive prefetch is earned again from scratch), or when the worker stops taking work.
 - **when a waiting lease may start** (``Policy.start``, R4's start rule, ``startrule.py``): at
   once when confirmed a moment ago, after a synchronous renewal when older, never when lost.
+- **what the delivery lane claims** (``Policy.turn``, B20): webhook deliveries run on slots of
+  their own (``lane``, beside ``--concurrency``, never counted against it); a free one asks for a
+  delivery with every exchange while the last such ask found one, else at most every
+  ``LANE_LOOK`` (or when something changed), alone if need be.
 - **when to wake** (``Policy.wake_at``), **when to stop taking work and when to exit**
   (``Policy.drain``, ``Policy.drained``): TERM, recycling after ``--max-tasks``, a timeout that
   cost a slot; the running tasks finish first, bounded by ``--graceful-timeout``.
@@ -45,17 +49,22 @@ CONFIRM_WAIT = 5.0  # the longest a turn waits for the renewal of leases about t
 # as a fast handler: a busy CPU's scheduling delays must not pass for slow handlers), then it
 # goes back unstarted.
 SLOW_BEHIND = 0.1
+# A free slot of the delivery lane that found no delivery asks again after this long (sooner
+# when something changes): a busy worker costs the database one small claim per this at most.
+LANE_LOOK = 0.5
 
 
 @dataclass(slots=True)
 class View:
     """What the conductor holds at one moment (read in one step under its lock)."""
 
-    running: int = 0  # handlers running now
+    running: int = 0  # the users' handlers running now
     youngest: float = -math.inf  # monotonic: the latest start among them (with every slot busy)
-    waiting: int = 0  # prefetched leases waiting for a slot
+    waiting: int = 0  # prefetched leases waiting for a users' slot
     finished: int = 0  # commits waiting for the next exchange
     finished_since: float | None = None  # monotonic: when the oldest of them finished
+    lane: int = 0  # the delivery lane's leases, running or waiting (never the users' slots)
+    lane_waiting: int = 0  # of those, the ones waiting to start
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,11 +76,12 @@ class Turn:
     write: bool  # the finished commits are due
     claim: bool  # claim, even with nothing to write
     start: int = 0  # of the leases claimed, how many begin at once (recorded as begun, B3)
+    lane: int = 0  # deliveries the lane claims in the same exchange (its own slots, B20)
 
     @property
     def talks_to_store(self) -> bool:
-        """Whether this turn talks to the store (one transaction: writes, then the claim)."""
-        return self.hand_back or self.write or self.claim
+        """Whether this turn talks to the store (one transaction: writes, then the claims)."""
+        return self.hand_back or self.write or self.claim or bool(self.lane)
 
 
 class Start(enum.Enum):
@@ -85,7 +95,8 @@ class Start(enum.Enum):
 
 class Policy:
     """Decisions of one worker. ``signals`` is what the signals asked for (read, never written);
-    ``clock`` is the monotonic clock the heartbeat's confirmations are measured on."""
+    ``clock`` is the monotonic clock the heartbeat's confirmations are measured on; ``lane``:
+    the delivery lane's slots (0: the worker delivers no webhooks)."""
 
     def __init__(
         self,
@@ -94,8 +105,12 @@ class Policy:
         *,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        lane: int = 0,
     ) -> None:
         self.capacity = config.concurrency
+        self.lane_capacity = lane
+        self._lane_ready = True  # the lane's last claim found all it asked for
+        self._lane_look = -math.inf  # monotonic: when a free lane slot asks again regardless
         self.signals = signals
         self.clock = clock
         self.rule = StartRule(config.lease_ttl)
@@ -156,6 +171,7 @@ class Policy:
         accepting = self.accepting
         slow = self.slow_behind(view, now)
         hand_back = bool(view.waiting) and (slow or not accepting)
+        hand_back = hand_back or (bool(view.lane_waiting) and not accepting)
         if hand_back and accepting:
             self.slow_after_all()
         waiting = 0 if hand_back else view.waiting
@@ -170,26 +186,47 @@ class Policy:
                 held = now - (view.finished_since or 0.0)
                 write = held >= HOLD or view.finished >= self.capacity + ADAPTIVE_PREFETCH
         claim = bool(want) and self._maybe_ready and waiting <= self.capacity
+        lane = self.lane_want(view, now)
         # B3: what a claim records as begun. The leases for the slots free now begin at once;
         # a prefetch begins within milliseconds behind fast handlers (one that goes back after
         # all is handed back, which un-spends it), else it is claimed waiting: its start is
         # recorded by the renewal that confirms it, and a lapse before then spends nothing.
         free = max(0, self.capacity - view.running - waiting)
         start = want if self.fast else min(want, free)
-        return Turn(hand_back, want, write, claim, start)
+        return Turn(hand_back, want, write, claim, start, lane)
+
+    def lane_want(self, view: View, now: float) -> int:
+        """How many deliveries the lane claims now: its free slots, while the worker takes
+        work and the lane's last claim found all it asked for, or ``LANE_LOOK`` has passed."""
+        free = self.lane_capacity - view.lane
+        if free < 1 or not self.accepting:
+            return 0
+        return free if self._lane_ready or now >= self._lane_look else 0
 
     def claimed(self, asked: int, got: int) -> None:
         """A claim for ``asked`` leases got ``got``: fewer means the queue ran dry, so the next
         claim alone waits until something changes (``watched``)."""
         self._maybe_ready = got >= asked
 
+    def lane_claimed(self, asked: int, got: int) -> None:
+        """The lane's claim for ``asked`` deliveries got ``got``: fewer, and its free slots ask
+        again only after ``LANE_LOOK`` (or a change)."""
+        self._lane_ready = got >= asked
+        if not self._lane_ready:
+            self._lane_look = self.clock() + LANE_LOOK
+
     def watched(self) -> None:
         """The idle wait ended (a change, a due time, the poll interval): work may be ready."""
         self._maybe_ready = True
+        self._lane_ready = True
 
     # -- starting (R4) ----------------------------------------------------------------------------
     def slot_free(self, running: int) -> bool:
         return running < self.capacity
+
+    def lane_free(self, running: int) -> bool:
+        """Whether the delivery lane has a free slot, ``running`` of its deliveries running."""
+        return running < self.lane_capacity
 
     def start(
         self, confirmed: float | None, vouched: float | None, renewed: bool, recorded: bool = True

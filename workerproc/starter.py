@@ -10,7 +10,8 @@ a plain handler and a fresh lease, so short tasks never wait for a conductor tur
 is left to the conductor. Either way the check and the move into ``running`` are one step under
 the holdings' lock, and each start carries its deadline to the thread that calls the handler
 (``Execution.gate``: the last checks, immediately before the call and at the handler's first
-read of its task).
+read of its task). A webhook delivery starts on a free slot of the delivery lane
+(``Mode.LANE``, B20), under the same rule, and never on a users' slot.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class Starter:
         h, policy = self.holdings, self.policy
         while policy.accepting:
             with h.lock:
-                if not policy.slot_free(len(h.running)) or (lease := h.startable()) is None:
+                if (lease := self._startable()) is None:
                     return
             confirmed = self.heartbeat.confirmed_at(lease)
             recorded = self.heartbeat.recorded(lease)
@@ -78,16 +79,17 @@ class Starter:
                 continue
             assert confirmed is not None
             with h.lock:
-                if h.startable() is not lease:
+                if self._startable() is not lease:
                     continue  # lost (or handed back) meanwhile
                 h.take(lease)
                 handler = self.handlers.get(lease.task)
                 ex = None
                 if handler is not None:
-                    mode = mode_for(handler, policy.capacity)
+                    lane = h.lane_lease(lease)  # a delivery: the lane's slot, never a user's
+                    mode = Mode.LANE if lane else mode_for(handler, policy.capacity)
                     ex = Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls)
                     self._gate(ex, confirmed)
-                    h.running[lease.task_id] = ex
+                    h.begin(ex)
             if ex is None:
                 error = f"UnknownTask: no handler named {lease.task!r} in this app"
                 self.completer.add(Commit(lease, "fail", reason="unknown_task", error=error))
@@ -96,6 +98,15 @@ class Starter:
             self._starting()
             self.executors[ex.mode].submit(ex)
 
+    def _startable(self) -> Lease | None:
+        """The next waiting lease a free slot may start (holding the holdings' lock): a
+        delivery on a free slot of the lane first (an inline handler, started next, holds
+        the conductor until it returns), then a users' one on a users' slot."""
+        h, policy = self.holdings, self.policy
+        if policy.lane_free(h.lane) and (lease := h.startable(users=False, lane=True)):
+            return lease
+        return h.startable(users=policy.slot_free(h.users()), lane=False)
+
     def next_for_thread(self) -> Execution | None:
         """What a slot thread whose handler ended runs next: the next waiting lease, when it
         has a plain handler and is fresh, taken into ``running`` at once. None: nothing, or
@@ -103,9 +114,9 @@ class Starter:
         draining): the conductor is woken for it."""
         h, policy = self.holdings, self.policy
         with h.lock:
-            if not (h.waiting and policy.slot_free(len(h.running)) and policy.accepting):
+            if not (h.waiting and policy.slot_free(h.users()) and policy.accepting):
                 return None
-            lease = h.startable()
+            lease = h.startable(users=True, lane=False)  # (a delivery is the conductor's)
             if lease is None:
                 return None
             handler = self.handlers.get(lease.task)
@@ -117,9 +128,8 @@ class Starter:
                 return None
             assert confirmed is not None
             h.take(lease)
-            nxt = h.running[lease.task_id] = Execution(lease, handler, Mode.THREAD,
-                                                       tasks=self.tasks,
-                                                       calls=self.calls)  # fmt: skip
+            nxt = Execution(lease, handler, Mode.THREAD, tasks=self.tasks, calls=self.calls)
+            h.begin(nxt)
             self._gate(nxt, confirmed)
         self.heartbeat.started(lease)
         return nxt
@@ -143,9 +153,15 @@ class Starter:
         round trip took (their window counts from that moment). A refused one is dropped as
         lost."""
         h = self.holdings
-        with h.lock:
-            free = self.policy.capacity - len(h.running)
-            waiting = [w for w in h.waiting if w.task_id not in h.running][: max(0, free)]
+        with h.lock:  # as many as each kind of slot has free: the users' and the lane's
+            free = {False: self.policy.capacity - h.users(),
+                    True: self.policy.lane_capacity - h.lane}  # fmt: skip
+            waiting = []
+            for w in h.waiting:
+                kind = h.lane_lease(w)
+                if w.task_id not in h.running and free[kind] > 0:
+                    waiting.append(w)
+                    free[kind] -= 1
         hb = self.heartbeat
         renew = self.policy.needs_renewal((hb.confirmed_at(w), hb.recorded(w)) for w in waiting)
         stale = [w for w, old in zip(waiting, renew, strict=True) if old]

@@ -5,13 +5,17 @@ A delivery is an HTTP POST whose body is the event's JSON; its ``Leasekeeper-Sig
 header is ``t=<unix seconds>,v1=<hex>``, where ``<hex>`` is the HMAC-SHA256, keyed with the
 webhook's secret, of ``f"{t}.{body}"`` (the timestamp, a dot, the body's exact bytes). A
 receiver recomputes it with ``verify`` and refuses a signature older (or newer) than its
-tolerance, so a captured request cannot be replayed later.
+tolerance, so a captured request cannot be replayed later; within the tolerance a replay is
+the same signed body, with the same ``id``, which the receiver deduplicates on (the event id is
+sent in the body only: an unsigned copy of it in a header could be changed by whoever replays).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import math
+import re
 import time
 
 __all__ = ["HEADER", "MAX_TOLERANCE", "SignatureError", "sign", "signature_header", "verify"]
@@ -20,6 +24,7 @@ HEADER = "Leasekeeper-Signature"
 SCHEME = "v1"
 MAX_TOLERANCE = 86_400  # seconds a receiver may accept at most (a day)
 MAX_HEADER = 4096  # characters of a signature header read at most
+_HEX = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class SignatureError(ValueError):
@@ -34,7 +39,11 @@ def _key(secret: str | bytes) -> bytes:
 
 
 def _body(body: str | bytes) -> bytes:
-    return body.encode() if isinstance(body, str) else bytes(body)
+    if isinstance(body, str):
+        return body.encode()
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    raise TypeError(f"a body is text or bytes, not {type(body).__name__}")
 
 
 def sign(secret: str | bytes, timestamp: int, body: str | bytes) -> str:
@@ -51,20 +60,63 @@ def signature_header(secret: str | bytes, body: str | bytes, timestamp: int | No
 
 
 def verify(
-    secret: str | bytes, header: str | None, body: str | bytes, tolerance: float = 300,
+    secret: str | bytes, header: str | bytes | None, body: str | bytes, tolerance: float = 300,
     *, now: float | None = None,
 ) -> int:  # fmt: skip
     """Check a delivery: ``header`` is its ``Leasekeeper-Signature`` value, ``body`` its raw
     body (the bytes as received, before any JSON parsing). Returns the signed timestamp;
-    raises ``SignatureError`` when the header is missing or malformed, when no ``v1``
-    signature in it matches, or when its timestamp is more than ``tolerance`` seconds (0 to
-    ``MAX_TOLERANCE``) away from ``now`` (the wall clock unless given)."""
-    if isinstance(tolerance, bool) or not 0 <= tolerance <= MAX_TOLERANCE:
+    raises ``SignatureError``, and nothing else, for any header or body that is not one we
+    signed: missing, malformed (not ASCII, a part that is not ``key=value``, no ``t=`` or two,
+    a ``v1=`` that is not 64 hex digits), no ``v1`` signature that matches, or a timestamp
+    more than ``tolerance`` whole seconds (0 to ``MAX_TOLERANCE``) away from ``now``'s (the
+    wall clock unless given): 0 accepts only a signature made in the current second.
+    ``ValueError`` only for the caller's own arguments (the tolerance, an empty secret).
+
+    Deduplicate on the ``id`` of the body you verified (delivery is at least once): the body
+    is what the signature covers."""
+    if isinstance(tolerance, bool) or not isinstance(tolerance, int | float):
+        raise ValueError(f"tolerance must be a number of seconds (got {tolerance!r})")
+    if not 0 <= tolerance <= MAX_TOLERANCE:
         raise ValueError(f"tolerance must be from 0 to {MAX_TOLERANCE} seconds (got {tolerance!r})")
-    if not header:
+    key = _key(secret)
+    text = _header(header)
+    try:
+        raw = _body(body)
+    except (TypeError, UnicodeError) as exc:
+        raise SignatureError(f"the body cannot be checked: {exc}") from None
+    stamp, candidates = _parts(text)
+    current = time.time() if now is None else now
+    away = abs(math.floor(current) - stamp)
+    if away > tolerance:
+        raise SignatureError(
+            f"the signature's timestamp is {away} s away from now (tolerance {tolerance:g} s)"
+        )
+    expected = hmac.new(key, str(stamp).encode() + b"." + raw, hashlib.sha256).hexdigest()
+    if not any(hmac.compare_digest(expected, c) for c in candidates):
+        raise SignatureError("the signature does not match the body (wrong secret, or altered)")
+    return stamp
+
+
+def _header(header: object) -> str:
+    """The header as ASCII text, or ``SignatureError``."""
+    if header is None or (isinstance(header, str | bytes | bytearray) and not header):
         raise SignatureError(f"no {HEADER} header")
+    if isinstance(header, bytes | bytearray):
+        try:
+            header = bytes(header).decode("ascii")
+        except UnicodeDecodeError:
+            raise SignatureError(f"the {HEADER} header is not ASCII") from None
+    if not isinstance(header, str):
+        raise SignatureError(f"the {HEADER} header is not text ({type(header).__name__})")
     if len(header) > MAX_HEADER:
         raise SignatureError(f"the {HEADER} header is longer than {MAX_HEADER} characters")
+    if not header.isascii():
+        raise SignatureError(f"the {HEADER} header is not ASCII")
+    return header
+
+
+def _parts(header: str) -> tuple[int, list[str]]:
+    """The timestamp and the ``v1`` signatures (lower-case hex) of an ASCII header."""
     stamp: int | None = None
     candidates: list[str] = []
     for part in header.split(","):
@@ -72,22 +124,19 @@ def verify(
         if not sep:
             raise SignatureError(f"malformed {HEADER} header: {part.strip()!r} is not key=value")
         if name == "t":
-            if not value.isascii() or not value.isdigit() or len(value) > 12:
+            if stamp is not None:
+                raise SignatureError(f"malformed {HEADER} header: more than one t=")
+            if not value.isdigit() or len(value) > 12:
                 raise SignatureError(f"malformed {HEADER} header: t={value!r} is not a time")
             stamp = int(value)
         elif name == SCHEME:
-            candidates.append(value)
+            if not _HEX.fullmatch(value):
+                raise SignatureError(
+                    f"malformed {HEADER} header: a {SCHEME}= value is not 64 hex digits"
+                )
+            candidates.append(value.lower())
     if stamp is None:
         raise SignatureError(f"the {HEADER} header has no timestamp (t=...)")
     if not candidates:
         raise SignatureError(f"the {HEADER} header has no {SCHEME} signature")
-    current = time.time() if now is None else now
-    if abs(current - stamp) > tolerance:
-        raise SignatureError(
-            f"the signature's timestamp is {abs(current - stamp):.0f} s away from now "
-            f"(tolerance {tolerance:g} s)"
-        )
-    expected = sign(secret, stamp, body)
-    if not any(hmac.compare_digest(expected, c.lower()) for c in candidates):
-        raise SignatureError("the signature does not match the body (wrong secret, or altered)")
-    return stamp
+    return stamp, candidates

@@ -10,7 +10,8 @@ lock. One heartbeat thread renews every lease the worker holds.
 
 The conductor only acts; its parts decide and keep. ``Policy`` (``policy.py``) makes every
 decision from a ``View`` of what the worker holds (``Holdings``); ``Starter`` starts waiting
-leases under R4's start rule; the ``Executors`` run handlers, one per mode; the ``Completer``
+leases under R4's start rule; the ``Executors`` run handlers, one per mode (webhook deliveries on
+a lane of their own, ``LANE`` threads beside the users' slots, B20); the ``Completer``
 buffers finished commits and writes them with the next claim; the ``Heartbeat`` renews leases
 and reports to the ``Alarms``.
 """
@@ -31,12 +32,12 @@ from .app import App
 from .completer import Completer
 from .config import WorkerConfig
 from .courier import Courier
-from .delivery import Deliverer, serves_webhooks
+from .delivery import LANE, Deliverer, on_lane, serves_webhooks
 from .execution import Execution, Mode, Stopped, failure, max_attempts, message
 from .executors import Executors
 from .executors.aio import AsyncExecutor
 from .executors.inline import InlineExecutor
-from .executors.threads import ThreadExecutor
+from .executors.threads import LaneExecutor, ThreadExecutor
 from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .idle import watch_for_work
@@ -51,7 +52,7 @@ from .status import CLAIMING, COMMITTING, HANDLER, IDLE, STOPPING, Counters, Sta
 from .store import ClaimRequest, Commit, StoreError, WorkerStore
 from .store.limits import TOO_LARGE
 from .store.roles import CallStore
-from .store.webhooks import DELIVERY_TASK
+from .store.webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
 from .ticker import Ticker
 
 log = logging.getLogger("workerproc.worker")
@@ -84,15 +85,22 @@ class Worker:
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self._blocking: Execution | None = None  # the handler last reported blocking the loop
         self._hooks_started = False  # the start hooks ran: the stop hooks run at the end
+        # the users' slots claim every queue they serve but the webhooks'; the lane claims that
+        lane = LANE if serves_webhooks(config.queues) else 0
         self._claim_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
-                                           config.queues)  # fmt: skip
-        self.policy = Policy(config, self.signals)  # every decision; this class acts on them
-        self.holdings = Holdings()  # running, waiting, ended: shared with the other threads
+                                           config.queues, skip=(WEBHOOK_QUEUE,))  # fmt: skip
+        self._lane_request = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
+                                          (WEBHOOK_QUEUE,))  # fmt: skip
+        # every decision; this class acts on them
+        self.policy = Policy(config, self.signals, lane=lane)
+        # running, waiting, ended: shared with the other threads
+        self.holdings = Holdings(on_lane if lane else None)
         self.executors = Executors(  # where handlers run, one executor per mode
             InlineExecutor(config, self.signals, self.waker, self._ended_inline,
                            before=self._inline_begins, after=self._inline_ended),
             ThreadExecutor(config.concurrency, config, self._ended_on_thread),
             AsyncExecutor(config, self._ended),
+            LaneExecutor(max(1, lane), config, self._ended),  # (takes only what it is given)
         )  # fmt: skip
         self.outage = Outage()  # a database that stops answering, told once per incident
         self._open_store = open_store
@@ -128,7 +136,8 @@ class Worker:
         self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())),
                               threads=seats, seats=seats)  # fmt: skip
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
-        builtin = {DELIVERY_TASK: Deliverer(delivery_store or open_store)}
+        deliverer = Deliverer(delivery_store or open_store, lambda: not self.policy.accepting)
+        builtin = {DELIVERY_TASK: deliverer}  # (stopping: it starts no new POST)
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.executors,
                                self.completer, self.waker, starting=self._publish,
                                calls=self.calls, builtin=builtin)  # fmt: skip
@@ -172,7 +181,7 @@ class Worker:
                 self.starter.start_waiting()
                 turn = self.policy.turn(self._view())
                 if turn.talks_to_store:
-                    self._commit_and_claim(turn.hand_back, turn.want, turn.start)
+                    self._commit_and_claim(turn.hand_back, turn.want, turn.start, turn.lane)
                     continue
                 code = self._drained()
                 if code is not None:
@@ -317,7 +326,8 @@ class Worker:
         for ex in self.holdings.collect():
             if not ex.late:  # a handler that never began did no task
                 self.counters.task_done(ex.seconds)
-                self.policy.task_done(ex.seconds)
+                if ex.mode is not Mode.LANE:  # (a delivery: not the users' pace, nor --max-tasks)
+                    self.policy.task_done(ex.seconds)
             if ex.stopped is Stopped.ABANDONED:
                 continue  # timed out on a thread: its lease was released already
             if ex.commit is not None:
@@ -328,20 +338,29 @@ class Worker:
             self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     # -- the store conversation -------------------------------------------------------------------
-    def _commit_and_claim(self, hand_back: bool, want: int, start: int | None = None) -> None:
+    def _commit_and_claim(
+        self, hand_back: bool, want: int, start: int | None = None, lane: int = 0
+    ) -> None:
         handbacks: list[Commit] = []
         if hand_back:  # behind slow slots, or the worker stopped taking work
             handbacks = [Commit(lease, "handback") for lease in self.holdings.take_waiting()]
         claim = (dataclasses.replace(self._claim_request, limit=want, start=start)
                  if want else None)  # fmt: skip
+        if lane:  # the delivery lane's claim, in the same transaction (after the users')
+            deliveries = dataclasses.replace(self._lane_request, limit=lane)
+            claim = deliveries if claim is None else dataclasses.replace(claim, also=deliveries)
         self._publish(COMMITTING if self.completer.pending or handbacks else CLAIMING)
         leases = self.completer.commit_and_claim(handbacks, claim)
+        delivering = 0
         for lease in leases:
             self.counters.claims += 1
             self.counters.takeovers += lease.takeover
+            delivering += on_lane(lease)
         self.holdings.add_waiting(leases)
         if want:
-            self.policy.claimed(want, len(leases))
+            self.policy.claimed(want, len(leases) - delivering)
+        if lane:
+            self.policy.lane_claimed(lane, delivering)
         self._publish()
         self._publish_counters()
 
@@ -386,7 +405,7 @@ class Worker:
             return
         h = self.holdings
         with h.lock:
-            busy = len(h.running)
+            busy = h.users()  # (the users' slots: a delivery on the lane takes none)
             first = next(iter(h.running.values()), None)
         if phase is None:
             phase = HANDLER if busy else IDLE

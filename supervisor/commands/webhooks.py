@@ -107,7 +107,7 @@ def read_secret(path: str) -> str:
 @option("--backoff-max", type=Number(float, 0.0, 86_400.0), default=RetryNumbers.backoff_max,
         metavar="S", help="the longest retry delay")  # fmt: skip
 @option("--timeout", type=Number(float, 0.1, 120.0), default=RetryNumbers.timeout, metavar="S",
-        help="how long one POST may take")  # fmt: skip
+        help="how long one POST may take in all (connect, send, the whole answer)")  # fmt: skip
 @click.pass_context
 def add(
     ctx: click.Context, name: str, url: str, db: str | None, kinds: str | None,

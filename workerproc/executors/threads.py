@@ -31,6 +31,7 @@ class ThreadExecutor(Executor):
     """Plain handlers on up to ``size`` threads (started in the worker, never before fork)."""
 
     mode = Mode.THREAD
+    thread_name = "slot"
 
     def __init__(self, size: int, config: WorkerConfig, done: Next) -> None:
         self._size = size
@@ -43,7 +44,8 @@ class ThreadExecutor(Executor):
     def submit(self, ex: Execution) -> None:
         if not self._threads:  # the first plain task: start the pool
             for i in range(self._size):
-                t = threading.Thread(target=self._main, name=f"slot-{i}", daemon=True)
+                t = threading.Thread(target=self._main, name=f"{self.thread_name}-{i}",
+                                     daemon=True)  # fmt: skip
                 t.start()
                 self._threads.append(t)
         self._queue.put(ex)
@@ -76,3 +78,12 @@ class ThreadExecutor(Executor):
         deadline = time.monotonic() + timeout
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+
+
+class LaneExecutor(ThreadExecutor):
+    """The delivery lane (B20): webhook deliveries on threads of their own, never on a user's
+    slot, so a receiver that hangs holds up no user's run. Its ``done`` answers None: a lane
+    thread takes only what the conductor submits to it."""
+
+    mode = Mode.LANE
+    thread_name = "delivery"

@@ -25,6 +25,7 @@ from .errors import RunNotFound, StoreError
 from .newrun import NewRun
 from .protocol.events import (
     DEFAULT_POLL,
+    acking,
     check_consumer,
     check_position,
     event_of,
@@ -179,13 +180,9 @@ class AsyncStore:
 
     async def ack_events(self, consumer: str, upto: int) -> int:
         """``Store.ack_events``: ``consumer`` handled every event up to ``upto``."""
-        params = {"name": check_consumer(consumer), "upto": check_position(upto, "upto")}
-
-        def ack(now: float | None) -> Program[int]:
-            rows = yield "ACK_EVENTS", {**params, "now": now}
-            return int(rows[0][0])
-
-        return await self.backend.write(ack)
+        check_consumer(consumer), check_position(upto, "upto")  # (before any round trip)
+        ordered = self.backend.ordered_events
+        return await self.backend.write(lambda now: acking(consumer, upto, ordered, now))
 
     async def follow(
         self, after: int | None = None, *, consumer: str | None = None, run: int | None = None,

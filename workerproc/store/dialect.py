@@ -51,7 +51,8 @@ CHANGE_CHECK = 0.005
 STATEMENTS = frozenset(
     {
         # claims (R1, R6, B10)
-        "CLAIM", "CLAIM_QUEUES", "DROP_EXHAUSTED_LEASE", "FAIL_RUN", "ATTEMPT_ENDED",
+        "CLAIM", "CLAIM_QUEUES", "CLAIM_OTHERS", "DROP_EXHAUSTED_LEASE", "FAIL_RUN",
+        "ATTEMPT_ENDED",
         # renewals (R3, B5)
         "RENEW_MANY",
         # fenced commits (R2, R5, B3, B4) and the pinned single-lease calls

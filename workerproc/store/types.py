@@ -218,10 +218,12 @@ class Renewal:
 @dataclass(frozen=True)
 class ClaimRequest:
     """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
-    up to ``limit`` leases, from ``queues`` (None: every queue). ``start``: how many of them
-    (the first ones) the worker's handlers begin at once (None: all); the database records
-    them as begun, and the others as waiting (B3: a lease that lapses before its start was
-    recorded spends no attempt)."""
+    up to ``limit`` leases, from ``queues`` (None: every queue) but those of ``skip``.
+    ``start``: how many of them (the first ones) the worker's handlers begin at once (None:
+    all); the database records them as begun, and the others as waiting (B3: a lease that
+    lapses before its start was recorded spends no attempt). ``also``: a second claim made in
+    the same transaction, after this one (a worker's delivery lane: the webhooks' queue, for
+    its own slots, B20); the leases of both come back together, this one's first."""
 
     owner: str
     ttl: float
@@ -229,6 +231,8 @@ class ClaimRequest:
     limit: int = 1
     queues: tuple[str, ...] | None = None
     start: int | None = None
+    skip: tuple[str, ...] = ()
+    also: ClaimRequest | None = None
 
     @property
     def begins(self) -> bool:

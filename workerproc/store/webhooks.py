@@ -45,7 +45,8 @@ _KIND = re.compile(r"[a-z_]+\.(\*|[a-z_]+)")
 class RetryNumbers:
     """How a webhook retries an event that failed: ``max_failures`` deliveries in a row (1 to
     1000) before it is a dead letter; the delay after a failure doubles from ``backoff`` up to
-    ``backoff_max`` seconds (±25 % jitter); each POST waits ``timeout`` seconds at most."""
+    ``backoff_max`` seconds (±25 % jitter); each POST takes ``timeout`` seconds at most, in
+    all: connecting, sending and the whole answer (``workerproc.posting``)."""
 
     max_failures: int = 20
     backoff: float = 1.0

@@ -238,19 +238,22 @@ MAX_CLAIM_TEXTS = 256  # limits up to this are written into the claim's text (se
 
 
 @cache
-def claim_sql(queues: int | None, limit: int | None = None) -> str:
+def claim_sql(queues: int | None, limit: int | None = None, skip: bool = False) -> str:
     """The claim for every queue (None) or for ``queues`` named queues (``%(queues)s``, no
-    name twice). With ``limit``, the number of leases is written into the text instead of
-    ``%(limit)s``: a prepared statement's generic plan then knows it is a short walk of the
-    claim index (a parameter's LIMIT is planned as a tenth of the table), and the session
-    plans it once instead of at every claim. A worker asks for a handful of limits only."""
-    sql = _claim_sql(queues)
+    name twice); ``skip``: every queue but those of ``%(skip)s`` (a worker's claim for its
+    users' slots, which leaves the webhooks' queue to its delivery lane, B20). With
+    ``limit``, the number of leases is written into the text instead of ``%(limit)s``: a
+    prepared statement's generic plan then knows it is a short walk of the claim index (a
+    parameter's LIMIT is planned as a tenth of the table), and the session plans it once
+    instead of at every claim. A worker asks for a handful of limits only."""
+    sql = _claim_sql(queues, skip)
     return sql if limit is None else sql.replace("%(limit)s", str(int(limit)))
 
 
-def _claim_sql(queues: int | None) -> str:
+def _claim_sql(queues: int | None, skip: bool = False) -> str:
     if queues is None:
-        return _CLAIM.format(levels=_EVERY_LEVEL, level=_PICK.format(queue=""))
+        other = "r.queue <> ALL(%(skip)s::text[]) AND " if skip else ""
+        return _CLAIM.format(levels=_EVERY_LEVEL, level=_PICK.format(queue=other))
     if queues < 1:
         raise ValueError("a claim serves at least one queue")
     if queues == 1:

@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from .tx import PostgresTx
 
 
-def _claim(tx: PostgresTx, queues: int | None, params: Params) -> list[Row]:
+def _claim(tx: PostgresTx, queues: int | None, params: Params, skip: bool = False) -> list[Row]:
     limit = params["limit"]
-    text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None)
+    text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip)
     rows: list[Row] = tx.execute(text, params).fetchall()
     return rows
 
@@ -43,6 +43,11 @@ def claim(tx: PostgresTx, params: Params) -> list[Row]:
 def claim_queues(tx: PostgresTx, params: Params) -> list[Row]:
     """The claim for the named queues (no name twice): one walk per queue."""
     return _claim(tx, len(params["queues"]), params)
+
+
+def claim_others(tx: PostgresTx, params: Params) -> list[Row]:
+    """The claim for every queue but those of ``skip``."""
+    return _claim(tx, None, params, skip=True)
 
 
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
@@ -192,6 +197,7 @@ STEPS: dict[str, Step] = {
     "PLACE_GATES": place_gates,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
+    "CLAIM_OTHERS": claim_others,
     "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,

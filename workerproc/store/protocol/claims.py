@@ -44,11 +44,18 @@ def claim(tx: Tx, req: ClaimRequest, keeper: Gatekeeper | None = None) -> list[L
     alternates from claim to claim, so that neither can starve the other. ``keeper``: the
     declarations as the store last read them: a run enqueued before its task had limits
     joins its line at its first claim instead of running (``regate``)."""
+    if req.also is not None:  # (a second claim, for other slots: the lane's, after this one)
+        first = claim(tx, dataclasses.replace(req, also=None), keeper)
+        return first + claim(tx, req.also, keeper)
     check_owner(req.owner)
+    skip = tuple(check_queue(q) for q in dict.fromkeys(req.skip))
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
+    if queues is not None:
+        queues = [q for q in queues if q not in skip]
     if queues == [] or req.limit < 1:
         return []
-    req = dataclasses.replace(req, queues=None if queues is None else tuple(queues))
+    req = dataclasses.replace(req, queues=None if queues is None else tuple(queues),
+                              skip=skip if queues is None else ())  # fmt: skip
     if not req.begins and req.start:  # B3: the first ones begin at once, the others wait
         first = claim(tx, dataclasses.replace(req, limit=req.start), keeper)
         rest = dataclasses.replace(req, limit=req.limit - len(first), start=0)
@@ -85,9 +92,9 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
     if limit < 1:
         return []
     queues = None if req.queues is None else list(req.queues)
-    name = "CLAIM" if queues is None else "CLAIM_QUEUES"
+    name = "CLAIM_QUEUES" if queues is not None else "CLAIM_OTHERS" if req.skip else "CLAIM"
     params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues,
-                      "start": req.begins}  # fmt: skip
+                      "start": req.begins, "skip": list(req.skip)}  # fmt: skip
     leases: list[Lease] = []
     unseen = 0  # turns in a row that leased nothing, only found runs with unseen heads
     for _ in range(CLAIM_TURNS):

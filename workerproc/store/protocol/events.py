@@ -92,6 +92,34 @@ def check_position(value: object, what: str) -> int:
     return value
 
 
+def not_past_newest(position: int, ordered: bool, what: str) -> Program[int]:
+    """Refuse (``InvalidOption``) a cursor ``position`` above the newest committed event: a
+    cursor past it would skip, for ever, the events that take those ids later. The newest
+    id; on PostgreSQL (``ordered`` False) the committed events are numbered first, but only
+    when the position is above the newest numbered one (the common case reads one row)."""
+    rows = yield "LAST_EVENT", {}
+    newest = int(rows[0][0]) if rows else 0
+    if position > newest and not ordered:
+        yield from sequencing()
+        rows = yield "LAST_EVENT", {}
+        newest = int(rows[0][0]) if rows else 0
+    if position > newest:
+        raise InvalidOption(
+            f"{what} {position} is past the newest event ({newest}): a cursor there would "
+            "skip the events that take those ids"
+        )
+    return newest
+
+
+def acking(name: object, upto: object, ordered: bool, now: float | None) -> Program[int]:
+    """``consumer`` ``name`` acknowledged every event up to ``upto``: its cursor moves there,
+    never back and never past the newest event; where it stands now."""
+    consumer, position = check_consumer(name), check_position(upto, "upto")
+    yield from not_past_newest(position, ordered, "upto")
+    rows = yield "ACK_EVENTS", {"name": consumer, "upto": position, "now": now}
+    return int(rows[0][0])
+
+
 def reading(after: int, limit: int, run: int | None, system: bool = False) -> tuple[str, Params]:
     """The statement that reads up to ``limit`` events after ``after`` (of run ``run``; else
     the users' runs' only, unless ``system``: the system's runs' too, B20)."""
@@ -148,11 +176,10 @@ class Events:
 
     def ack_events(self, consumer: str, upto: int) -> int:
         """``consumer`` has handled every event up to id ``upto``: its cursor moves there
-        (never back); where it stands now."""
-        params = {"name": check_consumer(consumer), "upto": check_position(upto, "upto")}
-        row = self.dialect.write(lambda tx: tx.one("ACK_EVENTS", {**params, "now": tx.now}))
-        assert row is not None
-        return int(row[0])
+        (never back); where it stands now. ``InvalidOption`` for an id above the newest
+        event (the cursor would skip the events that take those ids)."""
+        ordered = self.dialect.ordered_events
+        return self.dialect.write(lambda tx: drive(acking(consumer, upto, ordered, tx.now), tx))
 
     def drop_consumer(self, consumer: str) -> bool:
         """Forget a consumer (its cursor no longer holds events back from ``prune``)."""

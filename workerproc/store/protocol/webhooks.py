@@ -42,7 +42,7 @@ from ..webhooks import (
     standing,
 )
 from .commits import fence, rejected
-from .events import KINDS, check_position, sequencing
+from .events import KINDS, check_position, not_past_newest, sequencing
 from .operators import cancel
 from .producers import insert
 from .programs import drive
@@ -109,7 +109,8 @@ class Webhooks:
         """Add webhook ``name``: every event after id ``after`` (None: the newest now, so
         only events from now on) whose kind ``kinds`` names (None: all; ``run.*``: a family)
         is POSTed to ``url``, signed with ``secret`` (``workerproc.webhooks``), at least once
-        and in order. ``InvalidOption`` for a bad value or a name already taken."""
+        and in order. ``InvalidOption`` for a bad value (``after`` above the newest event
+        included) or a name already taken."""
         name = check_webhook_name(name)
         url = check_url(url)
         secret = check_secret(secret)
@@ -121,7 +122,11 @@ class Webhooks:
                           traceparent="")  # fmt: skip
         run = dataclasses.replace(run, system=True)  # numbered apart: no user id taken
 
+        ordered = self.dialect.ordered_events
+
         def write(tx: Tx) -> Webhook:
+            if after is not None:  # (a position past the newest would skip events for ever)
+                drive(not_past_newest(start, ordered, "after"), tx)
             held = tx.rows("WEBHOOK_ROWS", {})
             if any(row[0] == name for row in held):
                 raise InvalidOption(f"webhook {name!r} exists (supervisor webhooks remove {name})")

@@ -67,7 +67,7 @@ WITH RECURSIVE
   served(q) AS ({{served}}),
   levels(q, p) AS (
     SELECT q, (SELECT max(priority) FROM runs WHERE queue = served.q AND head_at IS NOT NULL)
-    FROM served WHERE q IS NOT NULL
+    FROM served WHERE q IS NOT NULL{{skip}}
     UNION ALL
     SELECT q, (SELECT max(priority) FROM runs
                WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
@@ -101,8 +101,13 @@ _EVERY_QUEUE = """SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
     UNION ALL
     SELECT (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL AND queue > served.q)
     FROM served WHERE q IS NOT NULL"""
-CLAIM = _CLAIM.format(served=_EVERY_QUEUE)
-CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES)
+CLAIM = _CLAIM.format(served=_EVERY_QUEUE, skip="")
+CLAIM_QUEUES = _CLAIM.format(served=_NAMED_QUEUES, skip="")
+# every queue but those of :skip (a JSON array): a worker's claim for its users' slots, which
+# leaves the webhooks' queue to its delivery lane (B20)
+CLAIM_OTHERS = _CLAIM.format(
+    served=_EVERY_QUEUE, skip=" AND q NOT IN (SELECT value FROM json_each(:skip))"
+)
 
 # claim: hand the run's state and its queue to the handler, and the claimed task's declared
 # options (B11; NULL: none)

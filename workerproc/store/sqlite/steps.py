@@ -45,6 +45,10 @@ def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
     return _claimed(tx, q.CLAIM_QUEUES, {**params, "queues": json.dumps(params["queues"])})
 
 
+def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
+    return _claimed(tx, q.CLAIM_OTHERS, {**params, "skip": json.dumps(params["skip"])})
+
+
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
     """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs, and the ids of
     those that begin as another (the protocol records each lease it did not renew as
@@ -267,6 +271,7 @@ STEPS: dict[str, Step] = {
     "JOIN_DUE": join_due,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
+    "CLAIM_OTHERS": claim_others,
     "RENEW_MANY": renew_many,
     "FINISH": finish,
     "ADVANCE": advance,

@@ -1,0 +1,177 @@
+"""One webhook POST, bounded (issue 38; docs/protocol.md B20): a total deadline over connecting,
+sending and the whole answer, and at most ``MAX_ANSWER`` bytes of the answer read.
+
+A socket timeout bounds one wait for one read; a receiver that answers one byte a second never
+trips it. So each POST arms a ``Watchdog``: at the POST's deadline it shuts down the sockets of
+the client that sends it (``shutdown``, unlike ``close``, wakes a read, a write or a TLS
+handshake blocked in another thread at once), and the POST fails with that reason. The client
+learns its sockets from httpcore's ``trace`` extension (each new connection's, plain and TLS);
+it is one thread's, and that thread sends one POST at a time, so at a deadline every socket it
+holds is that POST's or an idle one (which the pool replaces). An answer's body is read in
+pieces and given up on past ``MAX_ANSWER`` bytes (the connection is closed, the rest never
+read), so an endless answer costs a worker no memory. What is left unbounded: resolving the
+host's name (``getaddrinfo`` takes no timeout).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import itertools
+import os
+import socket
+import threading
+import time
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+MAX_ANSWER = 64 * 1024  # bytes of an answer's body read at most: more is a failure
+PIECE = 16 * 1024  # bytes asked for per read of an answer's body
+IDLE = 1.0  # the watchdog looks at its list at least this often (every wait is bounded)
+MAX_ERROR = 300  # characters of a failure's reason kept
+
+
+class Watchdog:
+    """One thread per process: runs each armed callback at its deadline, unless it was disarmed
+    first. A callback must be quick (it shuts sockets down)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._due: list[tuple[float, int]] = []  # (deadline, token), a heap
+        self._armed: dict[int, Callable[[], None]] = {}
+        self._tokens = itertools.count(1)
+        self._thread: threading.Thread | None = None
+        self._pid = 0
+
+    def arm(self, deadline: float, fire: Callable[[], None]) -> int:
+        """Run ``fire`` at ``deadline`` (monotonic) unless ``disarm``ed; a token for that."""
+        with self._lock:
+            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
+                self._pid = os.getpid()  # (a forked child has no thread of its parent's)
+                self._thread = threading.Thread(target=self._main, name="post-watchdog",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            token = next(self._tokens)
+            self._armed[token] = fire
+            heapq.heappush(self._due, (deadline, token))
+            self._lock.notify()
+        return token
+
+    def disarm(self, token: int) -> None:
+        with self._lock:
+            self._armed.pop(token, None)
+
+    def _main(self) -> None:
+        while True:
+            with self._lock:
+                now = time.monotonic()
+                while self._due and (self._due[0][1] not in self._armed):
+                    heapq.heappop(self._due)  # disarmed: forgotten
+                if not self._due or self._due[0][0] > now:
+                    wait = IDLE if not self._due else min(IDLE, self._due[0][0] - now)
+                    self._lock.wait(wait)
+                    continue
+                _, token = heapq.heappop(self._due)
+                fire = self._armed.pop(token)
+            with contextlib.suppress(Exception):  # (a socket already gone: nothing to wake)
+                fire()
+
+
+WATCHDOG = Watchdog()
+
+
+class Poster:
+    """The POSTs of one thread: its httpx2 client (kept: its connections are reused), the
+    sockets that client opened, and the watchdog's deadline for each POST."""
+
+    def __init__(self, client: Any, watchdog: Watchdog = WATCHDOG) -> None:
+        self._client = client
+        self._watchdog = watchdog
+        self._lock = threading.Lock()  # the sockets: this thread adds, the watchdog's shuts
+        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        # a copy of the descriptor of each connection this POST made, kept to its end: a TLS
+        # handshake takes the socket's descriptor over before its stream is known, and a
+        # shutdown through the copy still wakes it (it acts on the connection, not the copy)
+        self._copies: list[socket.socket] = []
+        self._late = False  # the current POST's deadline has passed: new sockets are shut too
+        self._posts = 0  # POSTs begun (a watchdog's late call for an earlier one does nothing)
+
+    def _trace(self, name: str, info: Mapping[str, Any]) -> None:
+        """httpcore's ``trace`` extension: each connection made (TCP, then TLS) is kept."""
+        if not name.endswith(".complete"):
+            return
+        stream = info.get("return_value")
+        getter = getattr(stream, "get_extra_info", None)
+        sock = getter("socket") if getter is not None else None
+        if not isinstance(sock, socket.socket):
+            return
+        with self._lock:
+            self._sockets.add(sock)
+            if name.endswith("connect_tcp.complete"):
+                with contextlib.suppress(OSError):
+                    self._copies.append(sock.dup())
+            if self._late:
+                _shut(sock)
+
+    def _expire(self, post: int) -> None:
+        """The watchdog's, at POST ``post``'s deadline: every socket of this client is shut
+        down (unless that POST is over)."""
+        if post != self._posts:
+            return
+        with self._lock:
+            self._late = True
+            for sock in [*self._sockets, *self._copies]:
+                _shut(sock)
+
+    def post(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
+        """POST ``body`` to ``url`` within ``limit`` seconds in all; None when the receiver
+        took it (a 2xx answer, complete, of at most ``MAX_ANSWER`` bytes), else the reason it
+        failed."""
+        self._late = False
+        self._posts = post = self._posts + 1
+        deadline = time.monotonic() + limit
+        token = self._watchdog.arm(deadline, lambda: self._expire(post))
+        try:
+            return self._send(url, body, headers, limit)
+        except Exception as exc:  # the network's: refused, reset, cut by the deadline ...
+            if self._late or time.monotonic() >= deadline:  # (or a timeout of the library's)
+                return f"no complete answer within {limit:g} s ({type(exc).__name__})"
+            return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        finally:
+            self._watchdog.disarm(token)
+            self._posts += 1  # (over: a late call of the watchdog for it does nothing)
+            with self._lock:
+                copies, self._copies = self._copies, []
+            for copy in copies:
+                copy.close()
+
+    def _send(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
+        client = self._client
+        request = client.build_request(
+            "POST", url, content=body, headers=dict(headers), timeout=limit,
+            extensions={"trace": self._trace},
+        )  # fmt: skip
+        reply = client.send(request, stream=True)
+        try:
+            status = int(reply.status_code)
+            if not 200 <= status < 300:
+                redirect = ": redirects are not followed" if 300 <= status < 400 else ""
+                return f"HTTP {status}{redirect}"
+            size = 0
+            for piece in reply.iter_raw(PIECE):
+                size += len(piece)
+                if size > MAX_ANSWER:
+                    return (f"HTTP {status} with an answer longer than {MAX_ANSWER} bytes "
+                            "(not read further)")  # fmt: skip
+            return None  # (complete: taken, even if the deadline came just after)
+        finally:
+            reply.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    """Wake whatever waits on ``sock`` (the plain socket's shutdown, also for a TLS one: its
+    TLS state is left to the thread that reads it)."""
+    with contextlib.suppress(OSError):  # (closed meanwhile)
+        if sock.fileno() != -1:
+            socket.socket.shutdown(sock, socket.SHUT_RDWR)
