@@ -1,10 +1,11 @@
 """Issue 37's acceptance soak of paid calls, judged by an outside ledger: 300 runs x one paid
-call (fn takes 50-250 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, a fault
-every 0.5 s from each supervisor), two supervisors of ``-n 2 --concurrency 2`` sharing the
-database, on SQLite and on PostgreSQL. tests/paid_ledger.py runs and judges each soak: every
+call (fn takes 50-250 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, eight
+slots, a fault every 0.25 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
+PostgreSQL two of ``-n 2 --concurrency 2`` sharing the database (a fault every 0.5 s each).
+tests/paid_ledger.py runs and judges each soak: every
 extra payment is a call in flight at a fault (at most two struck in the keep's own
 milliseconds), ``paid_again`` >= the extra payments, every ``once`` returned the first kept
-answer, every run succeeded. tests/test_paid_chaos.py runs the same with 60 runs.
+answer, every run succeeded. tests/test_paid_chaos.py runs the same with 100 runs.
 
     scripts/soak-paid [--backends sqlite,postgres] [--runs 300] [--keep DIR]
 
@@ -43,8 +44,8 @@ def main() -> int:
         tmp = args.keep or stack.enter_context(tempfile.TemporaryDirectory(prefix="lk-soak-paid-"))
         if "sqlite" in backends:
             work = Path(tmp) / "sqlite"
-            soaks.append(paid_ledger.run_soak(work, str(Path(tmp) / "lk.db"), "SQLite",
-                                              args.runs))  # fmt: skip
+            db = str(Path(tmp) / "lk.db")
+            soaks.append(paid_ledger.run_soak(work, db, "SQLite", args.runs, supervisors=1))
             print(soaks[-1].line(), flush=True)
         if "postgres" in backends:
             import psycopg  # noqa: PLC0415 - only this part needs it
