@@ -1,15 +1,15 @@
 """Issue 37's acceptance soak of paid calls, judged by an outside ledger: 300 runs x one paid
-call (fn takes 50-250 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, eight
-slots, a fault every 0.25 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
-PostgreSQL two of ``-n 2 --concurrency 2`` sharing the database (a fault every 0.5 s each).
-tests/paid_ledger.py runs and judges each soak: every
-extra payment is a call in flight at a fault (at most two struck in the keep's own
-milliseconds), ``paid_again`` >= the extra payments, every ``once`` returned the first kept
-answer, every run succeeded. tests/test_paid_chaos.py runs the same with 100 runs.
+call (fn takes 100-500 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, eight
+slots, a fault every 0.5 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
+PostgreSQL two of ``-n 2 --concurrency 2`` sharing the database (a fault every 1 s each).
+tests/paid_ledger.py runs and judges each soak: every extra payment is a call in flight at a
+fault (at most two struck in the keep's own milliseconds), ``paid_again`` >= the extra
+payments, every ``once`` returned the first kept answer, every run succeeded.
+tests/test_paid_chaos.py runs the same with 100 runs.
 
     scripts/soak-paid [--backends sqlite,postgres] [--runs 300] [--keep DIR]
 
-Prints the figures of each soak; exits 1 on any finding. About 2-3 minutes on 2 cores.
+Prints the figures of each soak; exits 1 on any finding. About a minute and a half on 2 cores.
 PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES`` (default postgresql://postgres@127.0.0.1:5432/test),
 in a schema of its own, dropped after.
 """
