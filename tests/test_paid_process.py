@@ -139,6 +139,8 @@ def test_postgres_a_keep_whose_connection_is_terminated_lands_and_is_reused(
     (paid,) = [e for e in log if e["ev"] == "paid"]
     onces = [(e["attempt"], e["answer"], e["reused"]) for e in log if e["ev"] == "once"]
     assert onces == [(1, paid["answer"], False), (2, paid["answer"], True)]
+    # the keep ran on a fresh connection of that thread: the terminated one was never used again
+    assert next(e["backend"] for e in log if e["ev"] == "once") != cut["backend"]
     with open_store(db) as store:
         (call,) = store.paid_calls(run_id)
         totals = store.paid_call_totals()

@@ -112,8 +112,10 @@ def cut(ctx: TaskContext) -> None:
         return answer
 
     answer = ctx.once("charge", request, charge)
-    assert ctx.last_once is not None
-    note(path, "once", {**ids, "answer": answer, "reused": ctx.last_once.reused})
+    assert ctx.last_once is not None and ctx._calls is not None
+    conn = ctx._calls.store().dialect._local.conn  # type: ignore[attr-defined]
+    note(path, "once", {**ids, "answer": answer, "reused": ctx.last_once.reused,
+                        "backend": conn.info.backend_pid})  # fmt: skip
     if ctx.attempt == 1:
         raise ConnectionError("cut off after the call")  # the next attempt reuses the answer
     ctx.finish({"answer": answer})
