@@ -92,8 +92,10 @@ def run_soak(
     work: Path, db: str, name: str, runs: int, supervisors: int = 2, timeout: float = 600.0
 ) -> Soak:
     """``runs`` runs of ``pay`` on ``db`` under chaos, then the judgement: ``supervisors`` of
-    them sharing the database, eight slots and a fault every 0.5 s in all (two: ``-n 2
-    --concurrency 2`` and a fault every 1 s each; one: ``-n 4 --concurrency 2``).
+    them sharing the database, a fault every 0.5 s in all. One: ``-n 4 --concurrency 2``. Two
+    (a fault every 1 s each): ``-n 2 --concurrency 2`` beside ``-n 4``, so calls are made both
+    ways: on a slot thread, with its own connection, and from the main thread, handed to the
+    worker's paid-call thread (``--concurrency 1``, the default).
 
     SQLite runs one (its soak in the issue does): a second supervisor's chaos strikes workers
     whose keeps wait for the write lock while the first one holds a frozen victim that holds
@@ -106,13 +108,15 @@ def run_soak(
         run_ids = store.start_runs([{"task": "pay", "payload": payload}] * runs)
     sups = [Supervisor(work, f"sv{i + 1}") for i in range(supervisors)]
     reports = [work / f"chaos{i + 1}.json" for i in range(supervisors)]
-    interval, workers = str(0.5 * supervisors), 4 // supervisors
+    interval = str(0.5 * supervisors)
+    shapes = [(4, 2)] if supervisors == 1 else [(2, 2), (4, 1)] * (supervisors // 2)
     began = time.monotonic()
     try:
         for i, sv in enumerate(sups):
             sv.db = db
+            workers, slots = shapes[i % len(shapes)]
             sv.start(*CHAOS, "--chaos-interval", interval, "--chaos-seed", str(37 + i),
-                     "--concurrency", "2", "--chaos-report", str(reports[i]), app=APP,
+                     "--concurrency", str(slots), "--chaos-report", str(reports[i]), app=APP,
                      n=workers)  # fmt: skip
         codes = [sv.wait_exit(timeout) for sv in sups]
     finally:
