@@ -1,7 +1,8 @@
 """Issue 37's acceptance soak of paid calls, judged by an outside ledger: 300 runs x one paid
 call (fn takes 100-500 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, eight
 slots, a fault every 0.5 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
-PostgreSQL two of ``-n 2 --concurrency 2`` sharing the database (a fault every 1 s each).
+PostgreSQL two sharing the database (a fault every 1 s each), ``-n 2 --concurrency 2`` and
+``-n 4`` (handlers on the main thread, their calls handed to the paid-call thread).
 tests/paid_ledger.py runs and judges each soak: every extra payment is a call in flight at a
 fault (at most two struck in the keep's own milliseconds), ``paid_again`` >= the extra
 payments, every ``once`` returned the first kept answer, every run succeeded.
