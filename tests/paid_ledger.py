@@ -21,7 +21,7 @@ What the ledger proves, against what the database and the chaos reports say:
   (``paid_calls``), as that attempt's fn returned it (its ``paid`` line, nonce and all).
 - **The counts never undercount**: ``paid_again`` >= the extra payments; every intent without a
   call in the ledger (paid_again's excess over them) is an attempt a fault struck between its
-  intent and its fn.
+  intent and its fn; each chaos report counts what the database does.
 - Every run succeeded, the database's own checks pass, the chaos verifiers found nothing.
 """
 
@@ -220,6 +220,14 @@ def judge(
         out.append(f"paid_again {totals.paid_again} < {extra} extra payments in the ledger")
     if totals.started != len(intents) or len(intents) < len(billed):
         out.append(f"started {totals.started}, {len(intents)} intents, {len(billed)} calls")
+    # each supervisor's chaos report says the same (written after the drain: no call begins
+    # after it, as none begins without a live lease)
+    want = {"started": totals.started, "kept": totals.kept, "paid_again": totals.paid_again}
+    for i, doc in enumerate(reports):
+        counted = doc.get("paid_calls") or {}
+        got = {k: counted.get(k) for k in want}
+        if got != want:
+            out.append(f"chaos report {i + 1} counts {got}, the database {want}")
     # fn's return -> once's return, as the ledger saw it (under chaos: not the benchmark's figure)
     keeps = sorted(e["t"] - paid[(e["task"], e["attempt"])]["t"] for e in onces
                    if not e["reused"] and (e["task"], e["attempt"]) in paid)  # fmt: skip
