@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -123,6 +124,28 @@ class TestIntent:
         with pytest.raises(LeaseLost):
             ctx_of(lease, book).once("llm", REQ, bill)
         assert bill.calls == 0 and s.paid_call_totals().started == 0
+
+    def test_a_worker_paused_after_its_intent_never_wakes_into_its_call(
+        self, s: Store, book: CallBook
+    ) -> None:
+        s.start_run("call")
+        lease = s.claim("w1", 0.3)  # 0.3 s of lease, by the database's clock
+        assert lease is not None
+        real = book.call
+
+        def paused_after_the_intent(fn: Any) -> Any:
+            done = real(fn)
+            done.result()  # the intent is written under the live lease ...
+            time.sleep(0.5)  # ... and the worker stops past its lease before its call
+            return done
+
+        book.call = paused_after_the_intent  # type: ignore[method-assign]
+        bill = Bill()
+        with pytest.raises(LeaseLost):
+            ctx_of(lease, book).once("llm", REQ, bill)
+        assert bill.calls == 0  # whoever holds the step now may have paid: never again
+        (made,) = s.call_timeline(lease.run_id)
+        assert made.attempt == lease.attempt and made.answered_at is None
 
     def test_a_cancelled_run_pays_nothing(self, s: Store, book: CallBook) -> None:
         run = s.start_run("call")

@@ -86,9 +86,11 @@ class PaidCalls:
         ``LeaseLost``; the answer is kept all the same."""
         mode = paid.check_unknown(unknown)
         book, key = self._once_begin(name, request)
+        asked = time.monotonic()
         start = self._wait(book.call(lambda s: s.begin_call(self._lease, key, mode)), key)
         if start.outcome != "call":
             return self._once_found(key, start, tokens)
+        self._within_lease(start, asked)
         result = fn()
         if inspect.isawaitable(result):
             close = getattr(result, "close", None)
@@ -110,11 +112,13 @@ class PaidCalls:
 
         mode = paid.check_unknown(unknown)
         book, key = self._once_begin(name, request)
+        asked = time.monotonic()
         start: CallStart = await self._await(
             book.submit(lambda s: s.begin_call(self._lease, key, mode)), key
         )
         if start.outcome != "call":
             return self._once_found(key, start, tokens)
+        self._within_lease(start, asked)
         result = fn()
         if inspect.isawaitable(result):
             result = await result
@@ -131,6 +135,15 @@ class PaidCalls:
             raise RuntimeError("ctx.once needs a worker's store (this context has none)")
         self._readable()  # no call is paid on a lease already lost, or too late to begin
         return self._calls, paid.call_key(self._lease, name, request)
+
+    def _within_lease(self, start: CallStart, asked: float) -> None:
+        """``fn`` begins only within the lease its intent was written under: the database said
+        how long it had left, counted here from before the intent was asked for (a worker
+        paused between its intent and its call must not wake into a paid call another attempt
+        may have made since). Else ``LeaseLost``; the intent stays, counted as unknown."""
+        self.raise_if_lost()
+        if start.left is not None and time.monotonic() - asked >= start.left:
+            self._lost_now(over=False)
 
     def _once_found(self, key: CallKey, start: CallStart, tokens: Tokens) -> Any:
         """A call that is not made now: reused, parked, or its lease gone."""

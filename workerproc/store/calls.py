@@ -51,6 +51,7 @@ class CallStart:
     kept: KeptCall | None = None
     intent: int | None = None
     again: bool = False
+    left: float | None = None  # call: the seconds the lease had left when the intent was written
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ Catalogue = Mapping[str, str | Step]
 # What a write is, for a dialect that treats some writes apart: a worker's exchange (commits
 # and claims), a producer's start, one idempotent statement that locks what it needs itself
 # (a renewal), or anything else.
-Intent = Literal["write", "exchange", "start", "statement"]
+Intent = Literal["write", "exchange", "start", "statement", "call"]
 Channel = Literal["work", "end"]  # a run became claimable; a watched run ended
 
 # How often a polled change token is read (SQLite's ``PRAGMA data_version``, a cheap local

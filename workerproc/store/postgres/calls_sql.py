@@ -113,15 +113,20 @@ EARLIER_INTENTS = f"""SELECT count(*),
         count(*) FILTER (WHERE answered_at IS NULL AND settled IS NULL)
     FROM call_intents WHERE {_KEY}"""
 # the intent, only under this attempt's live lease on a live run: a paid call begins only on
-# a lease the database holds at that moment
-INSERT_INTENT = f"""{_CLOCK_CTE}
-INSERT INTO call_intents (run_id, task_id, name, request_hash, attempt, owner, again, at)
-    SELECT %(run_id)s, %(task_id)s, %(name)s, %(request_hash)s, %(attempt)s, %(owner)s,
-        %(again)s, clock.now
+# a lease the database holds at that moment; and how long that lease has left (the caller
+# calls fn only within it)
+INSERT_INTENT = f"""{_CLOCK_CTE},
+held AS MATERIALIZED (
+    SELECT l.expires_at - clock.now AS left_s
     FROM clock, leases AS l JOIN runs AS r ON r.id = l.run_id
     WHERE l.task_id = %(task_id)s AND l.run_id = %(run_id)s AND l.owner = %(owner)s
-      AND l.attempts = %(attempt)s AND l.expires_at > clock.now AND r.status IN {ALIVE}
-    RETURNING id"""
+      AND l.attempts = %(attempt)s AND l.expires_at > clock.now AND r.status IN {ALIVE}),
+made AS (
+    INSERT INTO call_intents (run_id, task_id, name, request_hash, attempt, owner, again, at)
+    SELECT %(run_id)s, %(task_id)s, %(name)s, %(request_hash)s, %(attempt)s, %(owner)s,
+        %(again)s, clock.now
+    FROM clock, held RETURNING id)
+SELECT made.id, held.left_s FROM made, held"""
 # the intent's answer reached the database (once: a retried keep finds it answered)
 ANSWER_INTENT = f"""UPDATE call_intents SET answered_at = {_CLOCK}
     WHERE id = %(intent)s AND answered_at IS NULL RETURNING id"""

@@ -84,9 +84,10 @@ class Calls:
             if row is None:  # the lease is live but the run is over (cancelled), or lost
                 held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
                 return CallStart("over" if held else "lost")
-            return CallStart("call", intent=int(row[0]), again=again)
+            left = None if row[1] is None else float(row[1])
+            return CallStart("call", intent=int(row[0]), again=again, left=left)
 
-        return self.dialect.write(begin)
+        return self.dialect.write(begin, intent="call")
 
     def store_identity(self) -> str:
         """This database's own random identity (made by its migration): what makes a call's
@@ -121,7 +122,7 @@ class Calls:
                 return _refused(tx, lease, result, tokens)
             return _kept(row, "lost_race")
 
-        return self.dialect.write(keep)
+        return self.dialect.write(keep, intent="call")
 
     def resolve(
         self, run_id: int, name: str, answer: JSON | object = _NO_ANSWER, *,

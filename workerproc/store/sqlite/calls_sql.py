@@ -112,7 +112,8 @@ _CALL = """run_id = :run_id AND task_id = :task_id AND name = :name
 EARLIER_INTENTS = f"""SELECT count(*), coalesce(sum(answered_at IS NULL AND settled IS NULL), 0)
     FROM call_intents WHERE {_CALL}"""
 # the intent, only under this attempt's live lease on a live run: a paid call begins only on
-# a lease the database holds at that moment
+# a lease the database holds at that moment; and how long that lease has left (the caller
+# calls fn only within it)
 INSERT_INTENT = f"""INSERT INTO call_intents (run_id, task_id, name, request_hash, attempt, owner,
         again, at)
     SELECT :run_id, :task_id, :name, :request_hash, :attempt, :owner, :again, :now
@@ -120,7 +121,7 @@ INSERT_INTENT = f"""INSERT INTO call_intents (run_id, task_id, name, request_has
                   WHERE t.id = :task_id AND t.lease_owner = :owner AND t.attempts = :attempt
                     AND t.lease_expires_at > :now AND t.done_at IS NULL
                     AND r.status IN {ALIVE})
-    RETURNING id"""
+    RETURNING id, (SELECT lease_expires_at FROM tasks WHERE id = :task_id) - :now"""
 # the intent's answer reached the database (once: a retried keep finds it answered)
 ANSWER_INTENT = """UPDATE call_intents SET answered_at = :now
     WHERE id = :intent AND answered_at IS NULL RETURNING id"""

@@ -87,14 +87,18 @@ class SQLiteDialect(Dialect):
             return self._within(caller, fn)
         if intent == "exchange":
             self._producers.yield_to_producers()
-        elif intent == "start":
+        elif intent in ("start", "call"):
+            # a paid call's intent or keep (B13) is a producer's kind of transaction: a few
+            # rows a handler waits on, paid for; it goes ahead of the pool's exchanges, and
+            # polls for the lock from its first try (the keep's latency is a paid answer's
+            # window)
             with self._producers.announce():
-                return self._transaction(fn)
+                return self._transaction(fn, urgent=intent == "call")
         return self._transaction(fn)
 
-    def _transaction(self, fn: Callable[[Tx], T]) -> T:
+    def _transaction(self, fn: Callable[[Tx], T], urgent: bool = False) -> T:
         conn = self._conn()
-        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"))
+        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent)
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -206,11 +210,12 @@ class SQLiteDialect(Dialect):
             raise
         return conn
 
-    def _retrying(self, fn: Callable[[], T]) -> T:
+    def _retrying(self, fn: Callable[[], T], urgent: bool = False) -> T:
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
-        newcomers to the lock and nobody starves."""
+        newcomers to the lock and nobody starves. An ``urgent`` one (a paid call's) polls so
+        from its first try."""
         started = time.monotonic()
         deadline = started + self.busy_timeout
         tries = 0
@@ -225,7 +230,7 @@ class SQLiteDialect(Dialect):
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
                     ) from None
                 tries += 1
-                if time.monotonic() - started >= _AGED:
+                if urgent or time.monotonic() - started >= _AGED:
                     time.sleep(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:
                     time.sleep(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
