@@ -3,6 +3,8 @@ task's line leaves the line open to it."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from helpers import FakeClock
 from store_backends import Backend
 from test_cli_operator import invoke
@@ -10,6 +12,7 @@ from test_cli_operator import invoke
 from workerproc.store import Commit, Lease, Store, TaskOptions
 from workerproc.store.limits import LimitSpec
 from workerproc.store.newrun import NewRun
+from workerproc.store.types import ClaimRequest
 
 TTL = 30.0
 
@@ -168,3 +171,17 @@ def test_lines_a_global_cap_kept_closed_take_their_turns_when_it_frees(
         assert commit(s, lease, "finish", new_state={}) == "ok"
         clock.advance(0.001)
     assert served == list("abcde" * 2)  # each key in its turn
+
+
+def test_a_claim_that_prefetches_admits_no_more_than_its_gates_allow(s: Store) -> None:
+    """One transaction claims what begins at once, then what waits (B3's prefetch), and a
+    worker's delivery lane after them (issue 38): together they admit no more than a cap of 2
+    and a rate of 2 a minute allow (the gates' states are written at the COMMIT)."""
+    limited(s, LimitSpec.declare("cap", concurrency=2))
+    limited(s, LimitSpec.declare("rate", rate="2/m", burst=2), task="paced")
+    for task in ("call", "paced"):
+        s.start_runs([{"task": task, "payload": {"i": i}} for i in range(6)])
+    lane = ClaimRequest("w1", 30.0, limit=2, queues=("leasekeeper.webhooks",))
+    out = s.commit_many((), claim=ClaimRequest("w1", 30.0, limit=12, start=1, also=lane))
+    by_task = Counter(lease.task for lease in out.leases)
+    assert by_task == {"call": 2, "paced": 2}, by_task
