@@ -7,7 +7,6 @@ Time is a FakeClock: no test sleeps for a ttl.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import threading
 
@@ -355,25 +354,3 @@ def test_a_claim_s_start_and_a_renewal_s_starting_leases_are_checked(s: Store) -
         with pytest.raises(ValueError, match="starting leases must be among"):
             s.renew_each(renewing, TTL, starting=starting)
     assert s.renew_each([lease], TTL, starting=[lease])[0].expires_at is not None
-
-
-@pytest.mark.parametrize("kind", ["finish", "advance", "drop"])
-def test_a_commit_written_before_is_no_zombie_write_when_retried(s: Store, kind: str) -> None:
-    """A COMMIT whose answer was lost (the connection killed while committing) is retried by
-    the worker: the retry finds its own lease's commit already written and answers
-    ``WRITTEN``, recording no refused write, no event and no second finish (it once logged
-    "finish refused, lease lost" and kept a fence rejection as if a zombie had tried)."""
-    from workerproc.store import Commit  # noqa: PLC0415
-
-    s.start_run("step")
-    lease = claim(s, "w1")
-    extra = {"next_task": "next"} if kind == "advance" else {}
-    commit = Commit(lease, kind, expected_revision=lease.revision, **extra)  # type: ignore[arg-type]
-    assert s.commit_many([commit]).results == (CasResult.OK,)
-    events = len(s.events(after=0, limit=1000))
-    assert s.commit_many([commit]).results == (CasResult.WRITTEN,)
-    assert s.fence_rejections() == [] and len(s.events(after=0, limit=1000)) == events
-    assert s.commit_many([commit, commit]).results == (CasResult.WRITTEN, CasResult.WRITTEN)
-    zombie = Commit(dataclasses.replace(lease, owner="w2"), kind, expected_revision=0, **extra)  # type: ignore[arg-type]
-    assert s.commit_many([zombie]).results == (CasResult.LEASE_LOST,)  # another's: refused
-    assert len(s.fence_rejections()) == 1

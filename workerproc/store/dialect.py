@@ -56,7 +56,7 @@ STATEMENTS = frozenset(
         # renewals (R3, B5)
         "RENEW_MANY",
         # fenced commits (R2, R5, B3, B4) and the pinned single-lease calls
-        "CHECK_FENCE", "DONE_BY", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
+        "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
         "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
         # producers (B7)
         "INSERT_RUNS", "FIND_BY_KEYS",

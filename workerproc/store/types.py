@@ -33,14 +33,11 @@ SYSTEM_RUNS = 10**15
 
 
 class CasResult(enum.StrEnum):
-    """The answers of a fenced write (R5)."""
+    """The three answers of a fenced write (R5)."""
 
     OK = "ok"
     CONFLICT = "conflict"  # the run moved: another revision, or it is no longer alive
     LEASE_LOST = "lease_lost"  # owner/attempt no longer match, or the lease expired
-    # this very lease's commit was written before: a retry after a COMMIT whose answer was
-    # lost (a connection killed while committing); nothing is written again, nothing refused
-    WRITTEN = "written"
 
 
 @dataclass(frozen=True)

@@ -309,9 +309,6 @@ LOCK_RUNS = "SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY 
 
 # every fenced commit that is not one statement first asks: is this lease still the live one?
 CHECK_FENCE = f"{_LOCKED} SELECT l.run_id FROM leases AS l, clock WHERE {_FENCE}"
-# ... and whether this very lease's commit finished the task already (a retried commit)
-DONE_BY = """SELECT 1 FROM tasks WHERE id = %(task_id)s AND done_at IS NOT NULL
-    AND done_owner = %(owner)s AND done_attempt = %(attempt)s"""
 
 # ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
 # alive moves its head to its next pending task, if any

@@ -49,18 +49,9 @@ def rejected(tx: Tx, fenced: Params, op: str, task: str | None = None) -> None:
 def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResult:
     """A fenced compare-and-set changed nothing: a lost lease (recorded) or a moved run."""
     if tx.one("CHECK_FENCE", params) is None:
-        return lost(tx, params, op, task)
+        rejected(tx, params, op, task)
+        return CasResult.LEASE_LOST
     return CasResult.CONFLICT
-
-
-def lost(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResult:
-    """A fenced write whose lease is gone: refused (recorded), unless this very lease's own
-    commit finished the task already (``WRITTEN``: a retry after a COMMIT whose answer was
-    lost, never a zombie's write)."""
-    if tx.one("DONE_BY", params) is not None:
-        return CasResult.WRITTEN
-    rejected(tx, params, op, task)
-    return CasResult.LEASE_LOST
 
 
 def _refusal(tx: Tx, params: Params, commit: Commit) -> CasResult:
@@ -68,7 +59,8 @@ def _refusal(tx: Tx, params: Params, commit: Commit) -> CasResult:
     kind, task = commit.kind, commit.lease.task
     if kind in CAS_KINDS:
         return refused(tx, params, kind, task)
-    return lost(tx, params, kind, task)  # a release or hand-back is fenced by its own statement
+    rejected(tx, params, kind, task)  # a release or hand-back is fenced by its own statement
+    return CasResult.LEASE_LOST
 
 
 def committed(tx: Tx, commit: Commit, params: Params) -> None:
@@ -172,7 +164,8 @@ def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
             return _refusal(tx, params, commit)
         return wait(tx, params) if kind == "wait" else spawn(tx, params, commit.children)
     if tx.one("CHECK_FENCE", params) is None:
-        return lost(tx, params, kind, commit.lease.task)
+        rejected(tx, params, kind, commit.lease.task)
+        return CasResult.LEASE_LOST
     if kind == "drop":
         tx.count("TASK_DONE", params)
         return CasResult.OK

@@ -140,9 +140,6 @@ RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now 
 
 # every fenced commit first asks: is this lease still the live one?
 CHECK_FENCE = f"SELECT run_id FROM tasks WHERE {_FENCE}"
-# ... and whether this very lease's commit finished the task already (a retried commit)
-DONE_BY = """SELECT 1 FROM tasks WHERE id = :task_id AND done_at IS NOT NULL
-    AND done_owner = :owner AND done_attempt = :attempt"""
 
 # ack / drop / advance / finish: the task is done; its lease is cleared (who held it stays).
 TASK_DONE = f"""UPDATE tasks SET done_at = :now, done_attempt = :attempt, done_owner = lease_owner,
