@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers import FakeClock
 from store_backends import Backend
+from test_once import claim, ctx_of
 
 from workerproc import LeaseLost
 from workerproc.config import WorkerConfig
@@ -36,16 +37,6 @@ def book(backend: Backend, clock: FakeClock) -> Iterator[CallBook]:
     calls = CallBook(lambda: backend.open(clock))
     yield calls
     calls.close()
-
-
-def claim(s: Store, owner: str) -> Lease:
-    lease = s.claim(owner, TTL)
-    assert lease is not None
-    return lease
-
-
-def ctx_of(lease: Lease, book: CallBook) -> TaskContext:
-    return TaskContext(lease, threading.Event(), calls=book)
 
 
 class Bill:

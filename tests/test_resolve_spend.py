@@ -6,17 +6,15 @@ refusal is one line on stderr and an exit code, never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pg_session
 import pytest
-from click.testing import CliRunner, Result
 from helpers import FakeClock
+from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc.once import call_key
 from workerproc.store import CasResult, Commit, Store, open_store
 from workerproc.store.calls import parked_on
@@ -24,18 +22,6 @@ from workerproc.store.codec import WAIT_FOREVER
 
 TTL = 30.0
 REQ = {"model": "m", "prompt": "hello"}
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-def error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
