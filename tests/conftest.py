@@ -75,7 +75,7 @@ def sv_each(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Itera
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Name the directory of the screenshots the browser test kept (tests/test_web_browser.py)."""
+    """Name the directory of the screenshots the browser test kept (web/test_web_browser.py)."""
     where = Path(os.environ.get("LEASEKEEPER_ARTIFACTS", Path(__file__).parent.parent /
                                 "test-artifacts")) / "web"  # fmt: skip
     if where.is_dir() and any(where.glob("*.png")):

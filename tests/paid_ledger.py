@@ -1,7 +1,7 @@
 """Issue 37's chaos soak of paid calls, judged by an OUTSIDE ledger (tests/apps/paid_app.py):
 runs of one paid call each under kill+pause chaos (PostgreSQL: two supervisors sharing the
 database; SQLite: one, see ``run_soak``).
-tests/test_paid_chaos.py runs it small; scripts/soak_paid.py runs the acceptance's 300 runs.
+tests/chaos/test_paid_chaos.py runs it small; scripts/soak_paid.py runs the acceptance's 300 runs.
 
 What the ledger proves, against what the database and the chaos reports say:
 

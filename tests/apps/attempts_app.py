@@ -1,4 +1,4 @@
-"""Test app of issue 36 (tests/test_attempts.py): a step deaf to its lease for a while, and
+"""Test app of issue 36 (tests/worker/test_attempts.py): a step deaf to its lease for a while, and
 short steps that keep a worker's exchanges busy.
 
 ``deaf`` appends ``start`` and ``end`` lines to the ledger named by its payload

@@ -10,7 +10,7 @@ runs what the protocol names, on its engine:
   statements read the database clock themselves, after their own locks (PostgreSQL in
   production; an injected clock is read after the locks too).
 - Named statements: every backend's catalogue defines exactly the names of ``STATEMENTS``
-  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL, or to a
+  (``tests/store/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL, or to a
   *step*: a few lines of Python for a logical step that is several statements on that engine
   (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
   the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).

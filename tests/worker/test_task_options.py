@@ -21,7 +21,7 @@ from workerproc.config import WorkerConfig
 from workerproc.execution import failure
 from workerproc.store import Lease, Store, TaskOptions, open_store
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: the apps and the support scripts
 
 
 # -- the store: the options live in the database, the claim reads them ------------------------

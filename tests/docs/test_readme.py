@@ -10,7 +10,7 @@ import pytest
 
 from supervisor.commands.reference import TABLES, names_in, render
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 # The README keeps the card a visitor needs; the site holds every table.
 IN_README = {"start-options", "exit-codes"}

@@ -13,7 +13,7 @@ from workerproc.store.dialect import STATEMENTS
 from workerproc.store.postgres import steps as postgres_steps
 from workerproc.store.sqlite import steps as sqlite_steps
 
-PROTOCOL = Path(__file__).resolve().parent.parent / "workerproc" / "store" / "protocol"
+PROTOCOL = Path(__file__).resolve().parents[2] / "workerproc" / "store" / "protocol"
 CATALOGUES = {"sqlite": sqlite_steps.CATALOGUE, "postgres": postgres_steps.CATALOGUE}
 RUNS = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a statement's name, whole
 

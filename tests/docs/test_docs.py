@@ -17,7 +17,7 @@ from workerproc.store import open_store
 from workerproc.store.dialect import STATEMENTS
 from workerproc.store.sqlite.steps import STEPS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "protocol.md"
 STORE = ROOT / "workerproc" / "store"
 CODE_DIRS = ("workerproc", "supervisor", "tests")

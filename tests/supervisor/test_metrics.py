@@ -57,7 +57,7 @@ def value(
 
 
 # -- the text format ---------------------------------------------------------------------------
-METRICS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "metrics.md"
+METRICS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "reference" / "metrics.md"
 
 
 def documented_series() -> dict[str, str]:

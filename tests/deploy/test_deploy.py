@@ -24,7 +24,7 @@ import pytest
 from supervisor.config import Timing
 from workerproc.config import WorkerConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 UNIT = DEPLOY / "systemd" / "leasekeeper.service"
 ENV_FILE = DEPLOY / "systemd" / "leasekeeper.env"

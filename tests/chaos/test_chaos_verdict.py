@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
-from test_supervisor_units import FakeGate, FakeProcs, make_arbiter
+from test_supervisor_decisions import FakeGate, FakeProcs, make_arbiter
 
 from supervisor.chaos import Chaos
 from supervisor.chaos.verifier import FaultEvent, Verifier

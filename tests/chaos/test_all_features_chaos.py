@@ -7,7 +7,7 @@ chaos promises to survive).
 - Both pools drain and exit 0: no violation in either chaos verdict, and the drain waited for
   the webhook to deliver what it could.
 - Every run succeeded; no lease invariant is broken; the caps held at every moment (judged from
-  the handlers' ledger and the attempt history, as tests/test_limits_chaos.py does).
+  the handlers' ledger and the attempt history, as tests/chaos/test_limits_chaos.py does).
 - No step was paid after its answer was kept; the receiver had every run's ``run.succeeded``
   by the time the pools exited.
 """

@@ -86,8 +86,8 @@ def test_a_zombies_spawn_is_refused_and_starts_no_child(s: Store, clock: FakeClo
 
 
 def test_a_child_that_spawns_children_of_its_own_still_counts_for_its_parent(s: Store) -> None:
-    """Found by tests/test_limits_stateful.py: a run that is a child and then a parent kept one
-    column for both joins, so its end never reached its own parent's join."""
+    """Found by tests/store/test_limits_stateful.py: a run that is a child and then a parent kept
+    one column for both joins, so its end never reached its own parent's join."""
     parent = s.start_run("fan_out")
     (lease,) = claim_all(s)
     assert spawn(s, lease, 1) is CasResult.OK

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from helpers import FakeClock
 from test_chaos_verdict import TTL, StoreGate
-from test_supervisor_units import FakeProcs, make_arbiter
+from test_supervisor_decisions import FakeProcs, make_arbiter
 
 from supervisor import exitcodes
 from supervisor.chaos import Chaos

@@ -35,7 +35,7 @@ from workerproc.store import open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEP_RUNS = 24
 WAIT = 120.0  # seconds: generous, for a loaded two-core machine (waits end on state)
 CHROMIUM_FLAGS = (
@@ -156,7 +156,7 @@ def test_runs_succeed_under_chaos_a_timeline_and_a_retry_with_a_click(
         shoot("run-retried.png")
 
         # stop the pool: chaos mode writes its report, and the chaos page draws it (the
-        # verifier's own verdict is tests/test_chaos.py's business: here, that it is shown)
+        # verifier's own verdict is tests/chaos/test_chaos.py's business: here, that it is shown)
         sv.signal(15)
         assert sv.wait_exit(WAIT) in (0, exitcodes.CHAOS_VIOLATION), sv.text()[-3000:]
         ok = json.loads(report.read_text())["ok"]

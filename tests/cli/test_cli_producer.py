@@ -127,7 +127,7 @@ def test_wait_times_out_and_refuses_an_unknown_run(db: str) -> None:
     missing = invoke("wait", "99", "--db", db, "--timeout", "1")
     assert missing.exit_code == exitcodes.RUN_UNKNOWN and "no run with id 99" in missing.stderr
     # the code a script branches on is in the README's exit-code table, under `wait`
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     assert f"| {exitcodes.RUN_UNKNOWN} | `wait`: no run has that id" in readme
 
 

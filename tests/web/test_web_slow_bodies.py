@@ -28,7 +28,7 @@ from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: the apps and the support scripts
 SOURCES, PER_SOURCE = 9, PER_CLIENT  # the reproduction's numbers: 9 x 32
 ATTACK = 25.0  # seconds: past two request timeouts (10 s), so slots turn over under it
 ANSWER_BOUND = 10.0  # seconds a legitimate GET may take (it takes milliseconds: a shared box)
