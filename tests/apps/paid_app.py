@@ -1,4 +1,4 @@
-"""Test app of issue 37's acceptance: every paid call accounted for by an OUTSIDE ledger
+"""Test app of the paid-call tests: every paid call accounted for by an OUTSIDE ledger
 (tests/paid_ledger.py judges it; tests/chaos/test_paid_chaos.py,
 tests/process/test_paid_process.py and scripts/soak_paid.py run it).
 

@@ -1,4 +1,4 @@
-"""Issue 36's acceptance: the features of the last rounds together under chaos, on both
+"""Limits, paid calls, waits and webhooks together under chaos, on both
 backends with two supervisors sharing the database (tests/apps/features_app.py). Every step
 waits behind a shared cap and a cap per tenant and makes its paid call inside ``ctx.once``; a
 webhook takes every run's success; kills and pauses strike handlers; ``--max-attempts 3`` (what

@@ -1,4 +1,4 @@
-"""The chaos verdict states safety, not load (issue 36), on histories the test builds itself in
+"""The chaos verdict states safety, not load, on histories the test builds itself in
 a real store on each backend, with the fake clock. The verifier looks at the database as chaos
 mode does (every 50 ms); what happens between looks is what the test does through the store.
 
@@ -75,7 +75,7 @@ def verifier(**kw: Any) -> Verifier:
 def test_a_takeover_that_waited_for_room_under_its_limit_is_no_violation_nor_warning(
     s: Store, clock: FakeClock
 ) -> None:
-    """Finding 3: a released task that waits while its limit is full was reported 'not taken
+    """A released task that waits while its limit is full was reported 'not taken
     over within 2 s'. Its clock runs only while the limit has room."""
     s.register_tasks({"call": TaskOptions(limits=("m",))})
     assert s.declare_limits({"m": LimitSpec.declare("m", concurrency=1)}, by="test") == []
@@ -104,7 +104,7 @@ def test_a_takeover_that_waited_for_room_under_its_limit_is_no_violation_nor_war
 def test_a_takeover_while_every_worker_was_busy_is_no_warning_a_free_worker_sitting_is_one(
     s: Store, clock: FakeClock
 ) -> None:
-    """Finding 3, under load: a kill taken over after 3159 ms was a violation (exit 8). While
+    """Under load: a kill taken over after 3159 ms was a violation (exit 8). While
     no worker had a free slot the task could not be claimed; once one had, the seconds it sat
     count, and a slow one is a warning with its figure: never a violation."""
     s.start_runs([{"task": "t"}] * 3)
@@ -314,7 +314,7 @@ class StoreGate(FakeGate):
 def test_a_pool_that_claims_nothing_for_ten_ttls_while_work_is_ready_is_no_progress(
     store: Store, clock: FakeClock, seconds: int, violated: bool
 ) -> None:
-    """Finding 3: 429 faults on workers still claiming, 0 runs claimed in 175 s, the log said
+    """429 faults on workers still claiming, 0 runs claimed in 175 s, the log said
     no_progress and the verdict said 0 violations."""
     arb = make_arbiter(clock, FakeProcs(), workers=2, lease_ttl=TTL)
     arb.gate = StoreGate(store)  # type: ignore[assignment]

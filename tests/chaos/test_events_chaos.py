@@ -1,4 +1,4 @@
-"""Issue 26's acceptance under chaos, on both backends with two supervisors sharing the
+"""The outbox (B18) under chaos, on both backends with two supervisors sharing the
 database (kills and pauses, a short ttl): every committed transition has exactly one event,
 in commit order, judged against the database's own record of what happened (tasks, their
 attempt history, the refused writes); and a consumer process that follows from 0 under a

@@ -1,4 +1,4 @@
-"""Issue 24's acceptance under chaos, on both backends with two supervisors sharing the
+"""Flow control (limits) under chaos, on both backends with two supervisors sharing the
 database, judged from the handlers' own ledger and the database (tests/apps/limits_app.py):
 
 - at no moment do more handlers of a capped limit run than its cap, counting each attempt from
@@ -10,7 +10,7 @@ database, judged from the handlers' own ledger and the database (tests/apps/limi
 - a RetryAfter spends no attempt: tasks allowed 3 attempts that raise RetryAfter 4 times first
   still succeed.
 
-And issue 36's chaos verdict under limits (tests/apps/chaos_limited.py): a task that waits for
+And the chaos verdict under limits (tests/apps/chaos_limited.py): a task that waits for
 room under its limit is no violation (SQLite), and a pool whose runs were all enqueued before it
 started gets its faults only on workers inside a handler, and finishes every run (PostgreSQL, two
 supervisors: the starved start).
@@ -147,7 +147,7 @@ def verdicts(sups: list[Supervisor], n: int) -> list[dict[str, Any]]:
     for doc in docs:
         assert doc["ok"] and doc["violations"] == [] and doc["drained"], doc["violations"]
         assert doc["taken_over"] == doc["orphaned_leases"] >= 1
-        # every fault struck a lease holder inside its handler (issue 36: none while starting)
+        # every fault struck a lease holder inside its handler (none while starting)
         assert all(e["task_id"] is not None for e in doc["events"]), doc["events"]
         assert doc["longest_stall_s"] < 10, doc["longest_stall_s"]
     return docs
@@ -165,7 +165,7 @@ def all_succeeded(db: str, runs: list[int], steps: int) -> None:
 def test_sqlite_a_task_waiting_for_room_under_its_limit_is_no_chaos_violation(
     tmp_path: Path,
 ) -> None:
-    """Issue 36: a released task that waited its line's turn for room under its limits was
+    """A released task that waited its line's turn for room under its limits was
     reported 'not taken over within 2 s' (exit 8). Forty runs of two steps behind a shared cap
     of 2 and a cap of 1 per tenant (20 tenants): its clock runs only while it could be
     claimed, so the seconds it waited for room are no violation (nor a warning)."""
@@ -187,7 +187,7 @@ def test_sqlite_a_task_waiting_for_room_under_its_limit_is_no_chaos_violation(
 def test_postgres_two_supervisors_started_behind_their_queue_finish_every_run(
     tmp_path: Path,
 ) -> None:
-    """Issue 36, the starved start: sixty limited runs enqueued before two pools start, a fault
+    """The starved start: sixty limited runs enqueued before two pools start, a fault
     every ~0.3 s. Chaos struck workers that held no lease (starting, claiming); with all its
     workers killed before their first claim a pool never claimed at all (429 faults, 0 runs in
     175 s). Faults strike only workers inside a handler: every run finishes."""

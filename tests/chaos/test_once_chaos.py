@@ -1,4 +1,4 @@
-"""Issue 27's acceptance under chaos, on both backends with two supervisors sharing the
+"""Paid once (B13) under chaos, on both backends with two supervisors sharing the
 database (kills and pauses), judged from the handlers' own ledger (tests/apps/once_app.py):
 half the runs make their paid call inside ``ctx.once``, half bare, in the same soak.
 

@@ -1,4 +1,4 @@
-"""Issue 25's acceptance for waits and children under chaos, on both backends, with two
+"""Waits and children (B14) under chaos, on both backends, with two
 supervisors sharing the database under kills and pauses (tests/apps/waits_app.py), judged from
 the database: every child is created exactly once and every join commits once with every
 child's result in spawn order; signals sent from another process while the runs wait (before,

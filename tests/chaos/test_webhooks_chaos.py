@@ -2,10 +2,10 @@
 short ttl) run a workload while a local receiver takes the deliveries; a third supervisor (no
 chaos) delivers what is left.
 
-- Issue 26's acceptance: a fault every second, a receiver that fails 30 % of the requests and is
+- Delivery: a fault every second, a receiver that fails 30 % of the requests and is
   down for a while: every event is delivered at least once, in order per run, with a valid
   signature, and nothing is given up on.
-- Issue 36's (item 5): a fault every 2 s, 400 runs (1,200 when measured for the issue), a
+- Re-sends: a fault every 2 s, 400 runs (1,200 when first measured), a
   webhook on every kind: a fault re-sends at most what was in flight (the position moves with
   each acknowledged POST), so at most 2 % of the events are delivered twice (with the position
   moved once a second, 450 of 1,200 ``run.succeeded`` were).
@@ -143,7 +143,7 @@ def check_soak(soak: Soak) -> None:
         assert e["webhook"] == "chaos" and e["kind"] and e["at"] > 0
 
 
-# -- issue 36: a fault re-sends at most what was in flight ---------------------------------------
+# -- a fault re-sends at most what was in flight ------------------------------------------------
 QUICK = {"steps": 1, "sleep": 0.01, "sleep_max": 0.04}  # a run: one short step
 # one worker of two slots per supervisor: a fault strikes the process delivering one time in two
 POOL: dict[str, Any] = {"n": 1, "args": ("--concurrency", "2")}

@@ -1,5 +1,5 @@
-"""The CLI against careless input (issue 22): arguments that are not UTF-8 (item 8), and what the
-environment may and may not decide (item 10). Real processes: a shell hands ``$'\\xff'`` to the
+"""The CLI against careless input: arguments that are not UTF-8, and what the
+environment may and may not decide. Real processes: a shell hands ``$'\\xff'`` to the
 program as the byte 0xff, which Python keeps as a lone surrogate."""
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ def supervisor(
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    path = str(tmp_path / "lk.db")
-    open_store(path).close()
-    return path
+def db(sqlite_db: str) -> str:
+    """SQLite only: what these tests pin does not depend on the backend."""
+    return sqlite_db
 
 
 @pytest.mark.parametrize(
@@ -98,7 +97,7 @@ def test_text_that_is_utf8_is_taken_as_it_is(db: str) -> None:
         assert (run.task, run.key, run.queue) == ("tâche", "clé-1", "llm-1")
 
 
-# -- item 10: what one call does never comes from the environment ------------------------------
+# -- what one call does never comes from the environment ---------------------------------------
 def test_an_exported_key_payload_state_or_delay_is_not_read(db: str) -> None:
     """With SUPERVISOR_KEY=deploy-42 exported, two enqueues of different payloads both returned
     run 1, silently."""

@@ -1,36 +1,21 @@
-"""``supervisor events`` (issue 26) against a real database on both backends: the listing in
+"""``supervisor events`` against a real database on both backends: the listing in
 commit order, ``--after``, ``--run``, ``--json`` (one object per line), ``--follow`` in a
 process of its own that prints each new event as it commits; bad input in one line."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 from helpers import wait_for
 from sv_harness import env_with_tests
 
-from supervisor.commands.cli import cli
 from workerproc.store import open_store
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
-    open_store(url).close()
-    return url
 
 
 def test_events_lists_filters_and_prints_json(db: str) -> None:
@@ -100,7 +85,7 @@ def test_events_follow_prints_each_new_event_as_it_commits(db: str, tmp_path: Pa
 
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_events_follow_stops_when_its_database_file_goes(tmp_path: Path, how: str) -> None:
-    """Issue 38: a follower of a deleted (or replaced) SQLite file says so in one line and
+    """A follower of a deleted (or replaced) SQLite file says so in one line and
     exits 1, as ``start`` does, instead of following the old inode for ever and never seeing
     the file now at that path."""
     db = str(tmp_path / "lk.db")

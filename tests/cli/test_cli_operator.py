@@ -13,35 +13,14 @@ from pathlib import Path
 
 import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import error_line, invoke
 from store_backends import fail_run
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from supervisor.commands.remote import parse_scale, scale_target
 from supervisor.errors import ConfigError
 from supervisor.loop.pidfile import state_path
 from workerproc.store import open_store
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-def error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """The database of the operator commands: a file, or a fresh PostgreSQL schema."""
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
-    open_store(url).close()
-    return url
 
 
 def test_enqueue_prints_the_run_id_and_stores_payload_state_delay(db: str) -> None:
@@ -157,7 +136,7 @@ def test_show_a_run_and_its_tasks(db: str) -> None:
         store.release(lease, error="RuntimeError: flaky")
     result = invoke("show", "1", "--db", db)
     assert result.exit_code == 0
-    # given back after an error: nothing leases it, so it is pending again (issue 21)
+    # given back after an error: nothing leases it, so it is pending again
     assert "status:     pending" in result.stdout and '"tokens": 3' in result.stdout
     assert "RuntimeError: flaky" in result.stdout and "EXECUTIONS  CLAIMS" in result.stdout
     doc = json.loads(invoke("show", "1", "--db", db, "--json").stdout)

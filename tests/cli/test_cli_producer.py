@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -12,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
+from click.testing import CliRunner
 from store_backends import fail_run, finish
 from sv_harness import Supervisor, env_with_tests
 
@@ -21,16 +21,10 @@ from supervisor.commands.cli import cli
 from workerproc.store import open_store
 
 
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    path = str(tmp_path / "lk.db")
-    open_store(path).close()
-    return path
+def db(sqlite_db: str) -> str:
+    """SQLite only: what these tests pin does not depend on the backend."""
+    return sqlite_db
 
 
 def test_enqueue_with_a_key_a_queue_and_a_priority(db: str) -> None:

@@ -1,29 +1,22 @@
-"""``supervisor schedules [--json] [--drop NAME]`` (issue 25) on both backends: what apps
+"""``supervisor schedules [--json] [--drop NAME]`` on both backends: what apps
 declared, the next run, the last tick and its run's status; errors are one line."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 
-from supervisor.commands.cli import cli
 from workerproc.store import open_store
 from workerproc.store.schedules import ScheduleSpec
 
 
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
+@pytest.fixture
+def db(db: str) -> str:
+    """The database (each backend), with one schedule declared and fired once."""
+    url = db
     clock = [1_800_000_000.5]
     with open_store(url, clock=lambda: clock[0]) as store:
         spec = ScheduleSpec.declare("*/5 * * * *", task="report", payload={"k": 1},

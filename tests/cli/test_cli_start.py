@@ -8,16 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import click
 import pytest
-from click.testing import CliRunner, Result
+from click.testing import Result
 from sv_harness import env_with_tests
 
 from supervisor import config as config_module
 from supervisor import exitcodes
 from supervisor.commands import cli as cli_module
 from supervisor.commands import start as start_module
-from supervisor.commands.cli import cli, start
+from supervisor.commands.cli import start
 from supervisor.config import MAX_WORKERS, ChaosConfig, StartConfig, cpu_count, start_options
 from workerproc import options
 from workerproc.config import WorkerConfig
@@ -36,8 +37,8 @@ def captured(monkeypatch: pytest.MonkeyPatch) -> list[StartConfig]:
 
 
 def invoke(args: list[str], env: dict[str, str] | None = None) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, args, env={**clean, **(env or {})})  # type: ignore[dict-item]
+    """``supervisor start``'s arguments as one list (most tests build them as data)."""
+    return cli_runner.invoke(*args, env=env)
 
 
 def one_error_line(result: Result) -> str:

@@ -9,10 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cli_runner
 import click
 import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import error_line
+from click.testing import Result
 from sv_harness import Supervisor, env_with_tests
 
 from supervisor import exitcodes
@@ -22,14 +24,8 @@ from workerproc import __version__, open_store
 
 
 def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env=env_with_tests())  # type: ignore[arg-type]
-
-
-def error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
+    """A command with the tests' apps importable (the worker processes it starts import them)."""
+    return cli_runner.invoke(*args, env=env_with_tests())
 
 
 def test_version() -> None:

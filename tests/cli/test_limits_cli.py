@@ -1,4 +1,4 @@
-"""``supervisor limits`` and ``supervisor limits set`` (issue 24) against a real database, on
+"""``supervisor limits`` and ``supervisor limits set`` against a real database, on
 both backends: each limit with its numbers, its use now and the runs waiting behind it, its
 busiest keys; numbers changed at run time for every claimer until a release declares others;
 bad input is one line on stderr and a non-zero exit."""
@@ -6,30 +6,14 @@ bad input is one line on stderr and a non-zero exit."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import error_line, invoke
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc.store import TaskOptions, open_store
 from workerproc.store.limits import LimitSpec
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-def error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
-
 
 SPECS = {
     "openai": LimitSpec.declare(
@@ -39,10 +23,10 @@ SPECS = {
 }
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+@pytest.fixture
+def db(db: str) -> str:
     """A database whose task ``call`` waits behind two limits, three of its runs waiting."""
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
+    url = db
     with open_store(url) as s:
         s.register_tasks({"call": TaskOptions(limits=("openai", "per-tenant"), tokens=100)})
         assert s.declare_limits(SPECS, by="host-a") == []
@@ -103,7 +87,7 @@ def test_the_group_takes_db_before_the_subcommand(db: str) -> None:
         (["set", "openai", "--concurrency", "2.5"], exitcodes.USAGE, "--concurrency must be"),
         (["set", "openai", "--burst", "1e12"], exitcodes.USAGE, "--burst must be"),
         (["set", "openai"], exitcodes.USAGE, "give at least one of"),
-        # issue 38: lifting a limit's last number is a bad value (exit 2), said plainly
+        # lifting a limit's last number is a bad value (exit 2), said plainly
         (
             ["set", "per-tenant", "--concurrency", "0"],
             exitcodes.USAGE,

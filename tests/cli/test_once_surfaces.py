@@ -1,15 +1,13 @@
-"""Paid once's surfaces (issue 27): ``show`` lists a run's paid calls (reused, paid twice),
+"""Paid once's surfaces: ``show`` lists a run's paid calls (reused, paid twice),
 ``supervisor forget RUN NAME`` drops them (one clear line on error), metrics count them, and
 ``run_inline`` runs ``ctx.once`` as a worker does."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 from helpers import FakeClock
 from prometheus_client.parser import text_string_to_metric_families
 from sv_harness import Supervisor
@@ -18,7 +16,6 @@ from web_helpers import client, text_of
 
 from supervisor import exitcodes
 from supervisor.chaos import report
-from supervisor.commands.cli import cli
 from supervisor.integrations.metrics import Metrics
 from supervisor.integrations.probe import StatsProbe
 from workerproc import App, TaskContext
@@ -28,18 +25,6 @@ from workerproc.store.calls import CallTotals
 from workerproc.testing import run_inline
 
 REQ = {"prompt": "hi"}
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
-    open_store(url).close()
-    return url
 
 
 def paid_twice(store: Store) -> int:

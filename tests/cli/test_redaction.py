@@ -1,4 +1,4 @@
-"""One redaction for every address we print (issue 38, item 4): a PostgreSQL password holding any
+"""One redaction for every address we print: a PostgreSQL password holding any
 URL-special character (``? # " @ / % : &``, a space, a quote, a backslash), written raw, percent-
 encoded, as a query option or in a libpq keyword/value string, and a webhook URL's query token,
 are never shown by any printing path: ``redact_url`` itself, free text quoting the address,

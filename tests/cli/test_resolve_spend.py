@@ -1,4 +1,4 @@
-"""The operator's commands of issue 37, on every backend: ``supervisor resolve RUN NAME`` settles
+"""The operator's commands for paid calls, on every backend: ``supervisor resolve RUN NAME`` settles
 a paid call whose outcome is unknown (its answer, or pay again) and a run parked on it goes on;
 ``supervisor spend`` sums the tokens and cost kept, per task or payload field, since a time. A
 refusal is one line on stderr and an exit code, never a traceback."""
@@ -9,10 +9,9 @@ import json
 import time
 from pathlib import Path
 
-import pg_session
 import pytest
+from cli_runner import error_line, invoke
 from helpers import FakeClock
-from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
 from workerproc.once import call_key
@@ -22,13 +21,6 @@ from workerproc.store.codec import WAIT_FOREVER
 
 TTL = 30.0
 REQ = {"model": "m", "prompt": "hello"}
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
-    open_store(url).close()
-    return url
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""No password is ever shown (issue 22, item 1): ``redact`` masks every place a database URL can
+"""No password is ever shown: ``redact`` masks every place a database URL can
 carry one, and every place that shows a URL uses it — start lines, page footers (404 pages too),
 error lines and pages, the store's own errors, logs, the state file behind ``status``, metrics
 and the chaos report."""

@@ -1,32 +1,16 @@
-"""The operator's side of runs that wait (issue 25), on both backends: ``supervisor signal``
+"""The operator's side of runs that wait, on both backends: ``supervisor signal``
 resumes a waiting run (or keeps the signal until it waits) and refuses a finished or unknown
 run with one line; ``runs --status waiting`` and ``show`` say what a run waits for."""
 
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
-import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 
-from supervisor.commands.cli import cli
 from workerproc.store import CasResult, Commit, open_store
 from workerproc.store.codec import WAIT_FOREVER
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
-    open_store(url).close()
-    return url
 
 
 def waiting(db: str) -> int:

@@ -1,4 +1,4 @@
-"""``supervisor webhooks``, ``webhooks add`` and ``webhooks remove`` (issue 26) against a real
+"""``supervisor webhooks``, ``webhooks add`` and ``webhooks remove`` against a real
 SQLite database: each webhook with its delivery record and dead letters, as text and as JSON; a
 secret read from a file (or made and shown once); bad input is one line on stderr and a non-zero
 exit, and writes nothing."""
@@ -6,35 +6,20 @@ exit, and writes nothing."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import error_line, invoke
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc.store import open_store
 from workerproc.webhooks import signature_header, verify
 
 
-def invoke(*args: str, stdin: str | None = None) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean, input=stdin)  # type: ignore[arg-type]
-
-
-def error_line(result: Result, code: int) -> str:
-    assert result.exit_code == code, result.output
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in result.output, result.output
-    return lines[0]
-
-
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    path = str(tmp_path / "lk.db")
-    open_store(path).close()
-    return path
+def db(sqlite_db: str) -> str:
+    """SQLite only: what these tests pin does not depend on the backend."""
+    return sqlite_db
 
 
 def test_add_list_and_remove(db: str, tmp_path: Path) -> None:
@@ -93,7 +78,7 @@ def test_dead_letters_are_listed(db: str) -> None:
 
 
 def test_how_far_behind_each_webhook_is(db: str) -> None:
-    """Issue 36: the events after its cursor that it wants (the drain waits for them)."""
+    """The events after its cursor that it wants (the drain waits for them)."""
     with open_store(db) as store:
         store.add_webhook("all", "https://example.test/", secret="s", after=0)
         store.add_webhook("ends", "https://example.test/", secret="s", after=0,

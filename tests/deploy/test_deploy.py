@@ -1,6 +1,6 @@
 """The deploy files: the systemd unit through ``systemd-analyze verify`` (and its offline security
 review), the supervisord drop-in, the Dockerfile and the Kubernetes manifest. The container files
-cannot run here (no container engine): they are parsed and checked for what the issue pins
+cannot run here (no container engine): they are parsed and checked for what a deployment needs
 (exec-form entrypoint, non-root user, a volume, TERM, grace periods, an exec liveness probe).
 
 ``.ci/run`` installs the tools and sets LEASEKEEPER_REQUIRE_TOOLS=1: then a missing tool fails
@@ -105,7 +105,7 @@ def test_unit_settings_the_issue_pins() -> None:
     one = {k: v[-1] for k, v in service.items()}
     assert one["Type"] == "notify" and one["NotifyAccess"] == "main"
     assert int(one["WatchdogSec"]) >= 10
-    # systemctl reload waits for the roll and fails when it failed (issue 10), within the
+    # systemctl reload waits for the roll and fails when it failed, within the
     # TimeoutStartSec= that systemd applies to ExecReload=
     reload = shlex.split(one["ExecReload"])
     assert reload[:4] == ["/opt/leasekeeper/bin/supervisor", "reload", "--wait", "--timeout"]

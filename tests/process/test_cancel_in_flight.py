@@ -1,4 +1,4 @@
-"""Cancel in flight (issue 25 item 4, B15), end to end with a real supervisor, on every backend:
+"""Cancel in flight (B15), end to end with a real supervisor, on every backend:
 ``supervisor cancel RUN`` (or ``store.cancel_run``) reaches the worker holding the run's lease at
 its next renewal. A plain handler on a slot thread gets ``RunCancelled`` at its next ctx call, one
 in the inline executor (one slot) at once, an async one is cancelled; nothing of the run is
@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pg_session
 import pytest
 from helpers import wait_for
 from sv_harness import Supervisor, env_with_tests
@@ -42,13 +41,6 @@ def notes(path: Path) -> list[dict[str, Any]]:
 
 def note_of(path: Path, ev: str, run_id: int) -> dict[str, Any] | None:
     return next((n for n in notes(path) if n["ev"] == ev and n["run"] == run_id), None)
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("cancel")
-    return str(tmp_path / "lk.db")
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))

@@ -1,4 +1,4 @@
-"""Issue 11.7: a corrupt database. ``supervisor check`` finds the damage through the store
+"""A corrupt database. ``supervisor check`` finds the damage through the store
 interface, ``start`` refuses a small damaged database before any fork (exit 1, what to do), and a
 worker that meets "malformed" at run time exits STORE_CORRUPT, which stops the supervisor with the
 exit code the README gives (1), never 0 and never 4."""
@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 from sv_harness import Supervisor, env_with_tests
-from test_cli_operator import invoke
 
 from supervisor import exitcodes
 from workerproc import exitcodes as wexit

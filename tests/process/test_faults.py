@@ -1,4 +1,4 @@
-"""Issue 11: faults a running pool must survive, with a real supervisor, real files and a real
+"""Faults a running pool must survive, with a real supervisor, real files and a real
 filesystem: a full disk under the state file, the database deleted or replaced, made read-only
 and writable again, and a worker that exits 0 while it holds a lease."""
 
@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_runner import error_line, invoke
 from helpers import wait_for
 from sv_harness import Supervisor
-from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
 from supervisor.commands import remote
@@ -59,7 +59,7 @@ def fill(directory: Path) -> Path:
     return path
 
 
-# -- item 3: disk full under the state file ---------------------------------------------------
+# -- disk full under the state file -----------------------------------------------------------
 def test_a_full_disk_is_cannot_write_the_state_not_a_silent_loop(
     sv: Supervisor, small_fs: Path
 ) -> None:
@@ -87,7 +87,7 @@ def test_a_full_disk_is_cannot_write_the_state_not_a_silent_loop(
     assert sv.wait_exit() == 0
 
 
-# -- item 5: exit 0 while holding a lease -----------------------------------------------------
+# -- exit 0 while holding a lease -------------------------------------------------------------
 def test_a_worker_that_exits_0_holding_a_lease_is_a_crash_and_its_lease_is_released(
     sv: Supervisor,
 ) -> None:
@@ -103,7 +103,7 @@ def test_a_worker_that_exits_0_holding_a_lease_is_a_crash_and_its_lease_is_relea
     assert sv.wait_exit() == 0
 
 
-# -- item 2: the database file deleted or replaced under a running pool ------------------------
+# -- the database file deleted or replaced under a running pool --------------------------------
 @pytest.mark.parametrize("how", ["deleted", "replaced"])
 def test_a_database_file_deleted_or_replaced_stops_the_pool(sv: Supervisor, how: str) -> None:
     for _ in range(200):
@@ -138,7 +138,7 @@ def test_enqueue_refuses_to_create_a_database_whose_log_is_still_there(tmp_path:
         holder.close()
 
 
-# -- item 1: read-only, then writable again ---------------------------------------------------
+# -- read-only, then writable again -----------------------------------------------------------
 def chattr(flag: str, *paths: Path | str) -> None:
     done = _run("chattr", flag, *(str(p) for p in paths))
     assert done.returncode == 0, done.stderr.decode()

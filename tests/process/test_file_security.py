@@ -1,4 +1,4 @@
-"""Issue 11.10: files an attacker can reach. Every file we write has an explicit mode whatever
+"""Files an attacker can reach. Every file we write has an explicit mode whatever
 the umask, no symlink planted at one of our names is ever written through, a pidfile another
 user could have written is refused, and ``stop`` signals only a verified leasekeeper
 supervisor."""
@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cli_runner import error_line, invoke
 from helpers import wait_for
 from sv_harness import Supervisor, env_with_tests
-from test_cli_operator import error_line, invoke
 
 from supervisor import exitcodes
 from supervisor.files import UntrustedFile

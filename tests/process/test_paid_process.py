@@ -1,4 +1,4 @@
-"""Issue 37's acceptance with real processes, judged by the handlers' outside ledger
+"""Every paid call accounted for (B13) with real processes, judged by the handlers' outside ledger
 (tests/apps/paid_app.py):
 
 - ``unknown="park"``: a worker that dies inside fn (``os._exit``) leaves an intent without an
@@ -31,13 +31,6 @@ from workerproc.store import Run, open_store
 pytestmark = pytest.mark.slow
 
 APP = "apps.paid_app:app"
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return str(tmp_path / "lk.db")
-    return pg_session.schema_url("paidp")
 
 
 def runs_of(db: str, run_ids: list[int]) -> list[Run]:

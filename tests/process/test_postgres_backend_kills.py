@@ -1,4 +1,4 @@
-"""Issue 21's first acceptance: every backend of the database is terminated twice a second for
+"""Lost PostgreSQL connections: every backend of the database is terminated twice a second for
 30 s while a producer enqueues steadily and a pool drains. The pool never stops completing
 work for more than 3 s, every run succeeds, and the log tells each incident once (fewer than a
 hundred lines in all).

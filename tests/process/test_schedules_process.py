@@ -1,4 +1,4 @@
-"""Issue 25's schedule acceptance: two supervisors share one database and a one-second
+"""Schedules across supervisors (B16): two supervisors share one database and a one-second
 schedule; one is SIGKILLed with its workers mid-way and restarted. Over at least ten ticks
 exactly one run starts per tick: the runs' keys (``schedule:<name>:<tick>``) name every tick
 from the first to the last once (none missed), and the schedule's count of the runs it started

@@ -1,4 +1,4 @@
-"""Issue 38, finding 10: a scribbled ``-wal`` under a live pool is reported, never silently
+"""A scribbled ``-wal`` under a live pool is reported, never silently
 accepted. While a drain runs, a burst of writes no one reads again (signals to the held run)
 grows the WAL without a checkpoint (a reader holds its snapshot), and 64 KiB of random bytes go
 into the middle of it: the open connections trust those frames unverified, and the checkpoint

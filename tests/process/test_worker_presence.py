@@ -1,4 +1,4 @@
-"""Issue 21 item 5: the worker processes of every host, listed in the database and kept by
+"""The worker processes of every host, listed in the database and kept by
 their heartbeats (``store.workers()``), so ``status --db URL``, the dashboard and a producer see
 that a pool is claiming without a pidfile on that host. Store-level on both backends with the
 fake clock; then real worker processes: one that stops cleanly leaves the list, one killed
@@ -12,10 +12,10 @@ import signal
 from pathlib import Path
 
 import pytest
+from cli_runner import invoke
 from helpers import FakeClock, wait_for
 from procs import spawn_worker
-from test_cli_operator import invoke
-from test_worker_process import db, procs, workdir  # noqa: F401 - fixtures
+from test_worker_process import procs, workdir  # noqa: F401 - fixtures
 
 from workerproc import __version__
 from workerproc.store import Store, WorkerInfo, open_store
@@ -59,7 +59,7 @@ def test_a_row_long_silent_goes_when_another_worker_starts(s: Store, clock: Fake
 
 @pytest.mark.slow
 def test_a_real_worker_lists_itself_beats_and_leaves(
-    db: str,  # noqa: F811
+    db: str,
     workdir: Path,  # noqa: F811
     procs: list,  # noqa: F811
 ) -> None:

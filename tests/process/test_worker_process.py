@@ -32,13 +32,6 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, workdir: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("w")
-    return str(workdir / "lk.db")
-
-
 @contextlib.contextmanager
 def write_lock_held(db: str) -> Iterator[None]:
     """Hold the database's write lock from another connection (every write waits)."""

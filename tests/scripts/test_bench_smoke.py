@@ -123,7 +123,7 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
     assert "lk-before-" not in trees
 
 
-PRE_REDESIGN = "26f0342"  # issue 20's baseline: the last commit before the store was rewritten
+PRE_REDESIGN = "26f0342"  # the baseline: the last commit before the store was rewritten
 
 
 @pytest.mark.slow
@@ -195,7 +195,7 @@ def test_bench_pg_throughput_and_cost_rows_drain_every_run() -> None:
     """``bench_pg``'s throughput side drains its bulk-written runs (they carry their claim
     columns: no trigger fills them since schema v3, and a drain of unclaimable runs never
     ended), and the cost rows (``bench_pg_cost``) measure a drain that leaves at most one dead
-    row version per run and per task (issue 21 item 3)."""
+    row version per run and per task."""
     from pg_session import database_url  # noqa: PLC0415 - skips without a server
 
     database = database_url()

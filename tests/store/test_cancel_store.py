@@ -1,4 +1,4 @@
-"""Cancel in flight (issue 25 item 4, B15), the store's part, on every backend: the renewal of a
+"""Cancel in flight (B15), the store's part, on every backend: the renewal of a
 lease whose run was cancelled answers ``cancelled`` (and still renews it, so its holder can drop
 the task under its own fence), and no write of the holder changes the run after the cancel."""
 

@@ -1,4 +1,4 @@
-"""Child runs (issue 25 item 3, docs/protocol.md B14), in the store, on every backend, with the
+"""Child runs (docs/protocol.md B14), in the store, on every backend, with the
 fake clock: children are started by the parent's fenced spawn commit (a zombie's starts none),
 the parent waits without a lease until the last child ended, its join task then runs once with
 the children in spawn order; a cancel reaches the descendants; a retried child is waited for

@@ -1,4 +1,4 @@
-"""Cursors cannot pass the newest event (issue 38, item 7), on every backend: a named
+"""Cursors cannot pass the newest event, on every backend: a named
 consumer's acknowledgement (``ack_events``, sync and async) and a webhook's start (``add_webhook``,
 ``supervisor webhooks add --after``) above the newest event's id are refused with one clear
 line; a cursor there would skip, for ever, the events that take those ids later."""
@@ -6,20 +6,13 @@ line; a cursor there would skip, for ever, the events that take those ids later.
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 from store_backends import Backend
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc.store import InvalidOption, Store, open_async_store
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
 
 
 def test_an_acknowledgement_past_the_newest_event_is_refused(s: Store) -> None:

@@ -1,4 +1,4 @@
-"""The outbox (issue 26, docs/protocol.md B18), on both backends: every transition writes
+"""The outbox (docs/protocol.md B18), on both backends: every transition writes
 exactly one event in its own transaction (none when it rolls back, only its refusal when it is
 refused), ids in commit order (PostgreSQL: a transaction that commits after a later id is not
 missed), named consumers, following, retention."""

@@ -1,4 +1,4 @@
-"""Input the pool must refuse (issue 11, items 8 and 9): poison payloads, out-of-range numbers.
+"""Input the pool must refuse: poison payloads, out-of-range numbers.
 
 A value that passes at enqueue must be one every worker can decode; a number that passes must
 be finite and sane. Everything a user gets wrong is one line and exit 2, never a traceback, and a
@@ -14,12 +14,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
+from click.testing import Result
 from store_backends import Backend
 from sv_harness import env_with_tests
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc import TaskContext, options
 from workerproc.config import WorkerConfig
 from workerproc.store import Commit, InvalidPayload, Store, open_store
@@ -28,11 +28,6 @@ from workerproc.store.codec import MAX_DEPTH, MAX_PAYLOAD
 
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
 
 
 def usage_line(result: Result) -> str:
@@ -170,7 +165,7 @@ def test_standalone_worker_help_lists_every_declared_option() -> None:
     assert "%" in done.stdout  # the jitter's "±25 %" is shown, not swallowed
 
 
-# -- names: the same limits on every backend (issue 22, items 8 and 11) -------------------------
+# -- names: the same limits on every backend ------------------------------------------------------
 BAD_NAMES = {
     "NUL": "a\x00b",
     "a lone surrogate": "a\udcffb",

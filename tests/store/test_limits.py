@@ -1,4 +1,4 @@
-"""Flow control (issue 24) in the store, on every backend, with the fake clock: limits kept in
+"""Flow control in the store, on every backend, with the fake clock: limits kept in
 the database and enforced in the claim (concurrency held by live leases, a shared rate bucket,
 a token budget settled by the fenced commit), lines that take turns across keys, RetryAfter
 that spends no attempt and pauses a limit for everyone, declarations and operators' numbers."""

@@ -1,4 +1,4 @@
-"""A token reservation that can never fit (issue 38, B12): a task whose ``tokens=`` is above a
+"""A token reservation that can never fit (B12): a task whose ``tokens=`` is above a
 limit's token bucket (``token_burst``) is refused where it is declared (``@app.task`` against
 ``app.limit``, in either order), said when a worker declares its limits, and, when the numbers
 change at run time (``limits set``, another host), fails its run at claim with reason
@@ -56,7 +56,7 @@ class TestDeclared:
 
 class TestAtClaim:
     def test_a_run_that_can_never_fit_fails_and_the_line_runs(self, s: Store) -> None:
-        """The issue's reproduction: ``tokens="100/m"``, a run reserving 2,000 first, then 5
+        """The first reproduction: ``tokens="100/m"``, a run reserving 2,000 first, then 5
         reserving 10: all 5 run, the big one fails with its reason, no line stays closed."""
         declare(s, big=2000)
         big = s.start_run("big", {})

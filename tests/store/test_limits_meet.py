@@ -1,13 +1,13 @@
-"""Limits where they meet other features (issue 36): every way a run comes back into a limited
+"""Limits where they meet other features: every way a run comes back into a limited
 task's line leaves the line open to it."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+from cli_runner import invoke
 from helpers import FakeClock
 from store_backends import Backend
-from test_cli_operator import invoke
 
 from workerproc.store import Commit, Lease, Store, TaskOptions
 from workerproc.store.limits import LimitSpec
@@ -175,7 +175,7 @@ def test_lines_a_global_cap_kept_closed_take_their_turns_when_it_frees(
 
 def test_a_claim_that_prefetches_admits_no_more_than_its_gates_allow(s: Store) -> None:
     """One transaction claims what begins at once, then what waits (B3's prefetch), and a
-    worker's delivery lane after them (issue 38): together they admit no more than a cap of 2
+    worker's delivery lane after them: together they admit no more than a cap of 2
     and a rate of 2 a minute allow (the gates' states are written at the COMMIT)."""
     limited(s, LimitSpec.declare("cap", concurrency=2))
     limited(s, LimitSpec.declare("rate", rate="2/m", burst=2), task="paced")

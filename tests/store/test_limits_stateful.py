@@ -1,4 +1,4 @@
-"""Limit bookkeeping cannot drift (issue 36): a plain-Python model of runs under two limits
+"""Limit bookkeeping cannot drift: a plain-Python model of runs under two limits
 against the real store, driven by hypothesis in random order, 500 steps an example, on both
 backends.
 

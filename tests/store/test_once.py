@@ -1,4 +1,4 @@
-"""Paid once (issue 27, B13) on every backend: a step's call kept the moment it returns is
+"""Paid once (B13) on every backend: a step's call kept the moment it returns is
 reused by the step's next attempt (a takeover pays nothing again), never for another request;
 racing keeps let the first win and count the loser as paid, unused; a lost lease may still keep
 while the run is alive on the same step, never after; sizes, prune and forget."""

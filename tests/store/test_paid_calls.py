@@ -1,4 +1,4 @@
-"""Every paid call accounted for (issue 37, B13) on every backend, with an injected clock: an
+"""Every paid call accounted for (B13) on every backend, with an injected clock: an
 intent is written before each call, under a live lease only; a later attempt that finds an
 intent without an answer pays again (counted) or parks its run until ``resolve``; a keep
 retried after a failure lands once; ``once_key`` is the same for every attempt of a step."""

@@ -1,4 +1,4 @@
-"""Schedules in the store (issue 25, B16), on every backend, with the fake clock: declarations
+"""Schedules in the store (B16), on every backend, with the fake clock: declarations
 kept and told apart, one run per tick by a compare-and-set on ``next_at`` (two firers racing,
 and a firer that saw a tick another already took), catch_up after downtime, the keys."""
 

@@ -1,5 +1,5 @@
 """``stats()`` reads no finished run, and the dashboard's chart reads no run older than its window
-(issue 21 item 4, B17), on both backends.
+(B17), on both backends.
 
 Shown by work, not time: every statement ``stats()`` runs is recorded as it runs (its name and
 parameters, through ``Tx.rows``), then run again under the engine's own meter: SQLite's VM

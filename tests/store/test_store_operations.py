@@ -249,7 +249,7 @@ class TestStoreOperations:
     def test_a_run_reads_running_only_while_a_live_lease_holds_it(
         self, s: Store, clock: FakeClock
     ) -> None:
-        """Issue 21: after a graceful stop handed back its prefetched tasks, a run showed
+        """After a graceful stop handed back its prefetched tasks, a run showed
         ``running`` with nothing leased. Running is read from the leases, never written."""
         run_id = s.start_run("t")
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from cli_runner import invoke
 from helpers import wait_for
 from store_backends import PostgresBackend, finish
-from test_cli_operator import invoke
 from test_store_postgres import CountingDialect, counting_store
 
 from supervisor import exitcodes

@@ -11,10 +11,9 @@ from urllib.parse import urlsplit
 
 import pg_session
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from supervisor.loop.storegate import db_file
 from workerproc.store import InvalidOption, StoreError, is_postgres_url, open_store
 from workerproc.store.postgres.dialect import PostgresDialect
@@ -123,11 +122,6 @@ def test_valid_libpq_urls_open_and_bad_ones_are_one_line() -> None:
         open_store(f"{url}&schema={schema}&migrate=false")  # a reader's switch, never a URL's
     with open_store(f"{url}&schema={schema}&busy_timeout=2", busy_timeout=0.5) as store:
         assert store.dialect.busy_timeout == 0.5  # type: ignore[attr-defined]
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

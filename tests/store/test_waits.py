@@ -1,4 +1,4 @@
-"""Runs that wait for signals (issue 25, docs/protocol.md B14), in the store, on every
+"""Runs that wait for signals (docs/protocol.md B14), in the store, on every
 backend, with the fake clock: a wait is a next task that is not due (no lease, no claim), a
 signal is kept until a wait of its name takes it and resumes that one wait, a timeout resumes
 it without one, a finished or unknown run refuses signals, and a zombie's wait is refused."""
@@ -92,7 +92,7 @@ def test_a_signal_sent_before_the_wait_is_kept_and_delivered_when_it_waits(s: St
 def test_a_wait_of_timeout_zero_takes_a_signal_sent_before_it(
     s: Store, clock: FakeClock, early: bool
 ) -> None:
-    """Issue 38: the order of the signal and the wait does not matter with ``timeout=0``
+    """The order of the signal and the wait does not matter with ``timeout=0``
     either: the wait commit takes the kept signal at once (its deadline is now)."""
     run_id = s.start_run("draft")
     first = one(s)

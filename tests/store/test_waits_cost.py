@@ -1,4 +1,4 @@
-"""100,000 waiting runs cost no claim time (issue 25): on SQLite, the claim's virtual machine
+"""100,000 waiting runs cost no claim time: on SQLite, the claim's virtual machine
 steps (counted by a progress handler, so the figure is exact, not a timing) beside 100,000 runs
 that wait for a signal are within 10 % of the same claim beside none. The waiting runs are made
 by the wait commit itself for the first ones and copied row for row for the rest."""

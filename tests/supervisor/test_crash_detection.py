@@ -1,5 +1,6 @@
-"""Issue 11 without a running pool: zombies are dead owners, a clean exit that still held a lease
-is a crash, the database file's identity, the stall watch, and corruption seen by the loop."""
+"""Crash and fault detection without a running pool: zombies are dead owners, a clean exit that
+still held a lease is a crash, the database file's identity, the stall watch, and corruption seen
+by the loop."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from workerproc.status import HANDLER, IDLE, Counters
 from workerproc.store import StoreCorrupt, StoreUnavailable, open_store
 
 
-# -- item 4: a zombie is dead ------------------------------------------------------------------
+# -- a zombie is dead --------------------------------------------------------------------------
 def test_a_zombie_owner_is_dead() -> None:
     """A SIGKILLed process that nobody reaped yet (its parent was killed too, and PID 1 has not
     come round) still has a start time; its leases must be released all the same."""
@@ -49,7 +50,7 @@ def test_a_zombie_owner_is_dead() -> None:
     assert owner_is_dead(owner)  # reaped: gone for good
 
 
-# -- item 7: corruption met by a worker or by the supervisor's own sessions ----------------------
+# -- corruption met by a worker or by the supervisor's own sessions ------------------------------
 def test_a_worker_that_met_corruption_stops_the_supervisor_with_exit_1(
     clock: FakeClock, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -83,7 +84,7 @@ def test_corruption_met_by_a_supervisor_session_stops_it(tmp_path: Path, clock: 
     assert arb.stopping and arb.exit_code == exitcodes.ERROR
 
 
-# -- item 2: the file the gate serves --------------------------------------------------------
+# -- the file the gate serves ----------------------------------------------------------------
 def test_the_gate_notices_a_deleted_or_replaced_file_and_never_opens_the_path(
     tmp_path: Path, clock: FakeClock
 ) -> None:
@@ -109,7 +110,7 @@ def test_the_gate_notices_a_deleted_or_replaced_file_and_never_opens_the_path(
     assert arb.stopping and arb.exit_code == exitcodes.ERROR
 
 
-# -- item 1: the stall watch -------------------------------------------------------------------
+# -- the stall watch ---------------------------------------------------------------------------
 class ReadyGate(FakeGate):
     def __init__(self) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""Issue 36, finding 6: every failure is said where the user looks.
+"""Every failure is said where the user looks.
 
 - A run that fails logs one line at warning level (run, task, reason, error), whoever decided
   it: the handler's last attempt, or the store inside a claim (attempts spent, an unknown task).

@@ -331,7 +331,7 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv_each: Supervisor)
 
 
 def test_limits_are_in_the_exposition(clock: FakeClock) -> None:
-    """Flow control's gauges (issue 24), from the probe's read of ``store.limits()``."""
+    """Flow control's gauges, from the probe's read of ``store.limits()``."""
     arb = fake_arbiter(clock, FlakyGate())
     metrics = Metrics(StatsProbe())
     metrics.install(arb)

@@ -1,4 +1,4 @@
-"""Issue 36, item 2, on both backends: ``supervisor start --drain`` ends only once no task is
+"""On both backends: ``supervisor start --drain`` ends only once no task is
 ready, delayed or leased AND every webhook has delivered what it can: caught up, or backing off
 after a failure, which its last line then names (the webhook, its backlog, its next try). A real
 supervisor, a real receiver, a real database."""
@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import pg_session
 import pytest
 from click.testing import CliRunner
 from sv_harness import Supervisor
@@ -30,11 +29,10 @@ SECRET = "drain-secret"
 APP = "apps.sv_app:app"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("drain")
-    return str(tmp_path / "lk.db")
+@pytest.fixture
+def url(db: str) -> str:
+    """The conftest's database, each backend in turn."""
+    return db
 
 
 @pytest.fixture
@@ -85,7 +83,7 @@ def drain(sv: Supervisor, timeout: float = 120.0) -> str:
 def test_a_webhook_added_after_the_work_delivers_its_backlog_before_the_drain_ends(
     tmp_path: Path, url: str, receiver: Receiver
 ) -> None:
-    """Finding 2: ``webhooks add q2 URL --after 0`` with 300 events waiting, then a drain: it
+    """``webhooks add q2 URL --after 0`` with 300 events waiting, then a drain: it
     exited at once, with no POST made."""
     with open_store(url) as store:
         runs = store.start_runs([{"task": "noop"}] * 150)
@@ -111,7 +109,7 @@ def test_a_webhook_added_after_the_work_delivers_its_backlog_before_the_drain_en
 def test_a_drain_ends_with_every_event_of_its_work_delivered(
     tmp_path: Path, url: str, receiver: Receiver
 ) -> None:
-    """Finding 2: on PostgreSQL 123 of 1,186 run.succeeded events were not delivered when the
+    """On PostgreSQL 123 of 1,186 run.succeeded events were not delivered when the
     drain ended (the delivery was parked, its waker not yet round)."""
     with open_store(url) as store:
         store.add_webhook("done", receiver.url, secret=SECRET, kinds=["run.succeeded"])

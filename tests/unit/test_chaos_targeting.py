@@ -119,7 +119,7 @@ def test_a_lease_the_slot_does_not_show_yet_is_protected_too(arb: Arb, db: Store
 def test_a_fault_strikes_only_a_lease_holder_inside_its_handler(
     arb: Arb, db: Store, wall: FakeClock
 ) -> None:
-    """Issue 36: while a pool starts (every worker claiming, or idle), no worker is a
+    """While a pool starts (every worker claiming, or idle), no worker is a
     candidate, whatever the fault: killing new workers before their first claim starved the
     whole pool. Frozen, a victim is struck only if its slot still shows a handler and the
     database shows it holding a live lease."""

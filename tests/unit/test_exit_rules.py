@@ -84,7 +84,7 @@ def test_a_drain_stopped_before_it_finished_is_not_judged(store: Store, clock: F
 def test_a_damaged_database_at_the_drains_end_exits_17_over_16(
     store: Store, clock: FakeClock, tmp_path: Path
 ) -> None:
-    """Issue 38: the quick check that ends a finished drain found damage: 17, which wins over
+    """The quick check that ends a finished drain found damage: 17, which wins over
     ``--fail-on-failed``'s 16; a drain not finished is not checked."""
     arb = drain(store, clock)
     arb.gate.file = str(tmp_path / "lk.db")  # type: ignore[misc]  # an SQLite file, small

@@ -1,4 +1,4 @@
-"""Hostile small values (issue 38, finding 11): a name that prints as something else (U+202E
+"""Hostile small values: a name that prints as something else (U+202E
 turns ``evil\\u202etxt.exe`` into ``evilexe.txt``; a control character breaks lines) is refused
 wherever a user gives one; lifting a limit's last number, a webhook URL with a space in it and
 ``RetryAfter(True)`` are refused as the bad values they are. On the command line each is one
@@ -6,14 +6,13 @@ line on stderr and exit 2, as every other bad value."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner, Result
+from cli_runner import invoke
+from click.testing import Result
 
 from supervisor import exitcodes
-from supervisor.commands.cli import cli
 from workerproc import App, RetryAfter
 from workerproc.store import InvalidOption, InvalidPayload, Store, open_store
 from workerproc.store.codec import check_name
@@ -23,11 +22,6 @@ from workerproc.store.limits import LimitSpec
 HOSTILE = ["ab\u202ecd", "a\u202ab", "a\u2066b\u2069", "a\u200fb", "a\u061cb", "a\x01b",
            "a\nb", "a\x7fb", "a\x85b", "a\x9bb", "a\u2028b", "a\u2029b"]  # fmt: skip
 FINE = ["approval", "réponse", "承認", "a-b.c:d e", "emoji \U0001f600", "zw\u200dj"]
-
-
-def invoke(*args: str) -> Result:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    return CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
 
 
 def bad_value(result: Result) -> str:

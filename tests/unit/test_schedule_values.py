@@ -1,4 +1,4 @@
-"""Schedules' values (issue 25, B16) without a database: cron expressions and time zones
+"""Schedules' values (B16) without a database: cron expressions and time zones
 checked at declaration, the next tick and the due ticks from an injected "now" (cronsim in the
 schedule's time zone, daylight saving time included), catch_up's three answers, the keys."""
 

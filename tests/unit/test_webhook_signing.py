@@ -1,6 +1,6 @@
 """Webhook signatures (B19): what ``workerproc.webhooks.verify`` accepts and refuses; malformed
 input of any kind is a ``SignatureError`` and nothing else, ``tolerance`` counts whole seconds
-(0: the current second), and a replay is the same signed id (issue 38, item 6)."""
+(0: the current second), and a replay is the same signed id."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_an_empty_secret_is_refused() -> None:
         sign("", NOW, BODY)
 
 
-# -- issue 38, item 6: malformed input is a SignatureError, whatever it is ------------------------
+# -- malformed input is a SignatureError, whatever it is ----------------------------------------
 GOOD = sign(SECRET, NOW, BODY)
 
 

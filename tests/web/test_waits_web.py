@@ -1,4 +1,4 @@
-"""The dashboard's side of runs that wait (issue 25), on every backend: a waiting run's page
+"""The dashboard's side of runs that wait, on every backend: a waiting run's page
 says what it waits for and draws a Signal button (with the session's CSRF token) that resumes
 it; a parent's page lists its children and a child's page links its parent."""
 

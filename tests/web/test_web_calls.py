@@ -1,4 +1,4 @@
-"""The dashboard's side of paid calls (issue 37), on every backend: a run page lists every call
+"""The dashboard's side of paid calls, on every backend: a run page lists every call
 as it was made (attempt, owner, paid again, answered / unknown / settled), and a run parked on a
 call whose outcome is unknown gets a Resolve form (its answer, or pay again) behind the same
 session CSRF token as the other actions; a read-only dashboard draws none and serves none."""

@@ -21,8 +21,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
-def db(tmp_path: Path) -> str:
-    path = str(tmp_path / "lk.db")
+def db(sqlite_db: str) -> str:
+    """SQLite only, with one run."""
+    path = sqlite_db
     store = open_store(path)
     store.start_run("t")
     store.close()

@@ -213,7 +213,7 @@ def test_all_clients_together_are_bounded_too(bounded: Any) -> None:
 
 
 def test_a_connection_still_sending_its_body_makes_room_before_an_idle_one(bounded: Any) -> None:
-    """Issue 38: bodies trickled a byte a second held every slot, and only idle connections
+    """Bodies trickled a byte a second held every slot, and only idle connections
     could make room. A request still sending its body is closed first (the oldest), then an
     idle one; a request whose head is in and that has no body is served."""
     target, _ = bounded

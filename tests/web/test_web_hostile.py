@@ -1,4 +1,4 @@
-"""The dashboard against hostile clients (issue 22): a forged ``Host`` (DNS rebinding), an open
+"""The dashboard against hostile clients: a forged ``Host`` (DNS rebinding), an open
 redirect after the token login, ids that only look like digits. In process, through a test
 client; the slow-client and deleted-database cases run a real server (test_web_slow_clients.py,
 and below)."""
@@ -29,7 +29,7 @@ def cancelled_run(s: Store) -> int:
     return run_id
 
 
-# -- item 3: Host allow-list -------------------------------------------------------------------
+# -- Host allow-list ---------------------------------------------------------------------------
 class TestForgedHost:
     def test_a_page_under_a_foreign_host_is_400_without_cookie_or_csrf_token(
         self, s: Store
@@ -86,7 +86,7 @@ def test_the_listen_address_itself_is_answered(listen: str, answered: bool) -> N
     assert not host_allowed("evil.example", hosts)
 
 
-# -- item 6: the login redirect and ids --------------------------------------------------------
+# -- the login redirect and ids ----------------------------------------------------------------
 class TestRedirectAndIds:
     @pytest.mark.parametrize("path", ["//evil.example/", "///evil.example/x", "/\\evil.example/",
                                       "/\\/evil.example/"])  # fmt: skip
@@ -134,7 +134,7 @@ def test_a_lease_owner_that_only_looks_like_a_pid_is_shown_and_judged_alive(s: S
     assert parse_owner(owner) is None and not owner_is_dead(owner)
 
 
-# -- item 5: a deleted or replaced database ----------------------------------------------------
+# -- a deleted or replaced database ------------------------------------------------------------
 class TestDatabaseGone:
     """An open SQLite connection keeps reading a deleted file: the dashboard showed the old runs
     and Cancel answered 'done=cancelled' on a file that no longer existed."""

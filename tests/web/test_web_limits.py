@@ -1,4 +1,4 @@
-"""The dashboard's Limits page (issue 24), on every store backend: each limit's numbers, its use
+"""The dashboard's Limits page, on every store backend: each limit's numbers, its use
 now, the runs waiting behind it and its busiest keys, escaped; the live fragment; the nav link;
 the page under ``--read-only``."""
 

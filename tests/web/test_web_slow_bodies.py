@@ -1,4 +1,4 @@
-"""The real dashboard under a slow-body attack (issue 38, finding 5): 9 loopback addresses x 32
+"""The real dashboard under a slow-body attack: 9 loopback addresses x 32
 connections each send a complete ``POST`` head with ``Content-Length: 16000`` and trickle the
 body a byte a second, opening a connection again as soon as the server closes one. Before,
 legitimate GETs got 1 answer in 89 without a token (0 in 92 with ``--token``): every

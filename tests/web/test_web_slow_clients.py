@@ -1,4 +1,4 @@
-"""The real dashboard against slow and greedy clients (issue 22, item 4): 64 sockets that each
+"""The real dashboard against slow and greedy clients: 64 sockets that each
 sent ``GET / HTTP/1.1\\r\\n`` and nothing more made every other client get 503 for as long as
 they stayed open. Now its pages answer while 500 such sockets are open — from one client
 address or spread over twenty — a forged ``Host`` still gets 400, the server holds no more

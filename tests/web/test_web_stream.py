@@ -1,4 +1,4 @@
-"""The dashboard's event stream (issue 26, item 6): ``GET /events/stream`` on a real
+"""The dashboard's event stream: ``GET /events/stream`` on a real
 ``supervisor web`` process, on both backends. Events arrive in commit order; a reconnect with
 ``Last-Event-ID`` resumes without losing one; ``?run=`` keeps one run's; streams beyond
 ``--max-streams`` get 503; a TERM with a stream open stops the dashboard at once (the stream
@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pg_session
 import pytest
 from event_stream import EventStreamClient
 from helpers import wait_for
@@ -26,9 +25,10 @@ from workerproc.store.protocol.events import KINDS
 TOKEN = "stream-token-0123456789"
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = str(tmp_path / "lk.db") if request.param == "sqlite" else pg_session.schema_url()
+@pytest.fixture
+def db(db: str) -> str:
+    """The database (each backend), with one event written before the dashboard starts."""
+    url = db
     with open_store(url) as store:
         store.start_run("before")
     return url

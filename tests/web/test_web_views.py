@@ -40,7 +40,7 @@ def test_overview_shows_the_queue_runs_by_status_and_the_last_hour(
 def test_overview_lists_every_hosts_worker_processes_from_the_database(
     s: Store, clock: FakeClock
 ) -> None:
-    """Issue 21: no pidfile needed (another host's pool shows as well as this one's)."""
+    """No pidfile needed (another host's pool shows as well as this one's)."""
     html = client(s).get("/").text
     assert "No worker process is listed in the database" in html
     s.worker_seen(WorkerInfo("db7:41:1.0:aa", "db7", 41, 1.0, 2.0, 16, ("llm",), "9.9"),

@@ -1,4 +1,4 @@
-"""The dashboard's Webhooks page (issue 26), on every store backend: each webhook's delivery
+"""The dashboard's Webhooks page, on every store backend: each webhook's delivery
 record, its dead letters, escaped; never its secret; the live fragment; the nav link."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 36, finding 4: an attempt is spent only by a handler that began (docs/protocol.md, B3).
+"""An attempt is spent only by a handler that began (docs/protocol.md, B3).
 
 The database knows whether a lease's handler began: a claim for a slot that starts it at once
 records it as begun; a claim that only holds it waiting (a prefetch, ``start=0``) does not, and
@@ -131,13 +131,6 @@ def test_a_hand_back_after_the_start_was_recorded_still_spends_nothing(
 
 
 # -- real workers ----------------------------------------------------------------------------------
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("att")
-    return str(tmp_path / "lk.db")
-
-
 WORKER = ["--app", "apps.attempts_app:app", "--lease-ttl", "1", "--poll-interval", "0.05",
           "--max-attempts", "3", "--concurrency", "2"]  # fmt: skip
 PAUSE = 1.6  # past the 1 s ttl: every lease the worker holds lapses meanwhile
@@ -165,7 +158,7 @@ def ended(store: Store, run_id: int) -> Run | None:
 def test_a_worker_paused_past_its_lease_takes_it_over_itself_and_runs_it_once(
     tmp_path: Path, db: str
 ) -> None:
-    """Finding 4: paused inside a handler deaf to its lease, a worker wakes, claims the task
+    """Paused inside a handler deaf to its lease, a worker wakes, claims the task
     again itself (its own lease lapsed) and must run that attempt once the old handler ends,
     renewing it meanwhile. It used to lose track of it (the old attempt's ending untracked the
     new one), never start it, let it lapse, and fail the run with ``task_attempts_exhausted``
@@ -240,7 +233,7 @@ def pause_inside_a_transaction(worker: Proc, admin: psycopg.Connection[Any]) -> 
 def test_a_postgres_worker_paused_inside_a_transaction_reconnects_and_its_runs_succeed(
     tmp_path: Path,
 ) -> None:
-    """Finding 4 on PostgreSQL: a worker stopped inside a transaction past
+    """On PostgreSQL: a worker stopped inside a transaction past
     ``idle_in_transaction_session_timeout`` finds that connection closed when it wakes. It
     reconnects and goes on: two such pauses (what chaos may do to a task under
     ``--max-attempts 3``) fail no run."""

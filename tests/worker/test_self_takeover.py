@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import ledger
-import pg_session
 import pytest
 from helpers import FakeClock, wait_for
 from procs import spawn_worker
@@ -34,13 +33,6 @@ from workerproc.store.limits import LimitSpec
 from workerproc.worker import Worker
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("self")
-    return str(tmp_path / "lk.db")
-
-
 def outcomes(s: Store, run_id: int) -> list[tuple[int, str]]:
     return [(a.attempt, a.outcome) for a in s.attempt_history(run_id)]
 
@@ -49,9 +41,10 @@ def outcomes(s: Store, run_id: int) -> list[tuple[int, str]]:
 def test_a_lease_taken_over_from_its_own_claimer_is_recorded_waiting(
     s: Store, clock: FakeClock, gated: bool
 ) -> None:
-    """A claim for a free slot records its lease as begun, except one its claimer takes over
-    from itself: that worker's older handler may still run, and the new attempt waits for it.
-    It used to be recorded as begun, so a kill while it waited spent it (finding 4 again)."""
+    """A claim for a free slot records its lease as begun, except one its claimer takes over from
+    itself: that worker's older handler may still run, and the new attempt waits for it. It used
+    to be recorded as begun, so a kill while it waited spent it (an attempt is spent only by a
+    handler that began, B3)."""
     if gated:  # the gated claim leases by its own statement
         limited(s, LimitSpec("m", concurrency=2), task="t")
     run_id = s.start_run("t")

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import ledger
-import pg_session
 import psutil
 import pytest
 from apps.ledger_app import note
@@ -157,13 +156,6 @@ def test_confirm_with_nothing_held_answers_at_once():
 
 
 # -- a real worker, frozen between its claim and the start ----------------------------------------
-@pytest.fixture(params=["sqlite", "postgres"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "postgres":
-        return pg_session.schema_url("start")
-    return str(tmp_path / "lk.db")
-
-
 def stopped(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_STOPPED

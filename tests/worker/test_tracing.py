@@ -1,4 +1,4 @@
-"""OpenTelemetry traces (issue 26, item 5): each run keeps the W3C traceparent of the span that
+"""OpenTelemetry traces: each run keeps the W3C traceparent of the span that
 started it (both backends, plain and gated claims), and each step execution is a span in that
 trace with its run id, task, attempt, queue and outcome, a takeover as its event, errors as its
 status. In process, with the SDK's in-memory exporter."""

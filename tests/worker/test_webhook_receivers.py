@@ -1,4 +1,4 @@
-"""Receivers that never finish (issue 38, item 1), against real local sockets: a webhook POST
+"""Receivers that never finish, against real local sockets: a webhook POST
 has one deadline over connecting, sending and the whole answer, reads at most 64 KiB of the
 answer, and a receiver that floods, trickles (its head or its body), hangs or redirects is a
 failure with its reason: counted (``supervisor webhooks``), backed off, then a dead letter.

@@ -1,4 +1,4 @@
-"""Webhooks (issue 26, item 4; docs/protocol.md B20) on every backend: declared in the database,
+"""Webhooks (docs/protocol.md B20) on every backend: declared in the database,
 delivered by a leased delivery run to a real local receiver, signed, in order; a zombie's
 delivery moves no cursor; failures back off and become dead letters; the waker signals a parked
 delivery once. The chaos acceptance is in test_webhooks_chaos.py."""
@@ -149,7 +149,7 @@ def test_events_are_delivered_signed_in_order_and_the_delivery_parks(
     got = receiver.all()
     assert [d.event["run_id"] for d in got] == runs, "every run's success, in commit order"
     assert all(d.signed and d.accepted for d in got), "every signature verifies"
-    # (issue 38: the id is in the signed body only; no unsigned header a replay could change)
+    # (the id is in the signed body only; no unsigned header a replay could change)
     assert all(d.event_header is None for d in got)
     assert {d.event["kind"] for d in got} == {"run.succeeded"}
     assert {d.event["webhook"] for d in got} == {"all"}

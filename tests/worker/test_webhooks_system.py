@@ -1,4 +1,4 @@
-"""Issue 36, item 5, on both backends: the webhooks' delivery runs are the system's. They are
+"""On both backends: the webhooks' delivery runs are the system's. They are
 numbered apart (from ``SYSTEM_RUNS`` up, never a user's id, never given twice), hidden from
 ``store.events()``, the run lists, ``supervisor runs``, ``supervisor events`` and the dashboard's
 run list unless asked for (``system=True``, ``--all``, ``?all=1``), and the delivery runs of a
@@ -8,23 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
+import cli_runner
 import pg_session
 import psycopg
 import pytest
-from click.testing import CliRunner
 from event_stream import EventStreamClient
 from helpers import FakeClock
 from store_backends import Backend
 from web_helpers import client
 from web_process import WebProcess
 
-from supervisor.commands.cli import cli
 from workerproc.context import TaskContext
 from workerproc.delivery import Deliverer
 from workerproc.store import Store, open_async_store, open_store
@@ -54,7 +52,7 @@ def parked(s: Store, name: str) -> int:
 def test_a_webhook_takes_no_user_run_id_and_no_id_is_given_twice(
     s: Store, clock: FakeClock
 ) -> None:
-    """Finding 5: with a webhook, a user's first run got id 2."""
+    """With a webhook, a user's first run got id 2."""
     first = s.add_webhook("a", URL, secret=SECRET)
     assert first.run_id == SYSTEM_RUNS + 1
     assert s.start_run("noop") == 1, "the user's first run is run 1"
@@ -72,7 +70,7 @@ def test_a_webhook_takes_no_user_run_id_and_no_id_is_given_twice(
 
 
 def test_the_system_runs_and_their_events_are_hidden_unless_asked(s: Store) -> None:
-    """Finding 5: the delivery runs' run.waiting and run.signalled showed in the event stream,
+    """The delivery runs' run.waiting and run.signalled showed in the event stream,
     and the runs themselves in every list."""
     mine = s.start_run("noop")
     system = parked(s, "h")
@@ -113,8 +111,8 @@ def test_the_async_store_hides_them_too(backend: Backend) -> None:
 
 
 def invoke(*args: str) -> Any:
-    clean = {k: None for k in os.environ if k.startswith("SUPERVISOR_")}
-    result = CliRunner().invoke(cli, list(args), env=clean)  # type: ignore[arg-type]
+    """A command that must succeed."""
+    result = cli_runner.invoke(*args)
     assert result.exit_code == 0, result.output
     return result
 
@@ -184,8 +182,9 @@ OLD_STATE = {"cursor": 5, "delivered": 3, "last_delivery_at": 1.5, "failures": 0
 
 
 def old_sqlite(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A database at schema v18 (before issue 36) holding user run 1, then webhook h's delivery
-    run 2 (its position in its state), a task, an event and a signal of it."""
+    """A database at schema v18 (before delivery runs were the system's) holding user run 1, then
+    webhook h's delivery run 2 (its position in its state), a task, an event and a signal of
+    it."""
     with monkeypatch.context() as m:
         m.setattr(sqlite_dialect, "SCHEMA_VERSION", 18)
         open_store(path).close()
