@@ -9,13 +9,13 @@ slots, scripts/bench_slots.py): ours at -n 2 --concurrency 16 and -n 8 --concurr
 raw batched ceiling join the widest round. I/O-bound (--parts io): sync and async handlers at
 -n 2 --concurrency 250 vs huey's thread workers, with the workers' peak RSS. Medians of --rounds
 rounds; the order alternates per round. Then (--parts latency) idle pickup, takeover after
-SIGKILL, write-lock wait and peak RSS; last, the goals of issue 12 (scripts/bench_goals.py).
+SIGKILL, write-lock wait and peak RSS; last, the goals the slots must meet (scripts/bench_goals.py).
 Then the PostgreSQL rows (scripts/bench_pg.py, unless --postgres ''): ours from one and from two
 supervisors beside procrastinate on the same server, idle pickup, takeover, and the claim beside
 a million finished runs. Last (--parts limits, scripts/bench_limits.py): flow control's cost,
 no-op throughput behind a limit that never binds and the claim beside 10,000 keys of one limit.
 And (--parts waits, scripts/bench_waits.py) the claim's latency beside
-100,000 runs that wait for a signal and beside none, on both backends (issue 25); (--parts
+100,000 runs that wait for a signal and beside none, on both backends; (--parts
 webhooks, scripts/bench_webhooks.py) webhook delivery's rate and its commit-to-receipt latency.
 """
 
@@ -300,7 +300,7 @@ def main() -> int:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
-    if "waits" in parts:  # the claim beside 100,000 waiting runs (issue 25), both backends
+    if "waits" in parts:  # the claim beside 100,000 waiting runs, both backends
         waiting = 5_000 if args.quick else 100_000
         print("\n| measurement | result | goal | notes |\n| --- | --- | --- | --- |")
         with tempfile.TemporaryDirectory(prefix="lk-waits-", dir=args.dir) as scratch:

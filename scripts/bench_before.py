@@ -1,7 +1,7 @@
 """No-op throughput, idle pickup and takeover: this checkout against an earlier commit, on this
 machine, now.
 
-"No worse than today" (issue 12) needs the figures of the code before slots measured on the same
+"No worse than today" needs the figures of the code before slots measured on the same
 machine in the same minutes: idle latency here depends on how fast an idle machine wakes up (a
 ``SELECT 1`` after 0.3 s of idle can take 50x its warm time), so figures from another day or
 machine compare nothing. This script checks ``REV`` out into a temporary worktree, drains the
@@ -48,7 +48,7 @@ from urllib.parse import urlsplit, urlunsplit
 from bench_procs import drain, stop, tree_env
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = "524312a"  # the last commit before slots (issue 12)
+BASELINE = "524312a"  # the last commit before slots
 BACKENDS = ("sqlite", "postgres")
 SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
 ENQUEUE = """import sys, time

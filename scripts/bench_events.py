@@ -1,4 +1,4 @@
-"""The outbox's cost (issue 26): enqueue and drain throughput of this checkout (every
+"""The outbox's cost: enqueue and drain throughput of this checkout (every
 transition writes its event) against an earlier commit (no events), on this machine, now.
 
 ``REV`` is exported with ``git archive`` into a temporary directory (no worktree is made). Each

@@ -1,4 +1,4 @@
-"""Flow control's cost (issue 24), on SQLite and PostgreSQL (scripts/bench --parts limits):
+"""Flow control's cost, on SQLite and PostgreSQL (scripts/bench --parts limits):
 
 (a) no-op throughput: M runs drained by ``supervisor start -n W --drain`` with the task behind a
     limit that never binds (scripts/benchapp_limited.py) vs the same task without limits
@@ -136,7 +136,7 @@ def main() -> int:
                     rows += throughput(kind, new, args)
                 if args.only != "throughput":
                     rows += latency(kind, new, args)
-    print("\n| flow control (issue 24) | without limits | with limits | ratio |")
+    print("\n| flow control | without limits | with limits | ratio |")
     print("| --- | --- | --- | --- |")
     print("\n".join(rows))
     return 0

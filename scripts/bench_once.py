@@ -1,4 +1,4 @@
-"""A paid call's keep latency (issue 37: p99 <= 10 ms at load <= 2): from fn's return to
+"""A paid call's keep latency (p99 <= 10 ms at load <= 2): from fn's return to
 ``ctx.once``'s return (the answer kept in the database), on SQLite and PostgreSQL, under a real
 supervisor (``supervisor start -n N --drain``) draining runs of one paid call each whose fn
 returns at once (scripts/benchapp_once.py). Each run's handler times its own call and splits

@@ -1,4 +1,4 @@
-"""Waiting runs cost no claim time (issue 25): the claim's latency beside N runs that wait for a
+"""Waiting runs cost no claim time: the claim's latency beside N runs that wait for a
 signal (each a pending task not due for a century, as ``ctx.wait_for`` stores it) and beside
 none, interleaved, on SQLite and PostgreSQL.
 

@@ -1,4 +1,4 @@
-"""Webhook delivery's figures (issue 26, B20; a row of scripts/bench): a pool of
+"""Webhook delivery's figures (B20; a row of scripts/bench): a pool of
 ``supervisor start -n 2`` delivering to a local receiver (a real HTTP server answering 204), on
 SQLite and PostgreSQL:
 
@@ -8,7 +8,7 @@ SQLite and PostgreSQL:
     to its receipt (p50 / p99): the parked delivery woken by the waker, claimed and POSTed;
 (c) catch-up: M runs succeeded first, then a webhook added over them (``--after 0``): the
     deliveries per second with nothing else running (each acknowledged POST moves the
-    position: one small fenced commit each, issue 36).
+    position: one small fenced commit each).
 
     .venv/bin/python scripts/bench_webhooks.py [--quick] [--runs 2000] [--trickle 60]
         [--postgres URL|'']
