@@ -2,7 +2,7 @@
 
 A goal whose numbers this run did not measure (a part left out with --parts, huey left out with
 --no-huey) says "not measured". "No worse than today" compares idle pickup and takeover with the
-commit before slots measured beside this checkout in the same run (scripts/bench_before.py, the
+commit before slots measured beside this checkout in the same run (scripts/bench before, the
 bench's --before), allowing BEFORE_SLACK for the noise of a hundred samples.
 """
 

@@ -1,4 +1,4 @@
-"""scripts/bench_store.py's producer rows: ``start_runs`` of 10,000 runs in one
+"""scripts/bench store's producer rows: ``start_runs`` of 10,000 runs in one
 transaction, and the enqueue latency of producer processes that start one run per transaction
 while ``supervisor start -n 8`` drains the same database (every process opens its own store
 after fork; all at the default synchronous=full)."""
