@@ -5,8 +5,7 @@
   handler, worker, tracing or CLI;
 - the dashboard (``supervisor.web``) imports nothing of the command line (``supervisor.commands``):
   what both need lives in ``supervisor.operations``;
-- a module imports no private (underscore) name of another module where the rule is kept
-  (``PRIVATE_CLEAN``).
+- a module imports no private (underscore) name of another module (but ``KNOWN_PRIVATE``).
 
 Every import counts, also one inside a function or under ``TYPE_CHECKING``.
 """
@@ -18,8 +17,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# modules that import no private name of another module
-PRIVATE_CLEAN = ("workerproc/store/postgres/ops_sql.py", "workerproc/store/sqlite/ops_sql.py")
+# A module imports no private (underscore) name of another module, but for these fragments of
+# the statement modules (``*/sql.py``, ``sqlite/schema.py``), each shared until its module is
+# rewritten with public names. The list may only shrink: a new private import fails.
+KNOWN_PRIVATE = {
+    ("workerproc/store/postgres/calls_sql.py", "_LOCKED"),
+    ("workerproc/store/postgres/waits_sql.py", "_LOCKED"),
+    ("workerproc/store/postgres/webhooks_sql.py", "_FENCE"),
+    ("workerproc/store/postgres/reads_sql.py", "_EVERY_LEVEL"),
+    ("workerproc/store/postgres/reads_sql.py", "_NAMED_LEVELS"),
+    ("workerproc/store/sqlite/reads_sql.py", "_EVERY_QUEUE"),
+    ("workerproc/store/sqlite/reads_sql.py", "_NAMED_QUEUES"),
+    ("workerproc/store/sqlite/sql.py", "_HEAD_LINE_AND_READY"),
+}
 
 
 def module_of(path: Path, root: Path) -> tuple[str, bool]:
@@ -73,13 +83,13 @@ def violations(root: Path) -> list[str]:
     scan("workerproc", "supervisor")
     scan("workerproc.store", "workerproc", allowed="workerproc.store")
     scan("supervisor.web", "supervisor.commands")
-    for rel in PRIVATE_CLEAN:
-        path = root / rel
-        if not path.exists():
-            continue
-        for line, module, name in imports(path, root):
-            if name is not None and name.startswith("_") and not name.startswith("__"):
-                found.append(f"{rel}:{line}: imports the private {module}.{name}")
+    for package in ("workerproc", "supervisor"):
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root).as_posix()
+            for line, module, name in imports(path, root):
+                private = name is not None and name.startswith("_") and not name.startswith("__")
+                if private and (rel, name) not in KNOWN_PRIVATE:
+                    found.append(f"{rel}:{line}: imports the private {module}.{name}")
     return found
 
 

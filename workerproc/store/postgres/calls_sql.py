@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .fragments import CLOCK, CLOCK_CTE
 from .sql import _LOCKED, ALIVE, NOTIFY
-from .waits_sql import _DUE_HEAD
+from .waits_sql import DUE_HEAD
 
 # v6: the paid calls, one row per (run, step, name, request hash); deleted with their run
 PAID_CALLS_SCHEMA = """
@@ -153,7 +153,7 @@ found AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.task_id = t.id)),
 due AS (UPDATE tasks AS t SET available_at = clock.now FROM found AS f, clock
     WHERE t.id = f.task_id),
-over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {_DUE_HEAD}
+over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {DUE_HEAD}
     FROM found AS f, clock WHERE r.id = %(run_id)s RETURNING r.id)
 SELECT task_id, (SELECT {NOTIFY} FROM over) FROM found"""
 # an operator's fresh start (``forget``): the name's calls without an answer stop nothing now

@@ -55,7 +55,7 @@ INSERT INTO signals (run_id, name, payload, sent_at)
 # being committed: ``fresh``, even with timeout 0; its task not done), delivered: the signal
 # is taken, its task is due now and knows it, the run waits no more, its head is that task
 # (due now, unless one comes before it), and idle workers are told
-_DUE_HEAD = head_of("r.id", without="f.task_id", extra="clock.now, f.created_at, f.task_id, f.line")
+DUE_HEAD = head_of("r.id", without="f.task_id", extra="clock.now, f.created_at, f.task_id, f.line")
 DELIVER_SIGNAL = f"""{_LOCKED},
 found AS MATERIALIZED (
     SELECT r.wait_task AS task_id, s.id AS signal_id, t.created_at, t.line FROM runs AS r
@@ -68,7 +68,7 @@ found AS MATERIALIZED (
 taken AS (UPDATE signals AS s SET task_id = f.task_id FROM found AS f WHERE s.id = f.signal_id),
 due AS (UPDATE tasks AS t SET available_at = clock.now, signal_id = f.signal_id
     FROM found AS f, clock WHERE t.id = f.task_id),
-over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {_DUE_HEAD}
+over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {DUE_HEAD}
     FROM found AS f, clock WHERE r.id = %(run_id)s RETURNING r.id)
 SELECT task_id, signal_id, (SELECT {NOTIFY} FROM over) FROM found"""
 
