@@ -67,7 +67,7 @@ STATEMENTS = frozenset(
         "COUNT_ENDED", "RUN_TOTALS",
         # the worker processes of every host, kept by their heartbeats
         "WORKER_SEEN", "WORKER_GONE", "PRUNE_WORKERS", "LIST_WORKERS",
-        # flow control (issue 24): limits, their gates, the gated claim and its settling
+        # flow control: limits, their gates, the gated claim and its settling
         "LIMIT_SPECS", "LIMIT_ROWS", "DECLARE_LIMIT", "SET_LIMIT", "LIMIT_KEYS", "LIMIT_USE",
         "OPEN_GATES", "GATE_STATE", "LINE_RUNS", "LINE_NEXT", "CLAIM_RUNS", "GATE_WRITE",
         "GATE_SETTLE", "PLACE_GATES", "UNSPEND", "REGATE", "REOPEN_RUN", "LINES_WAITING",
@@ -88,7 +88,7 @@ STATEMENTS = frozenset(
         # paid calls (B13): kept the moment they return, reused by the step's next attempt
         "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
         "CALL_TOTALS",
-        # ... and recorded before they are made (issue 37): intents, parked calls, resolve, usage
+        # ... and recorded before they are made: intents, parked calls, resolve, usage
         "EARLIER_INTENTS", "INSERT_INTENT", "ANSWER_INTENT", "KEPT_ANSWER", "INSERT_USAGE",
         "MARK_PARKED", "UNPARK", "CALL_TO_RESOLVE", "SETTLE_INTENTS", "RESOLVE_CALL",
         "RUN_INTENTS", "INTENT_TOTALS", "RUN_INTENT_COUNTS", "SPEND_BY_TASK", "SPEND_BY_FIELD",

@@ -1,4 +1,4 @@
-"""PostgreSQL's statements for paid calls (issue 27, docs/protocol.md B13): a step's expensive
+"""PostgreSQL's statements for paid calls (docs/protocol.md B13): a step's expensive
 call (``ctx.once``) kept the moment it returned, so the next attempt of the same step reuses it.
 
 A call is kept by any attempt of its step while the run is alive and the step not done, even
@@ -9,8 +9,9 @@ is counted on the winner's row as paid, unused.
 
 from __future__ import annotations
 
-from .sql import _CLOCK, _CLOCK_CTE, _LOCKED, ALIVE, NOTIFY
-from .waits_sql import _DUE_HEAD
+from .fragments import CLOCK, CLOCK_CTE
+from .sql import _LOCKED, ALIVE, NOTIFY
+from .waits_sql import DUE_HEAD
 
 # v6: the paid calls, one row per (run, step, name, request hash); deleted with their run
 PAID_CALLS_SCHEMA = """
@@ -42,7 +43,7 @@ COUNT_REUSE = f"UPDATE paid_calls SET reused = reused + 1 WHERE {_KEY}"
 KEEP_CALL = f"""INSERT INTO paid_calls (run_id, task_id, name, request_hash, result, attempt,
         owner, tokens, at)
     SELECT %(run_id)s, %(task_id)s, %(name)s, %(request_hash)s, %(result)s::json,
-        %(attempt)s, %(owner)s, %(tokens)s, {_CLOCK}
+        %(attempt)s, %(owner)s, %(tokens)s, {CLOCK}
     WHERE EXISTS (SELECT 1 FROM runs AS r JOIN tasks AS t ON t.run_id = r.id
                   WHERE r.id = %(run_id)s AND t.id = %(task_id)s AND r.status IN {ALIVE}
                     AND t.done_at IS NULL)
@@ -64,7 +65,7 @@ CALL_TOTALS = """SELECT count(*), coalesce(sum(reused), 0), coalesce(sum(unused)
         coalesce(sum(unused_tokens), 0)
     FROM paid_calls"""
 
-# -- intents (issue 37): a call is recorded before fn runs, so a later attempt knows a payment
+# -- intents: a call is recorded before fn runs, so a later attempt knows a payment
 # may have happened, and counts never miss a call killed in flight -----------------------------
 # v17: each call made (``again``: an earlier intent of the same call came first: a payment
 # again), answered when its answer reached the database (kept or not), settled by an operator
@@ -115,7 +116,7 @@ EARLIER_INTENTS = f"""SELECT count(*),
 # the intent, only under this attempt's live lease on a live run: a paid call begins only on
 # a lease the database holds at that moment; and how long that lease has left (the caller
 # calls fn only within it)
-INSERT_INTENT = f"""{_CLOCK_CTE},
+INSERT_INTENT = f"""{CLOCK_CTE},
 held AS MATERIALIZED (
     SELECT l.expires_at - clock.now AS left_s
     FROM clock, leases AS l JOIN runs AS r ON r.id = l.run_id
@@ -128,13 +129,13 @@ made AS (
     FROM clock, held RETURNING id)
 SELECT made.id, held.left_s FROM made, held"""
 # the intent's answer reached the database (once: a retried keep finds it answered)
-ANSWER_INTENT = f"""UPDATE call_intents SET answered_at = {_CLOCK}
+ANSWER_INTENT = f"""UPDATE call_intents SET answered_at = {CLOCK}
     WHERE id = %(intent)s AND answered_at IS NULL RETURNING id"""
 # the kept answer of a call, whoever kept it (a retried keep whose first try landed)
 KEPT_ANSWER = f"SELECT result::text, attempt, tokens, owner FROM paid_calls WHERE {_KEY}"
 INSERT_USAGE = f"""INSERT INTO usage (run_id, task_id, task, attempt, name, tokens, cost, at)
     VALUES (%(run_id)s, %(task_id)s, %(task)s, %(attempt)s, %(name)s, %(tokens)s, %(cost)s,
-            {_CLOCK})"""
+            {CLOCK})"""
 
 # -- parked calls (unknown="park"): the step waits, holding nothing, until ``resolve`` --------
 # the parking attempt gave its task back (RELEASE, not due before the deadline): the run waits
@@ -152,7 +153,7 @@ found AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.task_id = t.id)),
 due AS (UPDATE tasks AS t SET available_at = clock.now FROM found AS f, clock
     WHERE t.id = f.task_id),
-over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {_DUE_HEAD}
+over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {DUE_HEAD}
     FROM found AS f, clock WHERE r.id = %(run_id)s RETURNING r.id)
 SELECT task_id, (SELECT {NOTIFY} FROM over) FROM found"""
 # an operator's fresh start (``forget``): the name's calls without an answer stop nothing now
@@ -166,13 +167,13 @@ SETTLE_INTENTS = f"""UPDATE call_intents SET settled = %(settled)s
 RESOLVE_CALL = f"""INSERT INTO paid_calls (run_id, task_id, name, request_hash, result, attempt,
         owner, tokens, at)
     VALUES (%(run_id)s, %(task_id)s, %(name)s, %(request_hash)s, %(result)s::json, %(attempt)s,
-            %(owner)s, NULL, {_CLOCK})
+            %(owner)s, NULL, {CLOCK})
     ON CONFLICT DO NOTHING RETURNING 1"""
 
 # -- what was paid: per call of a run (``show``), per intent (the timeline), in all -----------
 # an intent in flight: its attempt still holds a live lease (otherwise, unanswered, unknown)
 _IN_FLIGHT = f"""EXISTS (SELECT 1 FROM leases AS l WHERE l.task_id = i.task_id
-    AND l.owner = i.owner AND l.attempts = i.attempt AND l.expires_at > {_CLOCK})"""
+    AND l.owner = i.owner AND l.attempts = i.attempt AND l.expires_at > {CLOCK})"""
 _UNKNOWN = f"(i.answered_at IS NULL AND NOT {_IN_FLIGHT})"
 RUN_INTENTS = f"""SELECT i.task_id, i.name, i.request_hash, i.attempt, i.owner, i.again, i.at,
         i.answered_at, i.settled, {_UNKNOWN}

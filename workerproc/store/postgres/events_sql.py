@@ -13,7 +13,7 @@ largest: a number handed out later is larger than every one seen before.
 
 from __future__ import annotations
 
-from .sql import _CLOCK
+from .fragments import CLOCK
 
 # 10: the outbox (events, named consumers)
 EVENTS_SCHEMA = """
@@ -43,7 +43,7 @@ CREATE TABLE event_consumers (
 # driver binds it); ``{s}``: the schema prefix on a caller's own connection, as
 # ``ops_sql._INSERT_RUNS``
 _INSERT_EVENTS = f"""INSERT INTO {{s}}events (at, run_id, kind, task, attempt, data)
-    SELECT {_CLOCK}, (e.v->>0)::bigint, e.v->>1, e.v->>2, (e.v->>3)::int, e.v->4
+    SELECT {CLOCK}, (e.v->>0)::bigint, e.v->>1, e.v->>2, (e.v->>3)::int, e.v->4
     FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n)
     ORDER BY e.n"""
 # a takeover: who held the lease before, and its attempt (kept on the lease row by the claim)
@@ -69,7 +69,7 @@ LAST_EVENT = "SELECT coalesce(max(id), 0) FROM events WHERE id IS NOT NULL"
 CONSUMER_AT = "SELECT position FROM event_consumers WHERE name = %(name)s"
 # a consumer acknowledged every event up to %(upto)s (its cursor never moves back)
 ACK_EVENTS = f"""INSERT INTO event_consumers AS c (name, position, updated_at)
-    VALUES (%(name)s, %(upto)s, {_CLOCK})
+    VALUES (%(name)s, %(upto)s, {CLOCK})
     ON CONFLICT (name) DO UPDATE SET position = greatest(c.position, excluded.position),
         updated_at = excluded.updated_at
     RETURNING c.position"""
@@ -77,7 +77,7 @@ DROP_CONSUMER = "DELETE FROM event_consumers WHERE name = %(name)s RETURNING nam
 # retention: numbered events older than the cutoff that every named consumer and every webhook
 # (its position, B20) has passed (or all of them, forced), but never the newest (as on
 # SQLite), a bounded batch per transaction
-PRUNE_EVENTS = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now)
+PRUNE_EVENTS = f"""WITH clock AS MATERIALIZED (SELECT {CLOCK} AS now)
 DELETE FROM events WHERE id IN (
     SELECT id FROM events, clock WHERE id IS NOT NULL AND at < clock.now - %(age)s
       AND id < (SELECT max(id) FROM events)

@@ -1,4 +1,4 @@
-"""The PostgreSQL backend's flow control (issue 24: ``protocol/limits.py`` and
+"""The PostgreSQL backend's flow control (``protocol/limits.py`` and
 ``protocol/gates.py``): limits, their gates, the gated claim's statements and the settling of a
 lease's gates. A claimer locks every gate it looks at ``FOR UPDATE SKIP LOCKED`` (another
 claimer's gates are skipped, never waited for); a commit settles its gates one by one in name
@@ -7,9 +7,10 @@ order, after its runs (lock order: runs, then gates), so no two transactions wai
 
 from __future__ import annotations
 
-from .sql import _CLOCK, ALIVE, NOTIFY, head_of
+from .fragments import CLOCK
+from .sql import ALIVE, NOTIFY, head_of
 
-_NOW = f"(SELECT {_CLOCK})"
+_NOW = f"(SELECT {CLOCK})"
 
 # migration 9: ``OPEN_GATES`` reads the open gates in (ready_at, gate) order: an index of both
 # serves it without sorting the thousands of gates a claim made ready at the same instant
@@ -17,7 +18,7 @@ GATES_READY_ORDER = """
     CREATE INDEX gates_ready_gate ON gates (ready_at, gate) WHERE ready_at IS NOT NULL;
     DROP INDEX gates_ready;
 """
-# migration 13 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
+# migration 13: a line closed only because none of its runs is due yet (``ready_at``:
 # the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
 # line closed for want of room stays closed until its room comes (a settle reopens it)
 # (and ``turn``: its place in the lines' round robin, the ``ready_at`` it was last open at: a
@@ -47,7 +48,7 @@ LIMIT_ROWS = """SELECT name, per, rate, burst, concurrency, tokens, token_burst,
 DECLARE_LIMIT = f"""INSERT INTO limits (name, per, rate, burst, concurrency, tokens, token_burst,
         declared, declared_by, declared_at)
     VALUES (%(name)s, %(per)s, %(rate)s, %(burst)s, %(concurrency)s, %(tokens)s,
-            %(token_burst)s, %(declared)s::json, %(by)s, {_CLOCK})
+            %(token_burst)s, %(declared)s::json, %(by)s, {CLOCK})
     ON CONFLICT (name) DO UPDATE SET per = excluded.per, rate = excluded.rate,
         burst = excluded.burst, concurrency = excluded.concurrency, tokens = excluded.tokens,
         token_burst = excluded.token_burst, declared = excluded.declared,
@@ -55,7 +56,7 @@ DECLARE_LIMIT = f"""INSERT INTO limits (name, per, rate, burst, concurrency, tok
         overrides = NULL, set_at = NULL"""
 # an operator's numbers (``limits set``), and its gates may have room now (and the lines its
 # gates kept closed: a task's other limits' lines)
-SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+SET_LIMIT = f"""WITH clock AS MATERIALIZED (SELECT {CLOCK} AS now),
 set AS (UPDATE limits SET rate = %(rate)s, burst = %(burst)s, concurrency = %(concurrency)s,
         tokens = %(tokens)s, token_burst = %(token_burst)s, overrides = %(overrides)s::json,
         set_at = clock.now FROM clock WHERE name = %(name)s RETURNING name),
@@ -127,7 +128,7 @@ GATE_WRITE = """UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
 # a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a
 # RetryAfter's pause; its line and the lines it kept closed may admit again (and idle workers
 # are told)
-GATE_SETTLE = f"""WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+GATE_SETTLE = f"""WITH clock AS MATERIALIZED (SELECT {CLOCK} AS now),
 settled AS (UPDATE gates SET
     tok_level = tok_level + %(back)s, level = level + %(unstart)s,
     starts = starts - %(unstart)s, used_tokens = used_tokens + %(charged)s,
@@ -150,7 +151,7 @@ PLACE_GATES = f"""INSERT INTO gates AS g (gate, lim, key, ready_at, turn)
     ON CONFLICT (gate) DO UPDATE SET ready_at = least(g.turn, excluded.ready_at)
     WHERE excluded.ready_at IS NOT NULL
       AND (g.ready_at IS NULL OR g.idle AND g.ready_at > excluded.ready_at) RETURNING g.gate"""
-# a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
+# a run back in its line by a retry, a signal or its children's end: the gates of
 # its head task may admit now (a retry dropped its lease), and the lines they kept closed
 REOPEN_RUN = f"""WITH g AS MATERIALIZED (
     SELECT x.gate FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
@@ -159,7 +160,7 @@ REOPEN_RUN = f"""WITH g AS MATERIALIZED (
 UPDATE gates SET ready_at = least(ready_at, turn, {_NOW}),
     blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g) RETURNING gate"""
-# ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
+# ``check``'s recount: every line with runs in it, its gate's state and how many
 # wait there (in the line, alive, no live lease); a line whose gate has no row
 LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS NULL, count(*)
     FROM runs AS r LEFT JOIN gates AS g ON g.gate = r.line

@@ -6,18 +6,19 @@ the run row first (``RUN_STATUS ... FOR UPDATE``), then write its tasks and leas
 from __future__ import annotations
 
 from ..types import SYSTEM_RUNS
+from .fragments import CLOCK, CLOCK_CTE, NO_HEAD
 from .schema import VERSION_TABLE
-from .sql import _CLOCK, _CLOCK_CTE, _NO_HEAD, ALIVE, NOTIFY
+from .sql import ALIVE, NOTIFY
 
 # -- operators: the run row first, then its tasks -------------------------------------------
 RUN_STATUS = "SELECT status, queue FROM runs WHERE id = %(run_id)s FOR UPDATE"
-CANCEL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
-    updated_at = now, {_NO_HEAD} FROM clock WHERE id = %(run_id)s AND status IN {ALIVE}
+CANCEL_RUN = f"""{CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
+    updated_at = now, {NO_HEAD} FROM clock WHERE id = %(run_id)s AND status IN {ALIVE}
     RETURNING id"""
 PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL"
 # retry_run: a new attempt generation. attempts keeps counting (the fencing token never
 # repeats); attempt_base restarts what max_attempts bounds; old leases are dropped (RETRY_TASKS)
-RETRY_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
+RETRY_RUN = f"""{CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
     finished_at = NULL, updated_at = now, wait_for = NULL, wait_until = NULL, wait_task = NULL
     FROM clock WHERE id = %(run_id)s"""
 # ... the leases still held on the run (a cancelled run's holder) end in the history first ...
@@ -25,11 +26,11 @@ ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, atte
         claimed_at, ended_at, outcome, error)
     SELECT l.run_id, l.task_id, l.attempts, l.owner, l.claimed_at, clock.now, 'released',
         'the run was retried: this lease was dropped'
-    FROM leases AS l, (SELECT {_CLOCK} AS now) AS clock
+    FROM leases AS l, (SELECT {CLOCK} AS now) AS clock
     WHERE l.run_id = %(run_id)s AND l.owner IS NOT NULL"""
 # ... then the lease goes, every pending task is due now at a new generation (counting on from
 # its lease), and the run's head is its first one again; idle workers are told
-RETRY_TASKS = f"""{_CLOCK_CTE},
+RETRY_TASKS = f"""{CLOCK_CTE},
 dropped AS (DELETE FROM leases WHERE run_id = %(run_id)s RETURNING task_id, attempts),
 retried AS (
     UPDATE tasks AS t SET available_at = clock.now,
@@ -50,7 +51,7 @@ SELECT id, {NOTIFY} FROM retried"""
 # order (two releases never wait on each other in a cycle), then their leases (``steps``).
 LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
     SELECT run_id FROM leases WHERE owner = %(owner)s) ORDER BY id FOR UPDATE"""
-RELEASE_OWNER = f"""{_CLOCK_CTE},
+RELEASE_OWNER = f"""{CLOCK_CTE},
 expired AS (UPDATE leases AS l SET expires_at = clock.now FROM clock
     WHERE l.owner = %(owner)s AND l.expires_at > clock.now
     RETURNING l.task_id, l.gate_a, l.gate_b, l.gate_c),
@@ -68,17 +69,17 @@ SELECT task_id, {NOTIFY} FROM expired"""
 # still runs its handler: its lease holds a slot of its limits until the holder ends it, B15;
 # and a delivery run its webhook names: it stays retryable, B20)
 PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
-    SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
+    SELECT id FROM runs AS x WHERE finished_at < (SELECT {CLOCK}) - %(age)s
       AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
                       AND p.status = 'pending')
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = x.id AND l.owner IS NOT NULL
-                      AND l.expires_at > (SELECT {_CLOCK}))
+                      AND l.expires_at > (SELECT {CLOCK}))
       AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
 gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
 DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""
 PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (
-    SELECT id FROM fence_rejections WHERE at < (SELECT {_CLOCK}) - %(age)s
+    SELECT id FROM fence_rejections WHERE at < (SELECT {CLOCK}) - %(age)s
     ORDER BY at LIMIT %(limit)s) RETURNING id"""
 
 # finished runs counted as they end, retry and go (``protocol.totals``): one row per queue,
@@ -92,15 +93,15 @@ COUNT_ENDED = """INSERT INTO run_totals AS o (queue, status, shard, n)
 # (and a minute) goes at the next worker's start
 WORKER_SEEN = f"""INSERT INTO workers AS w (owner, host, pid, started_at, heartbeat_at,
         beat_every, slots, queues, version, state)
-    VALUES (%(owner)s, %(host)s, %(pid)s, %(started_at)s, {_CLOCK}, %(beat_every)s, %(slots)s,
+    VALUES (%(owner)s, %(host)s, %(pid)s, %(started_at)s, {CLOCK}, %(beat_every)s, %(slots)s,
             %(queues)s, %(version)s, %(state)s)
     ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
         state = excluded.state, slots = excluded.slots"""
 WORKER_GONE = "DELETE FROM workers WHERE owner = %(owner)s"
-PRUNE_WORKERS = f"DELETE FROM workers WHERE heartbeat_at < {_CLOCK} - 10 * beat_every - 60"
+PRUNE_WORKERS = f"DELETE FROM workers WHERE heartbeat_at < {CLOCK} - 10 * beat_every - 60"
 
 # the store's clock: the database's (or the injected one, handed back)
-NOW = f"SELECT {_CLOCK}"
+NOW = f"SELECT {CLOCK}"
 
 # -- producers (B7) ---------------------------------------------------------------------------
 # Every run of the batch in one statement. Run and first-task ids are drawn from their
@@ -112,7 +113,7 @@ NOW = f"SELECT {_CLOCK}"
 # the caller's connection gets qualified names); ``{channel}``: the schema's notification
 # channel, as an SQL expression.
 _INSERT_RUNS = f"""
-WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+WITH clock AS MATERIALIZED (SELECT {CLOCK} AS now),
 i AS MATERIALIZED (
     SELECT i.*, CASE WHEN i.system THEN nextval('{{s}}system_run_ids')
                      ELSE nextval(pg_get_serial_sequence('{{s}}runs', 'id')) END AS id,
@@ -161,6 +162,6 @@ CALLERS_DATABASE = f"""SELECT current_database(),
 
 # -- per-task options (B11) -----------------------------------------------------------------
 SET_TASK_OPTIONS = f"""INSERT INTO task_options (name, options, updated_at)
-    VALUES (%(name)s, %(options)s::json, {_CLOCK})
+    VALUES (%(name)s, %(options)s::json, {CLOCK})
     ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
 DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = %(name)s"

@@ -8,13 +8,14 @@ JSON goes out as text and is decoded by the store (``codec.loads``).
 
 from __future__ import annotations
 
-from .sql import _CLOCK, _EVERY_LEVEL, _NAMED_LEVELS
+from .fragments import CLOCK
+from .sql import _EVERY_LEVEL, _NAMED_LEVELS
 
 # a live lease holds the run: ``running`` (the row says ``pending``: schema v3)
 _HELD = f"""EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL
-        AND l.expires_at > {_CLOCK})"""
+        AND l.expires_at > {CLOCK})"""
 # a pending run that no lease holds waits while its wait's deadline is ahead (B14)
-_WAITING = f"coalesce(r.wait_until > {_CLOCK}, false)"
+_WAITING = f"coalesce(r.wait_until > {CLOCK}, false)"
 _RUN_COLUMNS = f"""r.id, CASE WHEN r.status = 'pending' AND {_HELD} THEN 'running'
         WHEN r.status = 'pending' AND {_WAITING} THEN 'waiting' ELSE r.status END,
     r.state::text, r.revision, r.result::text, r.failure_reason, r.last_error, r.created_at,
@@ -56,7 +57,7 @@ SUPERSEDED_COMMITS = """SELECT id, run_id, done_attempt, attempts FROM tasks
 # lease on a task that is done or belongs to another run)
 OVERLAPPING_LEASES = f"""SELECT l.run_id, 2 FROM leases AS l
     LEFT JOIN tasks AS t ON t.id = l.task_id AND t.run_id = l.run_id AND t.done_at IS NULL
-    WHERE l.owner IS NOT NULL AND l.expires_at > (SELECT {_CLOCK}) AND t.id IS NULL"""
+    WHERE l.owner IS NOT NULL AND l.expires_at > (SELECT {CLOCK}) AND t.id IS NULL"""
 
 # stats, in one snapshot, never reading a finished run: the live runs by queue and status
 # (runs_status), the finished ones from their totals, pending tasks by queue and state, leases
@@ -69,7 +70,7 @@ RUN_TOTALS = """SELECT queue, status, sum(n)::bigint FROM run_totals GROUP BY qu
 # made while the live runs were few never rescans them per task)
 TASK_COUNTS = f"""SELECT r.queue, sum(x.ready)::bigint, sum(x.delayed)::bigint,
     sum(x.leased)::bigint, sum(x.expired)::bigint
-    FROM (SELECT {_CLOCK} AS now) AS c, runs AS r CROSS JOIN LATERAL (
+    FROM (SELECT {CLOCK} AS now) AS c, runs AS r CROSS JOIN LATERAL (
         SELECT count(*) FILTER (WHERE l.owner IS NULL AND t.available_at <= c.now) AS ready,
             count(*) FILTER (WHERE l.owner IS NULL AND t.available_at > c.now) AS delayed,
             count(*) FILTER (WHERE l.owner IS NOT NULL AND l.expires_at > c.now) AS leased,
@@ -82,7 +83,7 @@ LIVE_LEASES = """SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expi
 
 # the worker processes of every host, each with whether it beat within three of its periods
 LIST_WORKERS = f"""SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
-    state, heartbeat_at, heartbeat_at > {_CLOCK} - 3 * beat_every FROM workers
+    state, heartbeat_at, heartbeat_at > {CLOCK} - 3 * beat_every FROM workers
     ORDER BY host, started_at, pid"""
 # idle workers: the earliest moment a claim could succeed in the queues they serve: the first
 # due run of each queue and priority level that no live lease holds (the claim index, walked
@@ -90,7 +91,7 @@ LIST_WORKERS = f"""SELECT owner, host, pid, started_at, beat_every, slots, queue
 # (if its head is due by then), or the first gate whose line may admit a run (gates are not
 # kept per queue: a worker may wake once for another queue's line). A past value only says
 # "claimable now"
-_NEXT_READY = f"""WITH RECURSIVE clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
+_NEXT_READY = f"""WITH RECURSIVE clock AS MATERIALIZED (SELECT {CLOCK} AS now),
 {{levels}}
 SELECT least(
     (SELECT min(x.head_at) FROM levels AS lv CROSS JOIN LATERAL (

@@ -1,13 +1,13 @@
-"""PostgreSQL's statements for schedules (issue 25: ``protocol/schedules.py``), and the table's
+"""PostgreSQL's statements for schedules (``protocol/schedules.py``), and the table's
 migration. A firing locks the schedule's row first (``SCHEDULE_ROW ... FOR UPDATE``): a second
 firer waits, then reads the ``next_at`` the first one wrote and fires nothing; the
 compare-and-set on ``next_at`` (``SCHEDULE_FIRE``) fences the write all the same."""
 
 from __future__ import annotations
 
-from .sql import _CLOCK
+from .fragments import CLOCK
 
-# 8 (issue 25): schedules, one row each: its declaration, the next tick it will fire
+# 8: schedules, one row each: its declaration, the next tick it will fire
 # (``next_at``, what the compare-and-set of a firing matches) and what it fired last
 MIGRATION = """
     CREATE TABLE schedules (
@@ -37,7 +37,7 @@ SCHEDULE_ROWS = f"SELECT {_COLUMNS} FROM schedules ORDER BY name"
 DECLARE_SCHEDULE = f"""INSERT INTO schedules (name, cron, tz, task, payload, queue, priority,
         catch_up, next_at, declared, declared_by, declared_at)
     VALUES (%(name)s, %(cron)s, %(tz)s, %(task)s, %(payload)s::json, %(queue)s, %(priority)s,
-            %(catch_up)s, %(next_at)s, %(declared)s::json, %(by)s, {_CLOCK})
+            %(catch_up)s, %(next_at)s, %(declared)s::json, %(by)s, {CLOCK})
     ON CONFLICT (name) DO UPDATE SET cron = excluded.cron, tz = excluded.tz,
         task = excluded.task, payload = excluded.payload, queue = excluded.queue,
         priority = excluded.priority, catch_up = excluded.catch_up, next_at = excluded.next_at,
@@ -52,6 +52,6 @@ SCHEDULE_FIRE = """UPDATE schedules SET next_at = %(next_at)s,
         fired = fired + %(count)s
     WHERE name = %(name)s AND next_at = %(expected)s"""
 # what a firer looks at without a lock: the due schedules, the next tick of all
-SCHEDULES_DUE = f"""SELECT name, next_at FROM schedules WHERE next_at <= {_CLOCK}
+SCHEDULES_DUE = f"""SELECT name, next_at FROM schedules WHERE next_at <= {CLOCK}
     ORDER BY next_at, name LIMIT %(limit)s"""
 NEXT_SCHEDULE = "SELECT min(next_at) FROM schedules"

@@ -1,4 +1,4 @@
-"""PostgreSQL's statements for runs that wait (issue 25, docs/protocol.md B14): a wait is the
+"""PostgreSQL's statements for runs that wait (docs/protocol.md B14): a wait is the
 run's next task stored pending but not due (``available_at`` at its deadline, and so the run's
 ``head_at``), so the claim never walks it before then; the run row says what it waits for. A
 signal is kept in ``signals`` until a wait of its name takes it: its task is then due at once
@@ -7,7 +7,8 @@ run row first (the schema's lock order)."""
 
 from __future__ import annotations
 
-from .sql import _CLOCK, _LOCKED, _NO_HEAD, NOTIFY, head_of
+from .fragments import CLOCK, NO_HEAD
+from .sql import _LOCKED, NOTIFY, head_of
 
 # migration 7: what a run waits for, until when, on which task; the signals; which signal a
 # task was resumed by; a child run's parent, the parent's join task and its place in the spawn;
@@ -46,7 +47,7 @@ UPDATE runs AS r SET wait_for = %(wait_for)s, wait_until = clock.now + %(delay)s
 # and the caller is told)
 INSERT_SIGNAL = f"""WITH run AS MATERIALIZED (
     SELECT id FROM runs WHERE id = %(run_id)s AND status = 'pending' FOR UPDATE),
-clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM run)
+clock AS MATERIALIZED (SELECT {CLOCK} AS now FROM run)
 INSERT INTO signals (run_id, name, payload, sent_at)
     SELECT run.id, %(name)s, %(payload)s::json, clock.now FROM run, clock RETURNING id"""
 
@@ -54,7 +55,7 @@ INSERT INTO signals (run_id, name, payload, sent_at)
 # being committed: ``fresh``, even with timeout 0; its task not done), delivered: the signal
 # is taken, its task is due now and knows it, the run waits no more, its head is that task
 # (due now, unless one comes before it), and idle workers are told
-_DUE_HEAD = head_of("r.id", without="f.task_id", extra="clock.now, f.created_at, f.task_id, f.line")
+DUE_HEAD = head_of("r.id", without="f.task_id", extra="clock.now, f.created_at, f.task_id, f.line")
 DELIVER_SIGNAL = f"""{_LOCKED},
 found AS MATERIALIZED (
     SELECT r.wait_task AS task_id, s.id AS signal_id, t.created_at, t.line FROM runs AS r
@@ -67,7 +68,7 @@ found AS MATERIALIZED (
 taken AS (UPDATE signals AS s SET task_id = f.task_id FROM found AS f WHERE s.id = f.signal_id),
 due AS (UPDATE tasks AS t SET available_at = clock.now, signal_id = f.signal_id
     FROM found AS f, clock WHERE t.id = f.task_id),
-over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {_DUE_HEAD}
+over AS (UPDATE runs AS r SET wait_for = NULL, wait_until = NULL, wait_task = NULL, {DUE_HEAD}
     FROM found AS f, clock WHERE r.id = %(run_id)s RETURNING r.id)
 SELECT task_id, signal_id, (SELECT {NOTIFY} FROM over) FROM found"""
 
@@ -77,7 +78,7 @@ GET_SIGNAL = "SELECT name, payload::text, sent_at FROM signals WHERE id = %(sign
 RUN_SIGNALS = """SELECT id, name, payload::text, sent_at, task_id FROM signals
     WHERE run_id = %(run_id)s ORDER BY id DESC LIMIT %(limit)s"""
 
-# migration 14 (issue 36): a child's place in its parent's join has a column of its own,
+# migration 14: a child's place in its parent's join has a column of its own,
 # ``parent_join``; ``join_task`` is only a run's own join. One column for both lost a child's
 # parent as soon as the child spawned children of its own: its end never reached that join.
 # Children linked before keep what can be recovered: their own column's value, or (a child
@@ -141,9 +142,9 @@ CANCEL_DESCENDANTS = f"""WITH RECURSIVE kin(id) AS (
 locked AS MATERIALIZED (
     SELECT r.id FROM runs AS r WHERE r.id IN (SELECT id FROM kin) AND r.status = 'pending'
     ORDER BY r.id FOR UPDATE),
-clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM locked) AS n)
+clock AS MATERIALIZED (SELECT {CLOCK} AS now FROM (SELECT count(*) FROM locked) AS n)
 UPDATE runs AS r SET status = 'cancelled', finished_at = clock.now, updated_at = clock.now,
-    {_NO_HEAD} FROM locked, clock WHERE r.id = locked.id AND r.status = 'pending'
+    {NO_HEAD} FROM locked, clock WHERE r.id = locked.id AND r.status = 'pending'
     RETURNING r.queue, r.id"""
 # a run's children, oldest first, for the dashboard's tree (every spawn of the run)
 RUN_CHILDREN = """SELECT id, status, task FROM runs WHERE parent_id = %(run_id)s

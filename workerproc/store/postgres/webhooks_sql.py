@@ -1,4 +1,4 @@
-"""PostgreSQL's statements for webhooks (issues 26 and 36: ``protocol/webhooks.py``,
+"""PostgreSQL's statements for webhooks (``protocol/webhooks.py``,
 docs/protocol.md B20), and the table's migrations. A webhook's row holds what an operator
 declared and where its delivery stands (its position, moved by the delivery's fenced
 ``WEBHOOK_MOVE``); its delivery run's state holds the rest of its record."""
@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from ..types import SYSTEM_RUNS
 from ..webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
-from .sql import _CLOCK, _CLOCK_CTE, _FENCE
+from .fragments import CLOCK, CLOCK_CTE
+from .sql import _FENCE
 
-# 12 (issue 26): webhooks, one row each: where to POST, which kinds, the signing secret, the
+# 12: webhooks, one row each: where to POST, which kinds, the signing secret, the
 # retry numbers and the delivery run that carries its position
 MIGRATION = """
     CREATE TABLE webhooks (
@@ -26,7 +27,7 @@ MIGRATION = """
     );
 """
 
-# 16 (issue 36): a webhook's position (the last event it has dealt with) and its delivery count
+# 16: a webhook's position (the last event it has dealt with) and its delivery count
 # live on its row, moved by one small fenced statement per acknowledged POST (``WEBHOOK_MOVE``: a
 # HOT update), taken from its delivery run's state where they were kept before; the system's
 # runs are numbered from ``SYSTEM_RUNS`` up (their own sequence, ``system_run_ids``), and the
@@ -65,7 +66,7 @@ WEBHOOK_ROW = f"SELECT {_COLUMNS} FROM webhooks WHERE name = %(name)s"
 WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_failures, backoff,
         backoff_max, timeout, created_at, position)
     VALUES (%(name)s, %(url)s, %(kinds)s, %(secret)s, %(run_id)s, %(max_failures)s,
-            %(backoff)s, %(backoff_max)s, %(timeout)s, {_CLOCK}, %(position)s)
+            %(backoff)s, %(backoff_max)s, %(timeout)s, {CLOCK}, %(position)s)
     ON CONFLICT (name) DO NOTHING RETURNING name"""
 # a delivery moves its webhook's position past what its receiver acknowledged (and counts the
 # POSTs, as the position moves: sent again, it changes nothing): one small row (a HOT update),
@@ -76,7 +77,7 @@ WEBHOOK_ADD = f"""INSERT INTO webhooks (name, url, kinds, secret, run_id, max_fa
 # commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this
 # transaction): a crash of the server may undo the newest moves, and those events are sent
 # again.
-WEBHOOK_MOVE = f"""{_CLOCK_CTE},
+WEBHOOK_MOVE = f"""{CLOCK_CTE},
 lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 UPDATE webhooks AS w SET position = greatest(w.position, %(position)s),
     delivered = w.delivered + CASE WHEN %(position)s > w.position THEN %(delivered)s ELSE 0 END,

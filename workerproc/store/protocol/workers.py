@@ -1,4 +1,4 @@
-"""The worker processes of every host, kept in the database by their heartbeats (issue 21):
+"""The worker processes of every host, kept in the database by their heartbeats:
 ``status --db URL``, the dashboard and a producer see that a pool is claiming, where and with
 how many slots, without a pidfile on that host (Solid Queue's processes table is the model).
 

@@ -1,4 +1,4 @@
-"""SQLite's statements for paid calls (issue 27, docs/protocol.md B13): a step's expensive call
+"""SQLite's statements for paid calls (docs/protocol.md B13): a step's expensive call
 (``ctx.once``) kept the moment it returned, so the next attempt of the same step reuses it.
 
 A call is kept by any attempt of its step while the run is alive and the step not done, even
@@ -64,7 +64,7 @@ CALL_TOTALS = """SELECT count(*), coalesce(sum(reused), 0), coalesce(sum(unused)
         coalesce(sum(unused_tokens), 0)
     FROM paid_calls"""
 
-# -- intents (issue 37): a call is recorded before fn runs, so a later attempt knows a payment
+# -- intents: a call is recorded before fn runs, so a later attempt knows a payment
 # may have happened, and counts never miss a call killed in flight -----------------------------
 # v23: each call made (``again``: an earlier intent of the same call came first: a payment
 # again), answered when its answer reached the database (kept or not), settled by an operator

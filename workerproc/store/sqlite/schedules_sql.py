@@ -1,10 +1,10 @@
-"""SQLite's statements for schedules (issue 25: ``protocol/schedules.py``), and the table's
+"""SQLite's statements for schedules (``protocol/schedules.py``), and the table's
 migration. A firing runs in one write transaction (BEGIN IMMEDIATE holds the whole database), so
 reading the schedule's row and moving its ``next_at`` by compare-and-set need no row lock."""
 
 from __future__ import annotations
 
-# 14 (issue 25): schedules, one row each: its declaration, the next tick it will fire
+# 14: schedules, one row each: its declaration, the next tick it will fire
 # (``next_at``, what the compare-and-set of a firing matches) and what it fired last
 MIGRATION = """
     CREATE TABLE schedules (

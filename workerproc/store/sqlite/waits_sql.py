@@ -1,4 +1,4 @@
-"""SQLite's statements for runs that wait (issue 25, docs/protocol.md B14): a wait is the run's
+"""SQLite's statements for runs that wait (docs/protocol.md B14): a wait is the run's
 next task stored pending but not due (``available_at`` at its deadline), so the claim index
 never walks it before then; the run row says what it waits for. A signal is kept in
 ``signals`` until a wait of its name takes it: the signal's task is then due at once (the
@@ -67,7 +67,7 @@ GET_SIGNAL = "SELECT name, payload, sent_at FROM signals WHERE id = :signal_id"
 RUN_SIGNALS = """SELECT id, name, payload, sent_at, task_id FROM signals WHERE run_id = :run_id
     ORDER BY id DESC LIMIT :limit"""
 
-# migration 20 (issue 36): a child's place in its parent's join has a column of its own,
+# migration 20: a child's place in its parent's join has a column of its own,
 # ``parent_join``; ``join_task`` is only a run's own join. One column for both lost a child's
 # parent as soon as the child spawned children of its own: its end never reached that join.
 # Children linked before keep what can be recovered: their own column's value, or (a child

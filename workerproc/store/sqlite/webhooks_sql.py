@@ -1,4 +1,4 @@
-"""SQLite's statements for webhooks (issues 26 and 36: ``protocol/webhooks.py``, docs/protocol.md
+"""SQLite's statements for webhooks (``protocol/webhooks.py``, docs/protocol.md
 B20), and the table's migrations. A webhook's row holds what an operator declared and where its
 delivery stands (its position, moved by the delivery's fenced ``WEBHOOK_MOVE``); its delivery
 run's state holds the rest of its record."""
@@ -13,7 +13,7 @@ from ..webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
 _FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL"""
 
-# 18 (issue 26): webhooks, one row each: where to POST, which kinds, the signing secret, the
+# 18: webhooks, one row each: where to POST, which kinds, the signing secret, the
 # retry numbers and the delivery run that carries its position
 MIGRATION = """
     CREATE TABLE webhooks (
@@ -30,7 +30,7 @@ MIGRATION = """
     );
 """
 
-# 22 (issue 36): a webhook's position (the last event it has dealt with) and its delivery count
+# 22: a webhook's position (the last event it has dealt with) and its delivery count
 # live on its row, moved by one small fenced statement per acknowledged POST (``WEBHOOK_MOVE``),
 # taken from its delivery run's state where they were kept before; the system's runs are numbered
 # from ``SYSTEM_RUNS`` up (``INSERT_SYSTEM_RUN``: one past ``system_high``, the highest system id
