@@ -10,9 +10,29 @@ from helpers import FakeClock
 from store_backends import Backend
 
 from workerproc.store import BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Store
+from workerproc.store.newrun import NewRun
 from workerproc.store.types import JSON, Rejection
 
 TTL = 60.0
+
+KINDS = ("finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait",
+         "spawn", "park")  # fmt: skip
+
+
+def last_word(lease: Lease, kind: str) -> Commit:
+    """A valid commit of ``kind`` under ``lease``."""
+    extra: dict[str, object] = {
+        "finish": {"result": {"ok": 1}, "new_state": {"n": 1}},
+        "advance": {"next_task": "next", "next_payload": {"p": 2}, "new_state": {"n": 1}},
+        "release": {"error": "boom", "delay": 5.0},
+        "fail": {"reason": "gave_up", "error": "bad"},
+        "retry_after": {"delay": 5.0},
+        "wait": {"next_task": "resume", "delay": 100.0, "wait_for": "signal:go"},
+        "spawn": {"next_task": "join", "delay": 100.0,
+                  "children": (NewRun.make("kid", {"k": 1}, None, 0, None, "default", 0),)},
+        "park": {"delay": 100.0, "wait_for": "outcome_unknown:pay"},
+    }.get(kind, {})  # fmt: skip
+    return Commit(lease, kind, **extra)  # type: ignore[arg-type]
 
 
 def verb(*names: str) -> pytest.MarkDecorator:

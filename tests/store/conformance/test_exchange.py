@@ -4,32 +4,14 @@ and bad input (nothing written)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from store_backends import snapshot
 
-from workerproc.store import CasResult, ClaimRequest, Commit, InvalidPayload, Lease
-from workerproc.store.newrun import NewRun
+from workerproc.store import CasResult, ClaimRequest, Commit, InvalidPayload
 
-from .kit import TTL, Driver, verb
-
-KINDS = ("finish", "advance", "release", "fail", "drop", "handback", "retry_after", "wait",
-         "spawn", "park")  # fmt: skip
-
-
-def last_word(lease: Lease, kind: str) -> Commit:
-    """A valid commit of ``kind`` under ``lease``."""
-    extra: dict[str, object] = {
-        "finish": {"result": {"ok": 1}, "new_state": {"n": 1}},
-        "advance": {"next_task": "next", "next_payload": {"p": 2}, "new_state": {"n": 1}},
-        "release": {"error": "boom", "delay": 5.0},
-        "fail": {"reason": "gave_up", "error": "bad"},
-        "retry_after": {"delay": 5.0},
-        "wait": {"next_task": "resume", "delay": 100.0, "wait_for": "signal:go"},
-        "spawn": {"next_task": "join", "delay": 100.0,
-                  "children": (NewRun.make("kid", {"k": 1}, None, 0, None, "default", 0),)},
-        "park": {"delay": 100.0, "wait_for": "outcome_unknown:pay"},
-    }.get(kind, {})  # fmt: skip
-    return Commit(lease, kind, **extra)  # type: ignore[arg-type]
+from .kit import KINDS, TTL, Driver, last_word, verb
 
 
 @verb("commit_many")
@@ -144,8 +126,6 @@ def test_an_expired_lease_nobody_took_is_refused_too(driver: Driver) -> None:
 
 @verb("commit_many")
 def test_a_wrong_owner_or_attempt_is_refused(driver: Driver) -> None:
-    from dataclasses import replace
-
     lease = driver.lease("t")
     assert driver.finish(replace(lease, owner="w9")) is CasResult.LEASE_LOST
     assert driver.finish(replace(lease, attempt=2)) is CasResult.LEASE_LOST
@@ -164,7 +144,7 @@ def test_a_moved_revision_is_a_conflict_not_a_refusal(driver: Driver) -> None:
 @verb("commit_many")
 def test_a_batch_judges_each_commit_alone(driver: Driver) -> None:
     s = driver.store
-    old, new = driver.zombie("t")
+    old, _ = driver.zombie("t")
     other = driver.lease("u")
     out = driver.exchange(last_word(old, "finish"), last_word(other, "finish"))
     assert out.results == (CasResult.LEASE_LOST, CasResult.OK)

@@ -7,7 +7,7 @@ import pytest
 
 from workerproc.store import CasResult, Commit, RunNotFound
 
-from .kit import TTL, Driver, verb
+from .kit import TTL, Driver, last_word, verb
 
 
 @verb("cancel_run")
@@ -27,8 +27,6 @@ def test_cancel_ends_a_live_run_and_its_holder_meets_a_conflict(driver: Driver) 
 
 @verb("cancel_run")
 def test_cancel_takes_the_children_with_it(driver: Driver) -> None:
-    from .test_exchange import last_word
-
     s = driver.store
     lease = driver.lease("parent")
     assert driver.commit(last_word(lease, "spawn")) is CasResult.OK

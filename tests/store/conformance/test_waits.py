@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from workerproc.store import CasResult, Commit, InvalidPayload, RunNotFound, RunOver
+from workerproc.store.newrun import NewRun
 
-from .kit import Driver, verb
-from .test_exchange import last_word
+from .kit import Driver, last_word, verb
 
 
 @verb("signal", "run_signals")
@@ -56,8 +56,6 @@ def test_signal_to_an_unknown_or_finished_run_or_with_bad_values(driver: Driver)
 
 @verb("run_children")
 def test_run_children_lists_a_spawns_children_in_order(driver: Driver) -> None:
-    from workerproc.store.newrun import NewRun
-
     s = driver.store
     lease = driver.lease("parent")
     kids = tuple(NewRun.make(f"kid{i}", i, None, 0, None, "default", 0) for i in range(3))
