@@ -57,7 +57,7 @@ def test_no_call_begins_on_a_lost_lease_or_an_ended_run(driver: Driver) -> None:
 @verb("begin_call")
 def test_an_intent_without_an_answer_is_paid_again_or_parked(driver: Driver) -> None:
     s = driver.store
-    old, new = driver.zombie("t")
+    _, new = driver.zombie("t")
     s.begin_call(new, key(new))  # (new's intent, never answered)
     assert s.begin_call(new, key(new), "park").outcome == "park"
     again = s.begin_call(new, key(new), "pay")
