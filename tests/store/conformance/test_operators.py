@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workerproc.store import CasResult, Commit, RunNotFound
+from workerproc.store import CasResult, Commit, InvalidPayload, RunNotFound
+from workerproc.store.errors import InvalidOption
 
 from .kit import TTL, Driver, last_word, verb
 
@@ -107,3 +108,27 @@ def test_prune_takes_a_pruned_runs_refusals_with_it(driver: Driver) -> None:
     clock.advance(TTL * 10)
     assert s.prune(1) == 1
     assert s.fence_rejections() == []
+
+
+@verb("prune")
+def test_prune_refuses_an_age_or_batch_out_of_range(driver: Driver) -> None:
+    """``older_than`` NaN made PostgreSQL delete every finished run (``x < now - NaN`` holds
+    there for every x) while SQLite deleted none; a negative batch meant "no limit" to SQLite."""
+    s = driver.store
+    lease = driver.lease("t")
+    assert driver.finish(lease) is CasResult.OK
+    for age, batch in ((float("nan"), 10), (float("inf"), 10), (1.0, 0), (1.0, -1)):
+        with pytest.raises(InvalidOption):
+            s.prune(age, batch=batch)
+    assert s.get_run(lease.run_id) is not None
+
+
+@verb("release_owner")
+def test_release_owner_refuses_an_owner_no_lease_could_have(driver: Driver) -> None:
+    """B9: a lookup by a name no store could hold is refused alike on every backend (SQLite
+    answered 0 for a NUL, PostgreSQL raised)."""
+    lease = driver.lease("t")
+    for owner in ("", "a\x00b", "x" * 256):
+        with pytest.raises(InvalidPayload):
+            driver.store.release_owner(owner)
+    assert driver.store.get_task(lease.task_id).lease_owner == "w1"  # type: ignore[union-attr]

@@ -153,3 +153,32 @@ def test_finished_buckets_and_failures_per_queue(driver: Driver) -> None:
     with pytest.raises(ValueError):
         s.finished_since(start, 0)
     assert isinstance(InvalidOption("x"), ValueError)
+
+
+@verb("list_runs", "fence_rejections")
+def test_a_negative_limit_answers_nothing_on_every_backend(driver: Driver) -> None:
+    """(SQLite read a negative LIMIT as no limit at all, PostgreSQL refused it.)"""
+    s = driver.store
+    old, _ = driver.zombie("t")
+    assert driver.finish(old) is CasResult.LEASE_LOST
+    assert s.list_runs(limit=-1) == [] and s.fence_rejections(limit=-1) == []
+    assert s.list_runs(limit=0) == [] and len(s.fence_rejections(limit=1)) == 1
+
+
+BEYOND = 2**70  # an id no run can have (every backend's ids are 64-bit)
+BIG = (
+    "SQLite cannot bind an int beyond 64 bits and raises InvalidPayload where PostgreSQL "
+    "answers None or [] (the store checks no id's range before it binds one)"
+)
+
+
+@verb("get_run", "get_task", "get_tasks", "run_signals", "attempt_history", "run_rejections")
+def test_a_read_of_an_id_beyond_64_bits_answers_as_for_an_unknown_run(
+    driver: Driver, request: pytest.FixtureRequest
+) -> None:
+    if driver.name == "sqlite":
+        request.applymarker(pytest.mark.xfail(strict=True, raises=InvalidPayload, reason=BIG))
+    s = driver.store
+    assert s.get_run(BEYOND) is None and s.get_task(BEYOND) is None
+    assert s.get_tasks(BEYOND) == [] and s.run_signals(BEYOND) == []
+    assert s.attempt_history(BEYOND) == [] and s.run_rejections(BEYOND) == []

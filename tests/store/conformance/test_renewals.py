@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from workerproc.store import ClaimRequest, Renewal
+from workerproc.store.errors import InvalidOption
 
 from .kit import TTL, Driver, verb
 
@@ -85,3 +86,21 @@ def test_renew_each_starting_must_be_among_the_leases(driver: Driver) -> None:
     with pytest.raises(ValueError):
         driver.store.renew_each([a], TTL, starting=[b])
     assert driver.store.renew_each([], TTL) == []
+
+
+@verb("renew_many", "renew_each", "commit_many")
+@pytest.mark.parametrize("ttl", [float("nan"), float("inf")])
+def test_a_ttl_that_is_not_a_finite_number_is_refused_before_anything_is_written(
+    driver: Driver, ttl: float
+) -> None:
+    """A lease must expire: a NaN ttl made PostgreSQL keep a lease whose expiry compares above
+    every time (held for ever) and SQLite fail on its own CHECK."""
+    s = driver.store
+    lease = driver.lease("t")
+    s.start_run("u")
+    for call in (lambda: s.renew_many([lease], ttl), lambda: s.renew_each([lease], ttl),
+                 lambda: driver.exchange(claim=ClaimRequest("w1", ttl))):  # fmt: skip
+        with pytest.raises(InvalidOption):
+            call()
+    assert s.get_task(lease.task_id).lease_expires_at == lease.expires_at  # type: ignore[union-attr]
+    assert s.stats().leased == 1 and s.fence_rejections() == []

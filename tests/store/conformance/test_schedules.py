@@ -69,3 +69,13 @@ def test_a_dropped_schedule_fires_no_more(driver: Driver) -> None:
     assert s.drop_schedule("never-was") is False
     driver.clock.advance(5)
     assert s.fire_schedules() == [] and s.schedules() == [] and s.next_schedule_at() is None
+
+
+@verb("drop_schedule")
+def test_drop_schedule_refuses_a_name_no_schedule_could_have(driver: Driver) -> None:
+    """B9 (SQLite answered False for a NUL, PostgreSQL raised)."""
+    declare(driver)
+    for name in ("", "a\x00b", "bad name"):
+        with pytest.raises(ValueError):
+            driver.store.drop_schedule(name)
+    assert [i.name for i in driver.store.schedules()] == ["report"]

@@ -59,3 +59,22 @@ def test_a_bad_owner_is_refused(driver: Driver) -> None:
         with pytest.raises(InvalidPayload):
             s.worker_gone(owner)
     assert s.workers() == []
+
+
+@verb("worker_seen")
+@pytest.mark.parametrize("bad", [{"host": "h\x00"}, {"beat_every": float("nan")}])
+def test_worker_seen_refuses_a_value_no_backend_keeps(
+    driver: Driver, bad: dict[str, object], request: pytest.FixtureRequest
+) -> None:
+    if "beat_every" in bad or driver.name == "sqlite":
+        request.applymarker(pytest.mark.xfail(strict=True, reason=DIVERGES))
+    with pytest.raises(InvalidPayload):
+        driver.store.worker_seen(info(**bad))
+    assert driver.store.workers() == []
+
+
+DIVERGES = (
+    "worker_seen checks only the owner: SQLite keeps a host with a NUL (PostgreSQL refuses "
+    "it: InvalidPayload), PostgreSQL keeps a NaN beat_every (SQLite fails on NOT NULL: a "
+    "plain StoreError)"
+)
