@@ -143,6 +143,7 @@ def test_forget_call_drops_the_kept_answers_of_a_name(driver: Driver) -> None:
 def test_the_reads_of_paid_calls(driver: Driver) -> None:
     s = driver.store
     assert s.paid_call_totals().started == 0 and s.paid_calls(1) == []
+    assert s.call_timeline(1) == []
     lease = driver.lease("t")
     first = s.begin_call(lease, key(lease))
     s.keep_call(lease, key(lease), "a", 4, intent=first.intent)
@@ -180,3 +181,6 @@ def test_store_identity_is_stable_per_database(driver: Driver) -> None:
     s = driver.store
     ident = s.store_identity()
     assert ident and driver.open().store_identity() == ident
+    driver.backend.tamper("DELETE FROM store_identity")  # what no migration leaves
+    with pytest.raises(StoreError, match="identity"):
+        s.store_identity()
