@@ -133,7 +133,7 @@ class Reads:
             statement = "LIST_RUNS_BY_STATUS"
         else:
             statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
-        params = {"limit": limit, "queue": queue, "below": below(system),
+        params = {"limit": max(0, limit), "queue": queue, "below": below(system),
                   **(status_filter(status) if status else {})}  # fmt: skip
         return [run_of(row) for row in self._rows(statement, params)]
 
@@ -155,7 +155,7 @@ class Reads:
     # -- the evidence and the integrity checks ---------------------------------------------------
     def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
         """Writes the fence refused (a zombie's renewal or commit, say), oldest first."""
-        rows = self._rows("LIST_REJECTIONS", {"after": after, "limit": limit})
+        rows = self._rows("LIST_REJECTIONS", {"after": after, "limit": max(0, limit)})
         return [Rejection(*row) for row in rows]
 
     def integrity_violations(self) -> list[str]:

@@ -87,6 +87,7 @@ class Schedules(Limits):
 
     def drop_schedule(self, name: str) -> bool:
         """Forget schedule ``name`` (until an app declares it again); False: there was none."""
+        check_schedule_name(name)
         return bool(self.dialect.write(lambda tx: tx.count("DROP_SCHEDULE", {"name": name})))
 
     def schedules(self) -> list[ScheduleInfo]:
