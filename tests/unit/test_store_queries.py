@@ -5,11 +5,13 @@ file and the line."""
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 import pytest
 
 from workerproc.store import queries
 from workerproc.store.queries import QueryFileError, parse
+from workerproc.store.types import SYSTEM_RUNS
 
 KNOWN = {"GET_RUN", "LIST_RUNS", "RUN_STATUS", "WATCH_RUN"}
 
@@ -135,3 +137,31 @@ def test_a_malformed_parameter_is_refused() -> None:
     fails(text.format(p=": run_id"), 3, "':' that is no :name")
     fails(text.format(p="x::int"), 3, "':' that is no :name")  # no casts on SQLite
     fails(text.format(p=":a OR id = ?"), 3, "both")
+
+
+def test_every_query_file_of_both_backends_loads() -> None:
+    from workerproc.store.postgres import steps as postgres_steps  # noqa: PLC0415
+    from workerproc.store.sqlite import steps as sqlite_steps  # noqa: PLC0415
+
+    for backend, steps in (("sqlite", sqlite_steps), ("postgres", postgres_steps)):
+        folder = resources.files(f"workerproc.store.{backend}").joinpath("queries")
+        files = sorted(p.name for p in folder.iterdir() if p.name.endswith(".sql"))
+        assert len(files) >= 7, (backend, files)
+        assert steps.CATALOGUE  # built from them at import
+
+
+def test_the_constants_written_out_in_queries_are_the_codes() -> None:
+    """A query's text names the system's runs by their first id (``SYSTEM_RUNS``), written
+    out: it must be the code's."""
+    from workerproc.store.postgres import ops_sql as postgres_ops  # noqa: PLC0415
+    from workerproc.store.postgres import webhooks_sql as postgres_webhooks  # noqa: PLC0415
+    from workerproc.store.sqlite import ops_sql as sqlite_ops  # noqa: PLC0415
+    from workerproc.store.sqlite import webhooks_sql as sqlite_webhooks  # noqa: PLC0415
+
+    found = 0
+    for module in (sqlite_ops, sqlite_webhooks, postgres_ops, postgres_webhooks):
+        for query in module.QUERIES.values():
+            for number in re.findall(r"\b\d{10,}\b", query.sql):
+                assert number == str(SYSTEM_RUNS), (query.name, number)
+                found += 1
+    assert found >= 4
