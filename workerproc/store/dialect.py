@@ -10,10 +10,12 @@ runs what the protocol names, on its engine:
   statements read the database clock themselves, after their own locks (PostgreSQL in
   production; an injected clock is read after the locks too).
 - Named statements: every backend's catalogue defines exactly the names of ``STATEMENTS``
-  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL, or to a
-  *step*: a few lines of Python for a logical step that is several statements on that engine
-  (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
-  the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
+  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL (a named
+  query of the backend's ``queries/*.sql``, loaded and checked by ``store.queries``, or a
+  statement of its ``sql`` module), or to a *step*: a few lines of Python for a logical step
+  that is several statements on that engine (SQLite's ``FINISH`` is a compare-and-set, then
+  the task marked done) or whose parameters the engine takes in another shape (a JSON array on
+  SQLite, an array on PostgreSQL).
 - ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
   sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
@@ -73,13 +75,12 @@ STATEMENTS = frozenset(
         "GATE_SETTLE", "PLACE_GATES", "UNSPEND", "REGATE", "REOPEN_RUN", "LINES_WAITING",
         "REOPEN_GATES",
         # reads
-        "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
-        "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",
-        "RUN_COUNTS", "TASK_COUNTS", "LIVE_LEASES", "NEXT_READY", "NEXT_READY_QUEUES",
-        # the dashboard's reads
-        "RUNS_BEFORE", "RUNS_BEFORE_STATUS", "RUNS_BEFORE_TASK", "RUNS_BEFORE_STATUS_TASK",
-        "RUNS_AFTER", "RUNS_AFTER_STATUS", "RUNS_AFTER_TASK", "RUNS_AFTER_STATUS_TASK",
-        "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE", "FAILED_SINCE",
+        "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_REJECTIONS",
+        "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES", "RUN_COUNTS", "TASK_COUNTS", "LIVE_LEASES",
+        "NEXT_READY", "NEXT_READY_QUEUES",
+        # the dashboard's reads (a page's filters are optional parameters of one statement)
+        "RUNS_BEFORE", "RUNS_AFTER", "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS",
+        "FINISHED_SINCE", "FAILED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
         # schedules (B16): declared, fired by compare-and-set on next_at, read

@@ -91,10 +91,13 @@ def task_of(row: Row) -> TaskInfo:
     return TaskInfo(row[0], row[1], row[2], loads(row[3], f"task {row[0]}'s payload"), *row[4:])
 
 
-def status_filter(status: str) -> Params:
+def status_filter(status: str | None) -> Params:
     """A status filter's parameters: ``stored``, the status as the row has it, and ``held``,
     whether a live lease must hold the run (None: either). ``running`` is a pending run that a
-    live lease holds, ``pending`` one that none does."""
+    live lease holds, ``pending`` one that none does. No status: each of them None (the
+    statements' optional filters, ``(:stored IS NULL OR ...)``)."""
+    if status is None:
+        return {"status": None, "stored": None, "held": None, "waiting": None}
     if status not in STORED_STATUS:
         raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
     stored, held = STORED_STATUS[status]
@@ -129,13 +132,9 @@ class Reads:
         runs, and with ``system`` the system's own too (the webhooks' delivery runs, B20)."""
         if queue is not None:
             check_queue(queue)
-        if status is not None:
-            statement = "LIST_RUNS_BY_STATUS"
-        else:
-            statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
         params = {"limit": max(0, limit), "queue": queue, "below": below(system),
-                  **(status_filter(status) if status else {})}  # fmt: skip
-        return [run_of(row) for row in self._rows(statement, params)]
+                  **status_filter(status)}  # fmt: skip
+        return [run_of(row) for row in self._rows("LIST_RUNS", params)]
 
     def stats(self) -> Stats:
         """Runs by queue and status, pending tasks by queue and state, and the live leases,
@@ -247,18 +246,13 @@ class Reads:
         if task is not None:
             check_name(task)
         bound = below(system)
-        params: Params = {"status": status, "task": task, "below": bound,
-                          "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
-        if status is not None:
-            params.update(status_filter(status))
+        params: Params = {"task": task, "below": bound, "limit": max(1, min(limit, MAX_PAGE)),
+                          **status_filter(status)}  # fmt: skip
         if after is not None:
             statement, params["after"] = "RUNS_AFTER", after
         else:
             upto = bound if before is None else min(bound, before)
             statement, params["before"] = "RUNS_BEFORE", upto
-        statement += ("_STATUS" if status is not None else "") + (
-            "_TASK" if task is not None else ""
-        )
         runs = [run_of(row) for row in self._rows(statement, params)]
         return runs[::-1] if after is not None else runs
 
