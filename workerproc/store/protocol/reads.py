@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..codec import check_name, check_queue, loads
+from ..codec import can_exist, check_name, check_queue, loads
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import RunNotFound
 from ..types import (
@@ -114,13 +114,19 @@ class Reads:
         return self.dialect.read(lambda tx: tx.rows(statement, {**params, "now": tx.now}))
 
     def get_run(self, run_id: int) -> Run | None:
+        if not can_exist(run_id):
+            return None
         rows = self._rows("GET_RUN", {"run_id": run_id})
         return run_of(rows[0]) if rows else None
 
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
+        if not can_exist(run_id):
+            return []
         return [task_of(row) for row in self._rows("GET_TASKS", {"run_id": run_id})]
 
     def get_task(self, task_id: int) -> TaskInfo | None:
+        if not can_exist(task_id):
+            return None
         rows = self._rows("GET_TASK", {"task_id": task_id})
         return task_of(rows[0]) if rows else None
 
@@ -265,10 +271,14 @@ class Reads:
 
     def attempt_history(self, run_id: int) -> list[AttemptEnd]:
         """The attempts of a run's tasks that ended without a commit, oldest first."""
+        if not can_exist(run_id):
+            return []
         return [AttemptEnd(*row) for row in self._rows("ATTEMPT_HISTORY", {"run_id": run_id})]
 
     def run_rejections(self, run_id: int) -> list[Rejection]:
         """The writes the fence refused for this run's tasks, oldest first."""
+        if not can_exist(run_id):
+            return []
         return [Rejection(*row) for row in self._rows("RUN_REJECTIONS", {"run_id": run_id})]
 
     def failed_since(self, since: float) -> dict[str, int]:
