@@ -18,8 +18,8 @@ from click.testing import Result
 from sv_harness import Supervisor, env_with_tests
 
 from supervisor import exitcodes
-from supervisor.commands import render
 from supervisor.commands.cli import cli
+from supervisor.operations import render
 from workerproc import __version__, open_store
 
 

@@ -24,7 +24,8 @@ CODE_DIRS = ("workerproc", "supervisor", "tests")
 
 SPAN = re.compile(r"`([^`\n]+)`")
 STATEMENT = re.compile(r"^(sqlite|postgres)\.([A-Z_][A-Z0-9_]*)$")  # sqlite.CLAIM
-# where a backend's SQL constants live
+# where a backend's SQL lives: its named queries (``queries/*.sql``) and these modules' constants
+QUERY_NAME = re.compile(r"^-- name: ([A-Z_][A-Z0-9_]*)$", re.MULTILINE)
 STATEMENT_MODULES = (
     "sql.py",
     "ops_sql.py",
@@ -99,6 +100,13 @@ def classes() -> dict[str, list[ast.ClassDef]]:
     return found
 
 
+@cache
+def queries(backend: str) -> set[str]:
+    """The names of a backend's named queries (``workerproc/store/<backend>/queries/*.sql``)."""
+    files = (STORE / backend / "queries").glob("*.sql")
+    return {name for path in files for name in QUERY_NAME.findall(path.read_text("utf-8"))}
+
+
 def missing_reference(ref: str) -> str | None:
     """Why ``ref`` names nothing, or None when it exists (or is not a reference)."""
     if m := STATEMENT.match(ref):
@@ -106,7 +114,7 @@ def missing_reference(ref: str) -> str | None:
         modules = [path for path in modules if path.is_file()]
         if not modules:
             return f"no statement module in workerproc/store/{m[1]}/"
-        found = any(m[2] in names(tree(path).body) for path in modules)
+        found = any(m[2] in names(tree(path).body) for path in modules) or m[2] in queries(m[1])
         return None if found else f"the {m[1]} backend has no statement {m[2]}"
     if m := PATH_REF.match(ref):
         path = ROOT / m[1]

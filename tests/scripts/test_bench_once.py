@@ -1,4 +1,4 @@
-"""``scripts/bench_once.py`` (scripts/bench-once) still runs: a few runs on each backend, one
+"""``scripts/bench once`` still runs: a few runs on each backend, one
 pool of each kind, and prints its table. Speed is the benchmark's business, not this test's."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_bench_once_prints_its_table() -> None:
     env = {**env_with_tests(), "LEASEKEEPER_TEST_POSTGRES": pg_session.database_url()}
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_once.py"), "--runs", "30",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "once", "--runs", "30",
          "--configs", "1x1,1x2", "--work-ms", "0", "--before", "0.1"],
         env=env, capture_output=True, text=True, timeout=110,
     )  # fmt: skip

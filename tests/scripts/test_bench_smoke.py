@@ -1,6 +1,6 @@
-"""The benchmarks still run: ``scripts/bench_store.py --quick`` and the slot and I/O-bound parts
-of ``scripts/bench.py --quick`` (without huey: the test extra does not install it) exit 0 and
-print their tables. Speed is the benchmarks' business, not this test's: no goal is asserted
+"""The benchmarks still run: ``scripts/bench store --quick`` and the slot and I/O-bound parts
+of ``scripts/bench throughput --quick`` (without huey: the test extra does not install it) exit 0
+and print their tables. Speed is the benchmarks' business, not this test's: no goal is asserted
 here, only that each part measured something."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.slow
 def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_store.py"), "--quick",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "store", "--quick",
          "--dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=90, check=False,
     )  # fmt: skip
@@ -47,9 +47,9 @@ def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
 
 @pytest.mark.slow
 def test_bench_web_smoke_prints_both_rows(tmp_path: object) -> None:
-    """``scripts/bench_web.py`` still drains with and without a busy dashboard."""
+    """``scripts/bench web`` still drains with and without a busy dashboard."""
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_web.py"), "--runs", "200",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "web", "--runs", "200",
          "--workers", "1", "--rounds", "1", "--dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -71,8 +71,8 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
     """Ours with slots, the raw batched ceiling, sync and async I/O-bound runs at 250 slots with
     the workers' RSS, and the goals table, on small sizes."""
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--quick", "--no-huey",
-         "--parts", "slots,io", "--workers", "2", "--tasks", "300", "--io-runs", "200",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "throughput", "--quick",
+         "--no-huey", "--parts", "slots,io", "--workers", "2", "--tasks", "300", "--io-runs", "200",
          "--io-seconds", "0.2", "--dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=110, check=False,
     )  # fmt: skip
@@ -98,7 +98,7 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
 
 @pytest.mark.slow
 def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
-    """``scripts/bench_before.py`` (the bench's --before) runs the earlier commit's pool beside
+    """``scripts/bench before`` (the bench's --before) runs the earlier commit's pool beside
     this one and prints both; its temporary worktree is gone afterwards."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))
     from bench_before import BASELINE, exists  # noqa: PLC0415 - a script's module
@@ -106,7 +106,7 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
     if not exists(BASELINE):
         pytest.skip(f"a shallow clone: no commit {BASELINE} to compare with")
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_before.py"), BASELINE,
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "before", BASELINE,
          "--samples", "2", "--trials", "1", "--rounds", "1", "--tasks", "300"],
         cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
     )  # fmt: skip
@@ -148,7 +148,7 @@ def test_bench_before_on_postgres_measures_both_trees_and_drops_their_databases(
 
     already = ours()
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_before.py"), PRE_REDESIGN,
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "before", PRE_REDESIGN,
          "--backend", "postgres", "--server", pg_session.ADMIN_URL, "--samples", "2",
          "--rounds", "0", "--tasks", "200"],
         cwd=ROOT, capture_output=True, text=True, timeout=170, check=False,
@@ -210,10 +210,10 @@ def test_bench_pg_throughput_and_cost_rows_drain_every_run() -> None:
 
 
 def test_bench_limits_quick_prints_its_rows(tmp_path: object) -> None:
-    """``scripts/bench_limits.py --quick`` (SQLite: PostgreSQL's rows are the same code) still
+    """``scripts/bench limits --quick`` (SQLite: PostgreSQL's rows are the same code) still
     drains with and without a limit and times the gated claim."""
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_limits.py"), "--quick",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "limits", "--quick",
          "--postgres", "", "--tasks", "100", "--dir", str(tmp_path)],
         cwd=os.path.join(ROOT, "scripts"), capture_output=True, text=True, timeout=240,
         check=False,
@@ -226,10 +226,10 @@ def test_bench_limits_quick_prints_its_rows(tmp_path: object) -> None:
 
 
 def test_bench_webhooks_quick_prints_its_rows() -> None:
-    """``scripts/bench_webhooks.py --quick`` (SQLite) still delivers every run's success to its
+    """``scripts/bench webhooks --quick`` (SQLite) still delivers every run's success to its
     receiver, times the trickle and a webhook catching up."""
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "bench_webhooks.py"), "--quick",
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "webhooks", "--quick",
          "--postgres", ""],
         cwd=os.path.join(ROOT, "scripts"), capture_output=True, text=True, timeout=240,
         check=False,

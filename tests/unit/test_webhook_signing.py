@@ -1,4 +1,4 @@
-"""Webhook signatures (B19): what ``workerproc.webhooks.verify`` accepts and refuses; malformed
+"""Webhook signatures (B20): what ``workerproc.webhooks.verify`` accepts and refuses; malformed
 input of any kind is a ``SignatureError`` and nothing else, ``tolerance`` counts whole seconds
 (0: the current second), and a replay is the same signed id."""
 

@@ -223,7 +223,8 @@ def test_nothing_is_traced_without_a_recording_span(s: Store) -> None:
 
 def test_without_the_extra_nothing_imports_it() -> None:
     """opentelemetry made unimportable: runs start and run as before, and no module of it is
-    loaded (the guarded import in ``workerproc.tracing`` is the only one)."""
+    loaded (the guarded imports in ``workerproc.tracing`` and ``workerproc.store.traceparent`` are
+    the only ones)."""
     code = """
 import sys
 sys.modules["opentelemetry"] = None  # importing it raises ImportError

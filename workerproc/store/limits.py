@@ -1,4 +1,4 @@
-"""Flow control's values (issue 24), with no SQL: a limit's numbers (``LimitSpec``), the gate a
+"""Flow control's values, with no SQL: a limit's numbers (``LimitSpec``), the gate a
 task waits behind for each of its limits, and the buckets' arithmetic. The protocol
 (``protocol/gates.py``) keeps them in the database and decides in the claim.
 

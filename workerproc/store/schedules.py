@@ -1,4 +1,4 @@
-"""Schedules' values (issue 25), with no SQL: a schedule's declaration (``ScheduleSpec``) and
+"""Schedules' values, with no SQL: a schedule's declaration (``ScheduleSpec``) and
 the arithmetic of its ticks. The protocol (``protocol/schedules.py``) keeps them in the database
 and fires them, one run per tick across every worker on every host.
 

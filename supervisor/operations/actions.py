@@ -1,6 +1,6 @@
 """What the operator commands do to the store, free of click: open it (never creating it for a
 read), enqueue, retry, cancel, prune, and the rows ``status`` and the dashboard show of the
-workers. ``database.py`` (the commands) and the dashboard's actions call these."""
+workers. The operator commands (``supervisor.commands``) and the dashboard's actions call these."""
 
 from __future__ import annotations
 
