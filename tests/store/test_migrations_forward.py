@@ -6,7 +6,7 @@ succeeded one, a failed one with work left) plus what version k asks of a row, t
 by ``open_store``: it reaches the current version and every row reads back through the store,
 and the pending one is claimed and finished, the failed one retried.
 
-``tests/test_postgres_migrations.py`` checks what one migration does to the rows it meets;
+``tests/store/test_postgres_migrations.py`` checks what one migration does to the rows it meets;
 this checks that every version reaches the current one."""
 
 from __future__ import annotations

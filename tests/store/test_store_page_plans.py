@@ -2,7 +2,7 @@
 for every combination) still walk the filter's own index: the server plans each call for its
 values (a custom plan) and, on a prepared statement, keeps doing so past its first five calls
 instead of settling on a generic plan that would walk the primary key past every other run.
-(SQLite writes one guarded arm per filter instead: ``tests/test_store_sqlite_views.py``.)"""
+(SQLite writes one guarded arm per filter instead: ``tests/store/test_store_sqlite_views.py``.)"""
 
 from __future__ import annotations
 

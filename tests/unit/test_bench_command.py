@@ -1,6 +1,7 @@
 """``scripts/bench`` is one command: ``scripts/bench.py`` lists every benchmark as a subcommand,
-shows each one's own options, and refuses a name it does not know (usage, exit 2). The
-benchmarks themselves run in ``tests/test_bench_smoke.py`` and ``tests/test_bench_once.py``."""
+shows each one's own options, and refuses a name it does not know (usage, exit 2). The benchmarks
+themselves run in ``tests/scripts/test_bench_smoke.py`` and
+``tests/scripts/test_bench_once.py``."""
 
 from __future__ import annotations
 

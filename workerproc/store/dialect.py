@@ -10,7 +10,7 @@ runs what the protocol names, on its engine:
   statements read the database clock themselves, after their own locks (PostgreSQL in
   production; an injected clock is read after the locks too).
 - Named statements: every backend's catalogue defines exactly the names of ``STATEMENTS``
-  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL (a named
+  (``tests/store/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL (a named
   query of the backend's ``queries/*.sql``, loaded and checked by ``store.queries``, or a
   statement of its ``sql`` module), or to a *step*: a few lines of Python for a logical step
   that is several statements on that engine (SQLite's ``FINISH`` is a compare-and-set, then
