@@ -187,6 +187,19 @@ def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     return text
 
 
+DECLARED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def check_declared_name(name: object, what: str) -> str:
+    """The name of something an app or an operator declares (a limit, a schedule): 1 to 64
+    letters, digits, '_', '.' or '-', starting with a letter or digit (ValueError otherwise)."""
+    if not isinstance(name, str) or not DECLARED_NAME.match(name):
+        raise ValueError(
+            f"{what}'s name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})"
+        )
+    return name
+
+
 def check_queue(queue: object) -> str:
     """A queue's name: 1-64 characters of ``[A-Za-z0-9_.:-]`` (so no NUL, nothing to encode)."""
     if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
