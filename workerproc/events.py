@@ -16,7 +16,9 @@ posting thread (``Worker._on_the_spot``: the alarms for the heartbeat's reports,
 an ending), and the reflex may answer with a ``Reaction``: what the poster itself does next, with
 what only it holds (the heartbeat thread's own connection: no connection crosses a thread).
 Then the event is queued for the conductor, which is woken on the first event since it last
-took them (a batch of endings costs one wake-up, as a batch of endings always did).
+took them (a batch of endings costs one wake-up, as a batch of endings always did); its own
+posts (an inline handler's ending, a takeover of its own older attempt) wake nothing: it is
+awake, and takes every event before it waits.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ class Inbox:
     holds (at most its slots and its prefetch), or for an alarm that ends the worker."""
 
     def __init__(self, waker: Waker, reflex: Reflex | None = None) -> None:
+        self._conductor = threading.get_ident()  # the thread that takes: built by it
         self._waker = waker
         self._reflex = reflex
         self._lock = threading.Lock()
@@ -148,7 +151,7 @@ class Inbox:
         with self._lock:
             first = not self._events
             self._events.append(event)
-        if first:
+        if first and threading.get_ident() != self._conductor:
             self._waker.wake()
         return reaction
 

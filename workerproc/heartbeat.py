@@ -11,16 +11,15 @@
   ``untrack(wait=False)`` does not, for a lease no commit follows (lost) and for this thread's
   own reactions and chores (no renewal can be in flight while they run).
 - A lease's last *confirmation* is the monotonic moment its last successful claim or renewal
-  was *sent* (the store read its "now" after that): ``confirmed_at`` reports it, and the local
-  deadline is that moment plus the ttl. A renewal that *errors* (database busy or locked) is
-  retried soon and is not a loss, until the local deadline passes.
+  was *sent* (``confirmed_at``); the local deadline is that plus the ttl. A renewal that
+  *errors* (database busy or locked) is retried soon, not a loss until that deadline.
 - ``confirm``: the conductor asks for a renewal round now and waits for it, before it starts
   handlers on leases that waited (R4's start rule, ``workerproc/startrule.py``). That round
   also records their start in the database (``recorded``, B3): a lease claimed as waiting (a
   prefetch) spends no attempt if it lapses before then.
-- A lease is held per task *and attempt*: a claim of this worker's that took over its own
-  older attempt of a task (it paused past its lease) replaces it, and the older one is
-  reported lost; a word about one attempt (``finished``, ``untrack``) never touches another.
+- A lease is held per task *and attempt*: this worker's own takeover of its older attempt (it
+  paused past its lease) replaces it, the older one reported lost; a word about one attempt
+  (``finished``, ``untrack``) never touches another.
   An older attempt whose handler began and has not returned stays watched (``_replaced``)
   until it does: its stuck check still fires, and the newer attempt, which waits for it to
   end, cannot wait for ever behind a handler that ignores ``LeaseLost``.
@@ -34,11 +33,9 @@
 - A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) is
   reported ``RunCancelled`` once for that lease; the lease is still renewed until the commit
   that ends it.
-- Reports: the thread knows nothing of what the worker does about them. It posts each as an
-  event (``events.py``) and applies the ``Reaction`` the worker's reflex answers, on this
-  thread, with this thread's connection: the writes that cannot wait for the conductor (a
-  timed-out lease released, a cancelled run's waiting lease handed back, fenced), the leases to
-  stop renewing, the process's exit. Its own death is reported too (``HeartbeatDied``).
+- Reports (its own death too, ``HeartbeatDied``) are posted as events (``events.py``); the
+  thread knows nothing of what the worker does about them but the ``Reaction`` it is answered,
+  which it carries out here, on its own connection (``_apply``).
 """
 
 from __future__ import annotations
@@ -48,7 +45,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from .events import (
     HandlerStuck,
@@ -59,6 +55,7 @@ from .events import (
     RunCancelled,
     TaskTimedOut,
 )
+from .held import Held, look
 from .logs import event
 from .outage import Outage
 from .presence import Presence
@@ -69,28 +66,7 @@ log = logging.getLogger("workerproc.heartbeat")
 
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
 MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
-POSTPONE = 0.1  # a timeout its callback put off is looked at again this much later
-LATE = 0.25  # a look this long past its moment: this thread did not run (the process paused)
-
-
-@dataclass
-class Held:
-    lease: Lease
-    confirmed: float  # monotonic: when its last successful claim or renewal was sent
-    due: float  # monotonic: renew it by then
-    started: float | None = None  # the handler started (task_timeout counts from here)
-    timeout_at: float | None = None  # monotonic: task_timeout after the start (or postponed)
-    finished: bool = False  # the handler returned: no timeout, no stuck check
-    lost_at: float | None = None
-    stuck_at: float | None = None  # monotonic: its handler is stuck if still running then
-    timed_out: bool = False
-    cancelled: bool = False  # a renewal said its run was cancelled (``RunCancelled`` posted)
-    recorded: bool = True  # the database counts its handler as begun (B3: the claim said so,
-    # or a renewal that carried its start landed)
-
-    def deadline(self, ttl: float) -> float:
-        """Monotonic: the lease may be gone after this."""
-        return self.confirmed + ttl
+POSTPONE = 0.1  # a timeout its reaction put off is looked at again this much later
 
 
 class Heartbeat:
@@ -295,29 +271,9 @@ class Heartbeat:
             wake = min(wake, self._chore[0])
         if self.presence is not None:
             wake = min(wake, self._beat_at)
-        due, timeouts, stuck = [], [], []
-        for held in (*self._held.values(), *self._replaced.values()):
-            if held.lost_at is not None:
-                if held.started is not None and not held.finished:
-                    at = held.stuck_at if held.stuck_at is not None else held.lost_at + self.ttl
-                    if at <= now - LATE:  # looked at late: the process did not run meanwhile
-                        at = held.stuck_at = now + self.ttl
-                    elif at <= now:
-                        stuck.append(held)
-                    wake = min(wake, at)
-                continue
-            if held.timed_out:
-                continue
-            if held.timeout_at is not None and not held.finished:
-                at = held.timeout_at
-                if at <= now:
-                    timeouts.append(held)
-                    continue
-                wake = min(wake, at)
-            if held.due <= now or self._urgent:
-                due.append(held)
-            wake = min(wake, held.due)
-        return wake, due, timeouts, stuck
+        held = (*self._held.values(), *self._replaced.values())
+        at, due, timeouts, stuck = look(held, now, self.ttl, urgent=self._urgent)
+        return min(wake, at), due, timeouts, stuck
 
     def _step(self, store: WorkerStore) -> bool:
         with self._cond:
@@ -424,10 +380,8 @@ class Heartbeat:
         return self._apply(self._post(report), store)
 
     def _apply(self, reaction: Reaction | None, store: WorkerStore | None) -> bool:
-        """Do what the worker's reflex answered, on this thread: its writes on this thread's
-        connection (only the heartbeat thread's reactions write: ``store`` is None on the
-        conductor's, where a lease is only ever lost), the leases it no longer renews, the
-        exit, then the event that follows. True: postpone (a timeout not its handler's fault)."""
+        """Do what the worker's reflex answered, on this thread (only its own reports write:
+        ``store`` is None on the conductor's). True: postpone (a timeout not its fault yet)."""
         if reaction is None:
             return False
         if reaction.write:

@@ -74,6 +74,16 @@ def running(w: Worker, ex: Execution) -> Execution:
     return ex
 
 
+def on_a_thread(post: Any) -> Any:
+    """Call ``post`` on a thread of its own (as a slot thread or the heartbeat does)."""
+    answers: list[Any] = []
+    t = threading.Thread(target=lambda: answers.append(post()))
+    t.start()
+    t.join(10)
+    assert answers, "the post did not return"
+    return answers[0]
+
+
 def wakes(waker: Waker) -> int:
     """How many wake-ups wait in the conductor's self-pipe (taking them)."""
     try:
@@ -93,7 +103,7 @@ def test_an_ending_frees_its_slot_on_the_spot_and_is_collected_at_the_turn(
 ) -> None:
     ex = running(worker, Execution(lease(1), lambda ctx: None, Mode.THREAD))
     commit = Commit(ex.lease, "finish", new_state={"done": True})
-    assert worker.inbox.post(TaskFinished(ended(ex, commit))) is None
+    assert on_a_thread(lambda: worker.inbox.post(TaskFinished(ended(ex, commit)))) is None
     # on the spot: the slot is free (a slot thread may start the next task at once) ...
     assert worker.holdings.running == {} and not worker.holdings.busy()
     # ... the conductor has not heard of it yet, and is woken for it
@@ -109,11 +119,18 @@ def test_a_batch_of_endings_wakes_the_conductor_once(worker: Worker) -> None:
     executions = [running(worker, Execution(lease(n), lambda ctx: None, Mode.THREAD))
                   for n in (1, 2)]  # fmt: skip
     for ex in executions:
-        worker.inbox.post(TaskFinished(ended(ex, Commit(ex.lease, "finish"))))
+        on_a_thread(lambda: worker.inbox.post(TaskFinished(ended(ex, Commit(ex.lease, "finish")))))  # noqa: B023
     assert len(worker.inbox) == 2
     assert wakes(worker.waker) == 1  # the first since the conductor last took them
     worker._react(worker.inbox.take())
     assert [c.lease.task_id for c in worker.completer.pending] == [1, 2]
+
+
+def test_the_conductors_own_posts_wake_nothing(worker: Worker) -> None:
+    """An inline handler's ending is posted on the conductor's thread: it is awake."""
+    ex = running(worker, Execution(lease(1), lambda ctx: None, Mode.INLINE))
+    worker.inbox.post(TaskFinished(ended(ex, Commit(ex.lease, "finish"))))
+    assert len(worker.inbox) == 1 and wakes(worker.waker) == 0
 
 
 def test_an_ending_with_nothing_to_write_stops_its_renewal(worker: Worker) -> None:
