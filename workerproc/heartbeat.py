@@ -269,9 +269,8 @@ class Heartbeat:
         wake = now + self.idle_wait
         if self._chore is not None:
             wake = min(wake, self._chore[0])
-        if self.presence is not None:
-            wake = min(wake, self._beat_at)
-        held = (*self._held.values(), *self._replaced.values())
+        wake = min(wake, self._beat_at) if self.presence is not None else wake
+        held = (*self._held.values(), *self._replaced.values())  # (look: ``held.py``)
         at, due, timeouts, stuck = look(held, now, self.ttl, urgent=self._urgent)
         return min(wake, at), due, timeouts, stuck
 
