@@ -7,8 +7,18 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from workerproc.events import (
+    Event,
+    HandlerStuck,
+    HeartbeatDied,
+    LeaseLost,
+    Post,
+    Reaction,
+    RunCancelled,
+    TaskTimedOut,
+)
 from workerproc.heartbeat import Heartbeat
-from workerproc.store import Store
+from workerproc.store import Lease, Store
 from workerproc.worker import Worker
 
 T = TypeVar("T")
@@ -64,11 +74,32 @@ def unstarted_heartbeat(ttl: float = 30.0) -> Heartbeat:
     def no_store() -> Store:
         raise AssertionError("the heartbeat was not meant to start")
 
-    return Heartbeat(
-        no_store,
-        ttl=ttl,
-        interval=ttl / 3,
-        on_lost=lambda lease, why: None,
-        on_timeout=lambda lease, store: None,
-        on_death=lambda exc: None,
-    )
+    return Heartbeat(no_store, ttl=ttl, interval=ttl / 3, post=reports())
+
+
+def reports(
+    on_lost: Callable[[Lease, str], object] | None = None,
+    on_timeout: Callable[[Lease], object] | None = None,
+    on_death: Callable[[BaseException], object] | None = None,
+    on_stuck: Callable[[Lease], object] | None = None,
+    on_cancelled: Callable[[Lease], object] | None = None,
+) -> Post:
+    """A heartbeat's ``post`` for tests: each kind of report to its own callable (none: ignored);
+    what a callable returns that is a ``Reaction`` is the heartbeat's to carry out."""
+
+    def post(report: Event) -> Reaction | None:
+        answer: object = None
+        match report:
+            case LeaseLost(lease, why) if on_lost is not None:
+                answer = on_lost(lease, why)
+            case TaskTimedOut(lease) if on_timeout is not None:
+                answer = on_timeout(lease)
+            case HeartbeatDied(error) if on_death is not None:
+                answer = on_death(error)
+            case HandlerStuck(lease) if on_stuck is not None:
+                answer = on_stuck(lease)
+            case RunCancelled(lease) if on_cancelled is not None:
+                answer = on_cancelled(lease)
+        return answer if isinstance(answer, Reaction) else None
+
+    return post

@@ -252,9 +252,6 @@ def _conclude(
                   result=value, used_tokens=used)  # fmt: skip
 
 
-Done = Callable[[Execution], None]  # a handler ended: the worker records it
-
-
 def run_handler(ex: Execution, config: WorkerConfig) -> None:
     """Run ``ex``'s plain handler on this thread, if it may still begin, and record its
     ending (``ex.commit``, ``ex.seconds``). Never raises."""

@@ -3,47 +3,59 @@
 - Own connection: the thread opens its own store (never shares the conductor's).
 - Single flight per worker: one thread, one renewal statement at a time. When the oldest lease
   is due (``interval`` after its last renewal), every lease still held is renewed at once, each
-  fenced on its own (``renew_each``); a refused one is lost alone (``on_lost``) and the others
+  fenced on its own (``renew_each``); a refused one is lost alone (``LeaseLost``) and the others
   go on.
 - A lease is held from its claim to the commit that ends it (``track`` ... ``untrack``), so a
   prefetched task waiting for a slot and a finished one waiting for its batch stay alive too.
   Before a commit, ``untrack`` also waits for a renewal in flight, so none races the commit;
   ``untrack(wait=False)`` does not, for a lease no commit follows (lost) and for this thread's
-  own callbacks and chores (no renewal can be in flight while they run).
+  own reactions and chores (no renewal can be in flight while they run).
 - A lease's last *confirmation* is the monotonic moment its last successful claim or renewal
-  was *sent* (the store read its "now" after that): ``confirmed_at`` reports it, and the local
-  deadline is that moment plus the ttl. A renewal that *errors* (database busy or locked) is
-  retried soon and is not a loss, until the local deadline passes.
+  was *sent* (``confirmed_at``); the local deadline is that plus the ttl. A renewal that
+  *errors* (database busy or locked) is retried soon, not a loss until that deadline.
 - ``confirm``: the conductor asks for a renewal round now and waits for it, before it starts
   handlers on leases that waited (R4's start rule, ``workerproc/startrule.py``). That round
   also records their start in the database (``recorded``, B3): a lease claimed as waiting (a
   prefetch) spends no attempt if it lapses before then.
-- A lease is held per task *and attempt*: a claim of this worker's that took over its own
-  older attempt of a task (it paused past its lease) replaces it, and the older one is
-  reported lost; a word about one attempt (``finished``, ``untrack``) never touches another.
+- A lease is held per task *and attempt*: this worker's own takeover of its older attempt (it
+  paused past its lease) replaces it, the older one reported lost; a word about one attempt
+  (``finished``, ``untrack``) never touches another.
   An older attempt whose handler began and has not returned stays watched (``_replaced``)
   until it does: its stuck check still fires, and the newer attempt, which waits for it to
   end, cannot wait for ever behind a handler that ignores ``LeaseLost``.
 - ``task_timeout``: counted from ``started``; past it the lease is no longer renewed and
-  ``on_timeout`` fires (unless it answers False: not its fault yet, ask again in
-  ``POSTPONE`` seconds; a handler that cannot run because another blocks the event loop).
-  A lost lease whose handler has not finished a whole ttl later fires
-  ``on_stuck`` (the handler ignored ``LeaseLost``). A ttl of the process's own time: when the
+  ``TaskTimedOut`` is reported (unless its reaction says ``postpone``: not its fault yet, ask
+  again in ``POSTPONE`` seconds; a handler that cannot run because another blocks the event
+  loop). A lost lease whose handler has not finished a whole ttl later is reported
+  ``HandlerStuck`` (the handler ignored ``LeaseLost``). A ttl of the process's own time: when the
   thread looks at that moment late (``LATE``: the process did not run, a pause), the handler
   gets a ttl from then instead, so one that returned as the process woke is not taken for stuck.
-- A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) fires
-  ``on_cancelled`` once for that lease; the lease is still renewed until the commit that ends
-  it.
+- A renewal that answers ``cancelled`` (the run was cancelled under a live lease, B15) is
+  reported ``RunCancelled`` once for that lease; the lease is still renewed until the commit
+  that ends it.
+- Reports (its own death too, ``HeartbeatDied``) are posted as events (``events.py``); the
+  thread knows nothing of what the worker does about them but the ``Reaction`` it is answered,
+  which it carries out here, on its own connection (``_apply``).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
+from .events import (
+    HandlerStuck,
+    HeartbeatDied,
+    LeaseLost,
+    Post,
+    Reaction,
+    RunCancelled,
+    TaskTimedOut,
+)
+from .held import Held, look
 from .logs import event
 from .outage import Outage
 from .presence import Presence
@@ -54,28 +66,7 @@ log = logging.getLogger("workerproc.heartbeat")
 
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
 MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
-POSTPONE = 0.1  # a timeout its callback put off is looked at again this much later
-LATE = 0.25  # a look this long past its moment: this thread did not run (the process paused)
-
-
-@dataclass
-class Held:
-    lease: Lease
-    confirmed: float  # monotonic: when its last successful claim or renewal was sent
-    due: float  # monotonic: renew it by then
-    started: float | None = None  # the handler started (task_timeout counts from here)
-    timeout_at: float | None = None  # monotonic: task_timeout after the start (or postponed)
-    finished: bool = False  # the handler returned: no timeout, no stuck check
-    lost_at: float | None = None
-    stuck_at: float | None = None  # monotonic: its handler is stuck if still running then
-    timed_out: bool = False
-    cancelled: bool = False  # a renewal said its run was cancelled (``on_cancelled`` fired)
-    recorded: bool = True  # the database counts its handler as begun (B3: the claim said so,
-    # or a renewal that carried its start landed)
-
-    def deadline(self, ttl: float) -> float:
-        """Monotonic: the lease may be gone after this."""
-        return self.confirmed + ttl
+POSTPONE = 0.1  # a timeout its reaction put off is looked at again this much later
 
 
 class Heartbeat:
@@ -85,11 +76,7 @@ class Heartbeat:
         *,
         ttl: float,
         interval: float,
-        on_lost: Callable[[Lease, str], None],
-        on_timeout: Callable[[Lease, WorkerStore], bool | None],
-        on_death: Callable[[BaseException], None],
-        on_stuck: Callable[[Lease], None] | None = None,
-        on_cancelled: Callable[[Lease, WorkerStore], None] | None = None,
+        post: Post,
         task_timeout: float | None = None,
         outage: Outage | None = None,
         presence: Presence | None = None,
@@ -101,11 +88,7 @@ class Heartbeat:
         self.ttl = ttl
         self.interval = interval
         self.task_timeout = task_timeout
-        self._on_lost = on_lost
-        self._on_timeout = on_timeout
-        self._on_death = on_death
-        self._on_stuck = on_stuck
-        self._on_cancelled = on_cancelled
+        self._post = post  # every report, as an event (``events.py``)
         self._cond = threading.Condition()
         self._held: dict[int, Held] = {}  # task id -> what we know of its lease
         # (task id, attempt) -> a lost older attempt replaced in ``_held`` by this worker's own
@@ -115,7 +98,7 @@ class Heartbeat:
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
         self._starting: dict[int, int] = {}  # task id -> attempt: record its start (``confirm``)
-        self._chore: tuple[float, Callable[[WorkerStore], None]] | None = None
+        self._chore: tuple[float, Callable[[], Reaction | None]] | None = None
         self.renewals = 0  # statements sent
         self._rounds_begun = 0  # renewal rounds sent ...
         self._rounds_ended = 0  # ... and ended (answered or failed): ``confirm`` waits on them
@@ -219,10 +202,11 @@ class Heartbeat:
                 held.finished = True
             self._replaced.pop((lease.task_id, lease.attempt), None)
 
-    def schedule_chore(self, at: float, chore: Callable[[WorkerStore], None]) -> None:
-        """Run ``chore`` on this thread's connection at monotonic ``at`` unless cancelled first
-        (one pending chore at most): work the conductor cannot do while it runs an inline
-        handler, like handing back the tasks prefetched behind it."""
+    def schedule_chore(self, at: float, chore: Callable[[], Reaction | None]) -> None:
+        """Run ``chore`` on this thread at monotonic ``at`` unless cancelled first (one pending
+        chore at most), and apply its reaction with this thread's connection: work the
+        conductor cannot do while it runs an inline handler, like handing back the tasks
+        prefetched behind it."""
         with self._cond:
             self._chore = (at, chore)
             self._cond.notify_all()
@@ -241,7 +225,7 @@ class Heartbeat:
         renewal is in flight (single flight, bounded by ``timeout``): none races the commit or
         lands after it, where its refusal would be false evidence of a zombie; nor does the
         commit go out while a timeout callback may be ending the process. Without: for leases
-        no commit follows (lost ones), and on this thread, in its own callbacks and chores,
+        no commit follows (lost ones), and on this thread, in its reactions and chores,
         where waiting would wait for itself."""
         with self._cond:
             # Forget first: no new renewal can start for them, so the wait cannot starve
@@ -275,7 +259,7 @@ class Heartbeat:
                 self.presence.leave(store)
         except BaseException as exc:  # a dead heartbeat must stop the worker
             event(log, "heartbeat_died", f"heartbeat thread died: {exc!r}", level=logging.ERROR)
-            self._on_death(exc)
+            self._post(HeartbeatDied(exc))
         finally:
             if store is not None:
                 store.close()
@@ -285,31 +269,10 @@ class Heartbeat:
         wake = now + self.idle_wait
         if self._chore is not None:
             wake = min(wake, self._chore[0])
-        if self.presence is not None:
-            wake = min(wake, self._beat_at)
-        due, timeouts, stuck = [], [], []
-        for held in (*self._held.values(), *self._replaced.values()):
-            if held.lost_at is not None:
-                if held.started is not None and not held.finished and self._on_stuck:
-                    at = held.stuck_at if held.stuck_at is not None else held.lost_at + self.ttl
-                    if at <= now - LATE:  # looked at late: the process did not run meanwhile
-                        at = held.stuck_at = now + self.ttl
-                    elif at <= now:
-                        stuck.append(held)
-                    wake = min(wake, at)
-                continue
-            if held.timed_out:
-                continue
-            if held.timeout_at is not None and not held.finished:
-                at = held.timeout_at
-                if at <= now:
-                    timeouts.append(held)
-                    continue
-                wake = min(wake, at)
-            if held.due <= now or self._urgent:
-                due.append(held)
-            wake = min(wake, held.due)
-        return wake, due, timeouts, stuck
+        wake = min(wake, self._beat_at) if self.presence is not None else wake
+        held = (*self._held.values(), *self._replaced.values())  # (look: ``held.py``)
+        at, due, timeouts, stuck = look(held, now, self.ttl, urgent=self._urgent)
+        return min(wake, at), due, timeouts, stuck
 
     def _step(self, store: WorkerStore) -> bool:
         with self._cond:
@@ -332,29 +295,27 @@ class Heartbeat:
                 self._urgent = False
             for held in timeouts:
                 held.timed_out = True  # stop renewing: the lease will lapse or be released
-            if stuck and self._on_stuck is not None:
-                for held in stuck:
-                    held.finished = True  # fire once
+            for held in stuck:
+                held.finished = True  # report once
             if chore is not None:
                 self._chore = None
             if due:
                 self._rounds_begun += 1
             if beat:
                 self._beat_at = now + self.presence.every if self.presence else 0.0
-            self._busy = True  # untrack() waits: no renewal races a commit
+            self._busy = True  # untrack() waits: no renewal (nor reaction) races a commit
         try:
             if beat and self.presence is not None:
                 self.presence.beat(store)
             if chore is not None:
-                chore[1](store)
+                self._apply(chore[1](), store)
             for held in timeouts:
-                if self._on_timeout(held.lease, store) is False:  # not yet: renew on
+                if self._report(TaskTimedOut(held.lease), store):  # not yet: renew on
                     with self._cond:
                         held.timed_out = False
                         held.timeout_at = time.monotonic() + POSTPONE
             for held in stuck:
-                assert self._on_stuck is not None
-                self._on_stuck(held.lease)
+                self._report(HandlerStuck(held.lease), store)
             if due:
                 self._renew(store)
         finally:
@@ -402,13 +363,38 @@ class Heartbeat:
                 if renewal.cancelled and not held.cancelled:
                     held.cancelled = True
                     cancelled.append(held.lease)
-        if self._on_cancelled is not None:
-            for lease in cancelled:
-                self._on_cancelled(lease, store)
+        for lease in cancelled:
+            self._report(RunCancelled(lease), store)
 
     def _lose(self, held: Held, why: str) -> None:
         with self._cond:
             if held.lost_at is not None:
                 return
             held.lost_at = time.monotonic()
-        self._on_lost(held.lease, why)
+        self._report(LeaseLost(held.lease, why), None)
+
+    def _report(self, report: LeaseLost | RunCancelled | TaskTimedOut | HandlerStuck,
+                store: WorkerStore | None) -> bool:  # fmt: skip
+        """Post ``report`` and apply its reaction; True when it says to postpone."""
+        return self._apply(self._post(report), store)
+
+    def _apply(self, reaction: Reaction | None, store: WorkerStore | None) -> bool:
+        """Do what the worker's reflex answered, on this thread (only its own reports write:
+        ``store`` is None on the conductor's). True: postpone (a timeout not its fault yet)."""
+        if reaction is None:
+            return False
+        if reaction.write:
+            assert store is not None, "a write reacts to the heartbeat thread's own reports"
+            try:
+                store.commit_many(list(reaction.write))
+            except StoreError as exc:  # the leases lapse after the ttl: no harm but a delay
+                event(log, reaction.failed, f"could not record {reaction.what}: {exc}",
+                      level=reaction.level, task_id=reaction.write[0].lease.task_id,
+                      count=len(reaction.write))  # fmt: skip
+        if reaction.forget:
+            self.untrack(reaction.forget, wait=False)
+        if reaction.exit is not None:
+            os._exit(reaction.exit)
+        if reaction.then is not None:
+            self._post(reaction.then)
+        return reaction.postpone

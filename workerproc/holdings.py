@@ -1,12 +1,12 @@
-"""What a worker holds, across its threads: the handlers running, the claimed leases waiting for a
-slot, and the executions that ended and were not collected yet.
+"""What a worker holds, across its threads: the handlers running and the claimed leases waiting for
+a slot (the endings not collected yet wait in the conductor's inbox, ``events.py``).
 
 Deliveries (B20) are held here too, but on the worker's delivery lane: ``on_lane`` tells their
 leases apart, ``lane`` counts those running, and the ``View`` the policy decides from counts the
 users' slots without them (and the lane's apart), so no delivery takes a user's slot.
 
 The conductor, the slot threads, the event loop and the heartbeat thread all touch them, so one
-lock guards the three. It is held for a few dict and deque operations at a time, never across a
+lock guards both. It is held for a few dict and deque operations at a time, never across a
 call out (a store, a handler, the heartbeat); code that needs a few steps in one (a slot thread
 taking the next waiting lease into ``running``) holds ``lock`` itself.
 """
@@ -28,7 +28,6 @@ class Holdings:
         self.lock = threading.Lock()
         self.running: dict[int, Execution] = {}  # task id -> a handler running now
         self.waiting: deque[Lease] = deque()  # claimed (prefetched), waiting for a slot
-        self.ended: deque[Execution] = deque()  # ended, not collected yet
         self.on_lane = on_lane  # whether a lease is the delivery lane's (None: no lane)
         self.lane = 0  # of the running, the lane's (``Mode.LANE``)
 
@@ -66,30 +65,20 @@ class Holdings:
                         self.lane + lane_waiting, lane_waiting)  # fmt: skip
 
     def busy(self) -> bool:
-        """Something is left to do: a live handler, an ending not collected, a waiting lease
-        (a handler abandoned after a timeout does not count: its lease went back already)."""
+        """Something is left to do: a live handler or a waiting lease (a handler abandoned after
+        a timeout does not count: its lease went back already)."""
         with self.lock:
-            if self.ended or self.waiting:
+            if self.waiting:
                 return True
             return any(ex.stopped is not Stopped.ABANDONED for ex in self.running.values())
 
     # -- endings ----------------------------------------------------------------------------------
-    def end(self, ex: Execution) -> bool:
-        """``ex``'s handler ended (any thread): its slot is free. True for the first ending
-        since the last ``collect`` (the one that must wake the conductor)."""
+    def end(self, ex: Execution) -> None:
+        """``ex``'s handler ended (any thread): its slot is free."""
         with self.lock:
             if self.running.get(ex.lease.task_id) is ex:  # never a newer attempt's slot
                 del self.running[ex.lease.task_id]
                 self.lane -= ex.mode is Mode.LANE
-            first = not self.ended
-            self.ended.append(ex)
-        return first
-
-    def collect(self) -> list[Execution]:
-        with self.lock:
-            ended = list(self.ended)
-            self.ended.clear()
-        return ended
 
     # -- waiting leases ---------------------------------------------------------------------------
     def add_waiting(self, leases: Iterable[Lease]) -> None:

@@ -141,8 +141,7 @@ class Policy:
 
     def slow_after_all(self) -> None:
         """The prefetched work went back behind slow slots: prefetch again only after RECENT
-        fast handlers. (The one call made from another thread, the heartbeat's, while an inline
-        handler holds the conductor's: a deque's clear is atomic.)"""
+        fast handlers."""
         self._recent.clear()
 
     def slow_behind(self, view: View, now: float) -> bool:

@@ -1,7 +1,9 @@
 """Starting waiting leases on free slots, each only on a lease confirmed a moment ago (R4's start
 rule: ``startrule.py``, applied by ``Policy.start``).
 
-The conductor starts what waits at each turn (``start_waiting``): a lease confirmed within
+The conductor starts what waits at each turn (``start_waiting``, which hands it each execution
+to submit, one at a time, so that it hears of an inline handler's ending before the next
+start): a lease confirmed within
 ``fresh`` starts at once; an older one is renewed first, synchronously, every such lease of the
 turn in one statement (``Heartbeat.confirm``), and starts on the renewal's answer however long
 its round trip took; a refused renewal (another worker took the task over) never starts. A slot
@@ -16,12 +18,11 @@ read of its task). A webhook delivery starts on a free slot of the delivery lane
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Iterator, Mapping
 
 from .app import App, Handler
 from .completer import Completer
 from .execution import Execution, Mode, mode_for
-from .executors import Executors
 from .heartbeat import Heartbeat
 from .holdings import Holdings
 from .once import CallBook
@@ -37,11 +38,9 @@ class Starter:
         holdings: Holdings,
         policy: Policy,
         heartbeat: Heartbeat,
-        executors: Executors,
         completer: Completer,
         waker: Waker,
         *,
-        starting: Callable[[], None],
         calls: CallBook | None = None,
         builtin: Mapping[str, Handler] | None = None,
     ) -> None:
@@ -52,13 +51,12 @@ class Starter:
         self.holdings = holdings
         self.policy = policy
         self.heartbeat = heartbeat
-        self.executors = executors
         self.completer = completer
         self.waker = waker
-        self._starting = starting  # a handler is about to start (the status slot says so)
 
-    def start_waiting(self) -> None:
-        """Start waiting leases on the free slots (the conductor's turn)."""
+    def start_waiting(self) -> Iterator[Execution]:
+        """Start waiting leases on the free slots (the conductor's turn): each execution, in
+        ``running`` already, is the conductor's to submit to its executor."""
         vouched: dict[int, float] | None = None  # renewed at this turn's request: may start
         h, policy = self.holdings, self.policy
         while policy.accepting:
@@ -95,8 +93,7 @@ class Starter:
                 self.completer.add(Commit(lease, "fail", reason="unknown_task", error=error))
                 continue
             self.heartbeat.started(lease)
-            self._starting()
-            self.executors[ex.mode].submit(ex)
+            yield ex
 
     def _startable(self) -> Lease | None:
         """The next waiting lease a free slot may start (holding the holdings' lock): a

@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import reports, wait_for
 
 import workerproc
 from workerproc.alarms import Alarms
 from workerproc.app import LeaseLost, RunCancelled, TaskContext
 from workerproc.config import WorkerConfig
+from workerproc.events import Event, TaskFinished
 from workerproc.execution import Execution, Mode, Stopped, conclude
 from workerproc.executors import Executor
 from workerproc.executors.aio import AsyncExecutor
@@ -40,13 +41,14 @@ class Endings:
     def __init__(self) -> None:
         self.ended: list[Execution] = []
 
-    def __call__(self, ex: Execution) -> None:
-        self.ended.append(ex)
+    def __call__(self, finished: Event) -> None:
+        assert isinstance(finished, TaskFinished)
+        self.ended.append(finished.execution)
 
 
 def make(mode: Mode, done: Endings) -> Executor:
     if mode is Mode.THREAD:
-        return ThreadExecutor(2, CONFIG, lambda ex: done(ex))
+        return ThreadExecutor(2, CONFIG, done)
     return AsyncExecutor(CONFIG, done)
 
 
@@ -197,9 +199,9 @@ def test_the_heartbeat_reports_a_cancelled_lease_once_and_keeps_it_alive() -> No
     store = Answers(cancelled={2})
     told: list[int] = []
     hb = Heartbeat(lambda: store, ttl=3.0, interval=0.02,  # type: ignore[arg-type, return-value]
-                   on_lost=lambda x, why: told.append(-x.task_id),
-                   on_timeout=lambda x, s: None, on_death=lambda exc: told.append(0),
-                   on_cancelled=lambda x, s: told.append(x.task_id))  # fmt: skip
+                   post=reports(on_lost=lambda x, why: told.append(-x.task_id),
+                                on_death=lambda exc: told.append(0),
+                                on_cancelled=lambda x: told.append(x.task_id)))  # fmt: skip
     one, two = lease(1), lease(2)
     hb.start()
     try:
@@ -229,13 +231,10 @@ def test_a_waiting_lease_of_a_cancelled_run_never_starts(tmp_path: Path, waker: 
         assert s.cancel_run(doomed_run)
     holdings = Holdings()
     holdings.add_waiting([doomed, live])
-    alarms: list[Alarms] = []
+    # the waiting path needs no executor
+    alarms = Alarms(CONFIG, holdings, None, lambda event: None)  # type: ignore[arg-type]
     hb = Heartbeat(lambda: open_store(db), ttl=30.0, interval=10.0,
-                   on_lost=lambda x, why: None, on_timeout=lambda x, s: None,
-                   on_death=lambda exc: None,
-                   on_cancelled=lambda x, s: alarms[0].run_cancelled(x, s))  # fmt: skip
-    # the waiting path needs no executor nor policy
-    alarms.append(Alarms(CONFIG, holdings, None, None, hb, waker, drain=lambda c, w: None))  # type: ignore[arg-type]
+                   post=reports(on_cancelled=alarms.run_cancelled))  # fmt: skip
     stale = time.monotonic() - 20.0  # waited long: renewed before it may start
     hb.track(doomed, stale)
     hb.track(live, stale)

@@ -14,6 +14,7 @@ from helpers import wait_for
 
 from workerproc.app import TaskContext
 from workerproc.config import WorkerConfig
+from workerproc.events import Event, TaskFinished
 from workerproc.execution import Execution, Mode, Stopped
 from workerproc.executors import Executor, Executors
 from workerproc.executors.aio import AsyncExecutor
@@ -30,13 +31,14 @@ def lease(task_id: int = 1) -> Lease:
 
 
 class Endings:
-    """The worker's side of the callback: every ending, in order."""
+    """The worker's side of ``post``: every ending, in order."""
 
     def __init__(self) -> None:
         self.ended: list[Execution] = []
 
-    def __call__(self, ex: Execution) -> None:
-        self.ended.append(ex)
+    def __call__(self, finished: Event) -> None:
+        assert isinstance(finished, TaskFinished)
+        self.ended.append(finished.execution)
 
 
 @pytest.fixture
@@ -51,9 +53,9 @@ def make(mode: Mode, done: Endings, waker: Waker) -> Executor:
         return InlineExecutor(CONFIG, Signals(), waker, done, before=lambda: None,
                               after=lambda: None)  # fmt: skip
     if mode is Mode.THREAD:
-        return ThreadExecutor(2, CONFIG, lambda ex: done(ex))
+        return ThreadExecutor(2, CONFIG, done)
     if mode is Mode.LANE:  # (the delivery lane: threads of its own, B20)
-        return LaneExecutor(1, CONFIG, lambda ex: done(ex))
+        return LaneExecutor(1, CONFIG, done)
     return AsyncExecutor(CONFIG, done)
 
 

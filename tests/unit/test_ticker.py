@@ -1,7 +1,7 @@
 """The schedules' firer of a worker (``workerproc/ticker.py``) with a fake store: it fires what
 is due, then sleeps until the earliest next tick (bounded by ``REFRESH``), never busy-polls
 when a tick stays due, backs off after a failing database, and stops at once when closed; and
-which workers of a pool run one (``Worker._start_schedules``)."""
+which workers of a pool run one (``Services.boot``)."""
 
 from __future__ import annotations
 
@@ -114,14 +114,14 @@ def test_the_first_two_workers_of_a_pool_fire_and_every_worker_declares(
                     open_store=lambda: open_store(db_path),
                     slot=None if index is None else board.slot(index))  # fmt: skip
     try:
-        worker._start_schedules()
+        worker.services.boot(store)
         assert [s.name for s in store.schedules()] == ["tick"]  # declared either way
-        assert (worker.ticker is not None) is fires
-        if worker.ticker is not None:
+        assert (worker.services.ticker is not None) is fires
+        if worker.services.ticker is not None:
             wait_for(lambda: store.list_runs(), timeout=10, what="a tick's run")
             run = store.list_runs()[0]
             assert (run.key or "").startswith("schedule:tick:") and run.task == "tick"
     finally:
-        if worker.ticker is not None:
-            worker.ticker.close()
+        if worker.services.ticker is not None:
+            worker.services.ticker.close()
         store.close()

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from helpers import wait_for
+from helpers import reports, wait_for
 
 from workerproc import App, exitcodes
 from workerproc.app import LeaseLost, TaskContext
@@ -59,14 +59,16 @@ class SlowRenewals:
 
 
 def make_heartbeat(store: Any, lost: list[str], **kw: Any) -> Heartbeat:
-    kw.setdefault("on_stuck", None)
     return Heartbeat(
         lambda: store,
         ttl=kw.pop("ttl", 10.0),
         interval=kw.pop("interval", 0.02),
-        on_lost=lambda lease, why: lost.append(why),
-        on_timeout=lambda lease, store: lost.append("timeout"),
-        on_death=lambda exc: lost.append(f"death {exc!r}"),
+        post=reports(
+            on_lost=lambda lease, why: lost.append(why),
+            on_timeout=lambda lease: lost.append("timeout"),
+            on_death=lambda exc: lost.append(f"death {exc!r}"),
+            on_stuck=kw.pop("on_stuck", None),
+        ),
         **kw,
     )
 
@@ -262,7 +264,7 @@ def test_untrack_waits_while_the_timeout_path_ends_the_process():
     finished: list[float] = []
     exiting = threading.Event()
 
-    def slow_exit(lease: Lease, store: Any) -> None:
+    def slow_exit(lease: Lease) -> None:
         exiting.set()
         time.sleep(0.5)  # the real one releases the lease, then os._exit()s
         finished.append(time.monotonic())
@@ -271,9 +273,7 @@ def test_untrack_waits_while_the_timeout_path_ends_the_process():
         lambda: ScriptedRenewals(set()),
         ttl=10.0,
         interval=1.0,
-        on_lost=lambda lease, why: None,
-        on_timeout=slow_exit,
-        on_death=lambda exc: None,
+        post=reports(on_timeout=slow_exit),
         task_timeout=0.1,
     )
     hb.start()

@@ -20,7 +20,7 @@ import pg_session
 import psutil
 import psycopg
 import pytest
-from helpers import FakeClock, wait_for
+from helpers import FakeClock, reports, wait_for
 from procs import Proc, spawn_worker
 from store_backends import TTL, claim, finish
 
@@ -335,10 +335,9 @@ class Renewals:
 
 
 def heartbeat(store: Any, lost: list[tuple[int, int]]) -> Heartbeat:
-    return Heartbeat(lambda: store, ttl=30.0, interval=10.0,
+    return Heartbeat(lambda: store, ttl=30.0, interval=10.0, post=reports(
                      on_lost=lambda lease, why: lost.append((lease.task_id, lease.attempt)),
-                     on_timeout=lambda lease, store: None,
-                     on_death=lambda exc: lost.append((-1, -1)))  # fmt: skip
+                     on_death=lambda exc: lost.append((-1, -1))))  # fmt: skip
 
 
 def test_the_heartbeat_keeps_two_attempts_of_one_task_apart() -> None:

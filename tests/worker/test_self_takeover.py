@@ -18,7 +18,7 @@ from typing import Any
 
 import ledger
 import pytest
-from helpers import FakeClock, wait_for
+from helpers import FakeClock, reports, wait_for
 from procs import spawn_worker
 from store_backends import TTL, claim
 from test_attempts import WORKER, Renewals, lapse, pause
@@ -26,6 +26,7 @@ from test_limits import limited
 
 from workerproc import App, TaskContext, exitcodes, testing
 from workerproc.config import WorkerConfig
+from workerproc.events import TaskFinished
 from workerproc.execution import Execution, Mode
 from workerproc.heartbeat import Heartbeat
 from workerproc.store import ClaimRequest, Lease, Store, open_store
@@ -75,8 +76,7 @@ def watching(stuck: list[Lease]) -> Heartbeat:
     """A heartbeat with a short ttl whose stuck checks are recorded in ``stuck``."""
     store: Any = Renewals()
     return Heartbeat(lambda: store, ttl=0.2, interval=0.05,
-                     on_lost=lambda lease, why: None, on_timeout=lambda lease, store: None,
-                     on_death=lambda exc: None, on_stuck=stuck.append)  # fmt: skip
+                     post=reports(on_stuck=stuck.append))  # fmt: skip
 
 
 def test_an_old_attempt_replaced_by_this_workers_takeover_is_still_watched() -> None:
@@ -148,8 +148,8 @@ def test_the_heartbeat_hears_of_a_handlers_end_when_it_ends(db_path: str) -> Non
         w.heartbeat.track(old, time.monotonic())
         w.heartbeat.started(old)
         w.heartbeat.track(dataclasses.replace(old, attempt=2), time.monotonic())  # old: lost
-        w._ended(Execution(old, lambda ctx: None, Mode.THREAD))  # on its slot thread
-        assert w.holdings.ended  # not collected by the conductor yet
+        w.inbox.post(TaskFinished(Execution(old, lambda ctx: None, Mode.THREAD)))  # its slot's
+        assert w.inbox  # not collected by the conductor yet
         assert w.heartbeat._next(time.monotonic() + config.lease_ttl + 0.01)[3] == []
     finally:
         store.close()

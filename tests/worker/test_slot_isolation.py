@@ -20,7 +20,7 @@ from workerproc import App, TaskContext, exitcodes
 from workerproc.app import LeaseLost
 from workerproc.completer import Completer
 from workerproc.config import WorkerConfig
-from workerproc.execution import Execution
+from workerproc.events import Event, Reaction, TaskFinished
 from workerproc.store import CasResult, Commit, Lease, open_store
 from workerproc.worker import Worker
 
@@ -252,8 +252,10 @@ def test_a_dead_slot_thread_releases_its_tasks_and_the_worker_exits_to_be_replac
     """Our own bug in a slot thread's bookkeeping must not wedge the worker silently."""
 
     class Buggy(Worker):
-        def _ended_on_thread(self, ex: Execution) -> Execution | None:
-            raise RuntimeError("a bug in the slot's bookkeeping")
+        def _on_the_spot(self, report: Event) -> Reaction | None:
+            if isinstance(report, TaskFinished):  # (on the slot thread that posts it)
+                raise RuntimeError("a bug in the slot's bookkeeping")
+            return super()._on_the_spot(report)
 
     app = App()
     app.task("t")(lambda ctx: time.sleep(0.05))

@@ -127,8 +127,8 @@ class Chains(Drains):
 
     chained = 0
 
-    def _ended_on_thread(self, ex: Execution) -> Execution | None:
-        nxt = super()._ended_on_thread(ex)
+    def _follow(self) -> Execution | None:
+        nxt = super()._follow()
         if nxt is not None:
             assert nxt.mode is Mode.THREAD
             with self.holdings.lock:

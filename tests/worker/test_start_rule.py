@@ -19,7 +19,7 @@ import ledger
 import psutil
 import pytest
 from apps.ledger_app import note
-from helpers import Drains, wait_for
+from helpers import Drains, reports, wait_for
 from procs import Proc, spawn_worker
 
 from workerproc.heartbeat import Heartbeat
@@ -72,9 +72,10 @@ def heartbeat(store: Any, lost: list[int], ttl: float = 30.0) -> Heartbeat:
         lambda: store,
         ttl=ttl,
         interval=ttl / 3,
-        on_lost=lambda lease, why: lost.append(lease.task_id),
-        on_timeout=lambda lease, store: None,
-        on_death=lambda exc: lost.append(-1),
+        post=reports(
+            on_lost=lambda lease, why: lost.append(lease.task_id),
+            on_death=lambda exc: lost.append(-1),
+        ),
     )
 
 

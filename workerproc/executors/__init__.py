@@ -11,8 +11,8 @@
 
 The worker talks to each the same way: ``submit`` an execution, ``interrupt`` it (after a lost
 lease, a timeout, QUIT), ask whether one handler holds the whole executor (``blocked``) or
-whether it died (``dead``), ``close`` it. Each reports every ending to the worker with the
-callback it was built with.
+whether it died (``dead``), ``close`` it. Each reports every ending as an event
+(``TaskFinished``, ``events.py``) through the ``post`` it was built with.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def submit(self, ex: Execution) -> None:
         """Run ``ex``'s handler (inline: now, on this thread), if it may still begin; record
-        its ending on ``ex`` and report it to the worker."""
+        its ending on ``ex`` and post it (``TaskFinished``)."""
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:
         """Tell ``ex``'s handler to stop for ``why`` (from any thread; for ``LOST``, its

@@ -27,7 +27,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any
 
 from ..config import WorkerConfig
-from ..execution import Done, Execution, Mode, Stopped, conclude, message
+from ..events import Post, TaskFinished
+from ..execution import Execution, Mode, Stopped, conclude, message
 from ..logs import event
 from ..signals import main_thread_only
 from . import BLOCKED_AFTER, Executor
@@ -51,9 +52,9 @@ class AsyncExecutor(Executor):
 
     mode = Mode.ASYNC
 
-    def __init__(self, config: WorkerConfig, done: Done) -> None:
+    def __init__(self, config: WorkerConfig, post: Post) -> None:
         self._config = config
-        self._done = done
+        self._post = post  # each ending, as ``TaskFinished``
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -152,7 +153,7 @@ class AsyncExecutor(Executor):
             self._by_task.pop(task, None)
         ex.seconds = time.monotonic() - ex.started
         ex.commit = conclude(ex, value, raised, self._config)
-        self._done(ex)
+        self._post(TaskFinished(ex))
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:
         """Stop ``ex`` for ``why`` (from any thread): its coroutine is cancelled on the loop,

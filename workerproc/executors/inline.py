@@ -17,7 +17,8 @@ from collections.abc import Callable
 
 from ..app import LeaseLost, RunCancelled
 from ..config import WorkerConfig
-from ..execution import Done, Execution, Mode, Stopped, conclude
+from ..events import Post, TaskFinished
+from ..execution import Execution, Mode, Stopped, conclude
 from ..signals import INTERRUPT, Signals, Waker
 from . import Executor
 
@@ -31,7 +32,7 @@ class InlineExecutor(Executor):
         config: WorkerConfig,
         signals: Signals,
         waker: Waker,
-        done: Done,
+        post: Post,
         *,
         before: Callable[[], None],
         after: Callable[[], None],
@@ -39,7 +40,7 @@ class InlineExecutor(Executor):
         self._config = config
         self._signals = signals
         self._waker = waker
-        self._done = done
+        self._post = post  # each ending, as ``TaskFinished``
         self._before = before  # the handler takes over the conductor's thread ...
         self._after = after  # ... and gave it back
 
@@ -62,7 +63,7 @@ class InlineExecutor(Executor):
         self._after()
         ex.seconds = time.monotonic() - ex.started
         ex.commit = conclude(ex, value, raised, self._config)
-        self._done(ex)
+        self._post(TaskFinished(ex))
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:
         """A lost lease raises ``LeaseLost`` in the handler, a cancelled run ``RunCancelled``

@@ -2,8 +2,9 @@
 
 A thread cannot be stopped from outside: a lost lease sets the execution's ``lost`` flag, so
 its next ``ctx`` call raises ``LeaseLost``, and whatever it returns is discarded. A thread whose
-handler ended asks the worker what it runs next (``Next``): the worker may hand it the next
-prefetched task at once, without a turn of its loop.
+handler ended posts the ending (``TaskFinished``: its slot is free once ``post`` returns), then
+asks what it runs next (``follow``): the next prefetched task, started at once without a turn of
+the conductor (``Starter.next_for_thread``), or None.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from ..config import WorkerConfig
+from ..events import Post, TaskFinished
 from ..execution import Execution, Mode, message, run_handler
 from ..logs import event
 from ..signals import main_thread_only
@@ -23,8 +25,8 @@ from . import Executor
 log = logging.getLogger("workerproc.worker")
 
 
-# A slot thread's handler ended: record it, and say what this thread runs next (None: wait)
-Next = Callable[[Execution], Execution | None]
+# A slot thread's handler ended and was posted: what this thread runs next (None: wait)
+Follow = Callable[[], Execution | None]
 
 
 class ThreadExecutor(Executor):
@@ -33,10 +35,13 @@ class ThreadExecutor(Executor):
     mode = Mode.THREAD
     thread_name = "slot"
 
-    def __init__(self, size: int, config: WorkerConfig, done: Next) -> None:
+    def __init__(
+        self, size: int, config: WorkerConfig, post: Post, follow: Follow | None = None
+    ) -> None:
         self._size = size
         self._config = config
-        self._done = done
+        self._post = post  # each ending, as ``TaskFinished``
+        self._follow = follow
         self._queue: queue.SimpleQueue[Execution | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self.died: BaseException | None = None
@@ -58,7 +63,8 @@ class ThreadExecutor(Executor):
             try:
                 # the next prefetched task, started by this thread (no round trip through the
                 # conductor), or whatever the conductor submits
-                nxt = self._done(ex)
+                self._post(TaskFinished(ex))
+                nxt = self._follow() if self._follow is not None else None
             except BaseException as exc:  # our own bug: the conductor sees this thread gone
                 self.died = exc
                 event(log, "slot_died", f"slot thread died: {message(exc)}",
@@ -82,8 +88,8 @@ class ThreadExecutor(Executor):
 
 class LaneExecutor(ThreadExecutor):
     """The delivery lane (B20): webhook deliveries on threads of their own, never on a user's
-    slot, so a receiver that hangs holds up no user's run. Its ``done`` answers None: a lane
-    thread takes only what the conductor submits to it."""
+    slot, so a receiver that hangs holds up no user's run. It has no ``follow``: a lane thread
+    takes only what the conductor submits to it."""
 
     mode = Mode.LANE
     thread_name = "delivery"

@@ -16,10 +16,9 @@ the backend's own catalogue. Only the transport differs, per backend (``AsyncBac
 from __future__ import annotations
 
 import abc
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from .dialect import Channel, Params, Row
 from .errors import RunNotFound, StoreError
@@ -40,11 +39,16 @@ from .protocol.waits import sending, signal_params
 from .settings import SQLiteOptions, StoreOptions, resolve
 from .types import DEFAULT_QUEUE, JSON, Clock, Event, Run
 
+if TYPE_CHECKING:
+    import asyncio
+
 T = TypeVar("T")
 
 
 async def sleep_on(changed: asyncio.Condition, moved: Callable[[], bool], timeout: float) -> None:
     """Wait on ``changed`` until ``moved()`` holds or ``timeout`` seconds pass (no error)."""
+    import asyncio  # noqa: PLC0415 - a worker of plain handlers never imports asyncio
+
     async with changed:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(changed.wait_for(moved), timeout)
@@ -52,6 +56,8 @@ async def sleep_on(changed: asyncio.Condition, moved: Callable[[], bool], timeou
 
 async def stop(task: asyncio.Task[None] | None) -> None:
     """Cancel a backend's background task and wait for it to end, whatever it raised."""
+    import asyncio  # noqa: PLC0415 - a worker of plain handlers never imports asyncio
+
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
