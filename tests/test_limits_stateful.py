@@ -173,12 +173,17 @@ class LimitBookkeeping(RuleBasedStateMachine):
                 parent.due, parent.joining, parent.waiting = self.now, False, False
 
     def cancel_tree(self, run: MRun) -> None:
+        """Every live descendant of ``run`` is cancelled with it (B14), a live one below a
+        child that ended before too (a grandchild retried after its parent was cancelled):
+        the store walks the whole tree (``CANCEL_DESCENDANTS``). Their leases stay (B15)."""
         for kid in run.kids:
             child = self.runs.get(kid)
-            if child is not None and child.status == ALIVE:
+            if child is None:  # pruned: nothing below it is linked any more
+                continue
+            if child.status == ALIVE:
                 child.status, child.ended_at = "cancelled", self.now
                 child.waiting = child.joining = False
-                self.cancel_tree(child)
+            self.cancel_tree(child)
 
     # -- producers ------------------------------------------------------------------------------
     @rule(task=st.sampled_from(TASKS), tenant=st.sampled_from(TENANTS),
