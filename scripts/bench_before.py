@@ -1,7 +1,7 @@
 """No-op throughput, idle pickup and takeover: this checkout against an earlier commit, on this
 machine, now.
 
-"No worse than today" (issue 12) needs the figures of the code before slots measured on the same
+"No worse than today" needs the figures of the code before slots measured on the same
 machine in the same minutes: idle latency here depends on how fast an idle machine wakes up (a
 ``SELECT 1`` after 0.3 s of idle can take 50x its warm time), so figures from another day or
 machine compare nothing. This script checks ``REV`` out into a temporary worktree, drains the
@@ -11,9 +11,9 @@ pools at once (``supervisor start -n 8``, one database each) and alternates idle
 between them, then measures takeover after SIGKILL with each tree's own
 ``scripts/measure_fast_release.py``, alternating rounds.
 
-    .venv/bin/python scripts/bench_before.py 524312a [--samples 120] [--trials 12]
-    .venv/bin/python scripts/bench_before.py 26f0342 --backend both [--server URL]
-    .venv/bin/python scripts/bench_before.py 26f0342 --now 4062d17   # a commit, not this tree
+    scripts/bench before 524312a [--samples 120] [--trials 12]
+    scripts/bench before 26f0342 --backend both [--server URL]
+    scripts/bench before 26f0342 --now 4062d17   # a commit, not this tree
 
 (about 9 minutes per backend; 524312a is the last commit before slots). ``--backend postgres``
 measures throughput and idle pickup on PostgreSQL the same way: each tree gets a fresh database
@@ -45,12 +45,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import bench_args
 from bench_procs import drain, stop, tree_env
 
 ROOT = Path(__file__).resolve().parent.parent
-BASELINE = "524312a"  # the last commit before slots (issue 12)
+BASELINE = "524312a"  # the last commit before slots
 BACKENDS = ("sqlite", "postgres")
-SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+SERVER = bench_args.SERVER
 ENQUEUE = """import sys, time
 from workerproc.store import open_store
 store = open_store(sys.argv[1])
@@ -381,8 +382,8 @@ def table(rev: str, data: Before, backend: str = "sqlite", now: str | None = Non
     return lines
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench before``."""
     ap.add_argument("rev", help="the earlier commit (524312a: the last one before slots)")
     ap.add_argument("--samples", type=int, default=120, help="idle pickup samples per tree")
     ap.add_argument("--trials", type=int, default=12, help="takeover trials per round")
@@ -397,7 +398,9 @@ def main() -> int:
     )
     ap.add_argument("--server", default=SERVER,
                     help=f"PostgreSQL: a URL of a database to connect to ({SERVER})")  # fmt: skip
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     for rev in (args.rev, args.now):
         if rev is not None and not exists(rev):
             raise SystemExit(f"bench_before: no commit {rev!r} in this clone")
@@ -408,7 +411,3 @@ def main() -> int:
         print()
         print("\n".join(table(args.rev, figures, backend, args.now)))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

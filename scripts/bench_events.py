@@ -1,4 +1,4 @@
-"""The outbox's cost (issue 26): enqueue and drain throughput of this checkout (every
+"""The outbox's cost: enqueue and drain throughput of this checkout (every
 transition writes its event) against an earlier commit (no events), on this machine, now.
 
 ``REV`` is exported with ``git archive`` into a temporary directory (no worktree is made). Each
@@ -10,7 +10,7 @@ backend and tree, the median of the trials of:
 - drain: ``P`` processes, each the worker's exchange (``commit_many``: finish every lease it
   holds and claim up to 8 more, one transaction) until no run is left; finished runs per second.
 
-    .venv/bin/python scripts/bench_events.py [--before REV] [--runs 2000] [--trials 3]
+    scripts/bench events [--before REV] [--runs 2000] [--trials 3]
         [--backends sqlite,postgres] [--procs 2]
 """
 
@@ -103,14 +103,16 @@ def trial(tree: Path, url: str, runs: int, procs: int) -> dict[str, float]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench events``."""
     parser.add_argument("--before", default="577346b", help="the commit to compare against")
     parser.add_argument("--runs", type=int, default=2000)
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--procs", type=int, default=2)
     parser.add_argument("--backends", default="sqlite,postgres")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lk-bench-events-") as tmp:
         work = Path(tmp)
         before = tree_of(args.before, Path(tempfile.mkdtemp(dir=tmp, prefix="before-")))
@@ -143,7 +145,3 @@ def main() -> int:
                     cells.append(f"{b:10.0f}{e:10.0f}{(e / b - 1) * 100:+9.1f}%")
                 print(f"{label:22}" + "".join(cells))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,8 +1,8 @@
-"""scripts/bench's goals table (issue 12): each goal, what this run measured, met or NOT met.
+"""scripts/bench's goals table: each goal, what this run measured, met or NOT met.
 
 A goal whose numbers this run did not measure (a part left out with --parts, huey left out with
 --no-huey) says "not measured". "No worse than today" compares idle pickup and takeover with the
-commit before slots measured beside this checkout in the same run (scripts/bench_before.py, the
+commit before slots measured beside this checkout in the same run (scripts/bench before, the
 bench's --before), allowing BEFORE_SLACK for the noise of a hundred samples.
 """
 
@@ -84,7 +84,7 @@ def print_goals(widths: list[int], results: dict[str, list[float]],
                 rss: dict[str, dict[str, float]], lat: Any) -> None:  # fmt: skip
     goals = [noop_slots(results, widths), one_slot_each(results, widths), io_bound(results),
              worker_rss(rss), idle_and_takeover(lat)]  # fmt: skip
-    print("\n| goal (issue 12) | measured | result |")
+    print("\n| goal | measured | result |")
     print("| --- | --- | --- |")
     for what, got, met in goals:
         verdict = "not measured" if met is None else "met" if met else "**NOT met**"

@@ -1,4 +1,4 @@
-"""Flow control's cost (issue 24), on SQLite and PostgreSQL (scripts/bench --parts limits):
+"""Flow control's cost, on SQLite and PostgreSQL (scripts/bench throughput --parts limits):
 
 (a) no-op throughput: M runs drained by ``supervisor start -n W --drain`` with the task behind a
     limit that never binds (scripts/benchapp_limited.py) vs the same task without limits
@@ -8,7 +8,7 @@
     N runs without limits. Each lease is finished again after it is timed (untimed), so the
     backlog stays about the same.
 
-    python scripts/bench_limits.py [--quick] [--postgres URL|''] [--rounds R] [--tasks M]
+    scripts/bench limits [--quick] [--postgres URL|''] [--rounds R] [--tasks M]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+import bench_args
 import bench_pg
 from bench_procs import ENV, HERE, PY
 
@@ -108,25 +109,23 @@ def claim_times(s: Store, samples: int, batch: int) -> list[float]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--quick", action="store_true", help="a fast smoke run (not for figures)")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench limits``."""
+    bench_args.add_quick(ap)
     ap.add_argument("--tasks", type=int, help="no-op runs per side (5,000; quick 300)")
     ap.add_argument("--rounds", type=int, help="rounds (3; quick 1)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--keys", type=int, help="keys of the limit (10,000; quick 200)")
     ap.add_argument("--waiting", type=int, help="runs waiting (100,000; quick 2,000)")
     ap.add_argument("--samples", type=int, help="claims timed per row (200; quick 10)")
-    ap.add_argument("--postgres", default=os.environ.get("LEASEKEEPER_BENCH_POSTGRES",
-                                                         bench_pg.DEFAULT_SERVER),
-                    help="a PostgreSQL server URL ('' to skip PostgreSQL)")  # fmt: skip
+    bench_args.add_postgres(ap)
     ap.add_argument("--only", choices=("throughput", "claim"), help="one half only")
-    ap.add_argument("--dir", help="where the scratch directory goes (removed at the end)")
-    args = ap.parse_args()
-    for name, full, quick in (("tasks", 5000, 300), ("rounds", 3, 1), ("keys", 10_000, 200),
-                              ("waiting", 100_000, 2000), ("samples", 200, 10)):  # fmt: skip
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
+    bench_args.add_dir(ap)
+
+
+def run(args: argparse.Namespace) -> int:
+    bench_args.fill_sizes(args, (("tasks", 5000, 300), ("rounds", 3, 1), ("keys", 10_000, 200),
+                                 ("waiting", 100_000, 2000), ("samples", 200, 10)))  # fmt: skip
     kinds = ["sqlite"] + (["postgres"] if args.postgres else [])
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="lk-bench-limits-", dir=args.dir) as tmp:
@@ -136,7 +135,7 @@ def main() -> int:
                     rows += throughput(kind, new, args)
                 if args.only != "throughput":
                     rows += latency(kind, new, args)
-    print("\n| flow control (issue 24) | without limits | with limits | ratio |")
+    print("\n| flow control | without limits | with limits | ratio |")
     print("| --- | --- | --- | --- |")
     print("\n".join(rows))
     return 0
@@ -176,7 +175,3 @@ def latency(kind: str, new: Callable[[str], str], args: argparse.Namespace) -> l
         plain.close()
         gated.close()
     return rows
-
-
-if __name__ == "__main__":
-    sys.exit(main())

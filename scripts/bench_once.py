@@ -1,4 +1,4 @@
-"""A paid call's keep latency (issue 37: p99 <= 10 ms at load <= 2): from fn's return to
+"""A paid call's keep latency (p99 <= 10 ms at load <= 2): from fn's return to
 ``ctx.once``'s return (the answer kept in the database), on SQLite and PostgreSQL, under a real
 supervisor (``supervisor start -n N --drain``) draining runs of one paid call each whose fn
 returns at once (scripts/benchapp_once.py). Each run's handler times its own call and splits
@@ -6,7 +6,7 @@ it in three: fn's return -> the keep begins (checks, the hand-off to the thread 
 the keep (the database's transaction; on SQLite its wait for the write lock and its COMMIT
 apart), the keep's end -> ``once`` returns (the hand-back).
 
-    scripts/bench-once [--runs 2000] [--backends sqlite,postgres] [--work-ms 10]
+    scripts/bench once [--runs 2000] [--backends sqlite,postgres] [--work-ms 10]
                        [--configs "2x1,4x1,2x2"]
 
 ``--configs``: pools of WORKERSxCONCURRENCY (concurrency 1: the handler runs on the worker's
@@ -136,8 +136,8 @@ def row(name: str, m: dict[str, object]) -> str:
             f"({m['idle_load']:.2f}) | {m['seconds']:.1f} |")  # fmt: skip
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench once``."""
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--backends", default="sqlite,postgres")
     ap.add_argument("--work-ms", type=float, default=10.0)
@@ -145,7 +145,9 @@ def main() -> int:
     ap.add_argument(
         "--before", type=float, default=2.0, help="seconds of looking at the load first"
     )
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     configs = [tuple(int(x) for x in c.split("x")) for c in args.configs.split(",")]
     rows, worst = [], 0.0
     with tempfile.TemporaryDirectory(prefix="lk-bench-once-") as tmp:
@@ -187,7 +189,3 @@ def main() -> int:
     verdict = "met" if worst <= TARGET_P99_MS else "NOT met"
     print(f"\ntarget p99 <= {TARGET_P99_MS:g} ms: {verdict} (worst p99 {worst:.2f} ms)")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

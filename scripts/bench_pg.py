@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import bench_args
 import psycopg
 from bench_pg_floor import raw_pickup
 
@@ -30,7 +31,7 @@ from workerproc.store import Commit, open_store
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_SERVER = bench_args.SERVER
 
 
 def pct(values: list[float], q: float) -> float:
@@ -329,7 +330,7 @@ def throughput_rows(results: dict[str, list[float]], widths: list[int]) -> list[
 
 def cost_rows(database: str, m: int) -> list[str]:
     """The server's CPU per run and the dead row versions per run and per task
-    (scripts/bench_pg_cost.py), one-step no-op runs drained by ``-n 2 --concurrency 8``."""
+    (scripts/bench pg-cost), one-step no-op runs drained by ``-n 2 --concurrency 8``."""
     from bench_pg_cost import measure  # noqa: PLC0415 - it imports this module
 
     r = measure(database, m, 2, 8)

@@ -8,14 +8,13 @@ databases on the server do not count); dead row versions are the updates and
 deletes of ``runs`` and ``tasks`` in ``pg_stat_user_tables`` (a HOT update is one too, but it is
 pruned on its page without an index write: the HOT share is shown beside).
 
-    .venv/bin/python scripts/bench_pg_cost.py [--runs 20000] [-n 2] [--concurrency 8]
+    scripts/bench pg-cost [--runs 20000] [-n 2] [--concurrency 8]
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -144,13 +143,15 @@ def measure(database: str, m: int, workers: int, concurrency: int) -> dict[str, 
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench pg-cost``."""
     ap.add_argument("--runs", type=int, default=20_000)
     ap.add_argument("-n", type=int, default=2, help="worker processes")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--server", default=DEFAULT_SERVER)
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> int:
     with bench_database(args.server) as database:
         r = measure(database, args.runs, args.n, args.concurrency)
     print(
@@ -163,7 +164,3 @@ def main() -> int:
         f"+{r.get('tasks_enqueue_dead', 0):.2f} at enqueue)"
     )
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -6,16 +6,16 @@ LOCKED`` on a second connection (as a worker's claim loop and listener are two c
 stamps the time. Our pickup (``bench_pg.pickup``) does the same chain through ``start_run``, the
 worker's idle loop and a handler that stamps its start, so the two rows can be compared.
 
-    python scripts/bench_pg_floor.py URL [SAMPLES]   # alone, in a schema of its own, then dropped
+    scripts/bench pg-floor URL [SAMPLES]   # alone, in a schema of its own, then dropped
 """
 
 from __future__ import annotations
 
+import argparse
 import multiprocessing
 import secrets
 import select
 import statistics
-import sys
 import time
 from multiprocessing.queues import Queue
 
@@ -84,18 +84,24 @@ def raw_pickup(url: str, gaps: list[float]) -> tuple[list[float], list[float]]:
     return commits, pickups
 
 
-def main() -> None:
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench pg-floor``."""
+    ap.add_argument(
+        "url",
+        nargs="?",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help="a PostgreSQL database to work in (a table of its own, dropped after)",
+    )
+    ap.add_argument("samples", nargs="?", type=int, default=30, help="pickups timed")
+
+
+def run(args: argparse.Namespace) -> int:
     import random  # noqa: PLC0415 - only for the stand-alone run
 
-    url = sys.argv[1] if len(sys.argv) > 1 else "postgresql://postgres@127.0.0.1:5432/postgres"
-    samples = int(sys.argv[2]) if len(sys.argv) > 2 else 30
     rng = random.Random(7)
-    commits, pickups = raw_pickup(url, [rng.uniform(0.2, 2.0) for _ in range(samples)])
+    commits, pickups = raw_pickup(args.url, [rng.uniform(0.2, 2.0) for _ in range(args.samples)])
     print(
-        f"raw floor, {samples} samples: enqueue commit p50 {statistics.median(commits):.1f} ms; "
-        f"pickup p50 {statistics.median(pickups):.1f} ms, max {max(pickups):.1f} ms"
+        f"raw floor, {args.samples} samples: enqueue commit p50 {statistics.median(commits):.1f} "
+        f"ms; pickup p50 {statistics.median(pickups):.1f} ms, max {max(pickups):.1f} ms"
     )
-
-
-if __name__ == "__main__":
-    main()
+    return 0

@@ -87,7 +87,7 @@ def drain(
     """Seconds from starting ``supervisor start OPTIONS --drain`` on ``url`` until the last of
     the ``m`` runs in ``db`` finished (their ``finished_at``: like huey's last datagram, this
     leaves out the drain check and the shutdown after it). Every run must have succeeded.
-    ``tree``: the checkout whose code runs (scripts/bench_before.py; this one by default)."""
+    ``tree``: the checkout whose code runs (scripts/bench before; this one by default)."""
     cmd = [PY, "-m", "supervisor", "start", *options, "--db", url, "--app", "benchapp:app",
            "--drain"]  # fmt: skip
     cwd, env = HERE, ENV

@@ -1,4 +1,4 @@
-"""scripts/bench_store.py's producer rows (issue 14): ``start_runs`` of 10,000 runs in one
+"""scripts/bench store's producer rows: ``start_runs`` of 10,000 runs in one
 transaction, and the enqueue latency of producer processes that start one run per transaction
 while ``supervisor start -n 8`` drains the same database (every process opens its own store
 after fork; all at the default synchronous=full)."""
@@ -19,7 +19,7 @@ from bench_store import Row, Sizes, bulk_runs, ms, new_db, ok, pct
 from workerproc.store import StoreUnavailable, open_store
 
 START_RUNS = 10_000
-P99_TODAY = 0.030  # issue 14: "a p99 enqueue latency of about 30 ms. Keep that."
+P99_TODAY = 0.030  # the enqueue p99 to keep: about 30 ms
 
 
 def start_runs_rows(d: str, sz: Sizes, n: int = START_RUNS) -> list[Row]:

@@ -1,4 +1,4 @@
-"""scripts/bench's slot rows (issue 12): what the sides of a round are, and their tables.
+"""scripts/bench's slot rows: what the sides of a round are, and their tables.
 
 - No-op runs/s with slots (`-n 2 --concurrency 16`, `-n 8 --concurrency 4`) join the round of
   the widest `-n W` (huey `-w W` is their reference); the raw batched ceiling (a bare loop that

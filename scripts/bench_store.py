@@ -1,8 +1,8 @@
 """Benchmark the SQLite lease store (not a test): throughput, claim latency at scale, a hot run,
 and the wait for the write lock under eight hammering processes. Prints a markdown table.
 
-    .venv/bin/python scripts/bench_store.py          # the full run: a few minutes on 2 cores
-    .venv/bin/python scripts/bench_store.py --quick  # a smoke run: seconds
+    scripts/bench store          # the full run: a few minutes on 2 cores
+    scripts/bench store --quick  # a smoke run: seconds
 
 Every process opens its own store after fork(). Large tables are bulk-inserted with executemany
 through a plain sqlite3 connection into the store's own schema, so the schema's triggers fill
@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import bench_args
 
 from workerproc.store import Commit, StoreUnavailable, open_store
 from workerproc.store.sqlite.dialect import SQLiteDialect
@@ -315,11 +317,13 @@ def ok(good: bool) -> str:
     return "ok" if good else "MISSED"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
-    parser.add_argument("--dir", help="where to put the databases (default: a temp dir)")
-    args = parser.parse_args(argv)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench store``."""
+    bench_args.add_quick(parser, "small sizes: a smoke run")
+    bench_args.add_dir(parser, "where to put the databases (default: a temp dir)")
+
+
+def run(args: argparse.Namespace) -> int:
     sz = QUICK if args.quick else FULL
     d = tempfile.mkdtemp(prefix="lk-bench-", dir=args.dir)
     started = time.perf_counter()
@@ -356,7 +360,3 @@ def main(argv: list[str] | None = None) -> int:
     print("lock-wait phase uses the default synchronous=full. Per process, write-lock wait:\n")
     print("\n".join(detail))
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

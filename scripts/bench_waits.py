@@ -1,8 +1,8 @@
-"""Waiting runs cost no claim time (issue 25): the claim's latency beside N runs that wait for a
+"""Waiting runs cost no claim time: the claim's latency beside N runs that wait for a
 signal (each a pending task not due for a century, as ``ctx.wait_for`` stores it) and beside
 none, interleaved, on SQLite and PostgreSQL.
 
-    python scripts/bench_waits.py [--waiting 100000] [--samples 400] [--postgres URL]
+    scripts/bench waits [--waiting 100000] [--samples 400] [--postgres URL]
 
 ``bulk_waiting`` writes what a wait commit writes (the run's wait, its not-due task) directly,
 in large transactions: the claim then sees exactly what 100,000 handlers' waits would leave.
@@ -15,9 +15,10 @@ import os
 import shutil
 import sqlite3
 import statistics
-import sys
 import tempfile
 import time
+
+import bench_args
 
 from workerproc.store import Commit, open_store
 from workerproc.store.codec import WAIT_FOREVER
@@ -117,12 +118,18 @@ def _row(engine: str, waiting: int, both: list[list[float]]) -> str:
             f"{'met' if ratio <= 1.10 else 'NOT met'} |")  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench waits``."""
     ap.add_argument("--waiting", type=int, default=100_000)
     ap.add_argument("--samples", type=int, default=400)
-    ap.add_argument("--postgres", default=os.environ.get("LEASEKEEPER_BENCH_POSTGRES", ""))
-    args = ap.parse_args(argv)
+    bench_args.add_postgres(
+        ap,
+        default=os.environ.get(bench_args.SERVER_VARIABLE, ""),
+        help="a PostgreSQL server URL (none by default: SQLite only)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
     d = tempfile.mkdtemp(prefix="lk-bench-waits-")
     try:
         print("| measurement | result | goal | notes |\n| --- | --- | --- | --- |")
@@ -131,7 +138,3 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(d, ignore_errors=True)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

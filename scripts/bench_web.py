@@ -1,8 +1,8 @@
 """Does a busy dashboard slow the workers? No-op throughput with and without a dashboard whose
 pages are loaded every second, interleaved (see the README's Dashboard section).
 
-    .venv/bin/python scripts/bench_web.py                      # 20,000 runs, -n 4, 3 rounds
-    .venv/bin/python scripts/bench_web.py --runs 500 --rounds 1  # a smoke run (not for figures)
+    scripts/bench web                      # 20,000 runs, -n 4, 3 rounds
+    scripts/bench web --runs 500 --rounds 1  # a smoke run (not for figures)
 
 Each round drains the same number of no-op runs with ``supervisor start -n W --drain`` twice:
 once alone, once while ``supervisor web`` serves the same database and a client loads the
@@ -25,6 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import bench_args
 from bench_store import bulk_runs, new_db, pct
 
 from workerproc.store import open_store
@@ -108,15 +109,17 @@ def drain(tmp: str, runs: int, workers: int, with_dashboard: bool) -> tuple[floa
     return runs / elapsed, times
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench web``."""
     parser.add_argument("--runs", type=int, default=20_000, help="no-op runs per drain")
     parser.add_argument("--workers", type=int, default=4, help="-n for supervisor start")
     parser.add_argument("--rounds", type=int, default=3, help="drains of each kind")
-    parser.add_argument("--dir", help="where to put the databases (default: a temp dir)")
-    args = parser.parse_args(argv)
+    bench_args.add_dir(parser, "where to put the databases (default: a temp dir)")
+
+
+def run(args: argparse.Namespace) -> int:
     if not (1 <= args.runs <= 10_000_000 and 1 <= args.workers <= 64 and 1 <= args.rounds <= 20):
-        parser.error("--runs 1..10,000,000, --workers 1..64, --rounds 1..20")
+        args.parser.error("--runs 1..10,000,000, --workers 1..64, --rounds 1..20")
     alone, busy, answers = [], [], []
     with tempfile.TemporaryDirectory(prefix="lk-bench-web-", dir=args.dir) as tmp:
         for k in range(args.rounds):
@@ -139,7 +142,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\ndashboard answers under load: {len(answers)} pages, p50 {p50:.1f} ms, "
               f"p99 {p99:.1f} ms")  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Webhook delivery's figures (issue 26, B20; a row of scripts/bench): a pool of
+"""Webhook delivery's figures (B20; a row of scripts/bench): a pool of
 ``supervisor start -n 2`` delivering to a local receiver (a real HTTP server answering 204), on
 SQLite and PostgreSQL:
 
@@ -8,9 +8,9 @@ SQLite and PostgreSQL:
     to its receipt (p50 / p99): the parked delivery woken by the waker, claimed and POSTed;
 (c) catch-up: M runs succeeded first, then a webhook added over them (``--after 0``): the
     deliveries per second with nothing else running (each acknowledged POST moves the
-    position: one small fenced commit each, issue 36).
+    position: one small fenced commit each).
 
-    .venv/bin/python scripts/bench_webhooks.py [--quick] [--runs 2000] [--trickle 60]
+    scripts/bench webhooks [--quick] [--runs 2000] [--trickle 60]
         [--postgres URL|'']
 """
 
@@ -29,6 +29,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import bench_args
 import bench_pg
 from bench_procs import ENV, PY
 
@@ -130,13 +131,15 @@ def catch_up(db: str, runs: int) -> float:
     return runs / (done - began)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench webhooks``."""
     ap.add_argument("--runs", type=int, default=2000)
     ap.add_argument("--trickle", type=int, default=60)
-    ap.add_argument("--quick", action="store_true", help="a smoke run (not for figures)")
-    ap.add_argument("--postgres", default=bench_pg.DEFAULT_SERVER, help="'' to leave it out")
-    args = ap.parse_args()
+    bench_args.add_quick(ap)
+    bench_args.add_postgres(ap)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.runs, args.trickle = min(args.runs, 100), min(args.trickle, 5)
     rows = []
@@ -166,7 +169,4 @@ def main() -> None:
             f"| {r['catch_up_per_s']:,.0f} |"
         )
     sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
+    return 0

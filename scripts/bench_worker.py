@@ -1,6 +1,6 @@
 """Idle pickup latency and takeover after SIGKILL for standalone workers (no supervisor).
 
-    .venv/bin/python scripts/bench_worker.py [--workers 8] [--samples 200] [--quick]
+    scripts/bench worker [--workers 8] [--samples 200] [--quick]
 
 Pickup: one task at a time into an idle pool with default settings (poll interval 1 s), from
 enqueue (wall clock) to the handler's first line (wall clock, same host). Takeover: SIGKILL the
@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import bench_args
 
 from workerproc.store import Store, open_store
 
@@ -95,13 +97,15 @@ def takeover(db: str, ttl: float, rounds: int) -> list[float]:
         store.close()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of ``scripts/bench worker``."""
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--samples", type=int, default=200)
     ap.add_argument("--ttl", type=float, default=2.0)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+    bench_args.add_quick(ap)
+
+
+def run(args: argparse.Namespace) -> int:
     if args.quick:
         args.workers, args.samples = 2, 20
     with tempfile.TemporaryDirectory() as tmp:
@@ -114,7 +118,3 @@ def main() -> int:
     print(f"| takeover after SIGKILL, ttl path, ttl {args.ttl:g} s (s) | "
           f"{statistics.median(tk):.2f} | {pct(tk, 99):.2f} | {max(tk):.2f} |")  # fmt: skip
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

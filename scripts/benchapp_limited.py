@@ -1,4 +1,4 @@
-"""The benchmarks' no-op handler behind a limit that never binds (scripts/bench_limits.py):
+"""The benchmarks' no-op handler behind a limit that never binds (scripts/bench limits):
 every claim goes through the gated path, and no run ever waits for room."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The handler scripts/bench_once.py measures: one paid call (``ctx.once``) whose fn returns at
+"""The handler scripts/bench once measures: one paid call (``ctx.once``) whose fn returns at
 once, timed from fn's last line to ``once``'s return, split in three by a wrapper around the
 keep (``workerproc.once.keep_answer``, installed when this module is imported in the worker):
 fn's return -> the keep begins (the checks, the hand-off to the thread that keeps), the keep

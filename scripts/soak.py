@@ -1,4 +1,4 @@
-"""The staging soak of issue 19, judged by the handlers' own ledger: does any handler start on a
+"""The staging soak, judged by the handlers' own ledger: does any handler start on a
 lease another worker already took over, under kills and pauses?
 
 1,000 runs x 3 steps, ``--lease-ttl 1``, ``--chaos --chaos-interval 0.25 --chaos-faults

@@ -1,4 +1,4 @@
-"""Issue 37's acceptance soak of paid calls, judged by an outside ledger: 300 runs x one paid
+"""The acceptance soak of paid calls, judged by an outside ledger: 300 runs x one paid
 call (fn takes 100-500 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempts 20``, eight
 slots, a fault every 0.5 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
 PostgreSQL two sharing the database (a fault every 1 s each), ``-n 2 --concurrency 2`` and
@@ -6,7 +6,7 @@ PostgreSQL two sharing the database (a fault every 1 s each), ``-n 2 --concurren
 tests/paid_ledger.py runs and judges each soak: every extra payment is a call in flight at a
 fault (at most two struck in the keep's own milliseconds), ``paid_again`` >= the extra
 payments, every ``once`` returned the first kept answer, every run succeeded.
-tests/test_paid_chaos.py runs the same with 100 runs.
+tests/chaos/test_paid_chaos.py runs the same with 100 runs.
 
     scripts/soak-paid [--backends sqlite,postgres] [--runs 300] [--keep DIR]
 

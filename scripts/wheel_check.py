@@ -4,8 +4,8 @@
    the sdist fails here too, from a copy of the tree as a fresh clone has it.
 2. ``twine check --strict`` both, and read the wheel's metadata: the version is
    ``workerproc.__version__``, the extras and the description are there.
-3. The wheel holds the package data: every template and static file of the dashboard, both
-   ``py.typed`` markers and the license.
+3. The wheel holds the package data: every template and static file of the dashboard, the
+   store's named queries (``.sql``), both ``py.typed`` markers and the license.
 4. Install the wheel with its extras into a fresh virtual environment, then, with only that
    environment on PATH: the version matches the metadata, the tutorial and the README's first
    run work as written (tests/docs_blocks.py), and the dashboard serves a page and a static file.
@@ -104,7 +104,12 @@ def check_metadata(sdist: Path, wheel: Path) -> None:
 def check_package_data(wheel: Path) -> int:
     wanted = {
         p.relative_to(ROOT).as_posix()
-        for d in ("supervisor/web/templates", "supervisor/web/static")
+        for d in (
+            "supervisor/web/templates",
+            "supervisor/web/static",
+            "workerproc/store/sqlite/queries",
+            "workerproc/store/postgres/queries",
+        )
         for p in (ROOT / d).rglob("*")
         if p.is_file()
     }

@@ -26,6 +26,24 @@ def db_path(tmp_path: os.PathLike[str]) -> str:
     return os.path.join(os.fspath(tmp_path), "lk.db")
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def db(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> str:
+    """A fresh database's address on each backend in turn: a file in the test's directory, or a
+    fresh PostgreSQL schema. Not created: the first open (a worker's, a command's) migrates it.
+    tests/cli/conftest.py creates it first; a module that needs one backend or rows of its own
+    overrides ``db`` (on top of this one or of ``sqlite_db``) and says why."""
+    if request.param == "postgres":
+        return pg_session.schema_url()
+    return os.path.join(os.fspath(tmp_path), "lk.db")
+
+
+@pytest.fixture
+def sqlite_db(db_path: str) -> str:
+    """A created SQLite database file (the schema migrated, no row)."""
+    open_store(db_path).close()
+    return db_path
+
+
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
@@ -75,7 +93,7 @@ def sv_each(request: pytest.FixtureRequest, tmp_path: os.PathLike[str]) -> Itera
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Name the directory of the screenshots the browser test kept (tests/test_web_browser.py)."""
+    """Name the directory of the screenshots the browser test kept (web/test_web_browser.py)."""
     where = Path(os.environ.get("LEASEKEEPER_ARTIFACTS", Path(__file__).parent.parent /
                                 "test-artifacts")) / "web"  # fmt: skip
     if where.is_dir() and any(where.glob("*.png")):

@@ -12,7 +12,7 @@ Every fenced code block in README.md and docs/ follows one marker line that says
 
 A page's blocks run in order, in one fresh directory, so a page holds all of its own set-up:
 its files, its tables, its first enqueue. ``supervisor`` and ``python`` are whatever comes first
-on PATH: the project's virtual environment under pytest (tests/test_docs_examples.py), a fresh
+on PATH: the project's virtual environment under pytest (tests/docs/test_docs_examples.py), a fresh
 one with the built wheel installed under ``scripts/wheel-check``, which runs this file directly:
 
     python tests/docs_blocks.py docs/tutorial.md [more pages]

@@ -1,4 +1,4 @@
-"""Hostile webhook receivers for the delivery tests (issue 38): real sockets on threads of the
+"""Hostile webhook receivers for the delivery tests: real sockets on threads of the
 test process, each reading a whole request and then answering badly:
 
 - ``flood``: 200 with a chunked body that never ends (16 KiB chunks until the socket breaks);

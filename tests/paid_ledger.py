@@ -1,7 +1,7 @@
-"""Issue 37's chaos soak of paid calls, judged by an OUTSIDE ledger (tests/apps/paid_app.py):
+"""The chaos soak of paid calls (B13), judged by an OUTSIDE ledger (tests/apps/paid_app.py):
 runs of one paid call each under kill+pause chaos (PostgreSQL: two supervisors sharing the
 database; SQLite: one, see ``run_soak``).
-tests/test_paid_chaos.py runs it small; scripts/soak_paid.py runs the acceptance's 300 runs.
+tests/chaos/test_paid_chaos.py runs it small; scripts/soak_paid.py runs the acceptance's 300 runs.
 
 What the ledger proves, against what the database and the chaos reports say:
 
@@ -39,7 +39,7 @@ from sv_harness import Supervisor
 from workerproc.store import open_store
 
 APP = "apps.paid_app:app"
-KEEP_WINDOW_MOST = 2  # faults struck between fn's return and its keep, per soak (issue 37)
+KEEP_WINDOW_MOST = 2  # faults struck between fn's return and its keep, per soak
 CHAOS = ["--drain", "--lease-ttl", "1", "--poll-interval", "0.2", "--prefetch", "0",
          "--max-attempts", "20", "--chaos", "--chaos-faults", "kill,pause"]  # fmt: skip
 CALL = (0.1, 0.5)  # fn's time: faults land inside calls far more than in the keep
@@ -97,7 +97,7 @@ def run_soak(
     ways: on a slot thread, with its own connection, and from the main thread, handed to the
     worker's paid-call thread (``--concurrency 1``, the default).
 
-    SQLite runs one (its soak in the issue does): a second supervisor's chaos strikes workers
+    SQLite runs one (scripts/soak-paid's does): a second supervisor's chaos strikes workers
     whose keeps wait for the write lock while the first one holds a frozen victim that holds
     it (a pause is spared when the victim holds the write lock, but only after a probe of up to
     0.25 s, during which every writer waits), which measures chaos's stall, not the keep."""

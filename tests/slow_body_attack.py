@@ -1,4 +1,4 @@
-"""A slow-body attacker (issue 38, finding 5), run as its own process:
+"""A slow-body attacker, run as its own process:
 ``python slow_body_attack.py HOST PORT SECONDS SOURCES PER_SOURCE``.
 
 From each of SOURCES loopback addresses (127.0.0.2, 127.0.0.3, ...) it keeps PER_SOURCE

@@ -33,7 +33,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Protocol
 
 from . import tracing
-from .backoff import backoff
 from .logs import attempt_of, event
 from .outage import Outage
 from .store import (
@@ -49,6 +48,7 @@ from .store import (
     StoreReadOnly,
     WorkerStore,
 )
+from .store.backoff import backoff
 
 log = logging.getLogger("workerproc.worker")
 

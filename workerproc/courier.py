@@ -1,4 +1,4 @@
-"""The webhooks' waker (issue 26, B20): a small thread in the first workers of each pool, with
+"""The webhooks' waker (B20): a small thread in the first workers of each pool, with
 its own store, beside the schedules' firer.
 
 A delivery run that has delivered everything parks (``wait_for(WAKE_SIGNAL)``): no lease, no

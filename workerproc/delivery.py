@@ -1,4 +1,4 @@
-"""Webhook delivery (issues 26 and 36; docs/protocol.md B20): the handler of the built-in task
+"""Webhook delivery (docs/protocol.md B20): the handler of the built-in task
 ``DELIVERY_TASK``, which every worker serves.
 
 Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
@@ -84,7 +84,7 @@ DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the del
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
-# A worker's delivery lane (issue 38): deliveries it runs at once, each on a thread of its own,
+# A worker's delivery lane: deliveries it runs at once, each on a thread of its own,
 # beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
 # delivery run is serial), so no receiver, however slow, holds up a user's run.
 LANE = 2

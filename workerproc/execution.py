@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 
 from . import tracing
 from .app import Handler, LeaseLost, Task, TaskContext
-from .backoff import backoff
 from .config import WorkerConfig
 from .context import last_word
 from .limits import RetryAfter
@@ -33,6 +32,7 @@ from .logs import attempt_of, event, running
 from .once import CallBook, CallParked
 from .signals import Abort
 from .store import Commit, InvalidCommit, Lease
+from .store.backoff import backoff
 from .store.calls import parked_on
 from .store.codec import WAIT_FOREVER, dumps
 

@@ -1,4 +1,4 @@
-"""Flow control for paid APIs, the handler's side (issue 24): ``app.limit(...)`` declares a
+"""Flow control for paid APIs, the handler's side: ``app.limit(...)`` declares a
 limit, ``@app.task(limits=[...], tokens=...)`` puts a task behind it, ``ctx.usage(tokens=n)``
 reports what a call used, and ``raise RetryAfter(seconds)`` gives the task back (a provider's
 429) without spending an attempt. The database keeps the numbers and the claim enforces them,

@@ -1,4 +1,4 @@
-"""Paid once (issues 27 and 37, docs/protocol.md B13), the handler's side: ``ctx.once(name,
+"""Paid once (docs/protocol.md B13), the handler's side: ``ctx.once(name,
 request, fn)`` records the call (an intent) before ``fn`` runs, calls ``fn`` only when no
 earlier attempt of this step kept an answer for this exact request, and keeps ``fn``'s answer
 the moment it returns, before the handler sees it: a worker that then loses its lease, is

@@ -1,4 +1,4 @@
-"""The handler's paid calls (issues 27 and 37, B13): ``ctx.once``, ``ctx.once_async``,
+"""The handler's paid calls (B13): ``ctx.once``, ``ctx.once_async``,
 ``ctx.once_key`` and ``ctx.usage``, a part of ``TaskContext`` (``context.py``) on their own.
 
 One call, in order: its lookup and intent (one small transaction: a kept answer is reused, or

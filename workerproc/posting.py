@@ -1,4 +1,4 @@
-"""One webhook POST, bounded (issue 38; docs/protocol.md B20): a total deadline over connecting,
+"""One webhook POST, bounded (docs/protocol.md B20): a total deadline over connecting,
 sending and the whole answer, and at most ``MAX_ANSWER`` bytes of the answer read.
 
 A socket timeout bounds one wait for one read; a receiver that answers one byte a second never

@@ -1,4 +1,4 @@
-"""A worker's row in the store's list of worker processes (``store.workers()``, issue 21),
+"""A worker's row in the store's list of worker processes (``store.workers()``),
 written by its heartbeat thread: at start, then every heartbeat period, and deleted when the
 worker stops cleanly. A failure to write it is told like any other outage (``Outage``) and
 never stops the worker: the row is for people and producers, the leases are what count."""

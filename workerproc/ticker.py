@@ -1,4 +1,4 @@
-"""The schedules' firer (issue 25, B16): a small thread in every worker, with its own store.
+"""The schedules' firer (B16): a small thread in every worker, with its own store.
 
 It fires every due schedule (``Store.fire_schedules``: one transaction per schedule, a
 compare-and-set on its next tick, so exactly one firer on any host starts each tick's run), then

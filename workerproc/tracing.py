@@ -1,9 +1,11 @@
-"""OpenTelemetry traces (the optional ``otel`` extra): the only module that imports it.
+"""OpenTelemetry traces (the optional ``otel`` extra): with ``workerproc.store.traceparent``
+(the producer side, owned by the store) the only modules that import it.
 
 Without ``opentelemetry`` installed every function here is a cheap no-op. With it:
 
-- ``current_traceparent``: the W3C ``traceparent`` of the caller's recording span, stored with
-  each run it starts (``start_run``, ``start_runs``, transactional enqueue, ``ctx.spawn``).
+- (in ``workerproc.store.traceparent``) the W3C ``traceparent`` of the caller's recording span,
+  stored with each run it starts (``start_run``, ``start_runs``, transactional enqueue,
+  ``ctx.spawn``).
 - ``begin``/``concluded``/``ended``: one span per step execution, whose parent is the run's
   stored ``traceparent`` (so every step of a run is a child of the span that started it, in its
   trace), with the run id, task, attempt, queue and outcome as attributes and a takeover as
@@ -40,17 +42,6 @@ OUTCOMES = {"finish": "committed", "advance": "committed", "wait": "committed",
             "handback": "handed_back", "retry_after": "retry_after"}  # fmt: skip
 _open: dict[tuple[int, str, int], Any] = {}  # lease fence -> its step's span, until written
 _provider: Any = None  # the provider ``configure`` set up (shut down by ``shutdown``)
-
-
-def current_traceparent() -> str | None:
-    """The caller's current span as a W3C ``traceparent``, when one is recording."""
-    if trace is None:
-        return None
-    span = trace.get_current_span()
-    ctx = span.get_span_context()
-    if not span.is_recording() or not ctx.is_valid:
-        return None
-    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
 def begin(lease: Lease) -> Any:

@@ -1,4 +1,4 @@
-"""Webhook signatures (issue 26, item 4; docs/protocol.md B19): how a delivery is signed and
+"""Webhook signatures (docs/protocol.md B20): how a delivery is signed and
 how a receiver checks it.
 
 A delivery is an HTTP POST whose body is the event's JSON; its ``Leasekeeper-Signature``

@@ -159,7 +159,7 @@ class Worker:
         self.heartbeat.start()
         try:
             # B11: the app's per-task options, where every worker's claims read them; its
-            # limits (issue 24), whose numbers every claim obeys
+            # limits, whose numbers every claim obeys
             self.store.register_tasks(self.app.task_options())
             for told in self.store.declare_limits(self.app.limits, by=socket.gethostname()):
                 kind = TOO_LARGE if told.startswith("task ") else "limit_redeclared"
@@ -191,7 +191,7 @@ class Worker:
             self._shutdown()
 
     def _start_schedules(self) -> None:
-        """Issue 25: the app's schedules, written where every worker sees them, and fired by
+        """The app's schedules, written where every worker sees them, and fired by
         a small thread (``ticker``) of the first ``FIRERS`` workers of each pool (two: one
         may be dying or restarting; more would only contend for the same ticks); an app
         without schedules fires none."""

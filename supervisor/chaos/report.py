@@ -26,7 +26,7 @@ def summary_line(r: dict[str, Any]) -> str:
 
 
 def paid_calls(totals: CallTotals) -> dict[str, int]:
-    """Every paid call accounted for (issues 27 and 37): calls started (an intent each), kept,
+    """Every paid call accounted for: calls started (an intent each), kept,
     reused instead of paid again (their tokens saved), paid again (an intent after an earlier
     one of the same call: an upper bound of real second payments), unknown (an intent whose
     attempt ended without an answer), and answers paid and thrown away (the losers of races)."""

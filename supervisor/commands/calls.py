@@ -1,4 +1,4 @@
-"""Paid calls (issues 27 and 37): ``supervisor forget RUN NAME`` drops a run's kept answers of one
+"""Paid calls: ``supervisor forget RUN NAME`` drops a run's kept answers of one
 call, so its step's next attempt pays for a fresh one; ``supervisor resolve RUN NAME`` answers a
 call whose outcome is unknown (or has it paid again); ``supervisor spend`` sums the tokens and
 cost kept; ``show`` lists a run's calls (``calls_table``)."""
@@ -14,7 +14,7 @@ from workerproc.store.calls import PaidCall, Spend
 from workerproc.store.codec import check_name
 
 from ..errors import ConfigError
-from . import render, store_actions
+from ..operations import actions, render
 from .clickutil import RUN_ID, Name, Number, db_option, json_option, option
 
 SPEND_LIMIT = 100  # the most spent keys shown by default
@@ -26,7 +26,7 @@ SPEND_LIMIT = 100  # the most spent keys shown by default
 @db_option
 def forget(run_id: int, name: str, db: str) -> None:
     """Drop RUN's kept answers of the call NAME (``ctx.once``): the next attempt pays afresh."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         gone = store.forget_call(run_id, name)
     click.echo(f"run {run_id}: forgot {gone} paid call(s) named {name!r}")
 
@@ -43,10 +43,10 @@ def resolve(run_id: int, name: str, db: str, answer: str | None, pay_again: bool
     call had returned it, or --pay-again; a run parked on the call goes on."""
     if (answer is None) == (not pay_again):
         raise click.UsageError("give --answer JSON or --pay-again, one of the two")
-    with store_actions.store_for(db) as store:
-        done, answered = store_actions.resolve_call(store, run_id, name, answer, pay_again,
+    with actions.store_for(db) as store:
+        done, answered = actions.resolve_call(store, run_id, name, answer, pay_again,
                                                     "--answer")  # fmt: skip
-    click.echo(store_actions.resolved_line(run_id, name, done, answered))
+    click.echo(actions.resolved_line(run_id, name, done, answered))
 
 
 @click.command()
@@ -63,9 +63,9 @@ def spend(db: str, by: str, since: str | None, limit: int, as_json: bool) -> Non
     """Tokens and cost kept from usage (ctx.usage and paid calls, paid again included), per
     task or per value of a payload field, the most spent first, with their total."""
     by = _field(by)
-    seconds = None if since is None else store_actions.parse_duration(
+    seconds = None if since is None else actions.parse_duration(
         since, "--since", bare_seconds=True)  # fmt: skip
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         start = 0.0 if seconds is None else store.now() - seconds
         rows = store.spend(by, since=start, limit=limit + 1)
     more = len(rows) > limit

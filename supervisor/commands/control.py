@@ -11,9 +11,9 @@ from workerproc.config import DAY
 
 from .. import exitcodes
 from ..errors import SupervisorError
+from ..operations.render import plural
 from . import remote
 from .clickutil import Number, pidfile_option
-from .render import plural
 
 SECONDS = Number(float, 0.1, DAY)  # every wait of these commands: a tenth of a second to a day
 

@@ -18,7 +18,7 @@ from .. import exitcodes
 from ..errors import ConfigError, NotRunning, SupervisorError
 from ..loop.pidfile import live_pid, read_state
 from ..loop.storegate import db_file
-from . import render, store_actions
+from ..operations import actions, render
 from .calls import calls_table
 from .clickutil import RUN_ID, Name, Number, db_option, json_option, option
 
@@ -90,17 +90,15 @@ def enqueue(
             "(SUPERVISOR_QUEUES is the list of queues start serves)"
         )
     if app_spec is not None:  # before anything is parsed or created: a typo fails here
-        declared = store_actions.declared_task(app_spec, task)
+        declared = actions.declared_task(app_spec, task)
         queue = declared.queue if queue is None else queue
         priority = declared.priority if priority is None else priority
-    data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
-    state = store_actions.parse_json(state_json, "--state")
+    data = actions.parse_json(payload, "--payload", MAX_PAYLOAD)
+    state = actions.parse_json(state_json, "--state")
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
-    with store_actions.store_for(
-        db, create=True
-    ) as store:  # never beside a leftover -wal (the store)
-        run_id = store_actions.enqueue(
+    with actions.store_for(db, create=True) as store:  # never beside a leftover -wal (the store)
+        run_id = actions.enqueue(
             store, task, data, state, delay, key=key,
             queue="default" if queue is None else queue, priority=priority or 0,
             traceparent=traceparent,
@@ -118,7 +116,7 @@ def enqueue(
 def status(db: str, pidfile: str | None, as_json: bool) -> None:
     """The worker processes every host lists in the database, this host's supervisor and its
     workers (pid, RSS, task, lease expiry), queue counts and runs by status."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         stats = store.stats()
         pool = store.workers()
     state, down = None, None
@@ -128,7 +126,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
             state = read_state(pidfile)
         except NotRunning as exc:
             down = str(exc)  # a stale state file lists dead workers: show none
-    workers = store_actions.worker_rows(state, stats)
+    workers = actions.worker_rows(state, stats)
     queue = {k: getattr(stats, k) for k in ("ready", "delayed", "leased", "expired")}
     if as_json:
         doc: dict[str, Any] = {"queue": queue, "runs": stats.runs, "workers": workers}
@@ -145,7 +143,7 @@ def status(db: str, pidfile: str | None, as_json: bool) -> None:
         return
     if down:
         click.echo(down + "\n")
-    click.echo(store_actions.pool_lines(pool, stats.now) + "\n")
+    click.echo(actions.pool_lines(pool, stats.now) + "\n")
     if state is not None:
         click.echo(
             f"supervisor {state.get('pid')}: {state.get('phase')}, "
@@ -206,7 +204,7 @@ def runs(
     """List runs, newest first (the system's own runs, numbered apart, with --all or their
     queue named)."""
     system = all_ or (queue or "").startswith(RESERVED)
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         found = store.list_runs(status_, limit, queue=queue, system=system)
     if as_json:
         click.echo(render.to_json(found))
@@ -241,7 +239,7 @@ WAIT_CODES = {
 def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
     """Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled, 14
     still running after --timeout, 15 no such run)."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         try:
             run = store.wait(run_id, timeout)
         except TimeoutError as exc:
@@ -270,8 +268,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks: how many times each ran (executions) and
     was claimed (claims: also a claim that found the attempt budget spent), and its errors;
     its paid calls (ctx.once): how often each was made, paid again, left unknown and reused."""
-    with store_actions.store_for(db) as store:
-        data = store_actions.get_run(store, run_id)
+    with actions.store_for(db) as store:
+        data = actions.get_run(store, run_id)
         now = store.now()
     if as_json:
         click.echo(render.to_json(data))
@@ -316,8 +314,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 @db_option
 def retry(run_id: int, db: str) -> None:
     """Queue a failed or cancelled run again (its attempts start over)."""
-    with store_actions.store_for(db) as store:
-        store_actions.retry(store, run_id)
+    with actions.store_for(db) as store:
+        actions.retry(store, run_id)
     click.echo(f"run {run_id} queued again")
 
 
@@ -326,10 +324,10 @@ def retry(run_id: int, db: str) -> None:
 @db_option
 def cancel(run_id: int, db: str) -> None:
     """Cancel a run that has not finished; a handler running it is stopped within a heartbeat."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         if store.get_run(run_id) is None:
             raise RunNotFound(run_id)
-        store_actions.cancel(store, run_id)
+        actions.cancel(store, run_id)
     click.echo(f"run {run_id} cancelled")
 
 
@@ -344,7 +342,7 @@ def check(db: str, quick: bool) -> None:
     """Check the database: the engine's own storage check, then the lease invariants; the
     limits' lines are recounted, and a line whose runs could wait for ever is reopened."""
     try:
-        with store_actions.store_for(db) as store:
+        with actions.store_for(db) as store:
             name = store.integrity_check_name(quick)
             damage = store.check_integrity(quick=quick)
             violations = [] if damage else store.integrity_violations()
@@ -387,9 +385,9 @@ def check(db: str, quick: bool) -> None:
 def prune(db: str, older_than: str, batch: int, force: bool) -> None:
     """Delete finished runs (and their tasks) that finished longer than DURATION ago, and
     events as old that every named consumer has acknowledged."""
-    seconds = store_actions.parse_duration(older_than, "--older-than")
-    with store_actions.store_for(db) as store:
-        count = store_actions.prune(store, seconds, batch, force)
+    seconds = actions.parse_duration(older_than, "--older-than")
+    with actions.store_for(db) as store:
+        count = actions.prune(store, seconds, batch, force)
     click.echo(f"pruned {render.plural(count, 'finished run')} older than {older_than}")
 
 
@@ -400,7 +398,7 @@ def migrate(db: str) -> None:
     themselves; the reading commands never do)."""
     path = db_file(db)
     new = path is not None and not os.path.lexists(path)
-    with store_actions.store_for(db, create=True) as store:
+    with actions.store_for(db, create=True) as store:
         click.echo(f"{redact_url(store.url)}: the schema is current")
     if new:
         click.echo(f"created a new database {path}", err=True)

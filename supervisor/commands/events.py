@@ -13,7 +13,7 @@ from workerproc.store import Event
 from ..errors import SupervisorError
 from ..loop.pinned import PinnedFile
 from ..loop.storegate import db_file
-from . import render, store_actions
+from ..operations import actions, render
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 EVENT_ID = Number(int, 0, 2**63 - 1)
@@ -37,7 +37,7 @@ def events(
     """Run transitions in commit order: enqueued, claimed, taken over, committed, released,
     handed back, refused writes, succeeded, failed, cancelled (of the system's own runs too
     with --all or their --run). With --json, one JSON object per line."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         if not follow:
             show(store.events(after=after, limit=limit, run=run_id, system=all_), as_json)
             return

@@ -1,4 +1,4 @@
-"""``supervisor limits``: the flow-control limits every host obeys (issue 24), their numbers,
+"""``supervisor limits``: the flow-control limits every host obeys, their numbers,
 their use now and their busiest keys; ``supervisor limits set`` changes their numbers at run time
 for every worker on every host, until a release declares other numbers."""
 
@@ -11,7 +11,7 @@ import click
 from workerproc.store.limits import TOO_LARGE, LimitInfo, per_second, unfit
 
 from ..errors import ConfigError
-from . import render, store_actions
+from ..operations import actions, render
 from .clickutil import Number, db_opt, group_db, json_option, option
 
 LIFTED = ("0", "none")  # what lifts a number
@@ -71,7 +71,7 @@ def limits(ctx: click.Context, db: str | None, keys: int, as_json: bool) -> None
     if ctx.invoked_subcommand is not None:
         return
     db = group_db(db, ctx)
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         infos = store.limits(keys=keys)
     click.echo(render.to_json([as_dict(i) for i in infos]) if as_json else lines(infos))
 
@@ -127,7 +127,7 @@ def set_(
     if not given:
         raise ConfigError("give at least one of --rate, --burst, --concurrency, --tokens, "
                           "--token-burst")  # fmt: skip
-    with store_actions.store_for(group_db(db, ctx)) as store:
+    with actions.store_for(group_db(db, ctx)) as store:
         spec = store.set_limit(name, **given)
         declared = store.task_options()
     shown = {k: _per_minute(v) if k in ("rate", "tokens") else v

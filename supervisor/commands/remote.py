@@ -21,7 +21,7 @@ from ..loop.pidfile import (
     state_touched_age,
     supervisor_pid,
 )
-from .render import plural
+from ..operations.render import plural
 
 
 def send(pidfile: str, signum: int) -> int:

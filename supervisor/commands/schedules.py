@@ -1,4 +1,4 @@
-"""``supervisor schedules``: the schedules apps declared in the database (issue 25), when each
+"""``supervisor schedules``: the schedules apps declared in the database, when each
 fires next, what it fired last; ``--drop NAME`` forgets one an app no longer declares."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import click
 
 from ..errors import SupervisorError
-from . import render, store_actions
+from ..operations import actions, render
 from .clickutil import db_option, json_option, option
 
 
@@ -21,7 +21,7 @@ from .clickutil import db_option, json_option, option
 def schedules(db: str, drop: str | None, as_json: bool) -> None:
     """The schedules every app declared: cron, time zone, task, next tick, last tick, last
     run and its status, and how many runs each started."""
-    with store_actions.store_for(db) as store:
+    with actions.store_for(db) as store:
         if drop is not None:
             if not store.drop_schedule(drop):
                 raise SupervisorError(f"no schedule {drop!r} (see 'supervisor schedules')")

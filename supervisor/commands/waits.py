@@ -1,4 +1,4 @@
-"""Commands for runs that wait (issue 25): ``signal`` resumes a run's wait."""
+"""Commands for runs that wait: ``signal`` resumes a run's wait."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import click
 
 from workerproc.store.codec import MAX_PAYLOAD
 
-from . import store_actions
+from ..operations import actions
 from .clickutil import RUN_ID, Name, db_option, option
 
 
@@ -18,8 +18,8 @@ from .clickutil import RUN_ID, Name, db_option, option
 def signal(run_id: int, name: str, db: str, payload: str) -> None:
     """Send signal NAME to RUN: it resumes the run's wait for NAME (ctx.wait_for), now or when
     it next waits for it; a finished or unknown run is an error."""
-    data = store_actions.parse_json(payload, "--payload", MAX_PAYLOAD)
-    with store_actions.store_for(db) as store:
+    data = actions.parse_json(payload, "--payload", MAX_PAYLOAD)
+    with actions.store_for(db) as store:
         signal_id = store.signal(run_id, name, data)
         kept = [x for x in store.run_signals(run_id, limit=1000) if x.id == signal_id]
     taken = not kept or kept[0].task_id is not None

@@ -10,8 +10,8 @@ import click
 from workerproc import options
 
 from ..errors import ConfigError, SupervisorError
+from ..operations import actions
 from ..web.config import WebConfig
-from . import store_actions
 from .clickutil import declared_options
 
 
@@ -29,7 +29,7 @@ def web(**values: Any) -> int:
         raise SupervisorError(
             f"the dashboard needs the web extra (pip install 'leasekeeper[web]'): {exc}"
         ) from None
-    with store_actions.store_for(config.db) as store:
+    with actions.store_for(config.db) as store:
         return serve(config, store)
 
 

@@ -16,7 +16,7 @@ from workerproc.store.protocol.events import KINDS
 from workerproc.store.webhooks import BACKLOG_MAX, MAX_SECRET, RetryNumbers, WebhookInfo
 
 from ..errors import ConfigError, SupervisorError
-from . import render, store_actions
+from ..operations import actions, render
 from .clickutil import Number, db_opt, group_db, json_option, option
 from .events import EVENT_ID
 
@@ -59,7 +59,7 @@ def webhooks(ctx: click.Context, db: str | None, as_json: bool) -> None:
     ctx.obj = db
     if ctx.invoked_subcommand is not None:
         return
-    with store_actions.store_for(group_db(db, ctx)) as store:
+    with actions.store_for(group_db(db, ctx)) as store:
         infos = store.webhooks()
         now = store.now()
     click.echo(render.to_json([i.as_json() for i in infos]) if as_json else lines(infos, now))
@@ -115,13 +115,13 @@ def add(
     backoff_max: float, timeout: float,
 ) -> None:  # fmt: skip
     """POST every event of the chosen kinds to URL, signed (Leasekeeper-Signature, see the
-    protocol's B19), at least once and in order, from every host's workers."""
+    protocol's B20), at least once and in order, from every host's workers."""
     secret = read_secret(secret_file) if secret_file is not None else secrets.token_urlsafe(32)
     if backoff > backoff_max:
         raise ConfigError("--backoff must not exceed --backoff-max")
     retry = RetryNumbers(max_failures, backoff, backoff_max, timeout)
     chosen = [k for k in kinds.split(",") if k.strip()] if kinds is not None else None
-    with store_actions.store_for(group_db(db, ctx), create=True) as store:
+    with actions.store_for(group_db(db, ctx), create=True) as store:
         hook = store.add_webhook(name, url, secret=secret, kinds=chosen, after=after, retry=retry)
     what = ",".join(hook.kinds) if hook.kinds else "every kind"
     click.echo(f"webhook {name}: {what} to {redact_url(url)} (delivery run {hook.run_id})")
@@ -135,7 +135,7 @@ def add(
 @click.pass_context
 def remove(ctx: click.Context, name: str, db: str | None) -> None:
     """Stop delivering to webhook NAME (its delivery run is cancelled)."""
-    with store_actions.store_for(group_db(db, ctx)) as store:
+    with actions.store_for(group_db(db, ctx)) as store:
         if not store.remove_webhook(name):
             raise SupervisorError(f"no webhook {name!r} (see 'supervisor webhooks')")
     click.echo(f"webhook {name} removed")

@@ -171,7 +171,7 @@ class SupervisorCollector:
         )  # fmt: skip
 
     def _limits(self) -> Iterator[Metric]:
-        """Flow control (issue 24), as every host sees it: the same on each supervisor of one
+        """Flow control, as every host sees it: the same on each supervisor of one
         database (aggregate with ``max``)."""
         infos = self.probe.limits
         yield labelled(

@@ -35,7 +35,7 @@ class StatsProbe:
     every: float | None = None  # periodic read interval; None: only on demand
     stats: Stats | None = None  # the last successful read
     calls: CallTotals | None = None  # the paid calls' numbers (ctx.once), at that read
-    limits: list[LimitInfo] = field(default_factory=list)  # flow control's limits (issue 24)
+    limits: list[LimitInfo] = field(default_factory=list)  # flow control's limits
     webhooks: list[WebhookInfo] = field(default_factory=list)  # their delivery records (B20)
     ok_at: float | None = None  # monotonic time of that read
     read_at: float | None = None  # monotonic time of the last attempt, good or bad

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from workerproc import exitcodes as wexit
-from workerproc.backoff import backoff
+from workerproc.store.backoff import backoff
 
 from ..config import Timing
 from .signals import name as signal_name

@@ -1,6 +1,6 @@
 """What an operator can do from the dashboard: retry a failed or cancelled run, cancel a live
-one, signal a waiting one (issue 25), resolve a paid call whose outcome is unknown: its answer,
-or pay again (issue 37). POST only, each with the CSRF token of the browser's own
+one, signal a waiting one, resolve a paid call whose outcome is unknown: its answer,
+or pay again. POST only, each with the CSRF token of the browser's own
 session; ``--read-only`` leaves these routes out entirely (and the pages leave out their
 forms)."""
 
@@ -17,8 +17,8 @@ from starlette.routing import Route
 from workerproc.store import Operator, StoreError
 from workerproc.store.codec import MAX_PAYLOAD
 
-from ..commands import store_actions
 from ..errors import SupervisorError
+from ..operations import actions
 from .security import Secrets, same_origin, session_of
 from .views import MAX_ID, not_found
 
@@ -77,15 +77,15 @@ class Actions:
         if self.store.get_run(run_id) is None:
             raise not_found(f"no run {run_id}")
         if action == "signal":  # the wait's signal, with the form's JSON payload
-            payload = store_actions.parse_json(form.get("payload") or "null", "payload",
+            payload = actions.parse_json(form.get("payload") or "null", "payload",
                                                MAX_PAYLOAD)  # fmt: skip
             self.store.signal(run_id, form.get("name", ""), payload)
         elif action == "resolve":  # the form's answer (JSON), or its "pay again" button
             pay_again = form.get("how") == "pay_again"
             answer = None if pay_again else form.get("answer", "")
-            store_actions.resolve_call(self.store, run_id, form.get("name", ""), answer,
+            actions.resolve_call(self.store, run_id, form.get("name", ""), answer,
                                        pay_again, "the answer")  # fmt: skip
         elif action == "retry":
-            store_actions.retry(self.store, run_id)
+            actions.retry(self.store, run_id)
         else:
-            store_actions.cancel(self.store, run_id)
+            actions.cancel(self.store, run_id)

@@ -31,9 +31,9 @@ from workerproc.identity import parse_owner
 from workerproc.store import Operator, StoreError, redact, redact_url
 from workerproc.store.protocol.events import KINDS
 
-from ..commands.render import short
 from ..loop.pinned import PinnedFile
 from ..loop.storegate import db_file
+from ..operations.render import short
 from .actions import Actions
 from .config import WebConfig
 from .security import Guard, Secrets

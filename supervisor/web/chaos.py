@@ -32,7 +32,7 @@ class ChaosReport:
 
     @property
     def warnings(self) -> list[str]:
-        """Slow takeovers: load, not a verdict (reports before issue 36 have none)."""
+        """Slow takeovers: load, not a verdict (older reports have none)."""
         return [str(w) for w in self.doc.get("warnings", [])]
 
     def latencies(self) -> list[float]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from workerproc.store import FinishedBucket
 
-from ..commands.render import short
+from ..operations.render import short
 from .timeline import TaskTimeline
 
 WIDTH = 720

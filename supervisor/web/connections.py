@@ -3,7 +3,7 @@ client (and all of them) may hold.
 
 uvicorn has no timeout for a request's head: a socket that sends ``GET / HTTP/1.1\\r\\n`` and
 nothing more stays open for as long as its client likes, and every open socket counts against
-``limit_concurrency`` — 64 of them made every other client get 503 (issue 22). So the dashboard
+``limit_concurrency`` — 64 of them made every other client get 503. So the dashboard
 serves uvicorn's h11 protocol with this guard on each connection:
 
 - **Request timeout.** From the moment the server waits for a request (the connection opened,
@@ -17,7 +17,7 @@ serves uvicorn's h11 protocol with this guard on each connection:
   ``limit``. A connection over either bound makes room by closing one that is not being
   served: the *oldest still sending its body*, else the *oldest idle* one (no request in
   progress: waiting for a head, or between requests). So neither idle sockets nor trickled
-  bodies can crowd out a real request (issue 38: 288 connections trickling a 16,000-byte body
+  bodies can crowd out a real request (288 connections trickling a 16,000-byte body
   from 9 addresses let 1 GET in 89 through); a request whose whole head is in and that sends no
   body (a page's GET) is served, never closed for room. When every connection is being
   served, the newcomer is closed instead.

@@ -119,7 +119,7 @@ def _attempt(
 
 
 def unresolved(run: Run, calls: Iterable[PaidCall], intents: Iterable[CallIntent]) -> list[str]:
-    """The paid calls of a live run an operator may resolve (issue 37): the one it is parked
+    """The paid calls of a live run an operator may resolve: the one it is parked
     on (``outcome_unknown:NAME``) and any whose outcome is unknown (an intent whose attempt
     ended without an answer, not settled) and that has no kept answer."""
     if run.terminal:

@@ -18,9 +18,9 @@ from starlette.templating import Jinja2Templates
 from workerproc.store import Inspector, Stats
 from workerproc.store.types import RUN_STATUSES
 
-from ..commands.store_actions import worker_rows
 from ..errors import NotRunning
 from ..loop.pidfile import live_pid, read_state
+from ..operations.actions import worker_rows
 from . import chaos, charts, timeline
 from .config import WebConfig
 from .security import Secrets, session_of
@@ -188,12 +188,12 @@ class Pages:
         return self.render(request, "leases.html", stats=self.stats())
 
     def limits(self, request: Request) -> Response:
-        """Flow control (issue 24): each limit, its use now and its busiest keys."""
+        """Flow control: each limit, its use now and its busiest keys."""
         infos = self.cache.get("limits", STATS_EVERY, lambda: self.store.limits(keys=LIMIT_KEYS))
         return self.render(request, "limits.html", limits=infos, permin=_per_minute, num=_num)
 
     def webhooks(self, request: Request) -> Response:
-        """Webhooks (issue 26, B20): each one's delivery record and its dead letters."""
+        """Webhooks (B20): each one's delivery record and its dead letters."""
         infos = self.cache.get("webhooks", STATS_EVERY, self.store.webhooks)
         return self.render(request, "webhooks.html", webhooks=infos)
 

@@ -1,5 +1,5 @@
-"""Test app of issue 36 (tests/test_attempts.py): a step deaf to its lease for a while, and
-short steps that keep a worker's exchanges busy.
+"""Test app of the attempt tests (tests/worker/test_attempts.py): a step deaf to its lease for a
+while, and short steps that keep a worker's exchanges busy.
 
 ``deaf`` appends ``start`` and ``end`` lines to the ledger named by its payload
 (``apps.ledger_app.note``), so a test can tell whether two attempts of one task overlapped.

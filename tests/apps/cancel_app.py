@@ -1,6 +1,6 @@
-"""Handlers for the cancel-in-flight process tests (tests/test_cancel_in_flight.py, B15). Each
-notes, as JSON lines in ``payload["log"]``, when it started and when it heard of the cancel, with
-the wall clock (the test compares it with the moment it cancelled) and its pid."""
+"""Handlers for the cancel-in-flight process tests (tests/process/test_cancel_in_flight.py,
+B15). Each notes, as JSON lines in ``payload["log"]``, when it started and when it heard of the
+cancel, with the wall clock (the test compares it with the moment it cancelled) and its pid."""
 
 from __future__ import annotations
 

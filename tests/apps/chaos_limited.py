@@ -1,4 +1,4 @@
-"""Test app for chaos mode under limits (tests/test_limits_chaos.py): ``step`` (tests/apps/
+"""Test app for chaos mode under limits (tests/chaos/test_limits_chaos.py): ``step`` (tests/apps/
 chaos_app.py's, each committed step appending one write to the run's state) behind a shared cap
 of 2 and a cap of 1 per tenant, so a released task waits its line's turn for room; ``capped``
 behind the shared cap alone."""

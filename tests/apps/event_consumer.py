@@ -1,4 +1,4 @@
-"""A consumer of the outbox in a process of its own (tests/test_events_chaos.py): follows the
+"""A consumer of the outbox in a process of its own (tests/chaos/test_events_chaos.py): follows the
 events from its named cursor, appends each one as a JSON line to a file (one ``os.write``,
 O_APPEND) and only then acknowledges it. Killed at any moment and started again, it goes on
 from its cursor: at least once, never a gap.

@@ -1,5 +1,5 @@
-"""Test app of issue 36, finding 6 (tests/test_failures.py): runs that fail in the ways a user
-meets first, each to be said where the user looks."""
+"""Test app of the failure reports (tests/supervisor/test_failures.py): runs that fail in the
+ways a user meets first, each to be said where the user looks."""
 
 from __future__ import annotations
 

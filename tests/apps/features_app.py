@@ -1,9 +1,9 @@
-"""Test app where the features of the last rounds meet under chaos (tests/test_features_chaos.py,
-issue 36): every step waits behind a shared cap and a cap per tenant, makes one paid call inside
-``ctx.once`` (``bill`` when it began, ``paid`` when it answered, ``kept`` once ``once``
-returned), works on a while with lease checks (where kills and pauses mostly land) and
-advances. The ledger is tests/apps/ledger_app.py's format, so the caps are judged as
-tests/test_limits_chaos.py judges them."""
+"""Test app where limits, paid calls, waits and webhooks meet under chaos
+(tests/chaos/test_all_features_chaos.py): every step waits behind a shared cap and a cap per
+tenant, makes one paid call inside ``ctx.once`` (``bill`` when it began, ``paid`` when it
+answered, ``kept`` once ``once`` returned), works on a while with lease checks (where kills and
+pauses mostly land) and advances. The ledger is tests/apps/ledger_app.py's format, so the caps
+are judged as tests/chaos/test_limits_chaos.py judges them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A task that holds its worker until the test lets it go: ``hold`` writes ``running`` into
 HOLD_DIR, then waits (at most 120 s) for ``go`` there. With ``noop``s around it, a drain is
-live for as long as the test needs (tests/test_wal_scribble.py)."""
+live for as long as the test needs (tests/process/test_wal_scribble.py)."""
 
 from __future__ import annotations
 

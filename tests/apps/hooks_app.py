@@ -1,4 +1,4 @@
-"""An app with worker lifecycle hooks (tests/test_worker_hooks.py): each worker writes a line
+"""An app with worker lifecycle hooks (tests/worker/test_worker_hooks.py): each worker writes a line
 to ``$HOOKS_LOG`` when its hooks run; with ``HOOKS_FAIL=1`` the start hook raises."""
 
 from __future__ import annotations

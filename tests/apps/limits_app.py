@@ -1,4 +1,4 @@
-"""Test app for flow control under chaos (tests/test_limits_chaos.py): every step waits behind
+"""Test app for flow control under chaos (tests/chaos/test_limits_chaos.py): every step waits behind
 two limits, a shared one (``api``: concurrency, rate and tokens) and one per tenant, and keeps
 an independent ledger (tests/apps/ledger_app.py's format, plus ``used``: the tokens it reported,
 and ``retry``: it raised RetryAfter). A ``retries`` payload makes its first attempts raise

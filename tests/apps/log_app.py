@@ -1,4 +1,4 @@
-"""Handlers that log through the standard library (tests/test_handler_logging.py)."""
+"""Handlers that log through the standard library (tests/supervisor/test_handler_logging.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test app for paid once under chaos (tests/test_once_chaos.py): each step makes one paid
+"""Test app for paid once under chaos (tests/chaos/test_once_chaos.py): each step makes one paid
 call that bills the ledger (``bill``: when it began, ``paid``: when it answered, with its
 tokens), inside ``ctx.once`` when the payload says ``once`` (``kept``: once returned, so the
 answer is stored), or bare otherwise, then works on a while (where kills and pauses mostly

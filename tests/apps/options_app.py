@@ -1,4 +1,4 @@
-"""An app whose task declares options (tests/test_task_options.py)."""
+"""An app whose task declares options (tests/worker/test_task_options.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Test app for schedules (tests/test_schedules_process.py): a one-second schedule whose task
-returns at once. ``catch_up="all"``: a tick that came due while a firer stalled (a loaded
+"""Test app for schedules (tests/process/test_schedules_process.py): a one-second schedule
+whose task returns at once. ``catch_up="all"``: a tick that came due while a firer stalled (a loaded
 machine) still runs, so the test judges "one run per tick" without a timing margin."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tasks for the supervisor's process-level tests (tests/test_supervisor_*.py)."""
+"""Tasks for the supervisor's process-level tests (tests/supervisor/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Test app for runs that wait under chaos (tests/test_waits_chaos.py).
+"""Test app for runs that wait under chaos (tests/chaos/test_waits_chaos.py).
 
 - ``draft`` waits for signal ``go``; each ``step`` appends the signal's payload to the run's
   state and waits again until it has ``k`` of them, then finishes with the list: the state

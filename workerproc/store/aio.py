@@ -16,6 +16,7 @@ the backend's own catalogue. Only the transport differs, per backend (``AsyncBac
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any, TypeVar, Unpack
@@ -40,6 +41,21 @@ from .settings import SQLiteOptions, StoreOptions, resolve
 from .types import DEFAULT_QUEUE, JSON, Clock, Event, Run
 
 T = TypeVar("T")
+
+
+async def sleep_on(changed: asyncio.Condition, moved: Callable[[], bool], timeout: float) -> None:
+    """Wait on ``changed`` until ``moved()`` holds or ``timeout`` seconds pass (no error)."""
+    async with changed:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed.wait_for(moved), timeout)
+
+
+async def stop(task: asyncio.Task[None] | None) -> None:
+    """Cancel a backend's background task and wait for it to end, whatever it raised."""
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
 
 
 class AsyncBackend(abc.ABC):

@@ -1,4 +1,4 @@
-"""What paid calls are (issues 27 and 37, docs/protocol.md B13), on every backend: which call
+"""What paid calls are (docs/protocol.md B13), on every backend: which call
 (``CallKey``), what its intent found (``CallStart``), its kept answer (``KeptCall``), and what
 ``show``, the timeline, metrics and ``spend`` read of them; the protocol is
 ``protocol/calls.py``."""

@@ -143,6 +143,15 @@ def check_traceparent(value: object) -> str | None:
     return value
 
 
+ID_RANGE = range(-(2**63), 2**63)  # every backend's ids are signed 64-bit integers
+
+
+def can_exist(row_id: int) -> bool:
+    """Whether a row could have this id: a read of one beyond 64 bits answers as for an unknown
+    id on every backend (SQLite cannot even bind it)."""
+    return row_id in ID_RANGE
+
+
 def check_name(name: object, what: str = "task name") -> str:
     """A name a user gives (a task's, a signal's, a call's), the same limits on every backend:
     a string of 1 to ``MAX_NAME`` characters, valid Unicode, and nothing that prints as
@@ -178,6 +187,19 @@ def clean_text(text: str | None, limit: int = MAX_ERROR) -> str | None:
     return text
 
 
+DECLARED_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
+
+
+def check_declared_name(name: object, what: str) -> str:
+    """The name of something an app or an operator declares (a limit, a schedule): 1 to 64
+    letters, digits, '_', '.' or '-', starting with a letter or digit (ValueError otherwise)."""
+    if not isinstance(name, str) or not DECLARED_NAME.match(name):
+        raise ValueError(
+            f"{what}'s name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})"
+        )
+    return name
+
+
 def check_queue(queue: object) -> str:
     """A queue's name: 1-64 characters of ``[A-Za-z0-9_.:-]`` (so no NUL, nothing to encode)."""
     if not isinstance(queue, str) or not QUEUE_NAME.fullmatch(queue):
@@ -195,6 +217,12 @@ def check_key(key: object) -> str:
 def check_owner(owner: object) -> str:
     """A lease's owner: a string of 1 to ``MAX_OWNER`` characters, valid Unicode, no NUL."""
     return _text(owner, "a lease's owner", MAX_OWNER)
+
+
+def check_text(value: object, what: str, limit: int = MAX_OWNER) -> str:
+    """A short string a backend keeps as it is: 1 to ``limit`` characters, valid Unicode, no
+    NUL (PostgreSQL refuses a NUL, SQLite would keep it)."""
+    return _text(value, what, limit)
 
 
 def _text(value: object, what: str, limit: int) -> str:

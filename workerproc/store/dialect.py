@@ -10,10 +10,12 @@ runs what the protocol names, on its engine:
   statements read the database clock themselves, after their own locks (PostgreSQL in
   production; an injected clock is read after the locks too).
 - Named statements: every backend's catalogue defines exactly the names of ``STATEMENTS``
-  (``tests/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL, or to a
-  *step*: a few lines of Python for a logical step that is several statements on that engine
-  (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
-  the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
+  (``tests/store/test_store_catalogue.py`` says so). A catalogue maps a name to its SQL (a named
+  query of the backend's ``queries/*.sql``, loaded and checked by ``store.queries``, or a
+  statement of its ``sql`` module), or to a *step*: a few lines of Python for a logical step
+  that is several statements on that engine (SQLite's ``FINISH`` is a compare-and-set, then
+  the task marked done) or whose parameters the engine takes in another shape (a JSON array on
+  SQLite, an array on PostgreSQL).
 - ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
   sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
@@ -67,19 +69,18 @@ STATEMENTS = frozenset(
         "COUNT_ENDED", "RUN_TOTALS",
         # the worker processes of every host, kept by their heartbeats
         "WORKER_SEEN", "WORKER_GONE", "PRUNE_WORKERS", "LIST_WORKERS",
-        # flow control (issue 24): limits, their gates, the gated claim and its settling
+        # flow control: limits, their gates, the gated claim and its settling
         "LIMIT_SPECS", "LIMIT_ROWS", "DECLARE_LIMIT", "SET_LIMIT", "LIMIT_KEYS", "LIMIT_USE",
         "OPEN_GATES", "GATE_STATE", "LINE_RUNS", "LINE_NEXT", "CLAIM_RUNS", "GATE_WRITE",
         "GATE_SETTLE", "PLACE_GATES", "UNSPEND", "REGATE", "REOPEN_RUN", "LINES_WAITING",
         "REOPEN_GATES",
         # reads
-        "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_RUNS_BY_STATUS",
-        "LIST_RUNS_BY_QUEUE", "LIST_REJECTIONS", "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES",
-        "RUN_COUNTS", "TASK_COUNTS", "LIVE_LEASES", "NEXT_READY", "NEXT_READY_QUEUES",
-        # the dashboard's reads
-        "RUNS_BEFORE", "RUNS_BEFORE_STATUS", "RUNS_BEFORE_TASK", "RUNS_BEFORE_STATUS_TASK",
-        "RUNS_AFTER", "RUNS_AFTER_STATUS", "RUNS_AFTER_TASK", "RUNS_AFTER_STATUS_TASK",
-        "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS", "FINISHED_SINCE", "FAILED_SINCE",
+        "GET_RUN", "GET_TASKS", "GET_TASK", "LIST_RUNS", "LIST_REJECTIONS",
+        "SUPERSEDED_COMMITS", "OVERLAPPING_LEASES", "RUN_COUNTS", "TASK_COUNTS", "LIVE_LEASES",
+        "NEXT_READY", "NEXT_READY_QUEUES",
+        # the dashboard's reads (a page's filters are optional parameters of one statement)
+        "RUNS_BEFORE", "RUNS_AFTER", "TASK_NAMES", "ATTEMPT_HISTORY", "RUN_REJECTIONS",
+        "FINISHED_SINCE", "FAILED_SINCE",
         # per-task options (B11)
         "TASK_OPTIONS", "SET_TASK_OPTIONS", "DROP_TASK_OPTIONS",
         # schedules (B16): declared, fired by compare-and-set on next_at, read
@@ -88,7 +89,7 @@ STATEMENTS = frozenset(
         # paid calls (B13): kept the moment they return, reused by the step's next attempt
         "FIND_CALL", "COUNT_REUSE", "KEEP_CALL", "CALL_LOSER", "RUN_CALLS", "FORGET_CALL",
         "CALL_TOTALS",
-        # ... and recorded before they are made (issue 37): intents, parked calls, resolve, usage
+        # ... and recorded before they are made: intents, parked calls, resolve, usage
         "EARLIER_INTENTS", "INSERT_INTENT", "ANSWER_INTENT", "KEPT_ANSWER", "INSERT_USAGE",
         "MARK_PARKED", "UNPARK", "CALL_TO_RESOLVE", "SETTLE_INTENTS", "RESOLVE_CALL",
         "RUN_INTENTS", "INTENT_TOTALS", "RUN_INTENT_COUNTS", "SPEND_BY_TASK", "SPEND_BY_FIELD",

@@ -1,4 +1,4 @@
-"""Flow control's values (issue 24), with no SQL: a limit's numbers (``LimitSpec``), the gate a
+"""Flow control's values, with no SQL: a limit's numbers (``LimitSpec``), the gate a
 task waits behind for each of its limits, and the buckets' arithmetic. The protocol
 (``protocol/gates.py``) keeps them in the database and decides in the claim.
 
@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from .codec import DECLARED_NAME, check_declared_name
 from .errors import InvalidPayload
 
 MAX_LIMITS = 3  # limits per task (a task's gates are three columns: indexed, never parsed)
@@ -26,7 +27,6 @@ MAX_KEY = 200  # characters of a ``per`` key
 SEP = "\x1f"  # between a limit's name and its key, in a gate's name
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*(s|sec|m|min|h|hour|d|day)\s*$")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 NUMBERS = ("rate", "burst", "concurrency", "tokens", "token_burst")
 MAX_NUMBER = 1e9
 
@@ -49,11 +49,7 @@ def per_second(text: str | float | int, what: str) -> float:
 
 
 def check_limit_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"a limit's name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})"
-        )
-    return name
+    return check_declared_name(name, "a limit")
 
 
 @dataclass(frozen=True)
@@ -91,7 +87,7 @@ class LimitSpec:
             or not 1 <= concurrency <= 1_000_000
         ):  # fmt: skip
             raise ValueError(f"limit {name!r}: concurrency must be a whole number from 1")
-        if per is not None and (not isinstance(per, str) or not _NAME.match(per)):
+        if per is not None and (not isinstance(per, str) or not DECLARED_NAME.match(per)):
             raise ValueError(f"limit {name!r}: per must name a payload field (got {per!r})")
         if r is None and concurrency is None and t is None:
             raise ValueError(f"limit {name!r} limits nothing: give rate, concurrency or tokens")

@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..tracing import current_traceparent
 from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, check_traceparent, dumps
 from .errors import InvalidPayload
 from .limits import UNGATED, Gating
+from .traceparent import current_traceparent
 from .types import DEFAULT_QUEUE, JSON
 
 START_FIELDS = frozenset(
@@ -31,7 +31,7 @@ class NewRun:
     queue: str
     priority: int
     gating: Gating = UNGATED  # what its task's limits make of it (``protocol.limits``)
-    traceparent: str | None = None  # W3C trace context of its starter (``workerproc.tracing``)
+    traceparent: str | None = None  # W3C trace context of its starter (``store.traceparent``)
     system: bool = False  # numbered from ``SYSTEM_RUNS`` up: a webhook's delivery run
 
     def gated(self, gating: Gating) -> NewRun:

@@ -1,5 +1,5 @@
 """What we print of a connection string or a URL: one redaction for every address and every
-message that quotes one (issue 38, item 4). Logs, pages, state files, the CLI's lines and JSON,
+message that quotes one. Logs, pages, state files, the CLI's lines and JSON,
 and error messages show an address known to be one (a ``--db``, a webhook's URL) as
 ``redact_url`` does, and any other text as ``redact`` does; nothing else prints an address.
 

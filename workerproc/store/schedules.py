@@ -1,4 +1,4 @@
-"""Schedules' values (issue 25), with no SQL: a schedule's declaration (``ScheduleSpec``) and
+"""Schedules' values, with no SQL: a schedule's declaration (``ScheduleSpec``) and
 the arithmetic of its ticks. The protocol (``protocol/schedules.py``) keeps them in the database
 and fires them, one run per tick across every worker on every host.
 
@@ -21,7 +21,6 @@ a tick is run once even by firers that disagree.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -29,7 +28,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from .codec import MAX_PAYLOAD, check_name, check_run_options, dumps
+from .codec import MAX_PAYLOAD, check_declared_name, check_name, check_run_options, dumps
 from .errors import InvalidPayload
 from .types import DEFAULT_QUEUE, JSON
 
@@ -38,16 +37,11 @@ CATCH_UP: tuple[CatchUp, ...] = ("skip", "one", "all")
 MAX_CATCH_UP = 1000  # ticks one firing of catch_up="all" runs at most (the newest ones)
 ON_TIME = 60.0  # seconds a tick may be late and still run under catch_up="skip"
 MAX_SCHEDULES = 1000  # schedules one app declares
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 _MAX_CRON = 200
 
 
 def check_schedule_name(name: object) -> str:
-    if not isinstance(name, str) or not _NAME.match(name):
-        raise ValueError(
-            f"a schedule's name must be 1 to 64 letters, digits, '_', '.' or '-' (got {name!r})"
-        )
-    return name
+    return check_declared_name(name, "a schedule")
 
 
 def zone(tz: object) -> ZoneInfo:

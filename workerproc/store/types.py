@@ -22,7 +22,7 @@ STORED_STATUS: dict[str, tuple[str, bool | None]] = {
     "failed": ("failed", None), "cancelled": ("cancelled", None),
 }  # fmt: skip
 # "waiting" is stored as "pending" too: no lease holds it and its wait's deadline is ahead
-# (issue 25: a wait for a signal or for children is a next task that is not due)
+# (a wait for a signal or for children is a next task that is not due)
 WAITING_FILTER: dict[str, bool] = {"pending": False, "waiting": True}
 TERMINAL_STATUSES = ("succeeded", "failed", "cancelled")
 # The system's own runs (the webhooks' delivery runs, B20) are numbered from here up, apart from
@@ -52,7 +52,7 @@ class TaskOptions:
     timeout: float | None = None  # the hard limit of one execution, in seconds
     queue: str | None = None  # the queue its runs start in, and move to when it is next
     priority: int | None = None  # the priority its runs start with
-    limits: tuple[str, ...] | None = None  # the limits its runs wait behind (issue 24)
+    limits: tuple[str, ...] | None = None  # the limits its runs wait behind
     tokens: int | None = None  # the tokens a run reserves from its limits' budgets
 
     @property
@@ -117,12 +117,12 @@ class Lease:
     takeover: bool = False  # the previous holder's lease expired (or was released as dead)
     queue: str = DEFAULT_QUEUE  # the run's queue when it was claimed (where its end counts)
     options: TaskOptions = NO_OPTIONS  # the task's declared options, read in the claim
-    gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of (issue 24)
+    gates: tuple[str, ...] = ()  # the limits' gates it holds a slot of
     reserved: int | None = None  # the tokens its claim reserved from them
-    signal: Signal | None = None  # the signal that resumed this task's wait (issue 25)
-    parent_id: int | None = None  # the run's parent, if it is a child run (issue 25)
+    signal: Signal | None = None  # the signal that resumed this task's wait
+    parent_id: int | None = None  # the run's parent, if it is a child run
     children: tuple[Child, ...] | None = None  # the join task's children, in spawn order
-    traceparent: str | None = None  # the run's W3C trace context (issue 26: tracing)
+    traceparent: str | None = None  # the run's W3C trace context (tracing)
     previous_owner: str | None = None  # a takeover's: whose lease it took over
     previous_attempt: int | None = None  # and that lease's attempt
     # the database counts this attempt as begun (B3): claimed to start at once; False: held
@@ -174,7 +174,7 @@ class Commit:
       ``wait_for`` (``outcome_unknown:NAME``) until ``resolve`` makes it due (B13).
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
-    lease's reservation in the same transaction (issue 24).
+    lease's reservation in the same transaction.
     """
 
     lease: Lease
@@ -309,7 +309,7 @@ class TaskInfo:
 
 @dataclass(frozen=True)
 class WorkerInfo:
-    """A worker process as the ``workers`` table lists it, kept by its heartbeat (issue 21):
+    """A worker process as the ``workers`` table lists it, kept by its heartbeat:
     any host, a producer or the dashboard can tell that a pool is claiming without a pidfile.
     ``alive``: it beat within three of its heartbeat periods (``beat_every``)."""
 

@@ -1,4 +1,4 @@
-"""Webhooks (issue 26, item 4; docs/protocol.md B20): what a webhook is, checked before anything
+"""Webhooks (docs/protocol.md B20): what a webhook is, checked before anything
 is written.
 
 A webhook is a row (its URL, the event kinds it wants, its secret, its retry numbers, its

@@ -25,7 +25,7 @@ from psycopg import errors as pg_errors
 from psycopg import sql
 from psycopg.pq import TransactionStatus
 
-from ..aio import AsyncBackend
+from ..aio import AsyncBackend, sleep_on, stop
 from ..dialect import Channel, Params, Row, Shaped
 from ..errors import InvalidPayload, StoreError, StoreUnavailable
 from ..protocol.programs import Program
@@ -202,22 +202,14 @@ class PostgresAsync(AsyncBackend):
         return self._ended if channel == "end" else self._any
 
     async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._changed.wait_for(lambda: self.token(channel) != token),
-                    min(timeout, 60.0),
-                )
+        await sleep_on(self._changed, lambda: self.token(channel) != token, min(timeout, 60.0))
         return self.token(channel)
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._listener
+        await stop(self._listener)
         idle, self._idle = self._idle, []
         for conn in idle:
             with contextlib.suppress(psycopg.Error):

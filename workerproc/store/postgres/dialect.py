@@ -37,7 +37,7 @@ from ..redaction import redact, redact_url, scrub
 from ..settings import PostgresOptions
 from ..types import Clock
 from . import admin
-from .listen import END, WORK, Listener, _abandoned
+from .listen import ABANDONED, END, WORK, Listener
 from .ops_sql import WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
@@ -124,7 +124,7 @@ class PostgresDialect(Dialect):
         if self._pid != os.getpid():  # a forked child: never touch inherited connections
             old = getattr(self._local, "conn", None)
             if old is not None:
-                _abandoned.append(old)
+                ABANDONED.append(old)
             self._listener.abandon()
             self._local = threading.local()
             self._pid = os.getpid()

@@ -27,7 +27,7 @@ WORK, END = "work", "end"
 
 # Connections inherited across fork() are kept referenced forever in the child: closing (or
 # garbage-collecting) one there would send a Terminate on the parent's socket.
-_abandoned: list[object] = []
+ABANDONED: list[object] = []
 
 
 class Listener:
@@ -182,7 +182,7 @@ class Listener:
     def abandon(self) -> None:
         """In a forked child: forget the parent's connection without touching it."""
         if self._conn is not None:
-            _abandoned.append(self._conn)
+            ABANDONED.append(self._conn)
         self._conn = None
         self._listening = False
         self._lock = threading.Lock()  # a lock held by a parent's thread would never be freed

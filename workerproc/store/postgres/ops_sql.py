@@ -1,166 +1,33 @@
 """The PostgreSQL backend's producers, operators, finished-run totals and worker list, each
 statement named with its one-line purpose (claims and commits are in ``sql``). Operators hold
 the run row first (``RUN_STATUS ... FOR UPDATE``), then write its tasks and lease.
+
+Its queries are in ``queries/ops.sql``, each named and described there (loaded and
+checked when this module is imported).
 """
 
 from __future__ import annotations
 
-from ..types import SYSTEM_RUNS
-from .schema import VERSION_TABLE
-from .sql import _CLOCK, _CLOCK_CTE, _NO_HEAD, ALIVE, NOTIFY
+from ..queries import load, texts
 
-# -- operators: the run row first, then its tasks -------------------------------------------
-RUN_STATUS = "SELECT status, queue FROM runs WHERE id = %(run_id)s FOR UPDATE"
-CANCEL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'cancelled', finished_at = now,
-    updated_at = now, {_NO_HEAD} FROM clock WHERE id = %(run_id)s AND status IN {ALIVE}
-    RETURNING id"""
-PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL"
-# retry_run: a new attempt generation. attempts keeps counting (the fencing token never
-# repeats); attempt_base restarts what max_attempts bounds; old leases are dropped (RETRY_TASKS)
-RETRY_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'pending', failure_reason = NULL,
-    finished_at = NULL, updated_at = now, wait_for = NULL, wait_until = NULL, wait_task = NULL
-    FROM clock WHERE id = %(run_id)s"""
-# ... the leases still held on the run (a cancelled run's holder) end in the history first ...
-ATTEMPTS_DROPPED_BY_RETRY = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner,
-        claimed_at, ended_at, outcome, error)
-    SELECT l.run_id, l.task_id, l.attempts, l.owner, l.claimed_at, clock.now, 'released',
-        'the run was retried: this lease was dropped'
-    FROM leases AS l, (SELECT {_CLOCK} AS now) AS clock
-    WHERE l.run_id = %(run_id)s AND l.owner IS NOT NULL"""
-# ... then the lease goes, every pending task is due now at a new generation (counting on from
-# its lease), and the run's head is its first one again; idle workers are told
-RETRY_TASKS = f"""{_CLOCK_CTE},
-dropped AS (DELETE FROM leases WHERE run_id = %(run_id)s RETURNING task_id, attempts),
-retried AS (
-    UPDATE tasks AS t SET available_at = clock.now,
-        attempts = coalesce((SELECT d.attempts FROM dropped AS d WHERE d.task_id = t.id),
-                            t.attempts),
-        attempt_base = coalesce((SELECT d.attempts FROM dropped AS d WHERE d.task_id = t.id),
-                                t.attempts)
-    FROM clock WHERE t.run_id = %(run_id)s AND t.done_at IS NULL
-    RETURNING t.available_at, t.created_at, t.id, t.line),
-placed AS (
-    UPDATE runs SET (head_at, line_at, head_created, head_id, line) = (
-        SELECT CASE WHEN line IS NULL THEN available_at END,
-            CASE WHEN line IS NOT NULL THEN available_at END, created_at, id, line
-        FROM retried ORDER BY available_at, created_at, id LIMIT 1)
-    WHERE id = %(run_id)s AND status IN {ALIVE})
-SELECT id, {NOTIFY} FROM retried"""
-# release_owner: the supervisor reaped this owner; its leases expire now. Runs first, in id
-# order (two releases never wait on each other in a cycle), then their leases (``steps``).
-LOCK_OWNER_RUNS = """SELECT id FROM runs WHERE id IN (
-    SELECT run_id FROM leases WHERE owner = %(owner)s) ORDER BY id FOR UPDATE"""
-RELEASE_OWNER = f"""{_CLOCK_CTE},
-expired AS (UPDATE leases AS l SET expires_at = clock.now FROM clock
-    WHERE l.owner = %(owner)s AND l.expires_at > clock.now
-    RETURNING l.task_id, l.gate_a, l.gate_b, l.gate_c),
-freed AS (SELECT gate_a AS gate FROM expired UNION SELECT gate_b FROM expired
-          UNION SELECT gate_c FROM expired),
-reopened AS (UPDATE gates AS g SET ready_at = least(g.ready_at, g.turn, clock.now),
-        blocked_by = CASE WHEN g.gate IN (SELECT gate FROM freed) THEN g.blocked_by END
-    FROM clock WHERE g.gate IN (SELECT gate FROM freed) OR g.blocked_by IN (SELECT gate FROM freed))
-SELECT task_id, {NOTIFY} FROM expired"""
-
-# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks and
-# attempt history go with them, ON DELETE CASCADE; a lease a cancelled run kept, explicitly);
-# each deleted run answers its queue and status (the totals count it out)
-# (a child of a live parent stays: its join reads it, B14; so does a cancelled run whose holder
-# still runs its handler: its lease holds a slot of its limits until the holder ends it, B15;
-# and a delivery run its webhook names: it stays retryable, B20)
-PRUNE_RUNS = f"""WITH doomed AS MATERIALIZED (
-    SELECT id FROM runs AS x WHERE finished_at < (SELECT {_CLOCK}) - %(age)s
-      AND NOT EXISTS (SELECT 1 FROM runs AS p WHERE p.id = x.parent_id
-                      AND p.status = 'pending')
-      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = x.id AND l.owner IS NOT NULL
-                      AND l.expires_at > (SELECT {_CLOCK}))
-      AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
-    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE OF x SKIP LOCKED),
-gone_leases AS (DELETE FROM leases WHERE run_id IN (SELECT id FROM doomed))
-DELETE FROM runs WHERE id IN (SELECT id FROM doomed) RETURNING queue, status"""
-PRUNE_REJECTIONS = f"""DELETE FROM fence_rejections WHERE id IN (
-    SELECT id FROM fence_rejections WHERE at < (SELECT {_CLOCK}) - %(age)s
-    ORDER BY at LIMIT %(limit)s) RETURNING id"""
-
-# finished runs counted as they end, retry and go (``protocol.totals``): one row per queue,
-# status and shard (a writer picks a shard at random, so two seldom wait on one row)
-COUNT_ENDED = """INSERT INTO run_totals AS o (queue, status, shard, n)
-    VALUES (%(queue)s, %(status)s, %(shard)s, %(n)s)
-    ON CONFLICT (queue, status, shard) DO UPDATE SET n = o.n + excluded.n"""
-
-# the worker processes of every host (``protocol.workers``): each heartbeat writes its row (a
-# HOT update: no index changes); a clean stop deletes it; a row silent for ten of its periods
-# (and a minute) goes at the next worker's start
-WORKER_SEEN = f"""INSERT INTO workers AS w (owner, host, pid, started_at, heartbeat_at,
-        beat_every, slots, queues, version, state)
-    VALUES (%(owner)s, %(host)s, %(pid)s, %(started_at)s, {_CLOCK}, %(beat_every)s, %(slots)s,
-            %(queues)s, %(version)s, %(state)s)
-    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
-        state = excluded.state, slots = excluded.slots"""
-WORKER_GONE = "DELETE FROM workers WHERE owner = %(owner)s"
-PRUNE_WORKERS = f"DELETE FROM workers WHERE heartbeat_at < {_CLOCK} - 10 * beat_every - 60"
-
-# the store's clock: the database's (or the injected one, handed back)
-NOW = f"SELECT {_CLOCK}"
-
-# -- producers (B7) ---------------------------------------------------------------------------
-# Every run of the batch in one statement. Run and first-task ids are drawn from their
-# sequences in the items' order first (a system run's, B20, from the system's own), so ids
-# follow the items and each run is inserted with its head already set (no second write); a key
-# already taken (by a run that exists, or by an earlier item of the same batch) inserts nothing
-# and FIND_BY_KEYS, a second statement with a fresh snapshot, answers the first run's id.
-# ``{s}``: the schema prefix (empty on our own connections, whose search path is the schema;
-# the caller's connection gets qualified names); ``{channel}``: the schema's notification
-# channel, as an SQL expression.
-_INSERT_RUNS = f"""
-WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now),
-i AS MATERIALIZED (
-    SELECT i.*, CASE WHEN i.system THEN nextval('{{s}}system_run_ids')
-                     ELSE nextval(pg_get_serial_sequence('{{s}}runs', 'id')) END AS id,
-        nextval(pg_get_serial_sequence('{{s}}tasks', 'id')) AS task_id
-    FROM unnest(%(states)s::text[], %(tasks)s::text[], %(payloads)s::text[],
-                %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
-                %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
-                %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[],
-                %(traceparents)s::text[], %(systems)s::bool[])
-         WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
-                              gate_b, gate_c, tokens, traceparent, system, n)
-    ORDER BY i.n),
-new_runs AS (
-    INSERT INTO {{s}}runs (id, state, task, queue, priority, key, created_at, updated_at,
-                           head_at, line_at, head_created, head_id, line, traceparent)
-    SELECT i.id, i.state::json, i.task, i.queue, i.priority, i.key, clock.now, clock.now,
-        CASE WHEN i.line IS NULL THEN clock.now + i.delay END,
-        CASE WHEN i.line IS NOT NULL THEN clock.now + i.delay END, clock.now, i.task_id, i.line,
-        i.traceparent
-    FROM i, clock ORDER BY i.n
-    ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
-first_tasks AS (
-    INSERT INTO {{s}}tasks (id, run_id, name, payload, available_at, created_at, line, gate_a,
-                            gate_b, gate_c, tokens)
-    SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now, i.line,
-        i.gate_a, i.gate_b, i.gate_c, i.tokens
-    FROM i JOIN new_runs USING (id), clock ORDER BY i.n),
-enqueued AS (
-    INSERT INTO {{s}}events (at, run_id, kind, task, data)
-    SELECT clock.now, i.id, 'run.enqueued', i.task, json_strip_nulls(json_build_object(
-        'queue', i.queue, 'key', i.key, 'delay', nullif(i.delay, 0)))
-    FROM i JOIN new_runs USING (id), clock ORDER BY i.n)
-SELECT i.id, new_runs.id IS NOT NULL,
-    CASE WHEN new_runs.id IS NOT NULL THEN pg_notify({{channel}}, '') END
-FROM i LEFT JOIN new_runs USING (id) ORDER BY i.n"""
-_FIND_BY_KEYS = "SELECT key, id FROM {s}runs WHERE key = ANY(%(keys)s::text[])"
+QUERIES = load(
+    "workerproc.store.postgres",
+    "ops.sql",
+    style="pyformat",
+    internal=("LOCK_OWNER_RUNS", "NOW", "WATCH_RUN", "CALLERS_DATABASE"),
+    fields=("s", "channel"),
+)
+globals().update(texts(QUERIES))
+# the producers' statements and the check of a caller's connection name our tables with a
+# schema prefix (``{s}``): empty on our own connections, whose search path is the schema; on a
+# caller's connection (transactional enqueue) the schema, and the notification channel spelt
+# out (``{channel}``), by ``steps`` and ``admin``
+_INSERT_RUNS = QUERIES["INSERT_RUNS"].sql
+_FIND_BY_KEYS = QUERIES["FIND_BY_KEYS"].sql
+CALLERS_DATABASE = QUERIES["CALLERS_DATABASE"].sql
 INSERT_RUNS = _INSERT_RUNS.format(s="", channel="'leasekeeper.' || current_schema()")
 FIND_BY_KEYS = _FIND_BY_KEYS.format(s="")
 
-# wait(): from now on, this run's end sends a NOTIFY on the end channel
-WATCH_RUN = "UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watched"
-# transactional enqueue: the caller's connection reaches our schema, at our version, in our
-# database
-CALLERS_DATABASE = f"""SELECT current_database(),
-    (SELECT max(version) FROM {{s}}{VERSION_TABLE})"""
 
-# -- per-task options (B11) -----------------------------------------------------------------
-SET_TASK_OPTIONS = f"""INSERT INTO task_options (name, options, updated_at)
-    VALUES (%(name)s, %(options)s::json, {_CLOCK})
-    ON CONFLICT (name) DO UPDATE SET options = excluded.options, updated_at = excluded.updated_at"""
-DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = %(name)s"
+def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)
+    raise AttributeError(f"no query {name} in {__name__}")

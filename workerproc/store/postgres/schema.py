@@ -6,7 +6,7 @@ Times are ``double precision`` seconds since the epoch, as on SQLite: the inject
 round-trips exactly, and ``expires_at = now + ttl`` is the same float on both backends. In
 production every time comes from ``clock_timestamp()`` (see ``sql``).
 
-Since v3 (issue 21) the hot path writes each row once and fires no trigger:
+Since v3 the hot path writes each row once and fires no trigger:
 
 - A run's claim facts live on its row: ``head_at``/``head_created``/``head_id`` copy the key
   of its first pending task in R1 order (NULL when the run is over or has nothing pending).
@@ -282,7 +282,7 @@ MIGRATIONS: list[str] = [
                    OR NEW.lease_until IS NOT NULL))
         EXECUTE FUNCTION leasekeeper_runs_changed();
     """,
-    # 3: the hot path writes each row once and fires no trigger (issue 21; the module's
+    # 3: the hot path writes each row once and fires no trigger (the module's
     # docstring). Live leases move to their own table; the claim-column triggers and functions
     # go (the statements keep the columns exact); stored 'running' becomes 'pending' (a live
     # lease says running); finished runs are counted as they end; workers are listed.
@@ -369,7 +369,7 @@ MIGRATIONS: list[str] = [
         updated_at double precision NOT NULL
     );
     """,
-    # 5 (issue 24): flow control. ``limits`` holds each limit's numbers (what the app declared,
+    # 5: flow control. ``limits`` holds each limit's numbers (what the app declared,
     # what an operator set); ``gates`` one bucket per limit and key (the rate and token
     # buckets, a pause, and ``ready_at``: when its line may next admit a run). A task names its
     # gates (``gate_a``..``gate_c``: at most three limits), its token reservation and its
@@ -422,17 +422,17 @@ MIGRATIONS: list[str] = [
     CREATE INDEX gates_lim ON gates (lim, key);
     CREATE INDEX gates_blocked ON gates (blocked_by) WHERE blocked_by IS NOT NULL;
     """,
-    # 6 (issue 27): paid calls, kept for the next attempt of their step (B13)
+    # 6: paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
-    MIGRATION_WAITS,  # 7: runs that wait: their wait, the signals (issue 25)
-    _SCHEDULES,  # 8: schedules (issue 25)
-    GATES_READY_ORDER,  # 9: the open gates' order, indexed (issue 24)
+    MIGRATION_WAITS,  # 7: runs that wait: their wait, the signals
+    _SCHEDULES,  # 8: schedules
+    GATES_READY_ORDER,  # 9: the open gates' order, indexed
     EVENTS_SCHEMA,  # 10: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent text;",  # 11: its starter's trace context (B19)
     _WEBHOOKS,  # 12: webhooks (B20)
-    GATES_IDLE,  # 13: a line idle until its next due run; its place in the round robin (issue 36)
-    MIGRATION_PARENT_JOIN,  # 14: a child's parent's join, a column of its own (issue 36)
-    # 15 (issue 36): an attempt is spent only by a handler that began (B3). ``leases.started``
+    GATES_IDLE,  # 13: a line idle until its next due run; its place in the round robin
+    MIGRATION_PARENT_JOIN,  # 14: a child's parent's join, a column of its own
+    # 15: an attempt is spent only by a handler that began (B3). ``leases.started``
     # says whether the lease's handler began, as far as the database knows: a claim for a slot
     # that starts it at once says so, a prefetched lease is recorded when the renewal that
     # confirms its start lands. A takeover of a lease that never began moves attempt_base
@@ -450,8 +450,8 @@ MIGRATIONS: list[str] = [
         CHECK (outcome IN ('released', 'failed', 'taken_over', 'unstarted', 'exhausted'))
         NOT VALID;
     """,
-    MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart (issue 36)
-    MIGRATION_INTENTS,  # 17: paid calls' intents, usage kept for spend (issue 37)
+    MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart
+    MIGRATION_INTENTS,  # 17: paid calls' intents, usage kept for spend
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

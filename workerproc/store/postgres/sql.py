@@ -22,11 +22,11 @@ from __future__ import annotations
 from functools import cache
 
 from .batch_sql import advance_many, finish_many
+from .fragments import CLOCK as _CLOCK
+from .fragments import CLOCK_CTE as _CLOCK_CTE
+from .fragments import NO_HEAD as _NO_HEAD
 
 ALIVE = "('pending')"  # a run that may still change (a lease on it says "running")
-_CLOCK = "coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)"
-# "now", read once per statement, for statements that lock nothing first
-_CLOCK_CTE = f"WITH clock AS MATERIALIZED (SELECT {_CLOCK} AS now)"
 # the run row of the lease, locked first (lock order: run, then its lease and tasks)
 _LOCK_RUN = "run AS MATERIALIZED (SELECT id FROM runs WHERE id = %(run_id)s FOR UPDATE)"
 # "now" read after the run lock is held (a row of the locked CTE must exist first)
@@ -66,8 +66,6 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
               FROM tasks AS h WHERE h.run_id = {run} AND h.done_at IS NULL{skip}{more}) AS f
         ORDER BY f.a, f.c, f.i LIMIT 1)"""
 
-
-_NO_HEAD = "head_at = NULL, head_created = NULL, head_id = NULL, line_at = NULL, line = NULL"
 
 # -- claims (R1) ----------------------------------------------------------------------------------
 # One statement leases the head task of up to ``%(limit)s`` runs of the served queues, a higher

@@ -1,4 +1,4 @@
-"""Paid calls (issues 27 and 37, docs/protocol.md B13), written once: a step's expensive call
+"""Paid calls (docs/protocol.md B13), written once: a step's expensive call
 (``ctx.once``) is recorded before it is made and kept the moment it returns, each in its own
 small transaction, so the next attempt of the same step reuses the answer instead of paying
 again, and knows when a payment may have happened without an answer.

@@ -52,7 +52,7 @@ def claim(
         # the plain walk only: the lane's queue holds no gated run (deliveries have no
         # limits), and a second pass through the gates in the same transaction (whose gate
         # writes wait for the COMMIT) let the limits chaos soak start 18 runs in 0.5 s under a
-        # rate of 10 a second (tests/test_limits_chaos.py)
+        # rate of 10 a second (tests/chaos/test_limits_chaos.py)
         return first + claim(tx, req.also, keeper, gated=False)
     check_owner(req.owner)
     skip = tuple(check_queue(q) for q in dict.fromkeys(req.skip))

@@ -1,4 +1,4 @@
-"""Flow control in the claim (issue 24), written once: a run whose task has limits waits in its
+"""Flow control in the claim, written once: a run whose task has limits waits in its
 gate's **line**, and a claim admits runs from the lines of the gates that have room, in the same
 transaction that leases them.
 

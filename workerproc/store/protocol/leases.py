@@ -5,11 +5,13 @@ holds), and the pinned single-lease calls of DESIGN.md (``claim``, ``renew``, ``
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import overload
 
 from ..codec import check_owner, commit_params, dumps
 from ..dialect import Dialect, Params, Tx
+from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
@@ -27,6 +29,18 @@ def check_start(start: object) -> None:
         raise ValueError(f"a claim's start is None or a whole number from 0 (got {start!r})")
 
 
+def check_ttl(ttl: object) -> float:
+    """A lease's ttl: a finite number of seconds (a lease must expire: NaN or infinity would
+    make one that never does, or that only one backend refuses)."""
+    try:
+        seconds = float(ttl)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(ttl, bool) or not math.isfinite(seconds):
+        raise InvalidOption(f"a lease's ttl must be a finite number of seconds (got {ttl!r})")
+    return seconds
+
+
 class Leases(Limits):
     dialect: Dialect
 
@@ -37,8 +51,11 @@ class Leases(Limits):
         """Write every commit under its own lease (each a fenced write answering ok, conflict
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
         tasks (B4). Every value is encoded first: a bad one writes nothing."""
-        if claim is not None:
-            check_start(claim.start)
+        request = claim
+        while request is not None:
+            check_start(request.start)
+            check_ttl(request.ttl)
+            request = request.also
         encoded = [commit_params(commit) for commit in commits]
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
@@ -88,6 +105,7 @@ class Leases(Limits):
         renewed = {(lease.task_id, lease.attempt) for lease in leases}
         if any((lease.task_id, lease.attempt) not in renewed for lease in starting):
             raise ValueError("renew_each's starting leases must be among the leases it renews")
+        check_ttl(ttl)
         if not leases:
             return []
         if len({lease.owner for lease in leases}) != 1:

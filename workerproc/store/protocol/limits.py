@@ -1,4 +1,4 @@
-"""Limits kept in the database (issue 24), written once: what apps declare and operators set,
+"""Limits kept in the database, written once: what apps declare and operators set,
 and what a task's limits make of a run when it is enqueued (its gates, its line, its token
 reservation: ``Gatekeeper``), so that the claim needs no Python to know where a run waits.
 
@@ -186,7 +186,7 @@ class Limits:
         return self.dialect.write(write)
 
     def repair_lines(self) -> list[str]:
-        """``check``'s recount of the lines (issue 36): every line with runs waiting in it whose
+        """``check``'s recount of the lines: every line with runs waiting in it whose
         gate could keep them waiting for ever (no gate row; closed with nothing to reopen it; or
         closed until later although its first due run has room in every gate now) is opened
         now, for the next claim to decide. A line for people each, of what was repaired."""

@@ -3,8 +3,11 @@ leases, prune finished runs. Each holds the run (its row lock on PostgreSQL) bef
 
 from __future__ import annotations
 
+import math
+
+from ..codec import check_owner
 from ..dialect import Dialect, Tx
-from ..errors import RunNotFound
+from ..errors import InvalidOption, RunNotFound
 from .events import emit, prune_events
 from .totals import counted, ended
 from .waits import cancel_descendants, ended_children
@@ -59,6 +62,7 @@ class Operators:
 
     def release_owner(self, owner: str) -> int:
         """B1: expire every live lease of ``owner`` (known dead); returns how many."""
+        check_owner(owner)
 
         def release(tx: Tx) -> int:
             return tx.count("RELEASE_OWNER", {"owner": owner, "now": tx.now})
@@ -70,7 +74,12 @@ class Operators:
         (and refused-write records and events as old: never an event a named consumer has
         not acknowledged or a webhook has not delivered, unless ``force``), ``batch`` runs
         per write transaction so no lock is held long; returns how many runs went."""
-        params = {"age": float(older_than), "limit": int(batch)}
+        age = float(older_than)
+        if not math.isfinite(age):  # (NaN: every finished run is older on PostgreSQL)
+            raise InvalidOption(f"prune's age must be a finite number of seconds (got {age})")
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise InvalidOption(f"prune's batch must be a whole number from 1 (got {batch!r})")
+        params = {"age": age, "limit": batch}
 
         def runs(tx: Tx) -> int:
             gone = tx.rows("PRUNE_RUNS", {**params, "now": tx.now})  # (queue, status) each

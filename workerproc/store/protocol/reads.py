@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..codec import check_name, check_queue, loads
+from ..codec import can_exist, check_name, check_queue, loads
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import RunNotFound
 from ..types import (
@@ -91,10 +91,13 @@ def task_of(row: Row) -> TaskInfo:
     return TaskInfo(row[0], row[1], row[2], loads(row[3], f"task {row[0]}'s payload"), *row[4:])
 
 
-def status_filter(status: str) -> Params:
+def status_filter(status: str | None) -> Params:
     """A status filter's parameters: ``stored``, the status as the row has it, and ``held``,
     whether a live lease must hold the run (None: either). ``running`` is a pending run that a
-    live lease holds, ``pending`` one that none does."""
+    live lease holds, ``pending`` one that none does. No status: each of them None (the
+    statements' optional filters, ``(:stored IS NULL OR ...)``)."""
+    if status is None:
+        return {"status": None, "stored": None, "held": None, "waiting": None}
     if status not in STORED_STATUS:
         raise ValueError(f"status must be one of {', '.join(RUN_STATUSES)} (got {status!r})")
     stored, held = STORED_STATUS[status]
@@ -111,13 +114,19 @@ class Reads:
         return self.dialect.read(lambda tx: tx.rows(statement, {**params, "now": tx.now}))
 
     def get_run(self, run_id: int) -> Run | None:
+        if not can_exist(run_id):
+            return None
         rows = self._rows("GET_RUN", {"run_id": run_id})
         return run_of(rows[0]) if rows else None
 
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
+        if not can_exist(run_id):
+            return []
         return [task_of(row) for row in self._rows("GET_TASKS", {"run_id": run_id})]
 
     def get_task(self, task_id: int) -> TaskInfo | None:
+        if not can_exist(task_id):
+            return None
         rows = self._rows("GET_TASK", {"task_id": task_id})
         return task_of(rows[0]) if rows else None
 
@@ -129,13 +138,9 @@ class Reads:
         runs, and with ``system`` the system's own too (the webhooks' delivery runs, B20)."""
         if queue is not None:
             check_queue(queue)
-        if status is not None:
-            statement = "LIST_RUNS_BY_STATUS"
-        else:
-            statement = "LIST_RUNS" if queue is None else "LIST_RUNS_BY_QUEUE"
-        params = {"limit": limit, "queue": queue, "below": below(system),
-                  **(status_filter(status) if status else {})}  # fmt: skip
-        return [run_of(row) for row in self._rows(statement, params)]
+        params = {"limit": max(0, limit), "queue": queue, "below": below(system),
+                  **status_filter(status)}  # fmt: skip
+        return [run_of(row) for row in self._rows("LIST_RUNS", params)]
 
     def stats(self) -> Stats:
         """Runs by queue and status, pending tasks by queue and state, and the live leases,
@@ -155,7 +160,7 @@ class Reads:
     # -- the evidence and the integrity checks ---------------------------------------------------
     def fence_rejections(self, after: int = 0, limit: int = 10_000) -> list[Rejection]:
         """Writes the fence refused (a zombie's renewal or commit, say), oldest first."""
-        rows = self._rows("LIST_REJECTIONS", {"after": after, "limit": limit})
+        rows = self._rows("LIST_REJECTIONS", {"after": after, "limit": max(0, limit)})
         return [Rejection(*row) for row in rows]
 
     def integrity_violations(self) -> list[str]:
@@ -247,18 +252,13 @@ class Reads:
         if task is not None:
             check_name(task)
         bound = below(system)
-        params: Params = {"status": status, "task": task, "below": bound,
-                          "limit": max(1, min(limit, MAX_PAGE))}  # fmt: skip
-        if status is not None:
-            params.update(status_filter(status))
+        params: Params = {"task": task, "below": bound, "limit": max(1, min(limit, MAX_PAGE)),
+                          **status_filter(status)}  # fmt: skip
         if after is not None:
             statement, params["after"] = "RUNS_AFTER", after
         else:
             upto = bound if before is None else min(bound, before)
             statement, params["before"] = "RUNS_BEFORE", upto
-        statement += ("_STATUS" if status is not None else "") + (
-            "_TASK" if task is not None else ""
-        )
         runs = [run_of(row) for row in self._rows(statement, params)]
         return runs[::-1] if after is not None else runs
 
@@ -271,10 +271,14 @@ class Reads:
 
     def attempt_history(self, run_id: int) -> list[AttemptEnd]:
         """The attempts of a run's tasks that ended without a commit, oldest first."""
+        if not can_exist(run_id):
+            return []
         return [AttemptEnd(*row) for row in self._rows("ATTEMPT_HISTORY", {"run_id": run_id})]
 
     def run_rejections(self, run_id: int) -> list[Rejection]:
         """The writes the fence refused for this run's tasks, oldest first."""
+        if not can_exist(run_id):
+            return []
         return [Rejection(*row) for row in self._rows("RUN_REJECTIONS", {"run_id": run_id})]
 
     def failed_since(self, since: float) -> dict[str, int]:

@@ -1,4 +1,4 @@
-"""Schedules kept in the database and fired (issue 25, B16), written once.
+"""Schedules kept in the database and fired (B16), written once.
 
 Declarations: every worker writes its app's schedules when it starts (only what differs), like
 limits; a host that declares a schedule otherwise than another host did is told so, and the new
@@ -87,6 +87,7 @@ class Schedules(Limits):
 
     def drop_schedule(self, name: str) -> bool:
         """Forget schedule ``name`` (until an app declares it again); False: there was none."""
+        check_schedule_name(name)
         return bool(self.dialect.write(lambda tx: tx.count("DROP_SCHEDULE", {"name": name})))
 
     def schedules(self) -> list[ScheduleInfo]:

@@ -1,4 +1,4 @@
-"""Finished runs, counted as they end (issue 21), so that ``stats()`` reads no finished run and
+"""Finished runs, counted as they end, so that ``stats()`` reads no finished run and
 costs the same beside ten million of them as beside a thousand.
 
 Every statement that ends a run (a finish, a failure, an exhausted claim, a cancel, the ack of a

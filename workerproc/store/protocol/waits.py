@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..codec import MAX_PAYLOAD, check_name, dumps, loads
+from ..codec import MAX_PAYLOAD, can_exist, check_name, dumps, loads
 from ..dialect import Dialect, Params, Tx
 from ..errors import RunNotFound, RunOver
 from ..newrun import NewRun
@@ -110,6 +110,8 @@ class Waits:
     def run_signals(self, run_id: int, limit: int = 20) -> list[SignalInfo]:
         """The run's signals, newest first: each with the task whose wait it resumed (None:
         kept, no wait has taken it yet)."""
+        if not can_exist(run_id):
+            return []
         params = {"run_id": run_id, "limit": max(1, int(limit))}
         rows = self.dialect.read(lambda tx: tx.rows("RUN_SIGNALS", params))
         return [SignalInfo(int(r[0]), str(r[1]), loads(r[2], f"signal {r[0]}'s payload"),

@@ -1,4 +1,4 @@
-"""Webhooks kept in the database (issues 26 and 36; docs/protocol.md B20), written once.
+"""Webhooks kept in the database (docs/protocol.md B20), written once.
 
 Adding a webhook is ONE write transaction: its row (its position N: it delivers the events
 after N) and its delivery run (task ``DELIVERY_TASK`` on ``WEBHOOK_QUEUE``), a system run,

@@ -1,4 +1,4 @@
-"""The worker processes of every host, kept in the database by their heartbeats (issue 21):
+"""The worker processes of every host, kept in the database by their heartbeats:
 ``status --db URL``, the dashboard and a producer see that a pool is claiming, where and with
 how many slots, without a pidfile on that host (Solid Queue's processes table is the model).
 
@@ -11,9 +11,11 @@ and the next worker to start deletes rows silent for ten of them (and a minute).
 from __future__ import annotations
 
 import json
+import math
 
-from ..codec import check_owner
+from ..codec import check_owner, check_queue, check_text
 from ..dialect import Dialect, Tx
+from ..errors import InvalidPayload
 from ..types import WorkerInfo
 
 
@@ -22,7 +24,7 @@ class Workers:
 
     def worker_seen(self, worker: WorkerInfo, *, starting: bool = False) -> None:
         """``worker`` is alive now (``starting``: its first beat; rows long silent go)."""
-        check_owner(worker.owner)
+        check_worker(worker)
         queues = None if worker.queues is None else json.dumps(list(worker.queues))
         params = {"owner": worker.owner, "host": worker.host, "pid": worker.pid,
                   "started_at": worker.started_at, "beat_every": worker.beat_every,
@@ -47,6 +49,27 @@ class Workers:
         lately."""
         rows = self.dialect.read(lambda tx: tx.rows("LIST_WORKERS", {"now": tx.now}))
         return [_worker(*row) for row in rows]
+
+
+def check_worker(worker: WorkerInfo) -> None:
+    """What every backend keeps alike: names as short text without NUL, finite positive
+    numbers (a NaN period would read as never silent on one backend and fail on the other)."""
+    check_owner(worker.owner)
+    check_text(worker.host, "a worker's host")
+    check_text(worker.version, "a worker's version")
+    check_text(worker.state, "a worker's state")
+    for queue in worker.queues or ():
+        check_queue(queue)
+    for what, number in (("beat_every", worker.beat_every), ("started_at", worker.started_at)):
+        if not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
+            raise InvalidPayload(
+                f"a worker's {what} must be a finite number from 0 (got {number!r})"
+            )
+    if worker.beat_every <= 0:
+        raise InvalidPayload(f"a worker's beat_every must be above 0 (got {worker.beat_every!r})")
+    for what, whole in (("pid", worker.pid), ("slots", worker.slots)):
+        if not isinstance(whole, int) or isinstance(whole, bool) or not 0 <= whole < 2**31:
+            raise InvalidPayload(f"a worker's {what} must be a whole number from 0 (got {whole!r})")
 
 
 def _worker(

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from ..aio import AsyncBackend
+from ..aio import AsyncBackend, sleep_on, stop
 from ..dialect import CHANGE_CHECK, Channel, Params, Row
 from ..errors import StoreError
 from ..protocol.programs import Program, drive
@@ -97,20 +97,14 @@ class SQLiteAsync(AsyncBackend):
 
     async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:
         assert self._changed is not None
-        async with self._changed:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self._token != token),
-                                       timeout)  # fmt: skip
+        await sleep_on(self._changed, lambda: self._token != token, timeout)
         return self._token
 
     async def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        if self._watcher is not None:
-            self._watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._watcher
+        await stop(self._watcher)
         # each thread's connection goes with its thread (never closed from another one)
         await asyncio.get_running_loop().run_in_executor(None, self._shutdown)
 

@@ -20,7 +20,7 @@ import urllib.parse
 from collections.abc import Callable, Iterable
 from typing import ClassVar, NoReturn, TypeVar
 
-from ...backoff import backoff
+from ..backoff import backoff
 from ..dialect import Catalogue, Channel, Cursor, Dialect, Intent, Params, Tx
 from ..errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from ..settings import SQLiteOptions

@@ -1,4 +1,4 @@
-"""The SQLite backend's flow-control schema changes (issue 24) that came after its first
+"""The SQLite backend's flow-control schema changes that came after its first
 migration; the statements themselves are in ``sql.py``."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ GATES_READY_ORDER = """
     DROP INDEX gates_ready;
 """
 
-# migration 19 (issue 36): a line closed only because none of its runs is due yet (``ready_at``:
+# migration 19: a line closed only because none of its runs is due yet (``ready_at``:
 # the first one's time) is ``idle``: a run that joins it due sooner opens it at once, while a
 # line closed for want of room stays closed until its room comes (a settle reopens it)
 # (and ``turn``: its place in the lines' round robin, the ``ready_at`` it was last open at: a

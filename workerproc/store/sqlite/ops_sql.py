@@ -1,56 +1,19 @@
 """The SQLite backend's operators (cancel, retry, prune), finished-run totals and worker list,
 each statement named with its one-line purpose (claims and commits are in ``sql``), as
 PostgreSQL's ``ops_sql``. An operator reads the run first (``RUN_STATUS``), then writes its
-tasks."""
+tasks.
+
+Its queries are in ``queries/ops.sql``, each named and described there (loaded and
+checked when this module is imported).
+"""
 
 from __future__ import annotations
 
-from ..types import SYSTEM_RUNS
-from .sql import ALIVE
+from ..queries import load, texts
 
-# -- operators: the run first, then its tasks ------------------------------------------------
-CANCEL_RUN = f"""UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
-    WHERE id = :run_id AND status IN {ALIVE}"""
-RUN_STATUS = "SELECT status, queue FROM runs WHERE id = :run_id"
-PENDING_TASKS = "SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL"
-# retry_run: a new attempt generation. attempts keeps counting (the fencing token never
-# repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
-RETRY_TASKS = """UPDATE tasks SET attempt_base = attempts, available_at = :now,
-    lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL"""
-RETRY_RUN = """UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
-    updated_at = :now, wait_for = NULL, wait_until = NULL, wait_task = NULL
-    WHERE id = :run_id"""
+QUERIES = load("workerproc.store.sqlite", "ops.sql", style="named")
+globals().update(texts(QUERIES))
 
-# prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
-# with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
-# (a child of a live parent stays: its join reads it, B14)
-# (nor a cancelled run whose holder still runs its handler: its lease holds a slot of its
-# limits until the holder ends it, B15; nor a delivery run its webhook names: it stays
-# retryable, B20)
-PRUNE_RUNS = f"""DELETE FROM runs WHERE id IN (
-    SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
-      AND finished_at < :now - :age AND NOT EXISTS (
-          SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN {ALIVE})
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
-      AND (x.id < {SYSTEM_RUNS} OR x.id NOT IN (SELECT run_id FROM webhooks))
-    LIMIT :limit) RETURNING queue, status"""
-PRUNE_REJECTIONS = """DELETE FROM fence_rejections WHERE id IN (
-    SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)"""
 
-# finished runs counted as they end, retry and go (``protocol.totals``)
-COUNT_ENDED = """INSERT INTO run_totals (queue, status, shard, n)
-    VALUES (:queue, :status, :shard, :n)
-    ON CONFLICT (queue, status, shard) DO UPDATE SET n = n + excluded.n"""
-
-# the worker processes of every host (``protocol.workers``): each heartbeat writes its row; a
-# clean stop deletes it; a row silent for ten of its periods (and a minute) goes at the next
-# worker's start
-WORKER_SEEN = """INSERT INTO workers (owner, host, pid, started_at, heartbeat_at, beat_every,
-        slots, queues, version, state)
-    VALUES (:owner, :host, :pid, :started_at, :now, :beat_every, :slots, :queues, :version,
-            :state)
-    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
-        state = excluded.state, slots = excluded.slots"""
-WORKER_GONE = "DELETE FROM workers WHERE owner = :owner"
-PRUNE_WORKERS = "DELETE FROM workers WHERE heartbeat_at < :now - 10 * beat_every - 60"
+def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)
+    raise AttributeError(f"no query {name} in {__name__}")

@@ -259,7 +259,7 @@ MIGRATIONS: list[str] = [
         UPDATE run_ids SET high = OLD.id;
     END;
     """,
-    # 9 (issue 21): a run is 'running' while a live lease holds it, read from its tasks, never
+    # 9: a run is 'running' while a live lease holds it, read from its tasks, never
     # written (a hand-back or an expiry needs no write to the run, and cannot leave a run
     # 'running' with nothing leased); finished runs are counted as they end (run_totals:
     # stats() reads no finished run); the worker processes of every host are listed (workers).
@@ -315,7 +315,7 @@ MIGRATIONS: list[str] = [
         updated_at REAL NOT NULL
     );
     """,
-    # 11 (issue 24): flow control. ``limits`` holds each limit's numbers (what the app
+    # 11: flow control. ``limits`` holds each limit's numbers (what the app
     # declared, what an operator set); ``gates`` one bucket per limit and key (the rate and
     # token buckets, a pause, and ``ready_at``: when its line may next admit a run). A task
     # names its gates (``gate_a``..``gate_c``, at most three limits) and its token reservation;
@@ -398,17 +398,17 @@ MIGRATIONS: list[str] = [
         {_PLACED.format(run="NEW.id")}
     END;
     """,
-    # 12 (issue 27): paid calls, kept for the next attempt of their step (B13)
+    # 12: paid calls, kept for the next attempt of their step (B13)
     PAID_CALLS_SCHEMA,
-    MIGRATION_WAITS,  # 13: runs that wait: their wait, the signals (issue 25)
-    _SCHEDULES,  # 14: schedules (issue 25)
-    GATES_READY_ORDER,  # 15: the open gates' order, indexed (issue 24)
+    MIGRATION_WAITS,  # 13: runs that wait: their wait, the signals
+    _SCHEDULES,  # 14: schedules
+    GATES_READY_ORDER,  # 15: the open gates' order, indexed
     EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
     "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
     _WEBHOOKS,  # 18: webhooks (B20)
-    GATES_IDLE,  # 19: a line idle until its next due run; its place in the round robin (issue 36)
-    MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own (issue 36)
-    # 21 (issue 36): an attempt is spent only by a handler that began (B3). ``tasks.started``
+    GATES_IDLE,  # 19: a line idle until its next due run; its place in the round robin
+    MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own
+    # 21: an attempt is spent only by a handler that began (B3). ``tasks.started``
     # says whether the current lease's handler began, as far as the database knows: a claim
     # for a slot that starts it at once says so, a prefetched lease is recorded when the
     # renewal that confirms its start lands. A takeover of a lease that never began moves
@@ -444,8 +444,8 @@ MIGRATIONS: list[str] = [
                 CASE WHEN OLD.started THEN 'taken_over' ELSE 'unstarted' END, NEW.lease_owner);
     END;
     """,
-    MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart (issue 36)
-    MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend (issue 37)
+    MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart
+    MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend
     # 24: task ids are never given out twice either, as run ids (8): a prune that removed the
     # newest tasks would hand their ids out again, and a lease still held on a pruned task
     # (its holder paused, or its run cancelled under it) would match the fence (R2) of

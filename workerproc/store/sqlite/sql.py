@@ -194,7 +194,7 @@ CAS_NEXT_TASK = INSERT_TASK
 MOVE_RUN = "UPDATE runs SET queue = :queue WHERE id = :run_id"
 
 # a line that may admit now goes back to its place in the lines' round robin (``turn``): never
-# behind lines served since it closed, and lines reopened together keep their order (issue 36)
+# behind lines served since it closed, and lines reopened together keep their order
 _IN_TURN = "min(coalesce(ready_at, :now), coalesce(turn, :now), :now)"
 # release_owner: the supervisor reaped this owner; its leases expire now, and the gates whose
 # slots they held may admit again (``steps.release_owner``)
@@ -230,7 +230,7 @@ SET_TASK_OPTIONS = """INSERT INTO task_options (name, options, updated_at)
 DROP_TASK_OPTIONS = "DELETE FROM task_options WHERE name = :name"
 
 
-# -- flow control (issue 24: ``protocol/limits.py``, ``protocol/gates.py``) ---------------------
+# -- flow control (``protocol/limits.py``, ``protocol/gates.py``) ---------------------
 # a task's live leases on a gate: the slots of its concurrency cap that are held (``g``: gates)
 _LIVE_ON = """(SELECT count(*) FROM tasks WHERE {col} = g.gate AND lease_owner IS NOT NULL
         AND lease_expires_at > :now AND done_at IS NULL)"""
@@ -339,7 +339,7 @@ NEW_GATE = """INSERT OR IGNORE INTO gates (gate, lim, key, turn)
     VALUES (:gate, :lim, :key, :now)"""
 LINE_JOINED = """UPDATE gates SET ready_at = min(coalesce(turn, :now), :now) WHERE gate = :gate
     AND (ready_at IS NULL OR idle AND ready_at > :now)"""
-# a run back in its line by a retry, a signal or its children's end (issue 36): the gates of
+# a run back in its line by a retry, a signal or its children's end: the gates of
 # its head task may admit now (a retry dropped its lease), and the lines they kept closed
 REOPEN_RUN = f"""WITH g(gate) AS (
         SELECT t.gate_a FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
@@ -351,7 +351,7 @@ REOPEN_RUN = f"""WITH g(gate) AS (
     UPDATE gates SET ready_at = {_IN_TURN},
         blocked_by = CASE WHEN gate IN (SELECT gate FROM g) THEN blocked_by END
     WHERE gate IN (SELECT gate FROM g) OR blocked_by IN (SELECT gate FROM g)"""
-# ``check``'s recount (issue 36): every line with runs in it, its gate's state and how many
+# ``check``'s recount: every line with runs in it, its gate's state and how many
 # wait there (in the line, alive, no live lease); a line whose gate has no row
 LINES_WAITING = f"""SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS NULL, count(*)
     FROM runs AS r LEFT JOIN gates AS g ON g.gate = r.line

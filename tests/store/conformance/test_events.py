@@ -1,0 +1,74 @@
+"""The outbox (B18) and the idle worker's cheap reads: ``events`` (with a consumer's cursor,
+``ack_events``), ``change_token``, ``wait_change``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from workerproc.store import CasResult
+from workerproc.store.errors import InvalidOption
+
+from .kit import Driver, verb
+
+
+@verb("events")
+def test_every_transition_writes_one_event_in_commit_order(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t", {"p": 1})
+    assert driver.finish(lease) is CasResult.OK
+    got = s.events()
+    assert [e.kind for e in got] == ["run.enqueued", "step.claimed", "step.committed",
+                                     "run.succeeded"]  # fmt: skip
+    assert [e.id for e in got] == sorted({e.id for e in got})
+    claimed = got[1]
+    assert (claimed.run_id, claimed.task, claimed.attempt) == (lease.run_id, "t", 1)
+    assert s.events(after=got[1].id, limit=1) == [got[2]]
+    assert s.events(run=lease.run_id + 1) == []
+
+
+@verb("events")
+def test_a_consumers_cursor_moves_only_when_it_acknowledges(driver: Driver) -> None:
+    s = driver.store
+    for task in ("a", "b", "c"):
+        s.start_run(task)
+    first = s.events(consumer="billing")
+    assert len(first) == 3 and s.consumer_position("billing") == 0
+    assert s.ack_events("billing", first[1].id) == first[1].id
+    assert s.events(consumer="billing") == first[2:]
+    assert s.ack_events("billing", first[0].id) == first[1].id  # never back
+    with pytest.raises(InvalidOption):
+        s.ack_events("billing", first[2].id + 100)  # past the newest: refused
+
+
+@verb("events")
+def test_events_refuses_bad_cursors_limits_and_consumer_names(driver: Driver) -> None:
+    s = driver.store
+    for kwargs in ({"after": -1}, {"limit": 0}, {"limit": 10_001}, {"consumer": "bad name"},
+                   {"run": -3}, {"after": True}):  # fmt: skip
+        with pytest.raises(InvalidOption):
+            s.events(**kwargs)  # type: ignore[arg-type]
+
+
+@verb("events")
+def test_a_system_runs_events_are_read_only_when_asked(driver: Driver) -> None:
+    s = driver.store
+    hook = s.add_webhook("h", "https://example.test/", secret="s3cret-for-the-suite")
+    assert s.events() == []
+    assert [e.run_id for e in s.events(system=True)] == [hook.run_id]
+    assert len(s.events(run=hook.run_id)) == 1
+
+
+@verb("change_token", "wait_change")
+def test_the_change_token_moves_when_another_connection_commits(driver: Driver) -> None:
+    s = driver.store
+    token = s.change_token()
+    assert s.wait_change(token, 0.05) == token  # nothing committed: the timeout
+    other = driver.open()
+    woke: list[int] = []
+    waiter = threading.Thread(target=lambda: woke.append(s.wait_change(token, 30)))
+    waiter.start()
+    other.start_run("t")
+    waiter.join(30)
+    assert woke and woke[0] != token and s.change_token() != token

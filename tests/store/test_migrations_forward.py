@@ -1,0 +1,218 @@
+"""Every released schema version migrates forward with its rows: for each engine and each
+version k, a database left at k exactly as the migrator leaves it (its first k migrations, the
+version recorded by the migrator itself: ``PRAGMA user_version`` on SQLite, the version table
+on PostgreSQL), rows written in the shape version 1 defined (a pending run with its task, a
+succeeded one, a failed one with work left) plus what version k asks of a row, then opened
+by ``open_store``: it reaches the current version and every row reads back through the store,
+and the pending one is claimed and finished, the failed one retried.
+
+``tests/store/test_postgres_migrations.py`` checks what one migration does to the rows it meets;
+this checks that every version reaches the current one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from typing import Any
+
+import pg_session
+import psycopg
+import pytest
+
+from workerproc.store import CasResult, Commit, Store, open_store
+from workerproc.store.postgres import admin as pg_admin
+from workerproc.store.postgres import schema as pg_schema
+from workerproc.store.sqlite import schema as sqlite_schema
+
+RUNS = [  # (status, state, result, failure_reason, last_error, finished_at, revision)
+    ("pending", {"n": 1}, None, None, None, None, 0),
+    ("succeeded", {"n": 2}, {"ok": True}, None, None, 20.0, 1),
+    ("failed", {"n": 3}, None, "gave_up", "boom", 30.0, 0),
+]
+TASK = "old"
+
+
+def row_for(table: str, columns: dict[str, bool], values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` for the columns the table has; fail naming a required column it has no value
+    for (a migration that adds one must say what an old row holds)."""
+    missing = [c for c, required in columns.items() if required and c not in values]
+    assert not missing, f"{table}: no value for required column(s) {missing} in this test"
+    return {c: v for c, v in values.items() if c in columns}
+
+
+def run_values(status: str, state: Any, result: Any, reason: Any, error: Any,
+               finished: Any, revision: int) -> dict[str, Any]:  # fmt: skip
+    return {"status": status, "state": json.dumps(state), "revision": revision,
+            "result": None if result is None else json.dumps(result), "failure_reason": reason,
+            "last_error": error, "created_at": 10.0, "updated_at": finished or 10.0,
+            "finished_at": finished, "task": TASK, "queue": "default", "priority": 0}  # fmt: skip
+
+
+def task_values(run_id: int, status: str) -> dict[str, Any]:
+    done = status == "succeeded"
+    return {"run_id": run_id, "name": TASK, "payload": json.dumps({"run": run_id}),
+            "available_at": 10.0, "created_at": 10.0, "attempts": 1 if done else 0,
+            "attempt_base": 0, "done_at": 20.0 if done else None,
+            "done_attempt": 1 if done else None, "done_owner": "w" if done else None,
+            "claimed_at": 15.0 if done else None}  # fmt: skip
+
+
+def check_forward(store: Store, ids: list[int]) -> None:
+    """The rows read back through the store, and the store goes on with them."""
+    for run_id, (status, state, result, reason, error, finished, revision) in zip(
+        ids, RUNS, strict=True
+    ):
+        run = store.get_run(run_id)
+        assert run is not None, f"run {run_id} is gone"
+        assert (run.status, run.state, run.result, run.failure_reason, run.last_error) == (
+            status, state, result, reason, error)  # fmt: skip
+        assert (run.finished_at, run.revision, run.created_at) == (finished, revision, 10.0)
+        (task,) = store.get_tasks(run_id)
+        assert (task.name, task.payload) == (TASK, {"run": run_id})
+    assert store.stats().runs == {"pending": 1, "succeeded": 1, "failed": 1}
+    lease = store.claim("w", 30)
+    assert lease is not None and (lease.run_id, lease.state) == (ids[0], {"n": 1})
+    step = Commit(lease, "finish", expected_revision=0, new_state={"n": 9}, result=1)
+    assert store.commit_many([step]).results == (CasResult.OK,)
+    assert store.retry_run(ids[2])
+    again = store.claim("w", 30)
+    assert again is not None and again.run_id == ids[2]
+    fresh = store.start_run("new")
+    assert fresh not in ids and store.get_run(fresh) is not None
+    assert store.integrity_violations() == []
+
+
+# -- SQLite --------------------------------------------------------------------------------------
+def sqlite_columns(conn: sqlite3.Connection, table: str) -> dict[str, bool]:
+    rows = conn.execute(f"PRAGMA table_info({table})").fetchall()
+    return {r[1]: bool(r[3]) and r[4] is None and not r[5] for r in rows}
+
+
+def sqlite_insert(conn: sqlite3.Connection, table: str, values: dict[str, Any]) -> int:
+    row = row_for(table, sqlite_columns(conn, table), values)
+    names = ", ".join(row)
+    marks = ", ".join("?" for _ in row)
+    cur = conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks})", list(row.values()))
+    assert cur.lastrowid is not None
+    return cur.lastrowid
+
+
+def sqlite_fill(path: str) -> list[int]:
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        ids = []
+        for values in RUNS:
+            run_id = sqlite_insert(conn, "runs", run_values(*values))
+            sqlite_insert(conn, "tasks", task_values(run_id, values[0]))
+            ids.append(run_id)
+        totals = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'run_totals'").fetchone()
+        if totals:  # the version counts finished runs as they end: as its store would have
+            for status in ("succeeded", "failed"):
+                conn.execute("INSERT INTO run_totals (queue, status, shard, n) "
+                             "VALUES ('default', ?, 0, 1)", (status,))  # fmt: skip
+        conn.execute("COMMIT")
+        return ids
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("version", range(1, len(sqlite_schema.MIGRATIONS) + 1))
+def test_sqlite_version_migrates_forward_with_its_rows(
+    version: int, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = os.path.join(os.fspath(tmp_path), "old.db")
+    with monkeypatch.context() as m:  # the migrator itself, told this version is the newest
+        m.setattr("workerproc.store.sqlite.dialect.SCHEMA_VERSION", version)
+        open_store(path).close()
+    assert user_version(path) == version
+    ids = sqlite_fill(path)
+    store = open_store(path)
+    try:
+        assert user_version(path) == sqlite_schema.SCHEMA_VERSION
+        check_forward(store, ids)
+    finally:
+        store.close()
+
+
+def user_version(path: str) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+def pg_columns(conn: psycopg.Connection[Any], schema: str, table: str) -> dict[str, bool]:
+    rows = conn.execute(
+        "SELECT column_name, is_nullable = 'NO' AND column_default IS NULL "
+        "AND is_generated = 'NEVER' AND is_identity = 'NO' "
+        "FROM information_schema.columns WHERE table_schema = %s AND table_name = %s",
+        (schema, table),
+    ).fetchall()
+    return {name: bool(required) for name, required in rows}
+
+
+def pg_insert(
+    conn: psycopg.Connection[Any], schema: str, table: str, values: dict[str, Any]
+) -> int:
+    row = row_for(table, pg_columns(conn, schema, table), values)
+    names = ", ".join(row)
+    marks = ", ".join("%s" for _ in row)
+    found = conn.execute(f"INSERT INTO {table} ({names}) VALUES ({marks}) RETURNING id",
+                         list(row.values())).fetchone()  # fmt: skip
+    assert found is not None
+    return int(found[0])
+
+
+def pg_fill(schema: str) -> list[int]:
+    with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        with conn.transaction():
+            ids = []
+            for values in RUNS:
+                run_id = pg_insert(conn, schema, "runs", run_values(*values))
+                pg_insert(conn, schema, "tasks", task_values(run_id, values[0]))
+                ids.append(run_id)
+            # the run's claim columns: set by the statements since v3 (triggers before)
+            conn.execute(
+                "UPDATE runs SET (head_at, head_created, head_id) = (SELECT available_at, "
+                "created_at, id FROM tasks WHERE run_id = runs.id AND done_at IS NULL "
+                "ORDER BY available_at, created_at, id LIMIT 1) WHERE status = 'pending'"
+            )
+            if pg_columns(conn, schema, "run_totals"):  # (none before v3)
+                for status in ("succeeded", "failed"):
+                    conn.execute("INSERT INTO run_totals (queue, status, shard, n) "
+                                 "VALUES ('default', %s, 0, 1)", (status,))  # fmt: skip
+        return ids
+
+
+def pg_version(schema: str) -> int:
+    with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
+        found = conn.execute(
+            f'SELECT max(version) FROM "{schema}".{pg_schema.VERSION_TABLE}'
+        ).fetchone()
+        return int(found[0]) if found and found[0] is not None else 0
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("version", range(1, len(pg_schema.MIGRATIONS) + 1))
+def test_postgres_version_migrates_forward_with_its_rows(
+    version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = pg_session.schema_url("fwd")
+    schema = url.rsplit("schema=", 1)[1]
+    with monkeypatch.context() as m:  # the migrator itself, told this version is the newest
+        m.setattr(pg_admin, "SCHEMA_VERSION", version)
+        m.setattr("workerproc.store.postgres.dialect.SCHEMA_VERSION", version)
+        open_store(url).close()
+    assert pg_version(schema) == version
+    ids = pg_fill(schema)
+    store = open_store(url)
+    try:
+        assert pg_version(schema) == pg_schema.SCHEMA_VERSION
+        check_forward(store, ids)
+    finally:
+        store.close()

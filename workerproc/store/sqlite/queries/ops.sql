@@ -1,0 +1,75 @@
+-- The SQLite backend's operators (cancel, retry, prune), finished-run totals and worker list,
+-- each statement named with its one-line purpose (claims and commits are in ``sql``), as
+-- PostgreSQL's ``ops_sql``. An operator reads the run first (``RUN_STATUS``), then writes its
+-- tasks.
+
+-- name: CANCEL_RUN
+-- An operator cancels a live run.
+UPDATE runs SET status = 'cancelled', finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND status IN ('pending', 'running')
+
+-- name: RUN_STATUS
+-- A run's status and queue: what an operator reads first.
+SELECT status, queue FROM runs WHERE id = :run_id
+
+-- name: PENDING_TASKS
+-- How many of a run's tasks are not done.
+SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL
+
+-- name: RETRY_TASKS
+-- retry_run: a new attempt generation. attempts keeps counting (the fencing token never
+-- repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
+UPDATE tasks SET attempt_base = attempts, available_at = :now,
+    lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL
+
+-- name: RETRY_RUN
+-- An operator's retry: the run is pending again, its failure and wait forgotten.
+UPDATE runs SET status = 'pending', failure_reason = NULL, finished_at = NULL,
+    updated_at = :now, wait_for = NULL, wait_until = NULL, wait_task = NULL
+    WHERE id = :run_id
+
+-- name: PRUNE_RUNS
+-- prune: finished runs older than the cutoff, a bounded batch per transaction (their tasks go
+-- with them, ON DELETE CASCADE); refused-write evidence older than the cutoff likewise
+-- (a child of a live parent stays: its join reads it, B14)
+-- (nor a cancelled run whose holder still runs its handler: its lease holds a slot of its
+-- limits until the holder ends it, B15; nor a delivery run its webhook names: it stays
+-- retryable, B20)
+DELETE FROM runs WHERE id IN (
+    SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < :now - :age AND NOT EXISTS (
+          SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN ('pending', 'running'))
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
+                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND (x.id < 1000000000000000 OR x.id NOT IN (SELECT run_id FROM webhooks))
+    LIMIT :limit) RETURNING queue, status
+
+-- name: PRUNE_REJECTIONS
+-- Refused-write evidence older than the cutoff goes, a bounded batch per transaction.
+DELETE FROM fence_rejections WHERE id IN (
+    SELECT id FROM fence_rejections WHERE at < :now - :age ORDER BY id LIMIT :limit)
+
+-- name: COUNT_ENDED
+-- finished runs counted as they end, retry and go (``protocol.totals``)
+INSERT INTO run_totals (queue, status, shard, n)
+    VALUES (:queue, :status, :shard, :n)
+    ON CONFLICT (queue, status, shard) DO UPDATE SET n = n + excluded.n
+
+-- name: WORKER_SEEN
+-- the worker processes of every host (``protocol.workers``): each heartbeat writes its row; a
+-- clean stop deletes it; a row silent for ten of its periods (and a minute) goes at the next
+-- worker's start
+INSERT INTO workers (owner, host, pid, started_at, heartbeat_at, beat_every,
+        slots, queues, version, state)
+    VALUES (:owner, :host, :pid, :started_at, :now, :beat_every, :slots, :queues, :version,
+            :state)
+    ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
+        state = excluded.state, slots = excluded.slots
+
+-- name: WORKER_GONE
+-- A worker's clean stop deletes its row.
+DELETE FROM workers WHERE owner = :owner
+
+-- name: PRUNE_WORKERS
+-- The rows of workers silent for ten of their periods (and a minute) go, at a worker's start.
+DELETE FROM workers WHERE heartbeat_at < :now - 10 * beat_every - 60
