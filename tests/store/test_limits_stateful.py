@@ -173,12 +173,17 @@ class LimitBookkeeping(RuleBasedStateMachine):
                 parent.due, parent.joining, parent.waiting = self.now, False, False
 
     def cancel_tree(self, run: MRun) -> None:
+        """Every live descendant of ``run`` is cancelled with it (B14), a live one below a
+        child that ended before too (a grandchild retried after its parent was cancelled):
+        the store walks the whole tree (``CANCEL_DESCENDANTS``). Their leases stay (B15)."""
         for kid in run.kids:
             child = self.runs.get(kid)
-            if child is not None and child.status == ALIVE:
+            if child is None:  # pruned: nothing below it is linked any more
+                continue
+            if child.status == ALIVE:
                 child.status, child.ended_at = "cancelled", self.now
                 child.waiting = child.joining = False
-                self.cancel_tree(child)
+            self.cancel_tree(child)
 
     # -- producers ------------------------------------------------------------------------------
     @rule(task=st.sampled_from(TASKS), tenant=st.sampled_from(TENANTS),
@@ -483,3 +488,38 @@ PG_EXAMPLES = max(1, EXAMPLES * 2 // 5)
 PostgresLimitBookkeeping.TestCase.settings = settings(SETTINGS, max_examples=PG_EXAMPLES)
 TestLimitBookkeeping = pytest.mark.timeout(600)(LimitBookkeeping.TestCase)
 TestLimitBookkeepingPostgres = pytest.mark.timeout(600)(PostgresLimitBookkeeping.TestCase)
+
+
+# -- a regression the machine found -----------------------------------------------------------
+def test_a_pruned_task_id_is_never_given_again(s: Store, clock: FakeClock) -> None:
+    """A lease outlives its run's prune in its holder's hands; the store never hands its task
+    id out again (SQLite numbered a new row one past the largest left), so the stale lease
+    never matches the fence (R2) of another run's task, even its own owner's next claim at the
+    same attempt: every write under it is refused and the new lease holds on."""
+    s.register_tasks({"a": TaskOptions(limits=("t",))})
+    assert s.declare_limits({"t": LimitSpec.declare("t", concurrency=1, per="tenant")},
+                            by="test") == []  # fmt: skip
+    first = s.start_run("a", {"tenant": "x"})
+    (stale,) = s.claim("w1", TTL, limit=1)
+    assert s.cancel_run(first)
+    clock.advance(TTL + 1)  # the lease expires under its holder, who still has it
+    assert s.prune(1.0) == 1 and s.get_tasks(first) == []
+    second = s.start_run("a", {"tenant": "x"})
+    (fresh,) = s.claim("w1", TTL, limit=1)
+    assert (fresh.run_id, fresh.attempt) == (second, stale.attempt)
+    assert fresh.task_id > stale.task_id  # a new id, never the pruned one's
+    for kind, kw in [("handback", {}), ("release", {}), ("retry_after", {"delay": 1.0}),
+                     ("finish", {"new_state": {}}), ("fail", {"reason": "boom"})]:  # fmt: skip
+        last_word = Commit(stale, kind, expected_revision=stale.revision, **kw)  # type: ignore[arg-type]
+        assert s.commit_many([last_word]).results[0].value == "lease_lost", kind
+    assert s.renew_each([stale], TTL)[0].expires_at is None
+    # the new holder's lease is untouched: its slot is still counted, nobody else admitted
+    (gate,) = [info for info in s.limits(keys=10) if info.name == "t"]
+    assert [(k.key, k.live, k.waiting) for k in gate.keys] == [("x", 1, 0)]
+    assert s.stats().leased == 1
+    assert s.renew_each([fresh], TTL)[0].expires_at == clock.now + TTL
+    # an advance's next task is numbered past the pruned ones too
+    done = Commit(fresh, "advance", expected_revision=fresh.revision, new_state={},
+                  next_task="a", next_payload={"tenant": "x"})  # fmt: skip
+    assert s.commit_many([done]).results[0].value == "ok"
+    assert [t.id for t in s.get_tasks(second)] == [fresh.task_id, fresh.task_id + 1]

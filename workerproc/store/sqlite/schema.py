@@ -446,6 +446,20 @@ MIGRATIONS: list[str] = [
     """,
     MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart
     MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend
+    # 24: task ids are never given out twice either, as run ids (8): a prune that removed the
+    # newest tasks would hand their ids out again, and a lease still held on a pruned task
+    # (its holder paused, or its run cancelled under it) would match the fence (R2) of
+    # somebody else's task, its owner's own next claim at the same attempt. run_ids.task_high
+    # keeps the highest id a deleted task had (a trigger, whatever deletes it: a prune's
+    # cascade); INSERT_TASK numbers a new task one past the higher of the two.
+    """
+    ALTER TABLE run_ids ADD COLUMN task_high INTEGER NOT NULL DEFAULT 0;
+    UPDATE run_ids SET task_high = (SELECT coalesce(max(id), 0) FROM tasks);
+    CREATE TRIGGER tasks_keep_high_id AFTER DELETE ON tasks
+        WHEN OLD.id > (SELECT task_high FROM run_ids) BEGIN
+        UPDATE run_ids SET task_high = OLD.id;
+    END;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -39,10 +39,12 @@ INSERT_SYSTEM_RUN = _INSERT_RUN.format(
 )
 FIND_BY_KEY = "SELECT id FROM runs WHERE key = :key"
 # (a task with limits names its gates, its line and its reservation: ``store/limits.py``; the
-# head trigger puts its run in the line instead of the claim index)
-INSERT_TASK = """INSERT INTO tasks (run_id, name, payload, available_at, created_at, line, gate_a,
-        gate_b, gate_c, tokens)
-    VALUES (:run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
+# head trigger puts its run in the line instead of the claim index; its id is one past the
+# largest ever given, so a pruned task's id never comes back: migration 24)
+INSERT_TASK = """INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
+        gate_a, gate_b, gate_c, tokens)
+    VALUES (max(coalesce((SELECT max(id) FROM tasks), 0), (SELECT task_high FROM run_ids)) + 1,
+            :run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
             :tokens)"""
 
 # a claim that takes over a lease whose handler never began spends no attempt (B3): its
