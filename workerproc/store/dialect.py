@@ -14,8 +14,10 @@ runs what the protocol names, on its engine:
   *step*: a few lines of Python for a logical step that is several statements on that engine
   (SQLite's ``FINISH`` is a compare-and-set, then the task marked done) or whose parameters
   the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
-- ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
-  sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
+- Completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) take a batch of N >= 1
+  commits of distinct runs and answer a row per commit written: the dialect decides how they
+  go (PostgreSQL: one statement, the commits as arrays; SQLite: each in turn, in process).
+  ``Tx.many``: one statement for each of many parameter sets (PostgreSQL: one round trip).
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
   own storage check.
 """
@@ -55,7 +57,8 @@ STATEMENTS = frozenset(
         "ATTEMPT_ENDED",
         # renewals (R3, B5)
         "RENEW_MANY",
-        # fenced commits (R2, R5, B3, B4) and the pinned single-lease calls
+        # fenced commits (R2, R5, B3, B4), the completions (batches of N >= 1), and the pinned
+        # single-lease calls (ack, compare_and_set)
         "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
         "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
         # producers (B7)
@@ -156,9 +159,6 @@ class Tx(abc.ABC):
     """One transaction in progress (or one read): runs the catalogue's statements by name."""
 
     catalogue: ClassVar[Catalogue]
-    # The engine sends ``many`` statements at once (one round trip): the protocol then sends a
-    # batch of one-step commits together, by kind. Without it, they go one by one, in order.
-    pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
     events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
     # the runs this transaction failed, in order: kept apart from ``events``, which an engine
@@ -267,8 +267,7 @@ class Tx(abc.ABC):
         return cur.rowcount if cur.description is None else len(cur.fetchall())
 
     def many(self, name: str, each: Sequence[Params]) -> list[int]:
-        """``count`` for each parameter set, in order (a ``pipelined`` dialect sends them at
-        once)."""
+        """``count`` for each parameter set, in order (a dialect may send them at once)."""
         entry = self.catalogue[name]
         if not isinstance(entry, str):
             return [len(entry(self, params)) for params in each]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..types import SYSTEM_RUNS
 from ..webhooks import DELIVERY_TASK, WEBHOOK_QUEUE
-from .sql import _CLOCK, _CLOCK_CTE, _FENCE
+from .sql import _CLOCK, _CLOCK_CTE, _FENCE, _ONE
 
 # 12 (issue 26): webhooks, one row each: where to POST, which kinds, the signing secret, the
 # retry numbers and the delivery run that carries its position
@@ -83,7 +83,7 @@ UPDATE webhooks AS w SET position = greatest(w.position, %(position)s),
     delivered_at = CASE WHEN %(position)s > w.position AND %(delivered)s > 0 THEN clock.now
                         ELSE w.delivered_at END
 FROM clock, lazy
-WHERE w.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})
+WHERE w.run_id = %(run_id)s AND EXISTS (SELECT 1 FROM leases AS l, {_ONE} WHERE {_FENCE})
 RETURNING w.position"""
 # a webhook's backlog: the users' numbered events after its position, by kind (the caller
 # keeps the kinds it wants), counted up to %(limit)s

@@ -25,6 +25,7 @@ from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
 from . import gates
+from .commits import completed
 from .events import emit
 from .failures import attempt_ended, fail_run
 from .limits import Gatekeeper
@@ -88,7 +89,7 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     admits it by its gates like any other."""
     params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
               "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
-    if tx.count("HANDBACK", params):
+    if completed(tx, "HANDBACK", [params])[0]:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
         tx.write_deferred()  # the gates this claim changed first: PLACE_GATES writes them too

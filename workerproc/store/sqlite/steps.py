@@ -50,46 +50,67 @@ def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
-    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs, and the ids of
-    those that begin as another (the protocol records each lease it did not renew as
-    refused)."""
-    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in params["leases"]])
-    starting = json.dumps(params["starting"])
-    shaped = {**params, "pairs": pairs, "starting": starting}
-    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, shaped).fetchall()
+    """Each lease of the batch renewed in turn (in process, a statement costs no round trip;
+    the protocol records each lease it did not renew as refused)."""
+    execute, starting = tx.conn.execute, set(params["starting"])
+    shared = {"owner": params["owner"], "ttl": params["ttl"], "now": params["now"]}
+    rows: list[Row] = []
+    for lease in params["leases"]:
+        found = execute(q.RENEW, {**shared, "task_id": lease.task_id, "attempt": lease.attempt,
+                                  "start": lease.task_id in starting}).fetchone()  # fmt: skip
+        if found is not None:
+            rows.append(found)
     return rows
 
 
+# The completions take a batch of N >= 1 commits of distinct runs (``commits``: each one's
+# parameters, its fence and "now" among them) and answer a row for each commit written (its
+# run's id): in process, each commit is its own statements.
 def finish(tx: SQLiteTx, params: Params) -> list[Row]:
-    """The fenced compare-and-set that ends the run, then (only if it matched) the task done."""
-    if tx.conn.execute(q.CAS_FINISH, params).rowcount == 0:
-        return []
-    tx.conn.execute(q.TASK_DONE, params)
-    return [(params["run_id"],)]
+    """For each commit: the fenced compare-and-set that ends the run, then (only if it
+    matched) the task done."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CAS_FINISH, commit).rowcount:
+            execute(q.TASK_DONE, commit)
+            rows.append((commit["run_id"],))
+    return rows
 
 
 def advance(tx: SQLiteTx, params: Params) -> list[Row]:
-    """The fenced compare-and-set, then the task done, the run moved to another queue if one
-    is given, and the next task inserted."""
-    if tx.conn.execute(q.CAS_STATE, params).rowcount == 0:
-        return []
-    tx.conn.execute(q.TASK_DONE, params)
-    if params["queue"] is not None:
-        tx.conn.execute(q.MOVE_RUN, params)
-    tx.conn.execute(q.CAS_NEXT_TASK, params)
-    return [(params["run_id"],)]
+    """For each commit: the fenced compare-and-set, then the task done, the run moved to
+    another queue if one is given, and the next task inserted."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CAS_STATE, commit).rowcount:
+            execute(q.TASK_DONE, commit)
+            if commit["queue"] is not None:
+                execute(q.MOVE_RUN, commit)
+            execute(q.CAS_NEXT_TASK, commit)
+            rows.append((commit["run_id"],))
+    return rows
 
 
 def release(tx: SQLiteTx, params: Params) -> list[Row]:
-    """Is the lease live? Then its attempt's end goes into the history, the task goes back
-    after the delay, and the error (if any) onto the run."""
-    if tx.conn.execute(q.CHECK_FENCE, params).fetchone() is None:
-        return []
-    tx.conn.execute(q.ATTEMPT_ENDED, {**params, "outcome": "released"})
-    tx.conn.execute(q.RELEASE_TASK, params)
-    if params["error"] is not None:
-        tx.conn.execute(q.RUN_ERROR, params)
-    return [(params["run_id"],)]
+    """For each commit: is the lease live? Then its attempt's end goes into the history, the
+    task goes back after the delay, and the error (if any) onto the run."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CHECK_FENCE, commit).fetchone() is None:
+            continue
+        execute(q.ATTEMPT_ENDED, {**commit, "outcome": "released"})
+        execute(q.RELEASE_TASK, commit)
+        if commit["error"] is not None:
+            execute(q.RUN_ERROR, commit)
+        rows.append((commit["run_id"],))
+    return rows
+
+
+def handback(tx: SQLiteTx, params: Params) -> list[Row]:
+    """For each commit: the task goes back at once, its claim unspent."""
+    execute = tx.conn.execute
+    return [(commit["run_id"],) for commit in params["commits"]
+            if execute(q.HANDBACK_TASK, commit).rowcount]  # fmt: skip
 
 
 def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -276,6 +297,7 @@ STEPS: dict[str, Step] = {
     "FINISH": finish,
     "ADVANCE": advance,
     "RELEASE": release,
+    "HANDBACK": handback,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
     "NEXT_READY_QUEUES": next_ready_queues,
