@@ -1,7 +1,7 @@
 """Completions are batches of N >= 1 commits on every backend: the pinned single-lease calls
 (``ack``, ``compare_and_set``) are the N = 1 call of ``commit_many``, a batch that names a run
-twice is written in order, each commit kind's behaviour is in one table, and each
-dialect has one fence."""
+twice is written in order, each commit kind's behaviour is in one table, a claim's rows are
+typed, and each dialect has one fence."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from helpers import FakeClock
 from store_backends import TTL
 
 from workerproc.store import Commit, Store
+from workerproc.store.dialect import ClaimRow, Tx
 from workerproc.store.postgres import batch_sql
 from workerproc.store.postgres import sql as postgres_sql
 from workerproc.store.protocol.commits import KINDS
@@ -74,6 +75,24 @@ def test_every_commit_kind_has_its_behaviour_in_one_table() -> None:
         "finish", "advance", "release", "handback"
     }  # fmt: skip
     assert all((kind.step is None) == (kind.write is not None) for kind in KINDS.values())
+
+
+def test_a_claims_rows_are_typed_on_every_backend(s: Store) -> None:
+    """Each dialect builds a claim's rows as ``ClaimRow``, its fields named (an ungated
+    claim: no gates, no reservation)."""
+    run = s.start_run("t", {"p": 1}, state={"s": 2})
+    params = {"owner": "w", "ttl": float(TTL), "queues": None, "start": True, "skip": [],
+              "limit": 1}  # fmt: skip
+
+    def claim(tx: Tx) -> list[ClaimRow]:
+        rows = tx.rows("CLAIM", {**params, "now": tx.now})
+        assert all(isinstance(row, ClaimRow) for row in rows)
+        return rows  # type: ignore[return-value]
+
+    (row,) = s.dialect.write(claim)
+    assert (row.run_id, row.name, row.attempts, row.revision) == (run, "t", 1, 0)
+    assert (row.takeover, row.queue, row.parent_id) == (False, "default", None)
+    assert (row.gate_a, row.gate_b, row.gate_c, row.reserved) == (None, None, None, None)
 
 
 @pytest.mark.parametrize(

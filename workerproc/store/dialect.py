@@ -28,7 +28,7 @@ import abc
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .types import RunFailure
@@ -38,6 +38,37 @@ Params = dict[str, Any]
 Row = tuple[Any, ...]
 Step = Callable[[Any, Params], list[Row]]  # (the backend's Tx, parameters) -> rows
 Catalogue = Mapping[str, str | Step]
+
+
+class ClaimRow(NamedTuple):
+    """One row of a claim (``CLAIM``, ``CLAIM_QUEUES``, ``CLAIM_OTHERS``, ``CLAIM_RUNS``), as
+    every dialect builds it from its statement's columns (``protocol.claims`` reads it).
+    ``task_id`` None: a run the statement locked but could not lease. JSON goes as text
+    (``payload``, ``state``, ``options``: the task's declared options, None: none declared)."""
+
+    task_id: int | None
+    run_id: int
+    name: str | None
+    payload: str | None
+    attempts: int
+    attempt_base: int
+    expires_at: float
+    takeover: bool
+    claimed_at: float
+    state: str | None
+    revision: int
+    queue: str
+    options: str | None
+    signal_id: int | None  # the signal that resumed the task's wait (B14)
+    parent_id: int | None  # the run's parent (its end is counted there)
+    join_task: int | None  # the task that joins the run's children
+    gate_a: str | None = None  # the gates a gated claim's lease holds a slot of
+    gate_b: str | None = None
+    gate_c: str | None = None
+    reserved: int | None = None  # the tokens its claim reserved from them
+    traceparent: str | None = None  # the run's W3C trace context
+    given_back: int | None = None  # what a taken-over lease's reservation gives back
+
 
 # What a write is, for a dialect that treats some writes apart: a worker's exchange (commits
 # and claims), a producer's start, one idempotent statement that locks what it needs itself

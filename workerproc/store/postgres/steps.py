@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Shaped, Step, catalogue
+from ..dialect import ClaimRow, Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
 from . import batch_sql as b
 from . import calls_sql as c
@@ -33,8 +33,12 @@ if TYPE_CHECKING:
 def _claim(tx: PostgresTx, queues: int | None, params: Params, skip: bool = False) -> list[Row]:
     limit = params["limit"]
     text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip)
-    rows: list[Row] = tx.execute(text, params).fetchall()
-    return rows
+    return [ClaimRow._make(row) for row in tx.execute(text, params)]
+
+
+def claim_runs(tx: PostgresTx, params: Params) -> list[Row]:
+    """The admitted runs of a gated claim leased (``CLAIM_RUNS``), in the claim's rows."""
+    return [ClaimRow._make(row) for row in tx.execute(q.CLAIM_RUNS, params)]
 
 
 def claim(tx: PostgresTx, params: Params) -> list[Row]:
@@ -184,6 +188,7 @@ STEPS: dict[str, Step] = {
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "CLAIM_OTHERS": claim_others,
+    "CLAIM_RUNS": claim_runs,
     "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,

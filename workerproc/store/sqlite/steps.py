@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Step, catalogue
+from ..dialect import ClaimRow, Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import calls_sql as c
 from . import events_sql as e
@@ -24,17 +24,27 @@ if TYPE_CHECKING:
     from .dialect import SQLiteTx
 
 
+def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRow:
+    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the task, its
+    counts, its expiry and whether it was taken over), the claim's "now", then the run's
+    state, revision and queue, the task's declared options, its signal, the run's parent and
+    join task, and (a gated claim's, ``gated``) the lease's gates, its reservation and what
+    the lease it took over gives back."""
+    task_id, run_id, name, payload, attempts, base, expires_at, takeover = found
+    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent) = (
+        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "name": name, "task_id": task_id})
+        .fetchone()
+    )  # fmt: skip
+    gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
+    return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,
+                    state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
+                    gate_b, gate_c, reserved, traceparent, given_back)  # fmt: skip
+
+
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
-    """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
-    statement's own, then the claim's "now", the run's state, its queue and the task's
-    declared options."""
-    execute, now = tx.conn.execute, params["now"]
-    rows = []
-    for row in sorted(execute(statement, params).fetchall()):
-        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]})
-        *run, traceparent = state.fetchone()
-        rows.append((*row, now, *run, None, None, None, None, traceparent))  # no gates
-    return rows
+    """A claim's rows (``ClaimRow``), in task id order."""
+    now = params["now"]
+    return [_claim_row(tx, row, now) for row in sorted(tx.conn.execute(statement, params))]
 
 
 def claim(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -154,17 +164,11 @@ def next_ready_queues(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
-    """CLAIM_RUNS for the admitted runs, each row in the claim's shape (``_claimed``) with its
-    gates, its reservation and what its predecessor's reservation gives back."""
-    execute, now = tx.conn.execute, params["now"]
-    found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
-    rows = []
-    for row in sorted(found.fetchall()):
-        *state, traceparent = execute(
-            q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}
-        ).fetchone()
-        rows.append((*row[:8], now, *state, *row[8:12], traceparent, *row[12:]))
-    return rows
+    """CLAIM_RUNS for the admitted runs, each a claim's row (``ClaimRow``) with its gates, its
+    reservation and what its predecessor's reservation gives back."""
+    found = tx.conn.execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
+    now = params["now"]
+    return [_claim_row(tx, row[:8], now, row[8:]) for row in sorted(found.fetchall())]
 
 
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
