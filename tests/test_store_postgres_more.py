@@ -281,8 +281,8 @@ def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_ow
     assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
     asked_why = ("INSERT INTO fence_rejections", "SELECT l.run_id")
     counted = "INSERT INTO run_totals"  # the finishes' end, counted once for the batch
-    finishes = "AS u(run_id, task_id, attempt, owner, revision, state, result)"  # FINISH
-    releases = "AS u(run_id, task_id, attempt, owner, delay, error)"  # RELEASE
+    finishes = "AS u(run_id, task_id, attempt, owner, revision, state, result, n)"  # FINISH
+    releases = "AS u(run_id, task_id, attempt, owner, delay, error, n)"  # RELEASE
     assert all(any(s in sql for s in (*asked_why, counted, finishes, releases))
                for sql in one_by_one), (
         one_by_one  # only the refused finish was asked why, one statement at a time
@@ -334,6 +334,7 @@ def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     growing with the backlog). Each now reaches its runs by key, whatever the estimates."""
     from workerproc.store import Commit, TaskOptions  # noqa: PLC0415
     from workerproc.store.limits import LimitSpec  # noqa: PLC0415
+    from workerproc.store.postgres.batch_sql import FINISH_COLUMNS, sized  # noqa: PLC0415
 
     store = pg.open()
     store.register_tasks({"t": TaskOptions(limits=("roomy",))})
@@ -349,12 +350,12 @@ def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     with psycopg.connect(dialect.conninfo, **dialect.session()) as conn:
         asked = {"run_ids": pending, "owner": "x", "ttl": 60.0, "now": None, "start": True}
         claim = _generic_plan(conn, "CLAIM_RUNS", postgres_sql.CLAIM_RUNS, asked)
-        finish = _generic_plan(conn, "FINISH", postgres_sql.FINISH, {
-            "run_ids": ids, "run_id": [lease.run_id for lease in leases],
-            "task_id": [lease.task_id for lease in leases],
-            "attempt": [lease.attempt for lease in leases], "owner": ["w"] * 8,
-            "revision": [lease.revision for lease in leases],
-            "state": ["{}"] * 8, "result": ["null"] * 8, "now": None,
+        finish = _generic_plan(conn, "FINISH", sized(
+            postgres_sql.FINISH, FINISH_COLUMNS, 8), {"now": None} | {
+            f"{name}_{k}": value for k, lease in enumerate(leases) for name, value in [
+                ("run_id", lease.run_id), ("task_id", lease.task_id),
+                ("attempt", lease.attempt), ("owner", "w"), ("revision", lease.revision),
+                ("state", "{}"), ("result", "null")]
         })  # fmt: skip
     assert "rows=8 loops=1" in claim, claim  # it leased them
     assert _rows_read(claim) <= 40, claim

@@ -111,12 +111,35 @@ def test_one_fence_per_dialect(module: object, fenced: list[str]) -> None:
     assert [name for name in fenced if fence not in getattr(module, name)] == []
 
 
-def test_postgres_completions_take_arrays_of_one_element_per_commit() -> None:
-    """Each completion's statement unnests one array per column, the lease's first."""
+def test_postgres_completions_take_a_values_row_per_commit() -> None:
+    """Each completion's statement, written for a batch of N, has N rows of its columns, the
+    lease's first, each commit's parameters its own."""
     for name, columns in [("FINISH", batch_sql.FINISH_COLUMNS),
                           ("ADVANCE", batch_sql.ADVANCE_COLUMNS),
                           ("RELEASE", batch_sql.RELEASE_COLUMNS),
                           ("HANDBACK", batch_sql.HANDBACK_COLUMNS)]:  # fmt: skip
         assert columns[:4] == batch_sql.LEASE
-        statement = getattr(postgres_sql, name)
-        assert all(f"%({column})s::{kind}[]" in statement for column, kind in columns), name
+        statement = batch_sql.sized(getattr(postgres_sql, name), columns, 3)
+        assert batch_sql.ROWS not in statement
+        for k in range(3):
+            assert all(f"%({column}_{k})s::{kind}" in statement for column, kind in columns)
+        assert "%(run_id_3)s" not in statement
+
+
+def test_a_batch_larger_than_one_statement_takes_goes_in_parts(
+    s: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PostgreSQL sends a completion of more commits than ``MAX_BATCH`` in parts (a statement
+    takes 65,535 values): each commit still answers on its own, in its place."""
+    from workerproc.store.postgres import steps as postgres_steps  # noqa: PLC0415
+
+    monkeypatch.setattr(postgres_steps, "MAX_BATCH", 2)
+    runs = [s.start_run("t", state={}) for _ in range(5)]
+    leases = {lease.run_id: lease for lease in s.claim("w", TTL, limit=5)}
+    commits = [Commit(leases[run], "finish", expected_revision=3 if i == 2 else 0)
+               for i, run in enumerate(runs)]  # fmt: skip
+    out = s.commit_many(commits)
+    assert [r.value for r in out.results] == ["ok", "ok", "conflict", "ok", "ok"]
+    assert [s.get_run(run).status for run in runs] == ["succeeded"] * 2 + ["running"] + [
+        "succeeded"
+    ] * 2

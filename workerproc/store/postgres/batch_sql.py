@@ -4,7 +4,8 @@ them), unnested into ``i``, one row per commit, and every row is judged on its o
 fence (task id AND owner AND attempt AND a live lease, ``sql._FENCE``) and, for a finish or an
 advance, its own revision. One statement whatever N: the server starts one executor and builds
 the tables' CHECK constraints from their stored text once per batch instead of once per run (a
-good part of its CPU per run). The batch's runs are distinct (the protocol sends a run at most
+good part of its CPU per run); the commits go as a VALUES list written for the batch's size
+(``sized``). The batch's runs are distinct (the protocol sends a run at most
 once per statement) and locked in id order before "now" is read, as every batch locks them
 (lock order). A row comes back for each commit written: its run's id.
 
@@ -13,6 +14,8 @@ others they must agree with (tests/unfenced.py rewrites them there).
 """
 
 from __future__ import annotations
+
+from functools import cache
 
 # each commit's lease, the first columns of every batch: (array parameter, its element type)
 LEASE = (("run_id", "bigint"), ("task_id", "bigint"), ("attempt", "int"), ("owner", "text"))
@@ -25,14 +28,27 @@ RELEASE_COLUMNS = (*LEASE, ("delay", "float8"), ("error", "text"))
 HANDBACK_COLUMNS = LEASE
 
 
-def each(columns: tuple[tuple[str, str], ...], *, ordinal: bool = False) -> str:
-    """The commits as rows (``i``: one per commit, its columns named for their parameters);
-    ``ordinal``: numbered in the batch's order (``n``)."""
-    arrays = ", ".join(f"%({name})s::{kind}[]" for name, kind in columns)
+ROWS = "/* a row per commit */"  # where ``sized`` writes the batch's rows
+
+
+def each(columns: tuple[tuple[str, str], ...]) -> str:
+    """The commits as rows (``u``: one per commit, its columns named for their parameters, and
+    ``n``: its place in the batch), a VALUES list ``sized`` writes for the batch."""
     names = ", ".join(name for name, _ in columns)
-    if ordinal:
-        return f"SELECT * FROM unnest({arrays}) WITH ORDINALITY AS u({names}, n)"
-    return f"SELECT * FROM unnest({arrays}) AS u({names})"
+    return f"SELECT * FROM (VALUES {ROWS}) AS u({names}, n)"
+
+
+@cache
+def sized(statement: str, columns: tuple[tuple[str, str], ...], n: int) -> str:
+    """``statement`` for a batch of ``n`` commits: its VALUES list written out, commit ``k``'s
+    parameters suffixed ``_k``. The number of rows is in the text, so the session prepares a
+    statement per batch size a worker uses, and its generic plan knows how many rows there are
+    (an array parameter is planned as ten, and the server planned it again at every run)."""
+    rows = ",\n        ".join(
+        "(" + ", ".join(f"%({name}_{k})s::{kind}" for name, kind in columns) + f", {k})"
+        for k in range(n)
+    )
+    return statement.replace(ROWS, rows)
 
 
 def finish(clock: str, fence: str, no_head: str, alive: str) -> str:
@@ -40,8 +56,8 @@ def finish(clock: str, fence: str, no_head: str, alive: str) -> str:
     lease goes and its task is written done, once, with the attempt and owner that
     committed."""
     return f"""
+WITH i AS MATERIALIZED ({each(FINISH_COLUMNS)}),
 {_locked(clock)},
-i AS MATERIALIZED ({each(FINISH_COLUMNS)}),
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     status = 'succeeded', result = i.result::json, finished_at = clock.now,
     updated_at = clock.now, {no_head}
@@ -60,10 +76,10 @@ def advance(clock: str, fence: str, head: str, alive: str, notify: str) -> str:
     it the run's head unless a task of the run comes before it (``sql.head_of``). Idle
     workers are told."""
     return f"""
-{_locked(clock)},
-i AS MATERIALIZED (
+WITH i AS MATERIALIZED (
     SELECT u.*, nextval(pg_get_serial_sequence('tasks', 'id')) AS next_id
-    FROM ({each(ADVANCE_COLUMNS, ordinal=True)} ORDER BY u.n) AS u),
+    FROM ({each(ADVANCE_COLUMNS)} ORDER BY u.n) AS u),
+{_locked(clock)},
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}
     FROM i JOIN run ON run.id = i.run_id, clock
@@ -84,8 +100,8 @@ def release(clock: str, fence: str, head: str, alive: str, notify: str, counts: 
     its run while that is alive) and its attempt's end in the history; the run's head follows
     the task (``head``, over ``x``: the released task)."""
     return f"""
+WITH i AS MATERIALIZED ({each(RELEASE_COLUMNS)}),
 {_locked(clock)},
-i AS MATERIALIZED ({each(RELEASE_COLUMNS)}),
 fenced AS MATERIALIZED (
     DELETE FROM leases AS l USING i, clock WHERE {fence}
     RETURNING l.*, i.delay, i.error),
@@ -111,16 +127,16 @@ def handback(clock: str, fence: str, notify: str) -> str:
     count against max_attempts (attempt_base moves with attempts); the fencing token still
     moved on. The lease row stays, free (no owner), so the next claim counts on from it."""
     return f"""
-{_locked(clock)},
-i AS MATERIALIZED ({each(HANDBACK_COLUMNS)})
+WITH i AS MATERIALIZED ({each(HANDBACK_COLUMNS)}),
+{_locked(clock)}
 UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
     attempt_base = l.attempt_base + 1 FROM i, clock WHERE {fence} RETURNING l.run_id, {notify}"""
 
 
 def _locked(clock: str) -> str:
     """The batch's runs locked in id order (held already: no-ops), then "now"."""
-    return f"""WITH run AS MATERIALIZED (
-    SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
+    return f"""run AS MATERIALIZED (
+    SELECT id, status FROM runs WHERE id IN (SELECT run_id FROM i) ORDER BY id FOR UPDATE),
 clock AS MATERIALIZED (SELECT {clock} AS now FROM (SELECT count(*) FROM run) AS locked)"""
 
 

@@ -163,19 +163,26 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
 @dataclass(frozen=True)
 class Each:
     """A completion of ``batch_sql`` (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``): one
-    statement for N >= 1 commits of distinct runs (``commits``: each one's parameters), each
-    parameter sent as an array of one element per commit. Its rows: the runs written."""
+    statement for N >= 1 commits of distinct runs (``commits``: each one's parameters), its
+    VALUES list written for N (``batch_sql.sized``). Its rows: the runs written."""
 
     name: str  # of the statement in ``sql`` (read at each call)
     columns: tuple[tuple[str, str], ...]
 
     def __call__(self, tx: PostgresTx, params: Params) -> list[Row]:
-        commits = params["commits"]
-        arrays = {name: [p[name] for p in commits] for name, _ in self.columns}
-        arrays["run_ids"] = sorted(arrays["run_id"])
-        arrays["now"] = params["now"]
-        rows: list[Row] = tx.execute(getattr(q, self.name), arrays).fetchall()
+        commits, rows = params["commits"], []
+        for at in range(0, len(commits), MAX_BATCH):  # (a statement takes 65,535 values)
+            part = commits[at : at + MAX_BATCH]
+            values = {
+                f"{name}_{k}": p[name] for k, p in enumerate(part) for name, _ in self.columns
+            }
+            values["now"] = params["now"]
+            statement = b.sized(getattr(q, self.name), self.columns, len(part))
+            rows += tx.execute(statement, values).fetchall()
         return rows
+
+
+MAX_BATCH = 256  # commits per completion statement; a larger batch is sent in parts
 
 
 STEPS: dict[str, Step] = {
