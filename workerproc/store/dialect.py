@@ -16,7 +16,7 @@ runs what the protocol names, on its engine:
   the engine takes in another shape (a JSON array on SQLite, an array on PostgreSQL).
 - Completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) take a batch of N >= 1
   commits of distinct runs and answer a row per commit written: the dialect decides how they
-  go (PostgreSQL: one statement, the commits as arrays; SQLite: each in turn, in process).
+  go (PostgreSQL: one statement, the commits as a VALUES list; SQLite: each in turn, in process).
   ``Tx.many``: one statement for each of many parameter sets (PostgreSQL: one round trip).
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
   own storage check.

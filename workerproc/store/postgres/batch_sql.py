@@ -1,13 +1,13 @@
 """The completions, each one statement for a batch of N >= 1 commits (``FINISH``, ``ADVANCE``,
-``RELEASE``, ``HANDBACK``): the commits go as arrays, one element each (``steps.Each`` shapes
-them), unnested into ``i``, one row per commit, and every row is judged on its own: its own
-fence (task id AND owner AND attempt AND a live lease, ``sql._FENCE``) and, for a finish or an
-advance, its own revision. One statement whatever N: the server starts one executor and builds
-the tables' CHECK constraints from their stored text once per batch instead of once per run (a
-good part of its CPU per run); the commits go as a VALUES list written for the batch's size
-(``sized``). The batch's runs are distinct (the protocol sends a run at most
-once per statement) and locked in id order before "now" is read, as every batch locks them
-(lock order). A row comes back for each commit written: its run's id.
+``RELEASE``, ``HANDBACK``): the commits go as a VALUES list written for the batch's size
+(``sized``; ``steps.Each`` names each commit's parameters), ``i``, one row per commit, and every
+row is judged on its own: its own fence (task id AND owner AND attempt AND a live lease,
+``sql._FENCE``) and, for a finish or an advance, its own revision. One statement whatever N:
+the server starts one executor and builds the tables' CHECK constraints from their stored text
+once per batch instead of once per run (a good part of its CPU per run). The batch's runs are
+distinct (the protocol sends a run at most once per statement) and locked in id order before
+"now" is read, as every batch locks them (lock order). A row comes back for each commit
+written: its run's id.
 
 ``sql`` builds the statements from its own fence, clock and head, so they live beside the
 others they must agree with (tests/unfenced.py rewrites them there).
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import cache
 
-# each commit's lease, the first columns of every batch: (array parameter, its element type)
+# each commit's lease, the first columns of every batch: (its parameter, the column's type)
 LEASE = (("run_id", "bigint"), ("task_id", "bigint"), ("attempt", "int"), ("owner", "text"))
 FINISH_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("result", "text"))
 ADVANCE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("queue", "text"),
