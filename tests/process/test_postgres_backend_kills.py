@@ -129,7 +129,7 @@ def test_batched_exchanges_recover_from_every_kill_at_once() -> None:
         # (on until the killer struck often enough: a quick machine does 4,000 in fewer kills)
         while time.monotonic() - began < 10 and (done < 4000 or sum(kills) < 20):
             conn = store.dialect._conn()  # the connection this exchange starts on
-            try:  # the pipelined path: several one-step commits of different runs at once
+            try:  # the batched path: several one-step commits of different runs at once
                 out = store.commit_many([Commit(lease, "finish", new_state={}) for lease in held],
                                         claim=ClaimRequest("w", 30.0, 3, 8, None))  # fmt: skip
             except StoreError as exc:

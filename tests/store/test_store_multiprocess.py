@@ -152,7 +152,7 @@ def _batch_claimer(backend: Backend, k: int, barrier: Any, out_dir: str, seed: i
             action = rnd.choices(
                 ["finish", "drop", "release", "handback", "abandon"], [1, 3, 3, 1, 2]
             )[0]
-            if action != "abandon":  # a batch of one-statement kinds is sent pipelined
+            if action != "abandon":  # a batch of one-statement kinds goes as one completion each
                 commit = Commit(lease, action, expected_revision=lease.revision)  # type: ignore[arg-type]
                 pending.append((commit, entry))
             log.append(entry)

@@ -253,12 +253,12 @@ def test_the_named_queues_levels_never_walk_another_queues_runs(pg: PostgresBack
     assert "Seq Scan on runs" not in plan, plan
 
 
-# -- the pipelined batch -------------------------------------------------------------------------
+# -- the batched completions ---------------------------------------------------------------------
 def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_own(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """PostgreSQL's capability (``Tx.pipelined``): the releases of a batch over different runs
-    go out as one ``executemany``, its finishes as one statement (``FINISH_MANY``), never one
+    """PostgreSQL's completions take a batch: the releases of a batch over different runs go
+    out as one statement (``RELEASE``), its finishes as one statement (``FINISH``), never one
     statement each; a refused one (a lease taken over) still answers lease_lost on its own, in
     its place."""
     from workerproc.store import Commit  # noqa: PLC0415
@@ -281,12 +281,15 @@ def test_a_batch_of_one_step_commits_goes_out_at_once_and_each_answers_on_its_ow
     assert [r.value for r in out.results] == ["ok"] * 5 + ["lease_lost"]
     asked_why = ("INSERT INTO fence_rejections", "SELECT l.run_id")
     counted = "INSERT INTO run_totals"  # the finishes' end, counted once for the batch
-    finishes = "AS i(run_id, task_id, attempt, revision, state, result)"  # FINISH_MANY
-    assert all(any(s in sql for s in (*asked_why, counted, finishes)) for sql in one_by_one), (
+    finishes = "AS u(run_id, task_id, attempt, owner, revision, state, result, n)"  # FINISH
+    releases = "AS u(run_id, task_id, attempt, owner, delay, error, n)"  # RELEASE
+    assert all(any(s in sql for s in (*asked_why, counted, finishes, releases))
+               for sql in one_by_one), (
         one_by_one  # only the refused finish was asked why, one statement at a time
-    )
+    )  # fmt: skip
     assert sum(counted in sql for sql in one_by_one) == 1
     assert sum(finishes in sql for sql in one_by_one) == 1  # all four finishes, one statement
+    assert sum(releases in sql for sql in one_by_one) == 1  # both releases, one statement
     assert [r.op for r in store.fence_rejections()][-1] == "finish"
     store.close()
 
@@ -324,13 +327,14 @@ def _rows_read(plan: str, table: str = "runs") -> int:
 def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     pg: PostgresBackend,
 ) -> None:
-    """``CLAIM_RUNS`` (the admitted runs of a gated claim) and ``FINISH_MANY`` name their
+    """``CLAIM_RUNS`` (the admitted runs of a gated claim) and ``FINISH`` (a batch) name their
     runs by id; planned with the statistics of a table analyzed while it was empty (a fresh
     backlog: autovacuum has not looked again yet), they once walked every pending run through
     ``runs_status`` and filtered by id (1.5 ms for a claim of 8 among 5,000 pending runs,
     growing with the backlog). Each now reaches its runs by key, whatever the estimates."""
     from workerproc.store import Commit, TaskOptions  # noqa: PLC0415
     from workerproc.store.limits import LimitSpec  # noqa: PLC0415
+    from workerproc.store.postgres.batch_sql import FINISH_COLUMNS, sized  # noqa: PLC0415
 
     store = pg.open()
     store.register_tasks({"t": TaskOptions(limits=("roomy",))})
@@ -346,12 +350,12 @@ def test_a_gated_claims_leasing_and_a_batch_of_finishes_find_their_runs_by_key(
     with psycopg.connect(dialect.conninfo, **dialect.session()) as conn:
         asked = {"run_ids": pending, "owner": "x", "ttl": 60.0, "now": None, "start": True}
         claim = _generic_plan(conn, "CLAIM_RUNS", postgres_sql.CLAIM_RUNS, asked)
-        finish = _generic_plan(conn, "FINISH_MANY", postgres_sql.FINISH_MANY, {
-            "run_ids": ids, "runs": [lease.run_id for lease in leases],
-            "task_ids": [lease.task_id for lease in leases],
-            "attempts": [lease.attempt for lease in leases],
-            "revisions": [lease.revision for lease in leases],
-            "states": ["{}"] * 8, "results": ["null"] * 8, "owner": "w", "now": None,
+        finish = _generic_plan(conn, "FINISH", sized(
+            postgres_sql.FINISH, FINISH_COLUMNS, 8), {"now": None} | {
+            f"{name}_{k}": value for k, lease in enumerate(leases) for name, value in [
+                ("run_id", lease.run_id), ("task_id", lease.task_id),
+                ("attempt", lease.attempt), ("owner", "w"), ("revision", lease.revision),
+                ("state", "{}"), ("result", "null")]
         })  # fmt: skip
     assert "rows=8 loops=1" in claim, claim  # it leased them
     assert _rows_read(claim) <= 40, claim

@@ -174,7 +174,7 @@ class TestBatchedFinishes:
     def test_each_finish_of_a_batch_is_judged_on_its_own_and_keeps_who_committed(
         self, s: Store, clock: FakeClock
     ) -> None:
-        """A batch of finishes (one statement on PostgreSQL: ``FINISH_MANY``): a stale revision
+        """A batch of finishes (one statement on PostgreSQL: ``FINISH``): a stale revision
         and a lost lease are refused where they are, the others are written, each with its
         own state and result, and each done task names the attempt and owner that committed."""
         for _ in range(4):
@@ -206,7 +206,7 @@ class TestBatchedFinishes:
     def test_each_advance_of_a_batch_is_judged_on_its_own_and_enqueues_its_next_task(
         self, s: Store, clock: FakeClock
     ) -> None:
-        """A batch of advances (one statement on PostgreSQL: ``ADVANCE_MANY``): refused where
+        """A batch of advances (one statement on PostgreSQL: ``ADVANCE``): refused where
         the revision moved or the lease was lost; written, each with its own next task (payload,
         delay, queue) that becomes its run's head, where it matched."""
         for _ in range(4):

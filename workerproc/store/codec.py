@@ -248,7 +248,7 @@ def commit_params(commit: Commit) -> dict[str, Any]:
     starts, so a bad value writes nothing (both backends)."""
     params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)),
                               "error": clean_text(commit.error)}  # fmt: skip
-    if commit.kind in ("finish", "advance", "wait", "spawn"):
+    if commit.kind in ("finish", "advance", "wait", "spawn", "compare_and_set"):
         params["state"] = dumps(commit.new_state, "state")
         params["revision"] = commit.expected_revision
     if commit.kind == "finish":

@@ -16,8 +16,10 @@ runs what the protocol names, on its engine:
   that is several statements on that engine (SQLite's ``FINISH`` is a compare-and-set, then
   the task marked done) or whose parameters the engine takes in another shape (a JSON array on
   SQLite, an array on PostgreSQL).
-- ``Tx.many``: one statement for each of many parameter sets; ``Tx.pipelined`` says the engine
-  sends them at once (PostgreSQL: one round trip), and only then does the protocol batch them.
+- Completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) take a batch of N >= 1
+  commits of distinct runs and answer a row per commit written: the dialect decides how they
+  go (PostgreSQL: one statement, the commits as a VALUES list; SQLite: each in turn, in process).
+  ``Tx.many``: one statement for each of many parameter sets (PostgreSQL: one round trip).
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
   own storage check.
 """
@@ -28,7 +30,7 @@ import abc
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
 if TYPE_CHECKING:
     from .types import RunFailure
@@ -38,6 +40,37 @@ Params = dict[str, Any]
 Row = tuple[Any, ...]
 Step = Callable[[Any, Params], list[Row]]  # (the backend's Tx, parameters) -> rows
 Catalogue = Mapping[str, str | Step]
+
+
+class ClaimRow(NamedTuple):
+    """One row of a claim (``CLAIM``, ``CLAIM_QUEUES``, ``CLAIM_OTHERS``, ``CLAIM_RUNS``), as
+    every dialect builds it from its statement's columns (``protocol.claims`` reads it).
+    ``task_id`` None: a run the statement locked but could not lease. JSON goes as text
+    (``payload``, ``state``, ``options``: the task's declared options, None: none declared)."""
+
+    task_id: int | None
+    run_id: int
+    name: str | None
+    payload: str | None
+    attempts: int
+    attempt_base: int
+    expires_at: float
+    takeover: bool
+    claimed_at: float
+    state: str | None
+    revision: int
+    queue: str
+    options: str | None
+    signal_id: int | None  # the signal that resumed the task's wait (B14)
+    parent_id: int | None  # the run's parent (its end is counted there)
+    join_task: int | None  # the task that joins the run's children
+    gate_a: str | None = None  # the gates a gated claim's lease holds a slot of
+    gate_b: str | None = None
+    gate_c: str | None = None
+    reserved: int | None = None  # the tokens its claim reserved from them
+    traceparent: str | None = None  # the run's W3C trace context
+    given_back: int | None = None  # what a taken-over lease's reservation gives back
+
 
 # What a write is, for a dialect that treats some writes apart: a worker's exchange (commits
 # and claims), a producer's start, one idempotent statement that locks what it needs itself
@@ -57,7 +90,8 @@ STATEMENTS = frozenset(
         "ATTEMPT_ENDED",
         # renewals (R3, B5)
         "RENEW_MANY",
-        # fenced commits (R2, R5, B3, B4) and the pinned single-lease calls
+        # fenced commits (R2, R5, B3, B4), the completions (batches of N >= 1), and the pinned
+        # single-lease calls (ack, compare_and_set)
         "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
         "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
         # producers (B7)
@@ -157,9 +191,6 @@ class Tx(abc.ABC):
     """One transaction in progress (or one read): runs the catalogue's statements by name."""
 
     catalogue: ClassVar[Catalogue]
-    # The engine sends ``many`` statements at once (one round trip): the protocol then sends a
-    # batch of one-step commits together, by kind. Without it, they go one by one, in order.
-    pipelined: ClassVar[bool] = False
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
     events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
     # the runs this transaction failed, in order: kept apart from ``events``, which an engine
@@ -268,8 +299,7 @@ class Tx(abc.ABC):
         return cur.rowcount if cur.description is None else len(cur.fetchall())
 
     def many(self, name: str, each: Sequence[Params]) -> list[int]:
-        """``count`` for each parameter set, in order (a ``pipelined`` dialect sends them at
-        once)."""
+        """``count`` for each parameter set, in order (a dialect may send them at once)."""
         entry = self.catalogue[name]
         if not isinstance(entry, str):
             return [len(entry(self, params)) for params in each]

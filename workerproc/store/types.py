@@ -146,6 +146,8 @@ CommitKind = Literal[
     "wait",
     "spawn",
     "park",
+    "ack",
+    "compare_and_set",
 ]
 
 
@@ -172,6 +174,10 @@ class Commit:
     - ``park``: a paid call's outcome is unknown (``once(unknown="park")``): the task goes back,
       not due before ``delay``, without spending an attempt, and the run waits for
       ``wait_for`` (``outcome_unknown:NAME``) until ``resolve`` makes it due (B13).
+
+    - ``ack`` (``Store.ack``): mark the task done; a run with no task left has succeeded.
+    - ``compare_and_set`` (``Store.compare_and_set``): CAS the state at ``expected_revision``;
+      the lease stays.
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction.

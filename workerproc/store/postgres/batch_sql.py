@@ -1,67 +1,92 @@
-"""The hot path's commits of a batch as one statement (``steps.many``): a worker that finishes
-(or advances) several runs in one exchange sends one ``FINISH_MANY`` (``ADVANCE_MANY``), its
-commits as arrays, instead of one ``FINISH`` (``ADVANCE``) per run. The server then starts one
-executor, and builds the tables' CHECK constraints from their stored text once per exchange
-instead of once per run (a good part of its CPU per run). Every commit is still judged on its
-own: its own fence (task id AND owner AND attempt AND a live lease, ``sql._FENCE_EACH``) and
-its own revision, exactly as ``sql.FINISH`` (``sql.ADVANCE``) judges it, row by row. The
-batch's runs are distinct (the protocol sends a run at most once per batch) and locked in id
-order before "now" is read, as every batch locks them (lock order).
+"""The completions, each one statement for a batch of N >= 1 commits (``FINISH``, ``ADVANCE``,
+``RELEASE``, ``HANDBACK``): the commits go as a VALUES list written for the batch's size
+(``sized``; ``steps.Each`` names each commit's parameters), ``i``, one row per commit, and every
+row is judged on its own: its own fence (task id AND owner AND attempt AND a live lease,
+``sql._FENCE``) and, for a finish or an advance, its own revision. One statement whatever N:
+the server starts one executor and builds the tables' CHECK constraints from their stored text
+once per batch instead of once per run (a good part of its CPU per run). The batch's runs are
+distinct (the protocol sends a run at most once per statement) and locked in id order before
+"now" is read, as every batch locks them (lock order). A row comes back for each commit
+written: its run's id.
 
-``sql`` builds the statements from its own fence, clock and head (``sql.FINISH_MANY``,
-``sql.ADVANCE_MANY``), so they live beside the others they must agree with (tests/unfenced.py
-rewrites them there).
+``sql`` builds the statements from its own fence, clock and head, so they live beside the
+others they must agree with (tests/unfenced.py rewrites them there).
 """
 
 from __future__ import annotations
 
+from functools import cache
 
-def finish_many(clock: str, fence_each: str, no_head: str, alive: str) -> str:
-    """Finish, for every commit of the batch (``i``: one row each, one owner): the fenced
-    compare-and-set that ends the run, then, only where it matched, the lease goes and its task
-    is written done, once, with the attempt and owner that committed. A row comes back for
-    each run whose compare-and-set matched."""
+# each commit's lease, the first columns of every batch: (its parameter, the column's type)
+LEASE = (("run_id", "bigint"), ("task_id", "bigint"), ("attempt", "int"), ("owner", "text"))
+FINISH_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("result", "text"))
+ADVANCE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("queue", "text"),
+                   ("name", "text"), ("payload", "text"), ("delay", "float8"), ("line", "text"),
+                   ("gate_a", "text"), ("gate_b", "text"), ("gate_c", "text"),
+                   ("tokens", "int"))  # fmt: skip
+RELEASE_COLUMNS = (*LEASE, ("delay", "float8"), ("error", "text"))
+HANDBACK_COLUMNS = LEASE
+
+
+ROWS = "/* a row per commit */"  # where ``sized`` writes the batch's rows
+
+
+def each(columns: tuple[tuple[str, str], ...]) -> str:
+    """The commits as rows (``u``: one per commit, its columns named for their parameters, and
+    ``n``: its place in the batch), a VALUES list ``sized`` writes for the batch."""
+    names = ", ".join(name for name, _ in columns)
+    return f"SELECT * FROM (VALUES {ROWS}) AS u({names}, n)"
+
+
+@cache
+def sized(statement: str, columns: tuple[tuple[str, str], ...], n: int) -> str:
+    """``statement`` for a batch of ``n`` commits: its VALUES list written out, commit ``k``'s
+    parameters suffixed ``_k``. The number of rows is in the text, so the session prepares a
+    statement per batch size a worker uses, and its generic plan knows how many rows there are
+    (an array parameter is planned as ten, and the server planned it again at every run)."""
+    rows = ",\n        ".join(
+        "(" + ", ".join(f"%({name}_{k})s::{kind}" for name, kind in columns) + f", {k})"
+        for k in range(n)
+    )
+    return statement.replace(ROWS, rows)
+
+
+def finish(clock: str, fence: str, no_head: str, alive: str) -> str:
+    """Finish: the fenced compare-and-set that ends the run, then, only where it matched, the
+    lease goes and its task is written done, once, with the attempt and owner that
+    committed."""
     return f"""
+WITH i AS MATERIALIZED ({each(FINISH_COLUMNS)}),
 {_locked(clock)},
-i AS MATERIALIZED (
-    SELECT * FROM unnest(%(runs)s::bigint[], %(task_ids)s::bigint[], %(attempts)s::int[],
-        %(revisions)s::bigint[], %(states)s::text[], %(results)s::text[])
-    AS i(run_id, task_id, attempt, revision, state, result)),
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     status = 'succeeded', result = i.result::json, finished_at = clock.now,
     updated_at = clock.now, {no_head}
     FROM i JOIN run ON run.id = i.run_id, clock
     WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
-      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence_each})
+      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
     RETURNING r.id),
-{_done(fence_each)}
+{_done(fence)}
 SELECT id FROM cas"""
 
 
-def advance_many(clock: str, fence_each: str, head: str, alive: str, notify: str) -> str:
-    """Advance, for every commit of the batch (``i``: one row each, one owner, with the next
-    task's id drawn in the batch's order): the fenced compare-and-set, then, only where it
-    matched, the lease goes, its task is written done and the next task is inserted; ``head``
-    makes it the run's head unless a task of the run comes before it (``sql.head_of``). A row
-    comes back for each run whose compare-and-set matched, and idle workers are told."""
+def advance(clock: str, fence: str, head: str, alive: str, notify: str) -> str:
+    """Advance (the next task's id drawn for each commit in the batch's order): the fenced
+    compare-and-set, then, only where it matched, the lease goes, its task is written done,
+    the run moves to ``queue`` if one is given and the next task is inserted; ``head`` makes
+    it the run's head unless a task of the run comes before it (``sql.head_of``). Idle
+    workers are told."""
     return f"""
-{_locked(clock)},
-i AS MATERIALIZED (
+WITH i AS MATERIALIZED (
     SELECT u.*, nextval(pg_get_serial_sequence('tasks', 'id')) AS next_id
-    FROM (SELECT * FROM unnest(%(runs)s::bigint[], %(task_ids)s::bigint[], %(attempts)s::int[],
-            %(revisions)s::bigint[], %(states)s::text[], %(queues)s::text[], %(names)s::text[],
-            %(payloads)s::text[], %(delays)s::float8[], %(lines)s::text[],
-            %(gates_a)s::text[], %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[])
-        WITH ORDINALITY AS u(run_id, task_id, attempt, revision, state, queue, name, payload,
-                             delay, line, gate_a, gate_b, gate_c, tokens, n)
-        ORDER BY u.n) AS u),
+    FROM ({each(ADVANCE_COLUMNS)} ORDER BY u.n) AS u),
+{_locked(clock)},
 cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
     queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}
     FROM i JOIN run ON run.id = i.run_id, clock
     WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
-      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence_each})
+      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
     RETURNING r.id),
-{_done(fence_each)},
+{_done(fence)},
 next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
                                  gate_a, gate_b, gate_c, tokens)
     SELECT i.next_id, cas.id, i.name, i.payload::json, clock.now + i.delay, clock.now, i.line,
@@ -70,21 +95,59 @@ next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, create
 SELECT id, {notify} FROM cas"""
 
 
+def release(clock: str, fence: str, head: str, alive: str, notify: str, counts: str) -> str:
+    """Release: give each task back after its delay, keeping its error (on the task, and on
+    its run while that is alive) and its attempt's end in the history; the run's head follows
+    the task (``head``, over ``x``: the released task)."""
+    return f"""
+WITH i AS MATERIALIZED ({each(RELEASE_COLUMNS)}),
+{_locked(clock)},
+fenced AS MATERIALIZED (
+    DELETE FROM leases AS l USING i, clock WHERE {fence}
+    RETURNING l.*, i.delay, i.error),
+history AS (
+    INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
+                               error)
+    SELECT f.run_id, f.task_id, f.attempts, f.owner, f.claimed_at, clock.now, 'released',
+        f.error FROM fenced AS f, clock),
+released AS (
+    UPDATE tasks AS t SET available_at = clock.now + f.delay,
+        last_error = coalesce(f.error, t.last_error), {counts}
+    FROM fenced AS f, clock WHERE t.id = f.task_id
+    RETURNING t.id, t.run_id, t.available_at, t.created_at, t.line, f.error),
+moved AS (
+    UPDATE runs AS r SET {head}, last_error = coalesce(x.error, r.last_error),
+        updated_at = clock.now
+    FROM released AS x, clock WHERE r.id = x.run_id AND r.status IN {alive})
+SELECT f.run_id, {notify} FROM fenced AS f"""
+
+
+def handback(clock: str, fence: str, notify: str) -> str:
+    """Hand-back: each claimed task that never started goes back at once; its claim does not
+    count against max_attempts (attempt_base moves with attempts); the fencing token still
+    moved on. The lease row stays, free (no owner), so the next claim counts on from it."""
+    return f"""
+WITH i AS MATERIALIZED ({each(HANDBACK_COLUMNS)}),
+{_locked(clock)}
+UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
+    attempt_base = l.attempt_base + 1 FROM i, clock WHERE {fence} RETURNING l.run_id, {notify}"""
+
+
 def _locked(clock: str) -> str:
     """The batch's runs locked in id order (held already: no-ops), then "now"."""
-    return f"""WITH run AS MATERIALIZED (
-    SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
+    return f"""run AS MATERIALIZED (
+    SELECT id, status FROM runs WHERE id IN (SELECT run_id FROM i) ORDER BY id FOR UPDATE),
 clock AS MATERIALIZED (SELECT {clock} AS now FROM (SELECT count(*) FROM run) AS locked)"""
 
 
-def _done(fence_each: str) -> str:
+def _done(fence: str) -> str:
     """Where a commit's compare-and-set matched (``cas``): its lease goes, and its task is
     written done, once, with the attempt and owner that committed."""
     return f"""fenced AS MATERIALIZED (
-    DELETE FROM leases AS l USING cas, i, clock WHERE i.run_id = cas.id AND {fence_each}
-    RETURNING l.*, i.attempt AS committed),
+    DELETE FROM leases AS l USING cas, i, clock WHERE i.run_id = cas.id AND {fence}
+    RETURNING l.*, i.attempt AS committed, i.owner AS committer),
 done AS (
     UPDATE tasks AS t SET done_at = clock.now, done_attempt = f.committed,
-        done_owner = %(owner)s, attempts = f.attempts, attempt_base = f.attempt_base,
+        done_owner = f.committer, attempts = f.attempts, attempt_base = f.attempt_base,
         claimed_at = f.claimed_at
     FROM fenced AS f, clock WHERE t.id = f.task_id)"""

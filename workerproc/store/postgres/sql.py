@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from .batch_sql import advance_many, finish_many
+from . import batch_sql as b
 from .fragments import CLOCK as _CLOCK
 from .fragments import CLOCK_CTE as _CLOCK_CTE
 from .fragments import NO_HEAD as _NO_HEAD
@@ -37,17 +37,18 @@ NOTIFY = "pg_notify('leasekeeper.' || current_schema(), '')"
 NOTIFY_CHANNEL = "leasekeeper.{schema}"  # work: a run became claimable, or will be sooner
 END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 
-# The fence every write after a claim carries (R2, R5): the run's lease is this one, and live;
-# ``l`` is the lease row, ``clock`` in the FROM list. (tests/unfenced.py rewrites these two
-# constants to break the fence on purpose.)
-_FENCE = """l.run_id = %(run_id)s AND l.task_id = %(task_id)s AND l.owner = %(owner)s
-    AND l.attempts = %(attempt)s AND l.expires_at > clock.now"""
-# the same fence for each lease of a batch (``i``: one row per lease, of one owner)
-_FENCE_EACH = """l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
-    AND l.owner = %(owner)s AND l.expires_at > clock.now"""
+# The fence every write after a claim carries (R2, R5), the one fence of every statement: ``i``
+# holds the statement's leases (one row each: run_id, task_id, attempt, owner; a statement of
+# one lease takes ``_ONE``), ``l`` is the lease row, ``clock`` in the FROM list.
+# (tests/unfenced.py rewrites this constant to break the fence on purpose.)
+_FENCE = """l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
+    AND l.owner = i.owner AND l.expires_at > clock.now"""
+# the one lease of a single-lease statement, as ``i``
+_ONE = """(SELECT %(run_id)s::bigint AS run_id, %(task_id)s::bigint AS task_id,
+    %(attempt)s::int AS attempt, %(owner)s::text AS owner) AS i"""
 # the lease ends: its row goes, and what it counted is written on its task (once)
 _ENDED = f"""fenced AS MATERIALIZED (
-    DELETE FROM leases AS l USING clock WHERE {_FENCE} RETURNING l.*)"""
+    DELETE FROM leases AS l USING clock, {_ONE} WHERE {_FENCE} RETURNING l.*)"""
 _COUNTS_OF = """attempts = f.attempts, attempt_base = f.attempt_base, claimed_at = f.claimed_at"""
 
 
@@ -290,12 +291,13 @@ RENEW_MANY = f"""
 WITH run AS MATERIALIZED (
     SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
 clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM run) AS locked),
-i AS (SELECT * FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[],
-                          %(starts)s::boolean[]) AS i(task_id, attempt, run_id, start)),
+i AS (SELECT *, %(owner)s::text AS owner
+       FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[],
+                   %(starts)s::boolean[]) AS i(task_id, attempt, run_id, start)),
 renewed AS (
     UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s),
         started = l.started OR i.start
-    FROM i, clock WHERE {_FENCE_EACH}
+    FROM i, clock WHERE {_FENCE}
     RETURNING l.task_id, l.attempts AS attempt, l.expires_at, l.run_id)
 SELECT n.task_id, n.attempt, n.expires_at, run.status IN {ALIVE}
 FROM renewed AS n JOIN run ON run.id = n.run_id"""
@@ -306,7 +308,7 @@ FROM renewed AS n JOIN run ON run.id = n.run_id"""
 LOCK_RUNS = "SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE"
 
 # every fenced commit that is not one statement first asks: is this lease still the live one?
-CHECK_FENCE = f"{_LOCKED} SELECT l.run_id FROM leases AS l, clock WHERE {_FENCE}"
+CHECK_FENCE = f"{_LOCKED} SELECT l.run_id FROM leases AS l, clock, {_ONE} WHERE {_FENCE}"
 
 # ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
 # alive moves its head to its next pending task, if any
@@ -331,32 +333,14 @@ SUCCEED_IF_EMPTY = f"""{_CLOCK_CTE} UPDATE runs SET status = 'succeeded',
     WHERE id = %(run_id)s AND status IN {ALIVE}
       AND NOT EXISTS (SELECT 1 FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL)"""
 
-# handback: a claimed task that never started goes back at once; its claim does not count
-# against max_attempts (attempt_base moves with attempts); the fencing token still moved on.
-# The lease row stays, free (no owner), so the next claim counts on from it.
-HANDBACK = f"""{_LOCKED}
-UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
-    attempt_base = l.attempt_base + 1 FROM clock WHERE {_FENCE} RETURNING l.task_id, {NOTIFY}"""
-
-_RELEASED_HEAD = head_of("r.id", without="x.id", extra="x.available_at, x.created_at, x.id, x.line")
-# release, one statement: give the task back after a delay, keeping the error (on the task and
-# the run) and the attempt's end in the history; the run's head follows the task
-RELEASE = f"""{_LOCKED}, {_ENDED},
-history AS (
-    INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at, ended_at, outcome,
-                               error)
-    SELECT f.run_id, f.task_id, f.attempts, f.owner, f.claimed_at, clock.now, 'released',
-        %(error)s FROM fenced AS f, clock),
-released AS (
-    UPDATE tasks AS t SET available_at = clock.now + %(delay)s,
-        last_error = coalesce(%(error)s, t.last_error), {_COUNTS_OF}
-    FROM fenced AS f, clock WHERE t.id = f.task_id
-    RETURNING t.id, t.available_at, t.created_at, t.line),
-moved AS (
-    UPDATE runs AS r SET {_RELEASED_HEAD},
-        last_error = coalesce(%(error)s, r.last_error), updated_at = clock.now
-    FROM released AS x, clock WHERE r.id = %(run_id)s AND r.status IN {ALIVE})
-SELECT f.task_id, {NOTIFY} FROM fenced AS f"""
+# the completions, each one statement for a batch of N >= 1 commits (``batch_sql``): release
+# gives a task back after a delay, keeping the error (on the task and the run) and the
+# attempt's end in the history, and the run's head follows the task; hand-back gives back a
+# task that never started, without spending an attempt
+RELEASE = b.release(_CLOCK, _FENCE, head_of(
+    "r.id", without="x.id", extra="x.available_at, x.created_at, x.id, x.line"
+), ALIVE, NOTIFY, _COUNTS_OF)  # fmt: skip
+HANDBACK = b.handback(_CLOCK, _FENCE, NOTIFY)
 
 # fail (fenced): the holder fails its run (FAIL_RUN first); its lease goes, the task keeps its
 # place for retry_run
@@ -366,49 +350,19 @@ UPDATE tasks AS t SET last_error = coalesce(%(error)s, t.last_error), {_COUNTS_O
 
 # compare_and_set (R5): the state moves only at the expected revision of a live run; the fence
 # rides along, so the happy path is one statement; the run row is locked before "now"
-_CAS_WHERE = f"""r.id = %(run_id)s AND r.revision = %(revision)s AND r.status IN {ALIVE}
-      AND EXISTS (SELECT 1 FROM leases AS l WHERE {_FENCE})"""
 CAS_STATE = f"""{_LOCKED}
 UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    updated_at = clock.now FROM clock WHERE {_CAS_WHERE} RETURNING r.id"""
+    updated_at = clock.now FROM clock WHERE r.id = %(run_id)s AND r.revision = %(revision)s
+      AND r.status IN {ALIVE} AND EXISTS (SELECT 1 FROM leases AS l, {_ONE} WHERE {_FENCE})
+    RETURNING r.id"""
 
-# finish / advance, the hot path, one statement each: the CAS above (fence included), then,
-# only if it matched, the lease goes and its task is written done, once. Finish clears the
-# run's head (a finished run has none); advance inserts the next task (its id drawn first) and
-# makes it the head (unless a task of the run comes before it), moves the run to
-# ``%(queue)s`` if one is given, and tells idle workers. A row comes back only when the CAS
-# matched.
-_DONE_AFTER_CAS = f"""fenced AS MATERIALIZED (
-    DELETE FROM leases AS l USING cas, clock WHERE {_FENCE} RETURNING l.*),
-done AS (
-    UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s,
-        done_owner = %(owner)s, {_COUNTS_OF} FROM fenced AS f, clock WHERE t.id = f.task_id)"""
-FINISH = f"""{_LOCKED},
-cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    status = 'succeeded', result = %(result)s::json, finished_at = clock.now,
-    updated_at = clock.now, {_NO_HEAD} FROM clock WHERE {_CAS_WHERE} RETURNING r.id),
-{_DONE_AFTER_CAS}
-SELECT id FROM cas"""
-# the same for every commit of a batch, in one statement (``batch_sql``, ``steps.many``)
-FINISH_MANY = finish_many(_CLOCK, _FENCE_EACH, _NO_HEAD, ALIVE)
-_ADVANCED_HEAD = head_of(
-    "r.id", without="%(task_id)s", extra="clock.now + %(delay)s, clock.now, next.id, %(line)s"
-)
-ADVANCE = f"""{_LOCKED},
-next AS MATERIALIZED (SELECT nextval(pg_get_serial_sequence('tasks', 'id')) AS id),
-cas AS (UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    queue = coalesce(%(queue)s::text, r.queue), updated_at = clock.now,
-    {_ADVANCED_HEAD}
-    FROM clock, next WHERE {_CAS_WHERE} RETURNING r.id),
-{_DONE_AFTER_CAS},
-next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-                                 gate_a, gate_b, gate_c, tokens)
-    SELECT next.id, cas.id, %(name)s, %(payload)s::json, clock.now + %(delay)s, clock.now,
-        %(line)s, %(gate_a)s, %(gate_b)s, %(gate_c)s, %(tokens)s
-    FROM cas, next, clock)
-SELECT id, {NOTIFY} FROM cas"""
-# the same for every commit of a batch (``batch_sql``): the head counts the row's next task
-ADVANCE_MANY = advance_many(_CLOCK, _FENCE_EACH, head_of(
+# finish / advance, the hot path: the compare-and-set above (fence included) for every commit
+# of the batch, then, only where it matched, the lease goes and its task is written done,
+# once. Finish clears the run's head (a finished run has none); advance inserts the next task
+# (its id drawn first) and makes it the head (unless a task of the run comes before it),
+# moves the run to ``queue`` if one is given, and tells idle workers
+FINISH = b.finish(_CLOCK, _FENCE, _NO_HEAD, ALIVE)
+ADVANCE = b.advance(_CLOCK, _FENCE, head_of(
     "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
 ), ALIVE, NOTIFY)  # fmt: skip
 

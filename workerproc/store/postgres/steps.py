@@ -2,18 +2,20 @@
 as one statement of ``sql``/``reads_sql`` or as a step below: where the statement's text
 depends on its parameters (the claim of N named queues), where its parameters go as arrays (the
 leases of ``RENEW_MANY``), where the run rows are locked by a statement of their own first
-(``RELEASE_OWNER``), or where the caller's own connection needs our schema named (transactional
-enqueue). Steps read their statements at each call."""
+(``RELEASE_OWNER``), where the caller's own connection needs our schema named (transactional
+enqueue), or where one statement takes a batch of commits (``Each``). Steps read their
+statements at each call."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Shaped, Step, catalogue
+from ..dialect import ClaimRow, Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
+from . import batch_sql as b
 from . import calls_sql as c
 from . import events_sql as e
 from . import gates_sql as g
@@ -31,8 +33,12 @@ if TYPE_CHECKING:
 def _claim(tx: PostgresTx, queues: int | None, params: Params, skip: bool = False) -> list[Row]:
     limit = params["limit"]
     text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip)
-    rows: list[Row] = tx.execute(text, params).fetchall()
-    return rows
+    return [ClaimRow._make(row) for row in tx.execute(text, params)]
+
+
+def claim_runs(tx: PostgresTx, params: Params) -> list[Row]:
+    """The admitted runs of a gated claim leased (``CLAIM_RUNS``), in the claim's rows."""
+    return [ClaimRow._make(row) for row in tx.execute(q.CLAIM_RUNS, params)]
 
 
 def claim(tx: PostgresTx, params: Params) -> list[Row]:
@@ -154,50 +160,42 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
     return [(rows[0][0],)]
 
 
-def many(tx: PostgresTx, name: str, each: Sequence[Params]) -> list[int] | None:
-    """A batch of ``name`` as one statement, where there is one (``batch_sql``): finishes or
-    advances of distinct runs of one owner go as ``FINISH_MANY`` or ``ADVANCE_MANY``, each
-    answered 1 (written) or 0 (refused: the protocol asks why). None: send them one by one
-    (pipelined)."""
-    if name not in _BATCHED or len(each) < 2 or tx.prefix:  # never on a caller's connection
-        return None
-    first = each[0]
-    runs = [p["run_id"] for p in each]
-    if len(set(runs)) < len(runs) or any(
-        p["owner"] != first["owner"] or p["now"] != first["now"] for p in each
-    ):
-        return None
-    arrays = {
-        "run_ids": sorted(runs),
-        "runs": runs,
-        "task_ids": [p["task_id"] for p in each],
-        "attempts": [p["attempt"] for p in each],
-        "owner": first["owner"],
-        "now": first["now"],
-    }
-    for array, key in _BATCHED[name]:
-        arrays[array] = [p[key] for p in each]
-    statement = q.FINISH_MANY if name == "FINISH" else q.ADVANCE_MANY  # read at each call
-    matched = {row[0] for row in tx.execute(statement, arrays).fetchall()}
-    return [int(run in matched) for run in runs]
+@dataclass(frozen=True)
+class Each:
+    """A completion of ``batch_sql`` (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``): one
+    statement for N >= 1 commits of distinct runs (``commits``: each one's parameters), its
+    VALUES list written for N (``batch_sql.sized``). Its rows: the runs written."""
+
+    name: str  # of the statement in ``sql`` (read at each call)
+    columns: tuple[tuple[str, str], ...]
+
+    def __call__(self, tx: PostgresTx, params: Params) -> list[Row]:
+        commits, rows = params["commits"], []
+        for at in range(0, len(commits), MAX_BATCH):  # (a statement takes 65,535 values)
+            part = commits[at : at + MAX_BATCH]
+            values = {
+                f"{name}_{k}": p[name] for k, p in enumerate(part) for name, _ in self.columns
+            }
+            values["now"] = params["now"]
+            statement = b.sized(getattr(q, self.name), self.columns, len(part))
+            rows += tx.execute(statement, values).fetchall()
+        return rows
 
 
-# what each batched statement takes besides the fence, as (array, commit parameter)
-_BATCHED = {
-    "FINISH": [("revisions", "revision"), ("states", "state"), ("results", "result")],
-    "ADVANCE": [("revisions", "revision"), ("states", "state"), ("queues", "queue"),
-                ("names", "name"), ("payloads", "payload"), ("delays", "delay"),
-                ("lines", "line"), ("gates_a", "gate_a"), ("gates_b", "gate_b"),
-                ("gates_c", "gate_c"), ("tokens", "tokens")],
-}  # fmt: skip
+MAX_BATCH = 256  # commits per completion statement; a larger batch is sent in parts
 
 
 STEPS: dict[str, Step] = {
+    "FINISH": Each("FINISH", b.FINISH_COLUMNS),
+    "ADVANCE": Each("ADVANCE", b.ADVANCE_COLUMNS),
+    "RELEASE": Each("RELEASE", b.RELEASE_COLUMNS),
+    "HANDBACK": Each("HANDBACK", b.HANDBACK_COLUMNS),
     "CHILD_ENDED": child_ended,
     "PLACE_GATES": place_gates,
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "CLAIM_OTHERS": claim_others,
+    "CLAIM_RUNS": claim_runs,
     "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,

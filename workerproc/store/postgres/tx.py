@@ -17,7 +17,7 @@ import psycopg
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
 from .ops_sql import NOW
-from .steps import CATALOGUE, many
+from .steps import CATALOGUE
 
 Cursor = psycopg.Cursor[Any]
 
@@ -179,7 +179,6 @@ class PostgresTx(Tx):
     connection (transactional enqueue), whose search path is not our schema."""
 
     catalogue: ClassVar[Catalogue] = CATALOGUE
-    pipelined: ClassVar[bool] = True
 
     def __init__(self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "") -> None:
         super().__init__(now)
@@ -202,12 +201,7 @@ class PostgresTx(Tx):
         """One statement for every parameter set, sent together and read back in one round
         trip (``Batch``); each answers the rows it changed."""
         statement = self.catalogue[name]
-        if not isinstance(statement, str):
-            return super().many(name, each)
-        batched = many(self, name, each)  # one statement for the batch, where there is one
-        if batched is not None:
-            return batched
-        if self.prefix or len(each) < 2:
+        if not isinstance(statement, str) or self.prefix or len(each) < 2:
             return super().many(name, each)
         calls = [(name, statement, params) for params in each]
         return [changed for _, changed in Batch(self.cur.connection).run(calls)]

@@ -1,30 +1,30 @@
-"""The claim (R1, R6, B10), written once: the loop that turns a backend's ``CLAIM`` rows into
-leases, inside the caller's write transaction.
+"""The claim (R1, R6, B10), written once: the loop that turns a backend's ``CLAIM`` rows
+(``dialect.ClaimRow``) into leases, inside the caller's write transaction.
 
-A ``CLAIM`` row is ``(task_id, run_id, name, payload, attempts, attempt_base, expires_at,
-takeover, claimed_at, state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
-gate_b, gate_c, reserved, traceparent, ...)`` (the gates on: a gated claim's, None otherwise);
-``task_id`` is None for a run the statement locked but could not lease: its head was written
-after the statement's snapshot, or a lease another claimer committed meanwhile still holds it
-(PostgreSQL: the next statement, with a fresh snapshot, sees either). ``options`` is the task's
-declared options as the ``task_options`` table keeps them (JSON text, None: none declared): its
-``max_attempts`` bounds the claim (R6, B11) instead of the claimer's. ``signal_id``: the signal
-that resumed the task's wait (B14; None: none), handed to the handler as ``ctx.signal``;
-``parent_id``: the run's parent (its end is counted there); ``join_task``: the task that joins
-the run's children (when it is this one, the claim reads them: ``ctx.children``).
+A row whose ``task_id`` is None is a run the statement locked but could not lease: its head was
+written after the statement's snapshot, or a lease another claimer committed meanwhile still
+holds it (PostgreSQL: the next statement, with a fresh snapshot, sees either). ``options`` is
+the task's declared options as the ``task_options`` table keeps them (JSON text, None: none
+declared): its ``max_attempts`` bounds the claim (R6, B11) instead of the claimer's.
+``signal_id``: the signal that resumed the task's wait (B14; None: none), handed to the handler
+as ``ctx.signal``; ``parent_id``: the run's parent (its end is counted there); ``join_task``:
+the task that joins the run's children (when it is this one, the claim reads them:
+``ctx.children``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import cast
 
 from ..codec import check_owner, check_queue, loads, task_options
-from ..dialect import Params, Row, Tx
+from ..dialect import ClaimRow, Params, Tx
 from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
 from . import gates
+from .commits import completed
 from .events import emit
 from .failures import attempt_ended, fail_run
 from .limits import Gatekeeper
@@ -88,7 +88,7 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     admits it by its gates like any other."""
     params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
               "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
-    if tx.count("HANDBACK", params):
+    if completed(tx, "HANDBACK", [params])[0]:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
         tx.write_deferred()  # the gates this claim changed first: PLACE_GATES writes them too
@@ -110,12 +110,12 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
         ask = params["limit"] = limit - len(leases)
         if ask <= 0:
             break
-        rows = tx.rows(name, params)
+        rows = claimed(tx, name, params)
         if not rows:
             break
         got = 0
         for row in rows:
-            if row[0] is not None:
+            if row.task_id is not None:
                 got += 1
                 lease = _lease(tx, req, row)
                 if lease is None:
@@ -132,14 +132,20 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
     return leases
 
 
-def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
+def claimed(tx: Tx, name: str, params: Params) -> list[ClaimRow]:
+    """The rows of a claim statement, typed as every dialect builds them."""
+    return cast(list[ClaimRow], tx.rows(name, params))
+
+
+def _lease(tx: Tx, req: ClaimRequest, row: ClaimRow) -> Lease | None:
     """The lease a claimed row gives, or None when the claim failed its run instead: attempts
     exhausted (R6) or a payload no worker can decode (B10). Never raises for a bad row."""
-    (task_id, run_id, name, payload, attempts, base, expires_at, takeover, claimed_at, state,
-     revision, queue, stored) = row[:13]  # fmt: skip
-    options = task_options(stored)
+    task_id, run_id, attempts, queue = row.task_id, row.run_id, row.attempts, row.queue
+    name = row.name or ""  # (a row with a task has its name)
+    assert task_id is not None  # (only a row with a task is made a lease)
+    options = task_options(row.options)
     limit = options.max_attempts or req.max_attempts  # B11: the task's own bound, if declared
-    if attempts - base > limit:  # R6: attempt max+1 never runs
+    if attempts - row.attempt_base > limit:  # R6: attempt max+1 never runs
         attempt_ended(tx, run_id, task_id, "exhausted")
         dropped = tx.one("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
         # no handler raised: every attempt died, timed out or lost its lease
@@ -150,7 +156,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         fail_run(tx, run_id, queue, "task_attempts_exhausted", error, name, attempts)
         return None
     try:
-        decoded = loads(payload, "its payload"), loads(state, "its run's state")
+        decoded = loads(row.payload, "its payload"), loads(row.state, "its run's state")
     except InvalidPayload as exc:  # never kill the claimer: fail that run, claim on
         attempt_ended(tx, run_id, task_id, "failed", str(exc))
         tx.count("DROP_EXHAUSTED_LEASE", {"run_id": run_id, "task_id": task_id})
@@ -158,7 +164,7 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
                  attempts)  # fmt: skip
         return None
     was: tuple[str | None, int | None] = (None, None)
-    if takeover:  # whose lease it took over (rare: one statement more)
+    if row.takeover:  # whose lease it took over (rare: one statement more)
         was = tx.one("TAKEN_FROM", {"run_id": run_id, "task_id": task_id}) or (None, None)
         emit(tx, "lease.taken_over", run_id, name, attempts, owner=req.owner, task_id=task_id,
              previous_owner=was[0], previous_attempt=was[1])  # fmt: skip
@@ -171,20 +177,20 @@ def _lease(tx: Tx, req: ClaimRequest, row: Row) -> Lease | None:
         payload=decoded[0],
         attempt=attempts,
         owner=req.owner,
-        expires_at=float(expires_at),
-        claimed_at=float(claimed_at),
+        expires_at=float(row.expires_at),
+        claimed_at=float(row.claimed_at),
         state=decoded[1],
-        revision=revision,
-        tries=attempts - base,
-        takeover=bool(takeover),
+        revision=row.revision,
+        tries=attempts - row.attempt_base,
+        takeover=bool(row.takeover),
         queue=queue,
         options=options,
-        gates=tuple(g for g in row[16:19] if g) if len(row) > 16 else (),
-        reserved=row[19] if len(row) > 19 else None,
-        signal=delivered(tx, row[13]),
-        parent_id=row[14],
-        children=joined(tx, run_id, task_id) if row[15] == task_id else None,
-        traceparent=row[20] if len(row) > 20 else None,
+        gates=tuple(g for g in (row.gate_a, row.gate_b, row.gate_c) if g),
+        reserved=row.reserved,
+        signal=delivered(tx, row.signal_id),
+        parent_id=row.parent_id,
+        children=joined(tx, run_id, task_id) if row.join_task == task_id else None,
+        traceparent=row.traceparent,
         previous_owner=was[0],
         previous_attempt=was[1],
         # a lease taken over from this very claimer waits for its older handler, which may

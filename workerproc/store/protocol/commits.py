@@ -1,5 +1,6 @@
-"""Fenced writes (R2, R5, B3, B4), written once: each commit kind, the fence every one of them
-carries, and what a refusal means. Every function runs inside the caller's write transaction.
+"""Fenced writes (R2, R5, B3, B4), written once: each commit kind (``KINDS``: how it is written,
+what its refusal means, what it emits), the fence every one of them carries, and what a refusal
+means. Every function runs inside the caller's write transaction.
 
 Every write after a claim matches task id AND owner AND attempt AND a live lease (the fence,
 ``fence``); a write that matches nothing changed nothing and is refused: recorded as evidence
@@ -8,7 +9,8 @@ Every write after a claim matches task id AND owner AND attempt AND a live lease
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from ..calls import usage_row
 from ..dialect import Params, Tx
@@ -16,15 +18,11 @@ from ..types import CasResult, Commit, Lease
 from .events import emit
 from .failures import attempt_ended, fail_run
 from .gates import settle
-from .totals import counted
+from .totals import counted, ended
 from .waits import ended_children, spawn, wait
 
-# The commits that are one logical step each (a row back: written; none: refused), by the
-# catalogue name of that step. A batch of them over different runs is sent with ``Tx.many``.
-ONE_STEP = {"finish": "FINISH", "advance": "ADVANCE", "release": "RELEASE",
-            "handback": "HANDBACK"}  # fmt: skip
-# their refusal may be a conflict, not a lost lease
-CAS_KINDS = frozenset({"finish", "advance", "wait", "spawn"})
+Write = Callable[[Tx, Commit, Params], CasResult]  # one commit, its fence in its parameters
+Emit = Callable[[Tx, Commit, Params], None]  # the events of one commit that was written
 
 
 def fence(lease: Lease, now: float | None) -> Params:
@@ -54,67 +52,226 @@ def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResu
     return CasResult.CONFLICT
 
 
+def completed(tx: Tx, step: str, each: Sequence[Params]) -> list[bool]:
+    """A completion (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) of N >= 1 commits of
+    distinct runs, each fenced and judged on its own: whether each was written. The dialect
+    decides how it goes (PostgreSQL: one statement, its commits as arrays)."""
+    written = {row[0] for row in tx.rows(step, {"commits": list(each), "now": tx.now})}
+    return [p["run_id"] in written for p in each]
+
+
+# -- what each kind writes, when it is not one completion alone ---------------------------------
+def _advanced(tx: Tx, commit: Commit, params: Params) -> bool:
+    return completed(tx, "ADVANCE", [params])[0]
+
+
+def _wait(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """An advance whose next task is not due, then the wait for a signal (B14)."""
+    return wait(tx, params) if _advanced(tx, commit, params) else _refusal(tx, params, commit)
+
+
+def _spawn(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """An advance whose next task joins the children, then the children (B14)."""
+    if not _advanced(tx, commit, params):
+        return _refusal(tx, params, commit)
+    return spawn(tx, params, commit.children)
+
+
+def _held(write: Write) -> Write:
+    """``write`` once the lease is found live (else the refusal, recorded)."""
+
+    def checked(tx: Tx, commit: Commit, params: Params) -> CasResult:
+        if tx.one("CHECK_FENCE", params) is None:
+            rejected(tx, params, KINDS[commit.kind].op, commit.lease.task)
+            return CasResult.LEASE_LOST
+        return write(tx, commit, params)
+
+    return checked
+
+
+@_held
+def _drop(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    tx.count("TASK_DONE", params)
+    return CasResult.OK
+
+
+def _back_unspent(tx: Tx, params: Params) -> None:
+    """A release after the delay that spends no attempt."""
+    completed(tx, "RELEASE", [params])
+    tx.count("UNSPEND", params)
+
+
+@_held
+def _retry_after(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    _back_unspent(tx, params)
+    return CasResult.OK
+
+
+@_held
+def _park(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """Back unspent, and the run waits for ``resolve`` (B13)."""
+    _back_unspent(tx, params)
+    tx.count("MARK_PARKED", params)
+    return CasResult.OK
+
+
+@_held
+def _fail(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    lease = commit.lease
+    if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"], lease.task,
+                lease.attempt) == 0:  # fmt: skip
+        return CasResult.CONFLICT
+    attempt_ended(tx, lease.run_id, lease.task_id, "failed", params["error"])
+    tx.count("TASK_FAILED", params)
+    return CasResult.OK
+
+
+def _ack(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """The task done under its lease; a run whose last task is done has succeeded."""
+    lease = commit.lease
+    if tx.count("TASK_DONE", params) == 0:
+        return _refusal(tx, params, commit)
+    emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, owner=lease.owner,
+         task_id=lease.task_id)  # fmt: skip
+    if tx.count("SUCCEED_IF_EMPTY", params):
+        ended(tx, lease.queue, "succeeded")
+        emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
+        if lease.parent_id is not None:
+            ended_children(tx, [lease.run_id])
+    return CasResult.OK
+
+
+def _compare_and_set(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """R5: the run's state moves at the expected revision of a live run, under the lease."""
+    return CasResult.OK if tx.count("CAS_STATE", params) else _refusal(tx, params, commit)
+
+
+# -- what each kind emits once written ----------------------------------------------------------
+def _held_by(commit: Commit) -> Params:
+    return {"owner": commit.lease.owner, "task_id": commit.lease.task_id}
+
+
+def _stepped(tx: Tx, commit: Commit, params: Params) -> None:
+    lease = commit.lease
+    emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
+         next=params.get("name"), dropped=commit.kind == "drop" or None)  # fmt: skip
+
+
+def _finished(tx: Tx, commit: Commit, params: Params) -> None:
+    _stepped(tx, commit, params)
+    emit(tx, "run.succeeded", commit.lease.run_id, commit.lease.task, commit.lease.attempt)
+
+
+def _waiting(tx: Tx, commit: Commit, params: Params) -> None:
+    """B14: a signal, or its children; B13: a paid call whose outcome is unknown waits for
+    ``resolve`` (a park: no step committed)."""
+    lease = commit.lease
+    if commit.kind != "park":
+        _stepped(tx, commit, params)
+    emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
+         waiting_for=params.get("wait_for"),
+         children=len(commit.children) if commit.kind == "spawn" else None)  # fmt: skip
+
+
+def _released(tx: Tx, commit: Commit, params: Params) -> None:
+    lease = commit.lease
+    emit(tx, "step.released", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
+         error=params.get("error"), delay=params.get("delay") or None,
+         retry_after=commit.kind == "retry_after" or None)  # fmt: skip
+
+
+def _handed_back(tx: Tx, commit: Commit, params: Params) -> None:
+    lease = commit.lease
+    emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **_held_by(commit))
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One commit kind's behaviour. ``step``: the completion that writes it whole (a batch
+    of them goes as one call, ``completed``), else ``write`` writes one; ``conflict``: its
+    refusal may be a moved run, not a lost lease (a compare-and-set: the fence is asked);
+    ``emit``: its events once written (None: its writer emits them); ``op``: what its
+    refusals are recorded as; ``settles``: a written one gives its gates back (it ends its
+    lease); ``next``: it enqueues a next task (``next_task``, gated like any task)."""
+
+    step: str | None = None
+    write: Write | None = None
+    conflict: bool = False
+    emit: Emit | None = None
+    op: str = ""
+    settles: bool = True
+    next: bool = False
+
+
+KINDS: dict[str, Kind] = {
+    "finish": Kind(step="FINISH", conflict=True, emit=_finished, op="finish"),
+    "advance": Kind(step="ADVANCE", conflict=True, emit=_stepped, op="advance", next=True),
+    "release": Kind(step="RELEASE", emit=_released, op="release"),
+    "handback": Kind(step="HANDBACK", emit=_handed_back, op="handback"),
+    "wait": Kind(write=_wait, conflict=True, emit=_waiting, op="wait", next=True),
+    "spawn": Kind(write=_spawn, conflict=True, emit=_waiting, op="spawn", next=True),
+    "drop": Kind(write=_drop, emit=_stepped, op="drop"),
+    "retry_after": Kind(write=_retry_after, emit=_released, op="retry_after"),
+    "park": Kind(write=_park, emit=_waiting, op="park"),
+    "fail": Kind(write=_fail, op="fail"),  # its events are ``fail_run``'s
+    # the pinned single-lease calls (DESIGN.md), N = 1 of the batch; they end no gate's slot
+    "ack": Kind(write=_ack, op="ack", settles=False),
+    "compare_and_set": Kind(
+        write=_compare_and_set, conflict=True, op="compare_and_set", settles=False
+    ),
+}
+
+
 def _refusal(tx: Tx, params: Params, commit: Commit) -> CasResult:
-    """What a one-step commit that changed nothing answers."""
-    kind, task = commit.kind, commit.lease.task
-    if kind in CAS_KINDS:
-        return refused(tx, params, kind, task)
-    rejected(tx, params, kind, task)  # a release or hand-back is fenced by its own statement
+    """What a commit whose write changed nothing answers (its refusal recorded where its
+    lease is lost)."""
+    kind = KINDS[commit.kind]
+    if kind.conflict:
+        return refused(tx, params, kind.op, commit.lease.task)
+    rejected(tx, params, kind.op, commit.lease.task)  # fenced by its own statement
     return CasResult.LEASE_LOST
 
 
-def committed(tx: Tx, commit: Commit, params: Params) -> None:
-    """The events of a commit that was written (a failure's is ``fail_run``'s)."""
-    lease, kind = commit.lease, commit.kind
-    held = {"owner": lease.owner, "task_id": lease.task_id}
-    if kind in ("finish", "advance", "drop", "wait", "spawn"):
-        emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, **held,
-             next=params.get("name"), dropped=kind == "drop" or None)  # fmt: skip
-        if kind == "finish":
-            emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
-        elif kind in ("wait", "spawn"):  # B14: a signal, or its children
-            emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
-                 waiting_for=params.get("wait_for"),
-                 children=len(commit.children) if kind == "spawn" else None)  # fmt: skip
-    elif kind in ("release", "retry_after"):
-        emit(tx, "step.released", lease.run_id, lease.task, lease.attempt, **held,
-             error=params.get("error"), delay=params.get("delay") or None,
-             retry_after=kind == "retry_after" or None)  # fmt: skip
-    elif kind == "handback":
-        emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **held)
-    elif kind == "park":  # B13: a paid call whose outcome is unknown waits for ``resolve``
-        emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
-             waiting_for=params.get("wait_for"))  # fmt: skip
-
-
 def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
-    """Every commit, each judged on its own, answers in order. Where the dialect pipelines,
-    commits of different runs that are one step each (they touch disjoint rows) go together,
-    one ``Tx.many`` per kind: one round trip. Anything else (a run twice, a drop or a fail, a
-    dialect without pipelining) goes one by one, in order."""
-    if not tx.pipelined or len(commits) < 2 or not _one_step_each_of_another_run(commits):
-        results = [apply(tx, m, p) for m, p in zip(commits, encoded, strict=True)]
-        _emit_committed(tx, commits, encoded, results)
-        _count_finished(tx, commits, results)
-        settle(tx, commits, results)
-        _keep_usage(tx, commits, results)
-        return results
-    params = [{**p, **fence(m.lease, tx.now)} for m, p in zip(commits, encoded, strict=True)]
-    by_kind: dict[str, list[int]] = {}
+    """Every commit, each judged on its own, answers in order. Commits that are one
+    completion each go together, one call per completion (``completed``), while their runs
+    differ (they touch disjoint rows); a run met again, or a commit written on its own (a
+    drop, a fail, a wait, ...), first sends what is gathered: everything is written in the
+    order of ``commits``. Only the refused ones are then asked why, in order."""
+    params = [{**p, **fence(c.lease, tx.now)} for c, p in zip(commits, encoded, strict=True)]
+    results: list[CasResult] = [CasResult.OK] * len(commits)
+    gathered: dict[str, list[int]] = {}  # by completion, the commits waiting to go
+    runs: set[int] = set()
+
+    def send() -> None:
+        refusals = []
+        for step, members in gathered.items():
+            written = completed(tx, step, [params[i] for i in members])
+            refusals += [i for i, ok in zip(members, written, strict=True) if not ok]
+        for i in sorted(refusals):
+            results[i] = _refusal(tx, params[i], commits[i])
+        gathered.clear()
+        runs.clear()
+
     for i, commit in enumerate(commits):
-        by_kind.setdefault(commit.kind, []).append(i)
-    changed = [0] * len(commits)
-    for kind, members in by_kind.items():
-        counts = tx.many(ONE_STEP[kind], [params[i] for i in members])
-        for i, n in zip(members, counts, strict=True):
-            changed[i] = n
-    results = [
-        CasResult.OK if changed[i] else _refusal(tx, params[i], commit)
-        for i, commit in enumerate(commits)
-    ]
-    _emit_committed(tx, commits, encoded, results)
+        kind = KINDS.get(commit.kind)
+        if kind is None:
+            raise ValueError(f"unknown commit kind {commit.kind!r}")
+        if kind.step is None or commit.lease.run_id in runs:
+            send()
+        if kind.step is None:
+            assert kind.write is not None
+            results[i] = kind.write(tx, commit, params[i])
+            continue
+        gathered.setdefault(kind.step, []).append(i)
+        runs.add(commit.lease.run_id)
+    send()
+    for commit, p, result in zip(commits, encoded, results, strict=True):
+        if result is CasResult.OK and (emitted := KINDS[commit.kind].emit) is not None:
+            emitted(tx, commit, p)
     _count_finished(tx, commits, results)
-    settle(tx, commits, results)
+    settling = [i for i, c in enumerate(commits) if KINDS[c.kind].settles]
+    settle(tx, [commits[i] for i in settling], [results[i] for i in settling])
     _keep_usage(tx, commits, results)
     return results
 
@@ -127,60 +284,9 @@ def _keep_usage(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult])
             tx.count("INSERT_USAGE", usage_row(commit.lease, None, commit.usage, tx.now))
 
 
-def _emit_committed(
-    tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params], results: Sequence[CasResult]
-) -> None:
-    for commit, params, result in zip(commits, encoded, results, strict=True):
-        if result is CasResult.OK and commit.kind != "fail":
-            committed(tx, commit, params)
-
-
 def _count_finished(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """The runs that finishes ended, counted in the same transaction (``totals``)."""
     finished = [c for c, r in zip(commits, results, strict=True)
                 if c.kind == "finish" and r is CasResult.OK]  # fmt: skip
     counted(tx, [(c.lease.queue, "succeeded", 1) for c in finished])
     ended_children(tx, [c.lease.run_id for c in finished if c.lease.parent_id is not None])
-
-
-def _one_step_each_of_another_run(commits: Sequence[Commit]) -> bool:
-    runs: set[int] = set()
-    for commit in commits:
-        if commit.kind not in ONE_STEP or commit.lease.run_id in runs:
-            return False
-        runs.add(commit.lease.run_id)
-    return True
-
-
-def apply(tx: Tx, commit: Commit, encoded: Params) -> CasResult:
-    """One commit under its lease."""
-    params = {**encoded, **fence(commit.lease, tx.now)}
-    kind = commit.kind
-    step = ONE_STEP.get(kind)
-    if step is not None:  # the hot path: the fence rides in the step itself
-        return CasResult.OK if tx.count(step, params) else _refusal(tx, params, commit)
-    if kind in ("wait", "spawn"):  # an advance whose next task is not due, then the wait (B14)
-        if not tx.count("ADVANCE", params):
-            return _refusal(tx, params, commit)
-        return wait(tx, params) if kind == "wait" else spawn(tx, params, commit.children)
-    if tx.one("CHECK_FENCE", params) is None:
-        rejected(tx, params, kind, commit.lease.task)
-        return CasResult.LEASE_LOST
-    if kind == "drop":
-        tx.count("TASK_DONE", params)
-        return CasResult.OK
-    if kind in ("retry_after", "park"):  # a release after the delay that spends no attempt
-        tx.count("RELEASE", params)
-        tx.count("UNSPEND", params)
-        if kind == "park":  # ... and the run waits for ``resolve`` (B13)
-            tx.count("MARK_PARKED", params)
-        return CasResult.OK
-    if kind == "fail":
-        lease = commit.lease
-        if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"],
-                    lease.task, lease.attempt) == 0:  # fmt: skip
-            return CasResult.CONFLICT
-        attempt_ended(tx, lease.run_id, lease.task_id, "failed", params["error"])
-        tx.count("TASK_FAILED", params)
-        return CasResult.OK
-    raise ValueError(f"unknown commit kind {kind!r}")

@@ -35,14 +35,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
-from ..dialect import Params, Row, Tx
+from ..dialect import ClaimRow, Params, Row, Tx
 from ..limits import GateState, never_fits, split_gate, too_large
 from ..types import CasResult, ClaimRequest, Commit, Lease
 from .failures import refuse_too_large
 
 GATES_AT_ONCE = 64  # open gates one claim looks at, at most
-LeaseMaker = Callable[[Tx, ClaimRequest, Row], Lease | None]
+LeaseMaker = Callable[[Tx, ClaimRequest, ClaimRow], Lease | None]
 SPENT_ATTEMPT = frozenset({"finish", "advance", "wait", "release", "fail", "drop"})  # charge tokens
 
 
@@ -328,12 +329,13 @@ def _lease_all(
     made: list[Lease] = []
     wanted = {r[0]: r for r in rows}
     leased: set[int] = set()
-    for claim_row in tx.rows("CLAIM_RUNS", params):
-        run_id = claim_row[1]
-        if claim_row[0] is None:
+    for row in tx.rows("CLAIM_RUNS", params):
+        claim_row = cast(ClaimRow, row)  # as every dialect builds it
+        run_id = claim_row.run_id
+        if claim_row.task_id is None:
             continue
         leased.add(run_id)
-        got = lease(tx, req, claim_row[:-1])
+        got = lease(tx, req, claim_row)
         if got is None:  # failed its run instead (R6, B10): nothing runs, nothing is spent
             _undo(gates, wanted[run_id], now)
             continue

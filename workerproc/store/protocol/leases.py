@@ -1,6 +1,7 @@
 """What lease holders call: the worker's batched exchange and renewal (what ``WorkerStore``
 holds), and the pinned single-lease calls of DESIGN.md (``claim``, ``renew``, ``ack``,
-``release``, ``compare_and_set``), each a thin composition of the same steps."""
+``release``, ``compare_and_set``), each the N = 1 call of a batch verb (``commit_many``,
+``renew_each``)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,15 @@ import math
 from collections.abc import Sequence
 from typing import overload
 
-from ..codec import check_owner, commit_params, dumps
+from ..codec import check_owner, commit_params
 from ..dialect import Dialect, Params, Tx
 from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
-from .commits import apply_all, fence, refused, rejected
-from .events import emit
+from .commits import KINDS, apply_all, fence, rejected
 from .limits import Limits
 from .producers import placing
-from .totals import ended
-from .waits import ended_children
 
 
 def check_start(start: object) -> None:
@@ -60,14 +58,14 @@ class Leases(Limits):
         keeper = self.gatekeeper() if claim is not None and claim.limit else None
         nexts: dict[int, Gating] = {}
         # where each next task waits, if gated
-        if any(c.kind in ("advance", "wait", "spawn") for c in commits):
+        if any(KINDS[c.kind].next for c in commits if c.kind in KINDS):
             keeper = self.gatekeeper()
             for i, commit in enumerate(commits):
                 if commit.kind == "spawn":  # where each child waits, if its task is gated
                     kids = keeper.runs(list(commit.children))
                     commits = [*commits[:i], dataclasses.replace(commit, children=tuple(kids)),
                                *commits[i + 1 :]]  # fmt: skip
-                if commit.kind in ("advance", "wait", "spawn"):
+                if KINDS[commit.kind].next:
                     name = encoded[i]["name"]
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
                     encoded[i].update(got.params())
@@ -184,33 +182,13 @@ class Leases(Limits):
         return self.commit_many((commit,)).results[0] is CasResult.OK
 
     def ack(self, lease: Lease) -> bool:
-        """Mark the task done under its lease; a run whose last task is done has succeeded."""
-
-        def ack(tx: Tx) -> bool:
-            params = fence(lease, tx.now)
-            if tx.count("TASK_DONE", params) == 0:
-                rejected(tx, params, "ack", lease.task)
-                return False
-            emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt,
-                 owner=lease.owner, task_id=lease.task_id)  # fmt: skip
-            if tx.count("SUCCEED_IF_EMPTY", params):
-                ended(tx, lease.queue, "succeeded")
-                emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
-                if lease.parent_id is not None:
-                    ended_children(tx, [lease.run_id])
-            return True
-
-        return self.dialect.write(ack, runs=[lease.run_id])
+        """Mark the task done under its lease; a run whose last task is done has succeeded:
+        an ack commit."""
+        return self.commit_many((Commit(lease, "ack"),)).results[0] is CasResult.OK
 
     def compare_and_set(self, lease: Lease, expected_revision: int, new_state: JSON) -> CasResult:
         """R5: the run's state moves only at ``expected_revision`` of a live run, under the
-        lease: ``ok``, ``conflict`` (the revision moved, or the run is over) or ``lease_lost``."""
-        state = dumps(new_state, "state")
-
-        def cas(tx: Tx) -> CasResult:
-            params = {**fence(lease, tx.now), "state": state, "revision": expected_revision}
-            if tx.count("CAS_STATE", params) == 0:
-                return refused(tx, params, "compare_and_set", lease.task)
-            return CasResult.OK
-
-        return self.dialect.write(cas, runs=[lease.run_id])
+        lease: ``ok``, ``conflict`` (the revision moved, or the run is over) or ``lease_lost``.
+        A compare-and-set commit (the lease stays)."""
+        commit = Commit(lease, "compare_and_set", expected_revision, new_state)
+        return self.commit_many((commit,)).results[0]

@@ -127,17 +127,13 @@ FAIL_RUN = f"""UPDATE runs SET status = 'failed', failure_reason = :reason,
     last_error = coalesce(:error, last_error), finished_at = :now, updated_at = :now
     WHERE id = :run_id AND status IN {ALIVE}"""
 
-# renew_many (R3 per lease): one statement renews every lease of one owner that is still live;
-# each matches its own (task id, attempt) from the JSON array of pairs: the fence, per lease.
-_FENCE_EACH = """(id, attempts) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]')
-                         FROM json_each(:pairs))
-      AND lease_owner = :owner AND lease_expires_at > :now AND done_at IS NULL"""
-# Each renewed lease also says whether its run is still alive (B15): a cancelled run's holder
-# hears it at its next renewal, and stops its handler. The leases whose handlers begin on this
-# renewal (``:starting``, task ids) are recorded as begun (B3).
-RENEW_MANY = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl),
-    started = started OR id IN (SELECT value FROM json_each(:starting))
-    WHERE {_FENCE_EACH} RETURNING id, attempts, lease_expires_at,
+# renew (R3): a live lease's new expiry (``steps.renew_many`` renews each lease of the batch in
+# turn). Each renewed lease also says whether its run is still alive (B15): a cancelled run's
+# holder hears it at its next renewal, and stops its handler. A lease whose handler begins on
+# this renewal (``:start``) is recorded as begun (B3).
+RENEW = f"""UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl),
+    started = started OR :start
+    WHERE {_FENCE} RETURNING id, attempts, lease_expires_at,
     (SELECT status IN {ALIVE} FROM runs WHERE runs.id = tasks.run_id)"""
 
 # every fenced commit first asks: is this lease still the live one?
@@ -158,7 +154,7 @@ SUCCEED_IF_EMPTY = f"""UPDATE runs SET status = 'succeeded', finished_at = :now,
 
 # handback: a claimed task that never started goes back at once, and its claim does not count
 # against max_attempts (attempt_base moves with attempts); the fencing token still moved on.
-HANDBACK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
+HANDBACK_TASK = f"""UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL,
     attempt_base = attempt_base + 1 WHERE {_FENCE}"""
 
 # release: give the task back after a delay, keeping the error (``steps.release`` first checks

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from ..dialect import Params, Row, Step, catalogue
+from ..dialect import ClaimRow, Params, Row, Step, catalogue
 from ..limits import split_gate
 from . import calls_sql as c
 from . import events_sql as e
@@ -24,17 +24,27 @@ if TYPE_CHECKING:
     from .dialect import SQLiteTx
 
 
+def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRow:
+    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the task, its
+    counts, its expiry and whether it was taken over), the claim's "now", then the run's
+    state, revision and queue, the task's declared options, its signal, the run's parent and
+    join task, and (a gated claim's, ``gated``) the lease's gates, its reservation and what
+    the lease it took over gives back."""
+    task_id, run_id, name, payload, attempts, base, expires_at, takeover = found
+    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent) = (
+        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "name": name, "task_id": task_id})
+        .fetchone()
+    )  # fmt: skip
+    gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
+    return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,
+                    state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
+                    gate_b, gate_c, reserved, traceparent, given_back)  # fmt: skip
+
+
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
-    """A claim's rows in the protocol's shape (``protocol.claims``), in task id order: the
-    statement's own, then the claim's "now", the run's state, its queue and the task's
-    declared options."""
-    execute, now = tx.conn.execute, params["now"]
-    rows = []
-    for row in sorted(execute(statement, params).fetchall()):
-        state = execute(q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]})
-        *run, traceparent = state.fetchone()
-        rows.append((*row, now, *run, None, None, None, None, traceparent))  # no gates
-    return rows
+    """A claim's rows (``ClaimRow``), in task id order."""
+    now = params["now"]
+    return [_claim_row(tx, row, now) for row in sorted(tx.conn.execute(statement, params))]
 
 
 def claim(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -50,46 +60,67 @@ def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
-    """RENEW_MANY with the leases as a JSON array of (task id, attempt) pairs, and the ids of
-    those that begin as another (the protocol records each lease it did not renew as
-    refused)."""
-    pairs = json.dumps([[lease.task_id, lease.attempt] for lease in params["leases"]])
-    starting = json.dumps(params["starting"])
-    shaped = {**params, "pairs": pairs, "starting": starting}
-    rows: list[Row] = tx.conn.execute(q.RENEW_MANY, shaped).fetchall()
+    """Each lease of the batch renewed in turn (in process, a statement costs no round trip;
+    the protocol records each lease it did not renew as refused)."""
+    execute, starting = tx.conn.execute, set(params["starting"])
+    shared = {"owner": params["owner"], "ttl": params["ttl"], "now": params["now"]}
+    rows: list[Row] = []
+    for lease in params["leases"]:
+        found = execute(q.RENEW, {**shared, "task_id": lease.task_id, "attempt": lease.attempt,
+                                  "start": lease.task_id in starting}).fetchone()  # fmt: skip
+        if found is not None:
+            rows.append(found)
     return rows
 
 
+# The completions take a batch of N >= 1 commits of distinct runs (``commits``: each one's
+# parameters, its fence and "now" among them) and answer a row for each commit written (its
+# run's id): in process, each commit is its own statements.
 def finish(tx: SQLiteTx, params: Params) -> list[Row]:
-    """The fenced compare-and-set that ends the run, then (only if it matched) the task done."""
-    if tx.conn.execute(q.CAS_FINISH, params).rowcount == 0:
-        return []
-    tx.conn.execute(q.TASK_DONE, params)
-    return [(params["run_id"],)]
+    """For each commit: the fenced compare-and-set that ends the run, then (only if it
+    matched) the task done."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CAS_FINISH, commit).rowcount:
+            execute(q.TASK_DONE, commit)
+            rows.append((commit["run_id"],))
+    return rows
 
 
 def advance(tx: SQLiteTx, params: Params) -> list[Row]:
-    """The fenced compare-and-set, then the task done, the run moved to another queue if one
-    is given, and the next task inserted."""
-    if tx.conn.execute(q.CAS_STATE, params).rowcount == 0:
-        return []
-    tx.conn.execute(q.TASK_DONE, params)
-    if params["queue"] is not None:
-        tx.conn.execute(q.MOVE_RUN, params)
-    tx.conn.execute(q.CAS_NEXT_TASK, params)
-    return [(params["run_id"],)]
+    """For each commit: the fenced compare-and-set, then the task done, the run moved to
+    another queue if one is given, and the next task inserted."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CAS_STATE, commit).rowcount:
+            execute(q.TASK_DONE, commit)
+            if commit["queue"] is not None:
+                execute(q.MOVE_RUN, commit)
+            execute(q.CAS_NEXT_TASK, commit)
+            rows.append((commit["run_id"],))
+    return rows
 
 
 def release(tx: SQLiteTx, params: Params) -> list[Row]:
-    """Is the lease live? Then its attempt's end goes into the history, the task goes back
-    after the delay, and the error (if any) onto the run."""
-    if tx.conn.execute(q.CHECK_FENCE, params).fetchone() is None:
-        return []
-    tx.conn.execute(q.ATTEMPT_ENDED, {**params, "outcome": "released"})
-    tx.conn.execute(q.RELEASE_TASK, params)
-    if params["error"] is not None:
-        tx.conn.execute(q.RUN_ERROR, params)
-    return [(params["run_id"],)]
+    """For each commit: is the lease live? Then its attempt's end goes into the history, the
+    task goes back after the delay, and the error (if any) onto the run."""
+    execute, rows = tx.conn.execute, []
+    for commit in params["commits"]:
+        if execute(q.CHECK_FENCE, commit).fetchone() is None:
+            continue
+        execute(q.ATTEMPT_ENDED, {**commit, "outcome": "released"})
+        execute(q.RELEASE_TASK, commit)
+        if commit["error"] is not None:
+            execute(q.RUN_ERROR, commit)
+        rows.append((commit["run_id"],))
+    return rows
+
+
+def handback(tx: SQLiteTx, params: Params) -> list[Row]:
+    """For each commit: the task goes back at once, its claim unspent."""
+    execute = tx.conn.execute
+    return [(commit["run_id"],) for commit in params["commits"]
+            if execute(q.HANDBACK_TASK, commit).rowcount]  # fmt: skip
 
 
 def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -133,17 +164,11 @@ def next_ready_queues(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
-    """CLAIM_RUNS for the admitted runs, each row in the claim's shape (``_claimed``) with its
-    gates, its reservation and what its predecessor's reservation gives back."""
-    execute, now = tx.conn.execute, params["now"]
-    found = execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
-    rows = []
-    for row in sorted(found.fetchall()):
-        *state, traceparent = execute(
-            q.RUN_STATE, {"run_id": row[1], "name": row[2], "task_id": row[0]}
-        ).fetchone()
-        rows.append((*row[:8], now, *state, *row[8:12], traceparent, *row[12:]))
-    return rows
+    """CLAIM_RUNS for the admitted runs, each a claim's row (``ClaimRow``) with its gates, its
+    reservation and what its predecessor's reservation gives back."""
+    found = tx.conn.execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
+    now = params["now"]
+    return [_claim_row(tx, row[:8], now, row[8:]) for row in sorted(found.fetchall())]
 
 
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -276,6 +301,7 @@ STEPS: dict[str, Step] = {
     "FINISH": finish,
     "ADVANCE": advance,
     "RELEASE": release,
+    "HANDBACK": handback,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
     "NEXT_READY_QUEUES": next_ready_queues,
