@@ -9,8 +9,8 @@ batch's runs are distinct (the protocol sends a run at most once per batch) and 
 order before "now" is read, as every batch locks them (lock order).
 
 ``sql`` builds the statements from its own fence, clock and head (``sql.FINISH_MANY``,
-``sql.ADVANCE_MANY``), so they live beside the others they must agree with (tests/unfenced.py
-rewrites them there).
+``sql.ADVANCE_MANY``), so they live beside the others they must agree with
+(tests/support/unfenced.py rewrites them there).
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ NOTIFY_CHANNEL = "leasekeeper.{schema}"  # work: a run became claimable, or will
 END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 
 # The fence every write after a claim carries (R2, R5): the run's lease is this one, and live;
-# ``l`` is the lease row, ``clock`` in the FROM list. (tests/unfenced.py rewrites these two
+# ``l`` is the lease row, ``clock`` in the FROM list. (tests/support/unfenced.py rewrites these two
 # constants to break the fence on purpose.)
 _FENCE = """l.run_id = %(run_id)s AND l.task_id = %(task_id)s AND l.owner = %(owner)s
     AND l.attempts = %(attempt)s AND l.expires_at > clock.now"""
