@@ -5,9 +5,9 @@ lease another worker already took over, under kills and pauses?
 kill,pause``, ``--max-attempts 20``. SQLite: one supervisor, ``-n 2 --concurrency 8``, plain
 handlers and ``async def`` ones. PostgreSQL: two supervisors of ``-n 4`` on one database. Every
 handler appends ``start``/``end``/``lost`` lines to an O_APPEND ledger (tests/apps/ledger_app.py);
-tests/ledger.py judges it: no handler of attempt k starts after attempt k+1 of its task began,
-and no live worker loses a lease within 100 ms of a start. The chaos verifier's own verdict and
-every run's single write per step are checked too.
+tests/support/ledger.py judges it: no handler of attempt k starts after attempt k+1 of its task
+began, and no live worker loses a lease within 100 ms of a start. The chaos verifier's own verdict
+and every run's single write per step are checked too.
 
     scripts/soak [--backends sqlite,postgres] [--runs 1000]
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "support")]  # apps, and the support
 
 import ledger  # noqa: E402 - the tests' judge, shared
 from sv_harness import Supervisor  # noqa: E402 - the tests' process harness, shared

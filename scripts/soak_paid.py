@@ -3,7 +3,7 @@ call (fn takes 100-500 ms) under kill+pause chaos (``--lease-ttl 1 --max-attempt
 slots, a fault every 0.5 s in all): on SQLite one supervisor ``-n 4 --concurrency 2``, on
 PostgreSQL two sharing the database (a fault every 1 s each), ``-n 2 --concurrency 2`` and
 ``-n 4`` (handlers on the main thread, their calls handed to the paid-call thread).
-tests/paid_ledger.py runs and judges each soak: every extra payment is a call in flight at a
+tests/support/paid_ledger.py runs and judges each soak: every extra payment is a call in flight at a
 fault (at most two struck in the keep's own milliseconds), ``paid_again`` >= the extra
 payments, every ``once`` returned the first kept answer, every run succeeded.
 tests/chaos/test_paid_chaos.py runs the same with 100 runs.
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "support")]  # apps, and the support
 
 import paid_ledger  # noqa: E402 - the tests' soak and judge, shared
 

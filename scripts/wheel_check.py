@@ -8,7 +8,8 @@
    store's named queries (``.sql``), both ``py.typed`` markers and the license.
 4. Install the wheel with its extras into a fresh virtual environment, then, with only that
    environment on PATH: the version matches the metadata, the tutorial and the README's first
-   run work as written (tests/docs_blocks.py), and the dashboard serves a page and a static file.
+   run work as written (tests/support/docs_blocks.py), and the dashboard serves a page and a
+   static file.
 
 Prints one PASS line per check and the time it took; exits 1 at the first failure.
 """
@@ -164,7 +165,7 @@ def check_installed(venv: Path, work: Path) -> str:
 
 
 def check_pages(venv: Path, pages: Sequence[str]) -> str:
-    runner = ROOT / "tests" / "docs_blocks.py"
+    runner = ROOT / "tests" / "support" / "docs_blocks.py"
     return run([str(venv / "bin" / "python"), str(runner), *pages], env=user_env(venv)).strip()
 
 

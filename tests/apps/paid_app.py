@@ -1,5 +1,5 @@
 """Test app of the paid-call tests: every paid call accounted for by an OUTSIDE ledger
-(tests/paid_ledger.py judges it; tests/chaos/test_paid_chaos.py,
+(tests/support/paid_ledger.py judges it; tests/chaos/test_paid_chaos.py,
 tests/process/test_paid_process.py and scripts/soak_paid.py run it).
 
 Each handler appends JSON lines to the O_APPEND file its payload names (``ledger``), one

@@ -21,8 +21,8 @@ from typing import Any
 import pg_session
 import pytest
 from apps.features_app import API_CAP, TENANT_CAP
+from limit_spans import entries, live_spans, most_at_once
 from sv_harness import Supervisor
-from test_limits_chaos import entries, live_spans, most_at_once
 from webhook_receiver import Receiver
 
 from workerproc.store import open_store

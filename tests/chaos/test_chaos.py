@@ -159,9 +159,9 @@ def test_chaos_alone_never_fails_a_run_when_steps_outlast_the_fault_interval(sv:
 
 
 def test_the_verifier_reports_a_violation_when_fencing_is_disabled(sv: Supervisor):
-    """Handlers outlive the pause: with the fence broken (by the test app, tests/unfenced.py), a
-    woken zombie commits before its successor, and the verifier must say so (and the exit code
-    too)."""
+    """Handlers outlive the pause: with the fence broken (by the test app,
+    tests/support/unfenced.py), a woken zombie commits before its successor, and the verifier
+    must say so (and the exit code too)."""
     enqueue(sv, runs=6, steps=1, sleep=2.0)
     report = chaos_run(
         sv,

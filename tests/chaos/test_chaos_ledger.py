@@ -1,5 +1,5 @@
-"""The start rule under chaos, judged by the handlers' own ledger (tests/ledger.py), not by the
-workers or the verifier: a short-ttl soak with kills and pauses, on SQLite with slots and on
+"""The start rule under chaos, judged by the handlers' own ledger (tests/support/ledger.py), not by
+the workers or the verifier: a short-ttl soak with kills and pauses, on SQLite with slots and on
 PostgreSQL with two supervisors sharing the database. No handler of attempt k may start after
 attempt k+1 of the same task started, and no live worker may lose a lease within 100 ms of
 starting its handler; the verifier's own liveness rule must hold too. (``scripts/soak`` runs

@@ -12,13 +12,12 @@ mode does (every 50 ms); what happens between looks is what the test does throug
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
+from chaos_fakes import TTL, StoreGate
 from helpers import FakeClock
-from test_supervisor_decisions import FakeGate, FakeProcs, make_arbiter
+from supervisor_fakes import FakeProcs, make_arbiter
 
 from supervisor.chaos import Chaos
 from supervisor.chaos.verifier import FaultEvent, Verifier
@@ -29,7 +28,6 @@ from workerproc.status import IDLE
 from workerproc.store import AttemptEnd, Commit, Lease, Store, TaskOptions, WorkerInfo
 from workerproc.store.limits import LimitSpec
 
-TTL = 1.0
 LOOK = 0.05  # chaos mode's OBSERVE_EVERY
 
 
@@ -295,21 +293,6 @@ def test_a_faulted_task_never_taken_over_when_the_drain_ends_is_a_lost_run(
 
 
 # -- a pool that stands still --------------------------------------------------------------
-class StoreGate(FakeGate):
-    """Work is always ready; the chaos step's sessions are the test's store."""
-
-    def __init__(self, store: Store) -> None:
-        super().__init__()
-        self.store = store
-
-    def ready_now(self, queues: object = None) -> bool:
-        return True
-
-    @contextmanager
-    def session(self, **_: object) -> Iterator[Store]:
-        yield self.store
-
-
 @pytest.mark.parametrize(("seconds", "violated"), [(8, False), (12, True)])
 def test_a_pool_that_claims_nothing_for_ten_ttls_while_work_is_ready_is_no_progress(
     store: Store, clock: FakeClock, seconds: int, violated: bool

@@ -1,9 +1,9 @@
 """Every paid call accounted for (B13) under chaos, small: runs of one paid call each under
 kill+pause chaos on both backends (PostgreSQL: two supervisors sharing the database), judged by an
-outside ledger the handlers write (tests/paid_ledger.py says what it proves). Every extra payment
-is a call a fault struck in flight (at most two in the keep's own milliseconds), ``paid_again``
-counts at least every one of them, every ``once`` returned the first kept answer, every run
-succeeded. scripts/soak-paid runs the same at the acceptance's 300 runs (.ci/run, after
+outside ledger the handlers write (tests/support/paid_ledger.py says what it proves). Every extra
+payment is a call a fault struck in flight (at most two in the keep's own milliseconds),
+``paid_again`` counts at least every one of them, every ``once`` returned the first kept answer,
+every run succeeded. scripts/soak-paid runs the same at the acceptance's 300 runs (.ci/run, after
 scripts/test)."""
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from cli_runner import invoke
 from helpers import FakeClock
+from notify_fakes import FlakyGate, fake_arbiter
 from prometheus_client.parser import text_string_to_metric_families
 from sv_harness import Supervisor
-from test_notify import FlakyGate, fake_arbiter
 from web_helpers import client, text_of
 
 from supervisor import exitcodes

@@ -19,29 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
+from deploy_files import DOCKERFILE, ENV_FILE, K8S, ROOT, SUPERVISORD_CONF, UNIT
+from tools import require_tool
 
 from supervisor.config import Timing
 from workerproc.config import WorkerConfig
 
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-UNIT = DEPLOY / "systemd" / "leasekeeper.service"
-ENV_FILE = DEPLOY / "systemd" / "leasekeeper.env"
-SUPERVISORD_CONF = DEPLOY / "supervisord" / "leasekeeper.conf"
-DOCKERFILE = DEPLOY / "container" / "Dockerfile"
-K8S = DEPLOY / "container" / "k8s.yaml"
 GRACE = WorkerConfig(db="x", app="m:a").graceful_timeout  # the default --graceful-timeout
 FAST_STOP = Timing().fast_stop_grace
-
-
-def require_tool(name: str, path: str | None, package: str) -> str:
-    if path:
-        return path
-    why = f"{name} is not installed (apt-get install -y {package}; .ci/run does it)"
-    if os.environ.get("LEASEKEEPER_REQUIRE_TOOLS"):
-        pytest.fail(why)
-    pytest.skip(why)
 
 
 # -- systemd -------------------------------------------------------------------------------

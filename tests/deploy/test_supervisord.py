@@ -21,9 +21,10 @@ from typing import Any
 
 import psutil
 import pytest
+from deploy_files import SUPERVISORD_CONF
 from helpers import wait_for
-from sv_harness import TESTS, gone, marker_lines
-from test_deploy import SUPERVISORD_CONF, require_tool
+from sv_harness import SUPPORT, TESTS, gone, marker_lines
+from tools import require_tool
 
 from workerproc.store import open_store
 
@@ -52,7 +53,7 @@ def program_section(tmp: Path) -> dict[str, str]:
     assert "\n" in prog["command"]
     prog["directory"] = str(tmp)
     prog["stdout_logfile"] = str(tmp / "leasekeeper.log")
-    prog["environment"] = f'PYTHONPATH="{TESTS}"'
+    prog["environment"] = f'PYTHONPATH="{TESTS}{os.pathsep}{SUPPORT}"'
     del prog["user"]  # the test runs as whoever runs it
     return prog
 

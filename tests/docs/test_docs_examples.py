@@ -1,6 +1,6 @@
 """Every code block of README.md and of the docs site that is meant to be run runs, exactly as
-written, with only the set-up its page shows (tests/docs_blocks.py says how blocks are marked).
-A page whose blocks read ``DATABASE_URL`` gets a PostgreSQL database of its own."""
+written, with only the set-up its page shows (tests/support/docs_blocks.py says how blocks are
+marked). A page whose blocks read ``DATABASE_URL`` gets a PostgreSQL database of its own."""
 
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ import pytest
 from cli_runner import invoke
 from helpers import FakeClock, wait_for
 from procs import spawn_worker
-from test_worker_process import procs, workdir  # noqa: F401 - fixtures
 
 from workerproc import __version__
 from workerproc.store import Store, WorkerInfo, open_store
@@ -60,8 +59,8 @@ def test_a_row_long_silent_goes_when_another_worker_starts(s: Store, clock: Fake
 @pytest.mark.slow
 def test_a_real_worker_lists_itself_beats_and_leaves(
     db: str,
-    workdir: Path,  # noqa: F811
-    procs: list,  # noqa: F811
+    workdir: Path,
+    procs: list,
 ) -> None:
     store = open_store(db)
     a = spawn_worker(db, workdir, "--lease-ttl", "1.5", "--concurrency", "3", name="a")

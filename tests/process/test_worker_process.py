@@ -27,11 +27,6 @@ from workerproc.store import Store, is_postgres_url, open_store
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def workdir(tmp_path: Path) -> Path:
-    return tmp_path
-
-
 @contextlib.contextmanager
 def write_lock_held(db: str) -> Iterator[None]:
     """Hold the database's write lock from another connection (every write waits)."""
@@ -55,14 +50,6 @@ def real_store(db: str) -> Iterator[Store]:
     s = open_store(db)
     yield s
     s.close()
-
-
-@pytest.fixture
-def procs() -> Iterator[list[Proc]]:
-    started: list[Proc] = []
-    yield started
-    for p in started:
-        p.kill()
 
 
 def started(workdir: Path, run_id: int, n: int = 1) -> list[list[str]]:

@@ -9,18 +9,14 @@ from collections.abc import Sequence
 
 import pytest
 from helpers import FakeClock
+from limits_helpers import limited
 from store_backends import Backend
 
-from workerproc.store import ClaimRequest, Commit, Lease, Store, TaskOptions
+from workerproc.store import ClaimRequest, Commit, Lease, Store
 from workerproc.store.dialect import Params, Row, Tx
 from workerproc.store.limits import LimitSpec
 
 TTL = 30.0
-
-
-def limited(s: Store, *limits: LimitSpec, task: str = "call", tokens: int | None = None) -> None:
-    s.register_tasks({task: TaskOptions(limits=tuple(x.name for x in limits), tokens=tokens)})
-    assert s.declare_limits({x.name: x for x in limits}, by="here") == []
 
 
 def claims(s: Store, n: int, owner: str = "w") -> list[Lease]:

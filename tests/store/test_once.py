@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import FakeClock
+from once_helpers import claim, ctx_of
 from store_backends import Backend
 
 from workerproc import LeaseLost, OnceCall
@@ -27,16 +28,6 @@ def book(backend: Backend, clock: FakeClock) -> Iterator[CallBook]:
     calls = CallBook(lambda: backend.open(clock))
     yield calls
     calls.close()
-
-
-def claim(s: Store, owner: str) -> Lease:
-    lease = s.claim(owner, TTL)
-    assert lease is not None
-    return lease
-
-
-def ctx_of(lease: Lease, book: CallBook) -> TaskContext:
-    return TaskContext(lease, threading.Event(), calls=book)
 
 
 class Bill:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
+from once_helpers import claim, ctx_of
 from store_backends import Backend
-from test_once import claim, ctx_of
 
 from workerproc import LeaseLost
 from workerproc.config import WorkerConfig

@@ -125,8 +125,8 @@ def zombie_finish(backend: Backend) -> tuple[bool, str, int]:
 def test_the_broken_test_store_really_lets_a_zombie_write(
     backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
-    """The chaos verifier's must-fail test runs on tests/unfenced.py; prove that it breaks the
-    fence of each backend (and that the same zombie is refused by the real store)."""
+    """The chaos verifier's must-fail test runs on tests/support/unfenced.py; prove that it breaks
+    the fence of each backend (and that the same zombie is refused by the real store)."""
     assert zombie_finish(backend) == (False, "lease_lost", 0)
     (tmp_path / "unfenced").mkdir()
     other = type(backend)(str(tmp_path / "unfenced"))  # a fresh database

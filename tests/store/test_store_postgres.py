@@ -20,12 +20,12 @@ import pg_session
 import psycopg
 import pytest
 from helpers import wait_for
+from pg_counting import CountingDialect, counting_store
 from store_backends import PostgresBackend, advance, finish, renew_until
 
 from supervisor.loop.storegate import StoreGate
 from workerproc.store import (
     SchemaTooNew,
-    Store,
     StoreCorrupt,
     StoreError,
     StoreUnavailable,
@@ -342,23 +342,6 @@ def test_workers_survive_their_backends_being_killed_under_load(
 
 
 # -- change_token --------------------------------------------------------------------------------
-class CountingDialect(PostgresDialect):
-    """Counts the store's own transactions: change_token must not make any."""
-
-    transactions = 0
-
-    def _transaction(self, *args: Any, **kwargs: Any) -> Any:
-        CountingDialect.transactions += 1
-        return super()._transaction(*args, **kwargs)
-
-
-def counting_store(url: str) -> Store:
-    """A store on ``url`` whose dialect counts its transactions."""
-    store = open_store(url)
-    store.dialect.__class__ = CountingDialect  # the same dialect, counting
-    return store
-
-
 def test_change_token_costs_no_round_trip_and_wakes_on_notify(pg: PostgresBackend) -> None:
     reader, writer = counting_store(pg.url), pg.open()
     token = reader.change_token()

@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from cli_runner import invoke
 from helpers import wait_for
+from pg_counting import CountingDialect, counting_store
 from store_backends import PostgresBackend, finish
-from test_store_postgres import CountingDialect, counting_store
 
 from supervisor import exitcodes
 from workerproc.store.postgres import sql as postgres_sql

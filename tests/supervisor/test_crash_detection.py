@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import FakeClock, wait_for
-from test_supervisor_decisions import FakeGate, FakeProcs, exited, make_arbiter
+from supervisor_fakes import FakeGate, FakeProcs, exited, make_arbiter
 
 from supervisor import exitcodes
 from supervisor.loop.arbiter import Arbiter, Step

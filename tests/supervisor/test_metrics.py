@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import FakeClock, wait_for
+from notify_fakes import FlakyGate, fake_arbiter
 from prometheus_client.parser import text_string_to_metric_families
 from sv_harness import Supervisor
-from test_notify import FlakyGate, fake_arbiter
 
 from supervisor.errors import SupervisorError
 from supervisor.integrations import http as metrics_http

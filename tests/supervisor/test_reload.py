@@ -23,8 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import wait_for
+from notify_fakes import Listener
 from sv_harness import Supervisor, env_with_tests
-from test_notify import Listener
 
 from supervisor import exitcodes
 from supervisor.integrations.notify import ENV_SOCKET, ENV_WATCHDOG_USEC

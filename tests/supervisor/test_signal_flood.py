@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sv_harness import TESTS, Supervisor
+from sv_harness import SUPPORT, Supervisor
 
 from supervisor.loop.signals import SignalInbox
 
@@ -70,7 +70,7 @@ def test_a_wedged_supervisor_acts_on_term_after_a_sigchld_flood(
     """While its loop is blocked the supervisor records a TERM, two TTINs and hundreds of
     SIGCHLDs; once the loop runs again it acts on all three action signals, in order."""
     wedge = tmp_path / "wedge"
-    sv.command = [sys.executable, str(TESTS / "wedged_supervisor.py"), str(wedge)]
+    sv.command = [sys.executable, str(SUPPORT / "wedged_supervisor.py"), str(wedge)]
     sv.start(n=1)
     sv.wait_event("ready")
     wedge.touch()

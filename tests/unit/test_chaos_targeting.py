@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 from helpers import FakeClock
-from test_supervisor_decisions import FakeProcs, make_pool
+from supervisor_fakes import FakeProcs, make_pool
 
 from supervisor.chaos.targets import Targeting
 from supervisor.loop.pool import Pool, WorkerProcess

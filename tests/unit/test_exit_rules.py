@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from chaos_fakes import TTL, StoreGate
 from helpers import FakeClock
-from test_chaos_verdict import TTL, StoreGate
-from test_supervisor_decisions import FakeProcs, make_arbiter
+from supervisor_fakes import FakeProcs, make_arbiter
 
 from supervisor import exitcodes
 from supervisor.chaos import Chaos

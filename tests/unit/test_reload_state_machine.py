@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
-from test_supervisor_decisions import FakeGate, FakeProcs, exited, killed, make_pool
+from supervisor_fakes import FakeGate, FakeProcs, exited, killed, make_pool
 
 from supervisor.config import StartConfig, Timing
 from supervisor.integrations.notify import status_line

@@ -27,7 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 from sv_harness import Supervisor
-from test_deploy import require_tool
+from tools import require_tool
 from web_process import WebProcess
 
 from supervisor import exitcodes

@@ -28,7 +28,7 @@ from workerproc.store import open_store
 
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parents[1]  # tests/: the apps and the support scripts
+SUPPORT = Path(__file__).resolve().parents[1] / "support"  # the support scripts
 SOURCES, PER_SOURCE = 9, PER_CLIENT  # the reproduction's numbers: 9 x 32
 ATTACK = 25.0  # seconds: past two request timeouts (10 s), so slots turn over under it
 ANSWER_BOUND = 10.0  # seconds a legitimate GET may take (it takes milliseconds: a shared box)
@@ -81,7 +81,7 @@ def test_legitimate_gets_are_answered_during_a_slow_body_attack(
     proc, headers = web
     host, port = address(proc)
     attacker = subprocess.Popen(
-        [sys.executable, str(TESTS / "slow_body_attack.py"), host, str(port), str(ATTACK),
+        [sys.executable, str(SUPPORT / "slow_body_attack.py"), host, str(port), str(ATTACK),
          str(SOURCES), str(PER_SOURCE)],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

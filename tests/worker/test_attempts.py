@@ -20,6 +20,7 @@ import pg_session
 import psutil
 import psycopg
 import pytest
+from attempts_helpers import PAUSE, WORKER, Renewals, lapse, pause, stopped
 from helpers import FakeClock, reports, wait_for
 from procs import Proc, spawn_worker
 from store_backends import TTL, claim, finish
@@ -32,16 +33,11 @@ from workerproc.store import (
     ClaimRequest,
     Commit,
     Lease,
-    Renewal,
     Run,
     Store,
     StoreUnavailable,
     open_store,
 )
-
-
-def lapse(clock: FakeClock, ttl: float = TTL) -> None:
-    clock.advance(ttl + 0.001)
 
 
 def test_a_lease_that_lapses_before_its_start_spends_no_attempt(s: Store, clock: FakeClock) -> None:
@@ -131,25 +127,6 @@ def test_a_hand_back_after_the_start_was_recorded_still_spends_nothing(
 
 
 # -- real workers ----------------------------------------------------------------------------------
-WORKER = ["--app", "apps.attempts_app:app", "--lease-ttl", "1", "--poll-interval", "0.05",
-          "--max-attempts", "3", "--concurrency", "2"]  # fmt: skip
-PAUSE = 1.6  # past the 1 s ttl: every lease the worker holds lapses meanwhile
-
-
-def stopped(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_STOPPED
-    except psutil.NoSuchProcess:
-        return False
-
-
-def pause(worker: Proc, seconds: float = PAUSE) -> None:
-    worker.signal(signal.SIGSTOP)
-    wait_for(lambda: stopped(worker.pid), timeout=10, interval=0.001, what="the worker stopped")
-    time.sleep(seconds)  # the pause itself is what is under test
-    worker.signal(signal.SIGCONT)
-
-
 def ended(store: Store, run_id: int) -> Run | None:
     run = store.get_run(run_id)
     return run if run is not None and run.terminal else None
@@ -320,20 +297,6 @@ def prefetch_round(tmp_path: Path, db: str) -> None:
 
 
 # -- the worker's own bookkeeping ------------------------------------------------------------------
-class Renewals:
-    """A store stand-in for the heartbeat: renews everything, records what each round marked."""
-
-    def __init__(self) -> None:
-        self.starting: list[list[int]] = []
-
-    def renew_each(self, leases: list[Lease], ttl: float, *, starting: Any = ()) -> list[Renewal]:
-        self.starting.append([lease.task_id for lease in starting])
-        return [Renewal(time.time() + ttl) for _ in leases]
-
-    def close(self) -> None:
-        pass
-
-
 def heartbeat(store: Any, lost: list[tuple[int, int]]) -> Heartbeat:
     return Heartbeat(lambda: store, ttl=30.0, interval=10.0, post=reports(
                      on_lost=lambda lease, why: lost.append((lease.task_id, lease.attempt)),

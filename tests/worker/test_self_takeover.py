@@ -18,11 +18,11 @@ from typing import Any
 
 import ledger
 import pytest
+from attempts_helpers import WORKER, Renewals, lapse, pause
 from helpers import FakeClock, reports, wait_for
+from limits_helpers import limited
 from procs import spawn_worker
 from store_backends import TTL, claim
-from test_attempts import WORKER, Renewals, lapse, pause
-from test_limits import limited
 
 from workerproc import App, TaskContext, exitcodes, testing
 from workerproc.config import WorkerConfig

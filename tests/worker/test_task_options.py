@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from sv_harness import env_with_tests
-from test_slots import worker
+from worker_fakes import worker
 
 from supervisor import exitcodes
 from supervisor.commands.cli import cli

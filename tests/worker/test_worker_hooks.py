@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from sv_harness import Supervisor
-from test_slots import worker
+from worker_fakes import worker
 
 from workerproc import App, TaskContext, exitcodes
 from workerproc.store import open_store

@@ -10,7 +10,7 @@ distinct (the protocol sends a run at most once per statement) and locked in id 
 written: its run's id.
 
 ``sql`` builds the statements from its own fence, clock and head, so they live beside the
-others they must agree with (tests/unfenced.py rewrites them there).
+others they must agree with (tests/support/unfenced.py rewrites them there).
 """
 
 from __future__ import annotations

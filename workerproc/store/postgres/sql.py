@@ -40,7 +40,7 @@ END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 # The fence every write after a claim carries (R2, R5), the one fence of every statement: ``i``
 # holds the statement's leases (one row each: run_id, task_id, attempt, owner; a statement of
 # one lease takes ``_ONE``), ``l`` is the lease row, ``clock`` in the FROM list.
-# (tests/unfenced.py rewrites this constant to break the fence on purpose.)
+# (tests/support/unfenced.py rewrites this constant to break the fence on purpose.)
 _FENCE = """l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
     AND l.owner = i.owner AND l.expires_at > clock.now"""
 # the one lease of a single-lease statement, as ``i``

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TESTS = Path(__file__).parent
+TESTS = Path(__file__).resolve().parents[1]  # tests/: the apps package the workers import
 
 
 class Proc:

@@ -17,13 +17,14 @@ from helpers import wait_for
 
 from workerproc.store import Stats, open_store
 
-TESTS = Path(__file__).resolve().parent
+SUPPORT = Path(__file__).resolve().parent  # these modules and the support scripts
+TESTS = SUPPORT.parent  # the apps package the workers import
 APP = "apps.sv_app:app"
 
 
 def env_with_tests(extra_path: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    parts = [str(TESTS)] + ([extra_path] if extra_path else [])
+    parts = [str(TESTS), str(SUPPORT)] + ([extra_path] if extra_path else [])
     if env.get("PYTHONPATH"):
         parts.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(parts)

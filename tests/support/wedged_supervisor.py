@@ -1,7 +1,7 @@
 """``python -m supervisor`` whose main loop can be wedged by a test.
 
-Usage: ``python tests/wedged_supervisor.py WEDGE_FILE start ...``. Before the loop runs, one more
-step goes at the head of its steps: while ``WEDGE_FILE`` exists that step blocks (a bounded
+Usage: ``python tests/support/wedged_supervisor.py WEDGE_FILE start ...``. Before the loop runs,
+one more step goes at the head of its steps: while ``WEDGE_FILE`` exists that step blocks (a bounded
 wait), as a deadlocked supervisor would, and logs ``test_wedged`` / ``test_unwedged`` around it.
 The supervisor itself has no such hook; this test code adds it from outside.
 """

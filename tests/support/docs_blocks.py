@@ -15,7 +15,7 @@ its files, its tables, its first enqueue. ``supervisor`` and ``python`` are what
 on PATH: the project's virtual environment under pytest (tests/docs/test_docs_examples.py), a fresh
 one with the built wheel installed under ``scripts/wheel-check``, which runs this file directly:
 
-    python tests/docs_blocks.py docs/tutorial.md [more pages]
+    python tests/support/docs_blocks.py docs/tutorial.md [more pages]
 
 Standard library only: the wheel check runs it with the wheel's own Python.
 """
@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("file", "run", "output", "not run")
 FENCE = re.compile(
     r"^(?P<indent>[ ]*)(?P<fence>`{3,}|~{3,})(?P<lang>[\w+-]*)[^\n]*\n"
