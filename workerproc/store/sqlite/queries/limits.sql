@@ -42,48 +42,60 @@ UPDATE gates SET ready_at = min(coalesce(ready_at, :now), coalesce(turn, :now), 
 -- counted under every gate of their head task: a task of several limits waits in one line, behind
 -- all of its gates), its pause and its buckets.
 SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
-    FROM (SELECT g.key AS key, (SELECT count(*) FROM tasks
-        WHERE gate_a = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL) AS live, coalesce(w.n, 0) AS waiting,
-    CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused, g.used_tokens AS used,
-    g.level AS level, g.level_at AS level_at, g.tok_level AS tok_level, g.tok_at AS tok_at
-    FROM gates AS g LEFT JOIN (SELECT x.gate AS gate, count(*) AS n FROM (
-        SELECT CASE k.i WHEN 1 THEN t.gate_a WHEN 2 THEN t.gate_b ELSE t.gate_c END AS gate
-        FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
-             (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
-        WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
-          AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                          AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)) AS x
-    WHERE x.gate IN (SELECT gate FROM gates
-        WHERE lim = :lim) GROUP BY x.gate) AS w ON w.gate = g.gate WHERE g.lim = :lim)
+    FROM (SELECT g.key AS key,
+            (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL)
+            + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL)
+            + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL) AS live,
+            coalesce(w.n, 0) AS waiting,
+            CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused,
+            g.used_tokens AS used, g.level AS level, g.level_at AS level_at,
+            g.tok_level AS tok_level, g.tok_at AS tok_at
+        FROM gates AS g LEFT JOIN (
+            SELECT x.gate AS gate, count(*) AS n FROM (
+                SELECT CASE k.i WHEN 1 THEN t.gate_a WHEN 2 THEN t.gate_b ELSE t.gate_c END
+                    AS gate
+                FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
+                     (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
+                WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
+                  AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                                  AND a.lease_owner IS NOT NULL
+                                  AND a.lease_expires_at > :now)) AS x
+            WHERE x.gate IN (SELECT gate FROM gates WHERE lim = :lim) GROUP BY x.gate) AS w
+            ON w.gate = g.gate
+        WHERE g.lim = :lim)
     ORDER BY waiting + live DESC, key LIMIT :limit
 
 -- name: LIMIT_USE
 -- a limit's (:lim) totals over its gates: live leases, runs waiting behind them (counted as
 -- LIMIT_KEYS counts them), tokens used.
 SELECT sum(live), sum(waiting), sum(used)
-    FROM (SELECT g.key AS key, (SELECT count(*) FROM tasks
-        WHERE gate_a = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL) AS live, coalesce(w.n, 0) AS waiting,
-    CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused, g.used_tokens AS used,
-    g.level AS level, g.level_at AS level_at, g.tok_level AS tok_level, g.tok_at AS tok_at
-    FROM gates AS g LEFT JOIN (SELECT x.gate AS gate, count(*) AS n FROM (
-        SELECT CASE k.i WHEN 1 THEN t.gate_a WHEN 2 THEN t.gate_b ELSE t.gate_c END AS gate
-        FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
-             (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
-        WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
-          AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                          AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)) AS x
-    WHERE x.gate IN (SELECT gate FROM gates
-        WHERE lim = :lim) GROUP BY x.gate) AS w ON w.gate = g.gate WHERE g.lim = :lim)
+    FROM (SELECT g.key AS key,
+            (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL)
+            + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL)
+            + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
+                AND lease_expires_at > :now AND done_at IS NULL) AS live,
+            coalesce(w.n, 0) AS waiting,
+            CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused,
+            g.used_tokens AS used, g.level AS level, g.level_at AS level_at,
+            g.tok_level AS tok_level, g.tok_at AS tok_at
+        FROM gates AS g LEFT JOIN (
+            SELECT x.gate AS gate, count(*) AS n FROM (
+                SELECT CASE k.i WHEN 1 THEN t.gate_a WHEN 2 THEN t.gate_b ELSE t.gate_c END
+                    AS gate
+                FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
+                     (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
+                WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
+                  AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                                  AND a.lease_owner IS NOT NULL
+                                  AND a.lease_expires_at > :now)) AS x
+            WHERE x.gate IN (SELECT gate FROM gates WHERE lim = :lim) GROUP BY x.gate) AS w
+            ON w.gate = g.gate
+        WHERE g.lim = :lim)
 
 -- name: OPEN_GATES
 -- the gates whose line may admit a run now, the one served least recently first
@@ -93,19 +105,20 @@ SELECT gate FROM gates WHERE ready_at <= :now ORDER BY ready_at, gate
 -- name: GATE_STATE
 -- one gate, its limit's numbers, its buckets, its live leases and the first of them to end
 SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
-    g.level_at, g.tok_level, g.tok_at, g.paused_until, (SELECT count(*) FROM tasks
-        WHERE gate_a = g.gate AND lease_owner IS NOT NULL
+    g.level_at, g.tok_level, g.tok_at, g.paused_until,
+    (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
         AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
+    + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
         AND lease_expires_at > :now AND done_at IS NULL)
-        + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
+    + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
         AND lease_expires_at > :now AND done_at IS NULL),
-    (SELECT min(e) FROM (SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_a = g.gate
-        AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
+    (SELECT min(e) FROM (
+        SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_a = g.gate
+            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
         UNION ALL SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_b = g.gate
-        AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
+            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
         UNION ALL SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_c = g.gate
-        AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL))
+            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL))
     FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = :gate
 
 -- name: LINE_RUNS
