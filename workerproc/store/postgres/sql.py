@@ -273,6 +273,7 @@ def _claim_sql(queues: int | None, skip: bool = False) -> str:
 CLAIM = claim_sql(None)  # every queue, any limit (``steps.claim`` writes the limit in)
 
 
+# -- batched completions (R2, R5) -----------------------------------------------------------------
 # the completions, each one statement for a batch of N >= 1 commits (``batch_sql``): release
 # gives a task back after a delay, keeping the error (on the task and the run) and the
 # attempt's end in the history, and the run's head follows the task; hand-back gives back a
@@ -282,7 +283,7 @@ RELEASE = b.release(_CLOCK, _FENCE, head_of(
 ), ALIVE, NOTIFY, _COUNTS_OF)  # fmt: skip
 HANDBACK = b.handback(_CLOCK, _FENCE, NOTIFY)
 
-# finish / advance, the hot path: the compare-and-set above (fence included) for every commit
+# finish / advance, the hot path: the compare-and-set of CAS_STATE (fence included) for each commit
 # of the batch, then, only where it matched, the lease goes and its task is written done,
 # once. Finish clears the run's head (a finished run has none); advance inserts the next task
 # (its id drawn first) and makes it the head (unless a task of the run comes before it),
@@ -292,6 +293,7 @@ ADVANCE = b.advance(_CLOCK, _FENCE, head_of(
     "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
 ), ALIVE, NOTIFY)  # fmt: skip
 
+# -- named queries: renewals, the fenced commits of one lease (``queries/*.sql``) -------------
 QUERIES = load("workerproc.store.postgres", "claims.sql", style="pyformat") | load(
     "workerproc.store.postgres", "commits.sql", style="pyformat", internal=("LOCK_RUNS",)
 )
