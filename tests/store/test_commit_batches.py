@@ -10,6 +10,7 @@ from typing import get_args
 import pytest
 from helpers import FakeClock
 from store_backends import TTL
+from unfenced import SQLITE_FENCE
 
 from workerproc.store import Commit, Store
 from workerproc.store.dialect import ClaimRow, Tx
@@ -96,19 +97,22 @@ def test_a_claims_rows_are_typed_on_every_backend(s: Store) -> None:
 
 
 @pytest.mark.parametrize(
-    ("module", "fenced"),
+    ("module", "fence", "fenced"),
     [
-        (sqlite_sql, ["CHECK_FENCE", "TASK_DONE", "HANDBACK_TASK", "RELEASE_TASK",
-                      "TASK_FAILED", "CAS_STATE", "CAS_FINISH", "RENEW"]),
-        (postgres_sql, ["CHECK_FENCE", "TASK_DONE", "HANDBACK", "RELEASE", "TASK_FAILED",
-                        "CAS_STATE", "FINISH", "ADVANCE", "RENEW_MANY"]),
+        (sqlite_sql, SQLITE_FENCE, ["CHECK_FENCE", "TASK_DONE", "HANDBACK_TASK", "RELEASE_TASK",
+                                    "TASK_FAILED", "CAS_STATE", "CAS_FINISH", "RENEW"]),
+        (postgres_sql, postgres_sql._FENCE, ["CHECK_FENCE", "TASK_DONE", "HANDBACK", "RELEASE",
+                                             "TASK_FAILED", "CAS_STATE", "FINISH", "ADVANCE",
+                                             "RENEW_MANY"]),
     ],
 )  # fmt: skip
-def test_one_fence_per_dialect(module: object, fenced: list[str]) -> None:
-    """Every fenced statement of the commits and renewals carries the dialect's one fence."""
+def test_one_fence_per_dialect(module: object, fence: str, fenced: list[str]) -> None:
+    """Every fenced statement of the commits and renewals carries the dialect's one fence
+    (SQLite's is written out in each of its queries: the fence check's whole condition)."""
     assert not hasattr(module, "_FENCE_EACH")
-    fence = module._FENCE  # type: ignore[attr-defined]
     assert [name for name in fenced if fence not in getattr(module, name)] == []
+    if module is sqlite_sql:
+        assert f"SELECT run_id FROM tasks WHERE {fence}" == sqlite_sql.CHECK_FENCE
 
 
 def test_postgres_completions_take_a_values_row_per_commit() -> None:

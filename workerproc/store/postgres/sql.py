@@ -1,7 +1,22 @@
-"""The PostgreSQL backend's claims, renewals and fenced commits, each statement named with its
-one-line purpose (producers and operators are in ``ops_sql``, reads in ``reads_sql``). A name
-of ``store.dialect.STATEMENTS`` is a statement of the protocol's vocabulary; the others are
-parts that ``steps`` or the dialect run (``LOCK_RUNS``).
+"""The PostgreSQL backend's claims, renewals and fenced commits (producers and operators are
+in ``ops_sql``, reads in ``reads_sql``). A name of ``store.dialect.STATEMENTS`` is a statement
+of the protocol's vocabulary; the others are parts that ``steps`` or the dialect run
+(``LOCK_RUNS``).
+
+Its queries are in ``queries/claims.sql`` (a claim's aftermath and the renewals) and
+``queries/commits.sql`` (the fenced commits of one lease, the attempt history), each named and
+described there (loaded and checked when this module is imported). What stays here is composed
+at runtime, or shares its text with what is:
+
+- the claims (``claim_sql``): a walk of the claim index per served queue, so the text depends
+  on how many queues a worker names, and the number of leases may be written into it; the
+  gated claim (``CLAIM_RUNS``) ends as every claim does (``_LEASING``), so it is composed from
+  the same part instead of repeating it;
+- the batched completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``): templates of
+  ``batch_sql``, each given a VALUES row per commit of the batch when it runs (``sized``);
+  they are written from this module's fence (``_FENCE``), head (``head_of``) and notification
+  (``NOTIFY``);
+- the notification channels, named after the schema (``NOTIFY_CHANNEL``, ``END_CHANNEL``).
 
 Time: ``%(now)s`` is NULL in production, and then every statement reads the database clock
 (``clock_timestamp()``) once, inside the statement; a test injects its clock through the same
@@ -21,34 +36,24 @@ from __future__ import annotations
 
 from functools import cache
 
+from ..queries import load, texts
 from . import batch_sql as b
 from .fragments import CLOCK as _CLOCK
-from .fragments import CLOCK_CTE as _CLOCK_CTE
 from .fragments import NO_HEAD as _NO_HEAD
 
 ALIVE = "('pending')"  # a run that may still change (a lease on it says "running")
-# the run row of the lease, locked first (lock order: run, then its lease and tasks)
-_LOCK_RUN = "run AS MATERIALIZED (SELECT id FROM runs WHERE id = %(run_id)s FOR UPDATE)"
-# "now" read after the run lock is held (a row of the locked CTE must exist first)
-_NOW_AFTER_LOCK = f"clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM run)"
-_LOCKED = f"WITH {_LOCK_RUN}, {_NOW_AFTER_LOCK}"
 # work became claimable: idle workers listen on the schema's channel (folded per transaction)
 NOTIFY = "pg_notify('leasekeeper.' || current_schema(), '')"
 NOTIFY_CHANNEL = "leasekeeper.{schema}"  # work: a run became claimable, or will be sooner
 END_CHANNEL = "leasekeeper.{schema}.end"  # a watched run ended (Store.wait)
 
 # The fence every write after a claim carries (R2, R5), the one fence of every statement: ``i``
-# holds the statement's leases (one row each: run_id, task_id, attempt, owner; a statement of
-# one lease takes ``_ONE``), ``l`` is the lease row, ``clock`` in the FROM list.
-# (tests/support/unfenced.py rewrites this constant to break the fence on purpose.)
+# holds the statement's leases (one row each: run_id, task_id, attempt, owner), ``l`` is the
+# lease row, ``clock`` in the FROM list. The statements of ``queries/*.sql`` write it out alike.
+# (tests/support/unfenced.py rewrites it, in every statement, to break the fence on purpose.)
 _FENCE = """l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
     AND l.owner = i.owner AND l.expires_at > clock.now"""
-# the one lease of a single-lease statement, as ``i``
-_ONE = """(SELECT %(run_id)s::bigint AS run_id, %(task_id)s::bigint AS task_id,
-    %(attempt)s::int AS attempt, %(owner)s::text AS owner) AS i"""
-# the lease ends: its row goes, and what it counted is written on its task (once)
-_ENDED = f"""fenced AS MATERIALIZED (
-    DELETE FROM leases AS l USING clock, {_ONE} WHERE {_FENCE} RETURNING l.*)"""
+# what an ended lease counted, written on its task
 _COUNTS_OF = """attempts = f.attempts, attempt_base = f.attempt_base, claimed_at = f.claimed_at"""
 
 
@@ -268,71 +273,7 @@ def _claim_sql(queues: int | None, skip: bool = False) -> str:
 CLAIM = claim_sql(None)  # every queue, any limit (``steps.claim`` writes the limit in)
 
 
-# claim (R6): a claim past max_attempts hands nothing out: the lease goes (its counts stay on
-# the task), the run fails (FAIL_RUN); the task's last error says why
-DROP_EXHAUSTED_LEASE = """WITH gone AS (
-    DELETE FROM leases WHERE run_id = %(run_id)s AND task_id = %(task_id)s
-    RETURNING task_id, attempts, attempt_base, claimed_at)
-UPDATE tasks AS t SET attempts = g.attempts, attempt_base = g.attempt_base,
-    claimed_at = g.claimed_at FROM gone AS g WHERE t.id = g.task_id RETURNING t.last_error"""
-FAIL_RUN = f"""{_CLOCK_CTE} UPDATE runs SET status = 'failed', failure_reason = %(reason)s,
-    last_error = coalesce(%(error)s, last_error), finished_at = now, updated_at = now,
-    {_NO_HEAD} FROM clock WHERE id = %(run_id)s AND status IN {ALIVE} RETURNING id"""
-
-# -- renewals (R3) --------------------------------------------------------------------------------
-# every lease of one owner in one statement: the runs are locked in id order first (no cycle
-# with a batched commit), "now" is read after; each lease matches its own (task id, attempt)
-# and the new expiry is max(old, now + ttl) (a HOT update: only the expiry changes); the
-# protocol records each lease refused as evidence, with its event, in the next transaction.
-# Each renewed lease also says whether its run is still alive (B15), read from the locked row
-# (the newest version: a cancel that committed while this waited for the lock is seen). The
-# leases whose handlers begin on this renewal (``starts``) are recorded as begun (B3).
-RENEW_MANY = f"""
-WITH run AS MATERIALIZED (
-    SELECT id, status FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE),
-clock AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT count(*) FROM run) AS locked),
-i AS (SELECT *, %(owner)s::text AS owner
-       FROM unnest(%(task_ids)s::bigint[], %(attempts)s::int[], %(runs)s::bigint[],
-                   %(starts)s::boolean[]) AS i(task_id, attempt, run_id, start)),
-renewed AS (
-    UPDATE leases AS l SET expires_at = greatest(l.expires_at, clock.now + %(ttl)s),
-        started = l.started OR i.start
-    FROM i, clock WHERE {_FENCE}
-    RETURNING l.task_id, l.attempts AS attempt, l.expires_at, l.run_id)
-SELECT n.task_id, n.attempt, n.expires_at, run.status IN {ALIVE}
-FROM renewed AS n JOIN run ON run.id = n.run_id"""
-
-# -- fenced writes (R2, R5) -------------------------------------------------------------------
-# a batch locks its runs in id order before its first write (two batches never wait on each
-# other in a cycle); each statement's own lock of its run is then a no-op
-LOCK_RUNS = "SELECT id FROM runs WHERE id = ANY(%(run_ids)s::bigint[]) ORDER BY id FOR UPDATE"
-
-# every fenced commit that is not one statement first asks: is this lease still the live one?
-CHECK_FENCE = f"{_LOCKED} SELECT l.run_id FROM leases AS l, clock, {_ONE} WHERE {_FENCE}"
-
-# ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
-# alive moves its head to its next pending task, if any
-TASK_DONE = f"""{_LOCKED}, {_ENDED},
-done AS (
-    UPDATE tasks AS t SET done_at = clock.now, done_attempt = %(attempt)s,
-        done_owner = %(owner)s, {_COUNTS_OF} FROM fenced AS f, clock WHERE t.id = f.task_id),
-moved AS (
-    UPDATE runs AS r SET {head_of("r.id", without="f.task_id")}, updated_at = clock.now
-    FROM fenced AS f, clock WHERE r.id = f.run_id AND r.status IN {ALIVE}
-    RETURNING r.head_id)
-SELECT f.task_id, (SELECT {NOTIFY} FROM moved WHERE head_id IS NOT NULL) FROM fenced AS f"""
-
-# every refused fenced write is kept: evidence that a zombie tried and was turned away
-INSERT_REJECTION = f"""INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
-    SELECT now, %(task_id)s, %(run_id)s, %(owner)s, %(attempt)s, %(op)s
-    FROM (SELECT {_CLOCK} AS now) AS clock"""
-
-# ack: a run whose last task is acknowledged has succeeded
-SUCCEED_IF_EMPTY = f"""{_CLOCK_CTE} UPDATE runs SET status = 'succeeded',
-    finished_at = now, updated_at = now, {_NO_HEAD} FROM clock
-    WHERE id = %(run_id)s AND status IN {ALIVE}
-      AND NOT EXISTS (SELECT 1 FROM tasks WHERE run_id = %(run_id)s AND done_at IS NULL)"""
-
+# -- batched completions (R2, R5) -----------------------------------------------------------------
 # the completions, each one statement for a batch of N >= 1 commits (``batch_sql``): release
 # gives a task back after a delay, keeping the error (on the task and the run) and the
 # attempt's end in the history, and the run's head follows the task; hand-back gives back a
@@ -342,21 +283,7 @@ RELEASE = b.release(_CLOCK, _FENCE, head_of(
 ), ALIVE, NOTIFY, _COUNTS_OF)  # fmt: skip
 HANDBACK = b.handback(_CLOCK, _FENCE, NOTIFY)
 
-# fail (fenced): the holder fails its run (FAIL_RUN first); its lease goes, the task keeps its
-# place for retry_run
-TASK_FAILED = f"""{_LOCKED}, {_ENDED}
-UPDATE tasks AS t SET last_error = coalesce(%(error)s, t.last_error), {_COUNTS_OF}
-    FROM fenced AS f WHERE t.id = f.task_id RETURNING t.id"""
-
-# compare_and_set (R5): the state moves only at the expected revision of a live run; the fence
-# rides along, so the happy path is one statement; the run row is locked before "now"
-CAS_STATE = f"""{_LOCKED}
-UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    updated_at = clock.now FROM clock WHERE r.id = %(run_id)s AND r.revision = %(revision)s
-      AND r.status IN {ALIVE} AND EXISTS (SELECT 1 FROM leases AS l, {_ONE} WHERE {_FENCE})
-    RETURNING r.id"""
-
-# finish / advance, the hot path: the compare-and-set above (fence included) for every commit
+# finish / advance, the hot path: the compare-and-set of CAS_STATE (fence included) for each commit
 # of the batch, then, only where it matched, the lease goes and its task is written done,
 # once. Finish clears the run's head (a finished run has none); advance inserts the next task
 # (its id drawn first) and makes it the head (unless a task of the run comes before it),
@@ -366,12 +293,13 @@ ADVANCE = b.advance(_CLOCK, _FENCE, head_of(
     "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
 ), ALIVE, NOTIFY)  # fmt: skip
 
-# -- the attempt history, written on the unhappy paths only (never on claim -> commit) ------------
-# an exhausted claim or a failure ends the lease's attempt without a commit; read from the
-# lease before the statement that ends it (the fence was checked already)
-ATTEMPT_ENDED = f"""INSERT INTO task_attempts (run_id, task_id, attempt, owner, claimed_at,
-        ended_at, outcome, error)
-    SELECT l.run_id, l.task_id, l.attempts, l.owner, l.claimed_at, clock.now, %(outcome)s,
-        %(error)s
-    FROM leases AS l, (SELECT {_CLOCK} AS now) AS clock
-    WHERE l.run_id = %(run_id)s AND l.task_id = %(task_id)s AND l.owner IS NOT NULL"""
+# -- named queries: renewals, the fenced commits of one lease (``queries/*.sql``) -------------
+QUERIES = load("workerproc.store.postgres", "claims.sql", style="pyformat") | load(
+    "workerproc.store.postgres", "commits.sql", style="pyformat", internal=("LOCK_RUNS",)
+)
+globals().update(texts(QUERIES))
+LOCK_RUNS: str = QUERIES["LOCK_RUNS"].sql  # (imported by name: the dialect locks a batch's runs)
+
+
+def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)
+    raise AttributeError(f"no query {name} in {__name__}")

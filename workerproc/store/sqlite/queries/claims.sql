@@ -1,0 +1,162 @@
+-- SQLite's claims and renewals (docs/protocol.md R1, R3, R6): the claim of the first
+-- claimable runs of the served queues, what a claimed task's handler is given, and a
+-- lease's renewal. A claim writes owner and expiry and counts the attempt; every write after
+-- it carries the fence (task id AND owner AND attempt AND a live lease).
+
+-- name: CLAIM
+-- claim (R1): one statement picks the first :limit claimable runs of every queue with pending
+-- work (the queues found by a loose index scan of the claim index, one seek per queue), a higher
+-- priority first, then in head order (the head is a run's first pending task in (available_at,
+-- created_at, id) order, kept by triggers), and claims each one's first task: writes owner and
+-- expiry and counts the attempt. A run is claimable when its head is due, it is alive, and none
+-- of its tasks holds a live lease; each picked run gives one task, so not even one statement can
+-- hand out two leases in one run. Priority levels are found by a loose index scan (a max() below
+-- the last one), so every walk of the claim index is bounded by head_at <= :now: delayed runs are
+-- never walked, however many there are, and a run with 100,000 tasks behind one live lease costs
+-- one index entry. A claim that takes over a lease whose handler never began spends no attempt
+-- (B3): its attempt_base moves with attempts, as a hand-back's does; and the claim records
+-- whether its own lease begins at once (:start) or waits (its start recorded by RENEW_MANY). A
+-- lease the claimer takes over from itself waits: its older handler may still run in that worker,
+-- and the new one begins only once it ended (SET reads the row as it was).
+WITH RECURSIVE
+  served(q) AS (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
+    UNION ALL
+    SELECT (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL AND queue > served.q)
+    FROM served WHERE q IS NOT NULL),
+  levels(q, p) AS (
+    SELECT q, (SELECT max(priority) FROM runs WHERE queue = served.q AND head_at IS NOT NULL)
+    FROM served WHERE q IS NOT NULL
+    UNION ALL
+    SELECT q, (SELECT max(priority) FROM runs
+               WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
+    FROM levels WHERE p IS NOT NULL),
+  picked(run_id) AS (
+    SELECT r.id FROM levels JOIN runs AS r ON r.id IN (
+        SELECT x.id FROM runs AS x
+        WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
+          AND +x.status IN ('pending', 'running')
+          AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                          WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
+                            AND a.lease_expires_at > :now)
+        ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
+    WHERE levels.p IS NOT NULL
+    ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
+UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
+    attempts = attempts + 1, claimed_at = :now,
+        attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
+    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)
+WHERE id IN (
+    SELECT (SELECT t.id FROM tasks AS t
+            WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
+              AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
+            ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
+    FROM picked)
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+    prev_owner IS NOT NULL
+
+-- name: CLAIM_QUEUES
+-- claim (R1) from the named queues (:queues, a JSON array), each one's priority levels walked as
+-- CLAIM walks every queue's.
+WITH RECURSIVE
+  served(q) AS (SELECT value FROM json_each(:queues)),
+  levels(q, p) AS (
+    SELECT q, (SELECT max(priority) FROM runs WHERE queue = served.q AND head_at IS NOT NULL)
+    FROM served WHERE q IS NOT NULL
+    UNION ALL
+    SELECT q, (SELECT max(priority) FROM runs
+               WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
+    FROM levels WHERE p IS NOT NULL),
+  picked(run_id) AS (
+    SELECT r.id FROM levels JOIN runs AS r ON r.id IN (
+        SELECT x.id FROM runs AS x
+        WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
+          AND +x.status IN ('pending', 'running')
+          AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                          WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
+                            AND a.lease_expires_at > :now)
+        ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
+    WHERE levels.p IS NOT NULL
+    ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
+UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
+    attempts = attempts + 1, claimed_at = :now,
+        attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
+    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)
+WHERE id IN (
+    SELECT (SELECT t.id FROM tasks AS t
+            WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
+              AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
+            ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
+    FROM picked)
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+    prev_owner IS NOT NULL
+
+-- name: CLAIM_OTHERS
+-- claim (R1) from every queue but those of :skip (a JSON array), as CLAIM: a worker's claim for
+-- its users' slots, which leaves the webhooks' queue to its delivery lane (B20).
+WITH RECURSIVE
+  served(q) AS (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
+    UNION ALL
+    SELECT (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL AND queue > served.q)
+    FROM served WHERE q IS NOT NULL),
+  levels(q, p) AS (
+    SELECT q, (SELECT max(priority) FROM runs WHERE queue = served.q AND head_at IS NOT NULL)
+    FROM served WHERE q IS NOT NULL AND q NOT IN (SELECT value FROM json_each(:skip))
+    UNION ALL
+    SELECT q, (SELECT max(priority) FROM runs
+               WHERE queue = levels.q AND head_at IS NOT NULL AND priority < levels.p)
+    FROM levels WHERE p IS NOT NULL),
+  picked(run_id) AS (
+    SELECT r.id FROM levels JOIN runs AS r ON r.id IN (
+        SELECT x.id FROM runs AS x
+        WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
+          AND +x.status IN ('pending', 'running')
+          AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                          WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
+                            AND a.lease_expires_at > :now)
+        ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
+    WHERE levels.p IS NOT NULL
+    ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
+UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
+    attempts = attempts + 1, claimed_at = :now,
+        attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
+    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)
+WHERE id IN (
+    SELECT (SELECT t.id FROM tasks AS t
+            WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
+              AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
+            ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
+    FROM picked)
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+    prev_owner IS NOT NULL
+
+-- name: RUN_STATE
+-- claim: hand the run's state and its queue to the handler, the claimed task's declared options
+-- (B11; NULL: none), the signal that resumed it if it waited for one, the run's parent and its
+-- join task (B14), and its trace context (tracing).
+SELECT state, revision, queue,
+    (SELECT options FROM task_options WHERE name = :name),
+    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task, traceparent
+    FROM runs WHERE id = :run_id
+
+-- name: DROP_EXHAUSTED_LEASE
+-- claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
+UPDATE tasks SET lease_owner = NULL, lease_expires_at = NULL
+    WHERE id = :task_id RETURNING last_error
+
+-- name: FAIL_RUN
+-- claim (R6), fail: the run fails, with its reason and its last error (the task's, if none is
+-- given); only a run still alive ('running': a run from before schema v9).
+UPDATE runs SET status = 'failed', failure_reason = :reason,
+    last_error = coalesce(:error, last_error), finished_at = :now, updated_at = :now
+    WHERE id = :run_id AND status IN ('pending', 'running')
+
+-- name: RENEW
+-- renew (R3): a live lease's new expiry (``steps.renew_many`` renews each lease of the batch in
+-- turn). Each renewed lease also says whether its run is still alive (B15): a cancelled run's
+-- holder hears it at its next renewal, and stops its handler. A lease whose handler begins on
+-- this renewal (``:start``) is recorded as begun (B3).
+UPDATE tasks SET lease_expires_at = max(lease_expires_at, :now + :ttl),
+    started = started OR :start
+    WHERE id = :task_id AND lease_owner = :owner AND attempts = :attempt
+    AND lease_expires_at > :now AND done_at IS NULL RETURNING id, attempts, lease_expires_at,
+    (SELECT status IN ('pending', 'running') FROM runs WHERE runs.id = tasks.run_id)
