@@ -188,16 +188,23 @@ def gate_state(tx: SQLiteTx, params: Params) -> list[Row]:
     return [row for row in found if row is not None]
 
 
-def set_limit(tx: SQLiteTx, params: Params) -> list[Row]:
-    changed = tx.conn.execute(q.SET_LIMIT_NUMBERS, params).rowcount
-    tx.conn.execute(q.REOPEN_LIMIT, params)
-    return [(params["name"],)] * changed
+def _then(write: str, then: str, key: str, *, if_changed: bool = False) -> Step:
+    """A step that is ``write``, then ``then`` (only when ``write`` changed a row, with
+    ``if_changed``), and answers a row (``params[key]``) per row ``write`` changed."""
+
+    def step(tx: SQLiteTx, params: Params) -> list[Row]:
+        changed = tx.conn.execute(write, params).rowcount
+        if changed or not if_changed:
+            tx.conn.execute(then, params)
+        return [(params[key],)] * changed
+
+    return step
 
 
-def gate_settle(tx: SQLiteTx, params: Params) -> list[Row]:
-    changed = tx.conn.execute(q.SETTLE_GATE, params).rowcount
-    tx.conn.execute(q.REOPEN_BLOCKED, params)
-    return [(params["gate"],)] * changed
+# a limit's new numbers, then its gates reopened (they may admit more now)
+set_limit = _then(q.SET_LIMIT_NUMBERS, q.REOPEN_LIMIT, "name")
+# a gate settled (a commit gave its slot back), then the runs blocked behind it reopened
+gate_settle = _then(q.SETTLE_GATE, q.REOPEN_BLOCKED, "gate")
 
 
 def place_gates(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -209,18 +216,10 @@ def place_gates(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(g,) for g in params["lines"]]
 
 
-def release_owner(tx: SQLiteTx, params: Params) -> list[Row]:
-    """The owner's live leases expire now; the gates they held slots of may admit again."""
-    changed = tx.conn.execute(q.EXPIRE_OWNER, params).rowcount
-    if changed:
-        tx.conn.execute(q.REOPEN_OWNER_GATES, params)
-    return [(params["owner"],)] * changed
-
-
-def regate(tx: SQLiteTx, params: Params) -> list[Row]:
-    changed = tx.conn.execute(q.REGATE_TASK, params).rowcount
-    tx.conn.execute(q.PLACE_RUN, params)
-    return [(params["task_id"],)] * changed
+# the owner's live leases expire now; the gates they held slots of may admit again
+release_owner = _then(q.EXPIRE_OWNER, q.REOPEN_OWNER_GATES, "owner", if_changed=True)
+# a task's gates written again, then its run placed (in a line, or claimable)
+regate = _then(q.REGATE_TASK, q.PLACE_RUN, "task_id")
 
 
 def insert_events(tx: SQLiteTx, params: Params) -> list[Row]:
