@@ -53,6 +53,7 @@ def _kill_backends(
                     time.sleep(0.002)
 
 
+@pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_backend_kills_twice_a_second_never_stall_the_pool(tmp_path: Path) -> None:
     url = pg_session.schema_url("kills")

@@ -96,6 +96,7 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
     """``scripts/bench before`` (the bench's --before) runs the earlier commit's pool beside
@@ -126,6 +127,7 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
 PRE_REDESIGN = "26f0342"  # the baseline: the last commit before the store was rewritten
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_before_on_postgres_measures_both_trees_and_drops_their_databases() -> None:
     """``bench_before.py --backend postgres``: each tree drains and picks up on a database of

@@ -75,6 +75,7 @@ def server_connections(web: WebProcess) -> int:
     return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED)
 
 
+@pytest.mark.e2e
 def test_legitimate_gets_are_answered_during_a_slow_body_attack(
     web: tuple[WebProcess, dict[str, str]],
 ) -> None:

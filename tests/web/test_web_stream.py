@@ -129,6 +129,7 @@ def test_one_client_holds_at_most_half_its_connections_in_streams(
     assert web.stop() == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.slow
 def test_a_quiet_stream_sends_a_keep_alive_comment(
     db: str, tmp_path: Path, web_procs: list[WebProcess]
