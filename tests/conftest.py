@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,13 @@ from sv_harness import Supervisor
 from web_process import web_procs  # noqa: F401 - a fixture, for the dashboard tests
 
 from workerproc.store import Store, open_store
+
+# A suite started in the background by a non-interactive shell (``scripts/test &``) inherits
+# SIGINT ignored, and so would every process a test starts: a child that a test stops with
+# Ctrl-C (``events --follow``) would then rightly keep ignoring it. The tests' processes start
+# as from a terminal instead: SIGINT at its default.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)

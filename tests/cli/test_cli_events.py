@@ -76,7 +76,7 @@ def test_events_follow_prints_each_new_event_as_it_commits(db: str, tmp_path: Pa
         wait_for(lambda: len(seen()) == 3, 30, what="the new events")
         assert [d["task"] for d in seen()] == ["before", "later", "later"]
         proc.send_signal(signal.SIGINT)  # Ctrl-C: stops quietly
-        assert proc.wait(30) == 0, out.read_text()
+        assert proc.wait(10) == 0, out.read_text()
     finally:
         if proc.poll() is None:
             proc.kill()
