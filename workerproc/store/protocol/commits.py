@@ -55,7 +55,7 @@ def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResu
 def completed(tx: Tx, step: str, each: Sequence[Params]) -> list[bool]:
     """A completion (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) of N >= 1 commits of
     distinct runs, each fenced and judged on its own: whether each was written. The dialect
-    decides how it goes (PostgreSQL: one statement, its commits as arrays)."""
+    decides how it goes (PostgreSQL: one statement, its commits as a VALUES list)."""
     written = {row[0] for row in tx.rows(step, {"commits": list(each), "now": tx.now})}
     return [p["run_id"] in written for p in each]
 
