@@ -7,27 +7,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
 
 import pytest
 from helpers import FakeClock
-from once_helpers import claim, ctx_of
+from once_helpers import REQ, TTL, claim, ctx_of
 from store_backends import Backend
 
 from workerproc import LeaseLost, OnceCall
 from workerproc.context import TaskContext
 from workerproc.once import CallBook, call_key, request_hash
 from workerproc.store import Commit, InvalidPayload, Lease, RunNotFound, Store, StoreError
-
-TTL = 30.0
-REQ = {"model": "m", "prompt": "hello"}
-
-
-@pytest.fixture
-def book(backend: Backend, clock: FakeClock) -> Iterator[CallBook]:
-    calls = CallBook(lambda: backend.open(clock))
-    yield calls
-    calls.close()
 
 
 class Bill:

@@ -8,13 +8,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from helpers import FakeClock
-from once_helpers import claim, ctx_of
+from once_helpers import REQ, TTL, claim, ctx_of
 from store_backends import Backend
 
 from workerproc import LeaseLost
@@ -27,16 +26,7 @@ from workerproc.store.calls import KeptCall
 from workerproc.store.roles import CallStore
 from workerproc.store.types import CasResult
 
-TTL = 30.0
-REQ = {"model": "m", "prompt": "hello"}
 CONFIG = WorkerConfig(app="unused:app", db="unused", lease_ttl=TTL)
-
-
-@pytest.fixture
-def book(backend: Backend, clock: FakeClock) -> Iterator[CallBook]:
-    calls = CallBook(lambda: backend.open(clock))
-    yield calls
-    calls.close()
 
 
 class Bill:

@@ -1,14 +1,28 @@
-"""A lease and a task context for the tests of once-only (paid) calls."""
+"""A lease, a task context and the calls' book for the tests of once-only (paid) calls."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+
+import pytest
+from helpers import FakeClock
+from store_backends import Backend
 
 from workerproc.context import TaskContext
 from workerproc.once import CallBook
 from workerproc.store import Lease, Store
 
 TTL = 30.0
+REQ = {"model": "m", "prompt": "hello"}
+
+
+@pytest.fixture
+def book(backend: Backend, clock: FakeClock) -> Iterator[CallBook]:
+    """The calls' book of a test's backend, closed after it."""
+    calls = CallBook(lambda: backend.open(clock))
+    yield calls
+    calls.close()
 
 
 def claim(s: Store, owner: str) -> Lease:
