@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
 from .store import TaskOptions
+from .store.codec import RESERVED
 from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
-from .store.webhooks import RESERVED
 from .tasks import Task, declare
 
 if TYPE_CHECKING:

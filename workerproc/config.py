@@ -10,7 +10,7 @@ from . import options
 from .logs import LEVELS
 from .options import opt
 from .store import InvalidPayload
-from .store.codec import check_run_options
+from .store.codec import check_queue
 
 DAY = 86_400.0
 
@@ -145,8 +145,8 @@ class WorkerConfig:
             if not self.queues:
                 raise ValueError("--queues must name at least one queue")
             for name in self.queues:
-                try:
-                    check_run_options(name, 0, None)
+                try:  # (leasekeeper's own queue included: a worker may serve it)
+                    check_queue(name)
                 except InvalidPayload as exc:
                     raise ValueError(f"--queues: {exc}") from None
         return self

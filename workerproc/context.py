@@ -17,6 +17,7 @@ from .store import Commit, InvalidCommit, InvalidPayload, Lease
 from .store.codec import (
     MAX_DELAY,
     MAX_PAYLOAD,
+    RESERVED,
     WAIT_FOREVER,
     check_name,
     check_run_options,
@@ -207,8 +208,8 @@ class TaskContext(PaidCalls):
                               "advance's next task")  # fmt: skip
             if queue is None and (declared := self._tasks.get(name)) is not None:
                 queue = declared.options.queue
-            if queue is not None:
-                check_run_options(queue, 0, None)
+            if queue is not None:  # (only a system run stays on a reserved queue)
+                check_run_options(queue, 0, None, system=self._lease.queue.startswith(RESERVED))
             seconds = _seconds(delay, "delay")
         self._record(
             Commit(

@@ -10,9 +10,8 @@ import click
 
 from workerproc.config import DAY
 from workerproc.store import RunNotFound, StoreCorrupt, redact_url
-from workerproc.store.codec import MAX_PAYLOAD
+from workerproc.store.codec import MAX_PAYLOAD, RESERVED
 from workerproc.store.types import RUN_STATUSES
-from workerproc.store.webhooks import RESERVED
 
 from .. import exitcodes
 from ..errors import ConfigError, NotRunning, SupervisorError

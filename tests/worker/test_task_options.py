@@ -154,6 +154,30 @@ def test_advance_to_a_task_moves_the_run_to_its_queue(tmp_path: Path) -> None:
         assert [t.name for t in store.get_tasks(run_id)] == ["first", "second"]
 
 
+def test_no_task_of_an_app_declares_or_moves_to_leasekeepers_own_queue(tmp_path: Path) -> None:
+    """The webhooks' lane claims ``leasekeeper.webhooks`` with slots of its own: a task of an app
+    may neither be declared there nor advance a run there (the handler's call raises, and the
+    run fails with that error, as for any bad value)."""
+    app = App()
+    with pytest.raises(ValueError, match="leasekeeper's own"):
+        app.task(queue="leasekeeper.webhooks")(lambda ctx: None)
+
+    @app.task(max_attempts=1)
+    def sneak(ctx: TaskContext) -> None:
+        ctx.advance({}, next="sneak", queue="leasekeeper.webhooks")
+
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        run_id = sneak.start(store=store)
+    w, _ = worker(db, app)
+    assert w.run() == 0
+    with open_store(db) as store:
+        run = store.get_run(run_id)
+        assert run is not None and (run.status, run.queue) == ("failed", "default")
+        assert "leasekeeper's own" in (run.last_error or "")
+        assert store.list_runs(queue="leasekeeper.webhooks", system=True) == []
+
+
 # -- the worker applies them ---------------------------------------------------------------------
 def lease(**options: Any) -> Lease:
     return Lease(1, 1, "t", None, attempt=1, owner="w", expires_at=0.0, claimed_at=0.0,

@@ -22,6 +22,8 @@ from .errors import InvalidPayload
 from .redaction import redact
 from .types import JSON, NO_OPTIONS, Commit, TaskOptions
 
+RESERVED = "leasekeeper."  # the prefix of leasekeeper's own tasks and queues (no app may use it)
+
 MAX_DEPTH = 100
 MAX_PAYLOAD = 1 << 20  # 1 MiB
 MAX_STATE = 8 << 20  # 8 MiB
@@ -233,9 +235,15 @@ def _text(value: object, what: str, limit: int) -> str:
     return value
 
 
-def check_run_options(queue: str, priority: int, key: str | None) -> None:
-    """A run's queue, priority and idempotency key, as the schema allows them."""
+def check_run_options(queue: str, priority: int, key: str | None, *, system: bool = False) -> None:
+    """A run's queue, priority and idempotency key, as the schema allows them. A queue named
+    with ``RESERVED`` is leasekeeper's own (its webhook deliveries): a run of an app never goes
+    there (``system``: one of leasekeeper's own runs may), though a worker may serve it."""
     check_queue(queue)
+    if not system and queue.startswith(RESERVED):
+        raise InvalidPayload(
+            f"queue names starting with {RESERVED!r} are leasekeeper's own (got {shown(queue)})"
+        )
     low, high = PRIORITY_RANGE
     if not isinstance(priority, int) or isinstance(priority, bool) or not low <= priority <= high:
         raise InvalidPayload(f"priority must be a whole number from {low} to {high}")
@@ -261,8 +269,9 @@ def commit_params(commit: Commit) -> dict[str, Any]:
         params["name"] = check_name(commit.next_task, "the next task's name")
         params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
         params["queue"] = commit.next_queue
-        if commit.next_queue is not None:
-            check_run_options(commit.next_queue, 0, None)
+        if commit.next_queue is not None:  # (only a system run stays on a reserved queue)
+            system = commit.lease.queue.startswith(RESERVED)
+            check_run_options(commit.next_queue, 0, None, system=system)
     if commit.kind == "fail":
         params["reason"] = clean_text(commit.reason or "failed", MAX_NAME)
     return params

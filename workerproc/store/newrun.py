@@ -8,7 +8,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .codec import MAX_DELAY, MAX_PAYLOAD, check_name, check_run_options, check_traceparent, dumps
+from .codec import (
+    MAX_DELAY,
+    MAX_PAYLOAD,
+    RESERVED,
+    check_name,
+    check_run_options,
+    check_traceparent,
+    dumps,
+    shown,
+)
 from .errors import InvalidPayload
 from .limits import UNGATED, Gating
 from .traceparent import current_traceparent
@@ -40,12 +49,18 @@ class NewRun:
     @classmethod
     def make(
         cls, task: str, payload: JSON, state: JSON, delay: float, key: str | None, queue: str,
-        priority: int, traceparent: str | None = None,
+        priority: int, traceparent: str | None = None, *, system: bool = False,
     ) -> NewRun:  # fmt: skip
         """``traceparent``: the W3C trace context the run's steps continue; None: the caller's
-        current span's, when OpenTelemetry is installed and a span is recording; "": none."""
+        current span's, when OpenTelemetry is installed and a span is recording; "": none.
+        ``system``: one of leasekeeper's own runs (a webhook's delivery run), numbered apart,
+        whose task and queue are named with ``RESERVED``; no other run may use those names."""
         check_name(task)
-        check_run_options(queue, priority, key)
+        if not system and task.startswith(RESERVED):
+            raise InvalidPayload(
+                f"task names starting with {RESERVED!r} are leasekeeper's own (got {shown(task)})"
+            )
+        check_run_options(queue, priority, key, system=system)
         try:
             seconds = float(delay)
         except (TypeError, ValueError):
@@ -63,6 +78,7 @@ class NewRun:
             traceparent=(
                 current_traceparent() if traceparent is None else check_traceparent(traceparent)
             ),
+            system=system,
         )
 
     @classmethod

@@ -30,7 +30,6 @@ from .types import SYSTEM_RUNS, Event
 # the delivery runs' queue (every worker claims it, unless its --queues leaves it out)
 WEBHOOK_QUEUE = "leasekeeper.webhooks"
 DELIVERY_TASK = "leasekeeper.webhook"  # the delivery runs' one task, built into every worker
-RESERVED = "leasekeeper."  # the prefix of the built-in tasks' names (no app may use it)
 WAKE_SIGNAL = "events"  # what a parked delivery run waits for (sent when it has work again)
 MAX_URL = 2048
 MAX_SECRET = 1024

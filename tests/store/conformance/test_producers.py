@@ -47,6 +47,22 @@ def test_start_run_refuses_bad_input_and_writes_nothing(driver: Driver) -> None:
     assert s.list_runs() == [] and s.events() == []
 
 
+@verb("start_run", "start_runs")
+def test_no_run_of_an_app_takes_leasekeepers_own_task_or_queue(driver: Driver) -> None:
+    """The webhooks' delivery lane claims its reserved queue apart, with slots of its own: a run
+    of an app put there would hold a delivery slot, and one of the built-in task would be
+    delivered by it. Both are refused, and nothing is written."""
+    s = driver.store
+    for call in (lambda: s.start_run("t", queue="leasekeeper.webhooks"),
+                 lambda: s.start_run("t", queue="leasekeeper.mine"),
+                 lambda: s.start_run("leasekeeper.webhook", {"webhook": "w"}),
+                 lambda: s.start_runs([{"task": "t"}, {"task": "t", "queue": "leasekeeper.x"}])):  # fmt: skip
+        with pytest.raises(InvalidPayload, match="leasekeeper's own"):
+            call()
+    assert s.list_runs(system=True) == [] and s.events() == []
+    assert s.get_run(s.start_run("t", queue="leasekeeperish")) is not None  # (only the prefix)
+
+
 @verb("get_run")
 def test_get_run_of_an_unknown_run_is_none(driver: Driver) -> None:
     assert driver.store.get_run(12345) is None

@@ -8,7 +8,7 @@ import math
 import time
 from collections.abc import Sequence
 
-from ..codec import can_exist, check_name, check_queue, loads
+from ..codec import RESERVED, can_exist, check_name, check_queue, loads
 from ..dialect import Dialect, Params, Row, Tx
 from ..errors import RunNotFound
 from ..types import (
@@ -24,7 +24,6 @@ from ..types import (
     Stats,
     TaskInfo,
 )
-from ..webhooks import RESERVED
 from .programs import Steps, perform
 
 MAX_PAGE = 1000  # runs per page, at most

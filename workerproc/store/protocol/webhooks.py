@@ -12,7 +12,6 @@ POST moves the position (``move_webhook``, one small row), and its end commits t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -118,9 +117,9 @@ class Webhooks:
         retry = retry or RetryNumbers()
         start = self.last_event_id() if after is None else check_position(after, "after")
         self.register_tasks({DELIVERY_TASK: DELIVERY_OPTIONS})
+        # a system run: numbered apart (no user id taken), on leasekeeper's own queue
         run = NewRun.make(DELIVERY_TASK, {"webhook": name}, {}, 0, None, WEBHOOK_QUEUE, 0,
-                          traceparent="")  # fmt: skip
-        run = dataclasses.replace(run, system=True)  # numbered apart: no user id taken
+                          traceparent="", system=True)  # fmt: skip
 
         ordered = self.dialect.ordered_events
 
