@@ -9,8 +9,13 @@ learns its sockets from httpcore's ``trace`` extension (each new connection's, p
 it is one thread's, and that thread sends one POST at a time, so at a deadline every socket it
 holds is that POST's or an idle one (which the pool replaces). An answer's body is read in
 pieces and given up on past ``MAX_ANSWER`` bytes (the connection is closed, the rest never
-read), so an endless answer costs a worker no memory. What is left unbounded: resolving the
-host's name (``getaddrinfo`` takes no timeout).
+read), so an endless answer costs a worker no memory.
+
+Resolving the host's name is under the deadline too: ``getaddrinfo`` takes no timeout, so the
+POST asks for it in a thread of its own first and waits for it until the deadline at most (a
+name that does not resolve in time fails the POST; the thread ends with the resolver's own
+timeout). The connection then resolves the name again, as the HTTP library does: fast after a
+fresh answer, though that second lookup is the resolver's to bound, not ours.
 """
 
 from __future__ import annotations
@@ -25,11 +30,17 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 MAX_ANSWER = 64 * 1024  # bytes of an answer's body read at most: more is a failure
 PIECE = 16 * 1024  # bytes asked for per read of an answer's body
 IDLE = 1.0  # the watchdog looks at its list at least this often (every wait is bounded)
 MAX_ERROR = 300  # characters of a failure's reason kept
+Resolver = Callable[[str, int], object]  # (host, port): raises OSError when the name is unknown
+
+
+def getaddrinfo(host: str, port: int) -> object:
+    return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
 class Watchdog:
@@ -85,9 +96,12 @@ class Poster:
     """The POSTs of one thread: its httpx2 client (kept: its connections are reused), the
     sockets that client opened, and the watchdog's deadline for each POST."""
 
-    def __init__(self, client: Any, watchdog: Watchdog = WATCHDOG) -> None:
+    def __init__(
+        self, client: Any, watchdog: Watchdog = WATCHDOG, resolve: Resolver = getaddrinfo
+    ) -> None:
         self._client = client
         self._watchdog = watchdog
+        self._resolve = resolve
         self._lock = threading.Lock()  # the sockets: this thread adds, the watchdog's shuts
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         # a copy of the descriptor of each connection this POST made, kept to its end: a TLS
@@ -133,6 +147,9 @@ class Poster:
         deadline = time.monotonic() + limit
         token = self._watchdog.arm(deadline, lambda: self._expire(post))
         try:
+            unresolved = self._resolved(url, deadline)
+            if unresolved is not None:
+                return unresolved
             return self._send(url, body, headers, limit)
         except Exception as exc:  # the network's: refused, reset, cut by the deadline ...
             if self._late or time.monotonic() >= deadline:  # (or a timeout of the library's)
@@ -145,6 +162,30 @@ class Poster:
                 copies, self._copies = self._copies, []
             for copy in copies:
                 copy.close()
+
+    def _resolved(self, url: str, deadline: float) -> str | None:
+        """Resolve ``url``'s host within the POST's deadline, in a thread of its own (the
+        lookup cannot be interrupted); None when it resolved (or is an address), else why not."""
+        parts = urlsplit(url)
+        host = parts.hostname
+        if not host or _is_address(host):
+            return None
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        done = threading.Event()
+        failure: list[str] = []
+
+        def lookup() -> None:
+            try:
+                self._resolve(host, port)
+            except OSError as exc:
+                failure.append(f"cannot resolve {host!r}: {exc}"[:MAX_ERROR])
+            finally:
+                done.set()
+
+        threading.Thread(target=lookup, name="leasekeeper-resolve", daemon=True).start()
+        if not done.wait(max(0.0, deadline - time.monotonic())):
+            return f"cannot resolve {host!r} within the POST's deadline"
+        return failure[0] if failure else None
 
     def _send(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
         client = self._client
@@ -167,6 +208,14 @@ class Poster:
             return None  # (complete: taken, even if the deadline came just after)
         finally:
             reply.close()
+
+
+def _is_address(host: str) -> bool:
+    try:
+        socket.inet_pton(socket.AF_INET6 if ":" in host else socket.AF_INET, host.partition("%")[0])
+    except OSError:
+        return False
+    return True
 
 
 def _shut(sock: socket.socket) -> None:
