@@ -56,7 +56,8 @@ def test_no_run_of_an_app_takes_leasekeepers_own_task_or_queue(driver: Driver) -
     for call in (lambda: s.start_run("t", queue="leasekeeper.webhooks"),
                  lambda: s.start_run("t", queue="leasekeeper.mine"),
                  lambda: s.start_run("leasekeeper.webhook", {"webhook": "w"}),
-                 lambda: s.start_runs([{"task": "t"}, {"task": "t", "queue": "leasekeeper.x"}])):  # fmt: skip
+                 lambda: s.start_runs([{"task": "t"},
+                                       {"task": "t", "queue": "leasekeeper.x"}])):  # fmt: skip
         with pytest.raises(InvalidPayload, match="leasekeeper's own"):
             call()
     assert s.list_runs(system=True) == [] and s.events() == []
