@@ -35,6 +35,8 @@ class Store(
         self.url = dialect.url
 
     def close(self) -> None:
+        """Close this store's connections (this thread's, and the change listener's); a
+        ``with open_store(...) as store:`` block does it on leaving."""
         self.dialect.close()
 
     def __enter__(self) -> Store:
