@@ -4,8 +4,8 @@ lifecycle hooks, and the test mode's entry point. What a handler gets is ``conte
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
@@ -248,13 +248,18 @@ class App:
         raise_errors: bool = True,
         hooks: bool = True,
         max_attempts: int = 3,
+        signals: Mapping[str, JSON] | None = None,
+        clock: Literal["virtual", "real"] | None = None,
     ) -> Run:
         """Run ``task`` in this process, through every step of its run (or ``steps`` of them),
         against a temporary SQLite store (or ``store``), and return the run as it ended:
-        ``run.status``, ``run.state``, ``run.result``. See ``workerproc.testing``."""
+        ``run.status``, ``run.state``, ``run.result``. ``signals``: ``{name: payload}`` sent
+        to the run (its ``wait_for`` resumes with them); ``clock="virtual"``: delays, backoffs,
+        ``RetryAfter`` and wait timeouts pass at once. See ``workerproc.testing``."""
         from .testing import run_inline  # noqa: PLC0415 - the test mode, only when used
 
         return run_inline(
             self, task, payload, state=state, steps=steps, store=store,
             raise_errors=raise_errors, hooks=hooks, max_attempts=max_attempts,
+            signals=signals, clock=clock,
         )  # fmt: skip

@@ -19,6 +19,16 @@ at once, so a run that waits an hour between steps finishes in milliseconds.
 - ``store``: a store of your own (``temporary_store()``, or the ``leasekeeper_store`` fixture of
   ``workerproc.pytest_plugin``) to look at afterwards; ``run_inline`` then runs whatever that
   store has ready, one task at a time, until this run ends.
+- ``clock``: ``"virtual"`` (the default on a temporary store): delays, retry backoffs,
+  ``RetryAfter`` and ``wait_for`` timeouts pass at once, on the store's test clock (a store of
+  your own needs one: ``temporary_store()``); ``"real"`` (the default on a store of yours): the
+  test sleeps through them.
+- ``signals``: ``{name: payload}``, each sent to the run as it starts (``store.signal``): the
+  run's ``wait_for(name)`` resumes with it, as in a pool, however late the wait comes. A run
+  that waits for a signal the test did not send times out if its wait has a timeout, and
+  otherwise ends the call with ``RuntimeError`` naming the signal (it would wait for ever).
+- As in a pool: ``RetryAfter`` gives the task back for its delay (no attempt spent, never an
+  error); the app's limits are declared and gate the run's tasks; ``ctx.once`` keeps its answers.
 """
 
 from __future__ import annotations
@@ -29,16 +39,18 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import hooks as lifecycle
 from . import tracing
 from .config import WorkerConfig
 from .execution import Execution, Mode, conclude, mode_for
+from .limits import RetryAfter
 from .once import CallBook
 from .store import CasResult, Commit, Lease, Run, Store, open_store
+from .store.codec import WAIT_FOREVER
 from .store.types import JSON
 from .tasks import Task
 
@@ -50,6 +62,8 @@ if TYPE_CHECKING:
 OWNER = "inline:0:0:test"  # the owner of every lease the test mode takes
 TTL = 24 * 3600.0  # a lease never expires while a test's handler runs
 MAX_STEPS = 10_000  # a run that never ends (a handler that always advances) stops here
+HOST = "inline"  # who declares the app's limits (``supervisor limits`` shows it)
+Clock = Literal["virtual", "real"]
 
 
 class TestClock:
@@ -162,6 +176,8 @@ def run_inline(
     raise_errors: bool = True,
     hooks: bool = True,
     max_attempts: int = 3,
+    signals: Mapping[str, JSON] | None = None,
+    clock: Clock | None = None,
 ) -> Run:
     """Run ``task`` of ``app`` through its run in this process (see the module's docstring);
     the run as it ended (or after ``steps`` steps)."""
@@ -170,12 +186,20 @@ def run_inline(
         raise ValueError(f"the app has no task {name!r} (its tasks: {', '.join(app.tasks)})")
     if steps is not None and steps < 1:
         raise ValueError(f"steps must be at least 1 (got {steps})")
+    if clock not in (None, "virtual", "real"):
+        raise ValueError(f"clock must be 'virtual' or 'real' (got {clock!r})")
     with contextlib.ExitStack() as stack:
         if store is None:
             store = stack.enter_context(temporary_store())
-        clock = _clocks.get(store)
+        virtual = _clocks.get(store)
+        if clock == "virtual" and virtual is None:
+            raise ValueError("clock='virtual' needs a store with a test clock: temporary_store()")
+        test_clock = None if clock == "real" else virtual
         store.register_tasks(app.task_options())
+        store.declare_limits(app.limits, by=HOST)
         run_id = app.tasks[name].start(payload, state=state, store=store)
+        for signal, sent in (signals or {}).items():
+            store.signal(run_id, signal, sent)
         loop = _Loop()
         stack.callback(loop.close)
         if hooks:
@@ -195,7 +219,7 @@ def run_inline(
             if lease is None:
                 run = _get(store, run_id)  # the claim may have failed it (R6)
                 if not run.terminal:
-                    _wait(store, clock, run)
+                    _wait(store, test_clock, run)
                 continue
             if not lease.started and not store.renew(lease, TTL, start=True):
                 continue  # its own lapsed lease, taken over: it begins now, recorded (B3)
@@ -220,6 +244,12 @@ def _wait(store: Store, clock: TestClock | None, run: Run) -> None:
     due = store.next_ready_at()
     if due is None:
         raise RuntimeError(f"run {run.id} is {run.status} but no task of it can run")
+    if run.waiting_for is not None and due - store.now() >= WAIT_FOREVER / 2:
+        what = run.waiting_for.removeprefix("signal:")
+        raise RuntimeError(
+            f"run {run.id} waits for {what!r} with no timeout, which the test did not send: "
+            f"pass signals={{{what!r}: ...}} to run_inline"
+        )
     if clock is not None:
         clock.advance_to(due)
     else:
@@ -239,4 +269,4 @@ def _step(
     commit, raised = _execute(ex, loop, config)
     if commit is not None:
         _write(store, commit)
-    return raised
+    return None if isinstance(raised, RetryAfter) else raised  # ("not now" is no error)

@@ -15,7 +15,7 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import calls, control, database, events, limits, schedules, waits, web, webhooks
+from . import calls, control, database, events, limits, runops, schedules, waits, web, webhooks
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -38,6 +38,7 @@ def start(**values: Any) -> int:
 
 for command in (
     database.ALL
+    + runops.ALL
     + calls.ALL
     + schedules.ALL
     + limits.ALL

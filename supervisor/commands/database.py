@@ -309,28 +309,6 @@ def show(run_id: int, db: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("run_id", metavar="RUN", type=RUN_ID)
-@db_option
-def retry(run_id: int, db: str) -> None:
-    """Queue a failed or cancelled run again (its attempts start over)."""
-    with actions.store_for(db) as store:
-        actions.retry(store, run_id)
-    click.echo(f"run {run_id} queued again")
-
-
-@click.command()
-@click.argument("run_id", metavar="RUN", type=RUN_ID)
-@db_option
-def cancel(run_id: int, db: str) -> None:
-    """Cancel a run that has not finished; a handler running it is stopped within a heartbeat."""
-    with actions.store_for(db) as store:
-        if store.get_run(run_id) is None:
-            raise RunNotFound(run_id)
-        actions.cancel(store, run_id)
-    click.echo(f"run {run_id} cancelled")
-
-
-@click.command()
 @db_option
 @option(
     "--quick",
@@ -403,4 +381,4 @@ def migrate(db: str) -> None:
         click.echo(f"created a new database {path}", err=True)
 
 
-ALL = [enqueue, status, runs, show, wait, retry, cancel, check, prune, migrate]
+ALL = [enqueue, status, runs, show, wait, check, prune, migrate]

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from workerproc import App, TaskContext
-from workerproc.store import Store
+from workerproc import App, RetryAfter, TaskContext
+from workerproc.store import Store, open_store
+from workerproc.testing import temporary_store
 
 app = App()
 calls: list[str] = []
@@ -105,3 +106,82 @@ def test_it_leaves_no_file_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     app.run_inline(prepare, {"doc": "d.pdf"}, hooks=False)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- as in a pool: signals, RetryAfter, wait timeouts and limits on the virtual clock ----------
+waits = App()
+waits.limit("api", rate="1/m", burst=1)
+
+
+@waits.task
+def ask(ctx: TaskContext) -> None:
+    ctx.wait_for("approval", "decided", timeout=3600, state={"asked": True})
+
+
+@waits.task
+def ask_for_ever(ctx: TaskContext) -> None:
+    ctx.wait_for("approval", "decided")
+
+
+@waits.task
+def decided(ctx: TaskContext) -> None:
+    signal = ctx.signal
+    ctx.finish({**ctx.state, "approval": None if signal is None else signal.payload})
+
+
+@waits.task
+def busy(ctx: TaskContext) -> None:
+    if ctx.attempt < 3:
+        raise RetryAfter(600)  # the provider said "not now"
+    ctx.finish({"attempt": ctx.attempt})
+
+
+@waits.task(limits=["api"])
+def call_api(ctx: TaskContext) -> None:
+    calls = ctx.state.get("calls", 0) + 1
+    if calls < 3:
+        ctx.advance({"calls": calls}, next="call_api")
+    else:
+        ctx.finish({"calls": calls})
+
+
+def test_a_wait_resumes_with_the_signal_the_test_sends() -> None:
+    began = time.monotonic()
+    run = waits.run_inline(ask, signals={"approval": {"ok": True}}, clock="virtual")
+    assert (run.status, run.state) == ("succeeded", {"asked": True, "approval": {"ok": True}})
+    assert time.monotonic() - began < 30  # (no real wait: bounded for a loaded machine)
+
+
+def test_a_wait_without_its_signal_times_out_on_the_virtual_clock() -> None:
+    with temporary_store() as store:
+        run = waits.run_inline(ask, store=store, clock="virtual")
+        assert (run.status, run.state) == ("succeeded", {"asked": True, "approval": None})
+        assert store.now() - run.created_at >= 3600  # the hour passed, on the test's clock
+
+
+def test_a_wait_for_ever_without_its_signal_is_an_error_naming_it() -> None:
+    with pytest.raises(RuntimeError, match=r"waits for 'approval' with no timeout.*signals="):
+        waits.run_inline(ask_for_ever)
+
+
+def test_retry_after_is_no_error_and_its_delay_passes_at_once() -> None:
+    with temporary_store() as store:
+        run = waits.run_inline(busy, store=store)  # raise_errors: RetryAfter is not one
+        assert (run.status, run.state) == ("succeeded", {"attempt": 3})
+        assert store.now() - run.created_at >= 2 * 600 * 0.5  # two delays (with their jitter)
+
+
+def test_the_apps_limits_gate_the_run_as_in_a_pool() -> None:
+    with temporary_store() as store:
+        run = waits.run_inline(call_api, store=store)
+        assert (run.status, run.state) == ("succeeded", {"calls": 3})
+        assert store.now() - run.created_at >= 120  # one start a minute: three starts
+        (api,) = store.limits()
+        assert api.declared_by == "inline"
+
+
+def test_a_virtual_clock_needs_a_store_with_a_test_clock(tmp_path: Path) -> None:
+    with open_store(str(tmp_path / "own.db")) as own, pytest.raises(ValueError, match="virtual"):
+        waits.run_inline(ask, store=own, clock="virtual")
+    with pytest.raises(ValueError, match="clock must be"):
+        waits.run_inline(ask, clock="fast")  # type: ignore[arg-type]

@@ -229,6 +229,7 @@ class AsyncStore:
                     await self.backend.wait_change(token, poll, None)
 
     async def close(self) -> None:
+        """Close this store's connections; ``async with`` does it on leaving."""
         await self.backend.close()
 
     async def __aenter__(self) -> AsyncStore:

@@ -99,6 +99,8 @@ STATEMENTS = frozenset(
         # operators (B1, B2)
         "RUN_STATUS", "CANCEL_RUN", "PENDING_TASKS", "RETRY_RUN", "ATTEMPTS_DROPPED_BY_RETRY",
         "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",
+        # bulk operations: the runs a filter matches, in id order, a batch at a time
+        "RUNS_MATCHING",
         # finished runs counted as they end (stats reads no finished run)
         "COUNT_ENDED", "RUN_TOTALS",
         # the worker processes of every host, kept by their heartbeats

@@ -1,13 +1,14 @@
 """The lease protocol written once (docs/protocol.md, R1-R7 and B1-B20), over a ``Dialect``:
 claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
-producers, operators, reads, the per-task options (``tasks``), the worker list
-(``workers``), schedules (``schedules``), paid calls (``calls``), the outbox (``events``) and
-webhooks (``webhooks``). ``Store`` is all of it; callers depend on the part they use
-(``store/roles.py``)."""
+producers, operators (and their bulk writes, ``bulk``), reads, the per-task options
+(``tasks``), the worker list (``workers``), schedules (``schedules``), paid calls
+(``calls``), the outbox (``events``) and webhooks (``webhooks``). ``Store`` is all of it;
+callers depend on the part they use (``store/roles.py``)."""
 
 from __future__ import annotations
 
 from ..dialect import Dialect
+from .bulk import Bulk
 from .calls import Calls
 from .events import Events
 from .leases import Leases
@@ -23,8 +24,8 @@ from .workers import Workers
 
 
 class Store(
-    Leases, Producers, Operators, Reads, Tasks, Workers, Schedules, Limits, Calls, Events, Waits,
-    Webhooks,
+    Leases, Producers, Operators, Bulk, Reads, Tasks, Workers, Schedules, Limits, Calls, Events,
+    Waits, Webhooks,
 ):  # fmt: skip
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the
@@ -35,6 +36,8 @@ class Store(
         self.url = dialect.url
 
     def close(self) -> None:
+        """Close this store's connections (this thread's, and the change listener's); a
+        ``with open_store(...) as store:`` block does it on leaving."""
         self.dialect.close()
 
     def __enter__(self) -> Store:

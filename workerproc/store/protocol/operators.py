@@ -28,6 +28,26 @@ def cancel(tx: Tx, run_id: int) -> bool:
     return True
 
 
+def retry(tx: Tx, run_id: int) -> bool:
+    """Retry run ``run_id`` in ``tx`` (B2, its row first); False when it is not failed or
+    cancelled, or has no pending work (``RunNotFound`` when there is none)."""
+    was, queue = status(tx, run_id)
+    if was not in ("failed", "cancelled"):
+        return False
+    params = {"run_id": run_id, "now": tx.now}
+    pending = tx.one("PENDING_TASKS", params)
+    if pending is None or pending[0] == 0:
+        return False
+    tx.count("CHILD_RETRIED", params)  # its parent waits for it again (B14)
+    tx.count("RETRY_RUN", params)
+    tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
+    tx.count("RETRY_TASKS", params)
+    tx.count("REOPEN_RUN", params)  # back in its line, its old lease's slot free
+    counted(tx, [(queue, was, -1)])
+    emit(tx, "run.retried", run_id, was=was)
+    return True
+
+
 class Operators:
     dialect: Dialect
 
@@ -41,24 +61,7 @@ class Operators:
         """B2: a failed or cancelled run with pending work starts a new attempt generation
         (``attempt_base = attempts``; due now; old leases dropped). False otherwise."""
 
-        def retry(tx: Tx) -> bool:
-            was, queue = status(tx, run_id)
-            if was not in ("failed", "cancelled"):
-                return False
-            params = {"run_id": run_id, "now": tx.now}
-            pending = tx.one("PENDING_TASKS", params)
-            if pending is None or pending[0] == 0:
-                return False
-            tx.count("CHILD_RETRIED", params)  # its parent waits for it again (B14)
-            tx.count("RETRY_RUN", params)
-            tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
-            tx.count("RETRY_TASKS", params)
-            tx.count("REOPEN_RUN", params)  # back in its line, its old lease's slot free
-            counted(tx, [(queue, was, -1)])
-            emit(tx, "run.retried", run_id, was=was)
-            return True
-
-        return self.dialect.write(retry, runs=[run_id])
+        return self.dialect.write(lambda tx: retry(tx, run_id), runs=[run_id])
 
     def release_owner(self, owner: str) -> int:
         """B1: expire every live lease of ``owner`` (known dead); returns how many."""

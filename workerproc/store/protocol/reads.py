@@ -113,17 +113,23 @@ class Reads:
         return self.dialect.read(lambda tx: tx.rows(statement, {**params, "now": tx.now}))
 
     def get_run(self, run_id: int) -> Run | None:
+        """Run ``run_id`` as it stands: status (``running`` while a live lease holds it),
+        state, result, failure; None when there is no such run (or it was pruned)."""
         if not can_exist(run_id):
             return None
         rows = self._rows("GET_RUN", {"run_id": run_id})
         return run_of(rows[0]) if rows else None
 
     def get_tasks(self, run_id: int) -> list[TaskInfo]:
+        """Run ``run_id``'s tasks (its steps), oldest first, each with its attempts and lease;
+        empty when there is no such run."""
         if not can_exist(run_id):
             return []
         return [task_of(row) for row in self._rows("GET_TASKS", {"run_id": run_id})]
 
     def get_task(self, task_id: int) -> TaskInfo | None:
+        """Task ``task_id`` (one step of a run) with its attempts and lease; None when there is
+        no such task."""
         if not can_exist(task_id):
             return None
         rows = self._rows("GET_TASK", {"task_id": task_id})

@@ -218,3 +218,28 @@ INSERT INTO task_options (name, options, updated_at)
 -- name: DROP_TASK_OPTIONS
 -- A task's options go.
 DELETE FROM task_options WHERE name = %(name)s
+
+-- name: RUNS_MATCHING
+-- A bulk operation's next runs: up to %(limit)s of the users' runs after %(after)s (below
+-- %(below)s), in id order, that match every filter given (NULL: any): the status as
+-- ``LIST_RUNS`` reads it (%(stored)s, %(held)s, %(waiting)s), live (%(live)s), the run's task,
+-- its queue, and created or finished within the last %(created_within)s or
+-- %(finished_within)s seconds. Read without a lock: each run is then held (``RUN_STATUS``).
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now)
+SELECT r.id FROM runs AS r, clock
+    WHERE r.id > %(after)s AND r.id < %(below)s
+      AND (%(stored)s::text IS NULL OR r.status = %(stored)s::text)
+      AND (%(live)s::boolean IS NULL OR r.status IN ('pending', 'running'))
+      AND (%(held)s::boolean IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = r.id AND l.owner IS NOT NULL
+              AND l.expires_at > clock.now) = %(held)s::boolean)
+      AND (%(waiting)s::boolean IS NULL
+           OR coalesce(r.wait_until > clock.now, false) = %(waiting)s::boolean)
+      AND (%(task)s::text IS NULL OR r.task = %(task)s::text)
+      AND (%(queue)s::text IS NULL OR r.queue = %(queue)s::text)
+      AND (%(created_within)s::float8 IS NULL
+           OR r.created_at >= clock.now - %(created_within)s::float8)
+      AND (%(finished_within)s::float8 IS NULL
+           OR r.finished_at >= clock.now - %(finished_within)s::float8)
+    ORDER BY r.id LIMIT %(limit)s

@@ -73,3 +73,22 @@ DELETE FROM workers WHERE owner = :owner
 -- name: PRUNE_WORKERS
 -- The rows of workers silent for ten of their periods (and a minute) go, at a worker's start.
 DELETE FROM workers WHERE heartbeat_at < :now - 10 * beat_every - 60
+
+-- name: RUNS_MATCHING
+-- A bulk operation's next runs: up to :limit of the users' runs after :after (below :below), in
+-- id order, that match every filter given (NULL: any): the status as ``LIST_RUNS`` reads it
+-- (:stored, :held, :waiting), live (:live), the run's task, its queue, and created or finished
+-- within the last :created_within or :finished_within seconds.
+SELECT id FROM runs
+    WHERE id > :after AND id < :below
+      AND (:stored IS NULL OR status = :stored)
+      AND (:live IS NULL OR status IN ('pending', 'running'))
+      AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
+            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
+              AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+      AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
+      AND (:task IS NULL OR task = :task)
+      AND (:queue IS NULL OR queue = :queue)
+      AND (:created_within IS NULL OR created_at >= :now - :created_within)
+      AND (:finished_within IS NULL OR finished_at >= :now - :finished_within)
+    ORDER BY id LIMIT :limit

@@ -1,0 +1,96 @@
+"""Operators' writes to runs: ``retry`` and ``cancel``, of one run (RUN) or of every run a
+filter matches (``--status``, ``--task``, ``--queue``, ``--since``; ``--all`` for no filter),
+the store's bulk writes doing a thousand runs per transaction."""
+
+from __future__ import annotations
+
+import click
+
+from workerproc.store.protocol.bulk import LIVE, RETRYABLE
+
+from ..errors import ConfigError
+from ..operations import actions, render
+from .clickutil import RUN_ID, Name, db_option, option
+
+
+def _filters(fn: click.decorators.FC) -> click.decorators.FC:
+    """The filter of a bulk write (each optional; together: runs that match all of them)."""
+    for decorate in reversed([
+        option("--task", type=Name("task name"), default=None, metavar="TASK",
+               help="only runs of this task (the run's first task, as runs shows it)"),
+        option("--queue", default=None, metavar="NAME", help="only runs of this queue"),
+        option("--all", "every", is_flag=True,
+               help="without RUN or a filter: every run the command can change"),
+    ]):  # fmt: skip
+        fn = decorate(fn)
+    return fn
+
+
+def _one_or_many(run_id: int | None, filtered: bool, every: bool, command: str) -> bool:
+    """Whether the call is a bulk one; refuses RUN with a filter, and neither of them."""
+    if run_id is not None and (filtered or every):
+        raise ConfigError(f"{command}: give RUN or a filter, not both")
+    if run_id is None and not (filtered or every):
+        raise ConfigError(
+            f"{command}: give RUN, or a filter (--status, --task, --queue, --since), or --all"
+        )
+    return run_id is None
+
+
+@click.command()
+@click.argument("run", type=RUN_ID, required=False)  # (shown as [RUN])
+@db_option
+@option("--status", type=click.Choice(RETRYABLE), default=None,
+        help="without RUN: runs that ended so (default: failed)")  # fmt: skip
+@option("--since", default=None, metavar="DURATION",
+        help="without RUN: runs that ended within the last DURATION (e.g. 1h, 7d)")  # fmt: skip
+@_filters
+def retry(
+    run: int | None, db: str, status: str | None, since: str | None, task: str | None,
+    queue: str | None, every: bool,
+) -> None:  # fmt: skip
+    """Queue a failed or cancelled run again (its attempts start over); without RUN, every
+    failed (or --status cancelled) run the filter matches."""
+    run_id = run
+    filtered = any(x is not None for x in (status, since, task, queue))
+    if not _one_or_many(run_id, filtered, every, "retry"):
+        assert run_id is not None
+        with actions.store_for(db) as store:
+            actions.retry(store, run_id)
+        click.echo(f"run {run_id} queued again")
+        return
+    seconds = None if since is None else actions.parse_duration(since, "--since")
+    with actions.store_for(db) as store:
+        count = store.retry_many(status or "failed", task, seconds, queue=queue)
+    click.echo(f"{render.plural(count, 'run')} queued again")
+
+
+@click.command()
+@click.argument("run", type=RUN_ID, required=False)  # (shown as [RUN])
+@db_option
+@option("--status", type=click.Choice(LIVE), default=None,
+        help="without RUN: only runs in this state (default: any live run)")  # fmt: skip
+@option("--since", default=None, metavar="DURATION",
+        help="without RUN: runs started within the last DURATION (e.g. 10m, 1h)")  # fmt: skip
+@_filters
+def cancel(
+    run: int | None, db: str, status: str | None, since: str | None, task: str | None,
+    queue: str | None, every: bool,
+) -> None:  # fmt: skip
+    """Cancel a run that has not finished; a handler running it is stopped within a heartbeat.
+    Without RUN, every live run the filter matches (--all: every live run)."""
+    run_id = run
+    filtered = any(x is not None for x in (status, since, task, queue))
+    if not _one_or_many(run_id, filtered, every, "cancel"):
+        assert run_id is not None
+        with actions.store_for(db) as store:
+            actions.cancel(store, run_id)
+        click.echo(f"run {run_id} cancelled")
+        return
+    seconds = None if since is None else actions.parse_duration(since, "--since")
+    with actions.store_for(db) as store:
+        count = store.cancel_many(task, status, seconds, queue=queue, every=every)
+    click.echo(f"{render.plural(count, 'run')} cancelled")
+
+
+ALL = [retry, cancel]
