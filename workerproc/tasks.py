@@ -109,12 +109,14 @@ class Task(Generic[R]):
         self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
         queue: str | None = None, priority: int | None = None, delay: float = 0,
         store: AsyncStore, tx: None = None, traceparent: str | None = None,
+        debounce: float | None = None,
     ) -> Awaitable[int]: ...  # fmt: skip
     @overload
     def start(
         self, payload: JSON = None, *, state: JSON = None, key: str | None = None,
         queue: str | None = None, priority: int | None = None, delay: float = 0,
         store: Producer, tx: Any = None, traceparent: str | None = None,
+        debounce: float | None = None,
     ) -> int: ...  # fmt: skip
 
     def start(
@@ -129,17 +131,20 @@ class Task(Generic[R]):
         store: Producer | AsyncStore,
         tx: Any = None,
         traceparent: str | None = None,
+        debounce: float | None = None,
     ) -> int | Awaitable[int]:
         """Start a run whose first task is this one; returns its id (``store.start_run``, with
         the task's declared queue and priority unless ``queue``/``priority`` say otherwise).
         With an async store (``open_async_store``) it returns an awaitable of the id. ``tx``:
         the caller's own transaction (transactional enqueue; the sync store only).
         ``traceparent``: the W3C trace context its steps continue (None: the current span's,
-        when OpenTelemetry records one; "": none)."""
+        when OpenTelemetry records one; "": none). ``debounce`` (seconds, with ``key``): a
+        burst of starts with one key is one run (``store.start_run``)."""
         where, level = self._where(queue, priority)
         extra = {} if tx is None else {"tx": tx}
         return store.start_run(self.name, payload, state, delay, key=key, queue=where,
-                               priority=level, traceparent=traceparent, **extra)  # fmt: skip
+                               priority=level, traceparent=traceparent, debounce=debounce,
+                               **extra)  # fmt: skip
 
     @overload
     def start_many(

@@ -39,6 +39,9 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
 )
 @option("--key", default=None, metavar="KEY", help="idempotency key: a run with it already "
         "there is the answer, nothing new is started")  # fmt: skip
+@option("--debounce", type=Number(float, 0.001, 365 * DAY), default=None, metavar="S",
+        help="with --key: the key's run not begun yet takes this payload and starts S seconds "
+        "from now; one begun already: a new run")  # fmt: skip
 @option(
     "--queue",
     envvar=ENQUEUE_QUEUE,
@@ -77,6 +80,7 @@ def enqueue(
     state_json: str,
     delay: float,
     key: str | None,
+    debounce: float | None,
     queue: str | None,
     priority: int | None,
     app_spec: str | None,
@@ -100,7 +104,7 @@ def enqueue(
         run_id = actions.enqueue(
             store, task, data, state, delay, key=key,
             queue="default" if queue is None else queue, priority=priority or 0,
-            traceparent=traceparent,
+            traceparent=traceparent, debounce=debounce,
         )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here

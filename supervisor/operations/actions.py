@@ -111,14 +111,17 @@ def enqueue(
     queue: str = "default",
     priority: int = 0,
     traceparent: str | None = None,
+    debounce: float | None = None,
 ) -> int:
     try:
         check_run_options(queue, priority, key)
         traceparent = None if traceparent is None else check_traceparent(traceparent)
+        if debounce is not None and key is None:
+            raise InvalidPayload("--debounce needs --key: the starts with one key make one run")
     except InvalidPayload as exc:
         raise ConfigError(str(exc)) from None
     return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority,
-                           traceparent=traceparent)  # fmt: skip
+                           traceparent=traceparent, debounce=debounce)  # fmt: skip
 
 
 # Attempts that reached a handler and ended without a commit (an exhausted claim never ran one)

@@ -292,3 +292,15 @@ def test_health_tells_an_unwritable_state_file_and_a_stalled_pool_apart(tmp_path
     assert result.exit_code == exitcodes.STALLED and "2 workers are free" in result.stderr
     result = invoke("health", "--pidfile", str(pidfile), "--max-stall", "40")
     assert result.exit_code == 0, result.output
+
+
+def test_enqueue_with_debounce_makes_one_run_of_a_burst(db: str) -> None:
+    first = invoke("enqueue", "digest", "--db", db, "--key", "u", "--debounce", "30",
+                   "--payload", "1")  # fmt: skip
+    again = invoke("enqueue", "digest", "--db", db, "--key", "u", "--debounce", "30",
+                   "--payload", "2")  # fmt: skip
+    assert first.stdout == again.stdout == "1\n"
+    with open_store(db) as store:
+        assert [t.payload for t in store.get_tasks(1)] == [2]
+    line = error_line(invoke("enqueue", "digest", "--db", db, "--debounce", "30"), exitcodes.USAGE)
+    assert "--debounce needs --key" in line

@@ -96,6 +96,8 @@ STATEMENTS = frozenset(
         "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
         # producers (B7)
         "INSERT_RUNS", "FIND_BY_KEYS",
+        # debounced starts: the key's run takes the new payload, or goes on without its key
+        "LOCK_KEY", "KEY_RUN", "DEBOUNCE_RUN", "RELEASE_KEY",
         # operators (B1, B2)
         "RUN_STATUS", "CANCEL_RUN", "PENDING_TASKS", "RETRY_RUN", "ATTEMPTS_DROPPED_BY_RETRY",
         "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",

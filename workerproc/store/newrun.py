@@ -4,6 +4,7 @@ every backend inserts the same way (``start_run``, ``start_runs``, transactional
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +25,7 @@ from .traceparent import current_traceparent
 from .types import DEFAULT_QUEUE, JSON
 
 START_FIELDS = frozenset(
-    {"task", "payload", "state", "delay", "key", "queue", "priority", "traceparent"}
+    {"task", "payload", "state", "delay", "key", "queue", "priority", "traceparent", "debounce"}
 )
 
 
@@ -42,6 +43,9 @@ class NewRun:
     gating: Gating = UNGATED  # what its task's limits make of it (``protocol.limits``)
     traceparent: str | None = None  # W3C trace context of its starter (``store.traceparent``)
     system: bool = False  # numbered from ``SYSTEM_RUNS`` up: a webhook's delivery run
+    # debounced: a start within this many seconds of the key's pending run replaces its payload
+    # and pushes its start back (``protocol.producers``); the run starts that long after it
+    debounce: float | None = None
 
     def gated(self, gating: Gating) -> NewRun:
         return dataclasses.replace(self, gating=gating)
@@ -50,6 +54,7 @@ class NewRun:
     def make(
         cls, task: str, payload: JSON, state: JSON, delay: float, key: str | None, queue: str,
         priority: int, traceparent: str | None = None, *, system: bool = False,
+        debounce: float | None = None,
     ) -> NewRun:  # fmt: skip
         """``traceparent``: the W3C trace context the run's steps continue; None: the caller's
         current span's, when OpenTelemetry is installed and a span is recording; "": none.
@@ -67,6 +72,9 @@ class NewRun:
             raise InvalidPayload(f"delay must be a number of seconds (got {delay!r})") from None
         if not 0 <= seconds <= MAX_DELAY:  # also refuses nan and inf
             raise InvalidPayload(f"delay must be from 0 to {MAX_DELAY:g} seconds (got {delay!r})")
+        if debounce is not None:
+            debounce = _debounce(debounce, key)
+            seconds = max(seconds, debounce)
         return cls(
             task,
             dumps(payload, "payload", MAX_PAYLOAD),
@@ -79,6 +87,7 @@ class NewRun:
                 current_traceparent() if traceparent is None else check_traceparent(traceparent)
             ),
             system=system,
+            debounce=debounce,
         )
 
     @classmethod
@@ -90,4 +99,20 @@ class NewRun:
         get = item.get
         return cls.make(item["task"], get("payload"), get("state"), get("delay", 0), get("key"),
                         get("queue", DEFAULT_QUEUE), get("priority", 0),
-                        get("traceparent"))  # fmt: skip
+                        get("traceparent"), debounce=get("debounce"))  # fmt: skip
+
+
+def _debounce(debounce: object, key: str | None) -> float:
+    """A debounce's seconds: above 0, at most ``MAX_DELAY``, and only with a key (what names
+    the burst that collapses into one run)."""
+    try:
+        seconds = math.nan if isinstance(debounce, bool) else float(debounce)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not 0 < seconds <= MAX_DELAY:
+        raise InvalidPayload(
+            f"debounce must be above 0 and at most {MAX_DELAY:g} seconds (got {debounce!r})"
+        )
+    if key is None:
+        raise InvalidPayload("debounce needs a key: the starts with one key make one run")
+    return seconds

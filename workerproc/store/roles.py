@@ -101,7 +101,7 @@ class Producer(Role, Protocol):
     def start_run(
         self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0, *,
         key: str | None = None, queue: str = DEFAULT_QUEUE, priority: int = 0, tx: Any = None,
-        traceparent: str | None = None,
+        traceparent: str | None = None, debounce: float | None = None,
     ) -> int: ...  # fmt: skip
     def start_runs(self, items: Iterable[Mapping[str, Any]], *, tx: Any = None) -> list[int]: ...
     def wait(self, run_id: int, timeout: float | None = None) -> Run: ...

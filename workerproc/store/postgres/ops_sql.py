@@ -24,9 +24,15 @@ globals().update(texts(QUERIES))
 # out (``{channel}``), by ``steps`` and ``admin``
 _INSERT_RUNS = QUERIES["INSERT_RUNS"].sql
 _FIND_BY_KEYS = QUERIES["FIND_BY_KEYS"].sql
+_KEY_RUN = QUERIES["KEY_RUN"].sql
+_DEBOUNCE_RUN = QUERIES["DEBOUNCE_RUN"].sql
+_RELEASE_KEY = QUERIES["RELEASE_KEY"].sql
 CALLERS_DATABASE = QUERIES["CALLERS_DATABASE"].sql
 INSERT_RUNS = _INSERT_RUNS.format(s="", channel="'leasekeeper.' || current_schema()")
 FIND_BY_KEYS = _FIND_BY_KEYS.format(s="")
+KEY_RUN = _KEY_RUN.format(s="")
+DEBOUNCE_RUN = _DEBOUNCE_RUN.format(s="")
+RELEASE_KEY = _RELEASE_KEY.format(s="")
 
 
 def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)

@@ -122,6 +122,9 @@ def _insert_runs(prefix: str) -> str:
 # two steps itself (``Shaped``)
 insert_runs = Shaped(_insert_runs, _insert_runs_shape)
 find_by_keys = Shaped(lambda prefix: _qualified(o._FIND_BY_KEYS, prefix), lambda p: p)
+key_run = Shaped(lambda prefix: _qualified(o._KEY_RUN, prefix), lambda p: p)
+debounce_run = Shaped(lambda prefix: _qualified(o._DEBOUNCE_RUN, prefix), lambda p: p)
+release_key = Shaped(lambda prefix: _qualified(o._RELEASE_KEY, prefix), lambda p: p)
 
 
 def _insert_events_shape(params: Params) -> Params:
@@ -200,6 +203,9 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
+    "KEY_RUN": key_run,
+    "DEBOUNCE_RUN": debounce_run,
+    "RELEASE_KEY": release_key,
     "INSERT_EVENTS": insert_events,
 }
 CATALOGUE = catalogue([q, o, g, r, c, sc, e, w, wh], STEPS)

@@ -31,6 +31,7 @@ class Producers(Limits):
         priority: int = 0,
         tx: Any = None,
         traceparent: str | None = None,
+        debounce: float | None = None,
     ) -> int:
         """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None).
 
@@ -40,10 +41,16 @@ class Producers(Limits):
         PostgreSQL), so the run exists if and only if the caller's transaction commits; the
         caller commits or rolls back. ``traceparent``: the W3C trace context its steps'
         spans continue (None: the caller's current span's, when OpenTelemetry is installed
-        and a span is recording; "": none; ``workerproc.tracing``)."""
-        (run_id,) = self._start(
-            [NewRun.make(task, payload, state, delay, key, queue, priority, traceparent)], tx
-        )
+        and a span is recording; "": none; ``workerproc.tracing``).
+
+        ``debounce`` (seconds, with a ``key``): a burst of starts makes one run. While the
+        key's run is pending and its first task was never claimed, a start replaces that
+        task's payload and moves its start to ``debounce`` seconds from now (the run's state,
+        queue and priority stay); the run starts ``debounce`` seconds after the last start of
+        the burst. Once it began (or ended), a start makes a new run, which takes the key."""
+        new = NewRun.make(task, payload, state, delay, key, queue, priority, traceparent,
+                          debounce=debounce)  # fmt: skip
+        (run_id,) = self._start([new], tx)
         return run_id
 
     def start_runs(self, items: Iterable[Mapping[str, Any]], *, tx: Any = None) -> list[int]:
@@ -67,22 +74,65 @@ def inserting(runs: list[NewRun], now: float | None) -> Program[list[int]]:
     """Insert the runs and their first tasks, ids in the runs' order; a run whose key is taken
     (by a run that exists, or by an earlier run of the same batch) inserts nothing and answers
     that run's id. ``INSERT_RUNS`` writes each inserted run's ``run.enqueued`` event itself
-    (B18), in the same statement on PostgreSQL. A program (``programs``): the sync and the
-    async store run this same one."""
+    (B18), in the same statement on PostgreSQL. A debounced run (``debounced``) first asks its
+    key's run to take its payload. A program (``programs``): the sync and the async store run
+    this same one."""
+    ids: list[int | None] = [None] * len(runs)
+    for i, run in enumerate(runs):
+        if run.debounce is not None:
+            ids[i] = yield from debounced(run, now)
+    for _ in range(DEBOUNCE_TRIES):
+        rest = [i for i, found in enumerate(ids) if found is None]
+        if not rest:
+            return [int(x) for x in ids if x is not None]
+        got = yield from _inserted([runs[i] for i in rest], now)
+        for i, (run_id, made) in zip(rest, got, strict=True):
+            # a debounced run whose key another start took meanwhile (an earlier item of the
+            # batch, or a producer whose run committed first): that run takes its payload
+            ids[i] = (
+                run_id if made or runs[i].debounce is None else (yield from debounced(runs[i], now))
+            )
+    raise StoreError("a debounced start could not settle on a run (its key kept changing hands)")
+
+
+DEBOUNCE_TRIES = 5  # inserts a debounced start tries, each after its key's run began meanwhile
+
+
+def debounced(run: NewRun, now: float | None) -> Program[int | None]:
+    """The key's run takes ``run``'s payload and start (pending, its one task never claimed):
+    its id. Else None, and a run of the key that began or ended goes on without it, so the
+    insert that follows takes the key. On PostgreSQL ``KEY_RUN`` holds the run first: no claim
+    can begin it under the update; ``LOCK_KEY`` makes debounced starts of one key take turns
+    (a plain start of the key may still insert first: the caller then tries again)."""
+    yield "LOCK_KEY", {"key": run.key}
+    rows = yield "KEY_RUN", {"key": run.key}
+    if not rows:
+        return None
+    run_id = int(rows[0][0])
+    params = {"run_id": run_id, "payload": run.payload, "delay": run.delay, "now": now}
+    if (yield "DEBOUNCE_RUN", params):
+        return run_id
+    yield "RELEASE_KEY", {"run_id": run_id}
+    return None
+
+
+def _inserted(runs: list[NewRun], now: float | None) -> Program[list[tuple[int, bool]]]:
+    """``INSERT_RUNS``: each run's id and whether it was made (False: its key was taken, the
+    id that of the key's run)."""
     rows = yield "INSERT_RUNS", {"runs": runs, "now": now}  # (id, inserted, ...) each
-    ids = [int(row[0]) for row in rows]
-    taken = [i for i, row in enumerate(rows) if not row[1]]
+    got = [(int(row[0]), bool(row[1])) for row in rows]
     placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
     if placed:  # gated runs joined their lines: each gate exists, each line may admit now
         yield "PLACE_GATES", placing(placed, now)
+    taken = [i for i, (_, made) in enumerate(got) if not made]
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
         found: dict[str | None, int] = dict((yield "FIND_BY_KEYS", {"keys": keys}))
         for i in taken:
             if runs[i].key not in found:
                 raise StoreError(f"{runs[i].key!r}: a run with this key was not found")
-            ids[i] = int(found[runs[i].key])
-    return ids
+            got[i] = (int(found[runs[i].key]), False)
+    return got
 
 
 def placing(gatings: list[Gating], now: float | None) -> Params:

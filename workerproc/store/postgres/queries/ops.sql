@@ -243,3 +243,41 @@ SELECT r.id FROM runs AS r, clock
       AND (%(finished_within)s::float8 IS NULL
            OR r.finished_at >= clock.now - %(finished_within)s::float8)
     ORDER BY r.id LIMIT %(limit)s
+
+-- name: LOCK_KEY
+-- A debounced start holds its key until the COMMIT (a transaction-scoped advisory lock on the
+-- key's hash, in a class of leasekeeper's own): debounced starts of one key take turns, so two
+-- never both find the key's run begun and race each other's inserts.
+SELECT pg_advisory_xact_lock(hashtext('leasekeeper.debounce'), hashtext(%(key)s))
+
+-- name: KEY_RUN
+-- A debounced start: the run that holds the key, if any, held (its row locked: a claim skips
+-- it until the COMMIT, so it cannot begin under the statements that follow). ``{s}``: the
+-- schema prefix, as INSERT_RUNS.
+SELECT id FROM {s}runs WHERE key = %(key)s FOR UPDATE
+
+-- name: DEBOUNCE_RUN
+-- A debounced start: the key's run (held), pending with its one task never claimed (no lease
+-- row: not even one handed back), takes the new payload and is due %(delay)s seconds from now,
+-- its head moved with it; its id, or nothing when it began (or ended) already. ``{s}``: the
+-- schema prefix.
+WITH clock AS MATERIALIZED (
+    SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
+moved AS (
+    UPDATE {s}tasks AS t SET payload = %(payload)s::json, available_at = clock.now + %(delay)s
+    FROM clock
+    WHERE t.run_id = %(run_id)s AND t.attempts = 0 AND t.done_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM {s}leases AS l WHERE l.run_id = t.run_id)
+      AND (SELECT count(*) FROM {s}tasks AS u WHERE u.run_id = t.run_id) = 1
+      AND EXISTS (SELECT 1 FROM {s}runs AS r WHERE r.id = t.run_id AND r.status = 'pending')
+    RETURNING t.run_id, t.available_at, t.line)
+UPDATE {s}runs AS r
+    SET head_at = CASE WHEN m.line IS NULL THEN m.available_at END,
+        line_at = CASE WHEN m.line IS NOT NULL THEN m.available_at END, updated_at = clock.now
+    FROM moved AS m, clock WHERE r.id = m.run_id
+    RETURNING r.id
+
+-- name: RELEASE_KEY
+-- A debounced start whose key's run began already: that run goes on without its key, which a
+-- new run takes. ``{s}``: the schema prefix.
+UPDATE {s}runs SET key = NULL WHERE id = %(run_id)s

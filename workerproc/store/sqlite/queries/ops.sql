@@ -92,3 +92,27 @@ SELECT id FROM runs
       AND (:created_within IS NULL OR created_at >= :now - :created_within)
       AND (:finished_within IS NULL OR finished_at >= :now - :finished_within)
     ORDER BY id LIMIT :limit
+
+-- name: LOCK_KEY
+-- A debounced start holds its key until the COMMIT: here the write transaction holds the
+-- whole database already, so nothing more is taken.
+SELECT 1 WHERE :key IS NOT NULL
+
+-- name: KEY_RUN
+-- A debounced start: the run that holds the key, if any.
+SELECT id FROM runs WHERE key = :key
+
+-- name: DEBOUNCE_RUN
+-- A debounced start: the key's run, pending with its one task never claimed, takes the new
+-- payload and is due :delay seconds from now (its head moves with it, by the tasks' triggers);
+-- its id, or nothing when it began (or ended) already.
+UPDATE tasks SET payload = :payload, available_at = :now + :delay
+    WHERE run_id = :run_id AND attempts = 0 AND lease_owner IS NULL AND done_at IS NULL
+      AND (SELECT count(*) FROM tasks AS u WHERE u.run_id = :run_id) = 1
+      AND (SELECT status FROM runs WHERE id = :run_id) = 'pending'
+    RETURNING run_id
+
+-- name: RELEASE_KEY
+-- A debounced start whose key's run began already: that run goes on without its key, which a
+-- new run takes.
+UPDATE runs SET key = NULL WHERE id = :run_id
