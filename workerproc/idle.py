@@ -1,10 +1,13 @@
 """How a worker with free slots waits for work without touching the write lock (R7).
 
-It reads the database's cheap change token (SQLite: ``PRAGMA data_version``; PostgreSQL: a
-counter its LISTEN connection bumps) every ``CHANGE_CHECK`` seconds (the store declares it), and
-sleeps until the next delayed task or expiring lease of its queues is due, or the poll interval
-passes, or a signal or a finished slot wakes it. A claim just answered "nothing", so a due time
-already past never cuts the wait short: that would spin on the write lock.
+It sleeps on its self-pipe and on the store's change watch (SQLite: an inotify watch of the
+database's files; PostgreSQL: the LISTEN connection's socket), and reads the database's cheap
+change token (SQLite: ``PRAGMA data_version``; PostgreSQL: a counter its LISTEN connection
+bumps) when the watch says something may have changed, and every ``WATCHED_CHECK`` seconds
+anyway (without a watch: every ``CHANGE_CHECK`` seconds), until the next delayed task or
+expiring lease of its queues is due, or the poll interval passes, or a signal or a finished
+slot wakes it. So an idle worker costs next to no CPU. A claim just answered "nothing", so a
+due time already past never cuts the wait short: that would spin on the write lock.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Callable, Sequence
 from .outage import Outage
 from .signals import Signals, Waker
 from .store import CHANGE_CHECK, StoreCorrupt, StoreError, WorkerStore
+from .store.dialect import SETTLE, WATCHED_CHECK, ChangeWatch
 
 
 def watch_for_work(
@@ -39,14 +43,25 @@ def watch_for_work(
     except StoreError as exc:
         outage.failed("idle check", exc)
         token = -1
+    watch = _watch(store, outage)
+    look_at = 0.0  # when the token is read even if the watch said nothing
+    hot_until = 0.0  # after the watch saw a write: poll until then (the commit may not be done)
     while not signals.asked and not interrupted():
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             return
-        woke = waker.wait(min(CHANGE_CHECK, remaining))
+        fd = None if watch is None else watch.fileno()
+        polling = fd is None or time.monotonic() < hot_until
+        woke = waker.wait(min(CHANGE_CHECK if polling else WATCHED_CHECK, remaining), also=fd)
         signals.absorb(woke)
         if woke:
             return
+        if watch is not None and fd is not None:
+            if watch.drain():
+                hot_until = time.monotonic() + SETTLE
+            elif not polling and time.monotonic() < look_at:
+                continue
+        look_at = time.monotonic() + WATCHED_CHECK
         try:
             current = store.change_token()
             if current != token:
@@ -58,3 +73,15 @@ def watch_for_work(
             raise  # never waited out: the worker exits STORE_CORRUPT
         except StoreError:
             continue  # the database is busy or gone: wait out the interval, then claim
+
+
+def _watch(store: WorkerStore, outage: Outage) -> ChangeWatch | None:
+    """The store's change watch, or None (poll): a store that cannot give one now (its
+    database unreachable) is polled, as before."""
+    try:
+        return store.change_watch()
+    except StoreCorrupt:
+        raise
+    except StoreError as exc:
+        outage.failed("idle check", exc)
+        return None

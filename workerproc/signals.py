@@ -50,10 +50,13 @@ class Waker:
         with contextlib.suppress(OSError):  # a full pipe is already a pending wake-up
             os.write(self.wfd, b"\0")
 
-    def wait(self, timeout: float) -> set[int]:
-        """Sleep up to ``timeout`` seconds or until woken; return the signal numbers seen."""
+    def wait(self, timeout: float, also: int | None = None) -> set[int]:
+        """Sleep up to ``timeout`` seconds or until woken (or until descriptor ``also`` is
+        readable: the store's change watch); return the signal numbers seen."""
         if timeout > 0:
-            select.select([self.rfd], [], [], timeout)
+            fds = [self.rfd] if also is None else [self.rfd, also]
+            with contextlib.suppress(OSError, ValueError):  # ``also`` closed: look again
+                select.select(fds, [], [], timeout)
         return self.drain()
 
     def drain(self) -> set[int]:

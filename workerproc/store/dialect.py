@@ -27,6 +27,8 @@ runs what the protocol names, on its engine:
 from __future__ import annotations
 
 import abc
+import contextlib
+import select
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -79,8 +81,27 @@ Intent = Literal["write", "exchange", "start", "statement", "call"]
 Channel = Literal["work", "end"]  # a run became claimable; a watched run ended
 
 # How often a polled change token is read (SQLite's ``PRAGMA data_version``, a cheap local
-# read): the idle worker's pickup latency, and ``wait`` on SQLite.
+# read): the idle worker's pickup latency, and ``wait`` on SQLite, where no ``ChangeWatch``
+# says when to look. With one, the token is still read this often at least (a safety net: a
+# watch is a hint).
 CHANGE_CHECK = 0.005
+WATCHED_CHECK = 0.5
+# After a watch saw a write, the token is polled for this long: the write may be a commit still
+# on its way (SQLite marks a commit done in its shared-memory index, which no watch sees).
+SETTLE = 0.05
+
+
+class ChangeWatch(Protocol):
+    """A descriptor that becomes readable when another connection may have committed (SQLite:
+    an inotify watch of the database's files; PostgreSQL: the LISTEN connection's socket), so
+    a waiter sleeps on it instead of polling the change token. Only a hint: the token decides."""
+
+    def fileno(self) -> int | None:
+        """The descriptor to sleep on now (None: none at the moment; poll the token)."""
+
+    def drain(self) -> bool:
+        """Consume what made it readable; whether the token may have moved."""
+
 
 # The protocol's vocabulary: every name it runs through a Tx, defined by every catalogue.
 STATEMENTS = frozenset(
@@ -349,12 +370,28 @@ class Dialect(abc.ABC):
 
     def wait_change(self, token: int, timeout: float, channel: Channel | None = None) -> int:
         """Sleep until the change token differs from ``token`` or ``timeout`` passes; return
-        the current token. Here by polling every ``CHANGE_CHECK``; a dialect with
-        notifications sleeps on them."""
+        the current token. Here by sleeping on ``change_watch`` (or, without one,
+        polling every ``CHANGE_CHECK``); a dialect with notifications sleeps on them."""
         deadline = time.monotonic() + timeout
+        watch = self.change_watch()
+        hot_until = 0.0
         while (current := self.change_token(channel)) == token and time.monotonic() < deadline:
-            time.sleep(min(CHANGE_CHECK, max(0.0, deadline - time.monotonic())))
+            left = max(0.0, deadline - time.monotonic())
+            fd = None if watch is None else watch.fileno()
+            if watch is None or fd is None:
+                time.sleep(min(CHANGE_CHECK, left))
+                continue
+            step = CHANGE_CHECK if time.monotonic() < hot_until else WATCHED_CHECK
+            with contextlib.suppress(OSError, ValueError):  # (closed meanwhile: look again)
+                select.select([fd], [], [], min(step, left))
+            if watch.drain():
+                hot_until = time.monotonic() + SETTLE
         return current
+
+    def change_watch(self) -> ChangeWatch | None:
+        """What a waiter may sleep on instead of polling ``change_token`` (None: poll it every
+        ``CHANGE_CHECK``). This process's own; one thread waits on it at a time."""
+        return None
 
     def watch(self, run_id: int) -> None:  # noqa: B027 - most engines need nothing
         """Before ``wait`` sleeps on the ``end`` channel: make the run's end move it."""

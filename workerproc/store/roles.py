@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from . import calls
+from .dialect import ChangeWatch
 from .limits import LimitInfo, LimitSpec
 from .schedules import Fired, ScheduleInfo, ScheduleSpec
 from .types import (
@@ -63,6 +64,7 @@ class WorkerStore(Role, Protocol):
     ) -> list[Renewal]: ...
     def change_token(self) -> int: ...
     def wait_change(self, token: int, timeout: float) -> int: ...
+    def change_watch(self) -> ChangeWatch | None: ...
     def events(
         self, after: int | None = None, limit: int = 500, *, consumer: str | None = None,
         run: int | None = None, system: bool = False,

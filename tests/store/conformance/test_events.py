@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import select
 import threading
+import time
 
 import pytest
 
@@ -58,6 +60,30 @@ def test_a_system_runs_events_are_read_only_when_asked(driver: Driver) -> None:
     assert s.events() == []
     assert [e.run_id for e in s.events(system=True)] == [hook.run_id]
     assert len(s.events(run=hook.run_id)) == 1
+
+
+@verb("change_watch")
+def test_the_change_watch_wakes_a_waiter_when_another_connection_commits(driver: Driver) -> None:
+    """What an idle worker sleeps on beside its self-pipe (SQLite: an inotify watch of the
+    database's files; PostgreSQL: the LISTEN socket): readable once another connection
+    committed, its token moved; quiet (or saying nothing moved) otherwise."""
+    s = driver.store
+    watch = s.change_watch()
+    assert watch is not None and s.change_watch() is watch  # (one per process, kept)
+    token = s.change_token()
+    fd = watch.fileno()
+    assert fd is not None
+    select.select([fd], [], [], 0.05)
+    watch.drain()  # whatever opening it left behind
+    driver.open().start_run("t")
+    deadline = time.monotonic() + 30
+    moved = False
+    while not moved and time.monotonic() < deadline:
+        fd = watch.fileno()
+        assert fd is not None
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        moved = bool(ready) and watch.drain()
+    assert moved and s.change_token() != token
 
 
 @verb("change_token", "wait_change")

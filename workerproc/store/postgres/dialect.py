@@ -37,7 +37,7 @@ from ..redaction import redact, redact_url, scrub
 from ..settings import PostgresOptions
 from ..types import Clock
 from . import admin
-from .listen import ABANDONED, END, WORK, Listener
+from .listen import ABANDONED, END, WORK, Listener, ListenWatch
 from .ops_sql import WATCH_RUN
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
@@ -105,6 +105,7 @@ class PostgresDialect(Dialect):
         self._create = options.migrate
         self._database: str | None = None
         channels = {WORK: NOTIFY_CHANNEL, END: END_CHANNEL}
+        self._change_watch: ListenWatch | None = None
         self._listener = Listener(
             conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
         )
@@ -361,6 +362,14 @@ class PostgresDialect(Dialect):
         """Sleep on LISTEN until a notification moves the token, or ``timeout`` passes."""
         self._alive()
         return self._listener.wait(token, max(0.0, timeout), channel)
+
+    def change_watch(self) -> ListenWatch:
+        """The LISTEN connection's socket (``listen.ListenWatch``), this process's own."""
+        self._alive()
+        watch = self._change_watch
+        if watch is None or watch.pid != os.getpid():
+            self._change_watch = watch = ListenWatch(self._listener)
+        return watch
 
     def watch(self, run_id: int) -> None:
         """LISTEN on the end channel first, then mark the run watched, so no end can slip

@@ -74,6 +74,15 @@ class Listener:
             except (OSError, ValueError):  # closed meanwhile by another thread: look again
                 time.sleep(0.01)
 
+    def socket(self) -> int | None:
+        """The LISTEN connection's socket, listening (None while it cannot be opened): it
+        becomes readable when a notification comes (``ListenWatch``)."""
+        self._after_fork()
+        with self._lock:
+            if self._conn is None or not self._listening:  # (never drains a listening one:
+                self._refresh()  # what is waiting on it is what the caller sleeps for)
+            return self._conn.socket if self._conn is not None else None
+
     def idle_over(self) -> None:
         """A claim found work: stop listening until the next idle spell (fire and forget)."""
         self._after_fork()
@@ -195,3 +204,21 @@ class Listener:
                 self._conn.finish()
             self._conn = None
             self._listening = False
+
+
+class ListenWatch:
+    """The LISTEN connection as a ``ChangeWatch``: its socket to sleep on, and whether a
+    notification moved a counter since the last look."""
+
+    def __init__(self, listener: Listener) -> None:
+        self.listener = listener
+        self.pid = os.getpid()
+        self.seen = listener.token()
+
+    def fileno(self) -> int | None:
+        return self.listener.socket()
+
+    def drain(self) -> bool:
+        now = self.listener.token()
+        moved, self.seen = now != self.seen, now
+        return moved

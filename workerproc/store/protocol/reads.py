@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from ..codec import RESERVED, can_exist, check_name, check_queue, loads
-from ..dialect import Dialect, Params, Row, Tx
+from ..dialect import ChangeWatch, Dialect, Params, Row, Tx
 from ..errors import RunNotFound
 from ..types import (
     RUN_STATUSES,
@@ -207,6 +207,12 @@ class Reads:
         """Sleep until the change token differs from ``token`` or ``timeout`` seconds pass (on
         notifications where the database has them); the current token."""
         return self.dialect.wait_change(token, timeout)
+
+    def change_watch(self) -> ChangeWatch | None:
+        """What a waiter that also waits for something else (an idle worker's self-pipe) may
+        sleep on instead of polling ``change_token``: a descriptor that becomes readable when
+        another connection may have committed (None: poll). A hint; the token decides."""
+        return self.dialect.change_watch()
 
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         """The earliest moment some task of ``queues`` (None: any) could be claimed (a past

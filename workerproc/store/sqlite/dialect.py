@@ -29,6 +29,7 @@ from .errors import is_busy, is_readonly, translate, unbindable, undecodable
 from .intent import Intent as Producers
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .steps import CATALOGUE
+from .watch import FileWatch, open_watch
 
 T = TypeVar("T")
 
@@ -71,6 +72,7 @@ class SQLiteDialect(Dialect):
         self._clock: Clock = clock or time.time
         self._local = threading.local()
         self._pid = os.getpid()
+        self._watch: FileWatch | None = None
         self._closed = False
         self._producers = Producers(path + "-producers")  # producers ahead of a busy pool
 
@@ -347,6 +349,17 @@ class SQLiteDialect(Dialect):
     def now(self) -> float:
         return self._clock()
 
+    def change_watch(self) -> FileWatch | None:
+        """An inotify watch of the database's file and ``-wal`` (``watch``), this process's
+        own (opened at the first call, again after a fork); None where there is none."""
+        watch = self._watch
+        if watch is not None and watch.pid == os.getpid():
+            return watch
+        if self._closed:
+            raise StoreError("the store is closed")
+        self._watch = open_watch(self.path)  # (an inherited one is left to its process)
+        return self._watch
+
     def change_token(self, channel: Channel | None = None) -> int:
         """``PRAGMA data_version``: moves when another connection commits (any channel)."""
         conn = self._conn()
@@ -358,4 +371,7 @@ class SQLiteDialect(Dialect):
             conn.close()
         self._local = threading.local()
         self._producers.close()
+        if self._watch is not None:
+            self._watch.close()
+            self._watch = None
         self._closed = True
