@@ -20,6 +20,7 @@ from typing import cast
 
 from ..codec import check_owner, check_queue, loads, task_options
 from ..dialect import ClaimRow, Params, Tx
+from ..driver import Placing
 from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
@@ -91,9 +92,8 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     if completed(tx, "HANDBACK", [params])[0]:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
-        tx.write_deferred()  # the gates this claim changed first: PLACE_GATES writes them too
-        tx.count("PLACE_GATES", {"gates": sorted(gating.gates), "lines": [gating.line],
-                                 "now": tx.now})  # fmt: skip
+        lines = (gating.line,) if gating.line else ()
+        tx.place_gates(Placing(tuple(sorted(gating.gates)), lines))
 
 
 def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = None) -> list[Lease]:

@@ -75,8 +75,8 @@ class Leases(Limits):
         def exchange(tx: Tx) -> BatchOutcome:
             results = tuple(apply_all(tx, commits, encoded))
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
-            if placed:  # after the settling, like it when the claim first looks at gates
-                tx.before_gates("PLACE_GATES", [placing(placed, tx.now)])
+            if placed:  # after the settling, like it before the claim first looks at gates
+                tx.place_gates(placing(placed))
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
             return BatchOutcome(results, tuple(leases), tuple(tx.failed))
 
