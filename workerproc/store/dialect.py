@@ -191,7 +191,7 @@ class Cursor(Protocol):
 
 class Tx(InTurn):
     """One transaction in progress (or one read): runs the catalogue's statements by name, and
-    offers the gates' verbs (``driver.GateDriver``, implemented over its statements in turn:
+    offers the gates' verbs (``driver.Driver``, implemented over its statements in turn:
     ``verbs.InTurn``)."""
 
     catalogue: ClassVar[Catalogue]

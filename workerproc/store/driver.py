@@ -1,6 +1,11 @@
-"""The driver's verbs for flow control's gates (B12): what a write transaction does to its
-gates, as typed operations whose contracts say what each one is ordered before and after,
-never how it travels.
+"""The driver's verbs: what the protocol asks of a write transaction beyond a named
+statement, as typed operations (parameters and rows are the classes below, never dicts) whose
+contracts say what each one does and is ordered before and after, never how it travels:
+
+- the claim: ``claim_rows`` (the plain walk, R1), ``lease_runs`` (the runs a gated claim
+  admitted), both answering ``dialect.ClaimRow``; the renewal: ``renew_leases`` (R3, B5);
+- flow control's gates (B12): ``settle_gates``, ``place_gates``, ``reopen_runs``,
+  ``open_gates``, ``look_gates``, ``write_gates``.
 
 The protocol (``store/protocol/gates.py``, the commits, the claim) decides what a gate write
 or read is; a driver decides how the statements go. Three orderings matter to the gates, and
@@ -34,8 +39,52 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from .dialect import Row
+    from .dialect import ClaimRow, Row
     from .limits import GateState
+    from .types import Lease
+
+
+@dataclass(frozen=True)
+class ClaimAsk:
+    """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
+    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3)."""
+
+    owner: str
+    ttl: float
+    limit: int
+    queues: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    start: bool = True
+
+
+@dataclass(frozen=True)
+class LeaseRuns:
+    """Lease the head task of each of ``run_ids`` (admitted by their gates) for ``owner``."""
+
+    run_ids: tuple[int, ...]
+    owner: str
+    ttl: float
+    start: bool = True
+
+
+@dataclass(frozen=True)
+class RenewAsk:
+    """R3 for every lease of one ``owner``: ``starting`` (task ids among them) begin on this
+    renewal's answer (B3)."""
+
+    leases: tuple[Lease, ...]
+    owner: str
+    ttl: float
+    starting: tuple[int, ...] = ()
+
+
+class RenewRow(NamedTuple):
+    """A lease renewed: its new expiry, and whether its run is still alive (B15)."""
+
+    task_id: int
+    attempt: int
+    expires_at: float
+    alive: bool
 
 
 @dataclass
@@ -118,8 +167,25 @@ def by_line(lines: Sequence[str], rows: Sequence[Row]) -> dict[str, list[LineRun
     return found
 
 
-class GateDriver(abc.ABC):
-    """The verbs a write transaction offers for the gates (the module's docstring)."""
+class Driver(abc.ABC):
+    """The verbs a write transaction offers (the module's docstring)."""
+
+    @abc.abstractmethod
+    def claim_rows(self, ask: ClaimAsk) -> list[ClaimRow]:
+        """Lease up to ``ask.limit`` claimable tasks of runs in no line, each of its own run,
+        in the claim's order (R1, B6); a row whose ``task_id`` is None is a run locked but
+        not leased (its head is newer than the statement's snapshot)."""
+
+    @abc.abstractmethod
+    def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
+        """Lease the head task of each run admitted by its gates, as ``claim_rows`` does (a
+        run whose head moved or that another claimer leased meanwhile has no row or a row
+        without ``task_id``)."""
+
+    @abc.abstractmethod
+    def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
+        """Each lease of ``ask`` that is still its owner's and live gets
+        ``max(old, now + ttl)``; a lease not renewed has no row (lost or expired)."""
 
     @abc.abstractmethod
     def settle_gates(self, settles: Sequence[GateSettle]) -> None:
@@ -161,4 +227,4 @@ class GateDriver(abc.ABC):
 
 
 # The verbs every driver implements (the census: ``tests/store/conformance/test_meta.py``).
-GATE_VERBS = tuple(sorted(GateDriver.__abstractmethods__))
+VERBS = tuple(sorted(Driver.__abstractmethods__))

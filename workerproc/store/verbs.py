@@ -1,4 +1,4 @@
-"""The driver's verbs (``driver.GateDriver``) written once over a transaction's named
+"""The driver's verbs (``driver.Driver``) written once over a transaction's named
 statements, each in turn (``InTurn``, which every ``dialect.Tx`` is): what SQLite runs as it
 is, and what PostgreSQL's transaction (``postgres/tx.py``) gives its round trips by
 overriding the three ways the verbs' statements go (``_gate_write``, ``_gates_then``,
@@ -13,16 +13,27 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from .driver import GateDriver, GateLook, GateSettle, Opened, Placing, by_line
+from .driver import (
+    ClaimAsk,
+    Driver,
+    GateLook,
+    GateSettle,
+    LeaseRuns,
+    Opened,
+    Placing,
+    RenewAsk,
+    RenewRow,
+    by_line,
+)  # fmt: skip
 
 if TYPE_CHECKING:
-    from .dialect import Params, Row
+    from .dialect import ClaimRow, Params, Row
     from .limits import GateState
 
 
-class InTurn(GateDriver):
+class InTurn(Driver):
     """The gates' verbs over ``rows`` and ``many`` (a ``dialect.Tx``'s)."""
 
     now: float | None
@@ -37,6 +48,24 @@ class InTurn(GateDriver):
 
     @abc.abstractmethod
     def time(self) -> float: ...
+
+    def claim_rows(self, ask: ClaimAsk) -> list[ClaimRow]:
+        name = "CLAIM_QUEUES" if ask.queues is not None else "CLAIM_OTHERS" if ask.skip else "CLAIM"
+        params = {"owner": ask.owner, "ttl": float(ask.ttl), "now": self.now, "limit": ask.limit,
+                  "queues": None if ask.queues is None else list(ask.queues),
+                  "start": ask.start, "skip": list(ask.skip)}  # fmt: skip
+        return cast("list[ClaimRow]", self.rows(name, params))  # as every catalogue builds them
+
+    def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
+        params = {"run_ids": list(ask.run_ids), "owner": ask.owner, "ttl": float(ask.ttl),
+                  "now": self.now, "start": ask.start}  # fmt: skip
+        return cast("list[ClaimRow]", self.rows("CLAIM_RUNS", params))
+
+    def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
+        params = {"leases": list(ask.leases), "owner": ask.owner, "ttl": float(ask.ttl),
+                  "starting": list(ask.starting), "now": self.now}  # fmt: skip
+        return [RenewRow(int(r[0]), int(r[1]), float(r[2]), bool(r[3]))
+                for r in self.rows("RENEW_MANY", params)]  # fmt: skip
 
     def settle_gates(self, settles: Sequence[GateSettle]) -> None:
         self._gate_write("GATE_SETTLE", [{"gate": s.gate, "back": s.back, "charged": s.charged,

@@ -1,7 +1,7 @@
-"""The driver's verbs for the gates (``workerproc/store/driver.py``), each run inside a write
-transaction of the store's own dialect, on both drivers: what each one writes or reads, and
-the order its contract promises (a write that waits for the gates goes before the
-transaction's next look at them; a claim's write-back goes before a later placement)."""
+"""The driver's verbs (``workerproc/store/driver.py``), each run inside a write transaction of
+the store's own dialect, on both drivers: what each one writes or reads (typed rows), and the
+order its contract promises (a write that waits for the gates goes before the transaction's
+next look at them; a claim's write-back goes before a later placement)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,19 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from workerproc.store.dialect import Tx
-from workerproc.store.driver import GateSettle, LineRun, Opened, Placing
+from workerproc.store.driver import (
+    ClaimAsk,
+    GateSettle,
+    LeaseRuns,
+    LineRun,
+    Opened,
+    Placing,
+    RenewAsk,
+    RenewRow,
+)
 from workerproc.store.limits import GateState
 
-from .kit import Driver, verb
+from .kit import TTL, Driver, verb
 from .test_limits import ONE, gated
 
 T = TypeVar("T")
@@ -118,3 +127,47 @@ def test_place_gates_comes_after_a_claims_write_back(driver: Driver) -> None:
 
     write(driver, write_back_then_place)
     assert open_now(driver) == ["api"]
+
+
+@verb("Driver.claim_rows")
+def test_claim_rows_leases_runs_of_the_served_queues_one_each(driver: Driver) -> None:
+    s = driver.store
+    ours = [s.start_run("t", queue="q") for _ in range(3)]
+    other = s.start_run("t")
+    rows = write(driver, lambda tx: tx.claim_rows(ClaimAsk("w1", TTL, 2, ("q",))))
+    assert [(row.run_id, row.queue, row.attempts) for row in rows] == [
+        (ours[0], "q", 1), (ours[1], "q", 1)]  # fmt: skip
+    assert all(row.task_id is not None and row.expires_at == driver.clock() + TTL for row in rows)
+    rows = write(driver, lambda tx: tx.claim_rows(ClaimAsk("w1", TTL, 5, skip=("q",))))
+    assert [row.run_id for row in rows] == [other]  # every queue but those skipped
+    rows = write(driver, lambda tx: tx.claim_rows(ClaimAsk("w2", TTL, 5)))
+    assert [row.run_id for row in rows] == [ours[2]]  # one lease per run (R1)
+    assert write(driver, lambda tx: tx.claim_rows(ClaimAsk("w2", TTL, 5))) == []
+
+
+@verb("Driver.lease_runs")
+def test_lease_runs_leases_the_admitted_runs_with_their_gates(driver: Driver) -> None:
+    gated(driver, ONE)
+    runs = [driver.store.start_run("call") for _ in range(2)]
+    ask = LeaseRuns(tuple(runs), "w1", TTL)
+    rows = write(driver, lambda tx: tx.lease_runs(ask))
+    assert sorted(row.run_id for row in rows) == runs
+    assert all(row.task_id is not None and row.gate_a == "api" for row in rows)
+    assert driver.store.limits()[0].in_use == 2  # the admission was the caller's to make
+    assert [row.task_id for row in write(driver, lambda tx: tx.lease_runs(ask))] in (
+        [], [None, None])  # fmt: skip  # leased already: none leased again
+
+
+@verb("Driver.renew_leases")
+def test_renew_leases_answers_each_live_lease_renewed(driver: Driver) -> None:
+    old, new = driver.zombie()
+    mine = driver.lease("u", owner="w2")
+    driver.clock.advance(10)
+    ask = RenewAsk((new, mine), "w2", TTL, starting=(mine.task_id,))
+    rows = write(driver, lambda tx: tx.renew_leases(ask))
+    expected = {RenewRow(x.task_id, x.attempt, driver.clock() + TTL, True) for x in (new, mine)}
+    assert set(rows) == expected
+    assert write(driver, lambda tx: tx.renew_leases(RenewAsk((old,), "zombie", TTL))) == []
+    assert driver.store.cancel_run(mine.run_id)
+    (row,) = write(driver, lambda tx: tx.renew_leases(RenewAsk((mine,), "w2", TTL)))
+    assert row.task_id == mine.task_id and not row.alive  # cancelled under its holder (B15)

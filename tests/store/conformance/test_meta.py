@@ -13,7 +13,7 @@ from typing import Protocol
 
 from workerproc.store import AsyncStore, roles
 from workerproc.store.dialect import Tx
-from workerproc.store.driver import GATE_VERBS, GateDriver
+from workerproc.store.driver import VERBS, Driver
 from workerproc.store.postgres.tx import PostgresTx
 from workerproc.store.sqlite.dialect import SQLiteTx
 
@@ -36,7 +36,7 @@ def role_verbs(module: ModuleType = roles) -> set[str]:
 
 def driver_verbs() -> set[str]:
     """The driver's verbs (``store/driver.py``), each a ``Driver.NAME`` of the census."""
-    return {f"Driver.{name}" for name in GATE_VERBS}
+    return {f"Driver.{name}" for name in VERBS}
 
 
 def async_verbs() -> set[str]:
@@ -100,9 +100,9 @@ def test_every_driver_verb_is_implemented_by_both_drivers() -> None:
     """Each verb of the driver's interface is a method both transactions answer (none left
     abstract), declared by the interface with its contract, and none of the protocol's
     modules schedules a round trip itself (the verbs say what goes before what)."""
-    assert set(GATE_VERBS) >= {"settle_gates", "open_gates", "write_gates"}
+    assert set(VERBS) >= {"claim_rows", "renew_leases", "settle_gates", "open_gates"}
     for tx in (SQLiteTx, PostgresTx):
-        assert issubclass(tx, GateDriver) and not tx.__abstractmethods__ & set(GATE_VERBS)
-        for name in GATE_VERBS:
-            assert callable(getattr(tx, name)) and getattr(GateDriver, name).__doc__
-    assert all(getattr(Tx, name) is not getattr(GateDriver, name) for name in GATE_VERBS)
+        assert issubclass(tx, Driver) and not tx.__abstractmethods__ & set(VERBS)
+        for name in VERBS:
+            assert callable(getattr(tx, name)) and getattr(Driver, name).__doc__
+    assert all(getattr(Tx, name) is not getattr(Driver, name) for name in VERBS)

@@ -34,10 +34,9 @@ transaction that leases them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import cast
 
 from ..dialect import ClaimRow, Row, Tx
-from ..driver import GateSettle, LineRun, Opened, by_line
+from ..driver import GateSettle, LeaseRuns, LineRun, Opened, by_line
 from ..limits import GateState, never_fits, split_gate, too_large
 from ..types import CasResult, ClaimRequest, Commit, Lease
 from .failures import refuse_too_large
@@ -276,13 +275,11 @@ def _lease_all(
     tx: Tx, req: ClaimRequest, rows: Sequence[LineRun], gates: Admission, now: float,
     lease: LeaseMaker,
 ) -> list[Lease]:  # fmt: skip
-    params = {"run_ids": [r.run_id for r in rows], "owner": req.owner, "ttl": float(req.ttl),
-              "now": tx.now, "start": req.begins}  # fmt: skip
+    ask = LeaseRuns(tuple(r.run_id for r in rows), req.owner, req.ttl, req.begins)
     made: list[Lease] = []
     wanted = {r.run_id: r for r in rows}
     leased: set[int] = set()
-    for row in tx.rows("CLAIM_RUNS", params):
-        claim_row = cast(ClaimRow, row)  # as every dialect builds it
+    for claim_row in tx.lease_runs(ask):
         run_id = claim_row.run_id
         if claim_row.task_id is None:
             continue
