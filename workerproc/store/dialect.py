@@ -191,7 +191,7 @@ class Cursor(Protocol):
 
 class Tx(InTurn):
     """One transaction in progress (or one read): runs the catalogue's statements by name, and
-    offers the gates' verbs (``driver.Driver``, implemented over its statements in turn:
+    offers the driver's verbs (``driver.Driver``, implemented over its statements in turn:
     ``verbs.InTurn``)."""
 
     catalogue: ClassVar[Catalogue]
@@ -212,7 +212,7 @@ class Tx(InTurn):
         """Write what waits for the COMMIT (the gate writes held back), then the events this
         transaction's transitions emitted (``protocol.events.emit``), all in one statement,
         inside the transaction: the dialect calls it before COMMIT."""
-        self.write_deferred()
+        self._write_deferred()
         if self.events:
             events, self.events = self.events, []
             self.count("INSERT_EVENTS", {"events": events, "now": self.now})

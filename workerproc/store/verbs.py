@@ -1,8 +1,8 @@
 """The driver's verbs (``driver.Driver``) written once over a transaction's named
 statements, each in turn (``InTurn``, which every ``dialect.Tx`` is): what SQLite runs as it
 is, and what PostgreSQL's transaction (``postgres/tx.py``) gives its round trips by
-overriding the three ways the verbs' statements go (``_gate_write``, ``_gates_then``,
-``_each``).
+overriding how the verbs' statements go (``_gates_then``, ``_each``, ``many``) and writing
+what is held back with its COMMIT.
 
 The gate writes are held back in order: those that wait for a gate's lock in ``ahead``, until
 the transaction next looks at its gates (``open_gates``) or commits; a claim's write-back in
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class InTurn(Driver):
-    """The gates' verbs over ``rows`` and ``many`` (a ``dialect.Tx``'s)."""
+    """The driver's verbs over ``rows`` and ``many`` (a ``dialect.Tx``'s)."""
 
     now: float | None
     ahead: list[tuple[str, list[Params]]]  # gate writes waiting for the gates' next look
@@ -74,7 +74,7 @@ class InTurn(Driver):
 
     def place_gates(self, placing: Placing) -> None:
         if self.deferred:  # a claim's write-back first: PLACE_GATES writes those gates too
-            self.write_deferred()
+            self._write_deferred()
         params = {"gates": list(placing.gates), "lines": list(placing.lines), "now": self.now}
         self._gate_write("PLACE_GATES", [params])
 
@@ -104,17 +104,9 @@ class InTurn(Driver):
         if gates:
             calls.append(("GATE_STATE", {"gates": list(gates), "now": self.now}))
         if lines:
-            calls.append(
-                (
-                    "LINE_RUNS",
-                    {
-                        "lines": list(lines),
-                        "now": self.now,
-                        "limit": limit,
-                        "queues": None if queues is None else list(queues),
-                    },
-                )
-            )
+            ask = {"lines": list(lines), "queues": None if queues is None else list(queues),
+                   "limit": limit, "now": self.now}  # fmt: skip
+            calls.append(("LINE_RUNS", ask))
         got = self._each(calls) if calls else []
         states = got.pop(0) if gates else []
         return GateLook(states, by_line(lines, got.pop(0)) if lines else {})
@@ -142,7 +134,7 @@ class InTurn(Driver):
         ``rows(name, params)``, then ``time()`` (read after that statement's locks), then the
         rows of each of ``after``."""
         before = [self.rows(n, p) for n, p in first]
-        self.write_ahead()
+        self._write_ahead()
         rows = self.rows(name, params)
         now = self.time()
         return rows, now, [self.rows(n, p) for n, p in after], before
@@ -151,15 +143,15 @@ class InTurn(Driver):
         """``rows(name, params)`` for each call, in order."""
         return [self.rows(name, params) for name, params in calls]
 
-    def write_ahead(self) -> None:
+    def _write_ahead(self) -> None:
         """Send the writes waiting for the gates now, in order."""
         ahead, self.ahead = self.ahead, []
         for name, each in ahead:
             self.many(name, each)
 
-    def write_deferred(self) -> None:
+    def _write_deferred(self) -> None:
         """Send what waits for the COMMIT now (the writes waiting for the gates first)."""
-        self.write_ahead()
+        self._write_ahead()
         deferred, self.deferred = self.deferred, []
         for name, each in deferred:
             self.many(name, each)
