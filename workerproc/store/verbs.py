@@ -82,6 +82,10 @@ class InTurn(Driver):
         self._gate_write("REOPEN_RUN", [{"run_id": r, "now": self.now} for r in run_ids])
 
     def open_gates(self, queues: Sequence[str] | None, want: int, limit: int) -> Opened:
+        """The settled gates' first runs are read before the gate writes held back (only what
+        the gate decides waits for its lock, and those runs are only ever leased by a claimer
+        that holds their gate), ``OPEN_GATES`` and the clock after them, the settled gates'
+        states last (a settle locks its gate: they see it)."""
         held = sorted({p["gate"] for name, each in self.ahead if name == "GATE_SETTLE"
                        for p in each}) if want > 0 else []  # fmt: skip
         lines = {"lines": held, "queues": None if queues is None else list(queues),
