@@ -6,6 +6,7 @@ that spends no attempt and pauses a limit for everyone, declarations and operato
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from helpers import FakeClock
@@ -14,6 +15,7 @@ from store_backends import Backend
 
 from workerproc.store import ClaimRequest, Commit, Lease, Store
 from workerproc.store.dialect import Params, Row, Tx
+from workerproc.store.driver import GateLook
 from workerproc.store.limits import LimitSpec
 
 TTL = 30.0
@@ -66,16 +68,16 @@ class TestConcurrency:
         s.start_runs([{"task": "call"}] * 8)
         first, other = claims(s, 2), claims(s, 5, "other")
         assert len(first) == 2 and len(other) == 1  # the cap: 3
-        seen: list[str] = []
-        original = Tx.rows_each
+        seen: list[Sequence[str]] = []
+        original = Tx.look_gates
 
-        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-            seen.extend(name for name, _ in calls)
-            return original(tx, calls)
+        def look_gates(tx: Tx, gates: Sequence[str], *args: Any) -> GateLook:
+            seen.append(gates)
+            return original(tx, gates, *args)
 
         finish = [Commit(x, "finish", expected_revision=x.revision, new_state={}) for x in first]
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(Tx, "rows_each", rows_each)
+            mp.setattr(Tx, "look_gates", look_gates)
             out = s.commit_many(finish, claim=ClaimRequest("w", TTL, 3, 5))
         assert [r.value for r in out.results] == ["ok", "ok"]
         assert len(out.leases) == 2  # the two slots it freed, and not the one still held
@@ -188,25 +190,27 @@ class TestFairness:
         limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
         s.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 40}"}} for i in range(80)])
         seen: list[str] = []
-        original, original_each = Tx.rows, Tx.rows_each
-        together: list[bool] = []  # inside rows_each (its statements are counted there)
+        original, original_look = Tx.rows, Tx.look_gates
+        together: list[bool] = []  # inside look_gates (its statements are counted there)
 
         def rows(tx: Tx, name: str, params: Params) -> list[Row]:
             if not together:
                 seen.append(name)
             return original(tx, name, params)
 
-        def rows_each(tx: Tx, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-            seen.extend(name for name, _ in calls)
+        def look_gates(
+            tx: Tx, gates: Sequence[str], lines: Sequence[str] = (), *args: Any
+        ) -> GateLook:
+            seen.extend(["GATE_STATE"] * bool(gates) + ["LINE_RUNS"] * bool(lines))
             together.append(True)
             try:
-                return original_each(tx, calls)
+                return original_look(tx, gates, lines, *args)
             finally:
                 together.pop()
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(Tx, "rows", rows)
-            mp.setattr(Tx, "rows_each", rows_each)
+            mp.setattr(Tx, "look_gates", look_gates)
             got = claims(s, 16)
         assert len(got) == 16 and len(set(keys(got))) == 16  # one run of each of 16 keys
         # the lines are asked together: one read of their gates, of their runs, one claim

@@ -13,7 +13,10 @@ from workerproc.store.dialect import STATEMENTS
 from workerproc.store.postgres import steps as postgres_steps
 from workerproc.store.sqlite import steps as sqlite_steps
 
-PROTOCOL = Path(__file__).resolve().parents[2] / "workerproc" / "store" / "protocol"
+STORE = Path(__file__).resolve().parents[2] / "workerproc" / "store"
+PROTOCOL = STORE / "protocol"
+# the driver's verbs, written once over named statements (``store/verbs.py``)
+VERBS = STORE / "verbs.py"
 CATALOGUES = {"sqlite": sqlite_steps.CATALOGUE, "postgres": postgres_steps.CATALOGUE}
 RUNS = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a statement's name, whole
 
@@ -21,9 +24,9 @@ RUNS = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a statement's name, whole
 def names_the_protocol_runs() -> set[str]:
     """Every string constant of the protocol's code that looks like a statement's name (the
     statements it runs through ``Tx.rows``/``one``/``count``/``many`` and the commit kinds'
-    steps)."""
+    steps), and of the driver's verbs that run them for it."""
     found = set()
-    for path in PROTOCOL.glob("*.py"):
+    for path in [*PROTOCOL.glob("*.py"), VERBS]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.update(RUNS.findall(node.value))

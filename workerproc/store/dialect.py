@@ -34,6 +34,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
+from .verbs import InTurn
+
 if TYPE_CHECKING:
     from .types import RunFailure
 
@@ -212,83 +214,30 @@ class Cursor(Protocol):
     def fetchone(self) -> Any: ...
 
 
-class Tx(abc.ABC):
-    """One transaction in progress (or one read): runs the catalogue's statements by name."""
+class Tx(InTurn):
+    """One transaction in progress (or one read): runs the catalogue's statements by name, and
+    offers the driver's verbs (``driver.Driver``, implemented over its statements in turn:
+    ``verbs.InTurn``)."""
 
     catalogue: ClassVar[Catalogue]
     now: float | None  # the "now" parameter of every statement (see the module's docstring)
     events: list[Params]  # what this transaction's transitions emitted, for ``flush`` (B18)
     # the runs this transaction failed, in order: kept apart from ``events``, which an engine
-    # may write (and empty) in the middle of the transaction (``ahead_then``)
+    # may write (and empty) in the middle of the transaction (``open_gates``)
     failed: list[RunFailure]
 
     def __init__(self, now: float | None) -> None:
         self.now = now
         self.events = []
         self.failed = []
-        self.deferred: list[tuple[str, list[Params]]] = []
-        self.ahead: list[tuple[str, list[Params]]] = []
-
-    def before_gates(self, name: str, each: list[Params]) -> None:
-        """``many(name, each)``, sent just before this transaction's claim first looks at its
-        gates (``ahead_then``: on PostgreSQL in the round trip that locks them), or else before
-        COMMIT: for a write to gates that waits for their locks, such as a commit's settling,
-        so that the gates are held from there to the COMMIT only, not through the whole claim."""
-        if each:
-            self.ahead.append((name, each))
-
-    def ahead_then(
-        self,
-        name: str,
-        params: Params,
-        after: Sequence[tuple[str, Params]] = (),
-        first: Sequence[tuple[str, Params]] = (),
-    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
-        """The rows of each of ``first``, then the writes waiting for the gates
-        (``before_gates``), then ``rows(name, params)``, then ``time()`` (read after that
-        statement's locks), then the rows of each of ``after``: a pipelined engine sends them
-        all in one round trip (and may write the events emitted so far first: they wait for
-        no lock)."""
-        before = [self.rows(n, p) for n, p in first]
-        self.write_ahead()
-        rows = self.rows(name, params)
-        now = self.time()
-        return rows, now, [self.rows(n, p) for n, p in after], before
-
-    def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        """``rows(name, params)`` for each call, in order (a pipelined engine sends them in one
-        round trip, each statement after the locks of the one before: ``_each``)."""
-        return self._each(calls)
-
-    def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        return [self.rows(name, params) for name, params in calls]
-
-    def write_ahead(self) -> None:
-        """Send the writes waiting for the gates (``before_gates``) now, in order."""
-        ahead, self.ahead = self.ahead, []
-        for name, each in ahead:
-            self.many(name, each)
-
-    def at_commit(self, name: str, each: list[Params]) -> None:
-        """``many(name, each)``, sent just before COMMIT (``flush``; on PostgreSQL in the
-        COMMIT's own round trip): for a write nothing later in the transaction reads, such as
-        the gates a claim changed, so the rows it locked are let go one round trip sooner."""
-        if each:
-            self.deferred.append((name, each))
-
-    def write_deferred(self) -> None:
-        """Send what waits for the COMMIT now (the writes waiting for the gates first): a
-        later statement writes the same rows."""
-        self.write_ahead()
-        deferred, self.deferred = self.deferred, []
-        for name, each in deferred:
-            self.many(name, each)
+        self.deferred = []
+        self.ahead = []
 
     def flush(self) -> None:
-        """Write what waits for the COMMIT (``before_gates``, ``at_commit``), then the events this
+        """Write what waits for the COMMIT (the gate writes held back), then the events this
         transaction's transitions emitted (``protocol.events.emit``), all in one statement,
         inside the transaction: the dialect calls it before COMMIT."""
-        self.write_deferred()
+        self._write_deferred()
         if self.events:
             events, self.events = self.events, []
             self.count("INSERT_EVENTS", {"events": events, "now": self.now})

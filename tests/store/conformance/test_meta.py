@@ -12,6 +12,10 @@ from types import ModuleType
 from typing import Protocol
 
 from workerproc.store import AsyncStore, roles
+from workerproc.store.dialect import Tx
+from workerproc.store.driver import VERBS, Driver
+from workerproc.store.postgres.tx import PostgresTx
+from workerproc.store.sqlite.dialect import SQLiteTx
 
 # Verbs left out on purpose, each with why. The single-lease ``ack``/``compare_and_set`` are
 # not on any role (they are going), so nothing is listed here today.
@@ -28,6 +32,11 @@ def role_verbs(module: ModuleType = roles) -> set[str]:
             if klass.__module__ == module.__name__:
                 found |= {name for name in vars(klass) if not name.startswith("_")}
     return found
+
+
+def driver_verbs() -> set[str]:
+    """The driver's verbs (``store/driver.py``), each a ``Driver.NAME`` of the census."""
+    return {f"Driver.{name}" for name in VERBS}
 
 
 def async_verbs() -> set[str]:
@@ -59,7 +68,7 @@ def uncovered(verbs: set[str], tested: set[str]) -> list[str]:
 
 
 def test_every_verb_has_a_conformance_test() -> None:
-    verbs = role_verbs() | async_verbs()
+    verbs = role_verbs() | async_verbs() | driver_verbs()
     tested = covered(suite_modules())
     missing = uncovered(verbs, tested)
     assert not missing, f"verbs without a conformance test (mark one @verb(...)): {missing}"
@@ -85,3 +94,15 @@ def test_the_census_sees_a_verb_added_to_a_role() -> None:
     assert verbs == {"brand_new_verb"}
     assert uncovered(role_verbs() | verbs, covered(suite_modules())) == ["brand_new_verb"]
     assert len(role_verbs()) >= 60 and "commit_many" in role_verbs()
+
+
+def test_every_driver_verb_is_implemented_by_both_drivers() -> None:
+    """Each verb of the driver's interface is a method both transactions answer (none left
+    abstract), declared by the interface with its contract, and none of the protocol's
+    modules schedules a round trip itself (the verbs say what goes before what)."""
+    assert set(VERBS) >= {"claim_rows", "renew_leases", "settle_gates", "open_gates"}
+    for tx in (SQLiteTx, PostgresTx):
+        assert issubclass(tx, Driver) and not tx.__abstractmethods__ & set(VERBS)
+        for name in VERBS:
+            assert callable(getattr(tx, name)) and getattr(Driver, name).__doc__
+    assert all(getattr(Tx, name) is not getattr(Driver, name) for name in VERBS)

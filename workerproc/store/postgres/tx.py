@@ -1,7 +1,10 @@
 """A PostgreSQL transaction under the protocol (``PostgresTx``) and its COMMIT: statements
-prepared once per session; several statements sent in one round trip (``many``, the writes
-waiting for the gates and what follows them, what waits for the COMMIT) as one query of
-``EXECUTE``s of statements the session prepared (``Batch``)."""
+prepared once per session; several statements sent in one round trip as one query of
+``EXECUTE``s of statements the session prepared (``Batch``). This is where the gates' verbs
+(``store/driver.py``) are given their round trips: ``many``; the gate writes held back, sent
+with ``OPEN_GATES``, its clock and the reads of the gates they settled (``_gates_then``);
+``look_gates``'s reads together (``_each``); the write-back and the events with the COMMIT
+(``commit``)."""
 
 from __future__ import annotations
 
@@ -146,12 +149,13 @@ def _steps_first(tx: PostgresTx) -> list[tuple[str, list[Params]]]:
 
 def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     """COMMIT, with what waits for it written in the same round trip, just before it: the
-    writes waiting for the gates (``before_gates``: a commit's settling when no claim looked
-    at its gates), those of ``at_commit`` and the transaction's events (B18), in one query of
-    several statements (``EXECUTE``s of statements the session prepared, ``Batch``; the
-    events by ``EXECUTE`` of the session's prepared ``INSERT_EVENTS``; ``COMMIT``), so none
-    costs a round trip of its own and the server plans each once per connection. A failed
-    statement skips the COMMIT: the transaction is rolled back (``_rollback``)."""
+    gate writes held back (``Tx.settle_gates`` and its kind: a commit's settling when no
+    claim looked at its gates), a claim's ``Tx.write_gates`` and the transaction's events
+    (B18), in one query of several statements (``EXECUTE``s of statements the session
+    prepared, ``Batch``; the events by ``EXECUTE`` of the session's prepared
+    ``INSERT_EVENTS``; ``COMMIT``), so none costs a round trip of its own and the server
+    plans each once per connection. A failed statement skips the COMMIT: the transaction is
+    rolled back (``_rollback``)."""
     if not tx.events and not tx.deferred and not tx.ahead:
         cur.execute("COMMIT")
         return
@@ -206,7 +210,7 @@ class PostgresTx(Tx):
         calls = [(name, statement, params) for params in each]
         return [changed for _, changed in Batch(self.cur.connection).run(calls)]
 
-    def ahead_then(
+    def _gates_then(
         self,
         name: str,
         params: Params,
@@ -219,7 +223,7 @@ class PostgresTx(Tx):
         them in order, each after the locks of the one before)."""
         names = [name, *(n for n, _ in after), *(n for n, _ in first)]
         if self.prefix or any(not isinstance(self.catalogue[n], str) for n in names):
-            return super().ahead_then(name, params, after, first)
+            return super()._gates_then(name, params, after, first)
         calls = [(n, self._sql(n), p) for n, p in first]
         if self.events:
             calls.append(_events_call(self.events, self.now))

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import cast
 
 from ..codec import check_owner, check_queue, loads, task_options
-from ..dialect import ClaimRow, Params, Tx
+from ..dialect import ClaimRow, Tx
+from ..driver import ClaimAsk, Placing
 from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
@@ -91,26 +91,21 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     if completed(tx, "HANDBACK", [params])[0]:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
-        tx.write_deferred()  # the gates this claim changed first: PLACE_GATES writes them too
-        tx.count("PLACE_GATES", {"gates": sorted(gating.gates), "lines": [gating.line],
-                                 "now": tx.now})  # fmt: skip
+        lines = (gating.line,) if gating.line else ()
+        tx.place_gates(Placing(tuple(sorted(gating.gates)), lines))
 
 
 def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = None) -> list[Lease]:
     """Up to ``limit`` leases of runs without limits (those in no line)."""
     if limit < 1:
         return []
-    queues = None if req.queues is None else list(req.queues)
-    name = "CLAIM_QUEUES" if queues is not None else "CLAIM_OTHERS" if req.skip else "CLAIM"
-    params: Params = {"owner": req.owner, "ttl": float(req.ttl), "now": tx.now, "queues": queues,
-                      "start": req.begins, "skip": list(req.skip)}  # fmt: skip
     leases: list[Lease] = []
     unseen = 0  # turns in a row that leased nothing, only found runs with unseen heads
     for _ in range(CLAIM_TURNS):
-        ask = params["limit"] = limit - len(leases)
+        ask = limit - len(leases)
         if ask <= 0:
             break
-        rows = claimed(tx, name, params)
+        rows = tx.claim_rows(ClaimAsk(req.owner, req.ttl, ask, req.queues, req.skip, req.begins))
         if not rows:
             break
         got = 0
@@ -130,11 +125,6 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
         if got == len(rows) < ask:  # it took every run it could lock and lease
             break
     return leases
-
-
-def claimed(tx: Tx, name: str, params: Params) -> list[ClaimRow]:
-    """The rows of a claim statement, typed as every dialect builds them."""
-    return cast(list[ClaimRow], tx.rows(name, params))
 
 
 def _lease(tx: Tx, req: ClaimRequest, row: ClaimRow) -> Lease | None:

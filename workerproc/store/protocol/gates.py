@@ -34,10 +34,9 @@ transaction that leases them.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import cast
 
-from ..dialect import ClaimRow, Params, Row, Tx
+from ..dialect import ClaimRow, Row, Tx
+from ..driver import GateSettle, LeaseRuns, LineRun, Opened, by_line
 from ..limits import GateState, never_fits, split_gate, too_large
 from ..types import CasResult, ClaimRequest, Commit, Lease
 from .failures import refuse_too_large
@@ -54,40 +53,27 @@ class Admission:
         self.tx, self.now, self.ttl = tx, now, ttl
         self.states: dict[str, GateState | None] = {}
         # the first runs of lines asked early (with their limit), each taken once
-        self.ahead: dict[str, tuple[int, list[Row]]] = {}
+        self.ahead: dict[str, tuple[int, list[LineRun]]] = {}
 
     def first_look(self, lines: list[str], queues: list[str] | None, limit: int) -> None:
-        """The states of the gates of ``lines`` (which this claim holds: ``OPEN_GATES`` locked
-        them) and the first ``limit`` runs of each line, sent together (one round trip on
-        PostgreSQL), unless asked already (``keep_early``). A line without room has its runs
-        locked for nothing, until the COMMIT: only a claimer that holds a line's gate asks for
-        its runs, so no one else wanted them."""
+        """The states of the gates of ``lines`` (which this claim holds: ``open_gates`` locked
+        them) and the first ``limit`` runs of each line, read together (``Tx.look_gates``),
+        unless asked already (``keep_early``). A line without room has its runs locked for
+        nothing, until the COMMIT: only a claimer that holds a line's gate asks for its runs,
+        so no one else wanted them."""
         unread = sorted(set(lines) - self.states.keys())
         ask = [line for line in lines if self.ahead.get(line, (0, []))[0] < limit]
-        calls: list[tuple[str, Params]] = []
-        if unread:
-            calls.append(("GATE_STATE", {"gates": unread, "now": self.now}))
-        if ask:
-            params: Params = {"lines": ask, "queues": queues, "limit": limit, "now": self.now}
-            calls.append(("LINE_RUNS", params))
-        got = self.tx.rows_each(calls) if calls else []
-        if unread:
-            self._keep(unread, got.pop(0))
-        if ask:
-            self._ahead(ask, limit, got.pop(0))
+        if unread or ask:
+            look = self.tx.look_gates(unread, ask, queues, limit)
+            self._keep(unread, look.states)
+            self.ahead.update((line, (limit, runs)) for line, runs in look.runs.items())
 
     def keep_early(self, early: Opened) -> None:
-        """What the round trip of ``OPEN_GATES`` read of the gates this transaction's commits
-        settled (their settles locked them first)."""
+        """What ``open_gates`` read of the gates this transaction's commits settled (their
+        settles locked them first)."""
         if early.held:
             self._keep(early.held, early.states)
-            self._ahead(early.held, early.limit, early.runs)
-
-    def _ahead(self, lines: list[str], limit: int, rows: list[Row]) -> None:
-        found: dict[str, list[Row]] = {line: [] for line in lines}
-        for row in rows:
-            found[row[0]].append(tuple(row[1:]))
-        self.ahead.update((line, (limit, runs)) for line, runs in found.items())
+            self.ahead.update((line, (early.limit, runs)) for line, runs in early.runs.items())
 
     def state(self, gate: str) -> GateState | None:
         if gate not in self.states:
@@ -99,8 +85,7 @@ class Admission:
         claimer holds it)."""
         unread = sorted(set(gates) - self.states.keys())
         if unread:
-            asked = [("GATE_STATE", {"gates": unread, "now": self.now})]
-            self._keep(unread, self.tx.rows_each(asked)[0])
+            self._keep(unread, self.tx.look_gates(unread).states)
 
     def _keep(self, asked: list[str], rows: list[Row]) -> None:
         found = {row[0]: GateState.of(row) for row in rows}
@@ -108,10 +93,10 @@ class Admission:
 
     def line_runs(
         self, lines: list[str], queues: list[str] | None, limit: int
-    ) -> dict[str, list[Row]]:
+    ) -> dict[str, list[LineRun]]:
         """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked);
         those the first look found are taken from it, once."""
-        found: dict[str, list[Row]] = {}
+        found: dict[str, list[LineRun]] = {}
         rest = []
         for line in lines:
             asked, rows = self.ahead.pop(line, (0, []))
@@ -121,59 +106,26 @@ class Admission:
                 found[line] = rows[:limit]
         if rest:
             params = {"lines": rest, "queues": queues, "limit": limit, "now": self.now}
-            for row in self.tx.rows("LINE_RUNS", params):
-                found.setdefault(row[0], []).append(tuple(row[1:]))
+            for line, runs in by_line(rest, self.tx.rows("LINE_RUNS", params)).items():
+                if runs:
+                    found.setdefault(line, []).extend(runs)
         return found
 
     def write_back(self) -> None:
-        """Every gate the claim changed, in name order, written just before the COMMIT (on
-        PostgreSQL in its round trip): nothing later in the claim reads a gate, and the gates
-        it locked are let go sooner."""
+        """Every gate the claim changed, in name order (``Tx.write_gates``: nothing later in
+        the claim reads a gate, so the driver may write them with the COMMIT, and the gates it
+        locked are let go sooner)."""
         dirty = sorted((s for s in self.states.values() if s and s.dirty), key=lambda s: s.gate)
-        self.tx.at_commit("GATE_WRITE", [state.params(self.now) for state in dirty])
-
-
-@dataclass(frozen=True)
-class Opened:
-    """The gates whose line may admit a run now (``OPEN_GATES``, locked on PostgreSQL), the
-    moment the claim stands at, read after their locks, and what the same round trip read of
-    the gates this transaction settled (``held``: their states, their lines' first ``limit``
-    runs)."""
-
-    gates: list[str]
-    now: float
-    held: list[str] = field(default_factory=list)
-    states: list[Row] = field(default_factory=list)
-    runs: list[Row] = field(default_factory=list)
-    limit: int = 0
-
-    def __bool__(self) -> bool:
-        return bool(self.gates)
+        self.tx.write_gates(dirty, self.now)
 
 
 def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened:
     """The gates whose line may admit a run now, the one served least recently first (none:
-    the claim needs no more than its plain walk). The settling of this transaction's commits
-    goes first (``Tx.before_gates``; on PostgreSQL in the same round trip, with the clock),
-    and as a settle locks its gate, the states of the settled gates are read in that round
-    trip too, after it. Up to ``want`` runs of their lines are read (and locked) in it as
-    well, before the settles (unless a step waits among them, ``PLACE_GATES`` on PostgreSQL:
-    what comes up to it is sent first, the settles with it): only what the gate decides
-    waits for its lock, so another
-    claimer holds the gate for as short a time as can be (and those runs are only ever
-    leased by a claimer that holds their gate, so no one else wanted them)."""
-    held = sorted({p["gate"] for name, each in tx.ahead if name == "GATE_SETTLE" for p in each})
-    held = held if want > 0 else []
-    lines = {"lines": held, "queues": None if queues is None else list(queues), "limit": want,
-             "now": tx.now}  # fmt: skip
-    after = [("GATE_STATE", {"gates": held, "now": tx.now})] if held else []
-    first = [("LINE_RUNS", lines)] if held else []
-    rows, now, more, before = tx.ahead_then(
-        "OPEN_GATES", {"now": tx.now, "limit": GATES_AT_ONCE}, after, first
-    )
-    if not held:
-        return Opened([row[0] for row in rows], now)
-    return Opened([row[0] for row in rows], now, held, more[0], before[0], want)
+    the claim needs no more than its plain walk): ``Tx.open_gates``, after the settling of
+    this transaction's commits (the gate writes held back, ``Tx.settle_gates``), with the
+    states of the settled gates and up to ``want`` runs of their lines (only a claimer that
+    holds a line's gate leases its runs, so no one else wanted them)."""
+    return tx.open_gates(None if queues is None else list(queues), want, GATES_AT_ONCE)
 
 
 def admitted(
@@ -248,7 +200,7 @@ def _one_each(
         if not asked:
             break
         found = gates.line_runs(asked, queues, 1)
-        ok: list[Row] = []
+        ok: list[LineRun] = []
         for line in asked:
             own = gates.state(line)
             if line not in found:
@@ -272,22 +224,21 @@ def _nothing_due(tx: Tx, own: GateState, now: float) -> None:
     own.decide(None if nxt is None else nxt[0], idle=True)
 
 
-def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> list[Row]:
+def _admit(gates: Admission, line: str, found: Sequence[LineRun], now: float) -> list[LineRun]:
     """The runs of ``found`` (the line's first ones) whose every gate has room, each admitted
     (in memory) in turn. A gate without room closes until it may have some; when it is another
     limit's gate, the line closes with it and reopens when that gate does (``blocked_by``)."""
     ok = []
     for row in found:
-        _run_id, _task_id, reserve, before, *names = row
-        # a takeover: its predecessor's reservation comes back as it is taken over
-        need = max(0, (reserve or 0) - (before or 0))
-        states = [gates.state(g) for g in names if g]
+        reserve = row.reserve
+        states = [gates.state(g) for g in row.gates]
         if any(s is None for s in states):
             continue  # a gate another claimer holds: this run waits for the next claim
         held = [s for s in states if s is not None]
         if (never := next((s for s in held if never_fits(reserve, s)), None)) is not None:
             _refuse(gates, row, never)  # it could wait for ever, and the line behind it
             continue
+        need = row.need  # a takeover: its predecessor's reservation comes back
         if all(s.admits(now, need) for s in held):
             for s in held:
                 s.admit(now, need, now + gates.ttl)
@@ -304,33 +255,31 @@ def _admit(gates: Admission, line: str, found: Sequence[Row], now: float) -> lis
     return ok
 
 
-def _refuse(gates: Admission, row: Row, never: GateState) -> None:
+def _refuse(gates: Admission, row: LineRun, never: GateState) -> None:
     """A run whose reservation ``never``'s token bucket can never hold (its limits changed
     after it was enqueued: ``limits set``, another host's declaration) fails in the claim
     instead of closing its line for good; an expired lease on it gives its reservation back."""
-    run_id, task_id, reserve, before, *names = row
     limit, _key = split_gate(never.gate)
 
     def why(task: str) -> str:
-        return too_large(task, reserve, limit, never.token_burst or 0)
+        return too_large(task, row.reserve or 0, limit, never.token_burst or 0)
 
-    refuse_too_large(gates.tx, run_id, task_id, before is not None, why)
-    for g in (n for n in names if n and before):
+    refuse_too_large(gates.tx, row.run_id, row.task_id, row.before is not None, why)
+    before = row.before or 0
+    for g in row.gates if before else ():
         if (s := gates.state(g)) is not None:
             s.give_back(gates.now, before)
 
 
 def _lease_all(
-    tx: Tx, req: ClaimRequest, rows: Sequence[Row], gates: Admission, now: float,
+    tx: Tx, req: ClaimRequest, rows: Sequence[LineRun], gates: Admission, now: float,
     lease: LeaseMaker,
 ) -> list[Lease]:  # fmt: skip
-    params = {"run_ids": [r[0] for r in rows], "owner": req.owner, "ttl": float(req.ttl),
-              "now": tx.now, "start": req.begins}  # fmt: skip
+    ask = LeaseRuns(tuple(r.run_id for r in rows), req.owner, req.ttl, req.begins)
     made: list[Lease] = []
-    wanted = {r[0]: r for r in rows}
+    wanted = {r.run_id: r for r in rows}
     leased: set[int] = set()
-    for row in tx.rows("CLAIM_RUNS", params):
-        claim_row = cast(ClaimRow, row)  # as every dialect builds it
+    for claim_row in tx.lease_runs(ask):
         run_id = claim_row.run_id
         if claim_row.task_id is None:
             continue
@@ -346,21 +295,21 @@ def _lease_all(
     return made
 
 
-def _undo(gates: Admission, row: Row, now: float) -> None:
+def _undo(gates: Admission, row: LineRun, now: float) -> None:
     """An admitted run that did not get its lease: what the admission spent comes back."""
-    _run_id, _task_id, reserve, before, *names = row
-    for g in (n for n in names if n):
+    for g in row.gates:
         if (s := gates.state(g)) is not None:
-            s.give_back(now, max(0, (reserve or 0) - (before or 0)))
+            s.give_back(now, row.need)
             s.live -= 1
 
 
 def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> None:
     """What each written commit under a gated lease gives back to its gates, in the same
-    transaction (a refused one settles nothing): sorted by gate, one statement each, sent
-    when the transaction's claim first looks at its gates (``opened``), or else before
-    COMMIT: a settle waits for a gate another claimer holds, and holds it from there on."""
-    per_gate: dict[str, Params] = {}
+    transaction (a refused one settles nothing), sorted by gate (``Tx.settle_gates``: written
+    before the transaction's claim looks at its gates, ``opened``, or else before COMMIT; as a
+    settle waits for a gate another claimer holds, and holds it from there on, the driver
+    writes it as late as that allows)."""
+    per_gate: dict[str, GateSettle] = {}
     for commit, result in zip(commits, results, strict=True):
         lease = commit.lease
         if result is not CasResult.OK or not lease.gates:
@@ -371,11 +320,10 @@ def settle(tx: Tx, commits: Sequence[Commit], results: Sequence[CasResult]) -> N
         else:  # a hand-back never started; a RetryAfter was refused by the provider
             charged = commit.used_tokens or 0
         for gate in lease.gates:
-            p = per_gate.setdefault(gate, {"gate": gate, "back": 0, "charged": 0, "unstart": 0,
-                                           "pause": None})  # fmt: skip
-            p["back"] += reserved - charged
-            p["charged"] += charged
-            p["unstart"] += commit.kind == "handback"
+            p = per_gate.setdefault(gate, GateSettle(gate))
+            p.back += reserved - charged
+            p.charged += charged
+            p.unstart += commit.kind == "handback"
             if commit.kind == "retry_after" and commit.pause and commit.delay > 0:
-                p["pause"] = max(p["pause"] or 0.0, commit.delay)
-    tx.before_gates("GATE_SETTLE", [{**per_gate[g], "now": tx.now} for g in sorted(per_gate)])
+                p.pause = max(p.pause or 0.0, commit.delay)
+    tx.settle_gates([per_gate[g] for g in sorted(per_gate)])

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import overload
 
 from ..codec import check_owner, commit_params
-from ..dialect import Dialect, Params, Tx
+from ..dialect import Dialect, Tx
+from ..driver import RenewAsk
 from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
@@ -75,8 +76,8 @@ class Leases(Limits):
         def exchange(tx: Tx) -> BatchOutcome:
             results = tuple(apply_all(tx, commits, encoded))
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
-            if placed:  # after the settling, like it when the claim first looks at gates
-                tx.before_gates("PLACE_GATES", [placing(placed, tx.now)])
+            if placed:  # after the settling, like it before the claim first looks at gates
+                tx.place_gates(placing(placed))
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
             return BatchOutcome(results, tuple(leases), tuple(tx.failed))
 
@@ -109,16 +110,15 @@ class Leases(Limits):
         if len({lease.owner for lease in leases}) != 1:
             raise ValueError("renew_many renews the leases of one owner")
         check_owner(leases[0].owner)
-        params: Params = {"leases": leases, "owner": leases[0].owner, "ttl": float(ttl),
-                          "starting": [lease.task_id for lease in starting]}  # fmt: skip
+        ask = RenewAsk(tuple(leases), leases[0].owner, float(ttl),
+                       tuple(lease.task_id for lease in starting))  # fmt: skip
 
         def renew(tx: Tx) -> list[Renewal]:
-            rows = tx.rows("RENEW_MANY", {**params, "now": tx.now})
-            renewed = {(row[0], row[1]): row for row in rows}
+            renewed = {(row.task_id, row.attempt): row for row in tx.renew_leases(ask)}
             return [
                 Renewal(None)
                 if (row := renewed.get((lease.task_id, lease.attempt))) is None
-                else Renewal(float(row[2]), cancelled=not row[3])
+                else Renewal(row.expires_at, cancelled=not row.alive)
                 for lease in leases
             ]
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..dialect import Dialect, Params, Tx
+from ..dialect import Dialect, Tx
+from ..driver import Placing
 from ..errors import StoreError
 from ..limits import Gating
 from ..newrun import NewRun
@@ -123,7 +124,8 @@ def _inserted(runs: list[NewRun], now: float | None) -> Program[list[tuple[int, 
     got = [(int(row[0]), bool(row[1])) for row in rows]
     placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
     if placed:  # gated runs joined their lines: each gate exists, each line may admit now
-        yield "PLACE_GATES", placing(placed, now)
+        place = placing(placed)
+        yield "PLACE_GATES", {"gates": list(place.gates), "lines": list(place.lines), "now": now}
     taken = [i for i, (_, made) in enumerate(got) if not made]
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
@@ -135,9 +137,9 @@ def _inserted(runs: list[NewRun], now: float | None) -> Program[list[tuple[int, 
     return got
 
 
-def placing(gatings: list[Gating], now: float | None) -> Params:
-    """``PLACE_GATES``'s parameters: every gate the runs name (created when new), and the
+def placing(gatings: list[Gating]) -> Placing:
+    """What ``PLACE_GATES`` writes: every gate the runs name (created when new), and the
     lines they joined (each may admit a run now, unless it is closed for a while)."""
     gates = sorted({g for x in gatings for g in x.gates})
     lines = sorted({x.line for x in gatings if x.line})
-    return {"gates": gates, "lines": lines, "now": now}
+    return Placing(tuple(gates), tuple(lines))

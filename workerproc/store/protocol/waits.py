@@ -56,12 +56,12 @@ def spawn(tx: Tx, params: Params, children: Sequence[NewRun]) -> CasResult:
 
 def ended_children(tx: Tx, run_ids: Sequence[int]) -> None:
     """Runs that just ended: each child's parent waits for one less; the last one's end
-    makes the parent's join task due, and its line (if gated) may admit it now: written with
-    the transaction's other writes to gates (``Tx.before_gates``)."""
+    makes the parent's join task due, and its line (if gated) may admit it now: a write to
+    gates, ordered with the transaction's others (``Tx.reopen_runs``)."""
     due = []
     for run_id in run_ids:
         due += tx.rows("CHILD_ENDED", {"run_id": run_id, "now": tx.now})
-    tx.before_gates("REOPEN_RUN", [{"run_id": row[0], "now": tx.now} for row in due])
+    tx.reopen_runs([int(row[0]) for row in due])
 
 
 def cancel_descendants(tx: Tx, run_id: int) -> None:

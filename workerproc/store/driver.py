@@ -1,0 +1,230 @@
+"""The driver's verbs: what the protocol asks of a write transaction beyond a named
+statement, as typed operations (parameters and rows are the classes below, never dicts) whose
+contracts say what each one does and is ordered before and after, never how it travels:
+
+- the claim: ``claim_rows`` (the plain walk, R1), ``lease_runs`` (the runs a gated claim
+  admitted), both answering ``dialect.ClaimRow``; the renewal: ``renew_leases`` (R3, B5);
+- flow control's gates (B12): ``settle_gates``, ``place_gates``, ``reopen_runs``,
+  ``open_gates``, ``look_gates``, ``write_gates``.
+
+The protocol (``store/protocol/gates.py``, the commits, the claim) decides what a gate write
+or read is; a driver decides how the statements go. Three orderings matter to the gates, and
+each is part of a verb's contract instead of a round trip the protocol schedules:
+
+- **A write that waits for a gate's lock** (``settle_gates``, ``place_gates``,
+  ``reopen_runs``): it takes the gate's lock, and holds it from then to the COMMIT, so it is
+  written as late as can be, yet before anything in the transaction reads gates
+  (``open_gates``) and before the COMMIT. Such writes keep the order they were made in.
+- **A write nothing later in the transaction reads** (``write_gates``: the gates a claim
+  changed): written before the COMMIT, after every gate write made before it; a later
+  ``place_gates`` comes after it (it writes the same rows).
+- **Reads that may go together** (``open_gates`` with the states and first runs of the gates
+  this transaction settled, ``look_gates``): one verb each, answered together.
+
+``verbs.InTurn`` implements the verbs once, over a transaction's statements in turn (every
+``dialect.Tx`` is one; on SQLite each statement is a call in process);
+``postgres.tx.PostgresTx`` sends what a verb holds back with the next statement that must
+follow it (the writes waiting for the gates with ``OPEN_GATES``, the write-back with the
+COMMIT), so a claim that looks at its gates costs one round trip, and its gates are locked
+from there to the COMMIT only. The conformance suite exercises every verb on both drivers
+(``tests/store/conformance/test_driver.py``), and a
+census checks that it does (``test_meta``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from .dialect import ClaimRow, Row
+    from .limits import GateState
+    from .types import Lease
+
+
+@dataclass(frozen=True)
+class ClaimAsk:
+    """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
+    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3)."""
+
+    owner: str
+    ttl: float
+    limit: int
+    queues: tuple[str, ...] | None = None
+    skip: tuple[str, ...] = ()
+    start: bool = True
+
+
+@dataclass(frozen=True)
+class LeaseRuns:
+    """Lease the head task of each of ``run_ids`` (admitted by their gates) for ``owner``."""
+
+    run_ids: tuple[int, ...]
+    owner: str
+    ttl: float
+    start: bool = True
+
+
+@dataclass(frozen=True)
+class RenewAsk:
+    """R3 for every lease of one ``owner``: ``starting`` (task ids among them) begin on this
+    renewal's answer (B3)."""
+
+    leases: tuple[Lease, ...]
+    owner: str
+    ttl: float
+    starting: tuple[int, ...] = ()
+
+
+class RenewRow(NamedTuple):
+    """A lease renewed: its new expiry, and whether its run is still alive (B15)."""
+
+    task_id: int
+    attempt: int
+    expires_at: float
+    alive: bool
+
+
+@dataclass
+class GateSettle:
+    """What a transaction's written commits under gated leases give back to one gate: the
+    reserved tokens not used (``back``), those used (``charged``), hand-backs that never
+    started (``unstart``: their rate tokens come back too) and a ``RetryAfter``'s pause."""
+
+    gate: str
+    back: int = 0
+    charged: int = 0
+    unstart: int = 0
+    pause: float | None = None
+
+
+@dataclass(frozen=True)
+class Placing:
+    """Gates the transaction's new runs name (each created when new) and the lines they
+    joined (each may admit a run now, unless closed for a while)."""
+
+    gates: tuple[str, ...]
+    lines: tuple[str, ...]
+
+
+class LineRun(NamedTuple):
+    """One of a line's first claimable runs (``LINE_RUNS``, locked): its head task, the
+    tokens its claim reserves, what an expired lease on it still holds (a takeover gives it
+    back; None: no such lease) and its gates."""
+
+    run_id: int
+    task_id: int
+    reserve: int | None
+    before: int | None
+    gate_a: str | None
+    gate_b: str | None
+    gate_c: str | None
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        return tuple(g for g in (self.gate_a, self.gate_b, self.gate_c) if g)
+
+    @property
+    def need(self) -> int:
+        """The tokens its claim takes now (a takeover's predecessor gives its own back)."""
+        return max(0, (self.reserve or 0) - (self.before or 0))
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The gates whose line may admit a run now (``OPEN_GATES``, locked where the engine has
+    row locks), the moment the claim stands at (read after their locks), and what was read
+    with them of the gates this transaction settled (``held``: their states, their lines'
+    first ``limit`` runs, by line)."""
+
+    gates: list[str]
+    now: float
+    held: list[str] = field(default_factory=list)
+    states: list[Row] = field(default_factory=list)
+    runs: dict[str, list[LineRun]] = field(default_factory=dict)
+    limit: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.gates)
+
+
+@dataclass(frozen=True)
+class GateLook:
+    """Gates' states (``GATE_STATE`` rows; a gate without one: another claimer holds it) and
+    their lines' first runs, by line."""
+
+    states: list[Row]
+    runs: dict[str, list[LineRun]]
+
+
+def by_line(lines: Sequence[str], rows: Sequence[Row]) -> dict[str, list[LineRun]]:
+    """``LINE_RUNS``'s rows by line (every line asked has its list, maybe empty)."""
+    found: dict[str, list[LineRun]] = {line: [] for line in lines}
+    for row in rows:
+        found.setdefault(row[0], []).append(LineRun(*row[1:]))
+    return found
+
+
+class Driver(abc.ABC):
+    """The verbs a write transaction offers (the module's docstring)."""
+
+    @abc.abstractmethod
+    def claim_rows(self, ask: ClaimAsk) -> list[ClaimRow]:
+        """Lease up to ``ask.limit`` claimable tasks of runs in no line, each of its own run,
+        in the claim's order (R1, B6); a row whose ``task_id`` is None is a run locked but
+        not leased (its head is newer than the statement's snapshot)."""
+
+    @abc.abstractmethod
+    def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
+        """Lease the head task of each run admitted by its gates, as ``claim_rows`` does (a
+        run whose head moved or that another claimer leased meanwhile has no row or a row
+        without ``task_id``)."""
+
+    @abc.abstractmethod
+    def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
+        """Each lease of ``ask`` that is still its owner's and live gets
+        ``max(old, now + ttl)``; a lease not renewed has no row (lost or expired)."""
+
+    @abc.abstractmethod
+    def settle_gates(self, settles: Sequence[GateSettle]) -> None:
+        """Write each settle to its gate (in the order given: sort them by gate), after the
+        transaction's earlier gate writes and before its next ``open_gates`` or its COMMIT;
+        ``open_gates`` then reads those gates with them (``Opened.held``)."""
+
+    @abc.abstractmethod
+    def place_gates(self, placing: Placing) -> None:
+        """Create the gates the transaction's new runs name and open the lines they joined,
+        after every gate write made before (a claim's ``write_gates`` too) and before the
+        transaction's next ``open_gates`` or its COMMIT."""
+
+    @abc.abstractmethod
+    def reopen_runs(self, run_ids: Sequence[int]) -> None:
+        """Runs made due by this transaction (a parent whose last child ended): their lines
+        may admit them now. Ordered like ``settle_gates``."""
+
+    @abc.abstractmethod
+    def open_gates(self, queues: Sequence[str] | None, want: int, limit: int) -> Opened:
+        """Up to ``limit`` gates whose line may admit a run now, the one served least
+        recently first, locked (another claimer skips them), after the gate writes waiting;
+        with ``want`` > 0, the states of the gates this transaction settled and up to
+        ``want`` runs of their lines in the served ``queues`` (None: all) as well."""
+
+    @abc.abstractmethod
+    def look_gates(
+        self, gates: Sequence[str], lines: Sequence[str] = (),
+        queues: Sequence[str] | None = None, limit: int = 0,
+    ) -> GateLook:  # fmt: skip
+        """The states of ``gates`` (which this claim holds) and the first ``limit`` runs of
+        each of ``lines`` in the served ``queues``, locked, read together."""
+
+    @abc.abstractmethod
+    def write_gates(self, states: Sequence[GateState], now: float) -> None:
+        """Write back the gates a claim changed (``states``, in name order) before the
+        COMMIT, after the gate writes made before it: nothing later in the transaction
+        reads them, so a driver may send them with the COMMIT."""
+
+
+# The verbs every driver implements (the census: ``tests/store/conformance/test_meta.py``).
+VERBS = tuple(sorted(Driver.__abstractmethods__))

@@ -1,0 +1,161 @@
+"""The driver's verbs (``driver.Driver``) written once over a transaction's named
+statements, each in turn (``InTurn``, which every ``dialect.Tx`` is): what SQLite runs as it
+is, and what PostgreSQL's transaction (``postgres/tx.py``) gives its round trips by
+overriding how the verbs' statements go (``_gates_then``, ``_each``, ``many``) and writing
+what is held back with its COMMIT.
+
+The gate writes are held back in order: those that wait for a gate's lock in ``ahead``, until
+the transaction next looks at its gates (``open_gates``) or commits; a claim's write-back in
+``deferred``, until the COMMIT (a placement sends it first: it writes the same rows). The
+dialect's ``Tx.flush`` writes what is held back before COMMIT."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, cast
+
+from .driver import (
+    ClaimAsk,
+    Driver,
+    GateLook,
+    GateSettle,
+    LeaseRuns,
+    Opened,
+    Placing,
+    RenewAsk,
+    RenewRow,
+    by_line,
+)  # fmt: skip
+
+if TYPE_CHECKING:
+    from .dialect import ClaimRow, Params, Row
+    from .limits import GateState
+
+
+class InTurn(Driver):
+    """The driver's verbs over ``rows`` and ``many`` (a ``dialect.Tx``'s)."""
+
+    now: float | None
+    ahead: list[tuple[str, list[Params]]]  # gate writes waiting for the gates' next look
+    deferred: list[tuple[str, list[Params]]]  # gate writes waiting for the COMMIT
+
+    @abc.abstractmethod
+    def rows(self, name: str, params: Params) -> list[Row]: ...
+
+    @abc.abstractmethod
+    def many(self, name: str, each: Sequence[Params]) -> list[int]: ...
+
+    @abc.abstractmethod
+    def time(self) -> float: ...
+
+    def claim_rows(self, ask: ClaimAsk) -> list[ClaimRow]:
+        name = "CLAIM_QUEUES" if ask.queues is not None else "CLAIM_OTHERS" if ask.skip else "CLAIM"
+        params = {"owner": ask.owner, "ttl": float(ask.ttl), "now": self.now, "limit": ask.limit,
+                  "queues": None if ask.queues is None else list(ask.queues),
+                  "start": ask.start, "skip": list(ask.skip)}  # fmt: skip
+        return cast("list[ClaimRow]", self.rows(name, params))  # as every catalogue builds them
+
+    def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
+        params = {"run_ids": list(ask.run_ids), "owner": ask.owner, "ttl": float(ask.ttl),
+                  "now": self.now, "start": ask.start}  # fmt: skip
+        return cast("list[ClaimRow]", self.rows("CLAIM_RUNS", params))
+
+    def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
+        params = {"leases": list(ask.leases), "owner": ask.owner, "ttl": float(ask.ttl),
+                  "starting": list(ask.starting), "now": self.now}  # fmt: skip
+        return [RenewRow(int(r[0]), int(r[1]), float(r[2]), bool(r[3]))
+                for r in self.rows("RENEW_MANY", params)]  # fmt: skip
+
+    def settle_gates(self, settles: Sequence[GateSettle]) -> None:
+        self._gate_write("GATE_SETTLE", [{"gate": s.gate, "back": s.back, "charged": s.charged,
+                                          "unstart": s.unstart, "pause": s.pause,
+                                          "now": self.now} for s in settles])  # fmt: skip
+
+    def place_gates(self, placing: Placing) -> None:
+        if self.deferred:  # a claim's write-back first: PLACE_GATES writes those gates too
+            self._write_deferred()
+        params = {"gates": list(placing.gates), "lines": list(placing.lines), "now": self.now}
+        self._gate_write("PLACE_GATES", [params])
+
+    def reopen_runs(self, run_ids: Sequence[int]) -> None:
+        self._gate_write("REOPEN_RUN", [{"run_id": r, "now": self.now} for r in run_ids])
+
+    def open_gates(self, queues: Sequence[str] | None, want: int, limit: int) -> Opened:
+        """The settled gates' first runs are read before the gate writes held back (only what
+        the gate decides waits for its lock, and those runs are only ever leased by a claimer
+        that holds their gate), ``OPEN_GATES`` and the clock after them, the settled gates'
+        states last (a settle locks its gate: they see it)."""
+        held = sorted({p["gate"] for name, each in self.ahead if name == "GATE_SETTLE"
+                       for p in each}) if want > 0 else []  # fmt: skip
+        lines = {"lines": held, "queues": None if queues is None else list(queues),
+                 "limit": want, "now": self.now}  # fmt: skip
+        after = [("GATE_STATE", {"gates": held, "now": self.now})] if held else []
+        first = [("LINE_RUNS", lines)] if held else []
+        rows, now, more, before = self._gates_then(
+            "OPEN_GATES", {"now": self.now, "limit": limit}, after, first
+        )
+        if not held:
+            return Opened([row[0] for row in rows], now)
+        return Opened([row[0] for row in rows], now, held, more[0], by_line(held, before[0]),
+                      want)  # fmt: skip
+
+    def look_gates(
+        self, gates: Sequence[str], lines: Sequence[str] = (),
+        queues: Sequence[str] | None = None, limit: int = 0,
+    ) -> GateLook:  # fmt: skip
+        calls: list[tuple[str, Params]] = []
+        if gates:
+            calls.append(("GATE_STATE", {"gates": list(gates), "now": self.now}))
+        if lines:
+            ask = {"lines": list(lines), "queues": None if queues is None else list(queues),
+                   "limit": limit, "now": self.now}  # fmt: skip
+            calls.append(("LINE_RUNS", ask))
+        got = self._each(calls) if calls else []
+        states = got.pop(0) if gates else []
+        return GateLook(states, by_line(lines, got.pop(0)) if lines else {})
+
+    def write_gates(self, states: Sequence[GateState], now: float) -> None:
+        if states:
+            self.deferred.append(("GATE_WRITE", [state.params(now) for state in states]))
+
+    # -- how the gates' verbs go: each driver decides (PostgreSQL overrides these) -----------
+    def _gate_write(self, name: str, each: list[Params]) -> None:
+        """``many(name, each)``, held back until just before this transaction next looks at
+        its gates (``_gates_then``), or else before COMMIT: a write that waits for the gates'
+        locks holds them from there to the COMMIT only."""
+        if each:
+            self.ahead.append((name, each))
+
+    def _gates_then(
+        self,
+        name: str,
+        params: Params,
+        after: Sequence[tuple[str, Params]] = (),
+        first: Sequence[tuple[str, Params]] = (),
+    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
+        """The rows of each of ``first``, then the writes waiting for the gates, then
+        ``rows(name, params)``, then ``time()`` (read after that statement's locks), then the
+        rows of each of ``after``."""
+        before = [self.rows(n, p) for n, p in first]
+        self._write_ahead()
+        rows = self.rows(name, params)
+        now = self.time()
+        return rows, now, [self.rows(n, p) for n, p in after], before
+
+    def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``rows(name, params)`` for each call, in order."""
+        return [self.rows(name, params) for name, params in calls]
+
+    def _write_ahead(self) -> None:
+        """Send the writes waiting for the gates now, in order."""
+        ahead, self.ahead = self.ahead, []
+        for name, each in ahead:
+            self.many(name, each)
+
+    def _write_deferred(self) -> None:
+        """Send what waits for the COMMIT now (the writes waiting for the gates first)."""
+        self._write_ahead()
+        deferred, self.deferred = self.deferred, []
+        for name, each in deferred:
+            self.many(name, each)
