@@ -26,12 +26,18 @@ def prepare(store: Store) -> Store:
     return store
 
 
+def scratch() -> str:
+    """The run's directory (on /dev/shm where there is one: fsync costs nothing there): every
+    process's files go below it, and the run removes it whatever became of them."""
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    return tempfile.mkdtemp(prefix="lk-sim-", dir=shm)
+
+
 class SQLiteBackend:
     """A database created and migrated once per process, copied for each schedule."""
 
-    def __init__(self) -> None:
-        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None  # no disk: fsync costs nothing
-        self.dir = tempfile.mkdtemp(prefix="lk-sim-", dir=shm)
+    def __init__(self, root: str) -> None:
+        self.dir = tempfile.mkdtemp(prefix="p", dir=root)
         self.template = os.path.join(self.dir, "template.db")
         prepare(open_store(self.template, clock=VClock())).close()
         self.path = os.path.join(self.dir, "schedule.db")
@@ -50,10 +56,10 @@ class SQLiteBackend:
 class PostgresBackend:
     """One schema of this process's, emptied (identities restarted) before each schedule."""
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str) -> None:
         import psycopg  # noqa: PLC0415 - only the PostgreSQL backend needs it
 
-        self.schema = f"lk_sim_{os.getpid()}_{secrets.token_hex(3)}"
+        self.schema = f"{tag}_{os.getpid()}"
         self.admin = psycopg.connect(ADMIN, autocommit=True, connect_timeout=5)
         self.admin.execute(f'CREATE SCHEMA "{self.schema}"')
         parts = urlsplit(ADMIN)
@@ -62,12 +68,19 @@ class PostgresBackend:
         open_store(self.url, clock=VClock()).close()  # migrated once
         rows = self.admin.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename <> "
-            "'schema_version' ORDER BY tablename", (self.schema,)
+            "'leasekeeper_schema' ORDER BY tablename", (self.schema,)
         ).fetchall()  # fmt: skip
         self.tables = ", ".join(f'"{self.schema}"."{r[0]}"' for r in rows)
+        rows = self.admin.execute(
+            "SELECT sequencename FROM pg_sequences WHERE schemaname = %s ORDER BY 1",
+            (self.schema,),
+        ).fetchall()
+        self.sequences = [f'"{self.schema}"."{r[0]}"' for r in rows]
 
     def open(self, clock: VClock) -> Store:
         self.admin.execute(f"TRUNCATE {self.tables} RESTART IDENTITY CASCADE")
+        for sequence in self.sequences:  # (the events' order, the system's run ids)
+            self.admin.execute(f"ALTER SEQUENCE {sequence} RESTART")
         return prepare(open_store(self.url, clock=clock))
 
     def close(self) -> None:
@@ -78,5 +91,24 @@ class PostgresBackend:
 Backend = SQLiteBackend | PostgresBackend
 
 
-def backend(name: str) -> Backend:
-    return PostgresBackend() if name == "postgres" else SQLiteBackend()
+def tag() -> str:
+    """The prefix of this run's PostgreSQL schemas (one per process)."""
+    return f"lk_sim_{os.getpid()}_{secrets.token_hex(3)}"
+
+
+def backend(name: str, root: str, prefix: str) -> Backend:
+    return PostgresBackend(prefix) if name == "postgres" else SQLiteBackend(root)
+
+
+def clean(name: str, root: str, prefix: str) -> None:
+    """Whatever the run's processes left (one stopped early leaves its files or schema)."""
+    shutil.rmtree(root, ignore_errors=True)
+    if name != "postgres":
+        return
+    import psycopg  # noqa: PLC0415
+
+    with psycopg.connect(ADMIN, autocommit=True, connect_timeout=5) as conn:
+        rows = conn.execute("SELECT nspname FROM pg_namespace WHERE nspname LIKE %s",
+                            (prefix + "%",)).fetchall()  # fmt: skip
+        for (schema,) in rows:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterator
 
 from . import checks
-from .backends import Backend, backend
+from .backends import Backend, backend, clean, scratch, tag
 from .mutants import MUTANTS
 from .run import Action, Result, Simulation, draw
 
@@ -32,10 +32,10 @@ _backend: Backend | None = None
 _mutant: str | None = None
 
 
-def _init(backend_name: str, mutant: str | None) -> None:
-    global _backend, _mutant  # noqa: PLW0603 - one backend per pool process
+def _init(backend_name: str, mutant: str | None, root: str, prefix: str) -> None:
+    global _backend, _mutant
     logging.disable(logging.CRITICAL)  # the workers' own log lines: the verdict says it all
-    _backend = backend(backend_name)
+    _backend = backend(backend_name, root, prefix)
     _mutant = mutant
 
 
@@ -110,25 +110,29 @@ def main(argv: list[str] | None = None) -> int:
     if args.seeds < 1 or args.jobs < 1:
         print("scripts/simulate: --seeds and --jobs take a whole number from 1", file=sys.stderr)
         return 2
+    root, prefix = scratch(), tag()
     try:
-        _init(args.backend, args.mutant)
-    except Exception as exc:  # no PostgreSQL server, say: one line
-        print(f"scripts/simulate: cannot open the {args.backend} backend: {exc}", file=sys.stderr)
-        return 2
-    try:
+        try:
+            if args.replay is None:  # the pool's processes open their own
+                backend(args.backend, root, prefix).close()  # (fails here, once, if it must)
+            else:
+                _init(args.backend, args.mutant, root, prefix)
+        except Exception as exc:  # no PostgreSQL server, say: one line
+            print(f"scripts/simulate: cannot open the {args.backend} backend: {exc}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if args.replay is not None:
             return replay(args.replay)
-        return run_many(args)
+        return run_many(args, root, prefix)
     finally:
-        assert _backend is not None
-        _backend.close()
+        clean(args.backend, root, prefix)
 
 
-def run_many(args: argparse.Namespace) -> int:
+def run_many(args: argparse.Namespace, root: str, prefix: str) -> int:
     started = time.monotonic()
     done, failed = 0, []
     with multiprocessing.get_context("fork").Pool(
-        args.jobs, initializer=_init, initargs=(args.backend, args.mutant)
+        args.jobs, initializer=_init, initargs=(args.backend, args.mutant, root, prefix)
     ) as pool:
         for seed, violation in pool.imap(verdict, seeds(args.seed, args.seeds, args.minutes),
                                          chunksize=8):  # fmt: skip
@@ -159,6 +163,7 @@ def run_many(args: argparse.Namespace) -> int:
         f"{' '.join(str(s) for s, _ in failed[:20])})",
         file=sys.stderr,
     )
+    _init(args.backend, args.mutant, root, prefix)
     replay(seed)
     print(
         f"replay: scripts/simulate --replay {seed}"

@@ -132,9 +132,7 @@ MUTANTS = {
     for m in (
         Mutant("fence-off", "commits ignore the attempt", store=FenceOff),
         Mutant("renew-expired", "an expired lease renews", store=RenewExpired),
-        Mutant(
-            "start-early", "a handler starts before its lease is confirmed", worker=StartEarly
-        ),  # fmt: skip
+        Mutant("start-early", "a handler starts before its lease is confirmed", worker=StartEarly),
         Mutant("gate-drift", "a retry forgets the gate", store=GateDrift),
         Mutant("keep-late", "the keep is skipped for one call", worker=KeepLate),
         Mutant("signal-twice", "a signal resumes twice", store=SignalTwice),

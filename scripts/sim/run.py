@@ -4,6 +4,7 @@ after which every run must have ended or wait for a named reason."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import random
 from collections.abc import Callable, Sequence
@@ -111,16 +112,14 @@ class Simulation:
         self.played.append(f"{self.clock.now - 1_000_000:9.2f} {kind} {a} {b}")
         if kind in ("exchange", "start", "step", "beat") and w.paused_until > self.clock.now:
             return  # a paused process does nothing
-        try:
+        with contextlib.suppress(StoreError):  # a fault its own code did not absorb: it goes on
             self.move(kind, a, b, w)
-        except StoreError:
-            pass  # a fault the process's own code did not absorb: it goes on next time
 
     def move(self, kind: str, a: int, b: int, w: SimWorker) -> None:
         if kind == "enqueue" and self.runs_started < MAX_RUNS:
             task = handlers.ROOTS[b % len(handlers.ROOTS)]
-            run_id = self.ops.call(lambda: self.store.start_run(task, {"waits": 0},
-                                                                delay=(0.0, 0.0, 3.0)[a % 3]))  # fmt: skip
+            delay = (0.0, 0.0, 3.0)[a % 3]
+            run_id = self.ops.call(lambda: self.store.start_run(task, {"waits": 0}, delay=delay))
             self.ledger.runs.add(run_id)
             self.runs_started += 1
         elif kind == "exchange":

@@ -25,7 +25,7 @@ from workerproc.store import ClaimRequest, Commit, Lease, StoreError
 from workerproc.store.calls import KeptCall
 
 from . import handlers
-from .world import Link, LocalClock, Payment, Violation
+from .world import Link, LocalClock, Payment
 
 TTL = 10.0
 CONCURRENCY = 2

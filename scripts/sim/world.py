@@ -180,7 +180,7 @@ class Link:
     def close(self) -> None:
         """The link is the simulation's: the store outlives every simulated process."""
 
-    # -- the ledger's side --------------------------------------------------------------------------
+    # -- the ledger's side ---------------------------------------------------------------------
     def grant(self, lease: Lease, expires: float) -> None:
         key = (lease.task_id, lease.attempt)
         self.ledger.granted[key] = max(self.ledger.granted.get(key, 0.0), expires)
@@ -208,9 +208,10 @@ class Link:
             if commit.kind in ENDING:
                 n = led.ends[lease.task_id] = led.ends.get(lease.task_id, 0) + 1
                 if n > 1:
-                    raise Violation("a join runs once with every child" if lease.children
-                                    is not None else "no write by a non-holder",
-                                    f"task {lease.task_id}: its last word accepted {n} times")  # fmt: skip
+                    name = ("a join runs once with every child" if lease.children is not None
+                            else "no write by a non-holder")  # fmt: skip
+                    why = f"task {lease.task_id}: its last word accepted {n} times"
+                    raise Violation(name, why)
         for lease in out.leases:
             self.claimed(lease, now)
         for failure in out.failed:
