@@ -205,6 +205,7 @@ class Simulation:
     def quiet_end(self) -> None:
         """No more faults or operators: every process wakes, and time runs on in small steps
         until every run has ended or waits (bounded)."""
+        self.played.append("-- the quiet end: no faults, every process awake, time runs on")
         for i, w in enumerate(self.workers):
             w.paused_until = 0.0
             w.link.fault = None
