@@ -15,6 +15,7 @@ from workerproc.store import Lease, Store, StoreError
 from workerproc.store.calls import KeptCall
 from workerproc.store.errors import RunNotFound, RunOver
 from workerproc.store.protocol import claims
+from workerproc.store.protocol.limits import REFRESH, Gatekeeper
 
 from . import checks, handlers
 from .worker import TTL, Exec, SimWorker
@@ -48,6 +49,24 @@ def draw(seed: int, steps: int = STEPS) -> list[Action]:
             for _ in range(steps)]  # fmt: skip
 
 
+class SimGatekeeper(Gatekeeper):
+    """The store's cache of the limits' declarations and pauses, trusted for ``REFRESH``
+    seconds of the simulated clock (the store's own counts them on the wall clock, which a
+    schedule's result must not depend on)."""
+
+    def __init__(self, clock: VClock) -> None:
+        super().__init__()
+        self.clock = clock
+        self.read_virtual = -1e18
+
+    def stale(self) -> bool:
+        return self.clock.now - self.read_virtual > REFRESH
+
+    def learn(self, options: Any, specs: Any) -> None:
+        super().learn(options, specs)
+        self.read_virtual = self.clock.now
+
+
 @dataclass
 class Result:
     seed: int
@@ -69,9 +88,11 @@ class Simulation:
         self.seed = seed
         self.clock = VClock()
         claims._turns = itertools.count()  # gated runs or the others first: replayable
+        random.seed(seed)  # the product's jitter (store/backoff.py) draws from the module's
         self.store = opener(self.clock)
         if store_class is not Store:  # a mutant's store: the same database, a planted bug
             self.store = store_class(self.store.dialect)
+        self.store._gatekeeper = SimGatekeeper(self.clock)
         self.ledger = Ledger()
         self.worker_class = worker_class
         self.generation = itertools.count()
