@@ -45,9 +45,14 @@ def chunk_text(data: JSON) -> str:
 class Streams:
     dialect: Dialect
 
-    def append_stream(self, lease: Lease, texts: Sequence[str]) -> Appended:
+    def append_stream(
+        self, lease: Lease, texts: Sequence[str], *, after: int | None = None
+    ) -> Appended:
         """Write ``texts`` (chunks' JSON, each checked by ``chunk_text``) to the run's stream as
-        ``lease``'s attempt, in one transaction: see the module's docstring."""
+        ``lease``'s attempt, in one transaction: see the module's docstring. ``after``: the
+        offset this attempt's previous batch ended at (None: this is its first), so a batch
+        tried again after a write that landed without its answer is found written (its answer
+        again), never written twice."""
         if not 1 <= len(texts) <= MAX_BATCH:
             raise InvalidPayload(f"a stream write takes 1 to {MAX_BATCH} chunks")
         size = sum(len(text.encode()) for text in texts)
@@ -60,6 +65,9 @@ class Streams:
                 rejected(tx, params, "emit", lease.task)
                 return Appended("lost")
             last, task_id, attempt, used = (int(v) for v in head)
+            mine = task_id == lease.task_id and attempt == lease.attempt
+            if mine and last > 0 and last != after:  # this batch landed already: a retry
+                return Appended("written", last)
             if task_id == lease.task_id and attempt > lease.attempt:
                 rejected(tx, params, "emit", lease.task)  # a newer attempt wrote already
                 return Appended("lost")
