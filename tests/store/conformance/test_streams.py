@@ -31,7 +31,10 @@ def test_batches_are_numbered_in_order_and_read_after_an_offset(driver: Driver) 
     lease = driver.lease("t")
     first = s.append_stream(lease, texts("a", "b"))
     assert (first.outcome, first.last, first.reset) == ("written", 2, False)
-    assert s.append_stream(lease, texts({"n": 3})).last == 3
+    # the same batch tried again after a write that landed: found written, never twice
+    assert s.append_stream(lease, texts("a", "b")) == first
+    assert s.append_stream(lease, texts({"n": 3}), after=2).last == 3
+    assert s.append_stream(lease, texts({"n": 3}), after=2).last == 3
     chunks = s.stream(lease.run_id)
     assert [(c.offset, c.attempt, c.step, c.kind, c.data) for c in chunks] == [
         (1, 1, lease.task_id, "data", "a"), (2, 1, lease.task_id, "data", "b"),
@@ -56,7 +59,7 @@ def test_a_zombie_is_refused_and_the_new_attempt_begins_with_a_reset(driver: Dri
     assert s.emitted(new) == ["x1", "x2"]
     written = s.append_stream(new, texts("y1"))
     assert (written.outcome, written.last, written.reset) == ("written", 4, True)
-    assert s.append_stream(new, texts("y2")).reset is False  # once per attempt
+    assert s.append_stream(new, texts("y2"), after=4).reset is False  # once per attempt
     kinds = [(c.kind, c.attempt, c.data) for c in s.stream(new.run_id)]
     assert kinds == [("data", 1, "x1"), ("data", 1, "x2"), ("reset", 2, None),
                      ("data", 2, "y1"), ("data", 2, "y2")]  # fmt: skip
@@ -72,7 +75,7 @@ def test_a_cancelled_run_and_the_next_step_get_no_reset(driver: Driver) -> None:
     appended = s.append_stream(nxt, texts("b"))
     assert (appended.last, appended.reset) == (2, False)  # another step: it goes on
     assert s.cancel_run(nxt.run_id)
-    assert s.append_stream(nxt, texts("c")).outcome == "over"
+    assert s.append_stream(nxt, texts("c"), after=2).outcome == "over"
     assert driver.refusals("emit") == []
 
 
@@ -86,9 +89,10 @@ def test_the_bounds_are_refused_with_the_limit_named(driver: Driver) -> None:
         s.append_stream(lease, [])
     big = chunk_text("y" * (MAX_CHUNK - 10))
     batch = [big] * (MAX_STREAM // len(big) // 4)
+    last = None
     for _ in range(4):
-        s.append_stream(lease, batch)
-    full = s.append_stream(lease, [big, big])
+        last = s.append_stream(lease, batch, after=last).last
+    full = s.append_stream(lease, [big, big], after=last)
     assert full.outcome == "full"
 
 
@@ -120,7 +124,7 @@ def test_async_follow_yields_what_is_there_then_what_is_written(driver: Driver) 
         async for chunk in a.follow_stream(lease.run_id, poll=0.05):
             got.append(chunk.data)
             if len(got) == 1:
-                await asyncio.to_thread(s.append_stream, lease, texts("b"))
+                await asyncio.to_thread(s.append_stream, lease, texts("b"), after=1)
             if len(got) == 2:
                 await asyncio.to_thread(driver.finish, lease)
         with pytest.raises(RunNotFound):

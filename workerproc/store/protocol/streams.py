@@ -65,14 +65,14 @@ class Streams:
                 rejected(tx, params, "emit", lease.task)
                 return Appended("lost")
             last, task_id, attempt, used = (int(v) for v in head)
-            mine = task_id == lease.task_id and attempt == lease.attempt
-            if mine and last > 0 and last != after:  # this batch landed already: a retry
-                return Appended("written", last)
             if task_id == lease.task_id and attempt > lease.attempt:
                 rejected(tx, params, "emit", lease.task)  # a newer attempt wrote already
                 return Appended("lost")
             if str(status[0]) not in ALIVE:
                 return Appended("over")
+            mine = task_id == lease.task_id and attempt == lease.attempt
+            if mine and last > 0 and last != after:  # this batch landed already: a retry
+                return Appended("written", last)
             if used + size > MAX_STREAM:
                 return Appended("full")
             reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
