@@ -15,7 +15,18 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import calls, control, database, events, limits, schedules, waits, web, webhooks
+from . import (
+    calls,
+    control,
+    database,
+    events,
+    limits,
+    schedules,
+    streams,
+    waits,
+    web,
+    webhooks,
+)
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -44,6 +55,7 @@ for command in (
     + waits.ALL
     + control.ALL
     + events.ALL
+    + streams.ALL
     + webhooks.ALL
     + web.ALL
 ):
