@@ -14,6 +14,7 @@ gap), the ``step`` (task id) and ``attempt`` that wrote it, a ``kind`` and its J
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,3 +70,17 @@ def last_attempt(chunks: list[tuple[int, str, JSON]]) -> list[JSON]:
         return []
     newest = max(attempt for attempt, _, _ in chunks)
     return [data for attempt, kind, data in chunks if attempt == newest and kind == "data"]
+
+
+def step_texts(chunks: list[Chunk]) -> dict[int, str]:
+    """What a reader shows of ``chunks`` (in offset order): each step's text as it stands, a
+    reset clearing what that step showed before it; a chunk that is not text is shown as its
+    JSON on a line of its own."""
+    texts: dict[int, list[str]] = {}
+    for c in chunks:
+        if c.kind == "reset":
+            texts[c.step] = []
+            continue
+        part = c.data if isinstance(c.data, str) else json.dumps(c.data, sort_keys=True) + "\n"
+        texts.setdefault(c.step, []).append(part)
+    return {step: "".join(parts) for step, parts in texts.items()}
