@@ -56,7 +56,7 @@ def spliced(chunks: list[Chunk]) -> list[str]:
 def final(chunks: list[Chunk]) -> list[Any]:
     """The step's final stream: its chunks after its last reset."""
     resets = [i for i, c in enumerate(chunks) if c.kind == "reset"]
-    return [c.data for c in chunks[(resets[-1] + 1 if resets else 0):]]
+    return [c.data for c in chunks[(resets[-1] + 1 if resets else 0) :]]
 
 
 def run_soak(tmp_path: Path, db: str, name: str) -> None:
@@ -65,7 +65,7 @@ def run_soak(tmp_path: Path, db: str, name: str) -> None:
              for _ in range(RUNS)]  # fmt: skip
     with open_store(db) as store:
         runs = store.start_runs(items)
-    follower = subprocess.Popen(  # noqa: S603 - our own script
+    follower = subprocess.Popen(
         [sys.executable, str(FOLLOWER), db, str(seen), *map(str, runs)], env=env_with_tests(),
         stderr=subprocess.PIPE,
     )  # fmt: skip
