@@ -74,8 +74,9 @@ class Emitter:
             self._raise()
             if not self.attached:
                 s.attach(self)
-            if not self.waiting:
+            if not self.waiting:  # the writer learns when this batch is due
                 self.since = time.monotonic()
+                s.cond.notify_all()
             self.waiting.append(text)
             if len(self.waiting) == BATCH:
                 s.cond.notify_all()

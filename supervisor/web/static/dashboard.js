@@ -160,8 +160,8 @@
     }
     var box = el.querySelector("#run-stream");
     var state = el.querySelector("#stream-state");
-    var source = new EventSource(el.dataset.runStream + "?after=" + (el.dataset.after || "0"),
-                                 { withCredentials: true });
+    var after = el.dataset.after || "0";  // the last offset shown
+    var source = null;
     function stepBox(step) {
       var pre = box.querySelector('pre[data-step="' + step + '"]');
       if (!pre) {
@@ -172,29 +172,39 @@
       }
       return pre;
     }
-    source.onopen = function () {
-      el.dataset.live = "stream";
-    };
-    source.onerror = function () {
-      el.dataset.live = "retrying";
-    };
-    source.addEventListener("data", function (e) {
-      var c = JSON.parse(e.data);
-      var pre = stepBox(c.step);
-      pre.textContent += typeof c.data === "string" ? c.data : JSON.stringify(c.data) + "\n";
-      pre.scrollTop = pre.scrollHeight;
-      state.textContent = "live, up to offset " + c.offset;
-    });
-    source.addEventListener("reset", function (e) {
-      var c = JSON.parse(e.data);
-      stepBox(c.step).textContent = "";
-      state.textContent = "attempt " + c.attempt + " took the step over: it starts again";
-    });
-    source.addEventListener("end", function (e) {
-      source.close();
-      el.dataset.live = "ended";
-      state.textContent = "the run " + JSON.parse(e.data) + ": the stream is whole";
-    });
+    function open() {
+      source = new EventSource(el.dataset.runStream + "?after=" + after,
+                               { withCredentials: true });
+      source.onopen = function () {
+        el.dataset.live = "stream";
+      };
+      source.onerror = function () {  // dropped: it reconnects by itself, with Last-Event-ID
+        el.dataset.live = "retrying";
+        if (source.readyState === EventSource.CLOSED) {  // refused: open anew after a while
+          window.setTimeout(open, 5000);
+        }
+      };
+      source.addEventListener("data", function (e) {
+        var c = JSON.parse(e.data);
+        var pre = stepBox(c.step);
+        pre.textContent += typeof c.data === "string" ? c.data : JSON.stringify(c.data) + "\n";
+        pre.scrollTop = pre.scrollHeight;
+        after = String(c.offset);
+        state.textContent = "live, up to offset " + c.offset;
+      });
+      source.addEventListener("reset", function (e) {
+        var c = JSON.parse(e.data);
+        stepBox(c.step).textContent = "";
+        after = String(c.offset);
+        state.textContent = "attempt " + c.attempt + " took the step over: it starts again";
+      });
+      source.addEventListener("end", function (e) {
+        source.close();
+        el.dataset.live = "ended";
+        state.textContent = "the run " + JSON.parse(e.data) + ": the stream is whole";
+      });
+    }
+    open();
   }
 
   document.addEventListener("DOMContentLoaded", function () {

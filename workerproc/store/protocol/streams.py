@@ -84,7 +84,7 @@ class Streams:
             tx.rows("STREAM_MOVE", {**params, "last": end, "bytes": size})
             return Appended("written", end, reset)
 
-        return self.dialect.write(append, intent="call")
+        return self.dialect.write(append)
 
     def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]:
         """Up to ``limit`` (at most ``MAX_READ``) of run ``run_id``'s chunks after offset

@@ -31,12 +31,15 @@ INSERT INTO stream_chunks (run_id, position, task_id, attempt, kind, data, at)
 
 -- name: STREAM_MOVE
 -- the head after a write: its last offset, its writer, the bytes of the run's chunks; and
--- the followers are told (the schema's stream channel)
-WITH moved AS (
+-- the followers are told (the schema's stream channel). Its commit does not wait for the WAL
+-- to reach the disk (``synchronous_commit`` off for this transaction): the WAL is written in
+-- order, so the step's own commit, which does wait, makes every batch before it durable too
+WITH lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+moved AS (
     UPDATE stream_heads SET last = %(last)s, task_id = %(task_id)s, attempt = %(attempt)s,
         bytes = bytes + %(bytes)s
     WHERE run_id = %(run_id)s RETURNING run_id)
-SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved
+SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved, lazy
 
 -- name: STREAM_READ
 -- a run's chunks after an offset, in order
