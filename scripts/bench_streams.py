@@ -13,7 +13,8 @@ worker writes per second (target >= 10,000), on SQLite and PostgreSQL, under a r
   loop without emitting (their drain time, and how much slower streaming made it).
 
     scripts/bench streams [--backends sqlite,postgres] [--runs 8] [--chunks 500]
-                          [--every-ms 5] [--flood 100000] [--noops 2000] [--quick]
+                          [--every-ms 5] [--flood 100000] [--noops 2000] [--steady 10]
+                          [--quick]
 
 PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES`` (default postgresql://postgres@127.0.0.1:5432/test),
 in a schema of its own, dropped after.
@@ -40,7 +41,6 @@ from workerproc.store import open_async_store, open_store
 
 HERE = Path(__file__).resolve().parent
 TARGET_P99_MS, TARGET_RATE = 100.0, 10_000.0
-STEADY = 10.0  # seconds of a steady stream beside the no-op runs (longer than they take)
 
 
 def pool(db: str, workers: int, concurrency: int) -> subprocess.Popen[str]:
@@ -98,12 +98,12 @@ def flood(db: str, chunks: int) -> float:
         return chunks / float(run.result)  # type: ignore[arg-type]
 
 
-def others(db: str, noops: int, emit: bool) -> float:
+def others(db: str, noops: int, emit: bool, steady: float) -> float:
     """Seconds the no-op runs took to drain on one slot (``-n 1 --concurrency 2``) while the
     other one runs ``steady`` at ``TARGET_RATE`` chunks a second, emitting or not."""
     with open_store(db) as store:
         store.start_runs([{"task": "steady", "payload": {"rate": TARGET_RATE, "emit": emit,
-                                                          "seconds": STEADY}}])  # fmt: skip
+                                                          "seconds": steady}}])  # fmt: skip
         ids = store.start_runs([{"task": "noop"}] * noops)
     drained(pool(db, 1, 2))
     with open_store(db) as store:
@@ -135,12 +135,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--every-ms", type=float, default=5.0, help="ms between two chunks")
     ap.add_argument("--flood", type=int, help="chunks of the flood (default 100,000)")
     ap.add_argument("--noops", type=int, help="no-op runs beside a stream (default 2,000)")
+    ap.add_argument("--steady", type=float,
+                    help="seconds the stream beside them lasts (default 10: longer than they take)")
     add_quick(ap)
 
 
 def run(args: argparse.Namespace) -> int:
     fill_sizes(args, [("runs", 8, 2), ("chunks", 500, 50), ("flood", 100_000, 5_000),
-                      ("noops", 2000, 100)])  # fmt: skip
+                      ("noops", 2000, 100), ("steady", 10.0, 1.0)])  # fmt: skip
     rows, verdicts = [], []
     with tempfile.TemporaryDirectory(prefix="lk-bench-streams-") as tmp:
         for backend in args.backends.split(","):
@@ -150,9 +152,9 @@ def run(args: argparse.Namespace) -> int:
             with database(backend, tmp, "flood") as db:
                 rate = flood(db, args.flood)
             with database(backend, tmp, "alone") as db:
-                alone = others(db, args.noops, emit=False)
+                alone = others(db, args.noops, False, args.steady)
             with database(backend, tmp, "beside") as db:
-                beside = others(db, args.noops, emit=True)
+                beside = others(db, args.noops, True, args.steady)
             p99 = pct(lags, 99)
             rows.append(f"| {name} | {pct(lags, 50):.1f} / {pct(lags, 90):.1f} / {p99:.1f} / "
                         f"{max(lags):.1f} | {rate:,.0f} | {alone:.2f} s / {beside:.2f} s "
