@@ -135,8 +135,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--every-ms", type=float, default=5.0, help="ms between two chunks")
     ap.add_argument("--flood", type=int, help="chunks of the flood (default 100,000)")
     ap.add_argument("--noops", type=int, help="no-op runs beside a stream (default 2,000)")
-    ap.add_argument("--steady", type=float,
-                    help="seconds the stream beside them lasts (default 10: longer than they take)")
+    ap.add_argument(
+        "--steady",
+        type=float,
+        help="seconds the stream beside them lasts (default 10: longer than they take)",
+    )
     add_quick(ap)
 
 

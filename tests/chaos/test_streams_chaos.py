@@ -26,7 +26,7 @@ from sv_harness import Supervisor, env_with_tests
 from workerproc.store import open_store
 from workerproc.store.streams import Chunk
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 APP = "apps.stream_app:app"
 CHAOS = ["--drain", "--lease-ttl", "1", "--poll-interval", "0.2", "--prefetch", "0",
