@@ -10,12 +10,12 @@ from collections.abc import Iterable
 
 import click
 
-from workerproc.store import RunNotFound, StoreError
+from workerproc.store import RunNotFound, StoreError, open_async_store
 from workerproc.store.streams import Chunk
 
 from ..errors import SupervisorError
+from ..loop.storegate import db_file
 from ..operations import actions
-from ..web.stream import opener_for
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 OFFSET = Number(int, 0, 2**63 - 1)
@@ -59,7 +59,9 @@ def stream(db: str, run_id: int, after: int, follow: bool, as_json: bool) -> Non
 
 async def _follow(db: str, run_id: int, after: int, as_json: bool) -> None:
     """The run's chunks as they are written (PostgreSQL: LISTEN), until it is over."""
-    store = await opener_for(db)()
+    # the database was found by ``store_for``; a reader never creates a PostgreSQL schema
+    store = await (open_async_store(db) if db_file(db) is not None
+                   else open_async_store(db, migrate=False))  # fmt: skip
     try:
         async for chunk in store.follow_stream(run_id, after):
             show([chunk], as_json)
