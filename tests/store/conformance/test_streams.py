@@ -96,7 +96,7 @@ def test_the_bounds_are_refused_with_the_limit_named(driver: Driver) -> None:
     assert full.outcome == "full"
 
 
-@verb("drop_expired_streams")
+@verb("drop_expired_streams", "prune")
 def test_stream_ttl_drops_a_succeeded_runs_chunks_after_its_time(driver: Driver) -> None:
     s = driver.store
     s.register_tasks({"t": TaskOptions(stream_ttl=10.0)})
@@ -110,6 +110,8 @@ def test_stream_ttl_drops_a_succeeded_runs_chunks_after_its_time(driver: Driver)
     driver.clock.advance(11)
     assert s.drop_expired_streams() == 1
     assert s.stream(lease.run_id) == [] and len(s.stream(other.run_id)) == 1
+    assert s.prune(5.0) == 2  # a stream goes with its run
+    assert s.stream(other.run_id) == []
 
 
 @verb("AsyncStore.stream", "AsyncStore.follow_stream")
