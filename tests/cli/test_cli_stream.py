@@ -31,8 +31,10 @@ def test_stream_prints_text_json_and_after(db: str) -> None:
     assert result.stdout == 'hello world{"n": 1}\n\n'
     docs = [json.loads(x) for x in invoke("stream", str(lease.run_id), "--db", db, "--json",
                                           "--after", "1").stdout.splitlines()]  # fmt: skip
-    assert [(d["offset"], d["kind"], d["data"]) for d in docs] == [(2, "data", "world"),
-                                                                   (3, "data", {"n": 1})]
+    assert [(d["offset"], d["kind"], d["data"]) for d in docs] == [
+        (2, "data", "world"),
+        (3, "data", {"n": 1}),
+    ]
     assert set(docs[0]) == {"offset", "attempt", "step", "kind", "data", "at"}
 
 
@@ -40,7 +42,8 @@ def test_stream_of_a_missing_run_or_a_bad_offset_is_one_line(db: str) -> None:
     with open_store(db):
         pass
     missing = invoke("stream", "42", "--db", db)
-    assert missing.exit_code == 1 and missing.stderr.strip() == "supervisor: error: run 42 not found"
+    assert missing.exit_code == 1
+    assert missing.stderr.strip() == "supervisor: error: run 42 not found"
     bad = invoke("stream", "1", "--db", db, "--after", "-1")
     assert bad.exit_code == 2 and len(bad.stderr.strip().splitlines()) == 1
     assert "Traceback" not in bad.output
