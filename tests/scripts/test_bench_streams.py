@@ -11,7 +11,7 @@ import pg_session
 import pytest
 from sv_harness import env_with_tests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # half a minute: scripts/test-e2e runs it
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -12,7 +12,7 @@ import pytest
 from helpers import FakeClock, wait_for
 from store_backends import Backend
 
-from workerproc import App, LeaseLost, TaskContext
+from workerproc import App, LeaseLost, RunCancelled, TaskContext
 from workerproc.emitting import StreamFull
 from workerproc.store import ClaimRequest, InvalidPayload, Lease, Store
 from workerproc.store.streams import MAX_CHUNK, step_texts
@@ -121,3 +121,23 @@ def test_stream_ttl_is_checked_at_import_and_kept() -> None:
     task = app.task("kept", stream_ttl=3600)(lambda ctx: None)
     assert task.options.stream_ttl == 3600.0
     assert app.task_options()["kept"].stream_ttl == 3600.0
+
+
+def test_a_cancelled_run_stops_its_handler_at_an_emit(
+    backend: Backend, clock: FakeClock, s: Store
+) -> None:
+    streams = Streamer(lambda: backend.open(clock))
+    try:
+        s.start_run("answer")
+        lease = s.commit_many([], claim=ClaimRequest("w1", TTL)).leases[0]
+        ctx = context(s, lease, streams)
+        ctx.emit("before")
+        ctx.flush()
+        assert s.cancel_run(lease.run_id)
+        with pytest.raises(RunCancelled):
+            ctx.emit("after")
+            ctx.flush()  # the batch is refused: the run is over
+        assert ctx.cancelled and [c.data for c in s.stream(lease.run_id)] == ["before"]
+        assert s.fence_rejections() == []  # a live lease on an ended run: no zombie
+    finally:
+        streams.close()
