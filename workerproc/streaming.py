@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from .logs import attempt_of, event
-from .store import StoreError
+from .store import InvalidPayload, StoreError
 from .store.roles import StreamStore
 from .store.streams import MAX_BATCH
 from .store.types import Lease
@@ -206,10 +206,12 @@ class Streamer:
             try:
                 appended = self.store().append_stream(em.lease, batch, after=em.last)
                 break
-            except StoreError as exc:
-                if time.monotonic() + pause > deadline or self._closed:
+            except Exception as exc:  # the thread goes on for the others, whatever this was
+                again = isinstance(exc, StoreError) and not isinstance(exc, InvalidPayload)
+                if not again or time.monotonic() + pause > deadline or self._closed:
+                    failed = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                     with self.cond:
-                        em.failed, em.busy = exc, 0
+                        em.failed, em.busy = failed, 0
                         em.waiting = []
                         self.cond.notify_all()
                     event(log, "stream_write_failed",
