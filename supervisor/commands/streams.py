@@ -4,6 +4,7 @@ emitted, printed from an offset on, or followed while the run goes on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Iterable
@@ -14,12 +15,14 @@ from workerproc.store import RunNotFound, StoreError, open_async_store
 from workerproc.store.streams import Chunk
 
 from ..errors import SupervisorError
+from ..loop.pinned import PinnedFile
 from ..loop.storegate import db_file
 from ..operations import actions
 from .clickutil import RUN_ID, Number, db_option, json_option, option
 
 OFFSET = Number(int, 0, 2**63 - 1)
 PAGE = 1000  # chunks read at a time
+WATCH = 1.0  # seconds between two looks at a followed SQLite file
 
 
 @click.command()
@@ -58,15 +61,49 @@ def stream(db: str, run_id: int, after: int, follow: bool, as_json: bool) -> Non
 
 
 async def _follow(db: str, run_id: int, after: int, as_json: bool) -> None:
-    """The run's chunks as they are written (PostgreSQL: LISTEN), until it is over."""
+    """The run's chunks as they are written (PostgreSQL: LISTEN), until it is over; a SQLite
+    file deleted or replaced meanwhile ends it in one line, as ``events --follow`` does (an
+    open connection goes on reading a deleted file: its run would never end)."""
+    path = db_file(db)
+    pinned = PinnedFile(path) if path is not None else None
+    if pinned is not None:
+        try:
+            pinned.pin()
+        except FileNotFoundError:
+            raise SupervisorError(f"database {pinned.path} does not exist") from None
     # the database was found by ``store_for``; a reader never creates a PostgreSQL schema
-    store = await (open_async_store(db) if db_file(db) is not None
+    store = await (open_async_store(db) if path is not None
                    else open_async_store(db, migrate=False))  # fmt: skip
-    try:
+
+    async def printing() -> None:
         async for chunk in store.follow_stream(run_id, after):
             show([chunk], as_json)
+
+    async def guarding() -> None:
+        while True:
+            await asyncio.sleep(WATCH)
+            _watch(pinned)
+
+    tasks = [asyncio.create_task(printing())]
+    if pinned is not None:
+        tasks.append(asyncio.create_task(guarding()))
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()  # the follow's end, its error, or the file's problem
     finally:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StoreError):
+                await task
         await store.close()
+
+
+def _watch(pinned: PinnedFile | None) -> None:
+    problem = pinned.problem("`stream --follow`") if pinned is not None else None
+    if problem is not None:
+        raise SupervisorError(f"{problem}: stopping (a new file at that path is never taken "
+                              "for this one)")  # fmt: skip
 
 
 def show(chunks: Iterable[Chunk], as_json: bool) -> None:

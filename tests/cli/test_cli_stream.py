@@ -77,3 +77,27 @@ def test_stream_follow_prints_each_chunk_as_written_and_ends_with_its_run(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def test_stream_follow_stops_when_its_database_file_goes(tmp_path: Path) -> None:
+    """A follower of a deleted SQLite file says so in one line and exits 1 (its run would
+    never end in the old inode it goes on reading), as ``events --follow`` does."""
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        lease = leased(store)
+        store.append_stream(lease, ['"first"'])
+    proc = subprocess.Popen([sys.executable, "-m", "supervisor", "stream", str(lease.run_id),
+                             "--db", db, "--follow", "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env_with_tests(),
+                            start_new_session=True, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().startswith("{")  # following
+        for suffix in ("", "-wal", "-shm"):
+            Path(db + suffix).unlink(missing_ok=True)
+        _, err = proc.communicate(timeout=30)  # it looks once a second
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 1, err
+    assert len(err.strip().splitlines()) == 1 and "stopping" in err and "Traceback" not in err
