@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 from .app import App, LeaseLost, RunCancelled, Task, TaskContext
 from .config import WorkerConfig
+from .emitting import StreamFull
 from .limits import RetryAfter
 from .once import OnceCall
 from .store import AsyncStore, CasResult, Lease, Store, TaskOptions, open_async_store, open_store
@@ -23,6 +24,7 @@ __all__ = [
     "RetryAfter",
     "RunCancelled",
     "Store",
+    "StreamFull",
     "Task",
     "TaskContext",
     "TaskOptions",

@@ -142,6 +142,7 @@ class App:
         retry_backoff: float | None = None, timeout: float | None = None,
         queue: str | None = None, priority: int | None = None,
         limits: Sequence[str] | None = None, tokens: int | None = None,
+        stream_ttl: float | None = None,
     ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
 
     def task(
@@ -156,6 +157,7 @@ class App:
         priority: int | None = None,
         limits: Sequence[str] | None = None,
         tokens: int | None = None,
+        stream_ttl: float | None = None,
     ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
@@ -169,14 +171,16 @@ class App:
           it the next task;
         - ``limits``: the limits (``app.limit``) its runs wait behind, at most three, and
           ``tokens``: what each run reserves from their token budgets (``ctx.usage`` settles
-          what it really used).
+          what it really used);
+        - ``stream_ttl``: seconds a succeeded run keeps the stream this task's handler wrote
+          (``ctx.emit``) before it is dropped (None: until the run is pruned).
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
         registered twice for different functions is a ``ValueError``."""
         declared = {"max_attempts": max_attempts, "retry_backoff": retry_backoff,
                     "timeout": timeout, "queue": queue, "priority": priority,
-                    "limits": limits, "tokens": tokens}  # fmt: skip
+                    "limits": limits, "tokens": tokens, "stream_ttl": stream_ttl}  # fmt: skip
         if callable(name):  # bare @app.task
             return self._register(None, name, declared)
         given = name

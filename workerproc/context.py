@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, NoReturn
 
+from .emitting import Streaming
 from .once import CallBook, OnceCall
 from .paying import PaidCalls
 from .store import Commit, InvalidCommit, InvalidPayload, Lease
@@ -26,6 +27,7 @@ from .store.codec import (
 )
 from .store.newrun import START_FIELDS, NewRun
 from .store.types import JSON, MAX_CHILDREN, Child, Signal, Usage
+from .streaming import Streamer
 from .tasks import Task
 
 
@@ -43,7 +45,7 @@ class RunCancelled(BaseException):
     (the task stays pending, for a ``retry_run``)."""
 
 
-class TaskContext(PaidCalls):
+class TaskContext(PaidCalls, Streaming):
     """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
     last word; the worker writes it under the lease when the handler returns, in one transaction
     with the claims of the next tasks. Returning without either finishes the run with its state
@@ -63,12 +65,17 @@ class TaskContext(PaidCalls):
         tasks: Mapping[str, Task[Any]] | None = None,
         cancelled: threading.Event | None = None,
         calls: CallBook | None = None,
+        streams: Streamer | None = None,
     ) -> None:
         self._lease = lease
         self._lost = lost
         self._cancelled = cancelled or threading.Event()  # set when the run is cancelled
         self._tasks = tasks or {}  # the app's tasks: where ``advance`` finds a task's queue
         self._calls = calls  # the worker's paid calls (``once``)
+        self._streams = streams  # the worker's stream writer (``emit``)
+        self._emitter = None
+        self._mine = []
+        self._before = None
         self.reused = 0  # how many ``once`` calls of this execution reused a kept answer
         self.last_once: OnceCall | None = None  # what the last ``once`` did
         self.commit: Commit | None = None

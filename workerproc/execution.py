@@ -35,6 +35,7 @@ from .store import Commit, InvalidCommit, Lease
 from .store.backoff import backoff
 from .store.calls import parked_on
 from .store.codec import WAIT_FOREVER, dumps
+from .streaming import Streamer
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
     import asyncio
@@ -83,10 +84,12 @@ class Execution:
     task: asyncio.Task[None] | None = None  # async: the coroutine's task, on the loop thread
     tasks: Mapping[str, Task[Any]] = field(default_factory=dict)  # the app's, for ``advance``
     calls: CallBook | None = None  # the worker's paid calls, for ``once``
+    streams: Streamer | None = None  # the worker's stream writer, for ``emit``
     span: Any = None  # its span, when traced (``tracing``): ended once its commit is written
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled, self.calls)
+        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled, self.calls,
+                               self.streams)  # fmt: skip
         self.span = tracing.begin(self.lease)
 
     @contextlib.contextmanager
@@ -262,7 +265,9 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
         if ex.may_begin():
             with ex.running():  # its own log records carry its task, its span is current
                 value = ex.handler(ex.ctx)
+                ex.ctx._stream_done()  # what it emitted is written before its commit
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
     ex.seconds = time.monotonic() - ex.started
     ex.commit = conclude(ex, value, raised, config)
+    ex.ctx._stream_closed()

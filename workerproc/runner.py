@@ -83,6 +83,15 @@ def delivery_options(db: str, options: dict[str, Any]) -> dict[str, Any]:
     return options if is_postgres_url(db) else {**options, "synchronous": "NORMAL"}
 
 
+def stream_options(db: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The stream writer's own connection (B21): a batch's commit need not wait for the disk
+    (``synchronous=NORMAL`` on SQLite; on PostgreSQL the batch's own statement says so). The
+    log is written in order, so the step's own commit, which does wait, makes every batch
+    written before it durable too: a crash of the machine may undo only the newest batches of
+    a step that has not committed, whose next attempt begins with a reset anyway."""
+    return options if is_postgres_url(db) else {**options, "synchronous": "NORMAL"}
+
+
 def run_worker(
     app: App,
     config: WorkerConfig,
@@ -137,6 +146,7 @@ def run_worker(
         open_store=partial(open_store, config.db, **{**options, "busy_timeout": hb_busy}),
         call_store=partial(open_store, config.db, **options),
         delivery_store=partial(open_store, config.db, **delivery_options(config.db, options)),
+        stream_store=partial(open_store, config.db, **stream_options(config.db, options)),
         waker=waker,
         slot=slot,
         parent_pid=parent_pid,

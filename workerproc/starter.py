@@ -29,6 +29,7 @@ from .once import CallBook
 from .policy import CONFIRM_WAIT, Policy, Start
 from .signals import Waker
 from .store import Commit, Lease
+from .streaming import Streamer
 
 
 class Starter:
@@ -42,11 +43,13 @@ class Starter:
         waker: Waker,
         *,
         calls: CallBook | None = None,
+        streams: Streamer | None = None,
         builtin: Mapping[str, Handler] | None = None,
     ) -> None:
         # the app's handlers, and the built-in tasks the app does not define itself
         self.handlers = {**(builtin or {}), **app.handlers}
         self.calls = calls  # the worker's paid calls (``ctx.once``)
+        self.streams = streams  # the worker's stream writer (``ctx.emit``)
         self.tasks = app.tasks
         self.holdings = holdings
         self.policy = policy
@@ -85,7 +88,8 @@ class Starter:
                 if handler is not None:
                     lane = h.lane_lease(lease)  # a delivery: the lane's slot, never a user's
                     mode = Mode.LANE if lane else mode_for(handler, policy.capacity)
-                    ex = Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls)
+                    ex = Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls,
+                                   streams=self.streams)  # fmt: skip
                     self._gate(ex, confirmed)
                     h.begin(ex)
             if ex is None:
@@ -125,7 +129,8 @@ class Starter:
                 return None
             assert confirmed is not None
             h.take(lease)
-            nxt = Execution(lease, handler, Mode.THREAD, tasks=self.tasks, calls=self.calls)
+            nxt = Execution(lease, handler, Mode.THREAD, tasks=self.tasks, calls=self.calls,
+                        streams=self.streams)  # fmt: skip
             h.begin(nxt)
             self._gate(nxt, confirmed)
         self.heartbeat.started(lease)

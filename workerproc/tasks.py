@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
+MAX_STREAM_TTL = 10 * 365 * 86400.0  # a stream_ttl of ten years at most
+
 # Each per-task option and the pool option whose range it keeps (``WorkerConfig``).
 POOL_OPTION = {"max_attempts": "max_attempts", "retry_backoff": "retry_backoff",
                "timeout": "task_timeout"}  # fmt: skip
@@ -43,6 +45,7 @@ def declare(
     priority: int | None = None,
     limits: Iterable[str] | None = None,
     tokens: int | None = None,
+    stream_ttl: float | None = None,
 ) -> TaskOptions:
     """The options ``@app.task(task, ...)`` declares, checked; ``ValueError`` names the bad one."""
     names, reservation = check_task_limits(task, limits, tokens)
@@ -70,6 +73,12 @@ def declare(
             check_run_options(DEFAULT_QUEUE, priority, None)
     except InvalidPayload as exc:
         raise ValueError(f"@app.task({task!r}): {exc}") from None
+    if stream_ttl is not None and (
+        isinstance(stream_ttl, bool) or not isinstance(stream_ttl, (int, float))
+        or not 0 <= stream_ttl <= MAX_STREAM_TTL
+    ):  # fmt: skip
+        raise ValueError(f"@app.task({task!r}): stream_ttl must be a number of seconds from 0 "
+                         f"to {MAX_STREAM_TTL:g} (got {stream_ttl!r})")  # fmt: skip
     return TaskOptions(
         max_attempts=max_attempts,
         retry_backoff=None if retry_backoff is None else float(retry_backoff),
@@ -78,6 +87,7 @@ def declare(
         priority=priority,
         limits=names,
         tokens=reservation,
+        stream_ttl=None if stream_ttl is None else float(stream_ttl),
     )
 
 

@@ -52,6 +52,7 @@ from .once import CallBook
 from .store import CasResult, Commit, Lease, Run, Store, open_store
 from .store.codec import WAIT_FOREVER
 from .store.types import JSON
+from .streaming import Streamer
 from .tasks import Task
 
 if TYPE_CHECKING:
@@ -139,7 +140,9 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
 
     async def on_the_loop() -> Any:
         with ex.running():  # in the loop's task: its own log records carry its task
-            return await ex.handler(ex.ctx)
+            value = await ex.handler(ex.ctx)
+            await ex.ctx.flush_async()  # what it emitted is written before its commit
+            return value
 
     try:
         if ex.mode is Mode.ASYNC:
@@ -147,9 +150,12 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
         else:
             with ex.running():
                 value = ex.handler(ex.ctx)
+                ex.ctx._stream_done()
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
-    return conclude(ex, value, raised, config), raised
+    commit = conclude(ex, value, raised, config)
+    ex.ctx._stream_closed()
+    return commit, raised
 
 
 def _write(store: Store, commit: Commit) -> None:
@@ -210,6 +216,8 @@ def run_inline(
         config = WorkerConfig(db=store.url, app="inline:app", max_attempts=max_attempts)
         calls = CallBook(partial(open_store, store.url))  # ``ctx.once``'s, as a worker's
         stack.callback(calls.close)
+        streams = Streamer(partial(open_store, store.url))  # ``ctx.emit``'s, as a worker's
+        stack.callback(streams.close)
         done = 0
         for _ in range(MAX_STEPS):
             run = _get(store, run_id)
@@ -223,7 +231,7 @@ def run_inline(
                 continue
             if not lease.started and not store.renew(lease, TTL, start=True):
                 continue  # its own lapsed lease, taken over: it begins now, recorded (B3)
-            raised = _step(app, store, lease, loop, config, calls)
+            raised = _step(app, store, lease, loop, config, calls, streams)
             done += lease.run_id == run_id
             if raised is not None and raise_errors:
                 raise raised
@@ -257,7 +265,13 @@ def _wait(store: Store, clock: TestClock | None, run: Run) -> None:
 
 
 def _step(
-    app: App, store: Store, lease: Lease, loop: _Loop, config: WorkerConfig, calls: CallBook
+    app: App,
+    store: Store,
+    lease: Lease,
+    loop: _Loop,
+    config: WorkerConfig,
+    calls: CallBook,
+    streams: Streamer,
 ) -> Any:
     """Run the leased task and write its commit; what its handler raised (None: nothing)."""
     handler = app.handlers.get(lease.task)
@@ -265,7 +279,8 @@ def _step(
         error = f"UnknownTask: no handler named {lease.task!r} in this app"
         store.commit_many([Commit(lease, "fail", reason="unknown_task", error=error)])
         return LookupError(f"task {lease.task!r} of run {lease.run_id}: no handler has that name")
-    ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks, calls=calls)
+    ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks, calls=calls,
+                   streams=streams)  # fmt: skip
     commit, raised = _execute(ex, loop, config)
     if commit is not None:
         _write(store, commit)

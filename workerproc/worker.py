@@ -73,8 +73,9 @@ from .signals import Signals, Waker
 from .starter import Starter
 from .status import STOPPING, Counters, StatusSlot
 from .store import WorkerStore
-from .store.roles import CallStore
+from .store.roles import CallStore, StreamStore
 from .store.webhooks import DELIVERY_TASK
+from .streaming import Streamer
 
 log = logging.getLogger("workerproc.worker")
 
@@ -89,6 +90,7 @@ class Worker:
         owner: str,
         open_store: Callable[[], WorkerStore],
         call_store: Callable[[], CallStore] | None = None,
+        stream_store: Callable[[], StreamStore] | None = None,
         delivery_store: Callable[[], WorkerStore] | None = None,
         waker: Waker | None = None,
         slot: StatusSlot | None = None,
@@ -124,11 +126,14 @@ class Worker:
         seats = min(CALL_SEATS, self.policy.capacity)
         self.calls = CallBook(call_store or (lambda: cast(CallStore, open_store())),
                               threads=seats, seats=seats)  # fmt: skip
+        # ``ctx.emit``'s writer: one thread and one connection of its own, opened at the first emit
+        self.streams = Streamer(stream_store or (lambda: cast(StreamStore, open_store())))
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
         deliverer = Deliverer(delivery_store or open_store, lambda: not self.policy.accepting)
         builtin = {DELIVERY_TASK: deliverer}  # (stopping: it starts no new POST)
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.completer,
-                               self.waker, calls=self.calls, builtin=builtin)  # fmt: skip
+                               self.waker, calls=self.calls, streams=self.streams,
+                               builtin=builtin)  # fmt: skip
         self.executors = Executors(  # where handlers run, one executor per mode
             InlineExecutor(config, self.signals, self.waker, post,
                            before=self._inline_begins, after=self.heartbeat.cancel_chore),
@@ -322,6 +327,7 @@ class Worker:
         self.executors.close()
         self.services.close()
         self.calls.close()  # after the handlers: a keep handed over is written first
+        self.streams.close()  # ... and what they emitted
         self.heartbeat.close()
         tracing.shutdown()  # its spans flushed before the process ends
 

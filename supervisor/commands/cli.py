@@ -15,7 +15,19 @@ import click
 from workerproc import __version__
 
 from ..config import start_config, start_options
-from . import calls, control, database, events, limits, runops, schedules, waits, web, webhooks
+from . import (
+    calls,
+    control,
+    database,
+    events,
+    limits,
+    runops,
+    schedules,
+    streams,
+    waits,
+    web,
+    webhooks,
+)
 from .clickutil import SupervisorGroup, declared_options
 from .start import run_start
 
@@ -45,6 +57,7 @@ for command in (
     + waits.ALL
     + control.ALL
     + events.ALL
+    + streams.ALL
     + webhooks.ALL
     + web.ALL
 ):

@@ -4,7 +4,8 @@
 (with a fake clock). The app never opens, migrates or closes it. It pins the file ``--db`` names
 (if any) and, once that path names another file or none, answers every page and action with 503
 (``DatabaseWatch``): an open SQLite connection keeps reading a deleted file. The live parts
-of the pages update from ``/events/stream`` (``stream.py``).
+of the pages update from ``/events/stream`` (``stream.py``); a run's stream (B21) is served
+as ``/runs/{id}/stream`` (``runstream.py``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from ..loop.storegate import db_file
 from ..operations.render import short
 from .actions import Actions
 from .config import WebConfig
+from .runstream import RunStreams
 from .security import Guard, Secrets
 from .stream import Streams, opener_for
 from .views import Pages
@@ -65,6 +67,7 @@ def create_app(config: WebConfig, store: Operator, streams: Streams | None = Non
         Route("/webhooks", pages.webhooks),
         Route("/chaos", pages.chaos),
         Route("/events/stream", streams.endpoint),
+        Route("/runs/{run_id:int}/stream", RunStreams(streams).endpoint),
         Mount("/static", StaticFiles(packages=[("supervisor.web", "static")]), name="static"),
     ]
     if not config.read_only:

@@ -103,13 +103,38 @@ class Streams:
         runs: the last stream to leave stops it, a failed one is started again."""
         if self._opening is None:
             self._opening = asyncio.Lock()
+        store = await self.store()
+        async with self._opening:
+            if self._fanout is None or not self._fanout.running:
+                self._fanout = await Fanout.start(store)
+            self._fanout.users += 1
+            return self._fanout
+
+    async def store(self) -> AsyncStore:
+        """The async store the streams share (opened by the first one that needs it)."""
+        if self._opening is None:
+            self._opening = asyncio.Lock()
         async with self._opening:
             if self._store is None:
                 self._store = await self.opener()
-            if self._fanout is None or not self._fanout.running:
-                self._fanout = await Fanout.start(self._store)
-            self._fanout.users += 1
-            return self._fanout
+            return self._store
+
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set when the server stops: every open stream ends."""
+        return self._stopping
+
+    def refusal(self, client: str) -> Response | None:
+        """Why one more stream of ``client`` is refused now (a 503), or None: it may open."""
+        return self._refusal(client)
+
+    def left(self, client: str) -> None:
+        """A stream of ``client`` that ``fanout`` does not serve (a run's) ended."""
+        held = self.by_client.get(client, 0) - 1
+        if held > 0:
+            self.by_client[client] = held
+        else:
+            self.by_client.pop(client, None)
 
     def _unsubscribe(self, fanout: Fanout) -> None:
         fanout.users -= 1
@@ -154,11 +179,7 @@ class Streams:
 
     def _left(self, client: str, fanout: Fanout) -> None:
         self._unsubscribe(fanout)
-        held = self.by_client.get(client, 0) - 1
-        if held > 0:
-            self.by_client[client] = held
-        else:
-            self.by_client.pop(client, None)
+        self.left(client)
 
     async def _messages(
         self, fanout: Fanout, after: int, run: int | None, system: bool = False

@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from workerproc.store import Inspector, Stats
+from workerproc.store.streams import MAX_READ, step_texts
 from workerproc.store.types import RUN_STATUSES
 
 from ..errors import NotRunning
@@ -182,7 +183,14 @@ class Pages:
                            calls=calls, intents=intents,
                            unresolved=timeline.unresolved(run, calls, intents),
                            done=done if done in DONE else None,
-                           children=children_tree(self.store, run_id))  # fmt: skip
+                           children=children_tree(self.store, run_id),
+                           stream=self._stream(run_id))  # fmt: skip
+
+    def _stream(self, run_id: int) -> tuple[dict[int, str], int]:
+        """The run's stream as it stands (each step's text, B21) and its last offset read: the
+        page follows it live from there (``/runs/{id}/stream``)."""
+        chunks = self.store.stream(run_id, 0, MAX_READ)
+        return step_texts(chunks), chunks[-1].offset if chunks else 0
 
     def leases(self, request: Request) -> Response:
         return self.render(request, "leases.html", stats=self.stats())

@@ -20,7 +20,8 @@ import bench  # noqa: E402 - a script's module, found beside it
 OWN_OPTION = {"throughput": "--only-postgres", "before": "--now", "store": "--quick",
               "once": "--work-ms", "limits": "--keys", "events": "--procs",
               "waits": "--waiting", "webhooks": "--trickle", "web": "--runs",
-              "worker": "--ttl", "pg-cost": "--concurrency", "pg-floor": "samples"}  # fmt: skip
+              "worker": "--ttl", "pg-cost": "--concurrency", "pg-floor": "samples",
+              "streams": "--flood"}  # fmt: skip
 
 
 def bench_py(*args: str) -> subprocess.CompletedProcess[str]:

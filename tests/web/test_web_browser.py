@@ -31,7 +31,7 @@ from tools import require_tool
 from web_process import WebProcess
 
 from supervisor import exitcodes
-from workerproc.store import open_store
+from workerproc.store import ClaimRequest, Commit, Lease, Store, open_store
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -239,3 +239,65 @@ def test_a_refused_stream_falls_back_to_polling_and_is_tried_again(
         wait.until(lambda _: driver.execute_script(live) == "stream")  # tried again (5 s)
     finally:
         web.kill()
+
+
+def test_a_runs_stream_shows_live_resumes_after_a_dropped_connection_and_resets(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    """A run's page follows the run's stream (B21) as it is written; the
+    dashboard is stopped and started again on its port while chunks are written: the page's
+    EventSource reconnects with Last-Event-ID and shows each chunk once; a takeover's reset
+    clears the step's text before the new attempt's; the run's end closes the stream."""
+    driver = browser
+    wait = WebDriverWait(driver, WAIT, poll_frequency=0.1, ignored_exceptions=(
+        NoSuchElementException, StaleElementReferenceException))  # fmt: skip
+    db = str(tmp_path / "lk.db")
+    with open_store(db) as store:
+        run_id = store.start_run("answer")
+        old = store.commit_many([], claim=ClaimRequest("zombie", 600.0)).leases[0]
+        last = store.append_stream(old, ['"hello "']).last
+    web = WebProcess(tmp_path, "--db", db, "--port", "0", "--refresh", "3600")
+    again = None
+    text = "return document.getElementById('run-stream').innerText;"
+    live = "return document.querySelector('[data-run-stream]').dataset.live;"
+    try:
+        url = web.url()
+        driver.get(url + f"runs/{run_id}")
+        wait.until(lambda _: driver.execute_script(live) == "stream")
+        with open_store(db) as store:
+            written = store.append_stream(old, ['"world"'], after=last)
+            assert written.outcome == "written"
+            last = written.last
+        wait.until(lambda _: driver.execute_script(text).strip() == "hello world")
+        port = url.rsplit(":", 1)[1].strip("/")
+        web.kill()  # the connection drops; chunks are written meanwhile
+        wait.until(lambda _: driver.execute_script(live) == "retrying")
+        with open_store(db) as store:
+            assert store.append_stream(old, ['", again"', '" and again"'],
+                                       after=last).outcome == "written"  # fmt: skip
+        again = WebProcess(tmp_path, "--db", db, "--port", port, "--refresh", "3600")
+        again.url()
+        wait.until(lambda _: driver.execute_script(text).strip()
+                   == "hello world, again and again")  # fmt: skip
+        with open_store(db) as store:  # the zombie's leases are released; a new attempt writes
+            assert store.release_owner("zombie") == 1
+            new = wait_for_claim(store)
+            assert store.append_stream(new, ['"fresh"']).reset
+        wait.until(lambda _: driver.execute_script(text).strip() == "fresh")  # reset, then it
+        state = "return document.getElementById('stream-state').innerText;"
+        with open_store(db) as store:
+            store.commit_many([Commit(new, "finish")])
+        wait.until(lambda _: driver.execute_script(live) == "ended")
+        assert "succeeded" in driver.execute_script(state)
+        driver.save_screenshot(str(artifacts() / "run-stream.png"))
+    finally:
+        web.kill()
+        if again is not None:
+            again.kill()
+
+
+def wait_for_claim(store: Store) -> Lease:
+    found = WebDriverWait(store, WAIT, poll_frequency=0.1).until(
+        lambda s: s.commit_many([], claim=ClaimRequest("w2", 60.0)).leases
+    )
+    return found[0]

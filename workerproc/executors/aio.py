@@ -144,6 +144,7 @@ class AsyncExecutor(Executor):
             if ex.may_begin():  # not cancelled before it began, and its lease still fresh
                 with ex.running():  # its log records carry its task, its span is current
                     value = await ex.handler(ex.ctx)
+                    await ex.ctx.flush_async()  # what it emitted is written before its commit
         except asyncio.CancelledError:
             if ex.stopped is None:  # the handler cancelled itself: an error like any other
                 raised = RuntimeError("the handler was cancelled")
@@ -153,6 +154,7 @@ class AsyncExecutor(Executor):
             self._by_task.pop(task, None)
         ex.seconds = time.monotonic() - ex.started
         ex.commit = conclude(ex, value, raised, self._config)
+        ex.ctx._stream_closed()
         self._post(TaskFinished(ex))
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:

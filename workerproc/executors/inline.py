@@ -55,6 +55,7 @@ class InlineExecutor(Executor):
             if ex.may_begin():
                 with ex.running():  # its log records carry its task, its span is current
                     value = ex.handler(ex.ctx)
+                    ex.ctx._stream_done()  # what it emitted is written before its commit
         except BaseException as exc:  # a handler's error, whatever its kind
             signals.in_handler = False
             raised = exc
@@ -63,6 +64,7 @@ class InlineExecutor(Executor):
         self._after()
         ex.seconds = time.monotonic() - ex.started
         ex.commit = conclude(ex, value, raised, self._config)
+        ex.ctx._stream_closed()
         self._post(TaskFinished(ex))
 
     def interrupt(self, ex: Execution, why: Stopped) -> bool:

@@ -35,9 +35,11 @@ from .protocol.events import (
 from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
+from .protocol.streams import chunk_of, reading_stream, stream_status
 from .protocol.waits import sending, signal_params
 from .settings import SQLiteOptions, StoreOptions, resolve
-from .types import DEFAULT_QUEUE, JSON, Clock, Event, Run
+from .streams import Chunk
+from .types import DEFAULT_QUEUE, JSON, TERMINAL_STATUSES, Clock, Event, Run
 
 if TYPE_CHECKING:
     import asyncio
@@ -229,6 +231,36 @@ class AsyncStore:
                     cursor = batch[-1].id
                 if len(batch) < limit:
                     await self.backend.wait_change(token, poll, None)
+
+    # -- runs' streams (B21): ``Store.stream``, and following one -------------------------------
+    async def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]:
+        """``Store.stream``: up to ``limit`` of the run's chunks after offset ``after``."""
+        name, params = reading_stream(run_id, after, limit)
+        return [chunk_of(row) for row in await self.backend.rows(name, params)]
+
+    async def follow_stream(
+        self, run_id: int, after: int = 0, *, limit: int = 1000, poll: float = DEFAULT_POLL
+    ) -> AsyncIterator[Chunk]:
+        """Every chunk of the run's stream after offset ``after``, then each new one as it is
+        written, until the run is over and every chunk was given (``RunNotFound``: no such
+        run). Sleeps on notifications (PostgreSQL: LISTEN on the stream channel) or the change
+        token (SQLite) between reads, ``poll`` seconds at most; never spins."""
+        cursor = max(0, int(after))
+        async with self.backend.watching():
+            while True:
+                token = self.backend.token("stream")
+                status = await self.backend.rows(*stream_status(run_id))
+                if not status:
+                    raise RunNotFound(run_id)
+                batch = await self.stream(run_id, cursor, limit)
+                for chunk in batch:
+                    yield chunk
+                if batch:
+                    cursor = batch[-1].offset
+                if len(batch) < limit:
+                    if status[0][0] in TERMINAL_STATUSES:  # read before the chunks: all given
+                        return
+                    await self.backend.wait_change(token, poll, "stream")
 
     async def close(self) -> None:
         """Close this store's connections; ``async with`` does it on leaving."""

@@ -290,7 +290,7 @@ def task_options(text: str | None) -> TaskOptions:
     if not isinstance(found, dict):
         return NO_OPTIONS
     kinds = {"max_attempts": int, "retry_backoff": float, "timeout": float, "queue": str,
-             "priority": int}  # fmt: skip
+             "priority": int, "stream_ttl": float}  # fmt: skip
     kept: dict[str, Any] = {}
     for name, kind in kinds.items():
         value = found.get(name)

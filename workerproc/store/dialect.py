@@ -80,7 +80,9 @@ class ClaimRow(NamedTuple):
 # and claims), a producer's start, one idempotent statement that locks what it needs itself
 # (a renewal), or anything else.
 Intent = Literal["write", "exchange", "start", "statement", "call"]
-Channel = Literal["work", "end"]  # a run became claimable; a watched run ended
+# a run became claimable; a watched run ended; a run's stream was written (the async store's
+# followers only: no sync listener hears it, so idle workers never wake for a stream)
+Channel = Literal["work", "end", "stream"]
 
 # How often a polled change token is read (SQLite's ``PRAGMA data_version``, a cheap local
 # read): the idle worker's pickup latency, and ``wait`` on SQLite, where no ``ChangeWatch``
@@ -167,6 +169,9 @@ STATEMENTS = frozenset(
         # webhooks (B20): declared by operators, delivered by their delivery runs
         "WEBHOOK_ROWS", "WEBHOOK_ROW", "WEBHOOK_ADD", "WEBHOOK_DROP", "WEBHOOK_PARKED",
         "WEBHOOK_SIGNALS_DONE", "WEBHOOK_MOVE", "WEBHOOK_BACKLOG", "WEBHOOK_DUE",
+        # runs' streams (B21): chunks written in batches under the fence, read in order
+        "STREAM_HEAD", "STREAM_FENCE", "STREAM_APPEND", "STREAM_MOVE", "STREAM_READ",
+        "STREAM_STEP", "STREAM_EXPIRED", "STREAM_DROP", "STREAM_STATUS",
     }
 )  # fmt: skip
 

@@ -7,6 +7,8 @@ plays, so what it may call is written down and a test can hand in a smaller fake
   heartbeat's renewal, the settling of a conflict, the idle wait's cheap reads, the
   declaration of its app's per-task options when it starts, and what webhook delivery reads.
 - ``CallStore``: ``ctx.once``'s own connection: a step's paid calls, found and kept (B13).
+- ``StreamStore``: the worker's stream writer: a step's emitted chunks, written under its
+  fence (B21), what its earlier attempts wrote, and the streams that outlived their TTL.
 - ``Producer``: code that starts runs and waits for them (users, ``supervisor enqueue``).
 - ``Inspector``: what reads without writing: ``status``, ``runs``, ``show``, ``check``, the
   dashboard's pages, metrics, the chaos verifier.
@@ -23,6 +25,7 @@ from . import calls
 from .dialect import ChangeWatch
 from .limits import LimitInfo, LimitSpec
 from .schedules import Fired, ScheduleInfo, ScheduleSpec
+from .streams import Appended, Chunk
 from .types import (
     DEFAULT_QUEUE,
     JSON,
@@ -97,6 +100,16 @@ class CallStore(Role, Protocol):
     ) -> calls.KeptCall: ...  # fmt: skip
 
 
+class StreamStore(Role, Protocol):
+    """What the worker's stream writer needs (B21): a step's chunks written, fenced."""
+
+    def append_stream(
+        self, lease: Lease, texts: Sequence[str], *, after: int | None = None
+    ) -> Appended: ...
+    def emitted(self, lease: Lease) -> list[JSON]: ...
+    def drop_expired_streams(self, limit: int = 100) -> int: ...
+
+
 class Producer(Role, Protocol):
     """What starts runs and waits for them."""
 
@@ -110,6 +123,7 @@ class Producer(Role, Protocol):
     def set_limit(self, name: str, **numbers: Any) -> LimitSpec: ...
     def workers(self) -> list[WorkerInfo]: ...
     def signal(self, run_id: int, name: str, payload: JSON = None) -> int: ...
+    def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]: ...
 
 
 class Inspector(Role, Protocol):
@@ -155,6 +169,7 @@ class Inspector(Role, Protocol):
     def limits(self, keys: int = 5) -> list[LimitInfo]: ...
     def webhooks(self) -> list[WebhookInfo]: ...
     def webhook_list(self) -> list[Webhook]: ...
+    def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]: ...
 
 
 class Operator(Inspector, Protocol):

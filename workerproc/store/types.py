@@ -54,6 +54,7 @@ class TaskOptions:
     priority: int | None = None  # the priority its runs start with
     limits: tuple[str, ...] | None = None  # the limits its runs wait behind
     tokens: int | None = None  # the tokens a run reserves from its limits' budgets
+    stream_ttl: float | None = None  # seconds a succeeded run keeps the stream it wrote (B21)
 
     @property
     def declared(self) -> dict[str, Any]:

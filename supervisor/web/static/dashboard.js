@@ -8,6 +8,7 @@
 //   Without a stream, or once it failed, the part polls every data-every seconds (pausing
 //   while the tab is hidden, backing off after a failed fetch) and tries the stream again later.
 // - [data-left]: seconds left on a lease when the part was drawn, counted down locally.
+// - [data-run-stream]: a run's stream, appended to as it is written (runStream).
 "use strict";
 
 (function () {
@@ -150,10 +151,67 @@
     openStream();
   }
 
+  // A run's stream (B21), live: each step's text in a <pre> of its own; a reset (a new attempt
+  // took the step over) clears its step's; "end" (the run is over) closes the EventSource,
+  // which otherwise reconnects by itself after a dropped connection, sending Last-Event-ID.
+  function runStream(el) {
+    if (!el.dataset.runStream || !window.EventSource) {
+      return;
+    }
+    var box = el.querySelector("#run-stream");
+    var state = el.querySelector("#stream-state");
+    var after = el.dataset.after || "0";  // the last offset shown
+    var source = null;
+    function stepBox(step) {
+      var pre = box.querySelector('pre[data-step="' + step + '"]');
+      if (!pre) {
+        pre = document.createElement("pre");
+        pre.className = "stream-step";
+        pre.dataset.step = String(step);
+        box.appendChild(pre);
+      }
+      return pre;
+    }
+    function open() {
+      source = new EventSource(el.dataset.runStream + "?after=" + after,
+                               { withCredentials: true });
+      source.onopen = function () {
+        el.dataset.live = "stream";
+      };
+      source.onerror = function () {  // dropped: it reconnects by itself, with Last-Event-ID
+        el.dataset.live = "retrying";
+        if (source.readyState === EventSource.CLOSED) {  // refused: open anew after a while
+          window.setTimeout(open, 5000);
+        }
+      };
+      source.addEventListener("data", function (e) {
+        var c = JSON.parse(e.data);
+        var pre = stepBox(c.step);
+        pre.textContent += typeof c.data === "string" ? c.data : JSON.stringify(c.data) + "\n";
+        pre.scrollTop = pre.scrollHeight;
+        after = String(c.offset);
+        state.textContent = "live, up to offset " + c.offset;
+      });
+      source.addEventListener("reset", function (e) {
+        var c = JSON.parse(e.data);
+        stepBox(c.step).textContent = "";
+        after = String(c.offset);
+        state.textContent = "attempt " + c.attempt + " took the step over: it starts again";
+      });
+      source.addEventListener("end", function (e) {
+        source.close();
+        el.dataset.live = "ended";
+        state.textContent = "the run " + JSON.parse(e.data) + ": the stream is whole";
+      });
+    }
+    open();
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     drawn(document);
     tick();
     window.setInterval(tick, 100);
     document.querySelectorAll("[data-poll]").forEach(live);
+    document.querySelectorAll("[data-run-stream]").forEach(runStream);
   });
 })();

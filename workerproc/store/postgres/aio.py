@@ -6,9 +6,9 @@
   a step that is one statement of another shape (``Shaped``) is sent as that statement.
 - A write is ``BEGIN``, the program's statements, ``COMMIT``; a deadlock or serialization
   failure is retried, a connection that failed is never used again.
-- Waits share one listening connection: ``LISTEN`` on the schema's end channel, a counter
-  bumped by each notification (and when the connection is lost: notifications may have been
-  missed), and a condition the waits sleep on.
+- Waits share one listening connection: ``LISTEN`` on the schema's end, work and stream
+  channels, counters bumped by each notification (and when the connection is lost:
+  notifications may have been missed), and a condition the waits sleep on.
 - The schema is created or migrated by the sync dialect, once, on a thread (``open``).
 """
 
@@ -35,6 +35,7 @@ from .dialect import PostgresDialect
 from .ops_sql import WATCH_RUN
 from .sql import END_CHANNEL, NOTIFY_CHANNEL
 from .steps import CATALOGUE
+from .streams_sql import STREAM_CHANNEL
 
 T = TypeVar("T")
 Connection = psycopg.AsyncConnection[Any]
@@ -55,6 +56,7 @@ class PostgresAsync(AsyncBackend):
         self._closed = False
         self._ended = 0  # notifications of watched runs' ends (and lost listeners)
         self._any = 0  # notifications on either channel: work written, a run ended (B18)
+        self._streamed = 0  # notifications of streams written (B21): their followers only
         self._changed = asyncio.Condition()
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
@@ -164,29 +166,40 @@ class PostgresAsync(AsyncBackend):
         connection bumps them too, and the next wait listens anew."""
         channel = END_CHANNEL.format(schema=self.dialect.schema)
         work = NOTIFY_CHANNEL.format(schema=self.dialect.schema)
+        streamed = STREAM_CHANNEL.format(schema=self.dialect.schema)
         try:
             conn = await self._connect()
         except StoreError:
-            await self._bump()
+            await self._bump(lost=True)
             self._listening.set()  # the waits fall back to their timeouts: they look again
             return
         try:
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(work)))
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(streamed)))
             self._listening.set()
             async for note in conn.notifies():
-                await self._bump(note.channel == channel)
+                if note.channel == streamed:
+                    await self._bump_stream()
+                else:
+                    await self._bump(note.channel == channel)
         except psycopg.Error:
-            await self._bump()
+            await self._bump(lost=True)
         finally:
             self._listening.set()
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
-    async def _bump(self, ended: bool = True) -> None:
+    async def _bump(self, ended: bool = True, *, lost: bool = False) -> None:
         async with self._changed:
-            self._ended += ended
+            self._ended += ended or lost
             self._any += 1
+            self._streamed += lost  # a lost listener: a stream's write may have been missed
+            self._changed.notify_all()
+
+    async def _bump_stream(self) -> None:
+        async with self._changed:
+            self._streamed += 1
             self._changed.notify_all()
 
     async def watch(self, run_id: int) -> None:
@@ -199,6 +212,8 @@ class PostgresAsync(AsyncBackend):
             raise _translated(exc, self.dialect) from None
 
     def token(self, channel: Channel | None = "end") -> int:
+        if channel == "stream":
+            return self._streamed
         return self._ended if channel == "end" else self._any
 
     async def wait_change(self, token: int, timeout: float, channel: Channel | None = "end") -> int:

@@ -42,6 +42,7 @@ from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
+from .streams_sql import STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 from .webhooks_sql import MIGRATION_POSITIONS
@@ -452,6 +453,7 @@ MIGRATIONS: list[str] = [
     """,
     MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart
     MIGRATION_INTENTS,  # 17: paid calls' intents, usage kept for spend
+    STREAMS_SCHEMA,  # 18: runs' streams: their heads and chunks (B21)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -23,6 +23,7 @@ from . import ops_sql as o
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
+from . import streams_sql as st
 from . import waits_sql as w
 from . import webhooks_sql as wh
 
@@ -208,4 +209,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_KEY": release_key,
     "INSERT_EVENTS": insert_events,
 }
-CATALOGUE = catalogue([q, o, g, r, c, sc, e, w, wh], STEPS)
+CATALOGUE = catalogue([q, o, g, r, c, sc, e, w, wh, st], STEPS)

@@ -1,9 +1,10 @@
-"""The lease protocol written once (docs/protocol.md, R1-R7 and B1-B20), over a ``Dialect``:
+"""The lease protocol written once (docs/protocol.md, R1-R7 and B1-B21), over a ``Dialect``:
 claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
 producers, operators (and their bulk writes, ``bulk``), reads, the per-task options
 (``tasks``), the worker list (``workers``), schedules (``schedules``), paid calls
-(``calls``), the outbox (``events``) and webhooks (``webhooks``). ``Store`` is all of it;
-callers depend on the part they use (``store/roles.py``)."""
+(``calls``), the outbox (``events``), webhooks (``webhooks``) and runs' streams
+(``streams``). ``Store`` is all of it; callers depend on the part they use
+(``store/roles.py``)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .operators import Operators
 from .producers import Producers
 from .reads import Reads
 from .schedules import Schedules
+from .streams import Streams
 from .tasks import Tasks
 from .waits import Waits
 from .webhooks import Webhooks
@@ -25,7 +27,7 @@ from .workers import Workers
 
 class Store(
     Leases, Producers, Operators, Bulk, Reads, Tasks, Workers, Schedules, Limits, Calls, Events,
-    Waits, Webhooks,
+    Waits, Webhooks, Streams,
 ):  # fmt: skip
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the

@@ -16,6 +16,7 @@ from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
+from .streams_sql import STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 from .webhooks_sql import MIGRATION_POSITIONS
@@ -460,6 +461,7 @@ MIGRATIONS: list[str] = [
         UPDATE run_ids SET task_high = OLD.id;
     END;
     """,
+    STREAMS_SCHEMA,  # 25: runs' streams: their heads and chunks (B21)
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

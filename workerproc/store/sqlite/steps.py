@@ -17,6 +17,7 @@ from . import ops_sql as o
 from . import reads_sql as r
 from . import schedules_sql as sc
 from . import sql as q
+from . import streams_sql as st
 from . import waits_sql as w
 from . import webhooks_sql as wh
 
@@ -313,4 +314,4 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
 }
-CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh], STEPS)
+CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh, st], STEPS)

@@ -1,0 +1,54 @@
+"""The handlers scripts/bench streams measures (``bench_streams.py``):
+
+- ``paced``: emits ``chunks`` chunks ``every`` seconds apart, each carrying the moment it was
+  emitted (``time.time()``): a follower in another process subtracts it from the moment it
+  read the chunk (emit -> readable);
+- ``flood``: emits ``chunks`` short text chunks as fast as it can, then flushes; its result is
+  the seconds from its first emit to its flush's return (every chunk written);
+- ``steady``: emits ``rate`` chunks a second for ``seconds`` (or, with ``emit`` false, runs
+  the same loop without emitting): what the other slots' work is timed beside;
+- ``noop``: returns at once (the other slots' work).
+"""
+
+from __future__ import annotations
+
+import time
+
+from workerproc import App, TaskContext
+
+app = App()
+
+
+@app.task
+def paced(ctx: TaskContext) -> None:
+    chunks, every = int(ctx.payload["chunks"]), float(ctx.payload["every"])
+    for i in range(chunks):
+        ctx.emit({"i": i, "t": time.time()})
+        time.sleep(every)
+
+
+@app.task
+def flood(ctx: TaskContext) -> float:
+    chunks = int(ctx.payload["chunks"])
+    began = time.perf_counter()
+    for i in range(chunks):
+        ctx.emit(f"token {i} ")
+    ctx.flush()
+    return time.perf_counter() - began
+
+
+@app.task
+def steady(ctx: TaskContext) -> None:
+    rate, seconds = float(ctx.payload["rate"]), float(ctx.payload["seconds"])
+    emit = bool(ctx.payload["emit"])
+    began = time.monotonic()
+    for i in range(int(rate * seconds)):
+        if emit:
+            ctx.emit(f"token {i} ")
+        if i % 100 == 99 and (ahead := began + (i + 1) / rate - time.monotonic()) > 0:
+            time.sleep(ahead)
+
+
+@app.task
+def noop(ctx: TaskContext) -> None:
+    return None

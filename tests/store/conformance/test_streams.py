@@ -1,0 +1,141 @@
+"""Runs' streams (B21): ``append_stream`` is fenced (a zombie's batch is refused and recorded, a
+newer attempt's first batch begins with a reset), ``stream`` reads in offset order without gaps,
+``emitted`` answers what the step's newest earlier attempt wrote, ``drop_expired_streams``
+honours ``stream_ttl``, the bounds are refused, and the async store reads and follows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from workerproc.store import AsyncStore, CasResult, Commit, InvalidPayload, RunNotFound
+from workerproc.store import open_async_store as open_async
+from workerproc.store.protocol.streams import chunk_text
+from workerproc.store.streams import MAX_CHUNK, MAX_STREAM
+from workerproc.store.types import TaskOptions
+
+from .kit import TTL, Driver, verb
+
+OK = CasResult.OK
+
+
+def texts(*values: object) -> list[str]:
+    return [json.dumps(v) for v in values]
+
+
+@verb("append_stream", "stream")
+def test_batches_are_numbered_in_order_and_read_after_an_offset(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t")
+    first = s.append_stream(lease, texts("a", "b"))
+    assert (first.outcome, first.last, first.reset) == ("written", 2, False)
+    # the same batch tried again after a write that landed: found written, never twice
+    assert s.append_stream(lease, texts("a", "b")) == first
+    assert s.append_stream(lease, texts({"n": 3}), after=2).last == 3
+    assert s.append_stream(lease, texts({"n": 3}), after=2).last == 3
+    chunks = s.stream(lease.run_id)
+    assert [(c.offset, c.attempt, c.step, c.kind, c.data) for c in chunks] == [
+        (1, 1, lease.task_id, "data", "a"), (2, 1, lease.task_id, "data", "b"),
+        (3, 1, lease.task_id, "data", {"n": 3}),
+    ]  # fmt: skip
+    assert [c.offset for c in s.stream(lease.run_id, after=1, limit=1)] == [2]
+    assert s.stream(lease.run_id, after=3) == [] and s.stream(999) == []
+    assert chunks[0].as_json()["data"] == "a"
+
+
+@verb("append_stream", "emitted")
+def test_a_zombie_is_refused_and_the_new_attempt_begins_with_a_reset(driver: Driver) -> None:
+    s = driver.store
+    old = driver.lease("t", owner="zombie")
+    assert s.append_stream(old, texts("x1", "x2")).outcome == "written"
+    assert s.emitted(old) == []  # the first attempt: nothing before it
+    driver.clock.advance(TTL + 1)
+    assert s.append_stream(old, texts("late")).outcome == "lost"  # expired, not yet taken
+    new = driver.claim("w2")
+    assert s.append_stream(old, texts("zombie")).outcome == "lost"
+    assert [r.op for r in driver.refusals("emit")] == ["emit", "emit"]
+    assert s.emitted(new) == ["x1", "x2"]
+    written = s.append_stream(new, texts("y1"))
+    assert (written.outcome, written.last, written.reset) == ("written", 4, True)
+    assert s.append_stream(new, texts("y2"), after=4).reset is False  # once per attempt
+    kinds = [(c.kind, c.attempt, c.data) for c in s.stream(new.run_id)]
+    assert kinds == [("data", 1, "x1"), ("data", 1, "x2"), ("reset", 2, None),
+                     ("data", 2, "y1"), ("data", 2, "y2")]  # fmt: skip
+
+
+@verb("append_stream")
+def test_a_cancelled_run_and_the_next_step_get_no_reset(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t")
+    s.append_stream(lease, texts("a"))
+    assert driver.commit(Commit(lease, "advance", next_task="u", new_state={"n": 1})) == OK
+    nxt = driver.claim("w1")
+    appended = s.append_stream(nxt, texts("b"))
+    assert (appended.last, appended.reset) == (2, False)  # another step: it goes on
+    assert s.cancel_run(nxt.run_id)
+    assert s.append_stream(nxt, texts("c"), after=2).outcome == "over"
+    assert driver.refusals("emit") == []
+
+
+@verb("append_stream")
+def test_the_bounds_are_refused_with_the_limit_named(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t")
+    with pytest.raises(InvalidPayload, match="stream chunk"):
+        chunk_text("x" * MAX_CHUNK)
+    with pytest.raises(InvalidPayload, match="1 to"):
+        s.append_stream(lease, [])
+    big = chunk_text("y" * (MAX_CHUNK - 10))
+    batch = [big] * (MAX_STREAM // len(big) // 4)
+    last = None
+    for _ in range(4):
+        last = s.append_stream(lease, batch, after=last).last
+    full = s.append_stream(lease, [big, big], after=last)
+    assert full.outcome == "full"
+
+
+@verb("drop_expired_streams", "prune")
+def test_stream_ttl_drops_a_succeeded_runs_chunks_after_its_time(driver: Driver) -> None:
+    s = driver.store
+    s.register_tasks({"t": TaskOptions(stream_ttl=10.0)})
+    assert s.task_options()["t"].stream_ttl == 10.0
+    lease = driver.lease("t")
+    s.append_stream(lease, texts("a"))
+    other = driver.lease("u")
+    s.append_stream(other, texts("b"))
+    assert driver.finish(lease) == OK and driver.finish(other) == OK
+    assert s.drop_expired_streams() == 0
+    driver.clock.advance(11)
+    assert s.drop_expired_streams() == 1
+    assert s.stream(lease.run_id) == [] and len(s.stream(other.run_id)) == 1
+    assert s.prune(5.0) == 2  # a stream goes with its run
+    assert s.stream(other.run_id) == []
+
+
+@verb("AsyncStore.stream", "AsyncStore.follow_stream")
+def test_async_follow_yields_what_is_there_then_what_is_written(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t")
+    s.append_stream(lease, texts("a"))
+
+    async def body(a: AsyncStore) -> list[object]:
+        assert [c.data for c in await a.stream(lease.run_id)] == ["a"]
+        got: list[object] = []
+        async for chunk in a.follow_stream(lease.run_id, poll=0.05):
+            got.append(chunk.data)
+            if len(got) == 1:
+                await asyncio.to_thread(s.append_stream, lease, texts("b"), after=1)
+            if len(got) == 2:
+                await asyncio.to_thread(driver.finish, lease)
+        with pytest.raises(RunNotFound):
+            async for _ in a.follow_stream(999):
+                pass
+        return got
+
+    async def main() -> list[object]:
+        async with await open_async(driver.backend.url, clock=driver.clock) as a:
+            return await body(a)
+
+    assert asyncio.run(main()) == ["a", "b"]  # and it ended with its run

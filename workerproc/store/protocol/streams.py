@@ -1,0 +1,133 @@
+"""Runs' streams (docs/protocol.md B21), written once: a step's handler emits chunks of its
+output as it produces them (``ctx.emit``); the worker writes them in batches, each batch in its
+own small transaction, under the attempt's fence; anyone reads them while the run goes on.
+
+- ``append_stream``: one batch of ``lease``'s attempt. The run's stream head is taken first
+  (locked, on PostgreSQL), then the fence (R2) asked: a batch is written only while this
+  attempt holds the live lease of its step on a live run, and never after a newer attempt of
+  the same step wrote. A refused batch is recorded as evidence (``INSERT_REJECTION``, op
+  ``emit``) like a refused commit; the handler learns ``LeaseLost`` at its next emit. The first
+  batch of a new attempt of the step that wrote last begins with a ``reset`` chunk: readers
+  see the takeover, never a silent splice.
+- ``stream``: a run's chunks after an offset, in order (offsets from 1, no gaps: a batch's
+  offsets are given out under the head, and a reader sees a batch only once it committed,
+  after every batch before it).
+- ``emitted``: what the step's earlier attempts wrote (its newest one's data), for a handler
+  that resumes instead of starting over (``ctx.emitted``).
+- ``drop_expired_streams``: the streams of succeeded runs that outlived their task's
+  ``stream_ttl``. Every stream also goes with its run (``prune``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from ..codec import dumps, loads
+from ..dialect import Dialect, Params, Row, Tx
+from ..errors import InvalidPayload
+from ..streams import MAX_BATCH, MAX_CHUNK, MAX_READ, MAX_STREAM, Appended, Chunk, ChunkKind
+from ..streams import last_attempt as _last_attempt
+from ..types import JSON, Lease
+from .commits import fence, rejected
+
+ALIVE = ("pending", "running")
+
+
+def chunk_text(data: JSON) -> str:
+    """One chunk's JSON, within ``MAX_CHUNK`` bytes, or ``InvalidPayload`` naming the limit."""
+    text = dumps(data, "a stream chunk", MAX_CHUNK)
+    if len(text.encode()) > MAX_CHUNK:  # characters were counted; bytes are what is kept
+        raise InvalidPayload(f"a stream chunk is over the limit of {MAX_CHUNK:,} bytes of JSON")
+    return text
+
+
+class Streams:
+    dialect: Dialect
+
+    def append_stream(
+        self, lease: Lease, texts: Sequence[str], *, after: int | None = None
+    ) -> Appended:
+        """Write ``texts`` (chunks' JSON, each checked by ``chunk_text``) to the run's stream as
+        ``lease``'s attempt, in one transaction: see the module's docstring. ``after``: the
+        offset this attempt's previous batch ended at (None: this is its first), so a batch
+        tried again after a write that landed without its answer is found written (its answer
+        again), never written twice."""
+        if not 1 <= len(texts) <= MAX_BATCH:
+            raise InvalidPayload(f"a stream write takes 1 to {MAX_BATCH} chunks")
+        size = sum(len(text.encode()) for text in texts)
+
+        def append(tx: Tx) -> Appended:
+            params = fence(lease, tx.now)
+            head = tx.one("STREAM_HEAD", params)
+            status = tx.one("STREAM_FENCE", params)
+            if status is None or head is None:  # (no head: no run, so no lease either)
+                rejected(tx, params, "emit", lease.task)
+                return Appended("lost")
+            last, task_id, attempt, used = (int(v) for v in head)
+            if task_id == lease.task_id and attempt > lease.attempt:
+                rejected(tx, params, "emit", lease.task)  # a newer attempt wrote already
+                return Appended("lost")
+            if str(status[0]) not in ALIVE:
+                return Appended("over")
+            mine = task_id == lease.task_id and attempt == lease.attempt
+            if mine and last > 0 and last != after:  # this batch landed already: a retry
+                return Appended("written", last)
+            if used + size > MAX_STREAM:
+                return Appended("full")
+            reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
+            chunks = [["reset", None]] if reset else []
+            chunks += [["data", text] for text in texts]
+            tx.count("STREAM_APPEND", {**params, "first": last + 1,
+                                       "chunks": json.dumps(chunks)})  # fmt: skip
+            end = last + len(chunks)
+            tx.rows("STREAM_MOVE", {**params, "last": end, "bytes": size})
+            return Appended("written", end, reset)
+
+        return self.dialect.write(append)
+
+    def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]:
+        """Up to ``limit`` (at most ``MAX_READ``) of run ``run_id``'s chunks after offset
+        ``after``, in offset order (empty: none yet, or no such run)."""
+        name, params = reading_stream(run_id, after, limit)
+        rows = self.dialect.read(lambda tx: tx.rows(name, {**params, "now": tx.now}))
+        return [chunk_of(row) for row in rows]
+
+    def emitted(self, lease: Lease) -> list[JSON]:
+        """The data that ``lease``'s step's newest earlier attempt wrote, in order (empty: no
+        earlier attempt wrote)."""
+        params = {"run_id": lease.run_id, "task_id": lease.task_id, "attempt": lease.attempt}
+        rows = self.dialect.read(lambda tx: tx.rows("STREAM_STEP", {**params, "now": tx.now}))
+        return _last_attempt([(int(a), str(k), loads(d, "a stream chunk")) for a, k, d in rows])
+
+    def drop_expired_streams(self, limit: int = 100) -> int:
+        """Drop the streams of up to ``limit`` succeeded runs that outlived the ``stream_ttl``
+        of the task that wrote them last; how many went."""
+
+        def drop(tx: Tx) -> int:
+            found = tx.rows("STREAM_EXPIRED", {"limit": max(1, int(limit)), "now": tx.now})
+            tx.many("STREAM_DROP", [{"run_id": row[0]} for row in found])
+            return len(found)
+
+        return self.dialect.write(drop)
+
+
+def reading_stream(run_id: int, after: int, limit: int) -> tuple[str, Params]:
+    """The statement that reads a run's chunks after ``after``, and its parameters."""
+    return "STREAM_READ", {"run_id": int(run_id), "after": max(0, int(after)),
+                           "limit": max(1, min(int(limit), MAX_READ))}  # fmt: skip
+
+
+def stream_status(run_id: int) -> tuple[str, Params]:
+    """The statement a follower reads the run's status with (never locked), and its
+    parameters: read before the chunks, a status that says the run is over means every chunk
+    was written already (a batch is refused once its run is over)."""
+    return "STREAM_STATUS", {"run_id": int(run_id)}
+
+
+def chunk_of(row: Row) -> Chunk:
+    """A ``STREAM_READ`` row as a ``Chunk``."""
+    offset, attempt, step, kind, data, at = row
+    shown: ChunkKind = "reset" if kind == "reset" else "data"
+    return Chunk(int(offset), int(attempt), int(step), shown, loads(data, "a stream chunk"),
+                 float(at))  # fmt: skip

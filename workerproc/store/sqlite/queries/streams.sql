@@ -1,0 +1,58 @@
+-- SQLite's statements for runs' streams (docs/protocol.md B21): the chunks a step's handler
+-- emits, written in batches under its lease, read by anyone while the run goes on.
+--
+-- A run's stream head (``stream_heads``) numbers its chunks and says who wrote last; a write
+-- takes it first (SQLite's write transaction holds the database's write lock already).
+
+-- name: STREAM_HEAD
+-- the run's stream head: made at its first write (the run must exist), else the one there
+INSERT INTO stream_heads (run_id, last, task_id, attempt, bytes)
+    SELECT :run_id, 0, :task_id, :attempt, 0 FROM runs WHERE id = :run_id
+    ON CONFLICT (run_id) DO UPDATE SET last = stream_heads.last
+    RETURNING last, task_id, attempt, bytes
+
+-- name: STREAM_FENCE
+-- does this attempt hold the live lease of its step (R2)? Its run's status, if so
+SELECT r.status FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
+    WHERE t.id = :task_id AND t.run_id = :run_id AND t.lease_owner = :owner
+      AND t.attempts = :attempt AND t.lease_expires_at > :now AND t.done_at IS NULL
+
+-- name: STREAM_APPEND
+-- the batch's chunks, numbered from :first on (``chunks``: a JSON list of [kind, JSON text])
+INSERT INTO stream_chunks (run_id, position, task_id, attempt, kind, data, at)
+    SELECT :run_id, :first + c.key, :task_id, :attempt, json_extract(c.value, '$[0]'),
+        json_extract(c.value, '$[1]'), :now
+    FROM json_each(:chunks) AS c
+
+-- name: STREAM_MOVE
+-- the head after a write: its last offset, its writer, the bytes of the run's chunks
+UPDATE stream_heads SET last = :last, task_id = :task_id, attempt = :attempt,
+        bytes = bytes + :bytes
+    WHERE run_id = :run_id
+
+-- name: STREAM_READ
+-- a run's chunks after an offset, in order
+SELECT position, attempt, task_id, kind, data, at FROM stream_chunks
+    WHERE run_id = :run_id AND position > :after ORDER BY position LIMIT :limit
+
+-- name: STREAM_STATUS
+-- the run's status, read (never locked) before a follower's read of its chunks
+SELECT status FROM runs WHERE id = :run_id
+
+-- name: STREAM_STEP
+-- what a step's earlier attempts wrote, in order (``ctx.emitted``)
+SELECT attempt, kind, data FROM stream_chunks
+    WHERE run_id = :run_id AND task_id = :task_id AND attempt < :attempt ORDER BY position
+
+-- name: STREAM_EXPIRED
+-- succeeded runs whose stream outlived the ``stream_ttl`` of the task that wrote it last
+SELECT h.run_id FROM stream_heads AS h JOIN runs AS r ON r.id = h.run_id
+    JOIN tasks AS t ON t.id = h.task_id JOIN task_options AS o ON o.name = t.name
+    WHERE r.status = 'succeeded'
+      AND json_extract(o.options, '$.stream_ttl') IS NOT NULL
+      AND r.finished_at + json_extract(o.options, '$.stream_ttl') < :now
+    LIMIT :limit
+
+-- name: STREAM_DROP
+-- a run's stream dropped (it outlived its ``stream_ttl``): its head, and its chunks with it
+DELETE FROM stream_heads WHERE run_id = :run_id

@@ -1,0 +1,253 @@
+"""Runs' streams (docs/protocol.md B21), the worker's side: what a handler emits
+(``ctx.emit``) is buffered per execution (``Emitter``) and written by the worker's one stream
+thread (``Streamer``), in batches: a batch goes as soon as ``BATCH`` chunks wait or the oldest
+has waited ``DELAY`` seconds, whichever comes first, or when the handler flushes
+(``ctx.flush``, and always before its commit). Each batch is one small transaction under the
+attempt's fence (``Store.append_stream``); a refused one (the lease lost, the run over, the
+stream full) is kept on the emitter and raised at the handler's next emit or flush.
+
+A batch that failed (the database did not answer) is tried again, the chunks kept in order,
+until it lands or ``WRITE_WAIT`` passes; a retry after a write that landed without its answer
+is found written by the store (``after``), never written twice. A handler that emits faster
+than the database takes waits at its emit once ``PENDING`` chunks wait (``emit_async``: off
+the loop). Every ``EXPIRY_EVERY`` seconds the thread also drops the streams of succeeded runs
+that outlived their task's ``stream_ttl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from .logs import attempt_of, event
+from .store import InvalidPayload, StoreError
+from .store.roles import StreamStore
+from .store.streams import MAX_BATCH
+from .store.types import Lease
+
+log = logging.getLogger("workerproc.worker")
+
+DELAY = 0.05  # seconds a chunk waits for its batch at most
+BATCH = 64  # chunks that make a batch go at once
+PENDING = 4 * MAX_BATCH  # chunks waiting that make an emit wait for the writer
+WRITE_WAIT = 60.0  # seconds a batch is tried for, or a flush waits, at most
+EXPIRY_EVERY = 60.0  # seconds between two looks for streams past their stream_ttl
+RETRY = (0.01, 1.0)  # a failed write's first pause before it is tried again, and the most
+
+Refusal = Literal["lost", "over", "full"]
+
+
+class Emitter:
+    """One execution's stream: the chunks waiting for their batch, and what the writes said.
+    Everything here is guarded by the streamer's condition."""
+
+    def __init__(self, streamer: Streamer, lease: Lease) -> None:
+        self.lease = lease
+        self._streamer = streamer
+        self.waiting: list[str] = []  # chunks' JSON, in order
+        self.since = 0.0  # monotonic: when the oldest waiting chunk was emitted
+        self.busy = 0  # chunks in a write now
+        self.last: int | None = None  # the offset this attempt's last batch ended at
+        self.refused: Refusal | None = None
+        self.failed: StoreError | None = None  # a write that never landed
+        self.flushing = False  # a flush is waiting: write what waits now
+        self.written = 0  # chunks written so far
+        self.attached = False  # the writer looks at it (from its first chunk on)
+        self.ended = False  # its execution ended: it goes once nothing of it waits
+
+    def due(self, now: float) -> bool:
+        """Whether a batch should go now."""
+        if not self.waiting or self.refused or self.failed:
+            return False
+        return self.flushing or len(self.waiting) >= BATCH or now - self.since >= DELAY
+
+    def add(self, text: str) -> None:
+        """Keep one chunk for the next batch; the writer is woken when a batch is due, and
+        the caller waits while too many wait (bounded)."""
+        s = self._streamer
+        s.start()
+        with s.cond:
+            self._raise()
+            if not self.attached:
+                s.attach(self)
+            if not self.waiting:  # the writer learns when this batch is due
+                self.since = time.monotonic()
+                s.cond.notify_all()
+            self.waiting.append(text)
+            if len(self.waiting) == BATCH:
+                s.cond.notify_all()
+            if len(self.waiting) >= PENDING:
+                self._wait(lambda: len(self.waiting) < PENDING)
+
+    def flush(self) -> None:
+        """Write what waits now and wait until it is written (bounded); raise what a write
+        said (``StreamRefused``, ``StoreError``)."""
+        s = self._streamer
+        s.start()
+        with s.cond:
+            self.flushing = True
+            s.cond.notify_all()
+            try:
+                self._wait(lambda: not self.waiting and not self.busy)
+            finally:
+                self.flushing = False
+
+    def pending(self) -> bool:
+        with self._streamer.cond:
+            return bool(self.waiting or self.busy)
+
+    def _wait(self, done: Callable[[], bool]) -> None:
+        """(Holding the condition.) Until ``done`` or a refusal, ``WRITE_WAIT`` at most."""
+        deadline = time.monotonic() + WRITE_WAIT
+        cond = self._streamer.cond
+        while not done():
+            self._raise()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise StoreError(f"the stream of run {self.lease.run_id} was not written in "
+                                 f"{WRITE_WAIT:g} s")  # fmt: skip
+            cond.wait(min(left, 1.0))
+        self._raise()
+
+    def _raise(self) -> None:
+        if self.refused is not None:
+            raise StreamRefused(self.refused, self.lease)
+        if self.failed is not None:
+            raise self.failed
+
+
+class StreamRefused(Exception):
+    """The store refused this execution's stream: ``lost`` (the lease: the context raises
+    ``LeaseLost``), ``over`` (the run: ``RunCancelled``), ``full`` (``StreamFull``)."""
+
+    def __init__(self, why: Refusal, lease: Lease) -> None:
+        super().__init__(why)
+        self.why = why
+        self.lease = lease
+
+
+class Streamer:
+    """The worker's stream writer: one thread (started at the first emit) and one store,
+    whose connection is the thread's own."""
+
+    def __init__(self, open_store: Callable[[], StreamStore]) -> None:
+        self._open = open_store
+        self.cond = threading.Condition()
+        self._emitters: list[Emitter] = []
+        self._thread: threading.Thread | None = None
+        self._store: StreamStore | None = None
+        self._closed = False
+        self._expired_at = 0.0  # monotonic: the last look for streams past their stream_ttl
+
+    def emitter(self, lease: Lease) -> Emitter:
+        """A new execution's stream."""
+        return Emitter(self, lease)
+
+    def store(self) -> StreamStore:
+        with self.cond:
+            if self._store is None:
+                self._store = self._open()
+            return self._store
+
+    def start(self) -> None:
+        with self.cond:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="streams", daemon=True)
+                self._thread.start()
+
+    def attach(self, emitter: Emitter) -> None:
+        """(Holding the condition.) The writer looks at ``emitter`` from now on."""
+        emitter.attached = True
+        self._emitters.append(emitter)
+
+    def detach(self, emitter: Emitter) -> None:
+        """The execution ended: its emitter goes once nothing of it waits."""
+        with self.cond:
+            emitter.ended = True
+            self.cond.notify_all()
+
+    def _next(self) -> tuple[Emitter, list[str]] | None:
+        """(Holding the condition.) The next batch due, taken; else sleep until one may be."""
+        now = time.monotonic()
+        for em in self._emitters:
+            if em.due(now):
+                batch, em.waiting = em.waiting[:MAX_BATCH], em.waiting[MAX_BATCH:]
+                em.busy = len(batch)
+                if em.waiting:
+                    em.since = now
+                return em, batch
+        soonest = min((em.since + DELAY for em in self._emitters if em.waiting), default=None)
+        self.cond.wait(1.0 if soonest is None else max(0.0, min(1.0, soonest - now)))
+        return None
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                if self._closed and not any(em.waiting for em in self._emitters):
+                    return
+                self._emitters = [em for em in self._emitters if em.waiting or em.busy
+                                  or not (em.ended or em.refused or em.failed)]  # fmt: skip
+                found = self._next()
+            if found is None:
+                self._expire()
+                continue
+            em, batch = found
+            self._write(em, batch)
+
+    def _write(self, em: Emitter, batch: list[str]) -> None:
+        """One batch, tried until it lands, is refused, or ``WRITE_WAIT`` passes."""
+        deadline = time.monotonic() + WRITE_WAIT
+        pause, most = RETRY
+        while True:
+            try:
+                appended = self.store().append_stream(em.lease, batch, after=em.last)
+                break
+            except Exception as exc:  # the thread goes on for the others, whatever this was
+                again = isinstance(exc, StoreError) and not isinstance(exc, InvalidPayload)
+                if not again or time.monotonic() + pause > deadline or self._closed:
+                    failed = exc if isinstance(exc, StoreError) else StoreError(str(exc))
+                    with self.cond:
+                        em.failed, em.busy = failed, 0
+                        em.waiting = []
+                        self.cond.notify_all()
+                    event(log, "stream_write_failed",
+                          f"task {em.lease.task_id} {attempt_of(em.lease)}: its stream could "
+                          f"not be written: {exc}", level=logging.ERROR,
+                          task_id=em.lease.task_id, run_id=em.lease.run_id)  # fmt: skip
+                    return
+                time.sleep(pause)
+                pause = min(most, pause * 2)
+        with self.cond:
+            em.busy = 0
+            if appended.outcome == "written":
+                em.last = appended.last
+                em.written += len(batch)
+            else:
+                em.refused, em.waiting = appended.outcome, []
+            self.cond.notify_all()
+
+    def _expire(self) -> None:
+        """Now and then: drop the streams of succeeded runs past their ``stream_ttl``."""
+        if time.monotonic() - self._expired_at < EXPIRY_EVERY:
+            return
+        self._expired_at = time.monotonic()
+        with contextlib.suppress(StoreError):
+            self.store().drop_expired_streams()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Write what waits (bounded by ``timeout``), then close the store."""
+        with self.cond:
+            self._closed = True
+            thread, self._thread = self._thread, None
+            self.cond.notify_all()
+        if thread is not None:
+            thread.join(timeout)
+        with self.cond:
+            store, self._store = self._store, None
+        if store is not None:
+            with contextlib.suppress(StoreError):
+                store.close()
