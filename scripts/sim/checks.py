@@ -178,6 +178,7 @@ INVARIANTS = (
     "signals resume once",
     "a join runs once with every child",
     "events in commit order without gaps",
+    "a stream has no gap and no splice",
 )
 
 

@@ -3,7 +3,8 @@
 An execution's plan is fixed when it begins, from the seed, its task and its attempt (never
 from the order of the schedule), so a shrunk schedule replays the same handlers. A plan is
 a list of steps the scheduler takes one at a time: an optional paid call (``intent``, ``fn``,
-``keep``: ``ctx.once``'s three moments) and a last word. The last word is made into the commit
+``keep``: ``ctx.once``'s three moments), batches of streamed output (``emit``) and a last
+word. The last word is made into the commit
 the worker's real code would write (``execution.failure`` for a raise: release with backoff,
 or fail on the last try).
 """
@@ -66,7 +67,10 @@ def plan(seed: int, lease: Lease) -> Plan:
         last = "finish"
     paid = lease.task in ("job", "free", "child") and rng.random() < 0.5
     steps = ("intent", "fn", "keep", last) if paid else (last,)
-    return Plan(steps, pause_retry=rng.random() < 0.3)
+    pause_retry = rng.random() < 0.3
+    emits = rng.choice((0, 0, 1, 2))  # batches of output it streams before its last word
+    steps = (*steps[:-1], *("emit",) * emits, steps[-1])
+    return Plan(steps, pause_retry=pause_retry)
 
 
 def last_word(

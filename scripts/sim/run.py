@@ -17,7 +17,7 @@ from workerproc.store.errors import RunNotFound, RunOver
 from workerproc.store.protocol import claims
 from workerproc.store.protocol.limits import REFRESH, Gatekeeper
 
-from . import checks, handlers
+from . import checks, handlers, streams
 from .worker import TTL, Exec, SimWorker
 from .world import Fault, Ledger, Link, LocalClock, Payment, VClock, Violation
 
@@ -116,6 +116,7 @@ class Simulation:
                 self.check(lines=action[0] in OUTSIDE)
             self.quiet_end()
             checks.at_end(self.store, self.ledger)
+            streams.at_end(self.store, self.ledger)
         except Violation as v:
             return Result(self.seed, v, self.played)
         finally:
@@ -269,6 +270,11 @@ class Simulation:
         zombie = (ex.lease.task_id, ex.lease.attempt) in self.ledger.dropped
         checks.payment(self.ledger, (ex.lease.run_id, ex.lease.task_id, ex.key.name), p, zombie)
         return p
+
+    def streamed(self, ex: Exec, batch: list[str]) -> None:
+        """A batch of ``ex``'s chunks was written (judged already, in ``Link``)."""
+        fence = (ex.lease.task_id, ex.lease.attempt)
+        self.ledger.stream_written.setdefault(fence, []).extend(batch)
 
     def kept(self, ex: Exec, kept: KeptCall) -> None:
         if ex.payment is not None:

@@ -24,7 +24,7 @@ from workerproc.signals import Signals
 from workerproc.store import ClaimRequest, Commit, Lease, StoreError
 from workerproc.store.calls import KeptCall
 
-from . import handlers
+from . import handlers, streams
 from .world import Link, LocalClock, Payment
 
 TTL = 10.0
@@ -56,6 +56,8 @@ class Exec:
     answer: Any = None
     payment: Payment | None = None
     key: Any = None
+    written: list[str] = field(default_factory=list)  # the chunks its emits wrote
+    stream_end: int | None = None  # the offset its last batch ended at (None: none yet)
 
 
 @dataclass
@@ -205,6 +207,8 @@ class SimWorker:
             self.fn(key, ex, world)
         elif what == "keep":
             self.keep(key, ex, world)
+        elif what == "emit":
+            self.emit(ex, world)
         else:
             rng = random.Random(f"{self.seed}/word/{ex.lease.task_id}/{ex.lease.attempt}")
             self.end(key, handlers.last_word(ex.lease, ex.plan, self.config, ex.answer, rng),
@@ -269,6 +273,23 @@ class SimWorker:
     def keep_answer(self, ex: Exec) -> KeptCall:
         return paid.keep_answer(self.link, ex.lease, ex.key, ex.answer, None, None,  # type: ignore[arg-type]
                                 ex.intent.intent)  # fmt: skip
+
+    # -- ctx.emit, a batch at a time (the stream thread's write) -----------------------------------
+    def emit(self, ex: Exec, world: Any) -> None:
+        batch = streams.texts(ex.lease, len(ex.written))
+        try:
+            out = self.link.append_stream(ex.lease, batch, ex.stream_end)
+        except StoreError:
+            ex.pc -= 1  # the stream thread writes the same batch again (``after``: no double)
+            return
+        if out.outcome == "written":
+            ex.written += batch
+            ex.stream_end = out.last
+            world.streamed(ex, batch)
+        else:  # LeaseLost (refused) or RunCancelled (its run is over) at this emit
+            ex.lost = out.outcome != "over"
+            ex.cancelled = out.outcome == "over"
+            ex.pc -= 1
 
     def fail(self, ex: Exec, exc: BaseException) -> Commit:
         return failure(ex.lease, exc, self.config)

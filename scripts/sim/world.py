@@ -23,6 +23,7 @@ from workerproc.store import (
     StoreError,
     StoreUnavailable,
 )
+from workerproc.store.streams import Appended
 
 ENDING = ("finish", "advance", "wait", "spawn", "fail")  # a step's last word: at most once
 
@@ -95,6 +96,12 @@ class Ledger:
     owners: dict[tuple[int, int], str] = field(default_factory=dict)  # (task, attempt) -> owner
     names: dict[int, str] = field(default_factory=dict)  # task -> its name
     dropped: set[tuple[int, int]] = field(default_factory=set)  # live leases a retry dropped
+    # runs' streams (``streams``): what was read so far, and what each attempt wrote
+    stream_seen: dict[int, int] = field(default_factory=dict)  # run -> last offset read
+    stream_last: dict[int, tuple[int, int]] = field(default_factory=dict)  # run -> (step, attempt)
+    stream_written: dict[tuple[int, int], list[str]] = field(default_factory=dict)
+    committed: dict[int, int] = field(default_factory=dict)  # task -> attempt whose word stood
+    run_of: dict[int, int] = field(default_factory=dict)  # task -> its run
 
     def started_since_retry(self, task_id: int) -> int:
         base = self.retry_base.get(task_id, 0)
@@ -166,6 +173,15 @@ class Link:
         self._strike(True)
         return out
 
+    def append_stream(self, lease: Lease, texts: list[str], after: int | None) -> Appended:
+        from . import streams  # noqa: PLC0415 - (it judges with this module's ledger)
+
+        self._strike(False)
+        out = self.store.append_stream(lease, texts, after=after)
+        streams.judge(self.store, self.ledger, lease, out, self.clock.now)
+        self._strike(True)
+        return out
+
     def get_run(self, run_id: int) -> Any:
         return self.call(lambda: self.store.get_run(run_id))
 
@@ -203,6 +219,9 @@ class Link:
                     f"({lease.owner}) was accepted; the holder is attempt {holder}, "
                     f"this lease {'lapsed' if expiry < now else 'was taken over'}",
                 )
+            if commit.kind in ENDING:
+                led.committed[lease.task_id] = lease.attempt
+                led.run_of[lease.task_id] = lease.run_id
             if commit.kind == "spawn":
                 self.spawned(lease.run_id)
             if commit.kind in ENDING:
