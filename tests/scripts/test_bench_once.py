@@ -16,6 +16,7 @@ pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.e2e  # (a benchmark's smoke run: scripts/test-e2e runs it)
 def test_bench_once_prints_its_table() -> None:
     env = {**env_with_tests(), "LEASEKEEPER_TEST_POSTGRES": pg_session.database_url()}
     done = subprocess.run(

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # (half a minute: scripts/test-e2e runs it)
 def test_bench_store_quick_prints_the_table(tmp_path: object) -> None:
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "store", "--quick",

@@ -3,6 +3,7 @@ seed replays byte for byte, and the CLI's one-line errors."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -38,10 +39,15 @@ def simulate(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[st
 
 @pytest.fixture
 def backend(tmp_path: Path) -> Iterator[None]:
+    """The simulator's own process state, in this process: its store, and the logging it
+    silences (the workers' lines), given back afterwards so no later test runs without logs."""
     cli._init("sqlite", None, str(tmp_path), "unused")
-    yield
-    assert cli._backend is not None
-    cli._backend.close()
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+        assert cli._backend is not None
+        cli._backend.close()
 
 
 def test_five_hundred_seeds_pass() -> None:
