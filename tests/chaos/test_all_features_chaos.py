@@ -28,7 +28,7 @@ from webhook_receiver import Receiver
 from workerproc.store import open_store
 from workerproc.store.webhooks import RetryNumbers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.features_app:app"
 SECRET = "features-secret"

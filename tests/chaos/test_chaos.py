@@ -100,6 +100,7 @@ def test_chaos_with_fast_release_takes_every_orphan_over_and_no_zombie_writes(sv
     assert_one_write_per_step(sv, runs, 3)
 
 
+@pytest.mark.e2e  # (four soaks of 15-20 s: scripts/test-e2e runs them)
 @pytest.mark.parametrize("task", ["step", "astep"])
 def test_chaos_with_slots_takes_over_every_lease_of_a_victim(sv: Supervisor, task: str):
     """Two workers of eight slots each (threads, or an event loop): a fault strikes a worker
@@ -133,6 +134,7 @@ def test_chaos_without_fast_release_proves_the_ttl_path(sv: Supervisor):
     assert_one_write_per_step(sv, runs, 3)
 
 
+@pytest.mark.e2e  # (steps of a second under pauses, on each backend: scripts/test-e2e)
 def test_chaos_alone_never_fails_a_run_when_steps_outlast_the_fault_interval(sv: Supervisor):
     """Pauses every ~0.5 s, steps of 0.8-1.6 s: without the sparing rule nearly every attempt
     of the last runs is paused before it can finish, and runs end task_attempts_exhausted.

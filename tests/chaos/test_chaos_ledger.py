@@ -18,7 +18,7 @@ from sv_harness import Supervisor
 
 from workerproc.store import open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.ledger_app:app"
 STEPS = 3

@@ -22,7 +22,7 @@ from sv_harness import Supervisor, env_with_tests
 
 from workerproc.store import Event, open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.ledger_app:app"
 STEPS = 3

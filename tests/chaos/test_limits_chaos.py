@@ -30,7 +30,7 @@ from sv_harness import Supervisor
 
 from workerproc.store import open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.limits_app:app"
 CHAOS = ["--drain", "--lease-ttl", "1", "--poll-interval", "0.2", "--prefetch", "0",

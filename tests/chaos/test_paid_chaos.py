@@ -14,7 +14,7 @@ import paid_ledger
 import pg_session
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 RUNS = 100
 

@@ -19,7 +19,7 @@ from sv_harness import Supervisor
 
 from workerproc.store import open_store
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.waits_app:app"
 CHAOS = ["--lease-ttl", "1", "--poll-interval", "0.2", "--prefetch", "0",

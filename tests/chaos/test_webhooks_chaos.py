@@ -29,7 +29,7 @@ from webhook_receiver import Delivery, Receiver
 from workerproc.store import Event, open_store
 from workerproc.store.webhooks import RetryNumbers, WebhookInfo
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
 
 APP = "apps.ledger_app:app"
 SECRET = "chaos-secret"
