@@ -4,6 +4,8 @@ the store's bulk writes doing a thousand runs per transaction."""
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import click
 
 from workerproc.store.protocol.bulk import LIVE, RETRYABLE
@@ -26,15 +28,19 @@ def _filters(fn: click.decorators.FC) -> click.decorators.FC:
     return fn
 
 
-def _one_or_many(run_id: int | None, filtered: bool, every: bool, command: str) -> bool:
-    """Whether the call is a bulk one; refuses RUN with a filter, and neither of them."""
-    if run_id is not None and (filtered or every):
+def _single(
+    run: int | None, filters: tuple[object, ...], every: bool, command: str
+) -> TypeGuard[int]:
+    """Whether the call names one run (RUN), not a filter; refuses RUN with a filter, and
+    neither of them."""
+    filtered = every or any(x is not None for x in filters)
+    if run is not None and filtered:
         raise ConfigError(f"{command}: give RUN or a filter, not both")
-    if run_id is None and not (filtered or every):
+    if run is None and not filtered:
         raise ConfigError(
             f"{command}: give RUN, or a filter (--status, --task, --queue, --since), or --all"
         )
-    return run_id is None
+    return run is not None
 
 
 @click.command()
@@ -51,13 +57,10 @@ def retry(
 ) -> None:  # fmt: skip
     """Queue a failed or cancelled run again (its attempts start over); without RUN, every
     failed (or --status cancelled) run the filter matches."""
-    run_id = run
-    filtered = any(x is not None for x in (status, since, task, queue))
-    if not _one_or_many(run_id, filtered, every, "retry"):
-        assert run_id is not None
+    if _single(run, (status, since, task, queue), every, "retry"):
         with actions.store_for(db) as store:
-            actions.retry(store, run_id)
-        click.echo(f"run {run_id} queued again")
+            actions.retry(store, run)
+        click.echo(f"run {run} queued again")
         return
     seconds = None if since is None else actions.parse_duration(since, "--since")
     with actions.store_for(db) as store:
@@ -79,13 +82,10 @@ def cancel(
 ) -> None:  # fmt: skip
     """Cancel a run that has not finished; a handler running it is stopped within a heartbeat.
     Without RUN, every live run the filter matches (--all: every live run)."""
-    run_id = run
-    filtered = any(x is not None for x in (status, since, task, queue))
-    if not _one_or_many(run_id, filtered, every, "cancel"):
-        assert run_id is not None
+    if _single(run, (status, since, task, queue), every, "cancel"):
         with actions.store_for(db) as store:
-            actions.cancel(store, run_id)
-        click.echo(f"run {run_id} cancelled")
+            actions.cancel(store, run)
+        click.echo(f"run {run} cancelled")
         return
     seconds = None if since is None else actions.parse_duration(since, "--since")
     with actions.store_for(db) as store:
