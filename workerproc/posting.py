@@ -14,8 +14,10 @@ read), so an endless answer costs a worker no memory.
 Resolving the host's name is under the deadline too: ``getaddrinfo`` takes no timeout, so the
 POST asks for it in a thread of its own first and waits for it until the deadline at most (a
 name that does not resolve in time fails the POST; the thread ends with the resolver's own
-timeout). The connection then resolves the name again, as the HTTP library does: fast after a
-fresh answer, though that second lookup is the resolver's to bound, not ours.
+timeout). A new connection then resolves the name again, as the HTTP library does: fast after
+a fresh answer, though that second lookup is the resolver's to bound, not ours. A name that
+resolved is not looked up again for ``RESOLVED_FOR`` seconds: its connection is most likely
+reused, and a lookup per POST would cost every delivery.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ MAX_ANSWER = 64 * 1024  # bytes of an answer's body read at most: more is a fail
 PIECE = 16 * 1024  # bytes asked for per read of an answer's body
 IDLE = 1.0  # the watchdog looks at its list at least this often (every wait is bounded)
 MAX_ERROR = 300  # characters of a failure's reason kept
+RESOLVED_FOR = 60.0  # seconds a name that resolved is not looked up again before a POST
 Resolver = Callable[[str, int], object]  # (host, port): raises OSError when the name is unknown
 
 
@@ -102,6 +105,7 @@ class Poster:
         self._client = client
         self._watchdog = watchdog
         self._resolve = resolve
+        self._resolved_until: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic
         self._lock = threading.Lock()  # the sockets: this thread adds, the watchdog's shuts
         self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
         # a copy of the descriptor of each connection this POST made, kept to its end: a TLS
@@ -171,6 +175,8 @@ class Poster:
         if not host or _is_address(host):
             return None
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        if self._resolved_until.get((host, port), 0.0) > time.monotonic():
+            return None  # resolved lately: its connection is most likely reused (no lookup)
         done = threading.Event()
         failure: list[str] = []
 
@@ -185,7 +191,10 @@ class Poster:
         threading.Thread(target=lookup, name="leasekeeper-resolve", daemon=True).start()
         if not done.wait(max(0.0, deadline - time.monotonic())):
             return f"cannot resolve {host!r} within the POST's deadline"
-        return failure[0] if failure else None
+        if failure:
+            return failure[0]
+        self._resolved_until[(host, port)] = time.monotonic() + RESOLVED_FOR
+        return None
 
     def _send(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
         client = self._client

@@ -72,7 +72,8 @@ class SQLiteDialect(Dialect):
         self._clock: Clock = clock or time.time
         self._local = threading.local()
         self._pid = os.getpid()
-        self._watch: FileWatch | None = None
+        self._watches = threading.local()  # each thread's change watch
+        self._opened_watches: list[FileWatch] = []
         self._closed = False
         self._producers = Producers(path + "-producers")  # producers ahead of a busy pool
 
@@ -350,15 +351,19 @@ class SQLiteDialect(Dialect):
         return self._clock()
 
     def change_watch(self) -> FileWatch | None:
-        """An inotify watch of the database's file and ``-wal`` (``watch``), this process's
-        own (opened at the first call, again after a fork); None where there is none."""
-        watch = self._watch
+        """An inotify watch of the database's file and ``-wal`` (``watch``), this thread's own
+        (opened at its first call, again after a fork: one thread's drain never eats what
+        another sleeps on); None where there is none."""
+        watch: FileWatch | None = getattr(self._watches, "watch", None)
         if watch is not None and watch.pid == os.getpid():
             return watch
         if self._closed:
             raise StoreError("the store is closed")
-        self._watch = open_watch(self.path)  # (an inherited one is left to its process)
-        return self._watch
+        watch = open_watch(self.path)  # (an inherited one is left to its process)
+        self._watches.watch = watch
+        if watch is not None:
+            self._opened_watches.append(watch)
+        return watch
 
     def change_token(self, channel: Channel | None = None) -> int:
         """``PRAGMA data_version``: moves when another connection commits (any channel)."""
@@ -371,7 +376,8 @@ class SQLiteDialect(Dialect):
             conn.close()
         self._local = threading.local()
         self._producers.close()
-        if self._watch is not None:
-            self._watch.close()
-            self._watch = None
+        for watch in self._opened_watches:
+            watch.close()  # (this process's only: a child's closes nothing of the parent's)
+        self._opened_watches = []
+        self._watches = threading.local()
         self._closed = True
