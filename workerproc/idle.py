@@ -33,6 +33,7 @@ def watch_for_work(
 ) -> None:
     """Return at ``deadline`` (monotonic), when another connection made work claimable, or
     when a signal or ``interrupted()`` (a slot finished, the worker must exit) says so."""
+    watch = _watch(store, outage)  # (before the token: a commit between is seen either way)
     try:
         token = store.change_token()
         due = store.next_ready_at(queues)
@@ -43,7 +44,6 @@ def watch_for_work(
     except StoreError as exc:
         outage.failed("idle check", exc)
         token = -1
-    watch = _watch(store, outage)
     look_at = 0.0  # when the token is read even if the watch said nothing
     hot_until = 0.0  # after the watch saw a write: poll until then (the commit may not be done)
     while not signals.asked and not interrupted():

@@ -92,9 +92,17 @@ def test_the_change_token_moves_when_another_connection_commits(driver: Driver) 
     token = s.change_token()
     assert s.wait_change(token, 0.05) == token  # nothing committed: the timeout
     other = driver.open()
-    woke: list[int] = []
-    waiter = threading.Thread(target=lambda: woke.append(s.wait_change(token, 30)))
+    woke: list[tuple[int, int]] = []
+    ready = threading.Event()
+
+    def wait() -> None:  # a token is its connection's: this thread reads its own first
+        mine = s.change_token()
+        ready.set()
+        woke.append((mine, s.wait_change(mine, 30)))
+
+    waiter = threading.Thread(target=wait)
     waiter.start()
+    assert ready.wait(30)
     other.start_run("t")
     waiter.join(30)
-    assert woke and woke[0] != token and s.change_token() != token
+    assert woke and woke[0][1] != woke[0][0] and s.change_token() != token
