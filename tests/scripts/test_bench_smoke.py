@@ -97,6 +97,18 @@ def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
     assert os.listdir(str(tmp_path)) == [], "the benchmark leaves no databases behind"
 
 
+def _before_trees(commit: str) -> list[str]:
+    """The worktrees ``scripts/bench before`` made (``lk-before-*``) that hold ``commit``: the
+    two tests below may run side by side (xdist), each on a commit of its own."""
+    listed = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    entries = [dict(line.split(" ", 1) for line in entry.splitlines() if " " in line)
+               for entry in listed.split("\n\n")]  # fmt: skip
+    return [entry["worktree"] for entry in entries
+            if "/lk-before-" in entry.get("worktree", "")
+            and entry.get("HEAD", "").startswith(commit)]  # fmt: skip
+
+
 @pytest.mark.e2e
 @pytest.mark.slow
 def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
@@ -120,9 +132,7 @@ def test_bench_before_measures_both_trees_and_removes_its_worktree() -> None:
             assert 0 < p50 <= p99, (row, cell)
     before, now = _cells(proc.stdout, "-n 8")[1:3]  # no-op runs/s of each tree
     assert float(before.replace(",", "")) > 0 and float(now.replace(",", "")) > 0
-    trees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout  # fmt: skip
-    assert "lk-before-" not in trees
+    assert _before_trees(BASELINE) == [], "the run's worktree was removed"
 
 
 PRE_REDESIGN = "26f0342"  # the baseline: the last commit before the store was rewritten
@@ -167,6 +177,7 @@ def test_bench_before_on_postgres_measures_both_trees_and_drops_their_databases(
         assert float(before.replace(",", "")) > 0 and float(now.replace(",", "")) > 0
     assert "takeover" not in proc.stdout  # SQLite only: the old trees' script speaks SQLite
     assert ours() <= already, "the run's databases were dropped"
+    assert _before_trees(PRE_REDESIGN) == [], "the run's worktree was removed"
 
 
 @pytest.mark.slow
