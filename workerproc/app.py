@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 from .context import LeaseLost, RunCancelled, TaskContext
 from .limits import LimitSpec
 from .store import TaskOptions
-from .store.codec import RESERVED
+from .store.codec import RESERVED, check_name
+from .store.errors import InvalidPayload
 from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
@@ -142,7 +143,7 @@ class App:
         retry_backoff: float | None = None, timeout: float | None = None,
         queue: str | None = None, priority: int | None = None,
         limits: Sequence[str] | None = None, tokens: int | None = None,
-        stream_ttl: float | None = None,
+        stream_ttl: float | None = None, aliases: Sequence[str] = (),
     ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
 
     def task(
@@ -158,6 +159,7 @@ class App:
         limits: Sequence[str] | None = None,
         tokens: int | None = None,
         stream_ttl: float | None = None,
+        aliases: Sequence[str] = (),
     ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
@@ -173,7 +175,11 @@ class App:
           ``tokens``: what each run reserves from their token budgets (``ctx.usage`` settles
           what it really used);
         - ``stream_ttl``: seconds a succeeded run keeps the stream this task's handler wrote
-          (``ctx.emit``) before it is dropped (None: until the run is pruned).
+          (``ctx.emit``) before it is dropped (None: until the run is pruned);
+        - ``aliases``: other names this handler serves, with the same options: a task renamed
+          in a release keeps serving the runs its old name started (``aliases=["old"]``).
+          A worker claims only the tasks it has a handler for, by name or alias, so a rolling
+          deploy's old workers never take a new release's task (docs/how-to/deploy.md).
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
@@ -182,34 +188,46 @@ class App:
                     "timeout": timeout, "queue": queue, "priority": priority,
                     "limits": limits, "tokens": tokens, "stream_ttl": stream_ttl}  # fmt: skip
         if callable(name):  # bare @app.task
-            return self._register(None, name, declared)
+            return self._register(None, name, declared, aliases)
         given = name
 
         def decorate(fn: Callable[[TaskContext], Any]) -> Task[Any]:
-            return self._register(given, fn, declared)
+            return self._register(given, fn, declared, aliases)
 
         return decorate
 
     def _register(
-        self, name: str | None, fn: Callable[[TaskContext], Any], declared: dict[str, Any]
-    ) -> Task[Any]:
+        self, name: str | None, fn: Callable[[TaskContext], Any], declared: dict[str, Any],
+        aliases: Sequence[str] = (),
+    ) -> Task[Any]:  # fmt: skip
         if isinstance(fn, Task):  # a task object registered again (here, or in another app):
             name = name or fn.name  # its name and options, unless given anew
             if all(v is None for v in declared.values()):
                 declared = {**declared, **fn.options.declared}
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
-        if name.startswith(RESERVED):
-            raise ValueError(f"task names starting with {RESERVED!r} are leasekeeper's own "
-                             f"(got {name!r})")  # fmt: skip
+        if isinstance(aliases, str):
+            raise ValueError(f"@app.task({name!r}): aliases is a list of names, not a string")
+        names = list(dict.fromkeys([name, *aliases]))
+        for each in names:
+            if each.startswith(RESERVED):
+                raise ValueError(f"task names starting with {RESERVED!r} are leasekeeper's "
+                                 f"own (got {each!r})")  # fmt: skip
         options = declare(name, **declared)
-        if name in self.handlers and self.handlers[name] is not fn:
-            raise ValueError(f"task {name!r} is registered twice")
+        for alias in names[1:]:
+            try:
+                check_name(alias, f"@app.task({name!r})'s alias")
+            except InvalidPayload as exc:
+                raise ValueError(str(exc)) from None
+        for each in names:
+            if each in self.handlers and self.handlers[each] is not fn:
+                raise ValueError(f"task {each!r} is registered twice")
         if never := unfit({name: (options.limits or (), options.tokens)}, self.limits):
             raise ValueError(f"@app.task({name!r}): {never[0]}")  # B12: it would wait for ever
         task: Task[Any] = Task(name, fn, options)
-        self.handlers[name] = fn
-        self.tasks[name] = task
+        for each in names:  # an alias serves its runs with the task's handler and options
+            self.handlers[each] = fn
+            self.tasks[each] = task
         return task
 
     def _reservations(self) -> dict[str, tuple[tuple[str, ...], int | None]]:

@@ -70,6 +70,7 @@ class Exchange:
         policy: Policy,
         heartbeat: Heartbeat,
         publisher: Publisher,
+        served: tuple[str, ...] | None = None,
     ) -> None:
         self.completer = completer
         self.holdings = holdings
@@ -77,9 +78,11 @@ class Exchange:
         self.heartbeat = heartbeat
         self.publisher = publisher
         self.counters = publisher.counters
-        # the users' slots claim every queue they serve but the webhooks'; the lane claims that
+        # the users' slots claim every queue they serve but the webhooks', and only the tasks
+        # the worker has handlers for (``served``, B22: a rolling deploy's old workers leave a
+        # new version's tasks to the new ones); the lane claims the webhooks' queue
         self._claim = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1, config.queues,
-                                   skip=(WEBHOOK_QUEUE,))  # fmt: skip
+                                   skip=(WEBHOOK_QUEUE,), tasks=served)  # fmt: skip
         self._lane = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1, (WEBHOOK_QUEUE,))
 
     def commit_and_claim(

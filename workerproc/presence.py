@@ -24,13 +24,15 @@ class Presence:
         every: float,
         slots: int,
         queues: Sequence[str] | None,
+        tasks: Sequence[str] | None = None,
         draining: Callable[[], bool],
         outage: Outage,
     ) -> None:
         parsed = parse_owner(owner)
         started = float(parsed.start_time) if parsed is not None else 0.0
         self.info = WorkerInfo(owner, socket.gethostname(), os.getpid(), started, every, slots,
-                               None if queues is None else tuple(queues), __version__)  # fmt: skip
+                               None if queues is None else tuple(queues), __version__,
+                               tasks=None if tasks is None else tuple(tasks))  # fmt: skip
         self.every = every
         self.draining = draining
         self.outage = outage

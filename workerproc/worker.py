@@ -110,6 +110,9 @@ class Worker:
         self.inbox = Inbox(self.waker, reflex=self._on_the_spot)  # every part reports here
         post = self.inbox.post
         self.outage = Outage()  # a database that stops answering, told once per incident
+        # the tasks it has handlers for (the app's, and the built-in delivery): its claims ask
+        # for those only, and its row in the worker list says so (B22)
+        self.served = tuple(sorted({DELIVERY_TASK, *app.handlers}))
         presence = self._presence(owner, config)  # the worker list's row, kept by the heartbeat
         self.heartbeat = Heartbeat(open_store, ttl=config.lease_ttl, interval=config.interval,
                                    post=post, task_timeout=config.task_timeout,
@@ -144,7 +147,7 @@ class Worker:
         self.alarms = Alarms(config, self.holdings, self.executors, post)
         self.publisher = Publisher(slot, self.holdings, self.counters)
         self.exchange = Exchange(owner, config, self.completer, self.holdings, self.policy,
-                                 self.heartbeat, self.publisher)  # fmt: skip
+                                 self.heartbeat, self.publisher, self.served)  # fmt: skip
         self.health = Health(self.heartbeat, self.executors, config, parent_pid)
         self.services = Services(app, config, open_store, self.outage, slot)
 
@@ -155,6 +158,7 @@ class Worker:
             every=config.interval,
             slots=config.concurrency,
             queues=config.queues,
+            tasks=self.served,
             draining=lambda: self.signals.asked,
             outage=self.outage,
         )

@@ -208,13 +208,14 @@ def runs(
     queue named)."""
     system = all_ or (queue or "").startswith(RESERVED)
     with actions.store_for(db) as store:
-        found = store.list_runs(status_, limit, queue=queue, system=system)
+        found = actions.with_waits(store, store.list_runs(status_, limit, queue=queue,
+                                                          system=system))  # fmt: skip
     if as_json:
         click.echo(render.to_json(found))
         return
     rows = [
         [r.id, r.status, r.queue, r.priority, r.revision, render.when(r.updated_at),
-         r.failure_reason, r.last_error]
+         r.failure_reason or r.waiting_for, r.last_error]
         for r in found
     ]  # fmt: skip
     headers = ["id", "status", "queue", "prio", "rev", "updated", "reason", "last error"]

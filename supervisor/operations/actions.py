@@ -31,7 +31,7 @@ from workerproc.store import (
 )
 from workerproc.store.calls import MAX_RESULT, Resolved
 from workerproc.store.codec import MAX_STATE, check_run_options, check_traceparent
-from workerproc.store.types import JSON, AttemptEnd, TaskInfo, WorkerInfo
+from workerproc.store.types import JSON, AttemptEnd, Run, TaskInfo, WorkerInfo
 
 from ..errors import ConfigError, SupervisorError
 from ..loop.storegate import db_file
@@ -138,11 +138,21 @@ def executions(task: TaskInfo, history: Sequence[AttemptEnd]) -> int:
     return ended + (task.done_attempt is not None) + (task.lease_owner is not None)
 
 
+def with_waits(store: Inspector, runs: list[Run]) -> list[Run]:
+    """``runs`` as operators see them: a pending run due now that no live worker would claim
+    (none serves its queue and its next task, B22) reads as waiting, for "no worker serves
+    task X" (``runs``, ``show`` and the dashboard say it alike)."""
+    why = store.unserved([run.id for run in runs if run.status == "pending"])
+    return [dataclasses.replace(run, status="waiting", waiting_for=why[run.id])
+            if run.id in why else run for run in runs]  # fmt: skip
+
+
 def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
     """A run and its tasks, each with its executions and its claims (``show``)."""
-    run = store.get_run(run_id)
-    if run is None:
+    found = store.get_run(run_id)
+    if found is None:
         raise RunNotFound(run_id)
+    (run,) = with_waits(store, [found])
     history = store.attempt_history(run_id)
     tasks = [
         {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}

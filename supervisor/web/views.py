@@ -21,7 +21,7 @@ from workerproc.store.types import RUN_STATUSES
 
 from ..errors import NotRunning
 from ..loop.pidfile import live_pid, read_state
-from ..operations.actions import worker_rows
+from ..operations.actions import with_waits, worker_rows
 from . import chaos, charts, timeline
 from .config import WebConfig
 from .security import Secrets, session_of
@@ -155,6 +155,7 @@ class Pages:
         system = q.get("all") == "1"  # the system's own runs too (the webhooks' deliveries)
         page = self.store.runs_page(status, task, before=before, after=after, limit=PAGE + 1,
                                     system=system)  # fmt: skip
+        page = with_waits(self.store, page)
         more = len(page) > PAGE
         if after is not None:  # the extra run is the newest one: there are newer pages
             runs, newer, older = page[-PAGE:], more, True
@@ -168,9 +169,10 @@ class Pages:
 
     def run(self, request: Request) -> Response:
         run_id = int(request.path_params["run_id"])
-        run = self.store.get_run(run_id) if run_id <= MAX_ID else None
-        if run is None:
+        found = self.store.get_run(run_id) if run_id <= MAX_ID else None
+        if found is None:
             raise not_found(f"no run {run_id}")
+        (run,) = with_waits(self.store, [found])  # "no worker serves task X" (B22)
         tasks = self.store.get_tasks(run_id)
         now = self.store.now()
         lines = timeline.build(tasks, self.store.attempt_history(run_id),

@@ -246,3 +246,32 @@ def test_enqueue_with_app_starts_in_the_declared_queue(tmp_path: Path) -> None:
         int(result.stdout): ("llm", 9), int(override.stdout): ("bulk", 9),
         int(plain.stdout): ("default", 0),
     }  # fmt: skip
+
+
+def test_an_alias_serves_the_old_name_s_runs_with_the_task_s_handler_and_options() -> None:
+    app = App()
+
+    @app.task("summarise", aliases=["summarize", "summary_v0"], max_attempts=5)
+    def summarise(ctx: TaskContext) -> str:
+        return "ok"
+
+    assert summarise.name == "summarise"
+    for name in ("summarise", "summarize", "summary_v0"):
+        assert app.handlers[name] is summarise.fn and app.tasks[name] is summarise
+    assert app.task_options() == {name: TaskOptions(max_attempts=5)
+                                  for name in ("summarise", "summarize", "summary_v0")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("aliases", "match"),
+    [("summarize", "a list of names"), (["taken"], "registered twice"),
+     (["leasekeeper.x"], "leasekeeper's own"), (["bad\x00"], "control characters")],
+)  # fmt: skip
+def test_a_bad_alias_is_refused_at_import(aliases: object, match: str) -> None:
+    app = App()
+
+    @app.task
+    def taken(ctx: TaskContext) -> None: ...
+
+    with pytest.raises(ValueError, match=match):
+        app.task("new", aliases=aliases)(lambda ctx: None)  # type: ignore[arg-type]

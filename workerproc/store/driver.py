@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ClaimAsk:
     """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
-    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3)."""
+    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3);
+    ``tasks``: only runs whose next task is one of these (None: any, B22)."""
 
     owner: str
     ttl: float
@@ -55,6 +56,7 @@ class ClaimAsk:
     queues: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
     start: bool = True
+    tasks: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -205,19 +207,24 @@ class Driver(abc.ABC):
         may admit them now. Ordered like ``settle_gates``."""
 
     @abc.abstractmethod
-    def open_gates(self, queues: Sequence[str] | None, want: int, limit: int) -> Opened:
+    def open_gates(
+        self, queues: Sequence[str] | None, want: int, limit: int,
+        tasks: Sequence[str] | None = None,
+    ) -> Opened:  # fmt: skip
         """Up to ``limit`` gates whose line may admit a run now, the one served least
         recently first, locked (another claimer skips them), after the gate writes waiting;
         with ``want`` > 0, the states of the gates this transaction settled and up to
-        ``want`` runs of their lines in the served ``queues`` (None: all) as well."""
+        ``want`` runs of their lines in the served ``queues`` (None: all) whose head task is
+        one of the served ``tasks`` (None: any) as well."""
 
     @abc.abstractmethod
     def look_gates(
         self, gates: Sequence[str], lines: Sequence[str] = (),
         queues: Sequence[str] | None = None, limit: int = 0,
+        tasks: Sequence[str] | None = None,
     ) -> GateLook:  # fmt: skip
         """The states of ``gates`` (which this claim holds) and the first ``limit`` runs of
-        each of ``lines`` in the served ``queues``, locked, read together."""
+        each of ``lines`` in the served ``queues`` and ``tasks``, locked, read together."""
 
     @abc.abstractmethod
     def write_gates(self, states: Sequence[GateState], now: float) -> None:

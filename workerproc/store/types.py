@@ -230,7 +230,10 @@ class ClaimRequest:
     all); the database records them as begun, and the others as waiting (B3: a lease that
     lapses before its start was recorded spends no attempt). ``also``: a second claim made in
     the same transaction, after this one (a worker's delivery lane: the webhooks' queue, for
-    its own slots, B20); the leases of both come back together, this one's first."""
+    its own slots, B20); the leases of both come back together, this one's first.
+    ``tasks``: the task names the claimer has handlers for (None: any); a run whose next task
+    is none of them is left to a worker that serves it (B22: a rolling deploy's old workers
+    never claim a new version's task)."""
 
     owner: str
     ttl: float
@@ -240,6 +243,7 @@ class ClaimRequest:
     start: int | None = None
     skip: tuple[str, ...] = ()
     also: ClaimRequest | None = None
+    tasks: tuple[str, ...] | None = None
 
     @property
     def begins(self) -> bool:
@@ -331,6 +335,7 @@ class WorkerInfo:
     state: str = "running"  # or "draining": it claims no more and finishes what it holds
     heartbeat_at: float = 0.0
     alive: bool = True
+    tasks: tuple[str, ...] | None = None  # the tasks it has handlers for (None: any, B22)
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,8 @@ class InTurn(Driver):
         name = "CLAIM_QUEUES" if ask.queues is not None else "CLAIM_OTHERS" if ask.skip else "CLAIM"
         params = {"owner": ask.owner, "ttl": float(ask.ttl), "now": self.now, "limit": ask.limit,
                   "queues": None if ask.queues is None else list(ask.queues),
-                  "start": ask.start, "skip": list(ask.skip)}  # fmt: skip
+                  "start": ask.start, "skip": list(ask.skip),
+                  "tasks": None if ask.tasks is None else list(ask.tasks)}  # fmt: skip
         return cast("list[ClaimRow]", self.rows(name, params))  # as every catalogue builds them
 
     def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
@@ -81,7 +82,10 @@ class InTurn(Driver):
     def reopen_runs(self, run_ids: Sequence[int]) -> None:
         self._gate_write("REOPEN_RUN", [{"run_id": r, "now": self.now} for r in run_ids])
 
-    def open_gates(self, queues: Sequence[str] | None, want: int, limit: int) -> Opened:
+    def open_gates(
+        self, queues: Sequence[str] | None, want: int, limit: int,
+        tasks: Sequence[str] | None = None,
+    ) -> Opened:  # fmt: skip
         """The settled gates' first runs are read before the gate writes held back (only what
         the gate decides waits for its lock, and those runs are only ever leased by a claimer
         that holds their gate), ``OPEN_GATES`` and the clock after them, the settled gates'
@@ -89,7 +93,8 @@ class InTurn(Driver):
         held = sorted({p["gate"] for name, each in self.ahead if name == "GATE_SETTLE"
                        for p in each}) if want > 0 else []  # fmt: skip
         lines = {"lines": held, "queues": None if queues is None else list(queues),
-                 "limit": want, "now": self.now}  # fmt: skip
+                 "tasks": None if tasks is None else list(tasks), "limit": want,
+                 "now": self.now}  # fmt: skip
         after = [("GATE_STATE", {"gates": held, "now": self.now})] if held else []
         first = [("LINE_RUNS", lines)] if held else []
         rows, now, more, before = self._gates_then(
@@ -103,13 +108,15 @@ class InTurn(Driver):
     def look_gates(
         self, gates: Sequence[str], lines: Sequence[str] = (),
         queues: Sequence[str] | None = None, limit: int = 0,
+        tasks: Sequence[str] | None = None,
     ) -> GateLook:  # fmt: skip
         calls: list[tuple[str, Params]] = []
         if gates:
             calls.append(("GATE_STATE", {"gates": list(gates), "now": self.now}))
         if lines:
             ask = {"lines": list(lines), "queues": None if queues is None else list(queues),
-                   "limit": limit, "now": self.now}  # fmt: skip
+                   "tasks": None if tasks is None else list(tasks), "limit": limit,
+                   "now": self.now}  # fmt: skip
             calls.append(("LINE_RUNS", ask))
         got = self._each(calls) if calls else []
         states = got.pop(0) if gates else []

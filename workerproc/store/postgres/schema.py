@@ -454,6 +454,12 @@ MIGRATIONS: list[str] = [
     MIGRATION_POSITIONS,  # 16: webhook positions on their rows, the system runs apart
     MIGRATION_INTENTS,  # 17: paid calls' intents, usage kept for spend
     STREAMS_SCHEMA,  # 18: runs' streams: their heads and chunks (B21)
+    # 19: the tasks each worker serves (B22), a JSON array kept on its row of the worker list:
+    # a run whose next task no live worker serves reads as waiting for one ("no worker serves
+    # task X") instead of as plainly pending. NULL: a worker from before, taken to serve any.
+    """
+    ALTER TABLE workers ADD COLUMN tasks text;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

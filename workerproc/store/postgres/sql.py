@@ -241,16 +241,27 @@ picked AS MATERIALIZED (
 MAX_CLAIM_TEXTS = 256  # limits up to this are written into the claim's text (see claim_sql)
 
 
+# B22: a claimer with a list of the tasks it serves (``%(tasks)s``) walks past runs whose head
+# task is none of them (one primary key probe per run walked; left out of the text without one)
+_SERVED = """
+          AND (SELECT h.name FROM tasks AS h WHERE h.id = r.head_id) = ANY(%(tasks)s::text[])"""
+
+
 @cache
-def claim_sql(queues: int | None, limit: int | None = None, skip: bool = False) -> str:
+def claim_sql(
+    queues: int | None, limit: int | None = None, skip: bool = False, served: bool = False
+) -> str:
     """The claim for every queue (None) or for ``queues`` named queues (``%(queues)s``, no
     name twice); ``skip``: every queue but those of ``%(skip)s`` (a worker's claim for its
-    users' slots, which leaves the webhooks' queue to its delivery lane, B20). With
+    users' slots, which leaves the webhooks' queue to its delivery lane, B20); ``served``: of
+    the runs whose head task is one of ``%(tasks)s`` only (B22). With
     ``limit``, the number of leases is written into the text instead of ``%(limit)s``: a
     prepared statement's generic plan then knows it is a short walk of the claim index (a
     parameter's LIMIT is planned as a tenth of the table), and the session plans it once
     instead of at every claim. A worker asks for a handful of limits only."""
     sql = _claim_sql(queues, skip)
+    if served:
+        sql = sql.replace(_CLAIMABLE, _CLAIMABLE + _SERVED)
     return sql if limit is None else sql.replace("%(limit)s", str(int(limit)))
 
 

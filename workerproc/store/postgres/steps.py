@@ -32,8 +32,8 @@ if TYPE_CHECKING:
 
 
 def _claim(tx: PostgresTx, queues: int | None, params: Params, skip: bool = False) -> list[Row]:
-    limit = params["limit"]
-    text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip)
+    limit, served = params["limit"], params.get("tasks") is not None
+    text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip, served)
     return [ClaimRow._make(row) for row in tx.execute(text, params)]
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..codec import check_owner, check_queue, loads, task_options
+from ..codec import check_name, check_owner, check_queue, loads, task_options
 from ..dialect import ClaimRow, Tx
 from ..driver import ClaimAsk, Placing
 from ..errors import InvalidPayload
@@ -59,10 +59,11 @@ def claim(
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues is not None:
         queues = [q for q in queues if q not in skip]
-    if queues == [] or req.limit < 1:
+    tasks = None if req.tasks is None else tuple(check_name(t) for t in dict.fromkeys(req.tasks))
+    if queues == [] or tasks == () or req.limit < 1:
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues),
-                              skip=skip if queues is None else ())  # fmt: skip
+                              skip=skip if queues is None else (), tasks=tasks)  # fmt: skip
     if not req.begins and req.start:  # B3: the first ones begin at once, the others wait
         first = claim(tx, dataclasses.replace(req, limit=req.start), keeper, gated=gated)
         rest = dataclasses.replace(req, limit=req.limit - len(first), start=0)
@@ -70,14 +71,14 @@ def claim(
     if not gated:
         return _claim(tx, req, req.limit, keeper)
     if next(_turns) % 2:
-        opened = gates.opened(tx, req.queues, req.limit)
+        opened = gates.opened(tx, req.queues, req.limit, req.tasks)
         leases = gates.admitted(tx, req, req.limit, _lease, opened) if opened else []
         return leases + _claim(tx, req, req.limit - len(leases), keeper)
     # the plain walk first, then the gates: on PostgreSQL the open gates are locked only from
     # here to the end of the claim, so claimers that share a gate hold it as briefly as can be
     leases = _claim(tx, req, req.limit, keeper)
     want = req.limit - len(leases)
-    if want < 1 or not (opened := gates.opened(tx, req.queues, want)):
+    if want < 1 or not (opened := gates.opened(tx, req.queues, want, req.tasks)):
         return leases  # no line may admit a run now: the claim was the plain one
     return leases + gates.admitted(tx, req, want, _lease, opened)
 
@@ -105,7 +106,8 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
         ask = limit - len(leases)
         if ask <= 0:
             break
-        rows = tx.claim_rows(ClaimAsk(req.owner, req.ttl, ask, req.queues, req.skip, req.begins))
+        rows = tx.claim_rows(ClaimAsk(req.owner, req.ttl, ask, req.queues, req.skip, req.begins,
+                                      req.tasks))  # fmt: skip
         if not rows:
             break
         got = 0

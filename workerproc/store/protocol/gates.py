@@ -49,8 +49,9 @@ SPENT_ATTEMPT = frozenset({"finish", "advance", "wait", "release", "fail", "drop
 class Admission:
     """The gates one claim has looked at, by name (None: another claimer holds it)."""
 
-    def __init__(self, tx: Tx, now: float, ttl: float) -> None:
+    def __init__(self, tx: Tx, now: float, ttl: float, tasks: Sequence[str] | None = None) -> None:
         self.tx, self.now, self.ttl = tx, now, ttl
+        self.tasks = None if tasks is None else list(tasks)  # the served tasks (None: any)
         self.states: dict[str, GateState | None] = {}
         # the first runs of lines asked early (with their limit), each taken once
         self.ahead: dict[str, tuple[int, list[LineRun]]] = {}
@@ -64,7 +65,7 @@ class Admission:
         unread = sorted(set(lines) - self.states.keys())
         ask = [line for line in lines if self.ahead.get(line, (0, []))[0] < limit]
         if unread or ask:
-            look = self.tx.look_gates(unread, ask, queues, limit)
+            look = self.tx.look_gates(unread, ask, queues, limit, self.tasks)
             self._keep(unread, look.states)
             self.ahead.update((line, (limit, runs)) for line, runs in look.runs.items())
 
@@ -105,7 +106,8 @@ class Admission:
             elif rows:
                 found[line] = rows[:limit]
         if rest:
-            params = {"lines": rest, "queues": queues, "limit": limit, "now": self.now}
+            params = {"lines": rest, "queues": queues, "tasks": self.tasks, "limit": limit,
+                      "now": self.now}  # fmt: skip
             for line, runs in by_line(rest, self.tx.rows("LINE_RUNS", params)).items():
                 if runs:
                     found.setdefault(line, []).extend(runs)
@@ -119,13 +121,18 @@ class Admission:
         self.tx.write_gates(dirty, self.now)
 
 
-def opened(tx: Tx, queues: Sequence[str] | None = None, want: int = 0) -> Opened:
+def opened(
+    tx: Tx, queues: Sequence[str] | None = None, want: int = 0,
+    tasks: Sequence[str] | None = None,
+) -> Opened:  # fmt: skip
     """The gates whose line may admit a run now, the one served least recently first (none:
     the claim needs no more than its plain walk): ``Tx.open_gates``, after the settling of
     this transaction's commits (the gate writes held back, ``Tx.settle_gates``), with the
     states of the settled gates and up to ``want`` runs of their lines (only a claimer that
-    holds a line's gate leases its runs, so no one else wanted them)."""
-    return tx.open_gates(None if queues is None else list(queues), want, GATES_AT_ONCE)
+    holds a line's gate leases its runs, so no one else wanted them); ``tasks``: the served
+    tasks (None: any, B22)."""
+    return tx.open_gates(None if queues is None else list(queues), want, GATES_AT_ONCE,
+                         None if tasks is None else list(tasks))  # fmt: skip
 
 
 def admitted(
@@ -137,7 +144,7 @@ def admitted(
     if want < 1:
         return []
     now, opened = gates_open.now, gates_open.gates
-    gates = Admission(tx, now, req.ttl)
+    gates = Admission(tx, now, req.ttl, req.tasks)
     gates.keep_early(gates_open)
     queues = None if req.queues is None else list(req.queues)
     leases: list[Lease] = []

@@ -139,12 +139,12 @@ class Leases(Limits):
     @overload
     def claim(
         self, owner: str, ttl: float, *, max_attempts: int = 3, limit: None = None,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None, tasks: Sequence[str] | None = None,
     ) -> Lease | None: ...  # fmt: skip
     @overload
     def claim(
         self, owner: str, ttl: float, *, max_attempts: int = 3, limit: int,
-        queues: Sequence[str] | None = None,
+        queues: Sequence[str] | None = None, tasks: Sequence[str] | None = None,
     ) -> list[Lease]: ...  # fmt: skip
 
     def claim(
@@ -156,14 +156,17 @@ class Leases(Limits):
         limit: int | None = None,
         queues: Sequence[str] | None = None,
         start: int | None = None,
+        tasks: Sequence[str] | None = None,
     ) -> Lease | list[Lease] | None:
         """R1: claim the first ready task (or, with ``limit=k``, up to k tasks of k different
         runs) in the served ``queues`` (None: all), a higher priority first: an exchange that
         commits nothing. ``start``: how many of them begin at once (None: all; the others are
-        recorded waiting, B3)."""
+        recorded waiting, B3); ``tasks``: of runs whose next task is one of these only (None:
+        any, B22)."""
         request = ClaimRequest(
             owner, ttl, max_attempts, 1 if limit is None else limit,
             None if queues is None else tuple(queues), start,
+            tasks=None if tasks is None else tuple(tasks),
         )  # fmt: skip
         leases = list(self.commit_many((), claim=request).leases)
         if limit is None:

@@ -246,7 +246,9 @@ def repair_lines(tx: Tx) -> list[str]:
 def _admits_now(tx: Tx, line: str, now: float) -> bool:
     """Whether the first due run of ``line`` has room in every gate of its task now (a gate
     another claimer holds, on PostgreSQL: not judged, False)."""
-    first = tx.rows("LINE_RUNS", {"lines": [line], "queues": None, "limit": 1, "now": tx.now})
+    first = tx.rows(
+        "LINE_RUNS", {"lines": [line], "queues": None, "tasks": None, "limit": 1, "now": tx.now}
+    )
     if not first:
         return False
     _line, _run, _task, reserve, before, *names = first[0]

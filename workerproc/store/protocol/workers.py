@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 
-from ..codec import check_owner, check_queue, check_text
-from ..dialect import Dialect, Tx
+from ..codec import check_name, check_owner, check_queue, check_text
+from ..dialect import Dialect, Row, Tx
 from ..errors import InvalidPayload
 from ..types import WorkerInfo
 
@@ -26,10 +27,11 @@ class Workers:
         """``worker`` is alive now (``starting``: its first beat; rows long silent go)."""
         check_worker(worker)
         queues = None if worker.queues is None else json.dumps(list(worker.queues))
+        tasks = None if worker.tasks is None else json.dumps(list(worker.tasks))
         params = {"owner": worker.owner, "host": worker.host, "pid": worker.pid,
                   "started_at": worker.started_at, "beat_every": worker.beat_every,
                   "slots": worker.slots, "queues": queues, "version": worker.version,
-                  "state": worker.state}  # fmt: skip
+                  "state": worker.state, "tasks": tasks}  # fmt: skip
 
         def seen(tx: Tx) -> None:
             if starting:
@@ -44,11 +46,36 @@ class Workers:
         self.dialect.write(lambda tx: tx.count("WORKER_GONE", {"owner": owner}),
                            intent="statement")  # fmt: skip
 
+    def unserved(self, run_ids: Sequence[int]) -> dict[int, str]:
+        """B22: of ``run_ids``, the runs due now that no live worker would claim, each with
+        why ("no worker serves task X"): no running worker (alive, not draining) serves both
+        the run's queue and its next task. A worker from before the list kept tasks serves
+        any task."""
+        ids = sorted({int(r) for r in run_ids})
+        if not ids:
+            return {}
+
+        def read(tx: Tx) -> tuple[list[Row], list[Row]]:
+            return (tx.rows("LIST_WORKERS", {"now": tx.now}),
+                    tx.rows("HEAD_TASKS", {"run_ids": ids, "now": tx.now}))  # fmt: skip
+
+        listed, heads = self.dialect.read(read)
+        live = [w for w in map(_worker_of, listed) if w.alive and w.state == "running"]
+        return {int(run_id): f"no worker serves task {name}" for run_id, name, queue in heads
+                if not any(serves(w, queue, name) for w in live)}  # fmt: skip
+
     def workers(self) -> list[WorkerInfo]:
         """Every worker process of every host, by host and start; ``alive`` says which beat
         lately."""
         rows = self.dialect.read(lambda tx: tx.rows("LIST_WORKERS", {"now": tx.now}))
-        return [_worker(*row) for row in rows]
+        return [_worker_of(row) for row in rows]
+
+
+def serves(worker: WorkerInfo, queue: str, task: str) -> bool:
+    """Whether ``worker`` claims runs of ``queue`` whose next task is ``task`` (B22)."""
+    return (worker.queues is None or queue in worker.queues) and (
+        worker.tasks is None or task in worker.tasks
+    )
 
 
 def check_worker(worker: WorkerInfo) -> None:
@@ -60,6 +87,8 @@ def check_worker(worker: WorkerInfo) -> None:
     check_text(worker.state, "a worker's state")
     for queue in worker.queues or ():
         check_queue(queue)
+    for task in worker.tasks or ():
+        check_name(task)
     for what, number in (("beat_every", worker.beat_every), ("started_at", worker.started_at)):
         if not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
             raise InvalidPayload(
@@ -72,10 +101,15 @@ def check_worker(worker: WorkerInfo) -> None:
             raise InvalidPayload(f"a worker's {what} must be a whole number from 0 (got {whole!r})")
 
 
+def _worker_of(row: Row) -> WorkerInfo:
+    return _worker(*row)
+
+
 def _worker(
     owner: str, host: str, pid: int, started: float, every: float, slots: int,
     queues: str | None, version: str, state: str, beat: float, alive: object,
+    tasks: str | None = None,
 ) -> WorkerInfo:  # fmt: skip
     served = None if queues is None else tuple(json.loads(queues))
     return WorkerInfo(owner, host, pid, started, every, slots, served, version, state, beat,
-                      bool(alive))  # fmt: skip
+                      bool(alive), None if tasks is None else tuple(json.loads(tasks)))  # fmt: skip

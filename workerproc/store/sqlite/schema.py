@@ -462,6 +462,12 @@ MIGRATIONS: list[str] = [
     END;
     """,
     STREAMS_SCHEMA,  # 25: runs' streams: their heads and chunks (B21)
+    # 26: the tasks each worker serves (B22), a JSON array kept on its row of the worker list:
+    # a run whose next task no live worker serves reads as waiting for one ("no worker serves
+    # task X") instead of as plainly pending. NULL: a worker from before, taken to serve any.
+    """
+    ALTER TABLE workers ADD COLUMN tasks TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

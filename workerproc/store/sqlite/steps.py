@@ -44,7 +44,8 @@ def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRo
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     """A claim's rows (``ClaimRow``), in task id order."""
-    now = params["now"]
+    now, tasks = params["now"], params.get("tasks")
+    params = {**params, "tasks": None if tasks is None else json.dumps(tasks)}
     return [_claim_row(tx, row, now) for row in sorted(tx.conn.execute(statement, params))]
 
 
@@ -175,8 +176,9 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     """The first ``limit`` claimable runs of each line of ``lines``, the line first: one
     statement per line (in process, a statement costs no round trip)."""
-    queues = params["queues"]
-    shaped = {**params, "queues": None if queues is None else json.dumps(queues)}
+    queues, tasks = params["queues"], params.get("tasks")
+    shaped = {**params, "queues": None if queues is None else json.dumps(queues),
+              "tasks": None if tasks is None else json.dumps(tasks)}  # fmt: skip
     execute = tx.conn.execute
     return [(line, *row) for line in params["lines"]
             for row in execute(q.LINE_RUNS, {**shaped, "line": line}).fetchall()]  # fmt: skip
@@ -287,6 +289,11 @@ def join_due(tx: SQLiteTx, params: Params) -> list[Row]:
     return [(params["run_id"],)] * changed
 
 
+def head_tasks(tx: SQLiteTx, params: Params) -> list[Row]:
+    shaped = {**params, "run_ids": json.dumps(params["run_ids"])}
+    return tx.conn.execute(r.HEAD_TASKS, shaped).fetchall()
+
+
 STEPS: dict[str, Step] = {
     "INSERT_EVENTS": insert_events,
     "DELIVER_SIGNAL": deliver_signal,
@@ -313,5 +320,6 @@ STEPS: dict[str, Step] = {
     "PLACE_GATES": place_gates,
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
+    "HEAD_TASKS": head_tasks,
 }
 CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh, st], STEPS)

@@ -140,10 +140,11 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
     ORDER BY g.gate FOR UPDATE OF g SKIP LOCKED
 
 -- name: LINE_RUNS
--- the first ``limit`` claimable runs of each line named, in the served queues (NULL: all),
--- locked, in one statement (a batched claim asks one run of each of many lines at once): the
--- line, the run, its head task, its reservation, what an expired lease on it still holds (a
--- takeover gives it back), and its gates; in the order of the lines, then each line's order
+-- the first ``limit`` claimable runs of each line named, in the served queues (NULL: all)
+-- and of the served tasks (NULL: any, B22), locked, in one statement (a batched claim asks one
+-- run of each of many lines at once): the line, the run, its head task, its reservation, what
+-- an expired lease on it still holds (a takeover gives it back), and its gates; in the order
+-- of the lines, then each line's order
 SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate_c
     FROM unnest(%(lines)s::text[]) WITH ORDINALITY AS x(line, ord)
     CROSS JOIN LATERAL (SELECT r.id AS run_id, t.id AS task_id, t.tokens,
@@ -155,6 +156,7 @@ SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate
                 coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
                     AND r.status = 'pending'
           AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
+          AND (%(tasks)s::text[] IS NULL OR t.name = ANY(%(tasks)s::text[]))
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT
                               coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)))

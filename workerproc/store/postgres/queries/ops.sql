@@ -124,11 +124,11 @@ INSERT INTO run_totals AS o (queue, status, shard, n)
 -- HOT update: no index changes); a clean stop deletes it; a row silent for ten of its periods
 -- (and a minute) goes at the next worker's start
 INSERT INTO workers AS w (owner, host, pid, started_at, heartbeat_at,
-        beat_every, slots, queues, version, state)
+        beat_every, slots, queues, version, state, tasks)
     VALUES (%(owner)s, %(host)s, %(pid)s, %(started_at)s,
         coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8), %(beat_every)s,
             %(slots)s,
-            %(queues)s, %(version)s, %(state)s)
+            %(queues)s, %(version)s, %(state)s, %(tasks)s)
     ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
         state = excluded.state, slots = excluded.slots
 

@@ -149,7 +149,7 @@ SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expires_at
 SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
     state, heartbeat_at,
         heartbeat_at > coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) - 3
-            * beat_every FROM workers
+            * beat_every, tasks FROM workers
     ORDER BY host, started_at, pid
 
 -- name: NEXT_READY
@@ -278,6 +278,16 @@ SELECT r.id, CASE WHEN r.status = 'pending' AND EXISTS (SELECT 1 FROM leases AS 
       AND (%(task)s::text IS NULL OR r.task = %(task)s)
       AND r.id > %(after)s AND r.id < %(below)s
     ORDER BY r.id ASC LIMIT %(limit)s
+
+-- name: HEAD_TASKS
+-- B22: of the runs named, those whose head is due and no live lease holds, with their head
+-- task's name and their queue (what a worker must serve to claim them)
+SELECT r.id, t.name, r.queue FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+    WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
+      AND r.head_at <= coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.expires_at >
+          coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
+    ORDER BY r.id
 
 -- name: TASK_NAMES
 -- task_names: the distinct first-task names, skipping through runs_task (one probe per name)

@@ -17,7 +17,8 @@
 -- (B3): its attempt_base moves with attempts, as a hand-back's does; and the claim records
 -- whether its own lease begins at once (:start) or waits (its start recorded by RENEW_MANY). A
 -- lease the claimer takes over from itself waits: its older handler may still run in that worker,
--- and the new one begins only once it ended (SET reads the row as it was).
+-- and the new one begins only once it ended (SET reads the row as it was). With :tasks (a JSON
+-- array), only runs whose head task is one of them (B22: what the claimer has handlers for).
 WITH RECURSIVE
   served(q) AS (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
     UNION ALL
@@ -35,6 +36,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
+          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+                                 IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
                             AND a.lease_expires_at > :now)
@@ -71,6 +74,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
+          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+                                 IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
                             AND a.lease_expires_at > :now)
@@ -110,6 +115,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
+          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+                                 IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
                             AND a.lease_expires_at > :now)

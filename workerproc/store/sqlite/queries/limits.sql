@@ -122,14 +122,15 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
     FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = :gate
 
 -- name: LINE_RUNS
--- the first claimable runs of a line in the served queues (a JSON array; NULL: all): their head
--- task, its reservation, what an expired lease on it still holds (a takeover gives it back),
--- and its gates
+-- the first claimable runs of a line in the served queues (a JSON array; NULL: all) whose head
+-- task is a served one (:tasks, likewise: B22): their head task, its reservation, what an
+-- expired lease on it still holds (a takeover gives it back), and its gates
 SELECT r.id, t.id, t.tokens,
         CASE WHEN t.lease_owner IS NOT NULL THEN t.tokens END, t.gate_a, t.gate_b, t.gate_c
     FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.line = :line AND r.line_at <= :now AND +r.status IN ('pending', 'running')
       AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
+      AND (:tasks IS NULL OR t.name IN (SELECT value FROM json_each(:tasks)))
       AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
                       AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
     ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id LIMIT :limit

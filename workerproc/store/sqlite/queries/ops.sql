@@ -60,9 +60,9 @@ INSERT INTO run_totals (queue, status, shard, n)
 -- clean stop deletes it; a row silent for ten of its periods (and a minute) goes at the next
 -- worker's start
 INSERT INTO workers (owner, host, pid, started_at, heartbeat_at, beat_every,
-        slots, queues, version, state)
+        slots, queues, version, state, tasks)
     VALUES (:owner, :host, :pid, :started_at, :now, :beat_every, :slots, :queues, :version,
-            :state)
+            :state, :tasks)
     ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at,
         state = excluded.state, slots = excluded.slots
 

@@ -110,7 +110,7 @@ SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
 -- name: LIST_WORKERS
 -- The worker processes of every host, each with whether it beat within three of its periods.
 SELECT owner, host, pid, started_at, beat_every, slots, queues, version, state,
-    heartbeat_at, heartbeat_at > :now - 3 * beat_every FROM workers
+    heartbeat_at, heartbeat_at > :now - 3 * beat_every, tasks FROM workers
     ORDER BY host, started_at, pid
 
 -- name: NEXT_READY
@@ -207,6 +207,16 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
             AND id > :after AND id < :below
         ORDER BY id ASC LIMIT :limit)
     ORDER BY id ASC
+
+-- name: HEAD_TASKS
+-- B22: of the runs named (:run_ids, a JSON array), those whose head is due and no live lease
+-- holds, with their head task's name and their queue (what a worker must serve to claim them)
+SELECT r.id, t.name, r.queue FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+    WHERE r.id IN (SELECT value FROM json_each(:run_ids)) AND r.head_at <= :now
+      AND r.status IN ('pending', 'running')
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
+                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+    ORDER BY r.id
 
 -- name: TASK_NAMES
 -- The distinct first-task names, by skipping through runs_task (one seek per name, never a
