@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib
 import logging
 import os
 import signal
@@ -18,6 +17,7 @@ from . import exitcodes
 from .app import App
 from .config import WorkerConfig
 from .identity import make_owner
+from .loading import AppLoadError, load_app
 from .logs import event, set_worker
 from .signals import Waker
 from .status import StatusSlot
@@ -33,33 +33,6 @@ PR_SET_PDEATHSIG = 1
 # ttl: a worker frozen mid-exchange (SIGSTOP, a frozen VM) holds its runs' row locks no longer,
 # so they are free to take over long before the leases could expire.
 LOCK_HOLD_SHARE = 0.25
-
-
-class AppLoadError(Exception):
-    """The app spec cannot be imported or does not name an App."""
-
-
-def load_app(spec: str) -> App:
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise AppLoadError(f"--app must look like package.module:attr, got {spec!r}")
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`: the current directory is importable
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        raise AppLoadError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from None
-    try:
-        app = getattr(module, attr)
-    except AttributeError:
-        raise AppLoadError(f"module {module_name!r} has no attribute {attr!r}") from None
-    if not isinstance(app, App):
-        raise AppLoadError(f"{spec} is a {type(app).__name__}, not a workerproc.App")
-    try:
-        app.schedule_specs()  # every schedule names a task the app registers
-    except ValueError as exc:
-        raise AppLoadError(f"{spec}: {exc}") from None
-    return app
 
 
 def exit_with_parent(parent_pid: int) -> bool:

@@ -8,60 +8,57 @@ one call does is on its command line.
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
 
 import click
 
 from workerproc import __version__
 
-from ..config import start_config, start_options
-from . import (
-    calls,
-    control,
-    database,
-    events,
-    limits,
-    runops,
-    schedules,
-    streams,
-    waits,
-    web,
-    webhooks,
-)
-from .clickutil import SupervisorGroup, declared_options
-from .start import run_start
+from .clickutil import SupervisorGroup
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+# Each command's module, imported only when that command runs (or when ``--help`` lists them
+# all): ``supervisor show RUN`` never loads the pool, the dashboard's web stack or the metrics
+# exposition. Each module's ``ALL`` lists its commands; tests/cli/test_cli_lazy.py checks that
+# this table names every one of them, and nothing else.
+COMMANDS = {
+    "start": "start_command",
+    **dict.fromkeys(["enqueue", "status", "runs", "show", "wait", "check", "prune", "migrate"],
+                    "database"),
+    **dict.fromkeys(["retry", "cancel"], "runops"),
+    **dict.fromkeys(["forget", "resolve", "spend"], "calls"),
+    "schedules": "schedules",
+    "limits": "limits",
+    "signal": "waits",
+    **dict.fromkeys(["stop", "reload", "scale", "health"], "control"),
+    "events": "events",
+    "stream": "streams",
+    "webhooks": "webhooks",
+    "web": "web",
+}  # fmt: skip
 
-@click.group(name="supervisor", cls=SupervisorGroup, context_settings=CONTEXT)
+
+class LazyGroup(SupervisorGroup):
+    """The ``supervisor`` group, each command imported from its module at its first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module = importlib.import_module(f"{__package__}.{where}")
+        found: dict[str, click.Command] = {c.name or "": c for c in module.ALL}
+        return found[cmd_name]
+
+
+@click.group(name="supervisor", cls=LazyGroup, context_settings=CONTEXT)
 @click.version_option(__version__, "--version", "-V", prog_name="supervisor",
                       message="%(prog)s (leasekeeper) %(version)s")  # fmt: skip
 def cli() -> None:
     """leasekeeper's supervisor: run a pool of workers and operate its database."""
-
-
-@cli.command()
-@declared_options(start_options())
-def start(**values: Any) -> int:
-    """Fork N workers and keep them alive until TERM/INT (graceful) or QUIT (fast)."""
-    return run_start(start_config(values))
-
-
-for command in (
-    database.ALL
-    + runops.ALL
-    + calls.ALL
-    + schedules.ALL
-    + limits.ALL
-    + waits.ALL
-    + control.ALL
-    + events.ALL
-    + streams.ALL
-    + webhooks.ALL
-    + web.ALL
-):
-    cli.add_command(command)
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ import click
 from click.core import ParameterSource
 
 from workerproc import options
+from workerproc.loading import AppLoadError
 from workerproc.options import Declared
-from workerproc.runner import AppLoadError
 from workerproc.store import InvalidOption, InvalidPayload, StoreError, redact
 from workerproc.store.codec import check_name
 

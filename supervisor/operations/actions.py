@@ -14,7 +14,7 @@ from typing import Any
 import psutil
 
 from workerproc.identity import parse_owner
-from workerproc.runner import load_app
+from workerproc.loading import load_app
 from workerproc.store import (
     Inspector,
     InvalidPayload,

@@ -16,9 +16,9 @@ from sv_harness import env_with_tests
 
 from supervisor import config as config_module
 from supervisor import exitcodes
-from supervisor.commands import cli as cli_module
 from supervisor.commands import start as start_module
-from supervisor.commands.cli import start
+from supervisor.commands import start_command as cli_module
+from supervisor.commands.start_command import start
 from supervisor.config import MAX_WORKERS, ChaosConfig, StartConfig, cpu_count, start_options
 from workerproc import options
 from workerproc.config import WorkerConfig

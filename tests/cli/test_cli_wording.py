@@ -44,7 +44,10 @@ def test_defaults_read_as_declared_without_parentheses() -> None:
 
 def every_command() -> list[click.Command]:
     assert isinstance(cli, click.Group)
-    return list(cli.commands.values())
+    ctx = click.Context(cli)
+    found = [cli.get_command(ctx, name) for name in cli.list_commands(ctx)]
+    assert None not in found
+    return [command for command in found if command is not None]
 
 
 @pytest.mark.parametrize("command", every_command(), ids=lambda c: c.name)

@@ -117,15 +117,15 @@ def test_start_runs_is_one_transaction(s: Store) -> None:
     assert s.list_runs() == []
 
 
-def test_ten_thousand_runs_start_in_well_under_a_second(backend: Backend) -> None:
+def test_ten_thousand_runs_start_in_one_call(backend: Backend) -> None:
+    """One call, one transaction, every id distinct (how fast: scripts/bench_store, never a
+    timed test)."""
     store = backend.open()
     try:
         items = [{"task": "import", "payload": {"row": i}} for i in range(10_000)]
-        started = time.monotonic()
         ids = store.start_runs(items)
-        elapsed = time.monotonic() - started
         assert len(ids) == len(set(ids)) == 10_000
-        assert elapsed < 5.0, f"{elapsed:.2f} s"  # a loose bound; scripts/bench_store measures
+        assert store.stats().runs["pending"] == 10_000
     finally:
         store.close()
 

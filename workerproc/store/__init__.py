@@ -4,10 +4,9 @@ role they use (``roles``)."""
 
 from __future__ import annotations
 
-from typing import Unpack
+import importlib
+from typing import TYPE_CHECKING, Any, Unpack
 
-from .aio import AsyncStore, open_async_store
-from .dialect import CHANGE_CHECK, Dialect
 from .errors import (
     InvalidCommit,
     InvalidOption,
@@ -20,11 +19,9 @@ from .errors import (
     StoreReadOnly,
     StoreUnavailable,
 )
-from .protocol import Store
 from .redaction import redact, redact_url
 from .roles import Inspector, Operator, Producer, WorkerStore
 from .settings import DEFAULT_BUSY_TIMEOUT, SQLiteOptions, StoreOptions, resolve
-from .sqlite.dialect import SQLiteDialect
 from .types import (
     AttemptEnd,
     BatchOutcome,
@@ -49,6 +46,27 @@ from .types import (
     WorkerInfo,
 )
 from .urls import is_postgres_url, sqlite_file
+
+if TYPE_CHECKING:
+    from .aio import AsyncStore, open_async_store
+    from .dialect import CHANGE_CHECK, Dialect
+    from .protocol import Store
+
+# The store itself, its SQLite backend and the async store are imported at their first use:
+# what only needs the store's types, errors or codec (the CLI's parsing, a handler's module)
+# does not load every statement of both backends.
+_WHERE = {"AsyncStore": "aio", "open_async_store": "aio", "CHANGE_CHECK": "dialect",
+          "Dialect": "dialect", "Store": "protocol"}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value  # looked up once
+    return value
+
 
 __all__ = [
     "CHANGE_CHECK",
@@ -113,6 +131,9 @@ def open_store(
     (seconds, float) replaces the wall clock (the database clock on PostgreSQL): tests inject
     one to move time.
     """
+    from .protocol import Store  # noqa: PLC0415 - imported at first use (above)
+    from .sqlite.dialect import SQLiteDialect  # noqa: PLC0415
+
     target = resolve(url_or_path, **options)
     dialect: Dialect
     if isinstance(target.options, SQLiteOptions):

@@ -1,20 +1,20 @@
 """The W3C ``traceparent`` of the caller's span, stored with each run a producer starts.
 
 The store owns this one reader of the trace context so that it depends on nothing of the worker;
-``workerproc.tracing`` (the worker's spans) imports it from here. Without the optional ``otel``
-extra installed it is a cheap no-op that answers None.
+``workerproc.tracing`` (the worker's spans) imports it from here. Without OpenTelemetry (the
+optional ``otel`` extra) loaded by the caller it is a cheap no-op that answers None.
 """
 
 from __future__ import annotations
 
-try:
-    from opentelemetry import trace
-except ImportError:  # the extra is not installed: nothing is traced
-    trace = None  # type: ignore[assignment,unused-ignore]
+import sys
 
 
 def current_traceparent() -> str | None:
-    """The caller's current span as a W3C ``traceparent``, when one is recording."""
+    """The caller's current span as a W3C ``traceparent``, when one is recording. A caller
+    with a span has imported OpenTelemetry already: when no one has, there is none to read,
+    and the store never imports it itself (a CLI call does not pay for it)."""
+    trace = sys.modules.get("opentelemetry.trace")
     if trace is None:
         return None
     span = trace.get_current_span()

@@ -47,10 +47,11 @@ class Workers:
                            intent="statement")  # fmt: skip
 
     def unserved(self, run_ids: Sequence[int]) -> dict[int, str]:
-        """B22: of ``run_ids``, the runs due now that no live worker would claim, each with
-        why ("no worker serves task X"): no running worker (alive, not draining) serves both
-        the run's queue and its next task. A worker from before the list kept tasks serves
-        any task."""
+        """B22: of ``run_ids``, the runs due now that the live pool would not claim, each with
+        why ("no worker serves task X"): workers run (alive, not draining), and none of them
+        serves both the run's queue and its next task. With no worker running at all, a run
+        is plainly pending (the pool is down: ``status`` says so). A worker from before the
+        list kept tasks serves any task."""
         ids = sorted({int(r) for r in run_ids})
         if not ids:
             return {}
@@ -61,6 +62,8 @@ class Workers:
 
         listed, heads = self.dialect.read(read)
         live = [w for w in map(_worker_of, listed) if w.alive and w.state == "running"]
+        if not live:
+            return {}
         return {int(run_id): f"no worker serves task {name}" for run_id, name, queue in heads
                 if not any(serves(w, queue, name) for w in live)}  # fmt: skip
 
