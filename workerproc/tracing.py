@@ -1,7 +1,10 @@
 """OpenTelemetry traces (the optional ``otel`` extra): with ``workerproc.store.traceparent``
 (the producer side, owned by the store) the only modules that import it.
 
-Without ``opentelemetry`` installed every function here is a cheap no-op. With it:
+Nothing here imports OpenTelemetry unless tracing is asked for: a span records only under a
+tracer provider, which the app (or ``opentelemetry-instrument``) set up, having imported it,
+or ``configure`` did from the ``OTEL_*`` environment. Until then every function here is a
+cheap no-op, and a worker does not pay for the import. With it:
 
 - (in ``workerproc.store.traceparent``) the W3C ``traceparent`` of the caller's recording span,
   stored with each run it starts (``start_run``, ``start_runs``, transactional enqueue,
@@ -20,15 +23,9 @@ import contextlib
 import importlib.metadata
 import logging
 import os
+import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
-
-try:
-    from opentelemetry import trace
-    from opentelemetry.context import Context
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-except ImportError:  # the extra is not installed: nothing is traced
-    trace = None  # type: ignore[assignment,unused-ignore]
 
 if TYPE_CHECKING:
     from .store.types import Commit, Lease
@@ -44,10 +41,21 @@ _open: dict[tuple[int, str, int], Any] = {}  # lease fence -> its step's span, u
 _provider: Any = None  # the provider ``configure`` set up (shut down by ``shutdown``)
 
 
+def _trace() -> Any:
+    """``opentelemetry.trace`` when someone loaded it (None: nothing can record a span)."""
+    return sys.modules.get("opentelemetry.trace")
+
+
 def begin(lease: Lease) -> Any:
     """The span of one execution of ``lease``'s task (None: nothing traces it)."""
+    trace = _trace()
     if trace is None:
         return None
+    from opentelemetry.context import Context  # noqa: PLC0415 - loaded with it
+    from opentelemetry.trace.propagation.tracecontext import (  # noqa: PLC0415
+        TraceContextTextMapPropagator,
+    )
+
     parent = Context()  # no stored trace context: the step is a root of its own
     if lease.traceparent:
         parent = TraceContextTextMapPropagator().extract({"traceparent": lease.traceparent})
@@ -78,7 +86,7 @@ def current(span: Any) -> Iterator[None]:
     if span is None:
         yield
         return
-    with trace.use_span(span, end_on_exit=False, record_exception=False,
+    with _trace().use_span(span, end_on_exit=False, record_exception=False,
                         set_status_on_exception=False):  # fmt: skip
         yield
 
@@ -121,6 +129,7 @@ def ended_fence(
         span.set_attribute("leasekeeper.commit", kind)
     if error or outcome in ("failed", "lease_lost", "unwritten"):
         description = (error or outcome).splitlines()[0][:200]
+        trace = _trace()
         span.set_status(trace.Status(trace.StatusCode.ERROR, description))
     span.end()
 
@@ -135,9 +144,10 @@ def configure() -> bool:
     if not names and any(k.startswith("OTEL_EXPORTER_OTLP_") for k in os.environ):
         names = "otlp"
     disabled = os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    if trace is None or disabled or not names or names == "none":
+    if disabled or not names or names == "none":
         return False
     try:
+        from opentelemetry import trace  # noqa: PLC0415 - only when traces are exported
         from opentelemetry.sdk.trace import TracerProvider  # noqa: PLC0415
         from opentelemetry.sdk.trace.export import BatchSpanProcessor  # noqa: PLC0415
     except ImportError:

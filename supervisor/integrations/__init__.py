@@ -10,7 +10,6 @@ from collections.abc import Callable, MutableMapping
 from ..logs import event
 from ..loop.arbiter import Arbiter, Step
 from .http import HttpEndpoint, listen
-from .metrics import CONTENT_TYPE, Metrics
 from .notify import SystemdNotify
 from .probe import StatsProbe
 
@@ -39,6 +38,8 @@ def install(
 
 
 def _serve_metrics(arb: Arbiter, probe: StatsProbe, host: str, port: int) -> Callable[[], None]:
+    from .metrics import CONTENT_TYPE, Metrics  # noqa: PLC0415 - prometheus-client, when asked
+
     metrics = Metrics(probe)
     metrics.install(arb)
     endpoint = HttpEndpoint(
