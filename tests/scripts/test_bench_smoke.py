@@ -68,6 +68,28 @@ def _cells(out: str, row: str) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # (some 40 processes, each timed: scripts/test-e2e runs it)
+@pytest.mark.timeout(600)
+def test_bench_cli_times_every_command_and_a_one_run_pool() -> None:
+    """``scripts/bench cli``: a row per one-run command with its verdict against the goal,
+    the interpreter's own start beside them, the one-run pool's drain, the module counts."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "cli", "--samples", "1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for row in ("--version", "--help", "enqueue", "show", "signal", "cancel", "retry",
+                "start -n 2 --drain, one run"):  # fmt: skip
+        p50, p90, goal, verdict = _cells(proc.stdout, row)[1:5]
+        assert 0 < float(p50) <= float(p90) and float(goal) > 0, (row, p50, p90)
+        assert verdict in ("met", "**NOT met**"), row
+    assert float(_cells(proc.stdout, "python -c pass")[1]) > 0
+    counts = dict(re.findall(r"^  (\S+): (\d+) modules$", proc.stdout, re.MULTILINE))
+    assert set(counts) == {"--version", "--help", "show", "signal"}, proc.stdout
+    assert int(counts["--version"]) < int(counts["signal"]) < int(counts["--help"])
+
+
+@pytest.mark.slow
 def test_bench_slots_and_io_quick_print_their_tables(tmp_path: object) -> None:
     """Ours with slots, the raw batched ceiling, sync and async I/O-bound runs at 250 slots with
     the workers' RSS, and the goals table, on small sizes."""
