@@ -41,6 +41,7 @@ SUBCOMMANDS = {
     "worker": ("bench_worker", "idle pickup and the ttl path for standalone workers"),
     "pg-cost": ("bench_pg_cost", "PostgreSQL: the server's CPU and dead row versions per run"),
     "pg-floor": ("bench_pg_floor", "PostgreSQL: the raw floor of idle pickup, none of our code"),
+    "pgbouncer": ("bench_pgbouncer", "PostgreSQL: throughput straight and through PgBouncer"),
 }  # fmt: skip
 
 
