@@ -4,6 +4,7 @@
     scripts/bench before REV                          this checkout against an earlier commit
     scripts/bench once                                a paid call's keep latency
     scripts/bench streams                             a stream's latency and chunks/s
+    scripts/bench pgbouncer                           PostgreSQL straight and through PgBouncer
     scripts/bench SUBCOMMAND --help                   each one's options
 
 Each subcommand is a module of this directory (``bench_<name>.py``) with ``add_arguments`` (its

@@ -157,6 +157,7 @@ def _stepped_run(
         return entries, store.get_run(run_id)
 
 
+@pytest.mark.e2e  # (whole pools for 5-10 s each: scripts/test-e2e runs them)
 @pytest.mark.parametrize("steps", [["+1h", "-1h"], ["-1h", "+1h"]], ids=["ahead", "behind"])
 def test_postgres_worker_whose_wall_clock_steps_keeps_its_lease(
     tmp_path: Path, sv: Supervisor, steps: list[str], monkeypatch: pytest.MonkeyPatch
@@ -171,6 +172,7 @@ def test_postgres_worker_whose_wall_clock_steps_keeps_its_lease(
     assert run.state["writes"] == [{"step": 0, "attempt": 1}]
 
 
+@pytest.mark.e2e
 def test_sqlite_wall_clock_step_back_delays_nothing_running(
     tmp_path: Path, sv: Supervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,6 +184,7 @@ def test_sqlite_wall_clock_step_back_delays_nothing_running(
     assert run.state["writes"] == [{"step": 0, "attempt": 1}]
 
 
+@pytest.mark.e2e
 def test_sqlite_wall_clock_step_forward_ends_leases_early_but_never_lets_a_write_through(
     tmp_path: Path, sv: Supervisor, monkeypatch: pytest.MonkeyPatch
 ) -> None:

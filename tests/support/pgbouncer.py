@@ -89,6 +89,8 @@ def running(server_url: str, *, pool_size: int = 20, timeout: float = 30.0) -> I
                 "pool_mode = transaction\n"
                 f"max_client_conn = 1000\ndefault_pool_size = {pool_size}\n"
                 "server_reset_query =\n"
+                f"admin_users = {user}\nstats_users = {user}\n"
+                "log_connections = 0\nlog_disconnections = 0\n"
                 f"logfile = {log}\npidfile = {pid}\n"
             )
         command = [found, ini]
@@ -97,14 +99,14 @@ def running(server_url: str, *, pool_size: int = 20, timeout: float = 30.0) -> I
             for path in (tmp, ini, users):
                 os.chown(path, runas.pw_uid, runas.pw_gid)
             command = [found, "-u", "postgres", ini]
-        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its output to the log file only: a pipe nobody reads fills, and then it stops
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
-                    err = proc.stderr.read().decode() if proc.stderr else ""
                     said = Path(log).read_text("utf-8") if os.path.exists(log) else ""
-                    raise RuntimeError(f"pgbouncer exited {proc.returncode}: {err}{said}")
+                    raise RuntimeError(f"pgbouncer exited {proc.returncode}: {said[-2000:]}")
                 with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
                     break
                 if time.monotonic() > deadline:
@@ -119,5 +121,3 @@ def running(server_url: str, *, pool_size: int = 20, timeout: float = 30.0) -> I
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
-            if proc.stderr is not None:
-                proc.stderr.close()
