@@ -109,6 +109,10 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         producer = Producer(url, args.rate, path)
         try:
             producer.start()
+            # the pool at work first (a worker booting while the server is away is another test)
+            started = time.monotonic() + 300
+            while time.monotonic() < started and not (path.exists() and path.stat().st_size):
+                time.sleep(0.1)
             time.sleep(args.before)
             down_wall = time.time()
             server.stop("fast")
