@@ -5,6 +5,7 @@
     scripts/bench once                                a paid call's keep latency
     scripts/bench streams                             a stream's latency and chunks/s
     scripts/bench cli                                 each CLI command's answer time
+    scripts/bench pgbouncer                           PostgreSQL straight and through PgBouncer
     scripts/bench SUBCOMMAND --help                   each one's options
 
 Each subcommand is a module of this directory (``bench_<name>.py``) with ``add_arguments`` (its
@@ -43,6 +44,7 @@ SUBCOMMANDS = {
     "worker": ("bench_worker", "idle pickup and the ttl path for standalone workers"),
     "pg-cost": ("bench_pg_cost", "PostgreSQL: the server's CPU and dead row versions per run"),
     "pg-floor": ("bench_pg_floor", "PostgreSQL: the raw floor of idle pickup, none of our code"),
+    "pgbouncer": ("bench_pgbouncer", "PostgreSQL: throughput straight and through PgBouncer"),
 }  # fmt: skip
 
 

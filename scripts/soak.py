@@ -9,7 +9,8 @@ tests/support/ledger.py judges it: no handler of attempt k starts after attempt 
 began, and no live worker loses a lease within 100 ms of a start. The chaos verifier's own verdict
 and every run's single write per step are checked too.
 
-    scripts/soak [--backends sqlite,postgres] [--runs 1000]
+    scripts/soak [--backends sqlite,postgres,pgbouncer] [--runs 1000]
+    scripts/soak --restart [--outage 30] [--rate 200]   a server restart (scripts/soak_restart.py)
 
 Exits 1 on any finding. About 4 minutes on 2 cores. PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES``
 (default postgresql://postgres@127.0.0.1:5432/test), in a schema of its own, dropped after.
@@ -86,8 +87,14 @@ def soak(name: str, work: Path, url: str | None, task: str, runs: int) -> dict[s
 
 
 def main() -> int:
+    if sys.argv[1:2] == ["--restart"]:  # the server restart soak (scripts/soak_restart.py)
+        import soak_restart  # noqa: PLC0415 - only this mode needs it
+
+        return soak_restart.main(sys.argv[2:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--backends", default="sqlite,postgres",
+                    help="some of sqlite, postgres, pgbouncer (PostgreSQL through a private "
+                    "PgBouncer in transaction mode)")  # fmt: skip
     ap.add_argument("--runs", type=int, default=1000)
     args = ap.parse_args()
     backends = args.backends.split(",")
@@ -105,6 +112,20 @@ def main() -> int:
             try:
                 results.append(soak("PostgreSQL, two supervisors -n 4", Path(tmp) / "pg", url,
                                     "step", args.runs))  # fmt: skip
+            finally:
+                with psycopg.connect(ADMIN, autocommit=True) as conn:
+                    conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        if "pgbouncer" in backends:
+            import pgbouncer  # noqa: PLC0415 - only this part needs it
+            import psycopg  # noqa: PLC0415
+
+            schema = f"lk_soak_{secrets.token_hex(4)}"
+            url = f"{ADMIN}{'&' if '?' in ADMIN else '?'}schema={schema}"
+            try:
+                with pgbouncer.running(ADMIN) as bouncer:
+                    results.append(soak("PostgreSQL through PgBouncer (transaction mode), two "
+                                        "supervisors -n 4", Path(tmp) / "pgb",
+                                        bouncer.url(url), "step", args.runs))  # fmt: skip
             finally:
                 with psycopg.connect(ADMIN, autocommit=True) as conn:
                     conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -6,10 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pg_session
+import pgbouncer as pgbouncer_support
 import pytest
 from helpers import FakeClock
 from store_backends import BACKENDS, Backend
 from sv_harness import Supervisor
+from tools import require_tool
 from web_process import web_procs  # noqa: F401 - a fixture, for the dashboard tests
 
 from workerproc.store import Store, open_store
@@ -27,6 +29,16 @@ def _postgres_database() -> Iterator[None]:
     """The session's PostgreSQL database (created on first use) is dropped at the end."""
     yield
     pg_session.drop_database()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[pgbouncer_support.Bouncer]:
+    """A PgBouncer in transaction mode in front of the tests' server, for this test process
+    (tests/support/pgbouncer.py); skipped loudly without pgbouncer, failed under
+    LEASEKEEPER_REQUIRE_TOOLS."""
+    require_tool("pgbouncer", pgbouncer_support.binary(), "pgbouncer")
+    with pgbouncer_support.running(pg_session.database_url()) as bouncer:
+        yield bouncer
 
 
 @pytest.fixture

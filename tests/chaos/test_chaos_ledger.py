@@ -13,6 +13,7 @@ from typing import Any
 
 import ledger
 import pg_session
+import pgbouncer as pgbouncer_support
 import pytest
 from sv_harness import Supervisor
 
@@ -86,6 +87,25 @@ def test_postgres_two_supervisors_under_kills_and_pauses_start_no_step_taken_ove
         runs = enqueue(url, path, 40, "step")
         docs = soak([(first, 3, []), (second, 3, [])], tmp_path, 0.6)
         judge(url, path, runs, docs)
+    finally:
+        first.kill_all()
+        second.kill_all()
+
+
+@pytest.mark.pgbouncer
+def test_through_pgbouncer_two_supervisors_under_kills_and_pauses_start_no_step_taken_over(
+    tmp_path: Path, pgbouncer: pgbouncer_support.Bouncer
+) -> None:
+    """The same soak with every connection through PgBouncer in transaction mode: one
+    supervisor woken by LISTEN straight to the server, the other polling."""
+    direct = pg_session.schema_url("bouncer")
+    first, second = Supervisor(tmp_path, "sv1"), Supervisor(tmp_path, "sv2")
+    first.db, second.db = pgbouncer.url(direct, "direct"), pgbouncer.url(direct, "poll")
+    path = tmp_path / "ledger.jsonl"
+    try:
+        runs = enqueue(first.db, path, 40, "step")
+        docs = soak([(first, 3, []), (second, 3, [])], tmp_path, 0.6)
+        judge(second.db, path, runs, docs)
     finally:
         first.kill_all()
         second.kill_all()

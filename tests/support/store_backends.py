@@ -202,6 +202,18 @@ class PostgresBackend(Backend):
         conn.commit()
 
 
+class PgBouncerBackend(PostgresBackend):
+    """A fresh schema, reached through a PgBouncer in transaction mode (``pgbouncer.running``):
+    the store keeps nothing in a session. What the tests do behind the store's back goes
+    straight to the server."""
+
+    name = "pgbouncer"
+
+    def __init__(self, directory: str, bouncer_url: Callable[[str], str]) -> None:
+        super().__init__(directory)
+        self._url = bouncer_url(self._url)
+
+
 BACKENDS: dict[str, Callable[[str], Backend]] = {
     "sqlite": SQLiteBackend,
     "postgres": PostgresBackend,

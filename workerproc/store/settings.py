@@ -29,6 +29,15 @@ IDLE_IN_TRANSACTION = 5.0
 # at most 40 characters: the notification channels ("leasekeeper.<schema>.end") must stay
 # within PostgreSQL's 63-byte identifiers
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+HOST = re.compile(r"[A-Za-z0-9._:%-]{1,253}")
+# How the PostgreSQL store reaches its server (docs/how-to/postgresql.md, "Through PgBouncer"):
+# ``pooler=transaction`` when a pooler in transaction mode (PgBouncer's pool_mode=transaction)
+# sits between: then nothing is kept in a session (no startup options, no prepared statement,
+# each transaction sets its own bounds with SET LOCAL) and wake-ups come from ``listen``:
+# ``direct`` (LISTEN on a connection straight to the server: ``listen_host``/``listen_port``)
+# or ``poll`` (the server's snapshot, read every ``POLL`` seconds).
+POOLERS = ("none", "transaction")
+LISTENS = ("direct", "poll")
 
 
 def seconds(low: float, high: float, *, above: bool = False) -> Check:
@@ -69,6 +78,35 @@ def matching(pattern: re.Pattern[str]) -> Check:
     return check
 
 
+def one_of(*allowed: str) -> Check:
+    """One of ``allowed``, as written (lower case)."""
+
+    def check(name: str, value: object) -> str:
+        if not isinstance(value, str) or value not in allowed:
+            raise InvalidOption(f"{name} must be one of {', '.join(allowed)} (got {value!r})")
+        return value
+
+    return check
+
+
+def port(name: str, value: object) -> int:
+    """A TCP port, given as a number or text."""
+    try:
+        got = int(str(value), 10)
+    except ValueError:
+        raise InvalidOption(f"{name} must be a port from 1 to 65535 (got {value!r})") from None
+    if not 1 <= got <= 65535:
+        raise InvalidOption(f"{name} must be a port from 1 to 65535 (got {value!r})")
+    return got
+
+
+def host(name: str, value: object) -> str:
+    """A host name or address (no spaces, quotes or URL punctuation), at most 253 characters."""
+    if not isinstance(value, str) or not HOST.fullmatch(value):
+        raise InvalidOption(f"{name} must be a host name or address (got {value!r})")
+    return value
+
+
 def flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise InvalidOption(f"{name} must be True or False (got {value!r})")
@@ -97,6 +135,10 @@ class PostgresOptions:
     schema: str = option(DEFAULT_SCHEMA, matching(SCHEMA_NAME))
     busy_timeout: float = option(DEFAULT_BUSY_TIMEOUT, seconds(0, 3600, above=True))
     idle_in_transaction: float = option(IDLE_IN_TRANSACTION, seconds(0.01, 3600))
+    pooler: str = option("none", one_of(*POOLERS))
+    listen: str | None = option(None, one_of(*LISTENS))  # None: direct, or poll behind a pooler
+    listen_host: str | None = option(None, host)
+    listen_port: int | None = option(None, port)
     migrate: bool = option(True, flag, in_url=False)
 
 
@@ -108,6 +150,10 @@ class StoreOptions(TypedDict, total=False):
     busy_timeout: float
     schema: str
     idle_in_transaction: float
+    pooler: str
+    listen: str
+    listen_host: str
+    listen_port: int
     migrate: bool
 
 

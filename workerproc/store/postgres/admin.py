@@ -65,7 +65,7 @@ def migrate_locked(cur: Cursor, schema: str, where: str) -> None:
 # -- the engine's check of its own storage ------------------------------------------------------
 def amcheck(cur: Cursor) -> str | None:
     """The schema of the amcheck extension in this database, None when not installed."""
-    row = cur.execute(r.AMCHECK, prepare=True).fetchone()
+    row = cur.execute(r.AMCHECK, prepare=None).fetchone()
     return None if row is None else str(row[0])
 
 
@@ -79,13 +79,13 @@ def check_storage(cur: Cursor, namespace: str, schema: str, quick: bool, limit: 
         ns
     )
     found: list[str] = []
-    for (index,) in cur.execute(r.OUR_INDEXES, {"schema": schema}, prepare=True).fetchall():
+    for (index,) in cur.execute(r.OUR_INDEXES, {"schema": schema}, prepare=None).fetchall():
         try:
             cur.execute(bt, (index, not quick))
         except psycopg.Error as exc:  # corruption is reported, never raised
             found.append(f"index {index}: {str(exc).strip()}")
     if not quick:
-        for (table,) in cur.execute(r.OUR_TABLES, {"schema": schema}, prepare=True).fetchall():
+        for (table,) in cur.execute(r.OUR_TABLES, {"schema": schema}, prepare=None).fetchall():
             rows = cur.execute(heap, (table, limit)).fetchall()
             found += [f"table {table}, block {b}, item {o}: {m}" for b, o, m in rows]
     return found[:limit]

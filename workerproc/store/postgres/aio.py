@@ -32,7 +32,8 @@ from ..protocol.programs import Program
 from ..settings import PostgresOptions
 from ..types import Clock
 from .dialect import PostgresDialect
-from .ops_sql import WATCH_RUN
+from .ops_sql import SNAPSHOT, WATCH_RUN
+from .pooling import POLL
 from .sql import END_CHANNEL, NOTIFY_CHANNEL
 from .steps import CATALOGUE
 from .streams_sql import STREAM_CHANNEL
@@ -74,9 +75,10 @@ class PostgresAsync(AsyncBackend):
         return cls(dialect, clock)
 
     # -- connections -----------------------------------------------------------------------------
-    async def _connect(self) -> Connection:
+    async def _connect(self, conninfo: str | None = None) -> Connection:
+        """A connection of the pool (or, given ``conninfo``, the listening one)."""
         try:
-            return await psycopg.AsyncConnection.connect(self.dialect.conninfo,
+            return await psycopg.AsyncConnection.connect(conninfo or self.dialect.conninfo,
                                                          **self.dialect.session())  # fmt: skip
         except psycopg.OperationalError as exc:
             raise StoreUnavailable(
@@ -114,13 +116,15 @@ class PostgresAsync(AsyncBackend):
             statement = entry
         else:  # a step of several statements: not one the producers run
             raise StoreError(f"the async store cannot run the step {name}")
-        await cur.execute(statement, params, prepare=True)
+        await cur.execute(statement, params, prepare=None)  # (prepared unless pooled: session)
         return [] if cur.description is None else await cur.fetchall()
 
     async def write(self, program: Callable[[float | None], Program[T]]) -> T:
         for attempt in range(1, _RETRIES + 1):
             try:
                 async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+                    if self.dialect.local:  # behind a pooler: our settings, for this one
+                        await cur.execute(self.dialect.local)
                     steps = program(self._now())
                     try:
                         name, params = next(steps)
@@ -145,7 +149,12 @@ class PostgresAsync(AsyncBackend):
         try:
             async with self._connection() as conn, conn.cursor() as cur:
                 # every read is given "now", as the sync store's (a run's status reads its lease)
-                return await self._run(cur, name, {**params, "now": self.dialect._now_param()})
+                given = {**params, "now": self.dialect._now_param()}
+                if not self.dialect.local:
+                    return await self._run(cur, name, given)
+                async with conn.transaction():  # behind a pooler: with our settings
+                    await cur.execute(self.dialect.local)
+                    return await self._run(cur, name, given)
         except psycopg.Error as exc:
             raise _translated(exc, self.dialect) from None
 
@@ -167,8 +176,11 @@ class PostgresAsync(AsyncBackend):
         channel = END_CHANNEL.format(schema=self.dialect.schema)
         work = NOTIFY_CHANNEL.format(schema=self.dialect.schema)
         streamed = STREAM_CHANNEL.format(schema=self.dialect.schema)
+        if self.dialect.listen_at is None:  # behind a pooler, told to poll
+            await self._poll()
+            return
         try:
-            conn = await self._connect()
+            conn = await self._connect(self.dialect.listen_at)
         except StoreError:
             await self._bump(lost=True)
             self._listening.set()  # the waits fall back to their timeouts: they look again
@@ -190,6 +202,23 @@ class PostgresAsync(AsyncBackend):
             with contextlib.suppress(psycopg.Error):
                 await conn.close()
 
+    async def _poll(self) -> None:
+        """Without LISTEN: the server's snapshot every ``POLL`` seconds; each change bumps every
+        counter (it may be anyone's: a waiter looks and sleeps again), as does a failed look."""
+        self._listening.set()
+        seen: str | None = None
+        while not self._closed:
+            try:
+                async with self._connection() as conn:
+                    row = await (await conn.execute(SNAPSHOT, prepare=False)).fetchone()
+                now = None if row is None else str(row[0])
+            except (psycopg.Error, StoreError):
+                now = None
+            if now is None or now != seen:
+                await self._bump(lost=True)
+            seen = now
+            await asyncio.sleep(POLL)
+
     async def _bump(self, ended: bool = True, *, lost: bool = False) -> None:
         async with self._changed:
             self._ended += ended or lost
@@ -206,8 +235,13 @@ class PostgresAsync(AsyncBackend):
         """Listening first, then the run marked watched, so no end slips between."""
         await self._listening.wait()
         try:
-            async with self._connection() as conn:
-                await conn.execute(WATCH_RUN, {"run_id": run_id}, prepare=True)
+            async with self._connection() as conn, conn.cursor() as cur:
+                if not self.dialect.local:
+                    await cur.execute(WATCH_RUN, {"run_id": run_id}, prepare=None)
+                    return
+                async with conn.transaction():
+                    await cur.execute(self.dialect.local)
+                    await cur.execute(WATCH_RUN, {"run_id": run_id})
         except psycopg.Error as exc:
             raise _translated(exc, self.dialect) from None
 

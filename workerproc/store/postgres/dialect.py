@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
-from urllib.parse import urlencode
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -38,7 +37,8 @@ from ..settings import PostgresOptions
 from ..types import Clock
 from . import admin
 from .listen import ABANDONED, END, WORK, Listener, ListenWatch
-from .ops_sql import WATCH_RUN
+from .ops_sql import SNAPSHOT, WATCH_RUN
+from .pooling import Poller, begins, listen_at, pooled, reopen_query, set_local, settings
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
 from .tx import PostgresTx, commit, forget_prepared
@@ -94,9 +94,9 @@ class PostgresDialect(Dialect):
         self.schema = options.schema
         self.busy_timeout = options.busy_timeout
         self.idle_in_transaction = options.idle_in_transaction
-        # the URL this store reports opens the same database and schema again
+        # the URL this store reports opens the same database, schema and route again
         glue = "&" if "?" in conninfo else "?"
-        self.url = f"{conninfo}{glue}{urlencode({'schema': self.schema})}"
+        self.url = f"{conninfo}{glue}{reopen_query(options)}"
         self.where = redact_url(self.url)
         self._clock = clock
         self._local = threading.local()
@@ -104,11 +104,18 @@ class PostgresDialect(Dialect):
         self._closed = False
         self._create = options.migrate
         self._database: str | None = None
-        channels = {WORK: NOTIFY_CHANNEL, END: END_CHANNEL}
         self._change_watch: ListenWatch | None = None
-        self._listener = Listener(
-            conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
+        self.pooled, listen = pooled(options), listen_at(conninfo, options)
+        names = {WORK: NOTIFY_CHANNEL.format(schema=self.schema),
+                 END: END_CHANNEL.format(schema=self.schema)}  # fmt: skip
+        self._listener: Listener | Poller = (
+            Poller(self._snapshot) if listen is None else Listener(listen, names)
         )
+        ours = settings(self.schema, self.busy_timeout, self.idle_in_transaction)
+        self._options = " ".join(f"-c {name}={value}" for name, value in ours.items())
+        self._begin = begins(ours if self.pooled else {})
+        self.local = "; ".join(set_local(ours)) if self.pooled else ""  # (the async store's)
+        self.listen_at = listen
 
     def said(self, exc: BaseException) -> str:
         """What the driver said (``_said``), without any secret of our URL: libpq may quote a
@@ -146,26 +153,23 @@ class PostgresDialect(Dialect):
             conn.close()
 
     def session(self) -> dict[str, Any]:
-        """How every connection of this store is opened (the async store's too)."""
-        return {
+        """How every connection of this store is opened (the async store's too): straight to
+        the server, with our settings as startup options and every statement prepared on
+        first use; behind a transaction pooler with neither (``begin``)."""
+        opened: dict[str, Any] = {
             "autocommit": True,  # transactions are explicit (see _run)
-            "prepare_threshold": 0,  # every statement is prepared on first use
+            "prepare_threshold": None if self.pooled else 0,
             "connect_timeout": max(2, int(self.busy_timeout + 0.999)),
             "application_name": "leasekeeper",
-            "options": (
-                f"-c search_path={self.schema}"
-                f" -c lock_timeout={int(self.busy_timeout * 1000)}"
-                f" -c idle_in_transaction_session_timeout="
-                f"{max(10, int(self.idle_in_transaction * 1000))}"
-                # every statement of ours is a bounded index walk; after a bulk enqueue the
-                # planner would otherwise read every pending run per claim, and plan the
-                # claim's probe of a run's lease as a scan of the whole leases heap, which
-                # grows with dead rows between vacuums (docs/protocol.md). No JIT: a statement
-                # that can only scan (a small table without an index for it) is costed past
-                # jit_above_cost with sequential scans off, and compiling it took 200-300 ms
-                " -c enable_bitmapscan=off -c enable_seqscan=off -c jit=off"
-            ),
         }
+        if not self.pooled:
+            opened["options"] = self._options
+        return opened
+
+    def begin(self, mode: str = "write") -> str:
+        """The query that opens a transaction of ``mode`` (behind a pooler: with our
+        settings for it)."""
+        return self._begin[mode]
 
     def _connect(self) -> psycopg.Connection[Any]:
         """Connect, retrying with backoff until busy_timeout (a restarting server, say)."""
@@ -208,10 +212,11 @@ class PostgresDialect(Dialect):
         lock = ids if len(ids) > 1 or (ids and self._clock is not None) else []
         return self._transaction(fn, lock, "write")
 
-    def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False) -> T:
+    def read(self, fn: Callable[[Tx], T], *, snapshot: bool = False, bare: bool = False) -> T:
         """Reads: each statement on its own (autocommit: one round trip), or with ``snapshot``
-        all of them in one REPEATABLE READ transaction."""
-        return self._transaction(fn, (), "snapshot" if snapshot else "read")
+        all of them in one REPEATABLE READ transaction. Behind a pooler, in a transaction
+        that sets our settings first, unless ``bare`` (statements that need none)."""
+        return self._transaction(fn, (), "bare" if bare else "snapshot" if snapshot else "read")
 
     def _transaction(self, fn: Callable[[Tx], T], lock: Sequence[int], mode: str) -> T:
         attempt = 0
@@ -220,7 +225,7 @@ class PostgresDialect(Dialect):
             conn = self._conn()
             done = False  # fn returned: an error now comes from COMMIT (ambiguous)
             try:
-                if mode in ("read", "statement"):
+                if mode == "bare" or (mode in ("read", "statement") and not self.pooled):
                     with conn.cursor() as cur:
                         tx = PostgresTx(cur, self._now_param())
                         result = fn(tx)
@@ -229,12 +234,11 @@ class PostgresDialect(Dialect):
                         done = True
                         return result
                 with conn.cursor() as cur:
-                    cur.execute("BEGIN ISOLATION LEVEL REPEATABLE READ" if mode == "snapshot"
-                                else "BEGIN")  # fmt: skip
+                    cur.execute(self._begin[mode])
                     try:
                         if lock:
-                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=True)
-                        tx = PostgresTx(cur, self._now_param())
+                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=not self.pooled)
+                        tx = PostgresTx(cur, self._now_param(), pooled=self.pooled)
                         result = fn(tx)
                         done = True
                         commit(conn, cur, tx)
@@ -264,7 +268,7 @@ class PostgresDialect(Dialect):
                 raise StoreUnavailable(f"{msg} ({self.said(exc)})") from None
             except (psycopg.OperationalError, psycopg.InterfaceError) as exc:
                 self._discard(conn)  # terminated, broken or wedged: never used again
-                if (done and mode != "read") or attempt >= 2:
+                if (done and mode not in ("read", "bare")) or attempt >= 2:
                     raise self._unavailable(exc, self.where) from None
                 # the server never saw our COMMIT: nothing was written; try a new connection
             except psycopg.DataError as exc:  # a value PostgreSQL cannot take (NUL in text)
@@ -279,6 +283,13 @@ class PostgresDialect(Dialect):
             except BaseException:  # an interrupt mid-transaction: the state is unknown
                 self._discard(conn)
                 raise
+
+    def _snapshot(self) -> str:
+        """The server's snapshot (what a poller compares): one statement on its own, which
+        needs no setting of ours (``pooling.Poller``)."""
+        row = self.read(lambda tx: tx.execute(SNAPSHOT, {}).fetchone(), bare=True)
+        assert row is not None
+        return str(row[0])
 
     def _unless_healthy(self, conn: psycopg.Connection[Any]) -> None:
         """After a clean answer of the server the connection stays; after anything that left
@@ -363,9 +374,12 @@ class PostgresDialect(Dialect):
         self._alive()
         return self._listener.wait(token, max(0.0, timeout), channel)
 
-    def change_watch(self) -> ListenWatch:
-        """The LISTEN connection's socket (``listen.ListenWatch``), this process's own."""
+    def change_watch(self) -> ListenWatch | None:
+        """The LISTEN connection's socket (``listen.ListenWatch``), this process's own (None
+        when polling: ``pooling.Poller``)."""
         self._alive()
+        if isinstance(self._listener, Poller):
+            return None
         watch = self._change_watch
         if watch is None or watch.pid != os.getpid():
             self._change_watch = watch = ListenWatch(self._listener)

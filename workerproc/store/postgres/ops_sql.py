@@ -14,7 +14,7 @@ QUERIES = load(
     "workerproc.store.postgres",
     "ops.sql",
     style="pyformat",
-    internal=("LOCK_OWNER_RUNS", "NOW", "WATCH_RUN", "CALLERS_DATABASE"),
+    internal=("LOCK_OWNER_RUNS", "NOW", "SNAPSHOT", "WATCH_RUN", "CALLERS_DATABASE"),
     fields=("s", "channel"),
 )
 globals().update(texts(QUERIES))

@@ -94,12 +94,17 @@ class Batch:
     locks of the one before; the first that fails raises and skips the rest (the transaction
     is then rolled back, like any failure)."""
 
-    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], pooled: bool = False) -> None:
         self.conn = conn
+        self.pooled = pooled  # behind a transaction pooler: no statement the session keeps
 
     def texts(self, calls: Sequence[Call], query: psycopg.ClientCursor[Any]) -> list[str]:
         """The ``EXECUTE`` of each call, its values quoted; what the session has not
-        prepared yet is prepared first (its own round trip, once per connection)."""
+        prepared yet is prepared first (its own round trip, once per connection). Behind a
+        transaction pooler, each statement itself, its values quoted: the next transaction
+        may run on another server session, which never saw a ``PREPARE`` of this one."""
+        if self.pooled:
+            return [query.mogrify(sql, params) for _, sql, params in calls]
         known = _session_prepared.setdefault(self.conn, set())
         forms = [Prepared.of(name, sql) for name, sql, _ in calls]
         new = {form.name: form.prepare for form in forms if form.name not in known}
@@ -161,14 +166,17 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
         return
     deferred = _steps_first(tx) + tx.deferred
     events, tx.events, tx.deferred = tx.events, [], []
-    if events and conn not in _events_prepared:  # once per connection, in this transaction
+    if events and not tx.pooled and conn not in _events_prepared:  # once per connection
         cur.execute(_PREPARE_EVENTS)
         _events_prepared.add(conn)
     with psycopg.ClientCursor(conn) as query:
         calls = [
             (name, _sql(CATALOGUE, name), params) for name, each in deferred for params in each
         ]
-        parts = Batch(conn).texts(calls, query)
+        if events and tx.pooled:  # behind a pooler: the statement itself, not the session's
+            calls.append(_events_call(events, tx.now))
+            events = []
+        parts = Batch(conn, tx.pooled).texts(calls, query)
         if events:
             entry = CATALOGUE["INSERT_EVENTS"]
             assert isinstance(entry, Shaped)
@@ -184,12 +192,17 @@ class PostgresTx(Tx):
 
     catalogue: ClassVar[Catalogue] = CATALOGUE
 
-    def __init__(self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "") -> None:
+    def __init__(
+        self, cur: Cursor, now: float | None, prefix: str = "", schema: str = "",
+        *, pooled: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(now)
         self.cur = cur
         self.prefix = prefix
         self.schema = schema  # with a prefix: the schema it names
-        self.prepare: bool | None = None if prefix else True  # never on a caller's connection
+        self.pooled = pooled  # behind a transaction pooler: nothing prepared
+        # never on a caller's connection (its own rule), never behind a pooler
+        self.prepare: bool | None = None if prefix else not pooled
 
     def execute(self, sql: str, params: Params) -> Cursor:
         return self.cur.execute(sql, params, prepare=self.prepare)
@@ -208,7 +221,7 @@ class PostgresTx(Tx):
         if not isinstance(statement, str) or self.prefix or len(each) < 2:
             return super().many(name, each)
         calls = [(name, statement, params) for params in each]
-        return [changed for _, changed in Batch(self.cur.connection).run(calls)]
+        return [changed for _, changed in Batch(self.cur.connection, self.pooled).run(calls)]
 
     def _gates_then(
         self,
@@ -248,7 +261,7 @@ class PostgresTx(Tx):
         return _sql(self.catalogue, name)
 
     def _batch(self, calls: Sequence[Call]) -> list[list[Row]]:
-        return [rows for rows, _ in Batch(self.cur.connection).run(calls)]
+        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls)]
 
 
 def _events_call(events: list[Params], now: float | None) -> Call:

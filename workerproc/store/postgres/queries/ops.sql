@@ -142,6 +142,10 @@ DELETE FROM workers
     WHERE heartbeat_at < coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) -
         10 * beat_every - 60
 
+-- name: SNAPSHOT
+-- the server's snapshot: it changes when any transaction on the server ends (a poller's token)
+SELECT pg_current_snapshot()::text
+
 -- name: NOW
 -- the store's clock: the database's (or the injected one, handed back)
 SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
