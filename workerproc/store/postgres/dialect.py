@@ -28,6 +28,7 @@ from urllib.parse import urlencode
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
@@ -94,6 +95,11 @@ class PostgresDialect(Dialect):
         self.schema = options.schema
         self.busy_timeout = options.busy_timeout
         self.idle_in_transaction = options.idle_in_transaction
+        # ours unless the URL sets one itself (libpq's keyword arguments win over the URL)
+        given = conninfo_to_dict(conninfo)
+        self.network = {
+            k: v for k, v in network_params(options.network_timeout).items() if k not in given
+        }
         # the URL this store reports opens the same database and schema again
         glue = "&" if "?" in conninfo else "?"
         self.url = f"{conninfo}{glue}{urlencode({'schema': self.schema})}"
@@ -107,7 +113,7 @@ class PostgresDialect(Dialect):
         channels = {WORK: NOTIFY_CHANNEL, END: END_CHANNEL}
         self._change_watch: ListenWatch | None = None
         self._listener = Listener(
-            conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}
+            conninfo, {k: v.format(schema=self.schema) for k, v in channels.items()}, self.network
         )
 
     def said(self, exc: BaseException) -> str:
@@ -152,6 +158,7 @@ class PostgresDialect(Dialect):
             "prepare_threshold": 0,  # every statement is prepared on first use
             "connect_timeout": max(2, int(self.busy_timeout + 0.999)),
             "application_name": "leasekeeper",
+            **self.network,
             "options": (
                 f"-c search_path={self.schema}"
                 f" -c lock_timeout={int(self.busy_timeout * 1000)}"
@@ -395,3 +402,17 @@ class PostgresDialect(Dialect):
             self._listener.close()
         self._local = threading.local()
         self._closed = True
+
+
+def network_params(timeout: float) -> dict[str, int]:
+    """libpq's settings that bound a silent network to about ``timeout`` seconds
+    (``settings.NETWORK_TIMEOUT``): data sent and not acknowledged for that long, or a server
+    that answers no keepalive for that long past a short idle, ends the connection with an
+    error instead of a wait of many minutes."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(timeout / 2)),
+        "keepalives_interval": max(1, int(timeout / 4)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(timeout * 1000),
+    }
