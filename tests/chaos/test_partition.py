@@ -15,7 +15,7 @@ import pg_private
 import pytest
 from tools import require_tool
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def test_a_host_cut_off_for_1_and_10_seconds_loses_nothing_and_resumes(tmp_path: Path):

@@ -14,7 +14,7 @@ import pytest
 import vacuum_blocked
 from tools import require_tool
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 RATE = 200.0
 FLOOR_MS = 20.0  # a clean p99 below this counts as this: a loaded 2-core machine's noise
@@ -24,7 +24,10 @@ def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
     why = pg_private.missing()
     if why is not None:
         require_tool("a private PostgreSQL", None, why)
-    r = vacuum_blocked.soak(tmp_path, clean_s=60, blocked_s=120, recovery_s=300, rate=RATE)
+    r = vacuum_blocked.soak(
+        tmp_path, clean_s=60, blocked_s=120, recovery_s=300, rate=RATE, say=print
+    )
+    print({p: r[p] for p in ("clean", "blocked", "recovery")})  # the figures, under -s
     clean, blocked, recovery = r["clean"], r["blocked"], r["recovery"]
     assert r["started"] >= 0.8 * RATE * (60 + 120), r  # the producer kept its rate
     # the vacuum was blocked: dead rows piled up while the transaction was open
