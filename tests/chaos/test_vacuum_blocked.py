@@ -20,6 +20,12 @@ RATE = 200.0
 FLOOR_MS = 20.0  # a clean p99 below this counts as this: a loaded 2-core machine's noise
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the claim walks every dead index entry while the horizon is held: at 200 runs/s its "
+    "p50 grows from 5 to 40 ms and its p99 past 3x within a minute, and the ready queue falls "
+    "behind (docs/how-to/postgresql.md, 'When vacuum cannot run')",
+)
 def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
     why = pg_private.missing()
     if why is not None:
