@@ -20,12 +20,6 @@ RATE = 200.0
 FLOOR_MS = 20.0  # a clean p99 below this counts as this: a loaded 2-core machine's noise
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the claim walks every dead index entry while the horizon is held: at 200 runs/s its "
-    "p50 grows from 5 to 40 ms and its p99 past 3x within a minute, and the ready queue falls "
-    "behind (docs/how-to/postgresql.md, 'When vacuum cannot run')",
-)
 def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
     why = pg_private.missing()
     if why is not None:
@@ -35,13 +29,20 @@ def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
     )
     print({p: r[p] for p in ("clean", "blocked", "recovery")})  # the figures, under -s
     clean, blocked, recovery = r["clean"], r["blocked"], r["recovery"]
+    floor = max(clean["p99"], FLOOR_MS)
     assert r["started"] >= 0.8 * RATE * (60 + 120), r  # the producer kept its rate
-    # the vacuum was blocked: dead rows piled up while the transaction was open
-    assert blocked["dead_runs"] > clean["dead_runs"], r
-    # the pool kept up: the ready queue stayed within a few seconds of arrivals
-    assert blocked["depth"] <= 5 * RATE, r
-    assert blocked["last_depth"] <= 5 * RATE, r
-    assert blocked["p99"] <= 3 * max(clean["p99"], FLOOR_MS), r
-    # the recovery came back to the clean figures within its 5 minutes
-    assert recovery["last_p99"] <= vacuum_blocked.RECOVERED * max(clean["p99"], FLOOR_MS), r
+    # the horizon was held: the oldest snapshot fell thousands of transactions behind
+    assert blocked["horizon_age"] > 10 * clean["horizon_age"] + 1000, r
+    # the recovery came back to the clean figures within its 5 minutes: the claim's p99, and
+    # the backlog drained
+    assert recovery["last_p99"] <= vacuum_blocked.RECOVERED * floor, r
+    assert recovery["last_depth"] <= 5 * RATE, r
     assert recovery["seconds"] <= 300, r
+    # while blocked, the pool should keep up (a bounded ready queue, the claim's p99 within 3x);
+    # it does not yet: reported as an expected failure, with the figures, until it does
+    if blocked["depth"] > 5 * RATE or blocked["p99"] > 3 * floor:
+        pytest.xfail(
+            "the claim walks every dead index entry while the horizon is held "
+            "(docs/how-to/postgresql.md, 'When vacuum cannot run'): ready depth "
+            f"{blocked['depth']}, claim p99 {blocked['p99']} ms against {clean['p99']} ms clean"
+        )

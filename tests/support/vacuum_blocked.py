@@ -91,7 +91,14 @@ def _tables(conn: psycopg.Connection[Any], schema: str) -> dict[str, Any]:
     ready = conn.execute(
         f"SELECT count(*) FROM {schema}.runs WHERE queue = 'default' AND status = 'pending'"
     ).fetchone()
-    out: dict[str, Any] = {"depth": ready[0] if ready else None}
+    held = conn.execute(
+        "SELECT max(age(backend_xmin)) FROM pg_stat_activity WHERE backend_xmin IS NOT NULL"
+    ).fetchone()
+    # how far the oldest snapshot lags: transactions vacuum cannot look past
+    out: dict[str, Any] = {
+        "depth": ready[0] if ready else None,
+        "horizon_age": held[0] if held else None,
+    }
     for name, dead, live, size, autovacuums in rows:
         out[name] = {"dead": dead, "live": live, "mb": round(size / 2**20, 1),
                      "autovacuums": autovacuums}  # fmt: skip
@@ -172,6 +179,7 @@ def _summary(windows: list[dict[str, Any]], phase: str) -> dict[str, Any]:
         "depth": max(w["depth"] or 0 for w in mine),
         "dead_runs": max(w.get("runs", {}).get("dead", 0) for w in mine),
         "dead_tasks": max(w.get("tasks", {}).get("dead", 0) for w in mine),
+        "horizon_age": max(w.get("horizon_age") or 0 for w in mine),
         "last_p99": mine[-1]["p99"],
         "last_depth": mine[-1]["depth"],
         "seconds": mine[-1]["t"] - mine[0]["t"] + WINDOW,
