@@ -102,14 +102,8 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
 #   run (a task written ahead of it by hand) leaves its counts on its own task first (``kept``).
 # - The leases come back in claim order (priority, then head order), so a worker that claims
 #   more than it can start at once starts them in that order too.
-# - The walk is always the claim index's, in head order, bounded by its LIMIT: the status is
-#   compared as an expression (``|| ''``), so runs_status can never stand in for it. Planned on
-#   stale statistics (a table that grew since its last analyze, a vacuum held back by an open
-#   transaction), the claim read every pending run of every queue through runs_status and
-#   sorted them: a claim that grows with the backlog, and a pool that falls further behind the
-#   more it is behind.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
-          AND r.status || '' = 'pending'
+          AND r.status = 'pending'
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT now FROM clock))"""
 _PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
