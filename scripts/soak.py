@@ -124,10 +124,12 @@ def pressure(blocked_minutes: float) -> int:
               f"{f.get('depth')} | {f.get('dead_runs')} |")  # fmt: skip
     findings = list(cut["findings"])
     clean, blocked = vac["clean"]["p99"], vac["blocked"]["p99"]
-    if blocked > 3 * max(clean, 20.0):
+    if blocked > 3 * max(clean, vacuum_blocked.FLOOR_MS):
         findings.append(f"claim p99 {blocked} ms while vacuum was blocked: over 3x {clean} ms")
-    if vac["recovery"]["last_p99"] > vacuum_blocked.RECOVERED * max(clean, 20.0):
-        findings.append(f"claim p99 not back after 5 minutes: {vac['recovery']}")
+    floor = max(clean, vacuum_blocked.FLOOR_MS)
+    last = vac["recovery"]
+    if last["last_p99"] > vacuum_blocked.RECOVERED * floor or last["last_depth"] > vacuum_blocked.BACKLOG_S * vac["rate"]:
+        findings.append(f"not back to the clean figures after 5 minutes: {last}")
     for finding in findings[:20]:
         print(finding, file=sys.stderr)
     return 1 if findings else 0

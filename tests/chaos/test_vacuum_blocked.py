@@ -17,7 +17,6 @@ from tools import require_tool
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]
 
 RATE = 200.0
-FLOOR_MS = 20.0  # a clean p99 below this counts as this: a loaded 2-core machine's noise
 
 
 def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
@@ -29,14 +28,14 @@ def test_the_pool_keeps_up_while_vacuum_is_blocked_and_recovers(tmp_path: Path):
     )
     print({p: r[p] for p in ("clean", "blocked", "recovery")})  # the figures, under -s
     clean, blocked, recovery = r["clean"], r["blocked"], r["recovery"]
-    floor = max(clean["p99"], FLOOR_MS)
+    floor = max(clean["p99"], vacuum_blocked.FLOOR_MS)
     assert r["started"] >= 0.8 * RATE * (60 + 120), r  # the producer kept its rate
     # the horizon was held: the oldest snapshot fell thousands of transactions behind
     assert blocked["horizon_age"] > 10 * clean["horizon_age"] + 1000, r
     # the recovery came back to the clean figures within its 5 minutes: the claim's p99, and
     # the backlog drained
     assert recovery["last_p99"] <= vacuum_blocked.RECOVERED * floor, r
-    assert recovery["last_depth"] <= 5 * RATE, r
+    assert recovery["last_depth"] <= vacuum_blocked.BACKLOG_S * RATE, r
     assert recovery["seconds"] <= 300, r
     # while blocked, the pool should keep up (a bounded ready queue, the claim's p99 within 3x);
     # it does not yet: reported as an expected failure, with the figures, until it does

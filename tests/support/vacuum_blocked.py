@@ -9,7 +9,7 @@ the claim (the claim walks the same indexes and skips the same dead rows). Every
 seconds: the probe's claim p50/p99, the ready depth of ``default``, the dead rows and size of
 ``runs`` and ``tasks``. Phases: ``clean`` (before), ``blocked`` (the transaction open),
 ``recovery`` (after it ended, until the claim p99 is back within ``RECOVERED`` x its clean value
-over a whole window, or ``recovery_s``).
+and the ready queue is down to ``BACKLOG_S`` seconds of arrivals, or ``recovery_s``).
 
 Used by tests/chaos/test_vacuum_blocked.py (a short block) and ``scripts/soak --pressure`` (20
 minutes).
@@ -17,6 +17,7 @@ minutes).
 
 from __future__ import annotations
 
+import math
 import secrets
 import statistics
 import threading
@@ -33,7 +34,9 @@ from workerproc.store import open_store
 
 WINDOW = 10.0
 PROBE_EVERY = 0.05
-RECOVERED = 1.5  # the recovery is over once a window's claim p99 is within this of clean
+RECOVERED = 1.5  # the recovery is over once a window's claim p99 is within this of clean ...
+BACKLOG_S = 5.0  # ... and the ready queue holds no more than this many seconds of arrivals
+FLOOR_MS = 20.0  # a clean p99 below this counts as this: a loaded 2-core machine's noise
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"  # benchapp: the no-op handlers
 
 
@@ -154,8 +157,7 @@ def soak(work: Path, *, clean_s: float, blocked_s: float, recovery_s: float, rat
                 phase("blocked", blocked_s)
                 blocker.rollback()
                 clean = _summary(windows, "clean")
-                phase("recovery", recovery_s,
-                      lambda: windows[-1].get("p99", 1e9) <= RECOVERED * clean["p99"])  # fmt: skip
+                phase("recovery", recovery_s, lambda: _recovered(windows[-1], clean, rate))
         finally:
             producer.stop.set()
             probe.stop.set()
@@ -165,6 +167,13 @@ def soak(work: Path, *, clean_s: float, blocked_s: float, recovery_s: float, rat
         probe.join(30)
     return {"rate": rate, "started": producer.started, "windows": windows,
             **{p: _summary(windows, p) for p in ("clean", "blocked", "recovery")}}  # fmt: skip
+
+
+def _recovered(window: dict[str, Any], clean: dict[str, Any], rate: float) -> bool:
+    """Back to the clean figures: the claim's p99, and the backlog drained (a few seconds of
+    arrivals at most)."""
+    p99_back = window.get("p99", math.inf) <= RECOVERED * max(clean["p99"], FLOOR_MS)
+    return p99_back and (window["depth"] or 0) <= BACKLOG_S * rate
 
 
 def _summary(windows: list[dict[str, Any]], phase: str) -> dict[str, Any]:
