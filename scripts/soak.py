@@ -128,7 +128,8 @@ def pressure(blocked_minutes: float) -> int:
         findings.append(f"claim p99 {blocked} ms while vacuum was blocked: over 3x {clean} ms")
     floor = max(clean, vacuum_blocked.FLOOR_MS)
     last = vac["recovery"]
-    if last["last_p99"] > vacuum_blocked.RECOVERED * floor or last["last_depth"] > vacuum_blocked.BACKLOG_S * vac["rate"]:
+    backlog = vacuum_blocked.BACKLOG_S * vac["rate"]
+    if last["last_p99"] > vacuum_blocked.RECOVERED * floor or last["last_depth"] > backlog:
         findings.append(f"not back to the clean figures after 5 minutes: {last}")
     for finding in findings[:20]:
         print(finding, file=sys.stderr)
