@@ -11,6 +11,14 @@ and every run's single write per step are checked too.
 
     scripts/soak [--backends sqlite,postgres,pgbouncer] [--runs 1000]
     scripts/soak --restart [--outage 30] [--rate 200]   a server restart (scripts/soak_restart.py)
+    scripts/soak --pressure [--blocked-minutes 20]
+
+``--pressure`` runs the real-deployment pressures instead, each on a private PostgreSQL (as root:
+tests/support/partition.py and vacuum_blocked.py): three hosts as network namespaces, one cut off
+from the database for 1, 10 and 60 s while runs flow, judged by the handlers' ledger; then 200
+runs/s while another client holds a transaction open for 20 minutes (vacuum cannot remove a dead
+row), and the recovery after it ends (about 35 minutes in all). tests/chaos/test_partition.py and
+test_vacuum_blocked.py are their short forms.
 
 Exits 1 on any finding. About 4 minutes on 2 cores. PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES``
 (default postgresql://postgres@127.0.0.1:5432/test), in a schema of its own, dropped after.
@@ -22,6 +30,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import sys
 import tempfile
 import time
@@ -86,6 +95,48 @@ def soak(name: str, work: Path, url: str | None, task: str, runs: int) -> dict[s
     }
 
 
+def pressure(blocked_minutes: float) -> int:
+    import partition  # noqa: PLC0415 - only --pressure needs them (and root)
+    import vacuum_blocked  # noqa: PLC0415
+
+    def stop(signum: int, _frame: object) -> None:  # the finally blocks tidy up
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    with tempfile.TemporaryDirectory(prefix="lk-pressure-") as tmp:
+        cut = partition.soak(Path(tmp), [1.0, 10.0, 60.0])
+        print("| cut (s) | host 1 claimed again after the heal (s) | workers restarted |")
+        print("| ---: | ---: | ---: |")
+        for c in cut["cuts"]:
+            print(f"| {c['cut_s']:g} | {c['resumed_after_s']} | {c['restarted_workers']} |")
+        print(f"partition: {cut['runs']:,} runs, {cut['starts']:,} handler starts, "
+              f"{cut['lost']} lost leases, {cut['zombie_writes_rejected']} zombie writes "
+              f"rejected, outage lines {cut['outage_log_lines']}, {cut['seconds']} s")  # fmt: skip
+        vac = vacuum_blocked.soak(Path(tmp), clean_s=120, blocked_s=60 * blocked_minutes,
+                                  recovery_s=300, say=print)  # fmt: skip
+    print(
+        "| phase | claim p50 (ms) | claim p99 (ms, worst window) | ready depth (max) "
+        "| dead rows in runs (max) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: |")
+    for phase in ("clean", "blocked", "recovery"):
+        f = vac[phase]
+        print(f"| {phase} ({f.get('seconds')} s) | {f.get('p50')} | {f.get('p99')} | "
+              f"{f.get('depth')} | {f.get('dead_runs')} |")  # fmt: skip
+    findings = list(cut["findings"])
+    clean, blocked = vac["clean"]["p99"], vac["blocked"]["p99"]
+    if blocked > 3 * max(clean, vacuum_blocked.FLOOR_MS):
+        findings.append(f"claim p99 {blocked} ms while vacuum was blocked: over 3x {clean} ms")
+    floor = max(clean, vacuum_blocked.FLOOR_MS)
+    last = vac["recovery"]
+    backlog = vacuum_blocked.BACKLOG_S * vac["rate"]
+    if last["last_p99"] > vacuum_blocked.RECOVERED * floor or last["last_depth"] > backlog:
+        findings.append(f"not back to the clean figures after 5 minutes: {last}")
+    for finding in findings[:20]:
+        print(finding, file=sys.stderr)
+    return 1 if findings else 0
+
+
 def main() -> int:
     if sys.argv[1:2] == ["--restart"]:  # the server restart soak (scripts/soak_restart.py)
         import soak_restart  # noqa: PLC0415 - only this mode needs it
@@ -96,7 +147,11 @@ def main() -> int:
                     help="some of sqlite, postgres, pgbouncer (PostgreSQL through a private "
                     "PgBouncer in transaction mode)")  # fmt: skip
     ap.add_argument("--runs", type=int, default=1000)
+    ap.add_argument("--pressure", action="store_true", help="partitions and a blocked vacuum")
+    ap.add_argument("--blocked-minutes", type=float, default=20.0)
     args = ap.parse_args()
+    if args.pressure:
+        return pressure(args.blocked_minutes)
     backends = args.backends.split(",")
     results = []
     with tempfile.TemporaryDirectory(prefix="lk-soak-") as tmp:

@@ -58,6 +58,7 @@ from .events import (
 from .held import Held, look
 from .logs import event
 from .outage import Outage
+from .overdue import OverdueWatch, overdue
 from .presence import Presence
 from .signals import main_thread_only
 from .store import Lease, StoreError, WorkerStore
@@ -95,6 +96,7 @@ class Heartbeat:
         # takeover, whose handler began and has not returned yet (its stuck check goes on)
         self._replaced: dict[tuple[int, int], Held] = {}
         self._busy = False  # a renewal (or a timeout or stuck callback) is in flight
+        self._busy_since = 0.0  # monotonic: when it began
         self._closed = False
         self._urgent = False  # renew now (a stale lease is about to start)
         self._starting: dict[int, int] = {}  # task id -> attempt: record its start (``confirm``)
@@ -104,10 +106,12 @@ class Heartbeat:
         self._rounds_ended = 0  # ... and ended (answered or failed): ``confirm`` waits on them
         self.idle_wait = min(MAX_WAIT, interval / 2)
         self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
+        self._watch = OverdueWatch(self._cond, self._overdue, self._lose_overdue)  # (overdue.py)
 
     # -- called from the conductor --------------------------------------------------------------
     def start(self) -> None:
         self._thread.start()
+        self._watch.start()
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
@@ -246,6 +250,14 @@ class Heartbeat:
             self._cond.notify_all()
         if self._thread.is_alive():
             self._thread.join(timeout)
+        self._watch.close()
+
+    def _overdue(self, now: float, after: float) -> tuple[float, list[Held]]:
+        after = max(after, self._busy_since)
+        return overdue(self._held.values(), now, self.ttl, busy=self._busy, after=after)
+
+    def _lose_overdue(self, held: Held) -> None:
+        self._lose(held, "the local lease deadline passed while a call to the database hung")
 
     # -- the thread ------------------------------------------------------------------------------
     def _main(self) -> None:
@@ -304,6 +316,7 @@ class Heartbeat:
             if beat:
                 self._beat_at = now + self.presence.every if self.presence else 0.0
             self._busy = True  # untrack() waits: no renewal (nor reaction) races a commit
+            self._busy_since = time.monotonic()
         try:
             if beat and self.presence is not None:
                 self.presence.beat(store)

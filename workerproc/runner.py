@@ -95,6 +95,7 @@ def run_worker(
     options: dict[str, Any] = dict(store_options or {})
     if is_postgres_url(config.db):  # a stopped worker's transaction ends well inside its ttl
         options.setdefault("idle_in_transaction", config.lease_ttl * LOCK_HOLD_SHARE)
+        options.setdefault("network_timeout", max(1.0, config.lease_ttl * LOCK_HOLD_SHARE))
     waker = Waker()
     try:
         store = open_store(config.db, **options)

@@ -147,3 +147,21 @@ def test_a_relative_sqlite_url_is_that_file_for_the_cli_too(here: Path) -> None:
     assert (here / "relative.db").is_file() and not (here / "sqlite:relative.db").exists()
     with pytest.raises(StoreError):
         open_store("sqlite:relative.db", migrate=False)  # SQLite has no such option
+
+
+def test_every_connection_bounds_a_silent_network_unless_the_url_says_otherwise() -> None:
+    """A partition drops packets without closing anything: each connection asks the kernel to
+    end it after ``network_timeout`` (TCP_USER_TIMEOUT, keepalives); libpq's own settings in
+    the URL win, and the option has a range."""
+    schema = f"urls_{secrets.token_hex(3)}"
+    url = f"{pg_session.database_url()}?schema={schema}"
+    with open_store(url, network_timeout=4) as store:
+        session = store.dialect.session()  # type: ignore[attr-defined]
+        assert session["tcp_user_timeout"] == 4000 and session["keepalives"] == 1
+        assert session["keepalives_idle"] == 2 and session["keepalives_count"] == 3
+        assert store.get_run(store.start_run("t")) is not None  # libpq takes them
+    with open_store(f"{url}&tcp_user_timeout=30000&network_timeout=2") as store:
+        session = store.dialect.session()  # type: ignore[attr-defined]
+        assert "tcp_user_timeout" not in session and session["keepalives_idle"] == 1
+    with pytest.raises(InvalidOption, match="network_timeout must be"):
+        open_store(f"{url}&network_timeout=0.5")

@@ -110,6 +110,25 @@ def test_local_deadline_passing_while_busy_is_a_lost_lease():
     assert "deadline" in lost[0]
 
 
+def test_a_renewal_that_hangs_past_the_local_deadline_loses_the_lease_at_the_deadline():
+    """A renewal sent into a silent network hangs (here: 3 s); the handler must learn of its
+    loss at the local deadline (0.3 s after the claim), while that call is still in flight,
+    not when it returns: by then another host may have taken the task over."""
+    store = SlowRenewals(duration=3.0)
+    lost: list[str] = []
+    hb = make_heartbeat(store, lost, ttl=0.3, interval=0.1)
+    hb.start()
+    claimed = time.monotonic()
+    hb.track(LEASE, claimed)
+    wait_for(lambda: lost, timeout=10, what="lease declared lost")
+    declared = time.monotonic()
+    assert store.active == 1  # the hung renewal has not returned yet
+    assert "hung" in lost[0]
+    assert declared - claimed < 2.5
+    hb.close()
+    assert lost == [lost[0]]  # told once, though the call then fails or returns
+
+
 def test_heartbeat_death_stops_the_worker(db_path: str):
     store = open_store(db_path)
     store.start_run("noop")

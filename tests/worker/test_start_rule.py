@@ -391,3 +391,5 @@ def test_a_postgres_worker_asks_the_server_to_end_its_idle_transactions_at_a_qua
         config = WorkerConfig(db=db, app="apps.ledger_app:app", lease_ttl=2.0)
         assert runner.run_worker(App(), config) == exitcodes.BOOT_FAILURE
         assert asked[-1].get("idle_in_transaction") == expected
+        # a silent network is bounded too: a quarter ttl, at least a second
+        assert asked[-1].get("network_timeout") == (None if expected is None else 1.0)

@@ -26,6 +26,14 @@ DEFAULT_SCHEMA = "leasekeeper"
 # a quarter of its lease ttl (``idle_in_transaction``; runner.run_worker), so a run locked by a
 # stopped exchange is free again long before its lease could be taken over.
 IDLE_IN_TRANSACTION = 5.0
+# A network that stops carrying packets (a partition, a dead switch) does not close a connection:
+# without a bound a call waits for the kernel's retransmissions to give up, a quarter of an hour,
+# and even after the network heals it waits out their backoff. Every connection asks the kernel
+# to end it once data it sent stays unacknowledged, or the server stays silent to keepalives,
+# for ``network_timeout`` seconds (TCP_USER_TIMEOUT and keepalives); a worker asks for a quarter
+# of its lease ttl (at least a second), so a hung renewal fails, and is retried on a new
+# connection, well inside its lease.
+NETWORK_TIMEOUT = 10.0
 # at most 40 characters: the notification channels ("leasekeeper.<schema>.end") must stay
 # within PostgreSQL's 63-byte identifiers
 SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,39}")
@@ -139,6 +147,7 @@ class PostgresOptions:
     listen: str | None = option(None, one_of(*LISTENS))  # None: direct, or poll behind a pooler
     listen_host: str | None = option(None, host)
     listen_port: int | None = option(None, port)
+    network_timeout: float = option(NETWORK_TIMEOUT, seconds(1, 3600))
     migrate: bool = option(True, flag, in_url=False)
 
 
@@ -154,6 +163,7 @@ class StoreOptions(TypedDict, total=False):
     listen: str
     listen_host: str
     listen_port: int
+    network_timeout: float
     migrate: bool
 
 

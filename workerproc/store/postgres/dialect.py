@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg import errors as pg_errors
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.rows import tuple_row
 
@@ -94,6 +95,11 @@ class PostgresDialect(Dialect):
         self.schema = options.schema
         self.busy_timeout = options.busy_timeout
         self.idle_in_transaction = options.idle_in_transaction
+        # ours unless the URL sets one itself (libpq's keyword arguments win over the URL)
+        given = conninfo_to_dict(conninfo)
+        self.network = {
+            k: v for k, v in network_params(options.network_timeout).items() if k not in given
+        }
         # the URL this store reports opens the same database, schema and route again
         glue = "&" if "?" in conninfo else "?"
         self.url = f"{conninfo}{glue}{reopen_query(options)}"
@@ -109,7 +115,7 @@ class PostgresDialect(Dialect):
         names = {WORK: NOTIFY_CHANNEL.format(schema=self.schema),
                  END: END_CHANNEL.format(schema=self.schema)}  # fmt: skip
         self._listener: Listener | Poller = (
-            Poller(self._snapshot) if listen is None else Listener(listen, names)
+            Poller(self._snapshot) if listen is None else Listener(listen, names, self.network)
         )
         ours = settings(self.schema, self.busy_timeout, self.idle_in_transaction)
         self._options = " ".join(f"-c {name}={value}" for name, value in ours.items())
@@ -161,6 +167,7 @@ class PostgresDialect(Dialect):
             "prepare_threshold": None if self.pooled else 0,
             "connect_timeout": max(2, int(self.busy_timeout + 0.999)),
             "application_name": "leasekeeper",
+            **self.network,
         }
         if not self.pooled:
             opened["options"] = self._options
@@ -409,3 +416,17 @@ class PostgresDialect(Dialect):
             self._listener.close()
         self._local = threading.local()
         self._closed = True
+
+
+def network_params(timeout: float) -> dict[str, int]:
+    """libpq's settings that bound a silent network to about ``timeout`` seconds
+    (``settings.NETWORK_TIMEOUT``): data sent and not acknowledged for that long, or a server
+    that answers no keepalive for that long past a short idle, ends the connection with an
+    error instead of a wait of many minutes."""
+    return {
+        "keepalives": 1,
+        "keepalives_idle": max(1, int(timeout / 2)),
+        "keepalives_interval": max(1, int(timeout / 4)),
+        "keepalives_count": 3,
+        "tcp_user_timeout": int(timeout * 1000),
+    }

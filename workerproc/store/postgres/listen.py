@@ -31,8 +31,11 @@ ABANDONED: list[object] = []
 
 
 class Listener:
-    def __init__(self, conninfo: str, channels: dict[str, str]) -> None:
+    def __init__(
+        self, conninfo: str, channels: dict[str, str], network: dict[str, int] | None = None
+    ) -> None:
         self.conninfo = conninfo
+        self.network = network or {}  # keepalives and TCP_USER_TIMEOUT (dialect.network_params)
         self.channels = channels  # our name -> the server's channel name
         self.counts = dict.fromkeys(channels, 0)
         self._by_server_name = {server: ours for ours, server in channels.items()}
@@ -129,7 +132,8 @@ class Listener:
 
     def _connect(self) -> None:
         try:
-            info = make_conninfo(self.conninfo, application_name="leasekeeper", connect_timeout=2)
+            info = make_conninfo(self.conninfo, application_name="leasekeeper", connect_timeout=2,
+                                **self.network)  # fmt: skip
             conn = pq.PGconn.connect(info.encode())
             if conn.status != pq.ConnStatus.OK:
                 raise psycopg.OperationalError(conn.get_error_message())
