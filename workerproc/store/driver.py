@@ -32,9 +32,10 @@ each is part of a verb's contract instead of a round trip the protocol schedules
 ``postgres.tx.PostgresTx`` sends what a verb holds back with the next statement that must
 follow it (the writes waiting for the gates with ``OPEN_GATES``, the write-back with the
 COMMIT), so a claim that looks at its gates costs one round trip, and its gates are locked
-from there to the COMMIT only. The conformance suite exercises every verb on both drivers
-(``tests/store/conformance/test_driver.py``), and a
-census checks that it does (``test_meta``).
+from there to the COMMIT only; a completion goes as one statement per kind (its batch a
+VALUES list). The conformance suite exercises every verb on both drivers
+(``tests/store/conformance/test_driver.py``, ``test_complete.py``), and a census checks that
+it does (``test_meta``).
 """
 
 from __future__ import annotations
