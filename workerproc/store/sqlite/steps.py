@@ -104,11 +104,21 @@ def advance(tx: SQLiteTx, params: Params) -> list[Row]:
     return rows
 
 
-def set_state(tx: SQLiteTx, params: Params) -> list[Row]:
-    """For each commit: the fenced compare-and-set alone (the lease stays)."""
-    execute, now = tx.conn.execute, params["now"]
-    return [(commit.run_id,) for commit in params["commits"]
-            if execute(q.CAS_STATE, commit.params(now)).rowcount]  # fmt: skip
+def _each(query: str) -> Step:
+    """A completion that is one fenced statement per commit (``sql``'s ``query``, read at each
+    call): a row per commit it changed."""
+
+    def step(tx: SQLiteTx, params: Params) -> list[Row]:
+        execute, now, statement = tx.conn.execute, params["now"], getattr(q, query)
+        return [(commit.run_id,) for commit in params["commits"]
+                if execute(statement, commit.params(now)).rowcount]  # fmt: skip
+
+    return step
+
+
+# a compare-and-set alone (the lease stays); a hand-back: the task goes back at once, its claim
+# unspent
+set_state, handback = _each("CAS_STATE"), _each("HANDBACK_TASK")
 
 
 def ack(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -136,13 +146,6 @@ def release(tx: SQLiteTx, params: Params) -> list[Row]:
             execute(q.RUN_ERROR, named)
         rows.append((commit.run_id,))
     return rows
-
-
-def handback(tx: SQLiteTx, params: Params) -> list[Row]:
-    """For each commit: the task goes back at once, its claim unspent."""
-    execute, now = tx.conn.execute, params["now"]
-    return [(commit.run_id,) for commit in params["commits"]
-            if execute(q.HANDBACK_TASK, commit.params(now)).rowcount]  # fmt: skip
 
 
 def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
