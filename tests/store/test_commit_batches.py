@@ -102,7 +102,7 @@ def test_a_claims_rows_are_typed_on_every_backend(s: Store) -> None:
         (sqlite_sql, SQLITE_FENCE, ["CHECK_FENCE", "TASK_DONE", "HANDBACK_TASK", "RELEASE_TASK",
                                     "TASK_FAILED", "CAS_STATE", "CAS_FINISH", "RENEW"]),
         (postgres_sql, postgres_sql._FENCE, ["CHECK_FENCE", "TASK_DONE", "HANDBACK", "RELEASE",
-                                             "TASK_FAILED", "CAS_STATE", "FINISH", "ADVANCE",
+                                             "TASK_FAILED", "SET_STATE", "FINISH", "ADVANCE",
                                              "RENEW_MANY"]),
     ],
 )  # fmt: skip
@@ -121,7 +121,8 @@ def test_postgres_completions_take_a_values_row_per_commit() -> None:
     for name, columns in [("FINISH", batch_sql.FINISH_COLUMNS),
                           ("ADVANCE", batch_sql.ADVANCE_COLUMNS),
                           ("RELEASE", batch_sql.RELEASE_COLUMNS),
-                          ("HANDBACK", batch_sql.HANDBACK_COLUMNS)]:  # fmt: skip
+                          ("HANDBACK", batch_sql.HANDBACK_COLUMNS),
+                          ("SET_STATE", batch_sql.SET_STATE_COLUMNS)]:  # fmt: skip
         assert columns[:4] == batch_sql.LEASE
         statement = batch_sql.sized(getattr(postgres_sql, name), columns, 3)
         assert batch_sql.ROWS not in statement

@@ -16,9 +16,11 @@ runs what the protocol names, on its engine:
   that is several statements on that engine (SQLite's ``FINISH`` is a compare-and-set, then
   the task marked done) or whose parameters the engine takes in another shape (a JSON array on
   SQLite, an array on PostgreSQL).
-- Completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) take a batch of N >= 1
-  commits of distinct runs and answer a row per commit written: the dialect decides how they
-  go (PostgreSQL: one statement, the commits as a VALUES list; SQLite: each in turn, in process).
+- Completions (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``, ``ACK``, ``SET_STATE``: the
+  driver's ``complete``) take a batch of N >= 1 commits of distinct runs (``commits``: each
+  one's record, ``driver.Completion``) and answer a row per commit written: the dialect
+  decides how they go (PostgreSQL: one statement, the commits as a VALUES list; SQLite: each
+  in turn, in process).
   ``Tx.many``: one statement for each of many parameter sets (PostgreSQL: one round trip).
 - The change token and ``wait_change`` (idle workers and ``wait``), migrations, the engine's
   own storage check.
@@ -115,10 +117,10 @@ STATEMENTS = frozenset(
         "ATTEMPT_ENDED",
         # renewals (R3, B5)
         "RENEW_MANY",
-        # fenced commits (R2, R5, B3, B4), the completions (batches of N >= 1), and the pinned
-        # single-lease calls (ack, compare_and_set)
-        "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK",
-        "TASK_DONE", "TASK_FAILED", "SUCCEED_IF_EMPTY", "CAS_STATE",
+        # fenced commits (R2, R5, B3, B4) and the completions (batches of N >= 1 of the
+        # driver's ``complete``; ``ACK``, ``SET_STATE``: the pinned ack and compare_and_set)
+        "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK", "ACK",
+        "SET_STATE", "TASK_DONE", "TASK_FAILED",
         # producers (B7)
         "INSERT_RUNS", "FIND_BY_KEYS",
         # debounced starts: the key's run takes the new payload, or goes on without its key

@@ -4,6 +4,12 @@ contracts say what each one does and is ordered before and after, never how it t
 
 - the claim: ``claim_rows`` (the plain walk, R1), ``lease_runs`` (the runs a gated claim
   admitted), both answering ``dialect.ClaimRow``; the renewal: ``renew_leases`` (R3, B5);
+- the completions (R2, R5, B3, B4): ``complete``, N >= 1 fenced writes that each end or move a
+  lease (``Finish``, ``Advance``, ``Release``, ``Handback``; ``Ack`` and ``SetState``, the
+  pinned single-lease calls, are the same verb's), each judged on its own (``Completed``);
+- operators (B2, B14, B15): ``cancel_run``, a live run cancelled with its live descendants;
+- paid calls (B13): ``keep_call``, a paid answer kept (its intent answered, the first answer
+  winning);
 - flow control's gates (B12): ``settle_gates``, ``place_gates``, ``reopen_runs``,
   ``open_gates``, ``look_gates``, ``write_gates``.
 
@@ -26,9 +32,10 @@ each is part of a verb's contract instead of a round trip the protocol schedules
 ``postgres.tx.PostgresTx`` sends what a verb holds back with the next statement that must
 follow it (the writes waiting for the gates with ``OPEN_GATES``, the write-back with the
 COMMIT), so a claim that looks at its gates costs one round trip, and its gates are locked
-from there to the COMMIT only. The conformance suite exercises every verb on both drivers
-(``tests/store/conformance/test_driver.py``), and a
-census checks that it does (``test_meta``).
+from there to the COMMIT only; a completion goes as one statement per kind (its batch a
+VALUES list). The conformance suite exercises every verb on both drivers
+(``tests/store/conformance/test_driver.py``, ``test_complete.py``), and a census checks that
+it does (``test_meta``).
 """
 
 from __future__ import annotations
@@ -36,12 +43,138 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow, Row
     from .limits import GateState
     from .types import Lease
+
+
+@dataclass(frozen=True)
+class Fenced:
+    """A lease as every fenced write matches it (R2): its run, task, attempt and owner, and a
+    live expiry (the write's own "now")."""
+
+    run_id: int
+    task_id: int
+    attempt: int
+    owner: str
+
+    def params(self, now: float | None) -> dict[str, Any]:
+        """Its fields as named statement parameters, with ``now``."""
+        return {**vars(self), "now": now}
+
+
+@dataclass(frozen=True)
+class Finish(Fenced):
+    """The run's state moves at ``revision`` (R5) and the run succeeds with ``result``; its
+    task is done (JSON as text)."""
+
+    revision: int
+    state: str
+    result: str
+
+
+@dataclass(frozen=True)
+class Advance(Fenced):
+    """The run's state moves at ``revision``, its task is done, and its next task ``name``
+    (``payload``) is due after ``delay``, in its gates' line if it has limits (``line``,
+    ``gate_a``..``gate_c``, ``tokens``); ``queue``: the run moves there (None: stays)."""
+
+    revision: int
+    state: str
+    queue: str | None
+    name: str
+    payload: str
+    delay: float
+    line: str | None = None
+    gate_a: str | None = None
+    gate_b: str | None = None
+    gate_c: str | None = None
+    tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Release(Fenced):
+    """The task goes back for another attempt after ``delay``, keeping ``error``."""
+
+    delay: float
+    error: str | None
+
+
+@dataclass(frozen=True)
+class Handback(Fenced):
+    """A claimed task that never started goes back at once, its claim unspent (B3)."""
+
+
+@dataclass(frozen=True)
+class Ack(Fenced):
+    """The task done (``Store.ack``); a run with no task left has succeeded."""
+
+
+@dataclass(frozen=True)
+class SetState(Fenced):
+    """The run's state moves at ``revision`` (``Store.compare_and_set``, R5); the lease stays."""
+
+    revision: int
+    state: str
+
+
+Completion = Finish | Advance | Release | Handback | Ack | SetState
+
+
+class Completed(NamedTuple):
+    """One completion's answer: whether it was written (its fence held and, for a
+    compare-and-set, its revision), and whether it ended its run (a finish; an ack of the
+    run's last task)."""
+
+    written: bool
+    ended: bool = False
+
+
+REFUSED = Completed(False)
+
+
+class CancelRow(NamedTuple):
+    """A cancel's run: its status and queue before, whether this cancel ended it (False: it
+    was over already) and the live descendants it ended with it (``(queue, run_id)`` each,
+    in the order they were cancelled)."""
+
+    status: str
+    queue: str
+    cancelled: bool
+    descendants: list[tuple[str, int]]
+
+
+@dataclass(frozen=True)
+class Keep:
+    """A paid call's answer to keep (B13): call ``name`` (``request_hash``) of step ``task_id``
+    of run ``run_id`` answered ``result`` (JSON text), paid by ``attempt`` of ``owner`` using
+    ``tokens``; ``intent``: the intent it answers (None: none was recorded)."""
+
+    run_id: int
+    task_id: int
+    name: str
+    request_hash: str
+    result: str
+    attempt: int
+    owner: str
+    tokens: int | None = None
+    intent: int | None = None
+
+
+class KeepRow(NamedTuple):
+    """What a keep did: ``kept`` (this answer), ``lost_race`` (an answer was kept first: its
+    ``result``, ``attempt`` and ``tokens``; this one is counted on it as paid, unused),
+    ``answered`` (the intent was answered already: a keep retried after its first try
+    landed; nothing written) or ``none`` (nothing is kept: the run is over or the step
+    done)."""
+
+    outcome: str
+    result: str | None = None
+    attempt: int | None = None
+    tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +316,23 @@ class Driver(abc.ABC):
         """Lease the head task of each run admitted by its gates, as ``claim_rows`` does (a
         run whose head moved or that another claimer leased meanwhile has no row or a row
         without ``task_id``)."""
+
+    @abc.abstractmethod
+    def complete(self, batch: Sequence[Completion]) -> list[Completed]:
+        """Each completion of ``batch`` (N >= 1, of distinct runs), each fenced and judged on
+        its own, answered in order. Those of one kind go together (a driver may send them as
+        one statement); the kinds go in the order they first appear."""
+
+    @abc.abstractmethod
+    def cancel_run(self, run_id: int) -> CancelRow | None:
+        """Hold run ``run_id`` (its row locked where the engine has row locks), then, if it
+        is live, cancel it (a pending run reopens its line first: it may close it, B12) and
+        its live descendants. None: there is no such run."""
+
+    @abc.abstractmethod
+    def keep_call(self, keep: Keep) -> KeepRow:
+        """Answer ``keep.intent`` (once), then keep the answer while the run is alive and the
+        step not done, the first answer winning (a later one counted on it)."""
 
     @abc.abstractmethod
     def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:

@@ -16,21 +16,42 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, cast
 
 from .driver import (
+    REFUSED,
+    Ack,
+    Advance,
+    CancelRow,
     ClaimAsk,
+    Completed,
+    Completion,
     Driver,
+    Finish,
     GateLook,
     GateSettle,
+    Handback,
+    Keep,
+    KeepRow,
     LeaseRuns,
     Opened,
     Placing,
+    Release,
     RenewAsk,
     RenewRow,
+    SetState,
     by_line,
 )  # fmt: skip
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow, Params, Row
     from .limits import GateState
+
+
+# each completion's statement (a batch of N >= 1 of its records, ``commits``; a row per commit
+# written: its run's id, and for an ack whether it ended the run)
+COMPLETIONS: dict[type[Completion], str] = {
+    Finish: "FINISH", Advance: "ADVANCE", Release: "RELEASE", Handback: "HANDBACK", Ack: "ACK",
+    SetState: "SET_STATE",
+}  # fmt: skip
+WRITTEN, ENDED = Completed(True), Completed(True, True)
 
 
 class InTurn(Driver):
@@ -49,6 +70,12 @@ class InTurn(Driver):
     @abc.abstractmethod
     def time(self) -> float: ...
 
+    @abc.abstractmethod
+    def one(self, name: str, params: Params) -> Row | None: ...
+
+    @abc.abstractmethod
+    def count(self, name: str, params: Params) -> int: ...
+
     def claim_rows(self, ask: ClaimAsk) -> list[ClaimRow]:
         name = "CLAIM_QUEUES" if ask.queues is not None else "CLAIM_OTHERS" if ask.skip else "CLAIM"
         params = {"owner": ask.owner, "ttl": float(ask.ttl), "now": self.now, "limit": ask.limit,
@@ -61,6 +88,51 @@ class InTurn(Driver):
         params = {"run_ids": list(ask.run_ids), "owner": ask.owner, "ttl": float(ask.ttl),
                   "now": self.now, "start": ask.start}  # fmt: skip
         return cast("list[ClaimRow]", self.rows("CLAIM_RUNS", params))
+
+    def complete(self, batch: Sequence[Completion]) -> list[Completed]:
+        kinds: dict[type[Completion], list[int]] = {}
+        for i, commit in enumerate(batch):
+            kinds.setdefault(type(commit), []).append(i)
+        out = [REFUSED] * len(batch)
+        for kind, members in kinds.items():
+            rows = self.rows(COMPLETIONS[kind], {"commits": [batch[i] for i in members],
+                                                 "now": self.now})  # fmt: skip
+            if kind is Ack:
+                written = {row[0]: ENDED if row[1] else WRITTEN for row in rows}
+            else:
+                written = dict.fromkeys((row[0] for row in rows),
+                                        ENDED if kind is Finish else WRITTEN)  # fmt: skip
+            for i in members:
+                out[i] = written.get(batch[i].run_id, REFUSED)
+        return out
+
+    def cancel_run(self, run_id: int) -> CancelRow | None:
+        found = self.one("RUN_STATUS", {"run_id": run_id})
+        if found is None:
+            return None
+        params = {"run_id": run_id, "now": self.now}
+        status, queue = str(found[0]), str(found[1])
+        if status == "pending":  # a run that waits in its line may close it (B12)
+            self.count("REOPEN_RUN", params)
+        if self.count("CANCEL_RUN", params) != 1:
+            return CancelRow(status, queue, False, [])
+        gone = self.rows("CANCEL_DESCENDANTS", params)
+        return CancelRow(status, queue, True, [(str(row[0]), int(row[1])) for row in gone])
+
+    def keep_call(self, keep: Keep) -> KeepRow:
+        if keep.intent is not None and self.one(
+            "ANSWER_INTENT", {"intent": keep.intent, "now": self.now}
+        ) is None:  # fmt: skip
+            return KeepRow("answered")
+        params = {"run_id": keep.run_id, "task_id": keep.task_id, "name": keep.name,
+                  "request_hash": keep.request_hash, "result": keep.result,
+                  "attempt": keep.attempt, "owner": keep.owner, "tokens": keep.tokens}  # fmt: skip
+        if self.count("KEEP_CALL", {**params, "now": self.now}) == 1:
+            return KeepRow("kept", keep.result, keep.attempt, keep.tokens)
+        row = self.one("CALL_LOSER", params)
+        if row is None:
+            return KeepRow("none")
+        return KeepRow("lost_race", row[0], int(row[1]), None if row[2] is None else int(row[2]))
 
     def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
         params = {"leases": list(ask.leases), "owner": ask.owner, "ttl": float(ask.ttl),

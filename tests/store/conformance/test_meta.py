@@ -18,7 +18,7 @@ from workerproc.store.postgres.tx import PostgresTx
 from workerproc.store.sqlite.dialect import SQLiteTx
 
 # Verbs left out on purpose, each with why. The single-lease ``ack``/``compare_and_set`` are
-# not on any role (they are going), so nothing is listed here today.
+# not on any role (the N = 1 calls of ``Driver.complete``), so nothing is listed here today.
 EXEMPT: dict[str, str] = {}
 
 

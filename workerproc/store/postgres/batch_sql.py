@@ -1,8 +1,9 @@
 """The completions, each one statement for a batch of N >= 1 commits (``FINISH``, ``ADVANCE``,
-``RELEASE``, ``HANDBACK``): the commits go as a VALUES list written for the batch's size
-(``sized``; ``steps.Each`` names each commit's parameters), ``i``, one row per commit, and every
-row is judged on its own: its own fence (task id AND owner AND attempt AND a live lease,
-``sql._FENCE``) and, for a finish or an advance, its own revision. One statement whatever N:
+``RELEASE``, ``HANDBACK``, ``SET_STATE``): the commits go as a VALUES list written for the
+batch's size (``sized``; ``steps.Each`` names each commit's parameters), ``i``, one row per
+commit, and every row is judged on its own: its own fence (task id AND owner AND attempt AND a
+live lease, ``sql._FENCE``) and, for a compare-and-set (a finish, an advance, a set), its own
+revision: the compare-and-set is written once (``_cas``). One statement whatever N:
 the server starts one executor and builds the tables' CHECK constraints from their stored text
 once per batch instead of once per run (a good part of its CPU per run). The batch's runs are
 distinct (the protocol sends a run at most once per statement) and locked in id order before
@@ -26,6 +27,7 @@ ADVANCE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("queue", 
                    ("tokens", "int"))  # fmt: skip
 RELEASE_COLUMNS = (*LEASE, ("delay", "float8"), ("error", "text"))
 HANDBACK_COLUMNS = LEASE
+SET_STATE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"))
 
 
 ROWS = "/* a row per commit */"  # where ``sized`` writes the batch's rows
@@ -55,16 +57,12 @@ def finish(clock: str, fence: str, no_head: str, alive: str) -> str:
     """Finish: the fenced compare-and-set that ends the run, then, only where it matched, the
     lease goes and its task is written done, once, with the attempt and owner that
     committed."""
+    ends = f"""status = 'succeeded', result = i.result::json, finished_at = clock.now,
+    updated_at = clock.now, {no_head}"""
     return f"""
 WITH i AS MATERIALIZED ({each(FINISH_COLUMNS)}),
 {_locked(clock)},
-cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
-    status = 'succeeded', result = i.result::json, finished_at = clock.now,
-    updated_at = clock.now, {no_head}
-    FROM i JOIN run ON run.id = i.run_id, clock
-    WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
-      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
-    RETURNING r.id),
+{_cas(fence, alive, ends)},
 {_done(fence)}
 SELECT id FROM cas"""
 
@@ -75,17 +73,13 @@ def advance(clock: str, fence: str, head: str, alive: str, notify: str) -> str:
     the run moves to ``queue`` if one is given and the next task is inserted; ``head`` makes
     it the run's head unless a task of the run comes before it (``sql.head_of``). Idle
     workers are told."""
+    moves = f"queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}"
     return f"""
 WITH i AS MATERIALIZED (
     SELECT u.*, nextval(pg_get_serial_sequence('tasks', 'id')) AS next_id
     FROM ({each(ADVANCE_COLUMNS)} ORDER BY u.n) AS u),
 {_locked(clock)},
-cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
-    queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}
-    FROM i JOIN run ON run.id = i.run_id, clock
-    WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
-      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
-    RETURNING r.id),
+{_cas(fence, alive, moves)},
 {_done(fence)},
 next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
                                  gate_a, gate_b, gate_c, tokens)
@@ -93,6 +87,16 @@ next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, create
         i.gate_a, i.gate_b, i.gate_c, i.tokens
     FROM cas JOIN i ON i.run_id = cas.id, clock)
 SELECT id, {notify} FROM cas"""
+
+
+def set_state(clock: str, fence: str, alive: str) -> str:
+    """Compare-and-set (``Store.compare_and_set``): the fenced compare-and-set alone; the
+    lease stays."""
+    return f"""
+WITH i AS MATERIALIZED ({each(SET_STATE_COLUMNS)}),
+{_locked(clock)},
+{_cas(fence, alive, "updated_at = clock.now")}
+SELECT id FROM cas"""
 
 
 def release(clock: str, fence: str, head: str, alive: str, notify: str, counts: str) -> str:
@@ -131,6 +135,18 @@ WITH i AS MATERIALIZED ({each(HANDBACK_COLUMNS)}),
 {_locked(clock)}
 UPDATE leases AS l SET owner = NULL, expires_at = clock.now,
     attempt_base = l.attempt_base + 1 FROM i, clock WHERE {fence} RETURNING l.run_id, {notify}"""
+
+
+def _cas(fence: str, alive: str, sets: str) -> str:
+    """Each commit's compare-and-set (R5): its run's state moves at its revision, while the
+    run is alive and the lease is live (the fence rides along); ``sets``: what else the run
+    takes. A row per run written (``cas``)."""
+    return f"""cas AS (UPDATE runs AS r SET state = i.state::json, revision = r.revision + 1,
+    {sets}
+    FROM i JOIN run ON run.id = i.run_id, clock
+    WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
+      AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
+    RETURNING r.id)"""
 
 
 def _locked(clock: str) -> str:

@@ -294,19 +294,23 @@ RELEASE = b.release(_CLOCK, _FENCE, head_of(
 ), ALIVE, NOTIFY, _COUNTS_OF)  # fmt: skip
 HANDBACK = b.handback(_CLOCK, _FENCE, NOTIFY)
 
-# finish / advance, the hot path: the compare-and-set of CAS_STATE (fence included) for each commit
+# finish / advance, the hot path: the compare-and-set of SET_STATE (fence included) for each commit
 # of the batch, then, only where it matched, the lease goes and its task is written done,
 # once. Finish clears the run's head (a finished run has none); advance inserts the next task
 # (its id drawn first) and makes it the head (unless a task of the run comes before it),
 # moves the run to ``queue`` if one is given, and tells idle workers
 FINISH = b.finish(_CLOCK, _FENCE, _NO_HEAD, ALIVE)
+SET_STATE = b.set_state(_CLOCK, _FENCE, ALIVE)  # compare_and_set: the lease stays
 ADVANCE = b.advance(_CLOCK, _FENCE, head_of(
     "r.id", without="i.task_id", extra="clock.now + i.delay, clock.now, i.next_id, i.line"
 ), ALIVE, NOTIFY)  # fmt: skip
 
 # -- named queries: renewals, the fenced commits of one lease (``queries/*.sql``) -------------
 QUERIES = load("workerproc.store.postgres", "claims.sql", style="pyformat") | load(
-    "workerproc.store.postgres", "commits.sql", style="pyformat", internal=("LOCK_RUNS",)
+    "workerproc.store.postgres",
+    "commits.sql",
+    style="pyformat",
+    internal=("LOCK_RUNS", "SUCCEED_IF_EMPTY"),
 )
 globals().update(texts(QUERIES))
 LOCK_RUNS: str = QUERIES["LOCK_RUNS"].sql  # (imported by name: the dialect locks a batch's runs)

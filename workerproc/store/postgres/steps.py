@@ -166,9 +166,10 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
 
 @dataclass(frozen=True)
 class Each:
-    """A completion of ``batch_sql`` (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``): one
-    statement for N >= 1 commits of distinct runs (``commits``: each one's parameters), its
-    VALUES list written for N (``batch_sql.sized``). Its rows: the runs written."""
+    """A completion of ``batch_sql`` (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``,
+    ``SET_STATE``): one statement for N >= 1 commits of distinct runs (``commits``: each one's
+    record, ``driver.Completion``, whose fields are the columns), its VALUES list written for
+    N (``batch_sql.sized``). Its rows: the runs written."""
 
     name: str  # of the statement in ``sql`` (read at each call)
     columns: tuple[tuple[str, str], ...]
@@ -178,7 +179,9 @@ class Each:
         for at in range(0, len(commits), MAX_BATCH):  # (a statement takes 65,535 values)
             part = commits[at : at + MAX_BATCH]
             values = {
-                f"{name}_{k}": p[name] for k, p in enumerate(part) for name, _ in self.columns
+                f"{name}_{k}": getattr(c, name)
+                for k, c in enumerate(part)
+                for name, _ in self.columns
             }
             values["now"] = params["now"]
             statement = b.sized(getattr(q, self.name), self.columns, len(part))
@@ -189,11 +192,24 @@ class Each:
 MAX_BATCH = 256  # commits per completion statement; a larger batch is sent in parts
 
 
+def ack(tx: PostgresTx, params: Params) -> list[Row]:
+    """For each commit: the task done (``TASK_DONE``), then its run succeeded if no task is
+    left (``SUCCEED_IF_EMPTY``). A row: the run, and whether it ended."""
+    rows: list[Row] = []
+    for commit in params["commits"]:
+        named = commit.params(params["now"])
+        if tx.execute(q.TASK_DONE, named).fetchall():
+            rows.append((commit.run_id, bool(tx.execute(q.SUCCEED_IF_EMPTY, named).rowcount)))
+    return rows
+
+
 STEPS: dict[str, Step] = {
     "FINISH": Each("FINISH", b.FINISH_COLUMNS),
     "ADVANCE": Each("ADVANCE", b.ADVANCE_COLUMNS),
     "RELEASE": Each("RELEASE", b.RELEASE_COLUMNS),
     "HANDBACK": Each("HANDBACK", b.HANDBACK_COLUMNS),
+    "SET_STATE": Each("SET_STATE", b.SET_STATE_COLUMNS),
+    "ACK": ack,
     "CHILD_ENDED": child_ended,
     "PLACE_GATES": place_gates,
     "CLAIM": claim,

@@ -41,6 +41,7 @@ from ..calls import (
 )
 from ..codec import MAX_NAME, check_name, dumps, loads
 from ..dialect import Dialect, Row, Tx
+from ..driver import Keep
 from ..errors import RunNotFound, RunOver, StoreError
 from ..types import JSON, TERMINAL_STATUSES, Lease, Usage
 
@@ -105,22 +106,21 @@ class Calls:
         and ``lease``'s step not done, and mark ``intent`` answered (its tokens and cost kept
         for ``spend``). Returns what the step's call now answers."""
         text = dumps(result, f"the result of once({key.name!r})", MAX_RESULT)
-        params = {**key.params(), "result": text, "attempt": lease.attempt,
-                  "owner": lease.owner, "tokens": tokens}  # fmt: skip
+
+        keeping = Keep(key.run_id, key.task_id, key.name, key.request_hash, text,
+                       lease.attempt, lease.owner, tokens, intent)  # fmt: skip
 
         def keep(tx: Tx) -> KeptCall:
-            if intent is not None:
-                if tx.one("ANSWER_INTENT", {"intent": intent, "now": tx.now}) is None:
-                    return _kept_before(tx, lease, key, result, tokens)  # a retried keep
-                if tokens is not None or cost is not None:
-                    tx.count("INSERT_USAGE", usage_row(lease, key.name, Usage(tokens, cost),
-                                                       tx.now))  # fmt: skip
-            if tx.count("KEEP_CALL", {**params, "now": tx.now}) == 1:
+            got = tx.keep_call(keeping)
+            if got.outcome == "answered":
+                return _kept_before(tx, lease, key, result, tokens)  # a retried keep
+            if intent is not None and (tokens is not None or cost is not None):
+                tx.count("INSERT_USAGE", usage_row(lease, key.name, Usage(tokens, cost), tx.now))
+            if got.outcome == "kept":
                 return KeptCall(result, lease.attempt, tokens, "kept")
-            row = tx.one("CALL_LOSER", params)
-            if row is None:  # nothing kept, ever: the run is over, or the step done
+            if got.outcome == "none":  # nothing kept, ever: the run is over, or the step done
                 return _refused(tx, lease, result, tokens)
-            return _kept(row, "lost_race")
+            return _kept((got.result, got.attempt, got.tokens), "lost_race")
 
         return self.dialect.write(keep, intent="call")
 

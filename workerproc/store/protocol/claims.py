@@ -19,7 +19,7 @@ import itertools
 
 from ..codec import check_name, check_owner, check_queue, loads, task_options
 from ..dialect import ClaimRow, Tx
-from ..driver import ClaimAsk, Placing
+from ..driver import ClaimAsk, Handback, Placing
 from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
@@ -89,7 +89,7 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     admits it by its gates like any other."""
     params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
               "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
-    if completed(tx, "HANDBACK", [params])[0]:
+    if completed(tx, Handback, [params])[0]:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
         tx.count("REGATE", params)
         lines = (gating.line,) if gating.line else ()

@@ -10,10 +10,11 @@ Every write after a claim matches task id AND owner AND attempt AND a live lease
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..calls import usage_row
 from ..dialect import Params, Tx
+from ..driver import Ack, Advance, Completion, Finish, Handback, Release, SetState
 from ..types import CasResult, Commit, Lease
 from .events import emit
 from .failures import attempt_ended, fail_run
@@ -52,17 +53,27 @@ def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResu
     return CasResult.CONFLICT
 
 
-def completed(tx: Tx, step: str, each: Sequence[Params]) -> list[bool]:
-    """A completion (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``) of N >= 1 commits of
-    distinct runs, each fenced and judged on its own: whether each was written. The dialect
-    decides how it goes (PostgreSQL: one statement, its commits as a VALUES list)."""
-    written = {row[0] for row in tx.rows(step, {"commits": list(each), "now": tx.now})}
-    return [p["run_id"] in written for p in each]
+def record(kind: type[Completion], params: Params) -> Completion:
+    """A commit's completion (``driver.complete``'s record of ``kind``), from its parameters
+    (its fence among them)."""
+    return kind(**{name: params[name] for name in _FIELDS[kind] if name in params})
+
+
+_FIELDS: dict[type[Completion], tuple[str, ...]] = {
+    kind: tuple(f.name for f in fields(kind))
+    for kind in (Finish, Advance, Release, Handback, Ack, SetState)
+}
+
+
+def completed(tx: Tx, kind: type[Completion], each: Sequence[Params]) -> list[bool]:
+    """A completion of N >= 1 commits of distinct runs, each fenced and judged on its own:
+    whether each was written (the driver's ``complete``)."""
+    return [done.written for done in tx.complete([record(kind, p) for p in each])]
 
 
 # -- what each kind writes, when it is not one completion alone ---------------------------------
 def _advanced(tx: Tx, commit: Commit, params: Params) -> bool:
-    return completed(tx, "ADVANCE", [params])[0]
+    return completed(tx, Advance, [params])[0]
 
 
 def _wait(tx: Tx, commit: Commit, params: Params) -> CasResult:
@@ -97,7 +108,7 @@ def _drop(tx: Tx, commit: Commit, params: Params) -> CasResult:
 
 def _back_unspent(tx: Tx, params: Params) -> None:
     """A release after the delay that spends no attempt."""
-    completed(tx, "RELEASE", [params])
+    completed(tx, Release, [params])
     tx.count("UNSPEND", params)
 
 
@@ -127,13 +138,15 @@ def _fail(tx: Tx, commit: Commit, params: Params) -> CasResult:
 
 
 def _ack(tx: Tx, commit: Commit, params: Params) -> CasResult:
-    """The task done under its lease; a run whose last task is done has succeeded."""
+    """The task done under its lease; a run whose last task is done has succeeded: the
+    completion's N = 1 call (``Ack``)."""
     lease = commit.lease
-    if tx.count("TASK_DONE", params) == 0:
+    (done,) = tx.complete([record(Ack, params)])
+    if not done.written:
         return _refusal(tx, params, commit)
     emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, owner=lease.owner,
          task_id=lease.task_id)  # fmt: skip
-    if tx.count("SUCCEED_IF_EMPTY", params):
+    if done.ended:
         ended(tx, lease.queue, "succeeded")
         emit(tx, "run.succeeded", lease.run_id, lease.task, lease.attempt)
         if lease.parent_id is not None:
@@ -142,8 +155,10 @@ def _ack(tx: Tx, commit: Commit, params: Params) -> CasResult:
 
 
 def _compare_and_set(tx: Tx, commit: Commit, params: Params) -> CasResult:
-    """R5: the run's state moves at the expected revision of a live run, under the lease."""
-    return CasResult.OK if tx.count("CAS_STATE", params) else _refusal(tx, params, commit)
+    """R5: the run's state moves at the expected revision of a live run, under the lease: the
+    completion's N = 1 call (``SetState``)."""
+    written = completed(tx, SetState, [params])[0]
+    return CasResult.OK if written else _refusal(tx, params, commit)
 
 
 # -- what each kind emits once written ----------------------------------------------------------
@@ -194,7 +209,7 @@ class Kind:
     refusals are recorded as; ``settles``: a written one gives its gates back (it ends its
     lease); ``next``: it enqueues a next task (``next_task``, gated like any task)."""
 
-    step: str | None = None
+    step: type[Completion] | None = None
     write: Write | None = None
     conflict: bool = False
     emit: Emit | None = None
@@ -204,10 +219,10 @@ class Kind:
 
 
 KINDS: dict[str, Kind] = {
-    "finish": Kind(step="FINISH", conflict=True, emit=_finished, op="finish"),
-    "advance": Kind(step="ADVANCE", conflict=True, emit=_stepped, op="advance", next=True),
-    "release": Kind(step="RELEASE", emit=_released, op="release"),
-    "handback": Kind(step="HANDBACK", emit=_handed_back, op="handback"),
+    "finish": Kind(step=Finish, conflict=True, emit=_finished, op="finish"),
+    "advance": Kind(step=Advance, conflict=True, emit=_stepped, op="advance", next=True),
+    "release": Kind(step=Release, emit=_released, op="release"),
+    "handback": Kind(step=Handback, emit=_handed_back, op="handback"),
     "wait": Kind(write=_wait, conflict=True, emit=_waiting, op="wait", next=True),
     "spawn": Kind(write=_spawn, conflict=True, emit=_waiting, op="spawn", next=True),
     "drop": Kind(write=_drop, emit=_stepped, op="drop"),
@@ -240,16 +255,14 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
     order of ``commits``. Only the refused ones are then asked why, in order."""
     params = [{**p, **fence(c.lease, tx.now)} for c, p in zip(commits, encoded, strict=True)]
     results: list[CasResult] = [CasResult.OK] * len(commits)
-    gathered: dict[str, list[int]] = {}  # by completion, the commits waiting to go
+    gathered: list[tuple[int, Completion]] = []  # the completions waiting to go
     runs: set[int] = set()
 
     def send() -> None:
-        refusals = []
-        for step, members in gathered.items():
-            written = completed(tx, step, [params[i] for i in members])
-            refusals += [i for i, ok in zip(members, written, strict=True) if not ok]
-        for i in sorted(refusals):
-            results[i] = _refusal(tx, params[i], commits[i])
+        if gathered:
+            done = tx.complete([completion for _, completion in gathered])
+            for i in sorted(i for (i, _), d in zip(gathered, done, strict=True) if not d.written):
+                results[i] = _refusal(tx, params[i], commits[i])
         gathered.clear()
         runs.clear()
 
@@ -263,7 +276,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
             assert kind.write is not None
             results[i] = kind.write(tx, commit, params[i])
             continue
-        gathered.setdefault(kind.step, []).append(i)
+        gathered.append((i, record(kind.step, params[i])))
         runs.add(commit.lease.run_id)
     send()
     for commit, p, result in zip(commits, encoded, results, strict=True):

@@ -10,20 +10,23 @@ from ..dialect import Dialect, Tx
 from ..errors import InvalidOption, RunNotFound
 from .events import emit, prune_events
 from .totals import counted, ended
-from .waits import cancel_descendants, ended_children
+from .waits import ended_children
 
 
 def cancel(tx: Tx, run_id: int) -> bool:
-    """Cancel live run ``run_id`` in ``tx`` (its row first, then its tasks); False when it
-    was over already (``RunNotFound`` when there is none)."""
-    was, queue = status(tx, run_id)
-    if was == "pending":  # a run that waits in its line may close it (B12): it opens again
-        tx.count("REOPEN_RUN", {"run_id": run_id, "now": tx.now})
-    if tx.count("CANCEL_RUN", {"run_id": run_id, "now": tx.now}) != 1:
+    """Cancel live run ``run_id`` in ``tx`` (its row first, then its tasks), its live
+    descendants with it (B14, each counted as it ends, with its own ``run.cancelled``
+    event); False when it was over already (``RunNotFound`` when there is none)."""
+    got = tx.cancel_run(run_id)
+    if got is None:
+        raise RunNotFound(run_id)
+    if not got.cancelled:
         return False
-    ended(tx, queue, "cancelled")
+    ended(tx, got.queue, "cancelled")
     emit(tx, "run.cancelled", run_id)
-    cancel_descendants(tx, run_id)  # its children with it (B14)
+    counted(tx, [(queue, "cancelled", 1) for queue, _ in got.descendants])
+    for _, child in got.descendants:
+        emit(tx, "run.cancelled", child, with_ancestor=run_id)
     ended_children(tx, [run_id])  # a child's end counts for its parent's join
     return True
 

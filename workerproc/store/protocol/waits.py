@@ -24,10 +24,9 @@ from ..dialect import Dialect, Params, Tx
 from ..errors import RunNotFound, RunOver
 from ..newrun import NewRun
 from ..types import JSON, TERMINAL_STATUSES, CasResult, Child, Signal, SignalInfo
-from .events import emit, event_row, inserted
+from .events import event_row, inserted
 from .producers import inserting
 from .programs import Program, drive
-from .totals import counted
 
 
 def wait(tx: Tx, params: Params) -> CasResult:
@@ -62,15 +61,6 @@ def ended_children(tx: Tx, run_ids: Sequence[int]) -> None:
     for run_id in run_ids:
         due += tx.rows("CHILD_ENDED", {"run_id": run_id, "now": tx.now})
     tx.reopen_runs([int(row[0]) for row in due])
-
-
-def cancel_descendants(tx: Tx, run_id: int) -> None:
-    """A cancelled run's live descendants are cancelled with it (counted as they end, each
-    with its own ``run.cancelled`` event)."""
-    gone = tx.rows("CANCEL_DESCENDANTS", {"run_id": run_id, "now": tx.now})
-    counted(tx, [(str(row[0]), "cancelled", 1) for row in gone])
-    for row in gone:
-        emit(tx, "run.cancelled", int(row[1]), with_ancestor=run_id)
 
 
 def joined(tx: Tx, run_id: int, task_id: int) -> tuple[Child, ...]:

@@ -76,53 +76,77 @@ def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 # The completions take a batch of N >= 1 commits of distinct runs (``commits``: each one's
-# parameters, its fence and "now" among them) and answer a row for each commit written (its
-# run's id): in process, each commit is its own statements.
+# record, ``driver.Completion``) and answer a row for each commit written (its run's id): in
+# process, each commit is its own statements.
 def finish(tx: SQLiteTx, params: Params) -> list[Row]:
     """For each commit: the fenced compare-and-set that ends the run, then (only if it
     matched) the task done."""
-    execute, rows = tx.conn.execute, []
+    execute, now, rows = tx.conn.execute, params["now"], []
     for commit in params["commits"]:
-        if execute(q.CAS_FINISH, commit).rowcount:
-            execute(q.TASK_DONE, commit)
-            rows.append((commit["run_id"],))
+        named = commit.params(now)
+        if execute(q.CAS_FINISH, named).rowcount:
+            execute(q.TASK_DONE, named)
+            rows.append((commit.run_id,))
     return rows
 
 
 def advance(tx: SQLiteTx, params: Params) -> list[Row]:
     """For each commit: the fenced compare-and-set, then the task done, the run moved to
     another queue if one is given, and the next task inserted."""
-    execute, rows = tx.conn.execute, []
+    execute, now, rows = tx.conn.execute, params["now"], []
     for commit in params["commits"]:
-        if execute(q.CAS_STATE, commit).rowcount:
-            execute(q.TASK_DONE, commit)
-            if commit["queue"] is not None:
-                execute(q.MOVE_RUN, commit)
-            execute(q.CAS_NEXT_TASK, commit)
-            rows.append((commit["run_id"],))
+        named = commit.params(now)
+        if execute(q.CAS_STATE, named).rowcount:
+            execute(q.TASK_DONE, named)
+            if commit.queue is not None:
+                execute(q.MOVE_RUN, named)
+            execute(q.CAS_NEXT_TASK, named)
+            rows.append((commit.run_id,))
+    return rows
+
+
+def _each(query: str) -> Step:
+    """A completion that is one fenced statement per commit (``sql``'s ``query``, read at each
+    call): a row per commit it changed."""
+
+    def step(tx: SQLiteTx, params: Params) -> list[Row]:
+        execute, now, statement = tx.conn.execute, params["now"], getattr(q, query)
+        return [(commit.run_id,) for commit in params["commits"]
+                if execute(statement, commit.params(now)).rowcount]  # fmt: skip
+
+    return step
+
+
+# a compare-and-set alone (the lease stays); a hand-back: the task goes back at once, its claim
+# unspent
+set_state, handback = _each("CAS_STATE"), _each("HANDBACK_TASK")
+
+
+def ack(tx: SQLiteTx, params: Params) -> list[Row]:
+    """For each commit: the task done, then its run succeeded if no task is left (a row:
+    the run, and whether it ended)."""
+    execute, now, rows = tx.conn.execute, params["now"], []
+    for commit in params["commits"]:
+        named = commit.params(now)
+        if execute(q.TASK_DONE, named).rowcount:
+            rows.append((commit.run_id, execute(q.SUCCEED_IF_EMPTY, named).rowcount > 0))
     return rows
 
 
 def release(tx: SQLiteTx, params: Params) -> list[Row]:
     """For each commit: is the lease live? Then its attempt's end goes into the history, the
     task goes back after the delay, and the error (if any) onto the run."""
-    execute, rows = tx.conn.execute, []
+    execute, now, rows = tx.conn.execute, params["now"], []
     for commit in params["commits"]:
-        if execute(q.CHECK_FENCE, commit).fetchone() is None:
+        named = commit.params(now)
+        if execute(q.CHECK_FENCE, named).fetchone() is None:
             continue
-        execute(q.ATTEMPT_ENDED, {**commit, "outcome": "released"})
-        execute(q.RELEASE_TASK, commit)
-        if commit["error"] is not None:
-            execute(q.RUN_ERROR, commit)
-        rows.append((commit["run_id"],))
+        execute(q.ATTEMPT_ENDED, {**named, "outcome": "released"})
+        execute(q.RELEASE_TASK, named)
+        if commit.error is not None:
+            execute(q.RUN_ERROR, named)
+        rows.append((commit.run_id,))
     return rows
-
-
-def handback(tx: SQLiteTx, params: Params) -> list[Row]:
-    """For each commit: the task goes back at once, its claim unspent."""
-    execute = tx.conn.execute
-    return [(commit["run_id"],) for commit in params["commits"]
-            if execute(q.HANDBACK_TASK, commit).rowcount]  # fmt: skip
 
 
 def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -309,6 +333,8 @@ STEPS: dict[str, Step] = {
     "ADVANCE": advance,
     "RELEASE": release,
     "HANDBACK": handback,
+    "ACK": ack,
+    "SET_STATE": set_state,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
     "NEXT_READY_QUEUES": next_ready_queues,

@@ -1,6 +1,7 @@
 -- PostgreSQL's fenced commits of one lease each (docs/protocol.md R2, R5), and the attempt
--- history; the batched completions (FINISH, ADVANCE, RELEASE, HANDBACK) are composed in Python
--- (``batch_sql``: a VALUES row per commit of the batch).
+-- history; the batched completions (FINISH, ADVANCE, RELEASE, HANDBACK, SET_STATE) are composed
+-- in Python (``batch_sql``: a VALUES row per commit of the batch), and ACK is TASK_DONE then
+-- SUCCEED_IF_EMPTY for each commit (``steps.ack``).
 --
 -- Fenced statements lock the run row FIRST (the ``run`` CTE) and read "now" only after that
 -- lock is held (the ``clock`` CTE; ``%(now)s`` is NULL in production: the database clock), so
@@ -68,7 +69,7 @@ INSERT INTO fence_rejections (at, task_id, run_id, owner, attempt, op)
           AS now) AS clock
 
 -- name: SUCCEED_IF_EMPTY
--- ack: a run whose last task is acknowledged has succeeded (its head columns and its line
+-- ack (after TASK_DONE): a run whose last task is acknowledged has succeeded (its head columns and its line
 -- cleared)
 WITH clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now)
@@ -94,22 +95,6 @@ fenced AS MATERIALIZED (
 UPDATE tasks AS t SET last_error = coalesce(%(error)s, t.last_error), attempts = f.attempts,
     attempt_base = f.attempt_base, claimed_at = f.claimed_at
     FROM fenced AS f WHERE t.id = f.task_id RETURNING t.id
-
--- name: CAS_STATE
--- compare_and_set (R5): the state moves only at the expected revision of a live run; the fence
--- rides along, so the happy path is one statement; the run row is locked before "now"
-WITH run AS MATERIALIZED (SELECT id FROM runs WHERE id = %(run_id)s FOR UPDATE),
-clock AS MATERIALIZED (
-    SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now
-    FROM run)
-UPDATE runs AS r SET state = %(state)s::json, revision = r.revision + 1,
-    updated_at = clock.now FROM clock WHERE r.id = %(run_id)s AND r.revision = %(revision)s
-      AND r.status IN ('pending') AND EXISTS (SELECT 1 FROM leases AS l,
-        (SELECT %(run_id)s::bigint AS run_id, %(task_id)s::bigint AS task_id,
-    %(attempt)s::int AS attempt, %(owner)s::text AS owner) AS i
-    WHERE l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
-    AND l.owner = i.owner AND l.expires_at > clock.now)
-    RETURNING r.id
 
 -- name: ATTEMPT_ENDED
 -- the attempt history, written on the unhappy paths only (never on claim -> commit): an
