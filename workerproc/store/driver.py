@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class ClaimAsk:
     """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
-    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3)."""
+    served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3);
+    ``task``: only runs whose head is a task of this name (a batch's claim)."""
 
     owner: str
     ttl: float
@@ -55,6 +56,7 @@ class ClaimAsk:
     queues: tuple[str, ...] | None = None
     skip: tuple[str, ...] = ()
     start: bool = True
+    task: str | None = None
 
 
 @dataclass(frozen=True)

@@ -230,7 +230,10 @@ class ClaimRequest:
     all); the database records them as begun, and the others as waiting (B3: a lease that
     lapses before its start was recorded spends no attempt). ``also``: a second claim made in
     the same transaction, after this one (a worker's delivery lane: the webhooks' queue, for
-    its own slots, B20); the leases of both come back together, this one's first."""
+    its own slots, B20); the leases of both come back together, this one's first. ``task``:
+    only runs whose head is a task of this name, and only runs in no line (a batch step's
+    claim for more of its own items; the runs of a task with limits join a batch through the
+    worker's plain claim, admitted one by one)."""
 
     owner: str
     ttl: float
@@ -240,6 +243,7 @@ class ClaimRequest:
     start: int | None = None
     skip: tuple[str, ...] = ()
     also: ClaimRequest | None = None
+    task: str | None = None
 
     @property
     def begins(self) -> bool:

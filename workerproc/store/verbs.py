@@ -54,6 +54,8 @@ class InTurn(Driver):
         params = {"owner": ask.owner, "ttl": float(ask.ttl), "now": self.now, "limit": ask.limit,
                   "queues": None if ask.queues is None else list(ask.queues),
                   "start": ask.start, "skip": list(ask.skip)}  # fmt: skip
+        if ask.task is not None:  # a batch's claim: one task's runs (``CLAIM_TASK``)
+            name, params["task"] = "CLAIM_TASK", ask.task
         return cast("list[ClaimRow]", self.rows(name, params))  # as every catalogue builds them
 
     def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:
