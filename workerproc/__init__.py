@@ -7,6 +7,7 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from .app import App, LeaseLost, RunCancelled, Task, TaskContext
+from .batching import Batch
 from .config import WorkerConfig
 from .emitting import StreamFull
 from .limits import RetryAfter
@@ -17,6 +18,7 @@ from .worker import Worker
 __all__ = [
     "App",
     "AsyncStore",
+    "Batch",
     "CasResult",
     "Lease",
     "LeaseLost",

@@ -14,7 +14,7 @@ from .store.codec import RESERVED
 from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
-from .tasks import Task, declare
+from .tasks import Task, check_batch, declare
 
 if TYPE_CHECKING:
     from .store import Run, Store
@@ -142,8 +142,9 @@ class App:
         retry_backoff: float | None = None, timeout: float | None = None,
         queue: str | None = None, priority: int | None = None,
         limits: Sequence[str] | None = None, tokens: int | None = None,
-        stream_ttl: float | None = None,
-    ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
+        stream_ttl: float | None = None, batch: int | None = None,
+        batch_wait: float | None = None,
+    ) -> Callable[[Callable[[Any], R]], Task[R]]: ...  # fmt: skip
 
     def task(
         self,
@@ -158,7 +159,9 @@ class App:
         limits: Sequence[str] | None = None,
         tokens: int | None = None,
         stream_ttl: float | None = None,
-    ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
+        batch: int | None = None,
+        batch_wait: float | None = None,
+    ) -> Task[Any] | Callable[[Callable[[Any], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
 
@@ -173,7 +176,10 @@ class App:
           ``tokens``: what each run reserves from their token budgets (``ctx.usage`` settles
           what it really used);
         - ``stream_ttl``: seconds a succeeded run keeps the stream this task's handler wrote
-          (``ctx.emit``) before it is dropped (None: until the run is pruned).
+          (``ctx.emit``) before it is dropped (None: until the run is pruned);
+        - ``batch``: a batch step: the handler takes a ``Batch`` of up to this many runs'
+          tasks in one call (``docs/how-to/batch.md``), waiting ``batch_wait`` seconds at
+          most (default 0.5) for them; each item keeps its own lease and is committed alone.
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
@@ -181,22 +187,25 @@ class App:
         declared = {"max_attempts": max_attempts, "retry_backoff": retry_backoff,
                     "timeout": timeout, "queue": queue, "priority": priority,
                     "limits": limits, "tokens": tokens, "stream_ttl": stream_ttl}  # fmt: skip
+        batching = (batch, batch_wait)
         if callable(name):  # bare @app.task
-            return self._register(None, name, declared)
+            return self._register(None, name, declared, batching)
         given = name
 
-        def decorate(fn: Callable[[TaskContext], Any]) -> Task[Any]:
-            return self._register(given, fn, declared)
+        def decorate(fn: Callable[[Any], Any]) -> Task[Any]:
+            return self._register(given, fn, declared, batching)
 
         return decorate
 
     def _register(
-        self, name: str | None, fn: Callable[[TaskContext], Any], declared: dict[str, Any]
-    ) -> Task[Any]:
+        self, name: str | None, fn: Callable[[Any], Any], declared: dict[str, Any],
+        batching: tuple[int | None, float | None] = (None, None),
+    ) -> Task[Any]:  # fmt: skip
         if isinstance(fn, Task):  # a task object registered again (here, or in another app):
             name = name or fn.name  # its name and options, unless given anew
-            if all(v is None for v in declared.values()):
+            if all(v is None for v in (*declared.values(), *batching)):
                 declared = {**declared, **fn.options.declared}
+                batching = (fn.batch, fn.batch_wait)
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
         if name.startswith(RESERVED):
@@ -207,7 +216,13 @@ class App:
             raise ValueError(f"task {name!r} is registered twice")
         if never := unfit({name: (options.limits or (), options.tokens)}, self.limits):
             raise ValueError(f"@app.task({name!r}): {never[0]}")  # B12: it would wait for ever
-        task: Task[Any] = Task(name, fn, options)
+        size, wait = batching
+        if size is not None:
+            task: Task[Any] = Task(name, fn, options, *check_batch(name, size, wait, fn))
+        elif wait is not None:
+            raise ValueError(f"@app.task({name!r}): batch_wait is for a batch step (batch=...)")
+        else:
+            task = Task(name, fn, options)
         self.handlers[name] = fn
         self.tasks[name] = task
         return task

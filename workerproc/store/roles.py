@@ -98,6 +98,10 @@ class CallStore(Role, Protocol):
         self, lease: Lease, key: calls.CallKey, result: JSON, tokens: int | None = None, *,
         cost: float | None = None, intent: int | None = None,
     ) -> calls.KeptCall: ...  # fmt: skip
+    def begin_calls(
+        self, items: Sequence[tuple[Lease, calls.CallKey]], unknown: calls.Unknown = "pay"
+    ) -> list[calls.CallStart]: ...
+    def keep_calls(self, items: Sequence[calls.KeepItem]) -> list[calls.KeptCall]: ...
 
 
 class StreamStore(Role, Protocol):

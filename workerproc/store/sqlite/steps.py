@@ -63,8 +63,10 @@ def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
 def claim_task(tx: SQLiteTx, params: Params) -> list[Row]:
     """A batch's claim: one task's runs (``CLAIM_TASK``)."""
     queues = params["queues"]
-    return _claimed(tx, q.CLAIM_TASK, {**params, "skip": json.dumps(params["skip"]),
-                                       "queues": None if queues is None else json.dumps(queues)})
+    named = None if queues is None else json.dumps(queues)
+    return _claimed(
+        tx, q.CLAIM_TASK, {**params, "skip": json.dumps(params["skip"]), "queues": named}
+    )
 
 
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
