@@ -88,8 +88,7 @@ class Batcher:
         items = [leader, *riders]
         batch = Batch([_item(ex) for ex in items], self.calls,
                       f"{leader.lease.task_id}.{leader.lease.attempt}")  # fmt: skip
-        event(log, "batch_started", f"batch {batch.id} of task {task.name!r}: {len(items)} items",
-              level=logging.DEBUG, task=task.name, items=len(items))  # fmt: skip
+        self._record(items, batch.id)
         raised: BaseException | None = None
         began = time.monotonic()
         try:
@@ -139,6 +138,15 @@ class Batcher:
         for lease in out.leases:
             self.heartbeat.track(lease, sent)
         return list(out.leases)
+
+    def _record(self, items: list[Execution], batch: str) -> None:
+        """The outbox's record of which batch each item went in (``show RUN``); a failure to
+        write it costs the record only (the batch goes on)."""
+        try:
+            self._connection().batch_started([ex.lease for ex in items], batch)
+        except StoreError as exc:
+            event(log, "batch_record_failed", f"batch {batch}: its record was not written: "
+                  f"{message(exc)}", level=logging.WARNING, items=len(items))  # fmt: skip
 
     def _connection(self) -> WorkerStore:
         with self._lock:

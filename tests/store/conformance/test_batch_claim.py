@@ -62,3 +62,18 @@ def test_a_batch_claim_names_a_task(driver: Driver) -> None:
     with pytest.raises(InvalidPayload):
         driver.exchange(claim=ClaimRequest("w1", TTL, limit=2, task=""))
     assert driver.store.get_run(1).status == "pending"  # type: ignore[union-attr]
+
+
+@verb("batch_started", "events")
+def test_batch_started_records_each_live_item_once(driver: Driver) -> None:
+    s, clock = driver.store, driver.clock
+    for _ in range(3):
+        s.start_run("embed")
+    leases = driver.exchange(claim=ClaimRequest("w1", TTL, limit=3, task="embed")).leases
+    clock.advance(TTL + 1)  # all three lapse; another worker takes one over
+    taken = driver.exchange(claim=ClaimRequest("w2", TTL, limit=1, task="embed")).leases
+    assert s.batch_started(leases, "b1") == 0  # lapsed: not this batch's any more
+    assert s.batch_started(taken, "b2") == 1
+    batched = [e for e in s.events(after=0) if e.kind == "step.batched"]
+    assert [(e.run_id, e.attempt, e.data["batch"], e.data["items"]) for e in batched] == [
+        (taken[0].run_id, 2, "b2", 1)]  # fmt: skip
