@@ -110,13 +110,18 @@ class ItemContext(TaskContext):
 class Batch(Sequence[TaskContext]):
     """The items of one batch call, in claim order: each a ``TaskContext`` with its own lease,
     payload, state and last word (``finish``, ``advance``, ``wait_for``, ``fail``,
-    ``retry_after``), committed on its own. ``id``: the batch's call id (its first item's
-    task id and attempt), which ``supervisor show RUN`` names for every item in it."""
+    ``retry_after``), committed on its own; ``id``: the batch's call id."""
 
     def __init__(self, items: Sequence[ItemContext], calls: CallBook | None, id: str) -> None:
         self._items = list(items)
         self._calls = calls
-        self.id = id
+        self._id = id
+
+    @property
+    def id(self) -> str:
+        """The batch's call id: its first item's task id and attempt (``"812.1"``), the same
+        in the outbox's ``step.batched`` event of every item and in ``supervisor show RUN``."""
+        return self._id
 
     def __len__(self) -> int:
         return len(self._items)
@@ -132,7 +137,7 @@ class Batch(Sequence[TaskContext]):
         return iter(self._items)
 
     def __repr__(self) -> str:
-        return f"<Batch {self.id} of {len(self)}>"
+        return f"<Batch {self._id} of {len(self)}>"
 
     # -- the batch's own calls -------------------------------------------------------------
     def usage(self, *, tokens: int | None = None, cost: float | None = None) -> None:

@@ -204,3 +204,16 @@ def test_batch_is_a_sequence_of_task_contexts(db_path: str) -> None:
     assert w.run() == exitcodes.OK
     assert seen == [(True, 2, True)]
     assert {finished(db_path, ids)[i][0] for i in ids} == {"succeeded"}
+
+
+def test_run_inline_runs_a_batch_step_as_a_batch_of_one() -> None:
+    app = App()
+
+    @app.task(batch=16)
+    def embed(batch: Batch) -> None:
+        vectors = batch.once("embed", [c.payload for c in batch], lambda xs: [x * 2 for x in xs])
+        for ctx, v in zip(batch, vectors, strict=True):
+            ctx.finish({"vector": v, "items": len(batch)})
+
+    run = app.run_inline(embed, 21)
+    assert (run.status, run.state) == ("succeeded", {"vector": 42, "items": 1})
