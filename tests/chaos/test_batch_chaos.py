@@ -24,7 +24,7 @@ from sv_harness import Supervisor
 
 from workerproc.store import open_store
 
-pytestmark = [pytest.mark.slow, pytest.mark.e2e]  # soaks: scripts/test-e2e runs them
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]  # soaks: test-e2e
 
 APP = "apps.batch_app:app"
 RUNS, BATCH = 2000, 64
