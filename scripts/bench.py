@@ -4,6 +4,7 @@
     scripts/bench before REV                          this checkout against an earlier commit
     scripts/bench once                                a paid call's keep latency
     scripts/bench streams                             a stream's latency and chunks/s
+    scripts/bench batch                               a batch step's runs/s, batch=64 and =1
     scripts/bench SUBCOMMAND --help                   each one's options
 
 Each subcommand is a module of this directory (``bench_<name>.py``) with ``add_arguments`` (its
@@ -33,6 +34,7 @@ SUBCOMMANDS = {
               "write-lock fairness"),
     "once": ("bench_once", "a paid call's keep latency, fn's return to once returning"),
     "streams": ("bench_streams", "runs' streams: emit -> readable latency, chunks/s"),
+    "batch": ("bench_batch", "batch steps: runs/s of a no-op batch step at batch=64 and =1"),
     "limits": ("bench_limits", "flow control's cost, on SQLite and PostgreSQL"),
     "events": ("bench_events", "the outbox's cost: events on against a tree without them"),
     "waits": ("bench_waits", "the claim's latency beside runs that wait for a signal"),

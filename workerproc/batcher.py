@@ -7,10 +7,10 @@ execution that leads it (``Batcher``; docs/protocol.md, B22).
    run its own lease, attempt and fence), and again until the batch is full or ``batch_wait``
    has passed, whichever comes first. Each lease is held by the heartbeat from its claim, and
    the batch's leases are renewed together, in the heartbeat's one statement.
-2. **Confirm.** One renewal round confirms every item right before the call (R4's start rule:
-   the handler starts only on leases the database confirmed a moment ago); a refused item is
-   dropped, one that could not be confirmed goes back to the waiting line (the conductor
-   decides), the others ride with the leader, holding no slot of their own.
+2. **Confirm.** Right before the call, every item must be confirmed a moment ago (R4's start
+   rule, as the starter applies it): the stale ones are renewed together, in one round; a
+   refused item is dropped, one that could not be confirmed goes back to the waiting line (the
+   conductor decides), the others ride with the leader, holding no slot of their own.
 3. **Call.** The handler gets a ``Batch`` of their contexts, once.
 4. **Conclude.** Each item's last word becomes its own commit, fenced on its own (its lease,
    its attempt, its run's revision), written by the conductor's next exchange; an item the
@@ -156,11 +156,19 @@ class Batcher:
 
     # -- boarding -----------------------------------------------------------------------------
     def _board(self, leader: Execution, leases: list[Lease]) -> list[Execution]:
-        """Confirm every item in one renewal round (R4); the riders confirmed, running. An item
+        """Every item confirmed a moment ago (R4; the stale ones renewed in one round); the
+        riders confirmed, running. An item
         refused is dropped; one not confirmed in time (a busy database), or whose task still
         runs an older attempt here, waits for the conductor instead."""
         hb, h = self.heartbeat, self.holdings
-        confirmed = hb.confirm(leases, timeout=CONFIRM_WAIT)
+        # as the starter does: a lease confirmed a moment ago (its claim, say) and recorded as
+        # begun starts as it is; the others are renewed first, together, in one round
+        stale = self.policy.needs_renewal((hb.confirmed_at(x), hb.recorded(x)) for x in leases)
+        confirmed = {x.task_id: c for x, old in zip(leases, stale, strict=True)
+                     if not old and (c := hb.confirmed_at(x)) is not None}  # fmt: skip
+        if any(stale):
+            renewing = [x for x, old in zip(leases, stale, strict=True) if old]
+            confirmed |= hb.confirm(renewing, timeout=CONFIRM_WAIT)
         if leader.lease.task_id not in confirmed:  # the leader cannot begin: it goes unstarted
             leader.stopped = leader.stopped or Stopped.LATE
             if hb.confirmed_at(leader.lease) is None:
