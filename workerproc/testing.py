@@ -150,7 +150,8 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
             value = loop.run(on_the_loop())
         else:
             with ex.running():
-                value = ex.handler(_batch_of_one(ex) if ex.item else ex.ctx)
+                given: Any = _batch_of_one(ex) if ex.item else ex.ctx  # (a batch step: a Batch)
+                value = ex.handler(given)
                 ex.ctx._stream_done()
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc

@@ -180,8 +180,8 @@ class Pages:
         chart = charts.run_timeline(lines, run.created_at, max(ends))
         done = request.query_params.get("done")
         calls, intents = self.store.paid_calls(run_id), self.store.call_timeline(run_id)
-        batches = [e for e in self.store.events(0, MAX_BATCHES, run=run_id, system=True)
-                   if e.kind == "step.batched"]  # which batch call each attempt went in (B22)
+        found = self.store.events(0, MAX_BATCHES, run=run_id, system=True)
+        batches = [e for e in found if e.kind == "step.batched"]  # its batch calls (B22)
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
                            calls=calls, intents=intents, batches=batches,
                            unresolved=timeline.unresolved(run, calls, intents),
