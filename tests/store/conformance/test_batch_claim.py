@@ -1,12 +1,16 @@
-"""A batch's claim (``ClaimRequest.task``): up to ``limit`` leases of one task's runs, each its
-own lease, attempt and fence; other tasks' runs, runs with a live lease, runs not due and runs
-in a limit's line are left alone."""
+"""Batch steps (B22) in the store: a batch's claim (``ClaimRequest.task``: up to ``limit``
+leases of one task's runs, each its own lease, attempt and fence; other tasks' runs, runs with a
+live lease, runs not due and runs in a limit's line are left alone), ``begin_calls`` and
+``keep_calls`` (each item's call its own), ``batch_started``."""
 
 from __future__ import annotations
+
+import hashlib
 
 import pytest
 
 from workerproc.store import ClaimRequest, InvalidPayload
+from workerproc.store.calls import CallKey, KeepItem
 from workerproc.store.limits import LimitSpec
 from workerproc.store.types import TaskOptions
 
@@ -77,3 +81,27 @@ def test_batch_started_records_each_live_item_once(driver: Driver) -> None:
     batched = [e for e in s.events(after=0) if e.kind == "step.batched"]
     assert [(e.run_id, e.attempt, e.data["batch"], e.data["items"]) for e in batched] == [
         (taken[0].run_id, 2, "b2", 1)]  # fmt: skip
+
+
+@verb("begin_calls", "keep_calls")
+def test_a_batch_calls_intents_and_keeps_are_each_items_own(driver: Driver) -> None:
+    s, clock = driver.store, driver.clock
+    for _ in range(3):
+        s.start_run("embed")
+    a, b, c = driver.exchange(claim=ClaimRequest("w1", TTL, limit=3, task="embed")).leases
+    keys = [CallKey(x.run_id, x.task_id, "embed", hashlib.sha256(b"%d" % x.run_id).hexdigest())
+            for x in (a, b, c)]  # fmt: skip
+    assert s.keep_call(a, keys[0], "kept before").outcome == "kept"  # (an earlier answer)
+    assert s.cancel_run(c.run_id)  # c's run is over: no call begins for it
+    starts = s.begin_calls([(a, keys[0]), (b, keys[1]), (c, keys[2])])
+    assert [x.outcome for x in starts] == ["reused", "call", "over"]
+    assert starts[0].kept is not None and starts[0].kept.result == "kept before"
+    kept = s.keep_calls([KeepItem(b, keys[1], "vb", starts[1].intent),
+                         KeepItem(a, keys[0], "late", None)])  # fmt: skip
+    assert [(k.result, k.outcome) for k in kept] == [("vb", "kept"), ("kept before", "lost_race")]
+    clock.advance(TTL + 1)  # the leases lapse: a takeover of b reuses its answer
+    (taken,) = [x for x in driver.exchange(claim=ClaimRequest("w2", TTL, limit=3)).leases
+                if x.run_id == b.run_id]  # fmt: skip
+    again = s.begin_calls([(taken, keys[1])])
+    assert again[0].outcome == "reused" and again[0].kept is not None
+    assert again[0].kept.result == "vb"
