@@ -11,7 +11,10 @@ import pytest
 from worker_fakes import worker
 
 from workerproc import App, Batch, TaskContext, exitcodes
-from workerproc.store import open_store
+from workerproc.alarms import Alarms
+from workerproc.execution import Execution, Mode
+from workerproc.holdings import Holdings
+from workerproc.store import ClaimRequest, open_store
 
 
 def finished(db: str, ids: list[int]) -> dict[int, Any]:
@@ -217,3 +220,22 @@ def test_run_inline_runs_a_batch_step_as_a_batch_of_one() -> None:
 
     run = app.run_inline(embed, 21)
     assert (run.status, run.state) == ("succeeded", {"vector": 42, "items": 1})
+
+
+def test_a_lost_item_of_a_running_batch_is_not_a_stuck_handler(db_path: str) -> None:
+    with open_store(db_path) as s:
+        s.start_runs([{"task": "embed"}] * 2)
+        claim = ClaimRequest("w", 30, limit=2, task="embed")
+        leader, rider = s.commit_many([], claim=claim).leases
+    holdings = Holdings()
+    lead = Execution(leader, lambda b: None, Mode.THREAD, item=True)
+    ride = Execution(rider, lambda b: None, Mode.THREAD, item=True, rider=True)
+    with holdings.lock:
+        holdings.begin(lead)
+        holdings.begin(ride)
+        assert holdings.users() == 1  # the batch holds one slot
+    config = worker(db_path, App())[0].config
+    alarms = Alarms(config, holdings, None, lambda e: None)  # type: ignore[arg-type]
+    assert alarms.handler_stuck(rider) is None  # the call goes on for its neighbours
+    stuck = alarms.handler_stuck(leader)
+    assert stuck is not None and stuck.exit == exitcodes.LEASE_STUCK
