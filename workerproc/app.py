@@ -205,7 +205,7 @@ class App:
             name = name or fn.name  # its name and options, unless given anew
             if all(v is None for v in (*declared.values(), *batching)):
                 declared = {**declared, **fn.options.declared}
-                batching = (fn.batch, fn.batch_wait)
+                batching = (fn.batch, fn.batch_wait if fn.batch is not None else None)
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
         if name.startswith(RESERVED):
