@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(900)]  # so
 
 APP = "apps.batch_app:app"
 RUNS, BATCH = 2000, 64
-CHAOS = ["--drain", "--lease-ttl", "2", "--poll-interval", "0.2", "--max-attempts", "20",
+CHAOS = ["--drain", "--lease-ttl", "5", "--poll-interval", "0.2", "--max-attempts", "20",
          "--chaos", "--chaos-faults", "kill,pause", "--chaos-interval", "1.5"]  # fmt: skip
 
 
