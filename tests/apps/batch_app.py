@@ -4,7 +4,8 @@ provider bills per call, judged by an OUTSIDE ledger the handler writes.
 Each call of the step appends JSON lines to the O_APPEND file its items' payload names
 (``ledger``; tests/apps/ledger_app.py's ``note``, one ``os.write`` each): ``bill`` when the
 provider is called (its call id, a nonce no other call has, and the items it bills), and
-``once`` with what ``batch.once`` answered each item (the call whose answer it got). The ledger
+``once`` with what ``batch.once`` answered each item (the call whose answer it got), ``ask``
+right before ``batch.once`` looks for kept answers. The ledger
 sees calls the database never heard of (a worker killed in the provider's call).
 """
 
@@ -32,6 +33,7 @@ def embed(batch: Batch) -> None:
         time.sleep(rng.uniform(0.05, 0.3))  # the provider's time: chaos may strike in it
         return [{"call": call, "item": i} for i in items]
 
+    note(path, "ask", {"batch": batch.id})  # before batch.once looks for kept answers
     answers = batch.once("embed", [c.payload["i"] for c in batch], provider)
     got = [[c.payload["i"], a["call"]] for c, a in zip(batch, answers, strict=True) if a]
     note(path, "once", {"batch": batch.id, "got": got})
