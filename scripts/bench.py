@@ -6,6 +6,7 @@
     scripts/bench streams                             a stream's latency and chunks/s
     scripts/bench cli                                 each CLI command's answer time
     scripts/bench pgbouncer                           PostgreSQL straight and through PgBouncer
+    scripts/bench batch                               a batch step's runs/s, batch=64 and =1
     scripts/bench SUBCOMMAND --help                   each one's options
 
 Each subcommand is a module of this directory (``bench_<name>.py``) with ``add_arguments`` (its
@@ -36,6 +37,7 @@ SUBCOMMANDS = {
     "once": ("bench_once", "a paid call's keep latency, fn's return to once returning"),
     "streams": ("bench_streams", "runs' streams: emit -> readable latency, chunks/s"),
     "cli": ("bench_cli", "the CLI's answer time per command and a one-run pool's start-up"),
+    "batch": ("bench_batch", "batch steps: runs/s of a no-op batch step at batch=64 and =1"),
     "limits": ("bench_limits", "flow control's cost, on SQLite and PostgreSQL"),
     "events": ("bench_events", "the outbox's cost: events on against a tree without them"),
     "waits": ("bench_waits", "the claim's latency beside runs that wait for a signal"),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .app import App, LeaseLost, RunCancelled, Task, TaskContext
+    from .batching import Batch
     from .config import WorkerConfig
     from .emitting import StreamFull
     from .limits import RetryAfter
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 # does not pay for the whole library (the store's backends, the worker, the async store).
 _WHERE = {
     "App": "app", "LeaseLost": "app", "RunCancelled": "app", "Task": "app",
-    "TaskContext": "app", "WorkerConfig": "config", "StreamFull": "emitting",
+    "TaskContext": "app", "Batch": "batching", "WorkerConfig": "config", "StreamFull": "emitting",
     "RetryAfter": "limits", "OnceCall": "once", "AsyncStore": "store", "CasResult": "store",
     "Lease": "store", "Store": "store", "TaskOptions": "store", "open_async_store": "store",
     "open_store": "store", "Worker": "worker",
@@ -54,6 +55,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "App",
     "AsyncStore",
+    "Batch",
     "CasResult",
     "Lease",
     "LeaseLost",

@@ -217,9 +217,14 @@ class Alarms:
         return Reaction(write=commits, forget=tuple(c.lease for c in commits), then=drain,
                         what="the blocked loop's tasks")  # fmt: skip
 
-    def handler_stuck(self, lease: Lease) -> Reaction:
+    def handler_stuck(self, lease: Lease) -> Reaction | None:
         """``lease`` was lost a whole ttl ago and its handler still runs: it ignores
-        ``LeaseLost``, and only the process's end stops it."""
+        ``LeaseLost``, and only the process's end stops it. An item riding in a batch (B23)
+        is not its handler's to stop: the call goes on for its neighbours (its leader answers
+        for it), and the lost item's last word is discarded."""
+        ex, _ = self.holdings.find(lease)
+        if ex is not None and ex.rider:
+            return None
         event(
             log,
             "lease_stuck",

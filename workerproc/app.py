@@ -15,7 +15,7 @@ from .store.errors import InvalidPayload
 from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
-from .tasks import Task, declare
+from .tasks import Task, check_batch, declare
 
 if TYPE_CHECKING:
     from .store import Run, Store
@@ -144,7 +144,8 @@ class App:
         queue: str | None = None, priority: int | None = None,
         limits: Sequence[str] | None = None, tokens: int | None = None,
         stream_ttl: float | None = None, aliases: Sequence[str] = (),
-    ) -> Callable[[Callable[[TaskContext], R]], Task[R]]: ...  # fmt: skip
+        batch: int | None = None, batch_wait: float | None = None,
+    ) -> Callable[[Callable[[Any], R]], Task[R]]: ...  # fmt: skip
 
     def task(
         self,
@@ -160,7 +161,9 @@ class App:
         tokens: int | None = None,
         stream_ttl: float | None = None,
         aliases: Sequence[str] = (),
-    ) -> Task[Any] | Callable[[Callable[[TaskContext], Any]], Task[Any]]:
+        batch: int | None = None,
+        batch_wait: float | None = None,
+    ) -> Task[Any] | Callable[[Callable[[Any], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
 
@@ -179,7 +182,10 @@ class App:
         - ``aliases``: other names this handler serves, with the same options: a task renamed
           in a release keeps serving the runs its old name started (``aliases=["old"]``).
           A worker claims only the tasks it has a handler for, by name or alias, so a rolling
-          deploy's old workers never take a new release's task (docs/how-to/deploy.md).
+          deploy's old workers never take a new release's task (docs/how-to/deploy.md);
+        - ``batch``: a batch step: the handler takes a ``Batch`` of up to this many runs'
+          tasks in one call (``docs/how-to/batch.md``), waiting ``batch_wait`` seconds at
+          most (default 0.5) for them; each item keeps its own lease and is committed alone.
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
@@ -187,23 +193,25 @@ class App:
         declared = {"max_attempts": max_attempts, "retry_backoff": retry_backoff,
                     "timeout": timeout, "queue": queue, "priority": priority,
                     "limits": limits, "tokens": tokens, "stream_ttl": stream_ttl}  # fmt: skip
+        batching = (batch, batch_wait)
         if callable(name):  # bare @app.task
-            return self._register(None, name, declared, aliases)
+            return self._register(None, name, declared, batching, aliases)
         given = name
 
-        def decorate(fn: Callable[[TaskContext], Any]) -> Task[Any]:
-            return self._register(given, fn, declared, aliases)
+        def decorate(fn: Callable[[Any], Any]) -> Task[Any]:
+            return self._register(given, fn, declared, batching, aliases)
 
         return decorate
 
     def _register(
-        self, name: str | None, fn: Callable[[TaskContext], Any], declared: dict[str, Any],
-        aliases: Sequence[str] = (),
+        self, name: str | None, fn: Callable[[Any], Any], declared: dict[str, Any],
+        batching: tuple[int | None, float | None] = (None, None), aliases: Sequence[str] = (),
     ) -> Task[Any]:  # fmt: skip
         if isinstance(fn, Task):  # a task object registered again (here, or in another app):
             name = name or fn.name  # its name and options, unless given anew
-            if all(v is None for v in declared.values()):
+            if all(v is None for v in (*declared.values(), *batching)):
                 declared = {**declared, **fn.options.declared}
+                batching = (fn.batch, fn.batch_wait if fn.batch is not None else None)
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
         if isinstance(aliases, str):
@@ -224,7 +232,13 @@ class App:
                 raise ValueError(f"task {each!r} is registered twice")
         if never := unfit({name: (options.limits or (), options.tokens)}, self.limits):
             raise ValueError(f"@app.task({name!r}): {never[0]}")  # B12: it would wait for ever
-        task: Task[Any] = Task(name, fn, options)
+        size, wait = batching
+        if size is not None:
+            task: Task[Any] = Task(name, fn, options, *check_batch(name, size, wait, fn))
+        elif wait is not None:
+            raise ValueError(f"@app.task({name!r}): batch_wait is for a batch step (batch=...)")
+        else:
+            task = Task(name, fn, options)
         for each in names:  # an alias serves its runs with the task's handler and options
             self.handlers[each] = fn
             self.tasks[each] = task

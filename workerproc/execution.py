@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import tracing
 from .app import Handler, LeaseLost, Task, TaskContext
+from .batching import ItemContext
 from .config import WorkerConfig
 from .context import last_word
 from .limits import RetryAfter
@@ -86,10 +87,18 @@ class Execution:
     calls: CallBook | None = None  # the worker's paid calls, for ``once``
     streams: Streamer | None = None  # the worker's stream writer, for ``emit``
     span: Any = None  # its span, when traced (``tracing``): ended once its commit is written
+    # a batch step's item (``batcher.py``): ``ctx`` is an ``ItemContext``; ``batcher`` runs the
+    # batch this execution leads (on its slot thread), ``rider`` rides in another's (no slot of
+    # its own), ``batch`` the items of the batch it led, once it ran
+    item: bool = False
+    batcher: Callable[[Execution], None] | None = None
+    rider: bool = False
+    batch: int = 0
 
     def __post_init__(self) -> None:
-        self.ctx = TaskContext(self.lease, self.lost, self.tasks, self.cancelled, self.calls,
-                               self.streams)  # fmt: skip
+        kind = ItemContext if self.item else TaskContext
+        self.ctx = kind(self.lease, self.lost, self.tasks, self.cancelled, self.calls,
+                        self.streams)  # fmt: skip
         self.span = tracing.begin(self.lease)
 
     @contextlib.contextmanager

@@ -30,20 +30,22 @@ class Holdings:
         self.waiting: deque[Lease] = deque()  # claimed (prefetched), waiting for a slot
         self.on_lane = on_lane  # whether a lease is the delivery lane's (None: no lane)
         self.lane = 0  # of the running, the lane's (``Mode.LANE``)
+        self.riders = 0  # of the running, items riding in a batch (its leader holds the slot)
 
     def lane_lease(self, lease: Lease) -> bool:
         """Whether ``lease`` is the delivery lane's (a webhook delivery)."""
         return self.on_lane is not None and self.on_lane(lease)
 
     def users(self) -> int:
-        """The users' handlers running now (holding ``lock``)."""
-        return len(self.running) - self.lane
+        """The users' handlers running now (holding ``lock``; a batch is one)."""
+        return len(self.running) - self.lane - self.riders
 
     def begin(self, ex: Execution) -> None:
         """``ex`` starts: it is running (holding ``lock``)."""
         self.running[ex.lease.task_id] = ex
         if ex.mode is Mode.LANE:
             self.lane += 1
+        self.riders += ex.rider
 
     def executions(self) -> list[Execution]:
         """The handlers running now (never iterate ``running`` without the lock)."""
@@ -54,7 +56,7 @@ class Holdings:
         """What the policy looks at: counts, and (every users' slot busy) the youngest start;
         the delivery lane's running and waiting leases apart (``View.lane``)."""
         with self.lock:
-            running = len(self.running) - self.lane
+            running = len(self.running) - self.lane - self.riders
             youngest = -math.inf
             if running and running >= capacity:
                 youngest = max(ex.started for ex in self.running.values()
@@ -79,8 +81,18 @@ class Holdings:
             if self.running.get(ex.lease.task_id) is ex:  # never a newer attempt's slot
                 del self.running[ex.lease.task_id]
                 self.lane -= ex.mode is Mode.LANE
+                self.riders -= ex.rider
 
     # -- waiting leases ---------------------------------------------------------------------------
+    def take_task(self, task: str, most: int) -> list[Lease]:
+        """Up to ``most`` waiting leases of ``task`` (a batch takes them in), each of a task
+        that runs no older attempt here (holding ``lock``)."""
+        taken = [lease for lease in self.waiting
+                 if lease.task == task and lease.task_id not in self.running][:most]  # fmt: skip
+        for lease in taken:
+            self.waiting.remove(lease)
+        return taken
+
     def add_waiting(self, leases: Iterable[Lease]) -> None:
         with self.lock:
             self.waiting.extend(leases)
@@ -135,5 +147,5 @@ class Holdings:
             running, waiting = list(self.running.values()), list(self.waiting)
             self.running.clear()
             self.waiting.clear()
-            self.lane = 0
+            self.lane = self.riders = 0
         return running, waiting

@@ -18,7 +18,7 @@ read of its task). A webhook delivery starts on a free slot of the delivery lane
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from .app import App, Handler
 from .completer import Completer
@@ -45,6 +45,7 @@ class Starter:
         calls: CallBook | None = None,
         streams: Streamer | None = None,
         builtin: Mapping[str, Handler] | None = None,
+        batcher: Callable[[Execution], None] | None = None,
     ) -> None:
         # the app's handlers, and the built-in tasks the app does not define itself
         self.handlers = {**(builtin or {}), **app.handlers}
@@ -56,6 +57,7 @@ class Starter:
         self.heartbeat = heartbeat
         self.completer = completer
         self.waker = waker
+        self.batcher = batcher  # runs a batch step's executions (``batcher.py``)
 
     def start_waiting(self) -> Iterator[Execution]:
         """Start waiting leases on the free slots (the conductor's turn): each execution, in
@@ -87,9 +89,8 @@ class Starter:
                 ex = None
                 if handler is not None:
                     lane = h.lane_lease(lease)  # a delivery: the lane's slot, never a user's
-                    mode = Mode.LANE if lane else mode_for(handler, policy.capacity)
-                    ex = Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls,
-                                   streams=self.streams)  # fmt: skip
+                    mode = Mode.LANE if lane else self._mode(lease, handler)
+                    ex = self._execution(lease, handler, mode)
                     self._gate(ex, confirmed)
                     h.begin(ex)
             if ex is None:
@@ -121,7 +122,7 @@ class Starter:
             if lease is None:
                 return None
             handler = self.handlers.get(lease.task)
-            if handler is None or mode_for(handler, policy.capacity) is not Mode.THREAD:
+            if handler is None or self._mode(lease, handler) is not Mode.THREAD:
                 return None
             confirmed = self.heartbeat.confirmed_at(lease)
             if not policy.thread_may_start(confirmed, self.heartbeat.recorded(lease)):
@@ -129,12 +130,28 @@ class Starter:
                 return None
             assert confirmed is not None
             h.take(lease)
-            nxt = Execution(lease, handler, Mode.THREAD, tasks=self.tasks, calls=self.calls,
-                        streams=self.streams)  # fmt: skip
+            nxt = self._execution(lease, handler, Mode.THREAD)
             h.begin(nxt)
             self._gate(nxt, confirmed)
         self.heartbeat.started(lease)
         return nxt
+
+    def _batched(self, lease: Lease) -> bool:
+        """Whether ``lease`` is a batch step's (``@app.task(batch=...)``)."""
+        task = self.tasks.get(lease.task)
+        return self.batcher is not None and task is not None and task.batch is not None
+
+    def _mode(self, lease: Lease, handler: Handler) -> Mode:
+        """A batch runs on a slot thread (its items fail alone: nothing interrupts the call)."""
+        return Mode.THREAD if self._batched(lease) else mode_for(handler, self.policy.capacity)
+
+    def _execution(self, lease: Lease, handler: Handler, mode: Mode) -> Execution:
+        """The execution of ``lease``: a batch's leader when its task is a batch step."""
+        if mode is not Mode.LANE and self._batched(lease):
+            return Execution(lease, handler, Mode.THREAD, tasks=self.tasks, calls=self.calls,
+                             streams=self.streams, item=True, batcher=self.batcher)  # fmt: skip
+        return Execution(lease, handler, mode, tasks=self.tasks, calls=self.calls,
+                         streams=self.streams)  # fmt: skip
 
     def drop(self, lease: Lease) -> None:
         """A waiting lease that was lost before it started: forget it, write nothing."""

@@ -21,8 +21,9 @@ _SLOT = struct.Struct("<QqiiqqQ")  # seq, pid, phase, busy slots, task_id, attem
 
 # What each worker counts, for the supervisor's metrics: no database write per task.
 DURATION_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-_COUNTERS = struct.Struct("<Qq3Qd" + "Q" * (len(DURATION_BOUNDS) + 1))
-# seq, pid, claims, takeovers, tasks done, seconds in handlers, then one count per bucket (+Inf)
+_COUNTERS = struct.Struct("<Qq3Qd" + "Q" * (len(DURATION_BOUNDS) + 1) + "2Q")
+# seq, pid, claims, takeovers, tasks done, seconds in handlers, then one count per bucket (+Inf),
+# then the batch calls and their items
 _STRIDE = _SLOT.size + _COUNTERS.size
 
 
@@ -35,6 +36,12 @@ class Counters:
     done: int = 0
     seconds: float = 0.0
     buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BOUNDS) + 1))
+    batches: int = 0  # batch steps' calls (``@app.task(batch=...)``)
+    batch_items: int = 0  # ... and the items they took
+
+    def batch_done(self, items: int) -> None:
+        self.batches += 1
+        self.batch_items += items
 
     def task_done(self, seconds: float) -> None:
         self.done += 1
@@ -46,6 +53,8 @@ class Counters:
         self.takeovers += other.takeovers
         self.done += other.done
         self.seconds += other.seconds
+        self.batches += other.batches
+        self.batch_items += other.batch_items
         self.buckets = [a + b for a, b in zip(self.buckets, other.buckets, strict=True)]
 
 
@@ -103,21 +112,21 @@ class StatusSlot:
         at = self._counters_at
         struct.pack_into("<Q", self._buf, at, self._counters_seq)
         _COUNTERS.pack_into(self._buf, at, self._counters_seq, pid, c.claims, c.takeovers,
-                            c.done, c.seconds, *c.buckets)  # fmt: skip
+                            c.done, c.seconds, *c.buckets, c.batches, c.batch_items)  # fmt: skip
         self._counters_seq += 1
         struct.pack_into("<Q", self._buf, at, self._counters_seq)
 
     def read_counters(self, pid: int) -> Counters | None:
         """``pid``'s counters, or None if the slot belongs to someone else (or is mid-write)."""
         for _ in range(100):
-            seq, owner, claims, takeovers, done, seconds, *buckets = _COUNTERS.unpack_from(
-                self._buf, self._counters_at
+            seq, owner, claims, takeovers, done, seconds, *buckets, batches, items = (
+                _COUNTERS.unpack_from(self._buf, self._counters_at)
             )
             (again,) = struct.unpack_from("<Q", self._buf, self._counters_at)
             if seq % 2 == 0 and seq == again:
                 if owner != pid:
                     return None
-                return Counters(claims, takeovers, done, seconds, list(buckets))
+                return Counters(claims, takeovers, done, seconds, list(buckets), batches, items)
         return None
 
 

@@ -12,6 +12,7 @@ name (B11), so every worker on every host applies the same ones.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
@@ -29,6 +30,27 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 MAX_STREAM_TTL = 10 * 365 * 86400.0  # a stream_ttl of ten years at most
+MAX_BATCH = 1000  # items of one batch call at most
+MAX_BATCH_WAIT = 60.0  # seconds a batch waits for more items at most
+DEFAULT_BATCH_WAIT = 0.5
+
+
+def check_batch(task: str, batch: object, batch_wait: object, fn: object) -> tuple[int, float]:
+    """``@app.task(batch=..., batch_wait=...)``, checked: (items per call, seconds to wait for
+    them); ``ValueError`` names the bad one. A batch handler is a plain function."""
+    if isinstance(batch, bool) or not isinstance(batch, int) or not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"@app.task({task!r}): batch must be a whole number from 1 to "
+                         f"{MAX_BATCH} (got {batch!r})")  # fmt: skip
+    wait = DEFAULT_BATCH_WAIT if batch_wait is None else batch_wait
+    if (isinstance(wait, bool) or not isinstance(wait, (int, float))
+            or not 0 <= wait <= MAX_BATCH_WAIT):  # fmt: skip
+        raise ValueError(f"@app.task({task!r}): batch_wait must be a number of seconds from 0 "
+                         f"to {MAX_BATCH_WAIT:g} (got {batch_wait!r})")  # fmt: skip
+    if inspect.iscoroutinefunction(fn):
+        raise ValueError(f"@app.task({task!r}): a batch handler is a plain def (it runs on a "
+                         "slot thread), not an async def")  # fmt: skip
+    return batch, float(wait)
+
 
 # Each per-task option and the pool option whose range it keeps (``WorkerConfig``).
 POOL_OPTION = {"max_attempts": "max_attempts", "retry_backoff": "retry_backoff",
@@ -94,19 +116,27 @@ def declare(
 class Task(Generic[R]):
     """One task of an ``App``: its ``name``, its function ``fn`` and its declared ``options``.
     Calling it calls the function; ``start`` and ``start_many`` start runs whose first task it
-    is, in its declared queue and with its declared priority unless told otherwise."""
+    is, in its declared queue and with its declared priority unless told otherwise.
+    ``batch``: the items a batch handler takes per call (None: not a batch step), waiting
+    ``batch_wait`` seconds at most for them."""
 
-    def __init__(self, name: str, fn: Callable[[TaskContext], R], options: TaskOptions) -> None:
+    def __init__(
+        self, name: str, fn: Callable[[TaskContext], R], options: TaskOptions,
+        batch: int | None = None, batch_wait: float = DEFAULT_BATCH_WAIT,
+    ) -> None:  # fmt: skip
         self.name = check_name(name)
         self.fn = fn
         self.options = options
+        self.batch = batch
+        self.batch_wait = batch_wait
         functools.update_wrapper(self, fn)  # its name, docstring and module, for tools
 
     def __call__(self, ctx: TaskContext) -> R:
         return self.fn(ctx)
 
     def __repr__(self) -> str:
-        declared = ", ".join(f"{k}={v!r}" for k, v in self.options.declared.items())
+        shown = {**self.options.declared, **({"batch": self.batch} if self.batch else {})}
+        declared = ", ".join(f"{k}={v!r}" for k, v in shown.items())
         return f"<Task {self.name!r}{' ' + declared if declared else ''}>"
 
     def _where(self, queue: str | None, priority: int | None) -> tuple[str, int]:

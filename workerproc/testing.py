@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import hooks as lifecycle
 from . import tracing
+from .batching import Batch, ItemContext
 from .config import WorkerConfig
 from .execution import Execution, Mode, conclude, mode_for
 from .limits import RetryAfter
@@ -149,13 +150,22 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
             value = loop.run(on_the_loop())
         else:
             with ex.running():
-                value = ex.handler(ex.ctx)
+                given: Any = _batch_of_one(ex) if ex.item else ex.ctx  # (a batch step: a Batch)
+                value = ex.handler(given)
                 ex.ctx._stream_done()
     except BaseException as exc:  # a handler's error, whatever its kind
         raised = exc
+    if isinstance(ex.ctx, ItemContext):  # a batch step's item: its own last word, or the error
+        raised = ex.ctx.ended_by(raised)
     commit = conclude(ex, value, raised, config)
     ex.ctx._stream_closed()
     return commit, raised
+
+
+def _batch_of_one(ex: Execution) -> Batch:
+    """A batch step runs inline as a batch of one: its own task."""
+    assert isinstance(ex.ctx, ItemContext)
+    return Batch([ex.ctx], ex.calls, f"{ex.lease.task_id}.{ex.lease.attempt}")
 
 
 def _write(store: Store, commit: Commit) -> None:
@@ -279,8 +289,10 @@ def _step(
         error = f"UnknownTask: no handler named {lease.task!r} in this app"
         store.commit_many([Commit(lease, "fail", reason="unknown_task", error=error)])
         return LookupError(f"task {lease.task!r} of run {lease.run_id}: no handler has that name")
+    declared = app.tasks.get(lease.task)
+    batched = declared is not None and declared.batch is not None  # a batch of one
     ex = Execution(lease, handler, mode_for(handler, 2), tasks=app.tasks, calls=calls,
-                   streams=streams)  # fmt: skip
+                   streams=streams, item=batched)  # fmt: skip
     commit, raised = _execute(ex, loop, config)
     if commit is not None:
         _write(store, commit)

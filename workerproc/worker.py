@@ -41,6 +41,7 @@ from typing import Any, cast
 from . import exitcodes, hooks, tracing
 from .alarms import Alarms
 from .app import App
+from .batcher import Batcher
 from .completer import Completer
 from .config import WorkerConfig
 from .delivery import LANE, Deliverer, on_lane, serves_webhooks
@@ -134,9 +135,13 @@ class Worker:
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
         deliverer = Deliverer(delivery_store or open_store, lambda: not self.policy.accepting)
         builtin = {DELIVERY_TASK: deliverer}  # (stopping: it starts no new POST)
+        # batch steps (``@app.task(batch=...)``): gathered and run on their leaders' threads
+        self.batcher = Batcher(app, config, owner, holdings=self.holdings, policy=self.policy,
+                               heartbeat=self.heartbeat, post=post, open_store=open_store,
+                               calls=self.calls, streams=self.streams)  # fmt: skip
         self.starter = Starter(app, self.holdings, self.policy, self.heartbeat, self.completer,
                                self.waker, calls=self.calls, streams=self.streams,
-                               builtin=builtin)  # fmt: skip
+                               builtin=builtin, batcher=self.batcher)  # fmt: skip
         self.executors = Executors(  # where handlers run, one executor per mode
             InlineExecutor(config, self.signals, self.waker, post,
                            before=self._inline_begins, after=self.heartbeat.cancel_chore),
@@ -275,6 +280,9 @@ class Worker:
             self.drain(exitcodes.RECYCLE, f"recycling after {self.policy.tasks_done} tasks")
 
     def _collect(self, ex: Execution) -> None:
+        if ex.batch:  # a batch's leader: the batch's size, for metrics
+            self.counters.batch_done(ex.batch)
+        self.counters.claims += ex.rider  # (a rider was claimed by its batch, not the exchange)
         if not ex.late:  # a handler that never began did no task
             self.counters.task_done(ex.seconds)
             if ex.mode is not Mode.LANE:  # (a delivery: not the users' pace, nor --max-tasks)
@@ -329,6 +337,7 @@ class Worker:
         if self._hooks_started:  # after the last task, while the handlers' loop still runs
             hooks.stop(self.app.worker_stop, self._on_loop)
         self.executors.close()
+        self.batcher.close()
         self.services.close()
         self.calls.close()  # after the handlers: a keep handed over is written first
         self.streams.close()  # ... and what they emitted

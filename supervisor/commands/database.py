@@ -271,7 +271,8 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks: how many times each ran (executions) and
     was claimed (claims: also a claim that found the attempt budget spent), and its errors;
-    its paid calls (ctx.once): how often each was made, paid again, left unknown and reused."""
+    its paid calls (ctx.once): how often each was made, paid again, left unknown and reused;
+    and, for a batch step, which batch call (its id and size) each attempt went in."""
     with actions.store_for(db) as store:
         data = actions.get_run(store, run_id)
         now = store.now()
@@ -299,6 +300,11 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     click.echo("\n" + render.table(headers, rows))
     if data["calls"]:  # ctx.once's calls: made, paid again, unknown, kept and reused
         click.echo("\npaid calls:\n" + calls_table(data["calls"]))
+    if data["batches"]:  # the batch call each attempt of a batch step went in
+        rows = [[b["task_id"], b["task"], b["attempt"], b["batch"], b["items"],
+                 render.when(b["at"])] for b in data["batches"]]  # fmt: skip
+        headers = ["task", "name", "attempt", "batch", "items", "at"]
+        click.echo("\nbatches:\n" + render.table(headers, rows))
     if data["signals"]:  # newest first; "kept": no wait has taken it yet
         rows = [
             [

@@ -296,6 +296,17 @@ class SupervisorCollector:
             "Claims of a task whose previous lease had expired or was released as dead.",
             work.takeovers,
         )
+        yield counter(
+            "batch_calls_total",
+            "Calls of batch steps' handlers (@app.task(batch=...)); items per call is "
+            "batch_items_total / batch_calls_total.",
+            work.batches,
+        )
+        yield counter(
+            "batch_items_total",
+            "Items (runs' tasks) taken by batch steps' calls.",
+            work.batch_items,
+        )
         durations = HistogramMetricFamily(
             PREFIX + "task_duration_seconds",
             "Time in handlers, per execution (failed and interrupted ones included).",

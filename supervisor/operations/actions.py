@@ -159,7 +159,16 @@ def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
         for t in store.get_tasks(run_id)
     ]
     return {"run": run, "tasks": tasks, "calls": store.paid_calls(run_id),
-            "signals": store.run_signals(run_id)}  # fmt: skip
+            "signals": store.run_signals(run_id), "batches": batches(store, run_id)}  # fmt: skip
+
+
+def batches(store: Inspector, run_id: int) -> list[dict[str, Any]]:
+    """Which batch call (its id and size) each of the run's batched steps went in, per attempt
+    (the outbox's ``step.batched`` events, B23)."""
+    found = store.events(after=0, limit=1000, run=run_id, system=True)
+    return [{"task_id": e.data.get("task_id"), "task": e.task, "attempt": e.attempt,
+             "batch": e.data.get("batch"), "items": e.data.get("items"), "at": e.at}
+            for e in found if e.kind == "step.batched"]  # fmt: skip
 
 
 def retry(store: Operator, run_id: int) -> None:

@@ -28,6 +28,7 @@ from .security import Secrets, session_of
 
 T = TypeVar("T")
 MAX_ID = 2**63 - 1  # SQLite's largest integer: a bigger id names no run
+MAX_BATCHES = 1000  # a run page reads at most this many of its events for its batches
 PAGE = 50
 STATS_EVERY = 1.0  # seconds: every open overview shares one read of the counts per second
 CHART_EVERY = 10.0  # the chart reads up to CHART_RUNS runs: at most once per 10 s
@@ -181,8 +182,10 @@ class Pages:
         chart = charts.run_timeline(lines, run.created_at, max(ends))
         done = request.query_params.get("done")
         calls, intents = self.store.paid_calls(run_id), self.store.call_timeline(run_id)
+        events = self.store.events(0, MAX_BATCHES, run=run_id, system=True)
+        batches = [e for e in events if e.kind == "step.batched"]  # its batch calls (B23)
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
-                           calls=calls, intents=intents,
+                           calls=calls, intents=intents, batches=batches,
                            unresolved=timeline.unresolved(run, calls, intents),
                            done=done if done in DONE else None,
                            children=children_tree(self.store, run_id),

@@ -65,3 +65,17 @@ def test_a_task_that_crashed_its_worker_twice_under_max_attempts_2(sv: Superviso
     assert "failure:    task_attempts_exhausted" in text
     row = task_row(text)
     assert row[1] == "crash" and row[2:4] == ["2", "3"], text
+
+
+def test_show_says_which_batch_call_each_item_went_in(s: Store) -> None:
+    from workerproc.store import ClaimRequest  # noqa: PLC0415 - this test only
+
+    for _ in range(3):
+        s.start_run("embed")
+    leases = s.commit_many([], claim=ClaimRequest("w1", 60, limit=3, task="embed")).leases
+    assert s.batch_started(leases, "1.1") == 3
+    doc = json.loads(show(s.url, "--json"))
+    assert [(b["task"], b["attempt"], b["batch"], b["items"]) for b in doc["batches"]] == [
+        ("embed", 1, "1.1", 3)]  # fmt: skip
+    text = show(s.url)
+    assert "batches:" in text and re.search(r"embed\s+1\s+1\.1\s+3", text), text

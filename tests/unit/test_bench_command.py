@@ -21,7 +21,8 @@ OWN_OPTION = {"throughput": "--only-postgres", "before": "--now", "store": "--qu
               "once": "--work-ms", "limits": "--keys", "events": "--procs",
               "waits": "--waiting", "webhooks": "--trickle", "web": "--runs",
               "worker": "--ttl", "pg-cost": "--concurrency", "pg-floor": "samples",
-              "streams": "--flood", "pgbouncer": "--workers", "cli": "--samples"}  # fmt: skip
+              "streams": "--flood", "pgbouncer": "--workers", "cli": "--samples",
+              "batch": "--workers"}  # fmt: skip
 
 
 def bench_py(*args: str) -> subprocess.CompletedProcess[str]:

@@ -207,12 +207,15 @@ def test_interrupt_outside_the_handler_is_ignored(worker_signals):
 def test_status_slot_counters_round_trip_and_belong_to_one_pid():
     board = StatusBoard(2)
     counted = Counters(claims=3, takeovers=1)
+    counted.batch_done(64)
+    counted.batch_done(30)
     counted.task_done(0.003)
     counted.task_done(0.2)
     counted.task_done(1e6)  # past the last bound: the +Inf bucket
     board.slot(1).publish_counters(4242, counted)
     got = board.slot(1).read_counters(4242)
     assert got == counted and got.done == 3 and got.buckets[-1] == 1
+    assert (got.batches, got.batch_items) == (2, 94)
     assert got.buckets[0] == 1 and sum(got.buckets) == 3
     assert len(got.buckets) == len(DURATION_BOUNDS) + 1
     assert board.slot(1).read_counters(4243) is None  # another pid's slot

@@ -126,3 +126,14 @@ def test_a_run_that_is_over_gets_no_form_and_a_read_only_dashboard_none(
     over = c.post(f"/runs/{run}/resolve", content=f"csrf={token}&name=llm&how=pay_again",
                   headers=FORM)  # fmt: skip
     assert over.status_code == 409 and "was cancelled" in over.text
+
+
+def test_a_run_page_says_which_batch_call_each_attempt_went_in(s: Store) -> None:
+    from workerproc.store import ClaimRequest  # noqa: PLC0415 - this test only
+
+    runs = [s.start_run("embed") for _ in range(3)]
+    leases = s.commit_many([], claim=ClaimRequest("w1", TTL, limit=3, task="embed")).leases
+    assert s.batch_started(leases, "7.1") == 3
+    html = client(s).get(f"/runs/{runs[1]}").text
+    table = text_of(html.split('id="batches"', 1)[1].split("</table>", 1)[0])
+    assert "embed" in table and "7.1" in table and " 3 " in f" {table} "

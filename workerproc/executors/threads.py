@@ -59,7 +59,10 @@ class ThreadExecutor(Executor):
         main_thread_only()
         ex = self._queue.get()
         while ex is not None:
-            run_handler(ex, self._config)
+            if ex.batcher is not None:  # a batch step: its items ride with it (``batcher.py``)
+                ex.batcher(ex)
+            else:
+                run_handler(ex, self._config)
             try:
                 # the next prefetched task, started by this thread (no round trip through the
                 # conductor), or whatever the conductor submits

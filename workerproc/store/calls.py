@@ -178,3 +178,14 @@ def usage_row(lease: Lease, name: str | None, usage: Usage, now: float | None) -
     return {"run_id": lease.run_id, "task_id": lease.task_id, "task": lease.task,
             "attempt": lease.attempt, "name": name, "tokens": usage.tokens, "cost": usage.cost,
             "now": now}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class KeepItem:
+    """One item of a batch's ``keep_calls``: its lease, its call's key, its answer and the
+    intent it answers."""
+
+    lease: Lease
+    key: CallKey
+    result: JSON
+    intent: int | None

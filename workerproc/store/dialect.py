@@ -49,8 +49,9 @@ Catalogue = Mapping[str, str | Step]
 
 
 class ClaimRow(NamedTuple):
-    """One row of a claim (``CLAIM``, ``CLAIM_QUEUES``, ``CLAIM_OTHERS``, ``CLAIM_RUNS``), as
-    every dialect builds it from its statement's columns (``protocol.claims`` reads it).
+    """One row of a claim (``CLAIM``, ``CLAIM_QUEUES``, ``CLAIM_OTHERS``, ``CLAIM_TASK``,
+    ``CLAIM_RUNS``), as every dialect builds it from its statement's columns
+    (``protocol.claims`` reads it).
     ``task_id`` None: a run the statement locked but could not lease. JSON goes as text
     (``payload``, ``state``, ``options``: the task's declared options, None: none declared)."""
 
@@ -114,7 +115,7 @@ STATEMENTS = frozenset(
     {
         # claims (R1, R6, B10)
         "CLAIM", "CLAIM_QUEUES", "CLAIM_OTHERS", "DROP_EXHAUSTED_LEASE", "FAIL_RUN",
-        "ATTEMPT_ENDED",
+        "ATTEMPT_ENDED", "CLAIM_TASK",
         # renewals (R3, B5)
         "RENEW_MANY",
         # fenced commits (R2, R5, B3, B4) and the completions (batches of N >= 1 of the

@@ -181,7 +181,8 @@ class KeepRow(NamedTuple):
 class ClaimAsk:
     """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
     served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3);
-    ``tasks``: only runs whose next task is one of these (None: any, B22)."""
+    ``tasks``: only runs whose next task is one of these (None: any, B22).
+    ``task``: only runs whose head is a task of this name (a batch's claim)."""
 
     owner: str
     ttl: float
@@ -190,6 +191,7 @@ class ClaimAsk:
     skip: tuple[str, ...] = ()
     start: bool = True
     tasks: tuple[str, ...] | None = None
+    task: str | None = None
 
 
 @dataclass(frozen=True)

@@ -233,7 +233,10 @@ class ClaimRequest:
     its own slots, B20); the leases of both come back together, this one's first.
     ``tasks``: the task names the claimer has handlers for (None: any); a run whose next task
     is none of them is left to a worker that serves it (B22: a rolling deploy's old workers
-    never claim a new version's task)."""
+    never claim a new version's task). ``task``:
+    only runs whose head is a task of this name, and only runs in no line (a batch step's
+    claim for more of its own items; the runs of a task with limits join a batch through the
+    worker's plain claim, admitted one by one)."""
 
     owner: str
     ttl: float
@@ -244,6 +247,7 @@ class ClaimRequest:
     skip: tuple[str, ...] = ()
     also: ClaimRequest | None = None
     tasks: tuple[str, ...] | None = None
+    task: str | None = None
 
     @property
     def begins(self) -> bool:

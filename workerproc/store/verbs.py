@@ -82,6 +82,8 @@ class InTurn(Driver):
                   "queues": None if ask.queues is None else list(ask.queues),
                   "start": ask.start, "skip": list(ask.skip),
                   "tasks": None if ask.tasks is None else list(ask.tasks)}  # fmt: skip
+        if ask.task is not None:  # a batch's claim: one task's runs (``CLAIM_TASK``)
+            name, params["task"] = "CLAIM_TASK", ask.task
         return cast("list[ClaimRow]", self.rows(name, params))  # as every catalogue builds them
 
     def lease_runs(self, ask: LeaseRuns) -> list[ClaimRow]:

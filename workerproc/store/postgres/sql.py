@@ -282,6 +282,13 @@ def _claim_sql(queues: int | None, skip: bool = False) -> str:
 
 
 CLAIM = claim_sql(None)  # every queue, any limit (``steps.claim`` writes the limit in)
+# a batch's claim: one task's runs (%(task)s), from the named queues (NULL: every queue but those
+# of %(skip)s), every level walked in head order as the claim for every queue walks it
+_OF_TASK = """r.queue <> ALL(%(skip)s::text[])
+          AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
+          AND EXISTS (SELECT 1 FROM tasks AS h WHERE h.id = r.head_id AND h.name = %(task)s)
+          AND """
+CLAIM_TASK = _CLAIM.format(levels=_EVERY_LEVEL, level=_PICK.format(queue=_OF_TASK))
 
 
 # -- batched completions (R2, R5) -----------------------------------------------------------------

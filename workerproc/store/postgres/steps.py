@@ -57,6 +57,11 @@ def claim_others(tx: PostgresTx, params: Params) -> list[Row]:
     return _claim(tx, None, params, skip=True)
 
 
+def claim_task(tx: PostgresTx, params: Params) -> list[Row]:
+    """A batch's claim: one task's runs (``CLAIM_TASK``)."""
+    return [ClaimRow._make(row) for row in tx.execute(q.CLAIM_TASK, params)]
+
+
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
     """Every lease in one statement, as arrays; it locks the runs in id order itself (the
     protocol records each refusal)."""
@@ -215,6 +220,7 @@ STEPS: dict[str, Step] = {
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "CLAIM_OTHERS": claim_others,
+    "CLAIM_TASK": claim_task,
     "CLAIM_RUNS": claim_runs,
     "RENEW_MANY": renew_many,
     "RELEASE_OWNER": release_owner,

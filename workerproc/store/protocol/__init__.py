@@ -2,13 +2,14 @@
 claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
 producers, operators (and their bulk writes, ``bulk``), reads, the per-task options
 (``tasks``), the worker list (``workers``), schedules (``schedules``), paid calls
-(``calls``), the outbox (``events``), webhooks (``webhooks``) and runs' streams
-(``streams``). ``Store`` is all of it; callers depend on the part they use
-(``store/roles.py``)."""
+(``calls``), the outbox (``events``), webhooks (``webhooks``), runs' streams
+(``streams``) and batch steps' records (``batches``). ``Store`` is all of it; callers depend
+on the part they use (``store/roles.py``)."""
 
 from __future__ import annotations
 
 from ..dialect import Dialect
+from .batches import Batches
 from .bulk import Bulk
 from .calls import Calls
 from .events import Events
@@ -27,7 +28,7 @@ from .workers import Workers
 
 class Store(
     Leases, Producers, Operators, Bulk, Reads, Tasks, Workers, Schedules, Limits, Calls, Events,
-    Waits, Webhooks, Streams,
+    Waits, Webhooks, Streams, Batches,
 ):  # fmt: skip
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the

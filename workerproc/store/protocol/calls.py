@@ -23,6 +23,7 @@ again, and knows when a payment may have happened without an answer.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Literal
 
 from ..calls import (
@@ -31,6 +32,7 @@ from ..calls import (
     CallKey,
     CallStart,
     CallTotals,
+    KeepItem,
     KeptCall,
     PaidCall,
     Resolved,
@@ -66,27 +68,19 @@ class Calls:
         """Before ``lease``'s attempt calls ``key``: its kept answer (reused), or an intent
         written (call), or nothing (park: an earlier intent has no answer; lost: the lease
         is no longer live, or the run is over)."""
-        params = key.params()
+        return self.dialect.write(lambda tx: _begin(tx, lease, key, unknown), intent="call")
 
-        def begin(tx: Tx) -> CallStart:
-            tx.one("LOCK_CALL", params)  # racing attempts see each other's intents
-            row = tx.one("FIND_CALL", params)
-            if row is not None:
-                tx.count("COUNT_REUSE", params)
-                return CallStart("reused", _kept(row, "reused"))
-            earlier = tx.one("EARLIER_INTENTS", params)
-            made, open_ = (int(earlier[0]), int(earlier[1])) if earlier else (0, 0)
-            if unknown == "park" and open_:
-                if tx.one("CHECK_FENCE", _fence(lease, tx.now)) is None:
-                    return CallStart("lost")
-                return CallStart("park")
-            again = made > 0
-            row = tx.one("INSERT_INTENT", {**params, **_fence(lease, tx.now), "again": again})
-            if row is None:  # the lease is live but the run is over (cancelled), or lost
-                held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
-                return CallStart("over" if held else "lost")
-            left = None if row[1] is None else float(row[1])
-            return CallStart("call", intent=int(row[0]), again=again, left=left)
+    def begin_calls(
+        self, items: Sequence[tuple[Lease, CallKey]], unknown: Unknown = "pay"
+    ) -> list[CallStart]:
+        """``begin_call`` for each (lease, key) of a batch, in one transaction (``batch.once``):
+        each item found, written or refused on its own, as ``begin_call`` would (in step
+        order: two batches that share items lock their calls in the same order)."""
+        order = sorted(range(len(items)), key=lambda i: (items[i][1].run_id, items[i][1].task_id))
+
+        def begin(tx: Tx) -> list[CallStart]:
+            found = {i: _begin(tx, items[i][0], items[i][1], unknown) for i in order}
+            return [found[i] for i in range(len(items))]
 
         return self.dialect.write(begin, intent="call")
 
@@ -106,21 +100,21 @@ class Calls:
         and ``lease``'s step not done, and mark ``intent`` answered (its tokens and cost kept
         for ``spend``). Returns what the step's call now answers."""
         text = dumps(result, f"the result of once({key.name!r})", MAX_RESULT)
+        return self.dialect.write(lambda tx: _keep(tx, lease, key, result, text, tokens, cost,
+                                                   intent), intent="call")  # fmt: skip
 
-        keeping = Keep(key.run_id, key.task_id, key.name, key.request_hash, text,
-                       lease.attempt, lease.owner, tokens, intent)  # fmt: skip
+    def keep_calls(self, items: Sequence[KeepItem]) -> list[KeptCall]:
+        """``keep_call`` for each item of a batch (lease, key, result, intent), in one
+        transaction (``batch.once``): each kept, lost to an earlier answer or refused on its
+        own, as ``keep_call`` would."""
+        texts = [dumps(i.result, f"the result of once({i.key.name!r})", MAX_RESULT)
+                 for i in items]  # fmt: skip
+        order = sorted(range(len(items)), key=lambda i: (items[i].key.run_id, items[i].key.task_id))
 
-        def keep(tx: Tx) -> KeptCall:
-            got = tx.keep_call(keeping)
-            if got.outcome == "answered":
-                return _kept_before(tx, lease, key, result, tokens)  # a retried keep
-            if intent is not None and (tokens is not None or cost is not None):
-                tx.count("INSERT_USAGE", usage_row(lease, key.name, Usage(tokens, cost), tx.now))
-            if got.outcome == "kept":
-                return KeptCall(result, lease.attempt, tokens, "kept")
-            if got.outcome == "none":  # nothing kept, ever: the run is over, or the step done
-                return _refused(tx, lease, result, tokens)
-            return _kept((got.result, got.attempt, got.tokens), "lost_race")
+        def keep(tx: Tx) -> list[KeptCall]:
+            kept = {i: _keep(tx, items[i].lease, items[i].key, items[i].result, texts[i], None,
+                             None, items[i].intent) for i in order}  # fmt: skip
+            return [kept[i] for i in range(len(items))]
 
         return self.dialect.write(keep, intent="call")
 
@@ -246,6 +240,47 @@ class Calls:
         if gone == 0:
             raise StoreError(f"run {run_id} has no paid call named {name!r}")
         return gone
+
+
+def _begin(tx: Tx, lease: Lease, key: CallKey, unknown: Unknown) -> CallStart:
+    """``begin_call``'s transaction for one call (one item of a batch's)."""
+    params = key.params()
+    tx.one("LOCK_CALL", params)  # racing attempts see each other's intents
+    row = tx.one("FIND_CALL", params)
+    if row is not None:
+        tx.count("COUNT_REUSE", params)
+        return CallStart("reused", _kept(row, "reused"))
+    earlier = tx.one("EARLIER_INTENTS", params)
+    made, open_ = (int(earlier[0]), int(earlier[1])) if earlier else (0, 0)
+    if unknown == "park" and open_:
+        if tx.one("CHECK_FENCE", _fence(lease, tx.now)) is None:
+            return CallStart("lost")
+        return CallStart("park")
+    again = made > 0
+    row = tx.one("INSERT_INTENT", {**params, **_fence(lease, tx.now), "again": again})
+    if row is None:  # the lease is live but the run is over (cancelled), or lost
+        held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
+        return CallStart("over" if held else "lost")
+    left = None if row[1] is None else float(row[1])
+    return CallStart("call", intent=int(row[0]), again=again, left=left)
+
+
+def _keep(
+    tx: Tx, lease: Lease, key: CallKey, result: JSON, text: str, tokens: int | None,
+    cost: float | None, intent: int | None,
+) -> KeptCall:  # fmt: skip
+    """``keep_call``'s transaction for one answer (one item of a batch's)."""
+    got = tx.keep_call(Keep(key.run_id, key.task_id, key.name, key.request_hash, text,
+                            lease.attempt, lease.owner, tokens, intent))  # fmt: skip
+    if got.outcome == "answered":
+        return _kept_before(tx, lease, key, result, tokens)  # a retried keep
+    if intent is not None and (tokens is not None or cost is not None):
+        tx.count("INSERT_USAGE", usage_row(lease, key.name, Usage(tokens, cost), tx.now))
+    if got.outcome == "kept":
+        return KeptCall(result, lease.attempt, tokens, "kept")
+    if got.outcome == "none":  # nothing kept, ever: the run is over, or the step done
+        return _refused(tx, lease, result, tokens)
+    return _kept((got.result, got.attempt, got.tokens), "lost_race")
 
 
 def _kept_before(tx: Tx, lease: Lease, key: CallKey, result: JSON, tokens: int | None) -> KeptCall:

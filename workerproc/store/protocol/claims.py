@@ -55,6 +55,8 @@ def claim(
         # rate of 10 a second (tests/chaos/test_limits_chaos.py)
         return first + claim(tx, req.also, keeper, gated=False)
     check_owner(req.owner)
+    if req.task is not None:
+        check_name(req.task, "a batch claim's task")
     skip = tuple(check_queue(q) for q in dict.fromkeys(req.skip))
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues is not None:
@@ -68,7 +70,7 @@ def claim(
         first = claim(tx, dataclasses.replace(req, limit=req.start), keeper, gated=gated)
         rest = dataclasses.replace(req, limit=req.limit - len(first), start=0)
         return first + claim(tx, rest, keeper, gated=gated)
-    if not gated:
+    if not gated or req.task is not None:  # (a batch's claim: runs in no line only)
         return _claim(tx, req, req.limit, keeper)
     if next(_turns) % 2:
         opened = gates.opened(tx, req.queues, req.limit, req.tasks)
@@ -107,7 +109,7 @@ def _claim(tx: Tx, req: ClaimRequest, limit: int, keeper: Gatekeeper | None = No
         if ask <= 0:
             break
         rows = tx.claim_rows(ClaimAsk(req.owner, req.ttl, ask, req.queues, req.skip, req.begins,
-                                      req.tasks))  # fmt: skip
+                                      req.tasks, req.task))  # fmt: skip
         if not rows:
             break
         got = 0

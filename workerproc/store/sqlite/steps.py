@@ -61,6 +61,15 @@ def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
     return _claimed(tx, q.CLAIM_OTHERS, {**params, "skip": json.dumps(params["skip"])})
 
 
+def claim_task(tx: SQLiteTx, params: Params) -> list[Row]:
+    """A batch's claim: one task's runs (``CLAIM_TASK``)."""
+    queues = params["queues"]
+    named = None if queues is None else json.dumps(queues)
+    return _claimed(
+        tx, q.CLAIM_TASK, {**params, "skip": json.dumps(params["skip"]), "queues": named}
+    )
+
+
 def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
     """Each lease of the batch renewed in turn (in process, a statement costs no round trip;
     the protocol records each lease it did not renew as refused)."""
@@ -328,6 +337,7 @@ STEPS: dict[str, Step] = {
     "CLAIM": claim,
     "CLAIM_QUEUES": claim_queues,
     "CLAIM_OTHERS": claim_others,
+    "CLAIM_TASK": claim_task,
     "RENEW_MANY": renew_many,
     "FINISH": finish,
     "ADVANCE": advance,

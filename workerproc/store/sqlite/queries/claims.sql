@@ -136,6 +136,34 @@ WHERE id IN (
 RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
     prev_owner IS NOT NULL
 
+-- name: CLAIM_TASK
+-- claim (R1) of one task's runs (:task: a batch's claim for more of its items), from the named
+-- queues (:queues, a JSON array; NULL: every queue but those of :skip): the first :limit
+-- claimable runs whose head is a task of that name, a higher priority first, then in head
+-- order, each leased as CLAIM leases. Runs in a line (head_at NULL) are never walked: they are
+-- admitted by their gates, one by one, in the worker's plain claim.
+WITH picked(run_id) AS (
+    SELECT x.id FROM runs AS x JOIN tasks AS h ON h.id = x.head_id
+    WHERE x.head_at <= :now AND h.name = :task AND +x.status IN ('pending', 'running')
+      AND (:queues IS NULL OR x.queue IN (SELECT value FROM json_each(:queues)))
+      AND x.queue NOT IN (SELECT value FROM json_each(:skip))
+      AND NOT EXISTS (SELECT 1 FROM tasks AS a
+                      WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
+                        AND a.lease_expires_at > :now)
+    ORDER BY x.priority DESC, x.head_at, x.head_created, x.head_id LIMIT :limit)
+UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner, lease_expires_at = :now + :ttl,
+    attempts = attempts + 1, claimed_at = :now,
+        attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
+    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)
+WHERE id IN (
+    SELECT (SELECT t.id FROM tasks AS t
+            WHERE t.run_id = picked.run_id AND t.done_at IS NULL AND t.available_at <= :now
+              AND (t.lease_owner IS NULL OR t.lease_expires_at <= :now)
+            ORDER BY t.available_at, t.created_at, t.id LIMIT 1)
+    FROM picked)
+RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
+    prev_owner IS NOT NULL
+
 -- name: RUN_STATE
 -- claim: hand the run's state and its queue to the handler, the claimed task's declared options
 -- (B11; NULL: none), the signal that resumed it if it waited for one, the run's parent and its
