@@ -10,7 +10,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from workerproc.store import QueueCounts, Stats, StoreError, redact_url
+from workerproc.store import Inspector, QueueCounts, Stats, StoreError, redact_url
 from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
@@ -18,6 +18,9 @@ from .arbiter import Arbiter
 from .failures import failed_in_drain
 
 WARN = logging.WARNING
+
+
+UNSERVED_LOOK = 1000  # pending runs a drain looks at for tasks no worker serves
 
 
 def stop_when_drained(arb: Arbiter) -> None:
@@ -45,10 +48,11 @@ def stop_when_drained(arb: Arbiter) -> None:
             left = store.next_ready_at(served) is not None
             if left and delivering and store.webhook_list():
                 left = False  # that may be only the deliveries: the counts below tell
-            if left and (arb.progress is None or not arb.progress.enabled):
+            unserved = _unserved(store, served) if left else {}
+            if left and not unserved and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
-            if delivering and _queues_done(stats, served):  # (the webhooks' turn: backlogs)
+            if delivering and _queues_done(stats, served, len(unserved)):  # (webhooks' turn)
                 hooks, now = store.webhooks(), store.now()
                 if not all(h.settled() for h in hooks):
                     return
@@ -63,7 +67,7 @@ def stop_when_drained(arb: Arbiter) -> None:
     if arb.progress is not None:
         progress = drain_progress(done, sum(runs.values()), runs.get("failed", 0), arb.started_at)
         arb.progress.show(progress)
-    if _queues_done(stats, served):
+    if _queues_done(stats, served, len(unserved)):
         if arb.progress is not None:
             arb.progress.finish()
         try:
@@ -77,8 +81,10 @@ def stop_when_drained(arb: Arbiter) -> None:
             "drain_finished",
             f"drain finished: no task ready, delayed or leased ({done} runs done, "
             f"{runs.get('failed', 0)} failed, {failed} of them during this drain)"
-            + "".join(f"; {_behind(h, now)}" for h in behind),
+            + "".join(f"; {_behind(h, now)}" for h in behind)
+            + _waiting(unserved),
             runs=dict(runs),
+            unserved=len(unserved),
             failed_in_drain=failed,
             webhooks_behind={h.name: h.backlog for h in behind},
         )
@@ -91,10 +97,31 @@ def _mine(stats: Stats, served: tuple[str, ...] | None) -> list[QueueCounts]:
             if q != WEBHOOK_QUEUE and (served is None or q in served)]  # fmt: skip
 
 
-def _queues_done(stats: Stats, served: tuple[str, ...] | None) -> bool:
-    """No task of the served queues is ready, delayed or leased (the deliveries' are the
-    webhooks' own to judge: ``WebhookInfo.settled``)."""
-    return not sum(c.ready + c.delayed + c.leased + c.expired for c in _mine(stats, served))
+def _queues_done(stats: Stats, served: tuple[str, ...] | None, unserved: int = 0) -> bool:
+    """No task of the served queues is ready, delayed or leased but the ``unserved`` ones
+    (ready, for a task no worker of the pool serves: B22), the deliveries' left to the
+    webhooks to judge (``WebhookInfo.settled``)."""
+    left = sum(c.ready + c.delayed + c.leased + c.expired for c in _mine(stats, served))
+    return left <= unserved
+
+
+def _unserved(store: Inspector, served: tuple[str, ...] | None) -> dict[int, str]:
+    """The pending runs of the served queues that wait for a task no live worker serves
+    (B22): a drain does not wait for them, and says so. Only looked for among the newest
+    ``UNSERVED_LOOK`` pending runs: with more, the drain goes on as if they were served."""
+    pending = [r for r in store.list_runs("pending", UNSERVED_LOOK)
+               if r.queue != WEBHOOK_QUEUE and (served is None or r.queue in served)]  # fmt: skip
+    return store.unserved([r.id for r in pending]) if pending else {}
+
+
+def _waiting(unserved: dict[int, str]) -> str:
+    """What a drain leaves behind: the runs that wait for a worker that serves their task."""
+    if not unserved:
+        return ""
+    reasons = sorted(set(unserved.values()))
+    more = f" (+{len(reasons) - 1} more)" if len(reasons) > 1 else ""
+    count = len(unserved)
+    return f"; {count} run{'s' if count > 1 else ''} left waiting: {reasons[0]}{more}"
 
 
 def _behind(hook: WebhookInfo, now: float) -> str:

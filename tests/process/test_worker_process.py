@@ -259,15 +259,17 @@ def test_process_that_dies_on_every_attempt_fails_the_run(workdir, db, real_stor
     assert len([e for e in events(workdir) if e[0] == "start"]) == 3
 
 
-def test_unknown_task_fails_at_once(workdir, db, real_store, procs):
+def test_a_task_no_worker_serves_waits_unclaimed_and_wedges_nothing(workdir, db, real_store, procs):
+    """B22: a worker claims only the tasks its app has: a run of another task waits (for a
+    worker that serves it), no attempt spent, shown as such; the rest of the queue flows."""
     run_id = real_store.start_run("no_such_task")
     ok = real_store.start_run("noop")
     procs.append(spawn_worker(db, workdir))
-    finished(real_store, run_id, "failed")
     finished(real_store, ok)  # the pool is not wedged
-    run = real_store.get_run(run_id)
-    assert run is not None and run.failure_reason == "unknown_task"
-    assert real_store.get_tasks(run_id)[0].attempts == 1
+    wait_for(lambda: real_store.unserved([run_id]), timeout=30)
+    assert real_store.unserved([run_id]) == {run_id: "no worker serves task no_such_task"}
+    assert real_store.get_run(run_id).status == "pending"
+    assert real_store.get_tasks(run_id)[0].attempts == 0
 
 
 def test_task_timeout_exits_with_its_code_and_records_the_error(workdir, db, real_store, procs):
