@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workerproc.store import Lease, SQLiteDialect, Store
+from workerproc.store import Lease, Store
+from workerproc.store.sqlite.dialect import SQLiteDialect
 
 from .handlers import LIMIT, SIGNAL, TASKS
 from .world import Ledger, Payment, Violation

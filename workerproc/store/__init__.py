@@ -51,13 +51,12 @@ if TYPE_CHECKING:
     from .aio import AsyncStore, open_async_store
     from .dialect import CHANGE_CHECK, Dialect
     from .protocol import Store
-    from .sqlite.dialect import SQLiteDialect
 
 # The store itself, its SQLite backend and the async store are imported at their first use:
 # what only needs the store's types, errors or codec (the CLI's parsing, a handler's module)
 # does not load every statement of both backends.
 _WHERE = {"AsyncStore": "aio", "open_async_store": "aio", "CHANGE_CHECK": "dialect",
-          "Dialect": "dialect", "Store": "protocol", "SQLiteDialect": "sqlite.dialect"}  # fmt: skip
+          "Dialect": "dialect", "Store": "protocol"}  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:
