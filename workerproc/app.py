@@ -15,6 +15,7 @@ from .store.errors import InvalidPayload
 from .store.limits import unfit
 from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
+from .store.webhooks import DELIVERY_TASK
 from .tasks import Task, check_batch, declare
 
 if TYPE_CHECKING:
@@ -243,6 +244,11 @@ class App:
             self.handlers[each] = fn
             self.tasks[each] = task
         return task
+
+    def served_tasks(self) -> tuple[str, ...]:
+        """The task names a worker of this app claims (B22): its tasks, their aliases, and
+        the delivery task every worker has built in."""
+        return tuple(sorted({DELIVERY_TASK, *self.handlers}))
 
     def _reservations(self) -> dict[str, tuple[tuple[str, ...], int | None]]:
         """Each task's limits and token reservation, by name."""

@@ -113,7 +113,7 @@ class Worker:
         self.outage = Outage()  # a database that stops answering, told once per incident
         # the tasks it has handlers for (the app's, and the built-in delivery): its claims ask
         # for those only, and its row in the worker list says so (B22)
-        self.served = tuple(sorted({DELIVERY_TASK, *app.handlers}))
+        self.served = app.served_tasks()
         presence = self._presence(owner, config)  # the worker list's row, kept by the heartbeat
         self.heartbeat = Heartbeat(open_store, ttl=config.lease_ttl, interval=config.interval,
                                    post=post, task_timeout=config.task_timeout,

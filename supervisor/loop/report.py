@@ -48,7 +48,7 @@ def stop_when_drained(arb: Arbiter) -> None:
             left = store.next_ready_at(served) is not None
             if left and delivering and store.webhook_list():
                 left = False  # that may be only the deliveries: the counts below tell
-            unserved = _unserved(store, served) if left else {}
+            unserved = _unserved(store, served, arb.app.served_tasks()) if left else {}
             if left and not unserved and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
@@ -105,13 +105,16 @@ def _queues_done(stats: Stats, served: tuple[str, ...] | None, unserved: int = 0
     return left <= unserved
 
 
-def _unserved(store: Inspector, served: tuple[str, ...] | None) -> dict[int, str]:
-    """The pending runs of the served queues that wait for a task no live worker serves
-    (B22): a drain does not wait for them, and says so. Only looked for among the newest
-    ``UNSERVED_LOOK`` pending runs: with more, the drain goes on as if they were served."""
+def _unserved(
+    store: Inspector, served: tuple[str, ...] | None, tasks: tuple[str, ...]
+) -> dict[int, str]:
+    """The pending runs of the served queues whose next task is none of the pool's ``tasks``
+    (B22): no worker of this pool claims them, so a drain does not wait for them, and says
+    so. Only looked for among the newest ``UNSERVED_LOOK`` pending runs: with more, the drain
+    goes on as if they were served."""
     pending = [r for r in store.list_runs("pending", UNSERVED_LOOK)
                if r.queue != WEBHOOK_QUEUE and (served is None or r.queue in served)]  # fmt: skip
-    return store.unserved([r.id for r in pending]) if pending else {}
+    return store.unserved([r.id for r in pending], tasks=tasks) if pending else {}
 
 
 def _waiting(unserved: dict[int, str]) -> str:

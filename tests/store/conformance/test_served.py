@@ -101,3 +101,17 @@ def test_a_due_run_the_live_workers_do_not_serve_is_told_as_such(driver: Driver)
     s.worker_seen(dataclasses.replace(info, owner="host:3:1.0:any", tasks=None, state="draining"))
     assert new in s.unserved(everything)  # a draining worker claims nothing more
     assert s.unserved([]) == {}
+
+
+@verb("unserved")
+def test_a_pool_judges_its_own_tasks_without_the_worker_list(driver: Driver) -> None:
+    """A pool's drain asks with its own tasks: its workers may not have listed themselves yet,
+    and another pool's live workers say nothing of what this one serves."""
+    s = driver.store
+    mine, other = s.start_run("noop"), s.start_run("render")
+    info = WorkerInfo("host:1:1.0:gpu", "host", 1, 1_000_000.0, 5.0, 4, None, "9.9",
+                      tasks=("render",))  # fmt: skip
+    s.worker_seen(info, starting=True)  # another pool's worker, serving another task
+    assert s.unserved([mine, other]) == {mine: "no worker serves task noop"}
+    assert s.unserved([mine, other], tasks=["noop"]) == {other: "no worker serves task render"}
+    assert s.unserved([mine, other], tasks=["noop", "render"]) == {}

@@ -46,12 +46,16 @@ class Workers:
         self.dialect.write(lambda tx: tx.count("WORKER_GONE", {"owner": owner}),
                            intent="statement")  # fmt: skip
 
-    def unserved(self, run_ids: Sequence[int]) -> dict[int, str]:
+    def unserved(
+        self, run_ids: Sequence[int], *, tasks: Sequence[str] | None = None
+    ) -> dict[int, str]:
         """B22: of ``run_ids``, the runs due now that the live pool would not claim, each with
         why ("no worker serves task X"): workers run (alive, not draining), and none of them
         serves both the run's queue and its next task. With no worker running at all, a run
         is plainly pending (the pool is down: ``status`` says so). A worker from before the
-        list kept tasks serves any task."""
+        list kept tasks serves any task. With ``tasks`` (a pool's own: its drain), judged
+        against those instead of the live workers' (which may not have listed themselves
+        yet)."""
         ids = sorted({int(r) for r in run_ids})
         if not ids:
             return {}
@@ -61,6 +65,10 @@ class Workers:
                     tx.rows("HEAD_TASKS", {"run_ids": ids, "now": tx.now}))  # fmt: skip
 
         listed, heads = self.dialect.read(read)
+        if tasks is not None:
+            own = set(tasks)
+            return {int(run_id): f"no worker serves task {name}" for run_id, name, _ in heads
+                    if name not in own}  # fmt: skip
         live = [w for w in map(_worker_of, listed) if w.alive and w.state == "running"]
         if not live:
             return {}
