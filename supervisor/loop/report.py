@@ -21,6 +21,7 @@ WARN = logging.WARNING
 
 
 UNSERVED_LOOK = 1000  # pending runs a drain looks at for tasks no worker serves
+UNSERVED_EVERY = 1.0  # seconds between those looks
 
 
 def stop_when_drained(arb: Arbiter) -> None:
@@ -48,7 +49,10 @@ def stop_when_drained(arb: Arbiter) -> None:
             left = store.next_ready_at(served) is not None
             if left and delivering and store.webhook_list():
                 left = False  # that may be only the deliveries: the counts below tell
-            unserved = _unserved(store, served, arb.app.served_tasks()) if left else {}
+            # what is left may be only runs no worker of this pool serves (B22): looked for
+            # once a second at most, so a drain of a long queue pays next to nothing for it
+            look = left and arb.due("unserved", UNSERVED_EVERY)
+            unserved = _unserved(store, served, arb.app.served_tasks()) if look else {}
             if left and not unserved and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()
