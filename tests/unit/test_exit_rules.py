@@ -47,6 +47,7 @@ def test_a_chaos_violation_wins_over_fail_on_failed(store: Store, clock: FakeClo
     chaos violation (here ``no_progress``) exits 8. The drain's hook ran first and its 16 was
     kept by chaos, which keeps any code that is not 0."""
     arb = drain(store, clock)
+    arb.app.task("t")(lambda ctx: None)  # the pool serves it (B22): its drain waits for it
     store.start_run("t")  # ready, and never claimed: the pool makes no progress
     chaos = Chaos(ChaosConfig(enabled=True, interval=3600.0), ttl=TTL, poll_interval=0.2,
                   fast_release=True, max_attempts=3, wall=clock)  # fmt: skip
