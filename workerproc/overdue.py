@@ -29,6 +29,10 @@ Look = Callable[[float, float], tuple[float, list[Held]]]
 
 MAX_WAIT = 1.0
 IDLE_RECHECK = 0.05  # past a deadline with no call in flight: the heartbeat judges it itself
+# While a call is in flight the watch looks at least this often, so that a pause of the whole
+# process (SIGSTOP, a frozen VM) shows as a look ``LATE`` past its moment however close the
+# next deadline was planned to the moment the process resumed.
+BUSY_TICK = LATE / 2
 
 
 def overdue(
@@ -42,7 +46,7 @@ def overdue(
     wake = min(h.deadline(ttl) for h in live)
     if not busy:
         return max(wake, now + IDLE_RECHECK), []
-    return wake, [h for h in live if h.deadline(ttl) <= now]
+    return min(wake, now + BUSY_TICK), [h for h in live if h.deadline(ttl) <= now]
 
 
 class OverdueWatch:

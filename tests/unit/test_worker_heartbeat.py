@@ -129,6 +129,23 @@ def test_a_renewal_that_hangs_past_the_local_deadline_loses_the_lease_at_the_dea
     assert lost == [lost[0]]  # told once, though the call then fails or returns
 
 
+def test_the_overdue_watch_looks_often_while_a_call_is_in_flight_so_it_sees_a_pause() -> None:
+    """A deadline 0.9 s away while a renewal is in flight: the watch still looks within
+    ``LATE / 2``. Had it slept until the deadline, a process frozen meanwhile and resumed just
+    after that deadline would wake the watch on time (not ``LATE``), and it would take the pause
+    for a hung call and lose the lease itself, where the database must judge (and record) it."""
+    from workerproc.held import LATE, Held  # noqa: PLC0415
+    from workerproc.overdue import overdue  # noqa: PLC0415
+
+    held = [Held(LEASE, confirmed=100.0, due=100.3)]
+    wake, lost = overdue(held, 100.1, 1.0, busy=True, after=100.0)
+    assert lost == [] and wake <= 100.1 + LATE / 2
+    wake, lost = overdue(held, 100.1, 1.0, busy=False, after=100.0)
+    assert lost == [] and wake == 101.0  # idle: nothing to judge until the deadline
+    wake, lost = overdue(held, 101.05, 1.0, busy=True, after=100.5)
+    assert lost == held  # the deadline passed during the call
+
+
 def test_heartbeat_death_stops_the_worker(db_path: str):
     store = open_store(db_path)
     store.start_run("noop")

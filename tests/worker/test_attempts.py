@@ -148,7 +148,10 @@ def test_a_worker_paused_past_its_lease_takes_it_over_itself_and_runs_it_once(
         try:
             wait_for(lambda: ledger.read(path), timeout=30, what="the handler started")
             pause(worker)
-            run = wait_for(lambda: ended(store, run_id), timeout=60, what="the run ended")
+            try:
+                run = wait_for(lambda: ended(store, run_id), timeout=60, what="the run ended")
+            except AssertionError as e:
+                raise AssertionError(f"{e}\n{store.get_tasks(run_id)}\n{worker.output()}") from None
             assert run.status == "succeeded", (run, worker.output())
             assert worker.popen.poll() is None, worker.output()
         finally:

@@ -371,29 +371,37 @@ def test_async_timeout_cancels_and_releases_the_worker_goes_on(db_path: str) -> 
 
 
 def test_thread_timeout_releases_at_once_and_exits_after_the_other_slots(db_path: str) -> None:
+    """``hang`` outlives its 1 s timeout on a thread that cannot be stopped: its task is released
+    at once (the database says so while ``other`` still runs), and the worker exits with
+    TASK_TIMEOUT only after ``other``, running on the second slot, has finished."""
     app = App()
+    released_while_other_ran = threading.Event()
     other_done = threading.Event()
+
+    def hang_released() -> bool:
+        with open_store(db_path) as s:
+            (task,) = s.get_tasks(hung)
+            return task.lease_owner is None and "TaskTimeout" in (task.last_error or "")
 
     @app.task
     def hang(ctx: TaskContext) -> None:
         time.sleep(60)  # a thread cannot be stopped
 
-    @app.task
+    @app.task(timeout=60.0)
     def other(ctx: TaskContext) -> None:
-        time.sleep(0.8)  # runs when hang times out (1 s), and ends within its own timeout
+        wait_for(hang_released, timeout=30, interval=0.05, what="hang released")
+        released_while_other_ran.set()
+        time.sleep(0.3)  # still running after the timeout: the worker must wait for it
         other_done.set()
 
     with open_store(db_path) as s:
         hung = s.start_run("hang")
-        s.start_run("other", delay=0.6)
+        s.start_run("other")
     w, _ = worker(db_path, app, cls=Worker, concurrency=2, task_timeout=1.0)
-    begun = time.monotonic()
     assert w.run() == exitcodes.TASK_TIMEOUT
-    assert other_done.is_set()  # the other slot finished first
-    assert time.monotonic() - begun < 20
+    assert released_while_other_ran.is_set() and other_done.is_set()
     with open_store(db_path) as s:
-        (task,) = s.get_tasks(hung)
-        assert task.lease_owner is None and "TaskTimeout" in (task.last_error or "")
+        assert hang_released()
         assert s.stats().runs.get("succeeded") == 1
 
 
