@@ -211,6 +211,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=60, check=False, env=env_with_tests())  # fmt: skip
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 @pytest.mark.slow
 def test_the_pool_its_commands_and_its_dashboard_never_show_the_password(tmp_path: Path) -> None:
     # The test server trusts every local connection, so a URL may carry any password: both

@@ -176,6 +176,7 @@ def test_a_store_that_fell_back_to_read_only_writes_again_once_it_can(
         store.close()
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 def test_a_read_only_database_stalls_health_and_the_pool_recovers_by_itself(
     sv: Supervisor, immutable_ok: None
 ) -> None:

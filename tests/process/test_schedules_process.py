@@ -74,9 +74,11 @@ def one_run_per_tick(tmp_path: Path, db: str) -> None:
     assert fired == len(found), "a tick was fired twice"
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 def test_sqlite_two_supervisors_one_killed_start_one_run_per_tick(tmp_path: Path) -> None:
     one_run_per_tick(tmp_path, str(tmp_path / "lk.db"))
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 def test_postgres_two_supervisors_one_killed_start_one_run_per_tick(tmp_path: Path) -> None:
     one_run_per_tick(tmp_path, pg_session.schema_url("schedules"))

@@ -88,6 +88,7 @@ PAGES: dict[str, tuple[str, dict[str, object]]] = {
 }
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 @pytest.mark.parametrize("name", sorted(PAGES))
 def test_a_page_of_runs_walks_an_index_and_costs_the_same_at_any_size(
     dbs: dict[int, str], name: str

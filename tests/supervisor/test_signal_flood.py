@@ -39,6 +39,7 @@ def flood_of_child_exits(count: int) -> None:
         os.waitpid(pid, 0)
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 def test_a_sigchld_flood_around_term_and_ttin_loses_none_of_them(inbox: SignalInbox) -> None:
     flood_of_child_exits(FLOOD)
     os.kill(os.getpid(), signal.SIGTTIN)  # a signal to oneself is handled before kill returns

@@ -85,6 +85,7 @@ def server_connections(web: WebProcess) -> int:
     return sum(1 for c in conns if c.status == psutil.CONN_ESTABLISHED)
 
 
+@pytest.mark.e2e  # over ten seconds: scripts/test-e2e
 @pytest.mark.parametrize(
     ("sources", "held"),
     [(["127.0.0.1"], PER_CLIENT), ([f"127.0.0.{i}" for i in range(2, 22)], MAX_CONNECTIONS)],
