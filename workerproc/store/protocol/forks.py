@@ -45,8 +45,10 @@ def fork_args(run_id: object, from_step: object, state: JSON) -> tuple[int, int,
     step out of its range, ``InvalidPayload`` for a state beyond the payload limits."""
     if isinstance(run_id, bool) or not isinstance(run_id, int):
         raise RunNotFound(run_id)
-    if isinstance(from_step, bool) or not isinstance(from_step, int) or not (
-        1 <= from_step <= MAX_STEP
+    if (
+        isinstance(from_step, bool)
+        or not isinstance(from_step, int)
+        or not (1 <= from_step <= MAX_STEP)
     ):
         raise InvalidOption(
             f"a fork's step must be a whole number from 1 to {MAX_STEP:,} (got {from_step!r})"
