@@ -23,7 +23,7 @@ from workerproc.store.limits import LimitSpec
 from workerproc.store.protocol.forks import MAX_STEP
 from workerproc.store.types import JSON
 
-from .kit import TTL, Driver, verb
+from .kit import TTL, Driver, last_word, verb
 
 
 def three_steps(driver: Driver, *, fail: bool = True) -> int:
@@ -186,3 +186,17 @@ def test_the_async_store_forks_as_the_store_does(driver: Driver) -> None:
     assert run is not None and (run.state, run.task, run.queue) == ({"async": True}, "b", "q2")
     assert [e.kind for e in s.events(after=0, run=new)] == ["run.enqueued", "run.forked"]
     assert snapshot(driver, source) == before
+
+
+@verb("fork")
+def test_a_step_a_signal_resumed_forks_without_the_signal(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("draft", state={"n": 0})
+    assert driver.commit(last_word(lease, "wait")).value == "ok"  # waits for signal:go
+    s.signal(lease.run_id, "go", {"ok": True})
+    resumed = driver.claim()
+    assert resumed.task == "resume" and resumed.signal is not None
+    new = s.fork(lease.run_id, 2)
+    forked = driver.claim("w2")
+    assert (forked.run_id, forked.task, forked.signal) == (new, "resume", None)
+    assert forked.state == resumed.state  # what the wait commit wrote, as step 2 was entered
