@@ -26,7 +26,7 @@ COMMANDS = {
     "start": "start_command",
     **dict.fromkeys(["enqueue", "status", "runs", "show", "wait", "check", "prune", "migrate"],
                     "database"),
-    **dict.fromkeys(["retry", "cancel"], "runops"),
+    **dict.fromkeys(["retry", "cancel", "fork"], "runops"),
     **dict.fromkeys(["forget", "resolve", "spend"], "calls"),
     "schedules": "schedules",
     "limits": "limits",

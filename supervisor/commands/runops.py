@@ -1,6 +1,7 @@
 """Operators' writes to runs: ``retry`` and ``cancel``, of one run (RUN) or of every run a
 filter matches (``--status``, ``--task``, ``--queue``, ``--since``; ``--all`` for no filter),
-the store's bulk writes doing a thousand runs per transaction."""
+the store's bulk writes doing a thousand runs per transaction; ``fork``: a new run from a step
+of one run (docs/protocol.md B24)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import TypeGuard
 import click
 
 from workerproc.store.protocol.bulk import LIVE, RETRYABLE
+from workerproc.store.protocol.forks import MAX_STEP
 
 from ..errors import ConfigError
 from ..operations import actions, render
-from .clickutil import RUN_ID, Name, db_option, option
+from .clickutil import RUN_ID, Name, Number, db_option, option
 
 
 def _filters(fn: click.decorators.FC) -> click.decorators.FC:
@@ -93,4 +95,37 @@ def cancel(
     click.echo(f"{render.plural(count, 'run')} cancelled")
 
 
-ALL = [retry, cancel]
+@click.command()
+@click.argument("run", type=RUN_ID)
+@db_option
+@option(
+    "--from",
+    "from_step",
+    type=Number(int, 1, MAX_STEP),
+    required=True,
+    metavar="STEP",
+    help="the step to begin at: 1 is the run's first task, 2 the task it advanced to, ...",
+)
+@option(
+    "--state",
+    "state_json",
+    default=None,
+    metavar="JSON",
+    help="the new run's state (default: the state RUN had when it entered STEP)",
+)
+def fork(run: int, db: str, from_step: int, state_json: str | None) -> None:
+    """Start a new run from step STEP of run RUN and print its id: it runs STEP's task (its
+    payload) and what follows, from the state RUN had when it entered STEP (or --state). RUN
+    is left as it is; the steps before STEP do not run again, and the new run's steps pay
+    anew for their paid calls."""
+    state = None
+    if state_json is not None:
+        state = actions.parse_json(state_json, "--state")
+        if state is None:
+            raise ConfigError("--state null: leave --state out to keep the state RUN entered "
+                              "STEP with")  # fmt: skip
+    with actions.store_for(db) as store:
+        click.echo(store.fork(run, from_step, state))
+
+
+ALL = [retry, cancel, fork]

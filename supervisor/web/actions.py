@@ -1,8 +1,8 @@
 """What an operator can do from the dashboard: retry a failed or cancelled run, cancel a live
 one, signal a waiting one, resolve a paid call whose outcome is unknown: its answer,
-or pay again. POST only, each with the CSRF token of the browser's own
-session; ``--read-only`` leaves these routes out entirely (and the pages leave out their
-forms)."""
+or pay again; fork a run from one of its steps (a new run, whose page the answer opens).
+POST only, each with the CSRF token of the browser's own session; ``--read-only`` leaves these
+routes out entirely (and the pages leave out their forms)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from starlette.routing import Route
 
 from workerproc.store import Operator, StoreError
 from workerproc.store.codec import MAX_PAYLOAD
+from workerproc.store.protocol.forks import MAX_STEP
+from workerproc.store.types import JSON
 
-from ..errors import SupervisorError
+from ..errors import ConfigError, SupervisorError
 from ..operations import actions
 from .security import Secrets, same_origin, session_of
 from .views import MAX_ID, not_found
@@ -36,6 +38,7 @@ class Actions:
             Route("/runs/{run_id:int}/cancel", self.cancel, methods=["POST"]),
             Route("/runs/{run_id:int}/signal", self.signal, methods=["POST"]),
             Route("/runs/{run_id:int}/resolve", self.resolve, methods=["POST"]),
+            Route("/runs/{run_id:int}/fork", self.fork, methods=["POST"]),
         ]
 
     async def retry(self, request: Request) -> Response:
@@ -49,6 +52,9 @@ class Actions:
 
     async def resolve(self, request: Request) -> Response:
         return await self._act(request, "resolve", "resolved")
+
+    async def fork(self, request: Request) -> Response:
+        return await self._act(request, "fork", "forked")
 
     async def _act(self, request: Request, action: str, done: str) -> Response:
         run_id = int(request.path_params["run_id"])
@@ -68,14 +74,17 @@ class Actions:
             raise HTTPException(403, "this form is stale or came from another site: reload the "
                                 "page and try again")  # fmt: skip
         try:
-            await run_in_threadpool(self._apply, action, run_id, form)
+            made = await run_in_threadpool(self._apply, action, run_id, form)
         except (SupervisorError, StoreError) as exc:
             raise HTTPException(409, str(exc)) from None
-        return RedirectResponse(f"/runs/{run_id}?done={done}", status_code=303)
+        return RedirectResponse(f"/runs/{made or run_id}?done={done}", status_code=303)
 
-    def _apply(self, action: str, run_id: int, form: dict[str, str]) -> None:
+    def _apply(self, action: str, run_id: int, form: dict[str, str]) -> int | None:
+        """Do ``action`` to run ``run_id``; the id of a run it started (a fork), else None."""
         if self.store.get_run(run_id) is None:
             raise not_found(f"no run {run_id}")
+        if action == "fork":  # from the form's step, with its state (JSON) if one is given
+            return self.store.fork(run_id, _step(form.get("step", "")), _state(form))
         if action == "signal":  # the wait's signal, with the form's JSON payload
             payload = actions.parse_json(form.get("payload") or "null", "payload",
                                                MAX_PAYLOAD)  # fmt: skip
@@ -89,3 +98,23 @@ class Actions:
             actions.retry(self.store, run_id)
         else:
             actions.cancel(self.store, run_id)
+        return None
+
+
+def _step(text: str) -> int:
+    """The fork form's step: a whole number from 1 to ``MAX_STEP``."""
+    if not text.isdigit() or not 1 <= int(text) <= MAX_STEP:
+        raise ConfigError(f"a fork's step must be a whole number from 1 to {MAX_STEP:,}")
+    return int(text)
+
+
+def _state(form: dict[str, str]) -> JSON:
+    """The fork form's state (JSON), None when left empty: the step's own."""
+    text = form.get("state", "").strip()
+    if not text:
+        return None
+    state = actions.parse_json(text, "the state")
+    if state is None:
+        raise ConfigError("the state null: leave it empty to keep the state the step was "
+                          "entered with")  # fmt: skip
+    return state

@@ -36,7 +36,13 @@ CHART_RUNS = 200_000
 LIMIT_KEYS = 10  # the busiest keys the limits page shows of each limit
 TREE_DEPTH = 4  # a run page's tree of child runs: this many generations below it
 TREE_RUNS = 200  # and at most this many runs in all
-DONE = ("retried", "cancelled", "signalled", "resolved")  # what an action's redirect may say
+DONE = (
+    "retried",
+    "cancelled",
+    "signalled",
+    "resolved",
+    "forked",
+)  # what an action's redirect may say
 
 
 def _per_minute(value: float | None) -> str:
@@ -184,8 +190,10 @@ class Pages:
         calls, intents = self.store.paid_calls(run_id), self.store.call_timeline(run_id)
         events = self.store.events(0, MAX_BATCHES, run=run_id, system=True)
         batches = [e for e in events if e.kind == "step.batched"]  # its batch calls (B23)
+        forked = next((e.data for e in events if e.kind == "run.forked"), None)  # (B24)
         return self.render(request, "run.html", run=run, timeline=lines, chart=chart,
-                           calls=calls, intents=intents, batches=batches,
+                           calls=calls, intents=intents, batches=batches, steps=tasks,
+                           forked=forked,
                            unresolved=timeline.unresolved(run, calls, intents),
                            done=done if done in DONE else None,
                            children=children_tree(self.store, run_id),

@@ -1,7 +1,8 @@
 """The dashboard end to end, in a real headless Chromium (Debian's ``chromium`` driven through
 its ``chromedriver`` by selenium; nothing is downloaded): a real supervisor runs under chaos
 mode, the dashboard shows its runs move to succeeded without a reload, a run's timeline, and a
-failed run retried with a click until it succeeds; then the chaos report is drawn.
+failed run retried with a click until it succeeds, a run forked from its second step with a
+click; then the chaos report is drawn.
 
 Screenshots are kept in ``$LEASEKEEPER_ARTIFACTS/web`` (default ``test-artifacts/web`` in the
 checkout); the run's summary names the directory. ``.ci/run`` installs chromium and
@@ -141,6 +142,14 @@ def test_runs_succeed_under_chaos_a_timeline_and_a_retry_with_a_click(
         assert outcomes.count("committed") == 3, outcomes
         assert driver.find_elements(By.CSS_SELECTOR, "figure.timeline rect.committed")
         shoot("run-timeline.png")
+
+        # fork that run from its second step with a click: a new run runs steps 2 and 3
+        wait.until(lambda _: click(By.ID, "fork-2"))
+        wait.until(lambda _: "started: a fork" in driver.page_source)
+        assert driver.find_element(By.ID, "forked-from").text == f"run {hit[0]}"
+        wait.until(lambda _: texts("#run-status") == ["succeeded"])
+        assert len(texts("#steps tbody tr")) == 2  # steps 2 and 3 of the source
+        shoot("run-forked.png")
 
         # the flaky run fails its three attempts; retry it with a click and watch it succeed
         driver.get(url + "runs?status=failed")

@@ -32,6 +32,7 @@ from .protocol.events import (
     reading,
     sequencing,
 )
+from .protocol.forks import fork_args, forking, ungated
 from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
@@ -39,6 +40,7 @@ from .protocol.streams import chunk_of, reading_stream, stream_status
 from .protocol.waits import sending, signal_params
 from .settings import SQLiteOptions, StoreOptions, resolve
 from .streams import Chunk
+from .traceparent import current_traceparent
 from .types import DEFAULT_QUEUE, JSON, TERMINAL_STATUSES, Clock, Event, Run
 
 if TYPE_CHECKING:
@@ -140,6 +142,15 @@ class AsyncStore:
         if not runs:
             return []
         return await self.backend.write(lambda now: inserting(runs, now))
+
+    async def fork(self, run_id: int, from_step: int, state: JSON = None) -> int:
+        """Start a new run from step ``from_step`` of run ``run_id`` (``Store.fork``): its id.
+        The source is left as it is; its state at that step (or ``state``) is the new run's."""
+        run, step, text = fork_args(run_id, from_step, state)
+        traceparent = current_traceparent()
+        return await self.backend.write(
+            lambda now: forking(run, step, text, traceparent, ungated, now)
+        )
 
     async def signal(self, run_id: int, name: str, payload: JSON = None) -> int:
         """Send signal ``name`` to run ``run_id`` (``Store.signal``): its id. ``RunNotFound``

@@ -129,6 +129,8 @@ STATEMENTS = frozenset(
         # operators (B1, B2)
         "RUN_STATUS", "CANCEL_RUN", "PENDING_TASKS", "RETRY_RUN", "ATTEMPTS_DROPPED_BY_RETRY",
         "RETRY_TASKS", "RELEASE_OWNER", "PRUNE_RUNS", "PRUNE_REJECTIONS",
+        # a fork: a new run from a run's step (B24)
+        "FORK_SOURCE",
         # bulk operations: the runs a filter matches, in id order, a batch at a time
         "RUNS_MATCHING",
         # finished runs counted as they end (stats reads no finished run)

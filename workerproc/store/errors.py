@@ -50,6 +50,12 @@ class RunNotFound(StoreError, KeyError):
         return f"no run with id {self.args[0]}" if self.args else "run not found"
 
 
+class ForkRefused(StoreError):
+    """A fork (``Store.fork``) that cannot be made: the run never entered that step, entered
+    it before steps kept their input state (and no state was given), or is one of
+    leasekeeper's own runs. Nothing was written."""
+
+
 class RunOver(StoreError):
     """The run has finished (succeeded, failed or cancelled): a signal to it has no wait to
     resume, so it is refused rather than kept for ever."""

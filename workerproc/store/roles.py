@@ -12,8 +12,8 @@ plays, so what it may call is written down and a test can hand in a smaller fake
 - ``Producer``: code that starts runs and waits for them (users, ``supervisor enqueue``).
 - ``Inspector``: what reads without writing: ``status``, ``runs``, ``show``, ``check``, the
   dashboard's pages, metrics, the chaos verifier.
-- ``Operator``: an inspector that also writes what operators do: cancel, retry, prune, and the
-  supervisor's release of a dead worker's leases.
+- ``Operator``: an inspector that also writes what operators do: cancel, retry, fork, prune,
+  and the supervisor's release of a dead worker's leases.
 """
 
 from __future__ import annotations
@@ -189,6 +189,7 @@ class Operator(Inspector, Protocol):
 
     def cancel_run(self, run_id: int) -> bool: ...
     def retry_run(self, run_id: int) -> bool: ...
+    def fork(self, run_id: int, from_step: int, state: JSON = None) -> int: ...
     def retry_many(
         self, status: str = "failed", task: str | None = None, since: float | None = None, *,
         queue: str | None = None,

@@ -70,7 +70,8 @@ SELECT id FROM cas"""
 def advance(clock: str, fence: str, head: str, alive: str, notify: str) -> str:
     """Advance (the next task's id drawn for each commit in the batch's order): the fenced
     compare-and-set, then, only where it matched, the lease goes, its task is written done,
-    the run moves to ``queue`` if one is given and the next task is inserted; ``head`` makes
+    the run moves to ``queue`` if one is given and the next task is inserted, keeping what it is
+    entered with (the state written, the run's queue: B24); ``head`` makes
     it the run's head unless a task of the run comes before it (``sql.head_of``). Idle
     workers are told."""
     moves = f"queue = coalesce(i.queue, r.queue), updated_at = clock.now, {head}"
@@ -82,9 +83,9 @@ WITH i AS MATERIALIZED (
 {_cas(fence, alive, moves)},
 {_done(fence)},
 next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-                                 gate_a, gate_b, gate_c, tokens)
+                                 gate_a, gate_b, gate_c, tokens, input_state, input_queue)
     SELECT i.next_id, cas.id, i.name, i.payload::json, clock.now + i.delay, clock.now, i.line,
-        i.gate_a, i.gate_b, i.gate_c, i.tokens
+        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.state::json, cas.queue
     FROM cas JOIN i ON i.run_id = cas.id, clock)
 SELECT id, {notify} FROM cas"""
 
@@ -146,7 +147,7 @@ def _cas(fence: str, alive: str, sets: str) -> str:
     FROM i JOIN run ON run.id = i.run_id, clock
     WHERE r.id = run.id AND r.revision = i.revision AND run.status IN {alive}
       AND EXISTS (SELECT 1 FROM leases AS l WHERE {fence})
-    RETURNING r.id)"""
+    RETURNING r.id, r.queue)"""
 
 
 def _locked(clock: str) -> str:

@@ -460,6 +460,12 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE workers ADD COLUMN tasks text;
     """,
+    # 20: each step keeps what it was entered with (B24): the run's state and queue at the
+    # moment the task was written (a start, an advance), so a fork can begin a new run at any
+    # step. NULL: a step entered before this version.
+    """
+    ALTER TABLE tasks ADD COLUMN input_state json, ADD COLUMN input_queue text;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,7 +1,7 @@
-"""The lease protocol written once (docs/protocol.md, R1-R7 and B1-B21), over a ``Dialect``:
+"""The lease protocol written once (docs/protocol.md, R1-R7 and B1-B24), over a ``Dialect``:
 claims (``claims``), fenced commits (``commits``), what lease holders call (``leases``),
-producers, operators (and their bulk writes, ``bulk``), reads, the per-task options
-(``tasks``), the worker list (``workers``), schedules (``schedules``), paid calls
+producers, operators (and their bulk writes, ``bulk``), forks (``forks``), reads, the per-task
+options (``tasks``), the worker list (``workers``), schedules (``schedules``), paid calls
 (``calls``), the outbox (``events``), webhooks (``webhooks``), runs' streams
 (``streams``) and batch steps' records (``batches``). ``Store`` is all of it; callers depend
 on the part they use (``store/roles.py``)."""
@@ -13,6 +13,7 @@ from .batches import Batches
 from .bulk import Bulk
 from .calls import Calls
 from .events import Events
+from .forks import Forks
 from .leases import Leases
 from .limits import Limits
 from .operators import Operators
@@ -27,8 +28,8 @@ from .workers import Workers
 
 
 class Store(
-    Leases, Producers, Operators, Bulk, Reads, Tasks, Workers, Schedules, Limits, Calls, Events,
-    Waits, Webhooks, Streams, Batches,
+    Leases, Producers, Forks, Operators, Bulk, Reads, Tasks, Workers, Schedules, Limits, Calls,
+    Events, Waits, Webhooks, Streams, Batches,
 ):  # fmt: skip
     """Runs and tasks under leases, on one database (``open_store`` picks its dialect). Every
     fenced call matches task id, owner and attempt and requires the lease to be live; the

@@ -468,6 +468,14 @@ MIGRATIONS: list[str] = [
     """
     ALTER TABLE workers ADD COLUMN tasks TEXT;
     """,
+    # 27: each step keeps what it was entered with (B24): the run's state and queue at the
+    # moment the task was written (a start, an advance), so a fork can begin a new run at any
+    # step. A copy of the run's state, checked as that was (no CHECK here: a second JSON parse
+    # of up to 8 MiB on the per-task path). NULL: a step entered before this version.
+    """
+    ALTER TABLE tasks ADD COLUMN input_state TEXT;
+    ALTER TABLE tasks ADD COLUMN input_queue TEXT;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -174,7 +174,7 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
             rows.append((0, False))
             continue
         first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay,
-                 **run.gating.params()}  # fmt: skip
+                 "state": run.state, "queue": run.queue, **run.gating.params()}  # fmt: skip
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         enqueued = {"queue": run.queue, "key": run.key, "delay": run.delay or None}
         data = _encode({k: v for k, v in enqueued.items() if v is not None})

@@ -80,12 +80,13 @@ UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
 
 -- name: CAS_NEXT_TASK
 -- advance: the run's next task, due after :delay (as INSERT_TASK: its id one past the largest
--- ever given, its gates and line if it has limits).
+-- ever given, its gates and line if it has limits). It keeps what the step is entered with
+-- (B24): the state this advance writes, and the run's queue (MOVE_RUN went first).
 INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-        gate_a, gate_b, gate_c, tokens)
+        gate_a, gate_b, gate_c, tokens, input_state, input_queue)
     VALUES (max(coalesce((SELECT max(id) FROM tasks), 0), (SELECT task_high FROM run_ids)) + 1,
             :run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
-            :tokens)
+            :tokens, :state, (SELECT queue FROM runs WHERE id = :run_id))
 
 -- name: MOVE_RUN
 -- advance to another queue: the run (and so its next task) moves there

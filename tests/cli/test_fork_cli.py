@@ -1,0 +1,77 @@
+"""``supervisor fork RUN --from STEP [--state JSON]`` on both backends: it prints the new run's
+id, the run begins at that step with the state it was entered with (or --state), and every
+mistake a user can make is one line on stderr with a non-zero exit, nothing written."""
+
+from __future__ import annotations
+
+import pytest
+from cli_runner import error_line, invoke
+
+from supervisor import exitcodes
+from workerproc.store import Commit, open_store
+
+
+def failed_at_step_two(db: str) -> int:
+    """A run that entered two steps (a with {"n": 0}, b with {"n": 1}) and failed in b."""
+    with open_store(db) as store:
+        run_id = store.start_run("a", {"p": 1}, {"n": 0})
+        lease = store.claim("w", 60)
+        assert lease is not None
+        advance = Commit(lease, "advance", new_state={"n": 1}, next_task="b", next_payload={})
+        assert store.commit_many([advance]).results[0].value == "ok"
+        lease = store.claim("w", 60)
+        assert lease is not None
+        failed = Commit(lease, "fail", reason="gave_up", error="boom")
+        assert store.commit_many([failed]).results[0].value == "ok"
+    return run_id
+
+
+def test_fork_prints_the_new_run_and_leaves_the_source_failed(db: str) -> None:
+    source = failed_at_step_two(db)
+    result = invoke("fork", str(source), "--from", "2", "--db", db)
+    assert result.exit_code == 0, result.output
+    new = int(result.stdout.strip())
+    given = invoke("fork", str(source), "--from", "1", "--state", '{"fixed": true}', "--db", db)
+    assert given.exit_code == 0, given.output
+    with open_store(db) as store:
+        run = store.get_run(new)
+        assert run is not None and (run.status, run.task, run.state) == ("pending", "b", {"n": 1})
+        other = store.get_run(int(given.stdout.strip()))
+        assert other is not None and (other.task, other.state) == ("a", {"fixed": True})
+        was = store.get_run(source)
+        assert was is not None and was.status == "failed"
+    shown = invoke("show", str(new), "--db", db)
+    assert shown.exit_code == 0 and "b" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        (["RUN+99", "--from", "1"], exitcodes.ERROR, "no run with id"),
+        (["RUN", "--from", "3"], exitcodes.ERROR, "never entered step 3 (it entered 2 steps)"),
+        (["RUN", "--from", "0"], exitcodes.USAGE, "--from must be a number from 1"),
+        (["RUN", "--from", "two"], exitcodes.USAGE, "--from: 'two' is not a whole number"),
+        (["RUN"], exitcodes.USAGE, "--from"),
+        (["RUN", "--from", "1", "--state", "{nope"], exitcodes.USAGE, "--state"),
+        (["RUN", "--from", "1", "--state", "NaN"], exitcodes.USAGE, "--state"),
+        (["RUN", "--from", "1", "--state", "[" * 200 + "]" * 200], exitcodes.USAGE, "--state"),
+        (["RUN", "--from", "1", "--state", "null"], exitcodes.USAGE, "leave --state out"),
+    ],
+    ids=["unknown run", "step never entered", "step 0", "not a number", "no --from",
+         "bad json", "nan", "too deep", "null state"],
+)  # fmt: skip
+def test_what_a_user_gets_wrong_is_one_line(db: str, args: list[str], code: int, says: str) -> None:
+    source = failed_at_step_two(db)
+    words = [str(source + 99) if a == "RUN+99" else str(source) if a == "RUN" else a for a in args]
+    line = error_line(invoke("fork", *words, "--db", db), code)
+    assert says in line, line
+    with open_store(db) as store:
+        assert [r.id for r in store.list_runs()] == [source]  # nothing was started
+
+
+def test_a_state_over_the_limit_is_one_line(db: str) -> None:
+    source = failed_at_step_two(db)
+    big = '{"x": "' + "y" * (9 << 20) + '"}'
+    line = error_line(invoke("fork", str(source), "--from", "1", "--state", big, "--db", db),
+                      exitcodes.USAGE)  # fmt: skip
+    assert "--state" in line and "over the limit" in line
