@@ -169,9 +169,9 @@ i AS MATERIALIZED (
                 %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
                 %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
                 %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[],
-                %(traceparents)s::text[], %(systems)s::bool[])
+                %(traceparents)s::text[], %(systems)s::bool[], %(versions)s::int[])
          WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
-                              gate_b, gate_c, tokens, traceparent, system, n)
+                              gate_b, gate_c, tokens, traceparent, system, version, n)
     ORDER BY i.n),
 new_runs AS (
     INSERT INTO {s}runs (id, state, task, queue, priority, key, created_at, updated_at,
@@ -184,9 +184,9 @@ new_runs AS (
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
 first_tasks AS (
     INSERT INTO {s}tasks (id, run_id, name, payload, available_at, created_at, line, gate_a,
-                            gate_b, gate_c, tokens)
+                            gate_b, gate_c, tokens, version)
     SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now, i.line,
-        i.gate_a, i.gate_b, i.gate_c, i.tokens
+        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.version
     FROM i JOIN new_runs USING (id), clock ORDER BY i.n),
 enqueued AS (
     INSERT INTO {s}events (at, run_id, kind, task, data)
