@@ -63,7 +63,7 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
     default=None,
     metavar="MODULE:ATTR",
     help="the workerproc.App that runs TASK: a name it lacks is refused, and TASK's declared "
-    "queue and priority apply",
+    "queue, priority and version apply",
 )
 @option(
     "--traceparent",
@@ -92,8 +92,9 @@ def enqueue(
             f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
             "(SUPERVISOR_QUEUES is the list of queues start serves)"
         )
+    version = None  # without the app: an unversioned run (B24)
     if app_spec is not None:  # before anything is parsed or created: a typo fails here
-        declared = actions.declared_task(app_spec, task)
+        declared, version = actions.declared_task(app_spec, task)
         queue = declared.queue if queue is None else queue
         priority = declared.priority if priority is None else priority
     data = actions.parse_json(payload, "--payload", MAX_PAYLOAD)
@@ -104,7 +105,7 @@ def enqueue(
         run_id = actions.enqueue(
             store, task, data, state, delay, key=key,
             queue="default" if queue is None else queue, priority=priority or 0,
-            traceparent=traceparent, debounce=debounce,
+            traceparent=traceparent, debounce=debounce, version=version,
         )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here

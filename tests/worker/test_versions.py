@@ -6,10 +6,13 @@ that raises fails its task as a handler's error would."""
 from __future__ import annotations
 
 import collections
+import json
+import re
 import signal
 import threading
 from typing import Any
 
+from cli_runner import invoke
 from helpers import wait_for
 from worker_fakes import worker
 
@@ -121,3 +124,16 @@ def test_a_migration_that_raises_fails_the_task_like_a_handler_error(db: str) ->
         assert done is not None and done.status == "succeeded"
         assert done.state == {"two": True, "three": True}
     assert called == [{"two": True, "three": True}]  # the broken run's handler never ran
+
+
+def test_enqueue_with_the_app_records_the_version_and_show_tells_it(db: str) -> None:
+    versioned = invoke("enqueue", "translate", "--db", db, "--app", "apps.versions_v2:app")
+    bare = invoke("enqueue", "translate", "--db", db)
+    assert versioned.exit_code == 0 and bare.exit_code == 0, versioned.output + bare.output
+    with open_store(db) as s:
+        assert s.get_tasks(int(versioned.stdout))[0].version == 2
+        assert s.get_tasks(int(bare.stdout))[0].version is None  # unversioned: any release
+    shown = invoke("show", versioned.stdout.strip(), "--db", db)
+    assert shown.exit_code == 0 and re.search(r"\btranslate\s+2\s", shown.stdout), shown.stdout
+    as_json = json.loads(invoke("show", bare.stdout.strip(), "--db", db, "--json").stdout)
+    assert [t["version"] for t in as_json["tasks"]] == [None]
