@@ -294,13 +294,13 @@ def show(run_id: int, db: str, as_json: bool) -> None:
         if value is not None or key != "waits for":  # only a waiting run says what for
             click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
-        [t["id"], t["name"], t["version"], t["executions"], t["claims"],
-         render.when(t["done_at"]) or "no", t["lease_owner"],
-         render.relative(t["lease_expires_at"], now), t["last_error"]]
+        [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
+         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"],
+         t["version"]]
         for t in data["tasks"]
     ]  # fmt: skip
-    headers = ["task", "name", "version", "executions", "claims", "done", "owner", "lease",
-               "error"]  # fmt: skip
+    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error",
+               "version"]  # fmt: skip
     click.echo("\n" + render.table(headers, rows))
     if data["calls"]:  # ctx.once's calls: made, paid again, unknown, kept and reused
         click.echo("\npaid calls:\n" + calls_table(data["calls"]))

@@ -134,6 +134,8 @@ def test_enqueue_with_the_app_records_the_version_and_show_tells_it(db: str) -> 
         assert s.get_tasks(int(versioned.stdout))[0].version == 2
         assert s.get_tasks(int(bare.stdout))[0].version is None  # unversioned: any release
     shown = invoke("show", versioned.stdout.strip(), "--db", db)
-    assert shown.exit_code == 0 and re.search(r"\btranslate\s+2\s", shown.stdout), shown.stdout
+    assert shown.exit_code == 0 and re.search(r"\btranslate\s.*\s2\s*$", shown.stdout, re.M), (
+        shown.stdout
+    )
     as_json = json.loads(invoke("show", bare.stdout.strip(), "--db", db, "--json").stdout)
     assert [t["version"] for t in as_json["tasks"]] == [None]
