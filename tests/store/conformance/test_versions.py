@@ -112,3 +112,15 @@ def test_a_run_no_live_worker_serves_at_its_version_is_told_as_such(driver: Driv
     # a worker from before versions lists names only: it claims the task at any version
     s.worker_seen(dataclasses.replace(info, owner="host:2:1.0:older", tasks=("summarise",)))
     assert s.unserved([v2, bare]) == {}
+
+
+@verb("commit_many")
+def test_a_batch_claim_gathers_only_the_versions_its_claimer_serves(driver: Driver) -> None:
+    s = driver.store
+    newer = s.start_run("embed", version=2)
+    older = [s.start_run("embed", version=1), s.start_run("embed")]
+    ask = ClaimRequest("old", TTL, limit=5, task="embed", tasks=("embed", "embed@1"))
+    assert sorted(lease.run_id for lease in driver.exchange(claim=ask).leases) == older
+    assert s.get_tasks(newer)[0].attempts == 0
+    ask = ClaimRequest("new", TTL, limit=5, task="embed", tasks=("embed@2",))
+    assert [lease.run_id for lease in driver.exchange(claim=ask).leases] == [newer]
