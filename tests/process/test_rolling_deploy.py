@@ -78,14 +78,22 @@ def test_a_rolling_deploy_with_a_new_task_version_fails_no_run(
     procs.append(old)
     wait_for(lambda: [w for w in store.workers() if w.pid == old.pid and w.tasks], timeout=30)
     before = [versions_v1.translate.start(None, state={"n": n}, store=store) for n in range(10)]
-    wait_for(lambda: all(store.get_run(r).status == "succeeded" for r in before[:5]), timeout=60)
+    wait_for(lambda: all(store.get_run(r).status == "succeeded" for r in before), timeout=60)
+    # the new release's first run, before any of its workers: the old pool leaves it, told why
+    first = versions_v2.translate.start(None, state={"n": 99, "lang": "en"}, store=store)
+    why = "no worker serves task translate version 2"
+    wait_for(lambda: store.unserved([first]) == {first: why}, timeout=30)
+    shown = {r["id"]: r for r in json.loads(invoke("runs", "--db", db, "--json").stdout)}
+    assert (shown[first]["status"], shown[first]["waiting_for"]) == ("waiting", why)
+    assert [t.attempts for t in store.get_tasks(first)] == [0]
     new = spawn_worker(db, workdir, "--app", "apps.versions_v2:app", "--concurrency", "2",
                        name="new")  # fmt: skip
     procs.append(new)
     more_old = [versions_v1.translate.start(None, state={"n": n}, store=store)
                 for n in range(10, 20)]  # fmt: skip
-    after = [versions_v2.translate.start(None, state={"n": n, "lang": "en"}, store=store)
-             for n in range(100, 120)]  # fmt: skip
+    start_new = versions_v2.translate.start
+    after = [first] + [start_new(None, state={"n": n, "lang": "en"}, store=store)
+                       for n in range(100, 120)]  # fmt: skip
     wait_for(lambda: all(store.get_run(r).status == "succeeded" for r in after), timeout=90)
     old.signal(signal.SIGTERM)  # the old release goes: its pool drains and stops
     assert old.wait(60) == 0
@@ -101,7 +109,7 @@ def test_a_rolling_deploy_with_a_new_task_version_fails_no_run(
     # the old runs the new pool took were migrated once each; the others ran as they were
     older = before + more_old + late
     by_v2 = {r for r in older if runs[r].state["by"] == "v2"}  # type: ignore[index,union-attr]
-    assert set(late) <= by_v2 and not by_v2 & set(before[:5])
+    assert set(late) <= by_v2 and not by_v2 & set(before)
     assert all(runs[r].state["lang"] == "en" for r in by_v2)  # type: ignore[index,union-attr]
     assert all("lang" not in runs[r].state for r in set(older) - by_v2)  # type: ignore[operator,union-attr]
     assert all([t.version for t in store.get_tasks(r)] == [2] for r in by_v2)
