@@ -12,6 +12,7 @@ import signal
 import threading
 from typing import Any
 
+import pytest
 from cli_runner import invoke
 from helpers import wait_for
 from worker_fakes import worker
@@ -44,7 +45,10 @@ def releases() -> tuple[App, App, list[int]]:
     return v1, v2, ledger
 
 
-def test_a_v2_worker_upgrades_each_v1_run_once_across_retries_and_takeovers(db: str) -> None:
+@pytest.mark.parametrize("slots", [1, 4])  # inline on the main thread; on slot threads
+def test_a_v2_worker_upgrades_each_v1_run_once_across_retries_and_takeovers(
+    db: str, slots: int
+) -> None:
     v1, v2, ledger = releases()
     with open_store(db) as s:
         ids = [v1.tasks["summarise"].start({"flaky": n % 2 == 1}, state={"n": n}, store=s)
@@ -53,7 +57,7 @@ def test_a_v2_worker_upgrades_each_v1_run_once_across_retries_and_takeovers(db: 
         zombie = s.claim("host:9:1.0:zombie", 0.2, tasks=v2.served_tasks())
         assert zombie is not None and zombie.version == 1
         wait_for(lambda: s.now() > zombie.expires_at, timeout=10)
-    w, _ = worker(db, v2)
+    w, _ = worker(db, v2, concurrency=slots)
     assert w.run() == exitcodes.OK
     with open_store(db) as s:
         runs = [s.get_run(i) for i in ids]

@@ -174,11 +174,10 @@ RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
 -- claim: hand the run's state and its queue to the handler, the claimed task's declared options
 -- (B11; NULL: none), the signal that resumed it if it waited for one, the run's parent and its
 -- join task (B14), its trace context (tracing), and the claimed task's version (B24).
-SELECT state, revision, queue,
+SELECT r.state, r.revision, r.queue,
     (SELECT options FROM task_options WHERE name = :name),
-    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task, traceparent,
-    (SELECT version FROM tasks WHERE id = :task_id)
-    FROM runs WHERE id = :run_id
+    t.signal_id, r.parent_id, r.join_task, r.traceparent, t.version
+    FROM runs AS r LEFT JOIN tasks AS t ON t.id = :task_id WHERE r.id = :run_id
 
 -- name: DROP_EXHAUSTED_LEASE
 -- claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.
