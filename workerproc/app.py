@@ -17,6 +17,7 @@ from .store.schedules import ScheduleSpec
 from .store.types import DEFAULT_QUEUE, JSON
 from .store.webhooks import DELIVERY_TASK
 from .tasks import Task, check_batch, declare
+from .versions import Migration, check_version, floor, served
 
 if TYPE_CHECKING:
     from .store import Run, Store
@@ -42,6 +43,8 @@ class App:
         self.worker_stop: list[Hook] = []
         self.limits: dict[str, LimitSpec] = {}  # name -> its declared numbers
         self.schedules: dict[str, ScheduleSpec] = {}  # name -> its declaration
+        # task name -> from_version -> migration, until the task is registered (B25)
+        self._pending_migrations: dict[str, dict[int, Migration]] = {}
 
     def limit(
         self,
@@ -145,7 +148,7 @@ class App:
         queue: str | None = None, priority: int | None = None,
         limits: Sequence[str] | None = None, tokens: int | None = None,
         stream_ttl: float | None = None, aliases: Sequence[str] = (),
-        batch: int | None = None, batch_wait: float | None = None,
+        batch: int | None = None, batch_wait: float | None = None, version: int | None = None,
     ) -> Callable[[Callable[[Any], R]], Task[R]]: ...  # fmt: skip
 
     def task(
@@ -164,6 +167,7 @@ class App:
         aliases: Sequence[str] = (),
         batch: int | None = None,
         batch_wait: float | None = None,
+        version: int | None = None,
     ) -> Task[Any] | Callable[[Callable[[Any], Any]], Task[Any]]:
         """Register a handler and return its task object: ``@app.task`` (the function's own
         name), ``@app.task("name")``, or with options that override the pool's for this task:
@@ -186,7 +190,11 @@ class App:
           deploy's old workers never take a new release's task (docs/how-to/deploy.md);
         - ``batch``: a batch step: the handler takes a ``Batch`` of up to this many runs'
           tasks in one call (``docs/how-to/batch.md``), waiting ``batch_wait`` seconds at
-          most (default 0.5) for them; each item keeps its own lease and is committed alone.
+          most (default 0.5) for them; each item keeps its own lease and is committed alone;
+        - ``version``: the version of the run state this handler reads (1 to 1,000,000,
+          default 1); runs started at an older one are upgraded by its ``@app.migrate``
+          functions before it runs, and workers of an older release never claim runs at a
+          newer one (B25, docs/how-to/deploy.md).
 
         They are checked here (a ``ValueError`` at import) and kept in the database by task
         name when a worker starts, so every worker on every host applies the same ones. A name
@@ -196,23 +204,26 @@ class App:
                     "limits": limits, "tokens": tokens, "stream_ttl": stream_ttl}  # fmt: skip
         batching = (batch, batch_wait)
         if callable(name):  # bare @app.task
-            return self._register(None, name, declared, batching, aliases)
+            return self._register(None, name, declared, batching, aliases, version)
         given = name
 
         def decorate(fn: Callable[[Any], Any]) -> Task[Any]:
-            return self._register(given, fn, declared, batching, aliases)
+            return self._register(given, fn, declared, batching, aliases, version)
 
         return decorate
 
     def _register(
         self, name: str | None, fn: Callable[[Any], Any], declared: dict[str, Any],
         batching: tuple[int | None, float | None] = (None, None), aliases: Sequence[str] = (),
+        version: int | None = None,
     ) -> Task[Any]:  # fmt: skip
+        migrations: dict[int, Migration] = {}
         if isinstance(fn, Task):  # a task object registered again (here, or in another app):
             name = name or fn.name  # its name and options, unless given anew
-            if all(v is None for v in (*declared.values(), *batching)):
+            if all(v is None for v in (*declared.values(), *batching, version)):
                 declared = {**declared, **fn.options.declared}
                 batching = (fn.batch, fn.batch_wait if fn.batch is not None else None)
+                version, migrations = fn.version, dict(fn.migrations)
             fn = fn.fn
         name = name or str(getattr(fn, "__name__", ""))
         if isinstance(aliases, str):
@@ -223,6 +234,7 @@ class App:
                 raise ValueError(f"task names starting with {RESERVED!r} are leasekeeper's "
                                  f"own (got {each!r})")  # fmt: skip
         options = declare(name, **declared)
+        level = 1 if version is None else check_version(version, f"@app.task({name!r}): version")
         for alias in names[1:]:
             try:
                 check_name(alias, f"@app.task({name!r})'s alias")
@@ -235,20 +247,74 @@ class App:
             raise ValueError(f"@app.task({name!r}): {never[0]}")  # B12: it would wait for ever
         size, wait = batching
         if size is not None:
-            task: Task[Any] = Task(name, fn, options, *check_batch(name, size, wait, fn))
+            task: Task[Any] = Task(name, fn, options, *check_batch(name, size, wait, fn),
+                                   version=level)  # fmt: skip
         elif wait is not None:
             raise ValueError(f"@app.task({name!r}): batch_wait is for a batch step (batch=...)")
         else:
-            task = Task(name, fn, options)
+            task = Task(name, fn, options, version=level)
+        task.migrations.update(migrations)
         for each in names:  # an alias serves its runs with the task's handler and options
             self.handlers[each] = fn
             self.tasks[each] = task
+        for each in names:  # migrations declared above their task (B25)
+            if each in self._pending_migrations:
+                self._attach(each)
         return task
 
+    def migrate(self, task: str, *, from_version: int) -> Callable[[Migration], Migration]:
+        """Declare how runs of ``task`` (its name or an alias) at ``from_version`` move to
+        the next version (B25): ``fn(state) -> new_state``, a plain function of the run's JSON
+        state. A run at an older version is upgraded once, when a worker next claims it, by
+        the chain of migrations from its version to the task's, written under the lease's fence
+        before the handler begins; a migration that raises fails the task like its handler
+        would. The chain must have no gap up to the task's version (checked when a worker
+        loads the app, ``check_versions``)."""
+        check_version(from_version, f"@app.migrate({task!r}): from_version")
+
+        def decorate(fn: Migration) -> Migration:
+            if not callable(fn):
+                raise ValueError(f"@app.migrate({task!r}) decorates a function of the state")
+            held = self._pending_migrations.setdefault(task, {})
+            if from_version in held and held[from_version] is not fn:
+                raise ValueError(f"@app.migrate({task!r}, from_version={from_version}) is "
+                                 "declared twice")  # fmt: skip
+            held[from_version] = fn
+            if task in self.tasks:
+                self._attach(task)
+            return fn
+
+        return decorate
+
+    def _attach(self, name: str) -> None:
+        """The migrations declared for ``name`` go to its task, checked against its version."""
+        task = self.tasks[name]
+        for start, fn in self._pending_migrations.pop(name, {}).items():
+            if start >= task.version:
+                raise ValueError(f"@app.migrate({name!r}, from_version={start}): task {name!r} "
+                                 f"is at version {task.version}; a migration goes from a "
+                                 "lower one")  # fmt: skip
+            if task.migrations.get(start, fn) is not fn:
+                raise ValueError(f"@app.migrate({name!r}, from_version={start}) is declared "
+                                 "twice")  # fmt: skip
+            task.migrations[start] = fn
+
+    def check_versions(self) -> dict[str, tuple[int, int]]:
+        """Every task's versions served, by name: (the lowest its migrations reach, its
+        version). ``ValueError`` for a migration of a task the app does not register, one
+        from its version or above, or a gap in a chain (what a worker checks at load)."""
+        for name in list(self._pending_migrations):
+            if name not in self.tasks:
+                raise ValueError(f"@app.migrate({name!r}): the app registers no task {name!r}")
+            self._attach(name)
+        return {name: (floor(task), task.version) for name, task in self.tasks.items()}
+
     def served_tasks(self) -> tuple[str, ...]:
-        """The task names a worker of this app claims (B22): its tasks, their aliases, and
-        the delivery task every worker has built in."""
-        return tuple(sorted({DELIVERY_TASK, *self.handlers}))
+        """What a worker of this app claims (B22, B25): its tasks and their aliases (their
+        unversioned runs), ``name@v`` for each version its tasks serve, and the delivery task
+        every worker has built in."""
+        self.check_versions()
+        return served(self.tasks, (DELIVERY_TASK,))
 
     def _reservations(self) -> dict[str, tuple[tuple[str, ...], int | None]]:
         """Each task's limits and token reservation, by name."""

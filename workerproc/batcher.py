@@ -69,8 +69,11 @@ class Batcher:
         self._open = open_store
         self._store: WorkerStore | None = None  # its connections are each thread's own
         self._lock = threading.Lock()
+        # only the versions of the task this worker serves (B25): an older release's batch never
+        # gathers an item a newer one started
         self._claim = ClaimRequest(owner, config.lease_ttl, config.max_attempts, 1,
-                                   config.queues, skip=(WEBHOOK_QUEUE,))  # fmt: skip
+                                   config.queues, skip=(WEBHOOK_QUEUE,),
+                                   tasks=app.served_tasks())  # fmt: skip
 
     def __call__(self, leader: Execution) -> None:
         """Gather, confirm, call and conclude the batch ``leader`` leads. Never raises."""

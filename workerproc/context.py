@@ -228,8 +228,15 @@ class TaskContext(PaidCalls, Streaming):
                 next_payload=payload,
                 next_queue=queue,
                 delay=seconds,
+                version=self._version_of(name),
             )
         )
+
+    def _version_of(self, task: str) -> int | None:
+        """The version of ``task`` in this worker's app (B25): what a next task records
+        (None: not this app's task: unversioned)."""
+        declared = self._tasks.get(task)
+        return None if declared is None else declared.version
 
     @property
     def signal(self) -> Signal | None:
@@ -273,6 +280,7 @@ class TaskContext(PaidCalls, Streaming):
                 next_queue=queue,
                 delay=seconds,
                 wait_for=f"signal:{signal}",
+                version=self._version_of(task),
             )
         )
 
@@ -318,6 +326,7 @@ class TaskContext(PaidCalls, Streaming):
                 next_queue=queue,
                 delay=WAIT_FOREVER,
                 children=children,
+                version=self._version_of(task),
             )
         )
 
@@ -334,7 +343,7 @@ class TaskContext(PaidCalls, Streaming):
         queue = item.get("queue") or (options and options.queue) or self._lease.queue
         priority = item.get("priority", options.priority if options else None) or 0
         return NewRun.make(name, item.get("payload"), item.get("state"), item.get("delay", 0),
-                           None, queue, priority)  # fmt: skip
+                           None, queue, priority, version=self._version_of(name))  # fmt: skip
 
     def finish(self, new_state: JSON, result: JSON = None) -> None:
         """Move the run to ``new_state`` and mark it succeeded with ``result``."""

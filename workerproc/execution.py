@@ -37,6 +37,7 @@ from .store.backoff import backoff
 from .store.calls import parked_on
 from .store.codec import WAIT_FOREVER, dumps
 from .streaming import Streamer
+from .versions import upgrade
 
 if TYPE_CHECKING:  # asyncio (and the ssl it imports) costs a worker ~9 MB: only when used
     import asyncio
@@ -273,6 +274,7 @@ def run_handler(ex: Execution, config: WorkerConfig) -> None:
     try:
         if ex.may_begin():
             with ex.running():  # its own log records carry its task, its span is current
+                upgrade(ex)  # B25: an older run's state migrated first, under the fence
                 value = ex.handler(ex.ctx)
                 ex.ctx._stream_done()  # what it emitted is written before its commit
     except BaseException as exc:  # a handler's error, whatever its kind

@@ -37,6 +37,7 @@ def load_app(spec: str) -> App:
         raise AppLoadError(f"{spec} is a {type(app).__name__}, not a workerproc.App")
     try:
         app.schedule_specs()  # every schedule names a task the app registers
+        app.check_versions()  # every migration chain reaches its task's version (B25)
     except ValueError as exc:
         raise AppLoadError(f"{spec}: {exc}") from None
     return app

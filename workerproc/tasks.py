@@ -118,24 +118,31 @@ class Task(Generic[R]):
     Calling it calls the function; ``start`` and ``start_many`` start runs whose first task it
     is, in its declared queue and with its declared priority unless told otherwise.
     ``batch``: the items a batch handler takes per call (None: not a batch step), waiting
-    ``batch_wait`` seconds at most for them."""
+    ``batch_wait`` seconds at most for them. ``version``: the version of the state its handler
+    reads (B25); ``migrations``: its upgrades of older runs' states, by ``from_version``."""
 
     def __init__(
         self, name: str, fn: Callable[[TaskContext], R], options: TaskOptions,
-        batch: int | None = None, batch_wait: float = DEFAULT_BATCH_WAIT,
+        batch: int | None = None, batch_wait: float = DEFAULT_BATCH_WAIT, version: int = 1,
     ) -> None:  # fmt: skip
         self.name = check_name(name)
         self.fn = fn
         self.options = options
         self.batch = batch
         self.batch_wait = batch_wait
+        self.version = version  # B25: what runs it starts record; older ones are migrated
+        self.migrations: dict[int, Callable[[JSON], JSON]] = {}  # from_version -> upgrade
         functools.update_wrapper(self, fn)  # its name, docstring and module, for tools
 
     def __call__(self, ctx: TaskContext) -> R:
         return self.fn(ctx)
 
     def __repr__(self) -> str:
-        shown = {**self.options.declared, **({"batch": self.batch} if self.batch else {})}
+        shown = {
+            **self.options.declared,
+            **({"batch": self.batch} if self.batch else {}),
+            **({"version": self.version} if self.version != 1 else {}),
+        }
         declared = ", ".join(f"{k}={v!r}" for k, v in shown.items())
         return f"<Task {self.name!r}{' ' + declared if declared else ''}>"
 
@@ -174,7 +181,8 @@ class Task(Generic[R]):
         debounce: float | None = None,
     ) -> int | Awaitable[int]:
         """Start a run whose first task is this one; returns its id (``store.start_run``, with
-        the task's declared queue and priority unless ``queue``/``priority`` say otherwise).
+        the task's declared queue and priority unless ``queue``/``priority`` say otherwise, and
+        the task's version, B25).
         With an async store (``open_async_store``) it returns an awaitable of the id. ``tx``:
         the caller's own transaction (transactional enqueue; the sync store only).
         ``traceparent``: the W3C trace context its steps continue (None: the current span's,
@@ -184,7 +192,7 @@ class Task(Generic[R]):
         extra = {} if tx is None else {"tx": tx}
         return store.start_run(self.name, payload, state, delay, key=key, queue=where,
                                priority=level, traceparent=traceparent, debounce=debounce,
-                               **extra)  # fmt: skip
+                               version=self.version, **extra)  # fmt: skip
 
     @overload
     def start_many(
@@ -225,7 +233,8 @@ class Task(Generic[R]):
             raise ValueError(f"start_many: {len(payloads)} payloads but {len(chosen)} keys")
         items = [
             {"task": self.name, "payload": p, "state": state, "key": k, "queue": where,
-             "priority": level, "delay": delay, "traceparent": traceparent}
+             "priority": level, "delay": delay, "traceparent": traceparent,
+             "version": self.version}
             for p, k in zip(payloads, chosen, strict=True)
         ]  # fmt: skip
         extra = {} if tx is None else {"tx": tx}

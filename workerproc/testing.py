@@ -55,6 +55,7 @@ from .store.codec import WAIT_FOREVER
 from .store.types import JSON
 from .streaming import Streamer
 from .tasks import Task
+from .versions import upgrade, upgrade_async
 
 if TYPE_CHECKING:
     import asyncio
@@ -141,6 +142,7 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
 
     async def on_the_loop() -> Any:
         with ex.running():  # in the loop's task: its own log records carry its task
+            await upgrade_async(ex)  # B25: an older run's state migrated first
             value = await ex.handler(ex.ctx)
             await ex.ctx.flush_async()  # what it emitted is written before its commit
             return value
@@ -150,6 +152,7 @@ def _execute(ex: Execution, loop: _Loop, config: WorkerConfig) -> tuple[Commit |
             value = loop.run(on_the_loop())
         else:
             with ex.running():
+                upgrade(ex)  # B25: an older run's state migrated first, under the fence
                 given: Any = _batch_of_one(ex) if ex.item else ex.ctx  # (a batch step: a Batch)
                 value = ex.handler(given)
                 ex.ctx._stream_done()

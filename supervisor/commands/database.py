@@ -63,7 +63,7 @@ RETIRED_QUEUE = "SUPERVISOR_QUEUE"
     default=None,
     metavar="MODULE:ATTR",
     help="the workerproc.App that runs TASK: a name it lacks is refused, and TASK's declared "
-    "queue and priority apply",
+    "queue, priority and version apply",
 )
 @option(
     "--traceparent",
@@ -92,8 +92,9 @@ def enqueue(
             f"{RETIRED_QUEUE} is no longer read: enqueue's queue is --queue or {ENQUEUE_QUEUE} "
             "(SUPERVISOR_QUEUES is the list of queues start serves)"
         )
+    version = None  # without the app: an unversioned run (B25)
     if app_spec is not None:  # before anything is parsed or created: a typo fails here
-        declared = actions.declared_task(app_spec, task)
+        declared, version = actions.declared_task(app_spec, task)
         queue = declared.queue if queue is None else queue
         priority = declared.priority if priority is None else priority
     data = actions.parse_json(payload, "--payload", MAX_PAYLOAD)
@@ -104,7 +105,7 @@ def enqueue(
         run_id = actions.enqueue(
             store, task, data, state, delay, key=key,
             queue="default" if queue is None else queue, priority=priority or 0,
-            traceparent=traceparent, debounce=debounce,
+            traceparent=traceparent, debounce=debounce, version=version,
         )  # fmt: skip
         click.echo(run_id)
     if new:  # never silently: a typo, or a pool's database that vanished, shows here
@@ -272,7 +273,8 @@ def show(run_id: int, db: str, as_json: bool) -> None:
     """One run: state, result, failure and its tasks: how many times each ran (executions) and
     was claimed (claims: also a claim that found the attempt budget spent), and its errors;
     its paid calls (ctx.once): how often each was made, paid again, left unknown and reused;
-    and, for a batch step, which batch call (its id and size) each attempt went in."""
+    and, for a batch step, which batch call (its id and size) each attempt went in. A task's
+    version is the one its run's state was written for (B25; "-": unversioned)."""
     with actions.store_for(db) as store:
         data = actions.get_run(store, run_id)
         now = store.now()
@@ -293,10 +295,12 @@ def show(run_id: int, db: str, as_json: bool) -> None:
             click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
         [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
-         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"]]
+         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"],
+         t["version"]]
         for t in data["tasks"]
     ]  # fmt: skip
-    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error"]
+    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error",
+               "version"]  # fmt: skip
     click.echo("\n" + render.table(headers, rows))
     if data["calls"]:  # ctx.once's calls: made, paid again, unknown, kept and reused
         click.echo("\npaid calls:\n" + calls_table(data["calls"]))

@@ -89,15 +89,16 @@ def prune(store: Operator, older_than: float, batch: int, force: bool = False) -
     return store.prune(older_than, batch=batch, force=force)
 
 
-def declared_task(app_spec: str, task: str) -> TaskOptions:
-    """``task``'s declared options in the app ``app_spec`` names (imported here, as ``start``
-    would); refused when the app has no such task (AppLoadError when it cannot be imported)."""
+def declared_task(app_spec: str, task: str) -> tuple[TaskOptions, int]:
+    """``task``'s declared options and its version (B25) in the app ``app_spec`` names
+    (imported here, as ``start`` would); refused when the app has no such task (AppLoadError
+    when it cannot be imported)."""
     app = load_app(app_spec)
     found = app.tasks.get(task)
     if found is None:
         names = ", ".join(sorted(app.tasks)[:20]) or "none"
         raise ConfigError(f"{app_spec} has no task {task!r} (its tasks: {names})")
-    return found.options
+    return found.options, found.version
 
 
 def enqueue(
@@ -112,6 +113,7 @@ def enqueue(
     priority: int = 0,
     traceparent: str | None = None,
     debounce: float | None = None,
+    version: int | None = None,
 ) -> int:
     try:
         check_run_options(queue, priority, key)
@@ -121,7 +123,8 @@ def enqueue(
     except InvalidPayload as exc:
         raise ConfigError(str(exc)) from None
     return store.start_run(task, payload, state, delay, key=key, queue=queue, priority=priority,
-                           traceparent=traceparent, debounce=debounce)  # fmt: skip
+                           traceparent=traceparent, debounce=debounce,
+                           version=version)  # fmt: skip
 
 
 # Attempts that reached a handler and ended without a commit (an exhausted claim never ran one)

@@ -31,6 +31,7 @@ from ..events import Post, TaskFinished
 from ..execution import Execution, Mode, Stopped, conclude, message
 from ..logs import event
 from ..signals import main_thread_only
+from ..versions import upgrade_async
 from . import BLOCKED_AFTER, Executor
 
 if TYPE_CHECKING:
@@ -143,6 +144,7 @@ class AsyncExecutor(Executor):
         try:
             if ex.may_begin():  # not cancelled before it began, and its lease still fresh
                 with ex.running():  # its log records carry its task, its span is current
+                    await upgrade_async(ex)  # B25: an older run's state migrated first
                     value = await ex.handler(ex.ctx)
                     await ex.ctx.flush_async()  # what it emitted is written before its commit
         except asyncio.CancelledError:

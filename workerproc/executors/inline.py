@@ -20,6 +20,7 @@ from ..config import WorkerConfig
 from ..events import Post, TaskFinished
 from ..execution import Execution, Mode, Stopped, conclude
 from ..signals import INTERRUPT, Signals, Waker
+from ..versions import upgrade
 from . import Executor
 
 
@@ -54,6 +55,7 @@ class InlineExecutor(Executor):
             signals.in_handler = True
             if ex.may_begin():
                 with ex.running():  # its log records carry its task, its span is current
+                    upgrade(ex)  # B25: an older run's state migrated first, under the fence
                     value = ex.handler(ex.ctx)
                     ex.ctx._stream_done()  # what it emitted is written before its commit
         except BaseException as exc:  # a handler's error, whatever its kind

@@ -125,12 +125,13 @@ class AsyncStore:
         priority: int = 0,
         traceparent: str | None = None,
         debounce: float | None = None,
+        version: int | None = None,
     ) -> int:
         """Start a run whose first task is ``task`` (``Store.start_run``): its id. ``key``
         makes it idempotent: while a run with that key exists, its id is the answer;
         ``debounce``: a burst of starts with one key makes one run, as ``Store.start_run``."""
         new = NewRun.make(task, payload, state, delay, key, queue, priority, traceparent,
-                          debounce=debounce)  # fmt: skip
+                          debounce=debounce, version=version)  # fmt: skip
         (run_id,) = await self._start([new])
         return run_id
 

@@ -18,7 +18,7 @@ import json
 import re
 from typing import Any
 
-from .errors import InvalidPayload
+from .errors import InvalidCommit, InvalidPayload
 from .redaction import redact
 from .types import JSON, NO_OPTIONS, Commit, TaskOptions
 
@@ -154,6 +154,36 @@ def can_exist(row_id: int) -> bool:
     return row_id in ID_RANGE
 
 
+MAX_VERSION = 1_000_000  # a task's version (B25): 1 to this
+
+
+def served_entry(entry: str) -> tuple[str, int | None]:
+    """A served-tasks entry's task name and version: ``"name@3"`` (B25), or a plain name
+    (None: its unversioned runs, B22)."""
+    name, sep, number = entry.rpartition("@")
+    if sep and name and number.isdigit() and 1 <= int(number) <= MAX_VERSION:
+        return name, int(number)
+    return entry, None
+
+
+def check_served(entry: object) -> str:
+    """A claim's served entry (B22, B25): a task name, or ``name@version``."""
+    if not isinstance(entry, str):
+        return check_name(entry)
+    check_name(served_entry(entry)[0])
+    return entry
+
+
+def check_task_version(version: object) -> int | None:
+    """A run's task version (B25): None (unversioned) or 1 to ``MAX_VERSION``."""
+    if version is None:
+        return None
+    if isinstance(version, bool) or not isinstance(version, int) or not 1 <= version <= MAX_VERSION:
+        raise InvalidPayload(f"a task's version must be a whole number from 1 to "
+                             f"{MAX_VERSION:,} (got {shown(version)})")  # fmt: skip
+    return version
+
+
 def check_name(name: object, what: str = "task name") -> str:
     """A name a user gives (a task's, a signal's, a call's), the same limits on every backend:
     a string of 1 to ``MAX_NAME`` characters, valid Unicode, and nothing that prints as
@@ -256,7 +286,7 @@ def commit_params(commit: Commit) -> dict[str, Any]:
     starts, so a bad value writes nothing (both backends)."""
     params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)),
                               "error": clean_text(commit.error)}  # fmt: skip
-    if commit.kind in ("finish", "advance", "wait", "spawn", "compare_and_set"):
+    if commit.kind in ("finish", "advance", "wait", "spawn", "compare_and_set", "migrate"):
         params["state"] = dumps(commit.new_state, "state")
         params["revision"] = commit.expected_revision
     if commit.kind == "finish":
@@ -269,9 +299,14 @@ def commit_params(commit: Commit) -> dict[str, Any]:
         params["name"] = check_name(commit.next_task, "the next task's name")
         params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
         params["queue"] = commit.next_queue
+        params["version"] = check_task_version(commit.version)
         if commit.next_queue is not None:  # (only a system run stays on a reserved queue)
             system = commit.lease.queue.startswith(RESERVED)
             check_run_options(commit.next_queue, 0, None, system=system)
+    if commit.kind == "migrate":
+        params["version"] = check_task_version(commit.version)
+        if commit.version is None:
+            raise InvalidCommit("a migration names the version it moves to")
     if commit.kind == "fail":
         params["reason"] = clean_text(commit.reason or "failed", MAX_NAME)
     return params

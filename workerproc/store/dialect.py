@@ -77,6 +77,7 @@ class ClaimRow(NamedTuple):
     reserved: int | None = None  # the tokens its claim reserved from them
     traceparent: str | None = None  # the run's W3C trace context
     given_back: int | None = None  # what a taken-over lease's reservation gives back
+    version: int | None = None  # the claimed task's version (None: unversioned, B25)
 
 
 # What a write is, for a dialect that treats some writes apart: a worker's exchange (commits
@@ -121,7 +122,7 @@ STATEMENTS = frozenset(
         # fenced commits (R2, R5, B3, B4) and the completions (batches of N >= 1 of the
         # driver's ``complete``; ``ACK``, ``SET_STATE``: the pinned ack and compare_and_set)
         "CHECK_FENCE", "INSERT_REJECTION", "FINISH", "ADVANCE", "RELEASE", "HANDBACK", "ACK",
-        "SET_STATE", "TASK_DONE", "TASK_FAILED",
+        "SET_STATE", "TASK_DONE", "TASK_FAILED", "SET_VERSION",
         # producers (B7)
         "INSERT_RUNS", "FIND_BY_KEYS",
         # debounced starts: the key's run takes the new payload, or goes on without its key

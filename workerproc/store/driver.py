@@ -93,6 +93,7 @@ class Advance(Fenced):
     gate_b: str | None = None
     gate_c: str | None = None
     tokens: int | None = None
+    version: int | None = None  # the next task's version (B25; None: unversioned)
 
 
 @dataclass(frozen=True)

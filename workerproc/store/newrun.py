@@ -15,6 +15,7 @@ from .codec import (
     RESERVED,
     check_name,
     check_run_options,
+    check_task_version,
     check_traceparent,
     dumps,
     shown,
@@ -25,7 +26,18 @@ from .traceparent import current_traceparent
 from .types import DEFAULT_QUEUE, JSON
 
 START_FIELDS = frozenset(
-    {"task", "payload", "state", "delay", "key", "queue", "priority", "traceparent", "debounce"}
+    {
+        "task",
+        "payload",
+        "state",
+        "delay",
+        "key",
+        "queue",
+        "priority",
+        "traceparent",
+        "debounce",
+        "version",
+    }
 )
 
 
@@ -46,6 +58,7 @@ class NewRun:
     # debounced: a start within this many seconds of the key's pending run replaces its payload
     # and pushes its start back (``protocol.producers``); the run starts that long after it
     debounce: float | None = None
+    version: int | None = None  # its first task's version (B25; None: unversioned)
 
     def gated(self, gating: Gating) -> NewRun:
         return dataclasses.replace(self, gating=gating)
@@ -54,7 +67,7 @@ class NewRun:
     def make(
         cls, task: str, payload: JSON, state: JSON, delay: float, key: str | None, queue: str,
         priority: int, traceparent: str | None = None, *, system: bool = False,
-        debounce: float | None = None,
+        debounce: float | None = None, version: int | None = None,
     ) -> NewRun:  # fmt: skip
         """``traceparent``: the W3C trace context the run's steps continue; None: the caller's
         current span's, when OpenTelemetry is installed and a span is recording; "": none.
@@ -88,6 +101,7 @@ class NewRun:
             ),
             system=system,
             debounce=debounce,
+            version=check_task_version(version),
         )
 
     @classmethod
@@ -99,7 +113,8 @@ class NewRun:
         get = item.get
         return cls.make(item["task"], get("payload"), get("state"), get("delay", 0), get("key"),
                         get("queue", DEFAULT_QUEUE), get("priority", 0),
-                        get("traceparent"), debounce=get("debounce"))  # fmt: skip
+                        get("traceparent"), debounce=get("debounce"),
+                        version=get("version"))  # fmt: skip
 
 
 def _debounce(debounce: object, key: str | None) -> float:

@@ -31,6 +31,7 @@ from .types import (
     JSON,
     AttemptEnd,
     BatchOutcome,
+    CasResult,
     ClaimRequest,
     Commit,
     Event,
@@ -95,6 +96,7 @@ class CallStore(Role, Protocol):
         self, lease: Lease, key: calls.CallKey, unknown: calls.Unknown = "pay"
     ) -> calls.CallStart: ...
     def store_identity(self) -> str: ...
+    def migrate_state(self, lease: Lease, version: int, new_state: JSON) -> CasResult: ...
     def keep_call(
         self, lease: Lease, key: calls.CallKey, result: JSON, tokens: int | None = None, *,
         cost: float | None = None, intent: int | None = None,
@@ -122,6 +124,7 @@ class Producer(Role, Protocol):
         self, task: str, payload: JSON = None, state: JSON = None, delay: float = 0, *,
         key: str | None = None, queue: str = DEFAULT_QUEUE, priority: int = 0, tx: Any = None,
         traceparent: str | None = None, debounce: float | None = None,
+        version: int | None = None,
     ) -> int: ...  # fmt: skip
     def start_runs(self, items: Iterable[Mapping[str, Any]], *, tx: Any = None) -> list[int]: ...
     def wait(self, run_id: int, timeout: float | None = None) -> Run: ...

@@ -130,6 +130,9 @@ class Lease:
     # waiting (a prefetch), its start recorded by the renewal that confirms it
     # (``renew_each(starting=...)``), and a lapse before that spends no attempt
     started: bool = True
+    # the task's version (B25): the version of its run's state, as its claim read it (None:
+    # unversioned); a worker migrates an older one before the handler begins
+    version: int | None = None
 
     @property
     def fence(self) -> tuple[int, str, int]:
@@ -149,6 +152,7 @@ CommitKind = Literal[
     "park",
     "ack",
     "compare_and_set",
+    "migrate",
 ]
 
 
@@ -179,6 +183,8 @@ class Commit:
     - ``ack`` (``Store.ack``): mark the task done; a run with no task left has succeeded.
     - ``compare_and_set`` (``Store.compare_and_set``): CAS the state at ``expected_revision``;
       the lease stays.
+    - ``migrate`` (``Store.migrate_state``, B25): a compare-and-set that also moves the task to
+      ``version``, before its handler begins; the lease stays.
 
     ``used_tokens``: what the handler reported using (``ctx.usage``), settled against its
     lease's reservation in the same transaction.
@@ -200,6 +206,9 @@ class Commit:
     pause: bool = True
     wait_for: str | None = None  # wait: what the run waits for ("signal:NAME")
     children: tuple[Any, ...] = ()  # spawn: the child runs to start (``NewRun`` each)
+    # migrate: the version the task's new state is written for; advance, wait, spawn: the next
+    # task's version (B25; None: unversioned)
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -320,6 +329,9 @@ class TaskInfo:
     claimed_at: float | None = None  # when the latest attempt was claimed
     done_attempt: int | None = None  # the attempt whose commit finished the task
     done_owner: str | None = None  # the owner whose commit finished the task
+    version: int | None = (
+        None  # the version its run's state is written for (B25; None: unversioned)
+    )
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ FINISH_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("result", 
 ADVANCE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"), ("queue", "text"),
                    ("name", "text"), ("payload", "text"), ("delay", "float8"), ("line", "text"),
                    ("gate_a", "text"), ("gate_b", "text"), ("gate_c", "text"),
-                   ("tokens", "int"))  # fmt: skip
+                   ("tokens", "int"), ("version", "int"))  # fmt: skip
 RELEASE_COLUMNS = (*LEASE, ("delay", "float8"), ("error", "text"))
 HANDBACK_COLUMNS = LEASE
 SET_STATE_COLUMNS = (*LEASE, ("revision", "bigint"), ("state", "text"))
@@ -83,9 +83,10 @@ WITH i AS MATERIALIZED (
 {_cas(fence, alive, moves)},
 {_done(fence)},
 next_task AS (INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-                                 gate_a, gate_b, gate_c, tokens, input_state, input_queue)
+                                 gate_a, gate_b, gate_c, tokens, input_state, input_queue,
+                                 version)
     SELECT i.next_id, cas.id, i.name, i.payload::json, clock.now + i.delay, clock.now, i.line,
-        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.state::json, cas.queue
+        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.state::json, cas.queue, i.version
     FROM cas JOIN i ON i.run_id = cas.id, clock)
 SELECT id, {notify} FROM cas"""
 

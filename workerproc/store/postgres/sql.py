@@ -166,7 +166,7 @@ _LEASING = f"""granted AS MATERIALIZED (SELECT {_CLOCK} AS now FROM (SELECT coun
     AS locked),
 heads AS MATERIALIZED (
     SELECT p.id AS run_id, t.id AS task_id, t.name, t.payload::text AS payload, t.attempts,
-        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens, t.signal_id
+        t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens, t.signal_id, t.version
     FROM picked AS p CROSS JOIN granted
     CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
                         AND t.done_at IS NULL) AS t
@@ -212,7 +212,7 @@ SELECT x.task_id, p.id, h.name, h.payload, x.attempts, x.attempt_base, x.expires
     x.prev_owner IS NOT NULL AS takeover, x.claimed_at, p.state, p.revision, p.queue,
     (SELECT o.options::text FROM task_options AS o WHERE o.name = h.name), h.signal_id,
     p.parent_id, p.join_task, x.gate_a, x.gate_b, x.gate_c, x.reserved, p.traceparent,
-    x.given_back
+    x.given_back, h.version
 FROM picked AS p LEFT JOIN leased AS x ON x.run_id = p.id LEFT JOIN heads AS h ON h.run_id = p.id
 ORDER BY p.p DESC, p.head_at, p.head_created, p.head_id"""
 _CLAIM = f"""
@@ -242,9 +242,11 @@ MAX_CLAIM_TEXTS = 256  # limits up to this are written into the claim's text (se
 
 
 # B22: a claimer with a list of the tasks it serves (``%(tasks)s``) walks past runs whose head
-# task is none of them (one primary key probe per run walked; left out of the text without one)
+# task is none of them (one primary key probe per run walked; left out of the text without one):
+# its name for an unversioned task, "name@version" for one at a version (B25)
 _SERVED = """
-          AND (SELECT h.name FROM tasks AS h WHERE h.id = r.head_id) = ANY(%(tasks)s::text[])"""
+          AND (SELECT coalesce(h.name || '@' || h.version, h.name) FROM tasks AS h
+               WHERE h.id = r.head_id) = ANY(%(tasks)s::text[])"""
 
 
 @cache
@@ -286,7 +288,9 @@ CLAIM = claim_sql(None)  # every queue, any limit (``steps.claim`` writes the li
 # of %(skip)s), every level walked in head order as the claim for every queue walks it
 _OF_TASK = """r.queue <> ALL(%(skip)s::text[])
           AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
-          AND EXISTS (SELECT 1 FROM tasks AS h WHERE h.id = r.head_id AND h.name = %(task)s)
+          AND EXISTS (SELECT 1 FROM tasks AS h WHERE h.id = r.head_id AND h.name = %(task)s
+                      AND (%(tasks)s::text[] IS NULL OR coalesce(h.name || '@' || h.version,
+                                                                 h.name) = ANY(%(tasks)s::text[])))
           AND """
 CLAIM_TASK = _CLAIM.format(levels=_EVERY_LEVEL, level=_PICK.format(queue=_OF_TASK))
 

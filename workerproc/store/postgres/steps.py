@@ -110,6 +110,7 @@ def _insert_runs_shape(params: Params) -> Params:
         "tokens": [r.gating.tokens for r in runs],
         "traceparents": [r.traceparent for r in runs],
         "systems": [r.system for r in runs],
+        "versions": [r.version for r in runs],
         "now": params["now"],
     }
 

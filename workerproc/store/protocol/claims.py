@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..codec import check_name, check_owner, check_queue, loads, task_options
+from ..codec import check_name, check_owner, check_queue, check_served, loads, task_options
 from ..dialect import ClaimRow, Tx
 from ..driver import ClaimAsk, Handback, Placing
 from ..errors import InvalidPayload
@@ -61,7 +61,7 @@ def claim(
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues is not None:
         queues = [q for q in queues if q not in skip]
-    tasks = None if req.tasks is None else tuple(check_name(t) for t in dict.fromkeys(req.tasks))
+    tasks = None if req.tasks is None else tuple(check_served(t) for t in dict.fromkeys(req.tasks))
     if queues == [] or tasks == () or req.limit < 1:
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues),
@@ -190,4 +190,5 @@ def _lease(tx: Tx, req: ClaimRequest, row: ClaimRow) -> Lease | None:
         # a lease taken over from this very claimer waits for its older handler, which may
         # still run there: its start is recorded when it begins (as the claim statement did)
         started=req.begins and was[0] != req.owner,
+        version=row.version,
     )

@@ -161,6 +161,22 @@ def _compare_and_set(tx: Tx, commit: Commit, params: Params) -> CasResult:
     return CasResult.OK if written else _refusal(tx, params, commit)
 
 
+def _migrate(tx: Tx, commit: Commit, params: Params) -> CasResult:
+    """B25: the run's state moves at the expected revision under the lease, as a
+    compare-and-set (``SetState``), and its task to the migration's version with it: a
+    zombie's migration is refused by the fence like any write."""
+    if not completed(tx, SetState, [params])[0]:
+        return _refusal(tx, params, commit)
+    tx.count("SET_VERSION", params)
+    return CasResult.OK
+
+
+def _migrated(tx: Tx, commit: Commit, params: Params) -> None:
+    lease = commit.lease
+    emit(tx, "step.migrated", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
+         from_version=lease.version, version=params["version"])  # fmt: skip
+
+
 # -- what each kind emits once written ----------------------------------------------------------
 def _held_by(commit: Commit) -> Params:
     return {"owner": commit.lease.owner, "task_id": commit.lease.task_id}
@@ -234,6 +250,8 @@ KINDS: dict[str, Kind] = {
     "compare_and_set": Kind(
         write=_compare_and_set, conflict=True, op="compare_and_set", settles=False
     ),
+    # B25: an older run's state upgraded before the handler begins; the lease stays
+    "migrate": Kind(write=_migrate, conflict=True, emit=_migrated, op="migrate", settles=False),
 }
 
 

@@ -33,7 +33,7 @@ KINDS = frozenset(
         "run.enqueued", "run.succeeded", "run.failed", "run.cancelled", "run.retried",
         "step.claimed", "lease.taken_over", "step.committed", "step.released",
         "step.handed_back", "write.refused", "run.waiting", "run.signalled", "step.batched",
-        "run.forked",
+        "run.forked", "step.migrated",
     }
 )  # fmt: skip
 SEQUENCE_BATCH = 10_000  # events a reader numbers at most per pass (PostgreSQL)

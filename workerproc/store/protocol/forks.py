@@ -6,7 +6,8 @@ transaction that reads the source and writes nothing of it.
   order): the first task is step 1, the task its advance wrote step 2, and so on. Each task
   keeps what its step was entered with (``tasks.input_state``, ``tasks.input_queue``), written
   by the statement that writes the task (a start's ``INSERT_RUNS``, an advance's ``ADVANCE``).
-- The new run's one task is a copy of step N's (its name and payload), due now, in the queue
+- The new run's one task is a copy of step N's (its name, payload and version, B25: the input
+  state is written for that version; a migration moves both), due now, in the queue
   the step was entered in, at the source's priority, with no key; it is gated like any new run
   of its task; ``run.enqueued`` and ``run.forked`` (``from_run``, ``from_step``) are its events.
 - Paid calls (B13) are keyed by their step: the fork's steps are new steps, so they find none
@@ -64,7 +65,7 @@ def forking(
     rows = yield "FORK_SOURCE", {"run_id": run_id, "step": step}
     if not rows:
         raise RunNotFound(run_id)
-    _, entered, name, payload, kept, queue, priority = rows[0]
+    _, entered, name, payload, kept, queue, priority, version = rows[0]
     if name is None:
         raise ForkRefused(
             f"run {run_id} never entered step {step} (it entered {int(entered)} "
@@ -78,7 +79,8 @@ def forking(
             "with: give the state to fork with (state=..., --state JSON)"
         )
     new = gate(NewRun(str(name), str(payload), state if state is not None else str(kept), 0.0,
-                      None, str(queue), int(priority), traceparent=traceparent))  # fmt: skip
+                      None, str(queue), int(priority), traceparent=traceparent,
+                      version=None if version is None else int(version)))  # fmt: skip
     (new_id,) = yield from inserting([new], now)
     forked = {"from_run": run_id, "from_step": step}
     yield from inserted([event_row("run.forked", new_id, new.task, None, forked)], now)

@@ -195,3 +195,10 @@ class Leases(Limits):
         A compare-and-set commit (the lease stays)."""
         commit = Commit(lease, "compare_and_set", expected_revision, new_state)
         return self.commit_many((commit,)).results[0]
+
+    def migrate_state(self, lease: Lease, version: int, new_state: JSON) -> CasResult:
+        """B25: the run's state migrated to ``version`` of its task, written under the lease
+        at the revision it was claimed at, with the task's new version: ``ok``, ``conflict``
+        (the revision moved) or ``lease_lost`` (refused, recorded). The lease stays."""
+        commit = Commit(lease, "migrate", lease.revision, new_state, version=version)
+        return self.commit_many((commit,)).results[0]

@@ -33,6 +33,7 @@ class Producers(Limits):
         tx: Any = None,
         traceparent: str | None = None,
         debounce: float | None = None,
+        version: int | None = None,
     ) -> int:
         """Start a run whose first task is ``task``; its state is ``state`` (``{}`` when None).
 
@@ -48,9 +49,12 @@ class Producers(Limits):
         key's run is pending and its first task was never claimed, a start replaces that
         task's payload and moves its start to ``debounce`` seconds from now (the run's state,
         queue and priority stay); the run starts ``debounce`` seconds after the last start of
-        the burst. Once it began (or ended), a start makes a new run, which takes the key."""
+        the burst. Once it began (or ended), a start makes a new run, which takes the key.
+
+        ``version``: the version of ``task`` its state is written for (B25; ``Task.start``
+        gives the task's own); None: unversioned, run as it is by any version of the task."""
         new = NewRun.make(task, payload, state, delay, key, queue, priority, traceparent,
-                          debounce=debounce)  # fmt: skip
+                          debounce=debounce, version=version)  # fmt: skip
         (run_id,) = self._start([new], tx)
         return run_id
 

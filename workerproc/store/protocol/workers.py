@@ -14,10 +14,10 @@ import json
 import math
 from collections.abc import Sequence
 
-from ..codec import check_name, check_owner, check_queue, check_text
+from ..codec import check_owner, check_queue, check_served, check_text, served_entry
 from ..dialect import Dialect, Row, Tx
 from ..errors import InvalidPayload
-from ..types import WorkerInfo
+from ..types import DEFAULT_QUEUE, WorkerInfo
 
 
 class Workers:
@@ -66,14 +66,14 @@ class Workers:
 
         listed, heads = self.dialect.read(read)
         if tasks is not None:
-            own = set(tasks)
-            return {int(run_id): f"no worker serves task {name}" for run_id, name, _ in heads
-                    if name not in own}  # fmt: skip
+            own = WorkerInfo("", "", 0, 0.0, 1.0, 1, None, "", tasks=tuple(tasks))
+            return {int(run_id): _why(name, version, [own]) for run_id, name, _, version in heads
+                    if not serves(own, DEFAULT_QUEUE, name, version)}  # fmt: skip
         live = [w for w in map(_worker_of, listed) if w.alive and w.state == "running"]
         if not live:
             return {}
-        return {int(run_id): f"no worker serves task {name}" for run_id, name, queue in heads
-                if not any(serves(w, queue, name) for w in live)}  # fmt: skip
+        return {int(run_id): _why(name, version, live) for run_id, name, queue, version in heads
+                if not any(serves(w, queue, name, version) for w in live)}  # fmt: skip
 
     def workers(self) -> list[WorkerInfo]:
         """Every worker process of every host, by host and start; ``alive`` says which beat
@@ -82,10 +82,24 @@ class Workers:
         return [_worker_of(row) for row in rows]
 
 
-def serves(worker: WorkerInfo, queue: str, task: str) -> bool:
-    """Whether ``worker`` claims runs of ``queue`` whose next task is ``task`` (B22)."""
-    return (worker.queues is None or queue in worker.queues) and (
-        worker.tasks is None or task in worker.tasks
+def serves(worker: WorkerInfo, queue: str, task: str, version: int | None = None) -> bool:
+    """Whether ``worker`` claims runs of ``queue`` whose next task is ``task`` (B22) at
+    ``version`` (B25; None: unversioned). A worker whose list names no version (from before
+    versions) claims the task at any."""
+    if worker.queues is not None and queue not in worker.queues:
+        return False
+    if worker.tasks is None:
+        return True
+    if version is None or not any(served_entry(t)[1] for t in worker.tasks):
+        return task in worker.tasks
+    return f"{task}@{version}" in worker.tasks
+
+
+def _why(task: str, version: int | None, workers: Sequence[WorkerInfo]) -> str:
+    """Why a run waits: no worker serves its task, or (B25) none serves it at its version."""
+    known = any(w.tasks is None or task in w.tasks for w in workers)
+    return f"no worker serves task {task}" + (
+        f" version {version}" if version is not None and known else ""
     )
 
 
@@ -99,7 +113,7 @@ def check_worker(worker: WorkerInfo) -> None:
     for queue in worker.queues or ():
         check_queue(queue)
     for task in worker.tasks or ():
-        check_name(task)
+        check_served(task)
     for what, number in (("beat_every", worker.beat_every), ("started_at", worker.started_at)):
         if not isinstance(number, (int, float)) or not math.isfinite(number) or number < 0:
             raise InvalidPayload(

@@ -476,6 +476,14 @@ MIGRATIONS: list[str] = [
     ALTER TABLE tasks ADD COLUMN input_state TEXT;
     ALTER TABLE tasks ADD COLUMN input_queue TEXT;
     """,
+    # 28: the version of the task each task row's run state was written for (B25): a worker at a
+    # newer version migrates the state before its handler begins, and one at an older version
+    # never claims it. NULL: unversioned (a producer that did not say), served by any version;
+    # the pending tasks from before were written by unversioned releases: version 1.
+    """
+    ALTER TABLE tasks ADD COLUMN version INTEGER CHECK (version BETWEEN 1 AND 1000000);
+    UPDATE tasks SET version = 1 WHERE done_at IS NULL;
+    """,
 ]
 
 SCHEMA_VERSION = len(MIGRATIONS)

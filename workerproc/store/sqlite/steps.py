@@ -32,14 +32,14 @@ def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRo
     join task, and (a gated claim's, ``gated``) the lease's gates, its reservation and what
     the lease it took over gives back."""
     task_id, run_id, name, payload, attempts, base, expires_at, takeover = found
-    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent) = (
+    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent, version) = (
         tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "name": name, "task_id": task_id})
         .fetchone()
     )  # fmt: skip
     gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
     return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,
                     state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
-                    gate_b, gate_c, reserved, traceparent, given_back)  # fmt: skip
+                    gate_b, gate_c, reserved, traceparent, given_back, version)  # fmt: skip
 
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
@@ -174,7 +174,8 @@ def insert_runs(tx: SQLiteTx, params: Params) -> list[Row]:
             rows.append((0, False))
             continue
         first = {"run_id": row[0], "name": run.task, "payload": run.payload, "delay": run.delay,
-                 "state": run.state, "queue": run.queue, **run.gating.params()}  # fmt: skip
+                 "state": run.state, "queue": run.queue, "version": run.version,
+                 **run.gating.params()}  # fmt: skip
         tx.conn.execute(q.INSERT_TASK, {**first, "now": now})
         enqueued = {"queue": run.queue, "key": run.key, "delay": run.delay or None}
         data = _encode({k: v for k, v in enqueued.items() if v is not None})

@@ -27,6 +27,15 @@ SELECT l.run_id FROM leases AS l, clock,
     WHERE l.run_id = i.run_id AND l.task_id = i.task_id AND l.attempts = i.attempt
     AND l.owner = i.owner AND l.expires_at > clock.now
 
+-- name: SET_VERSION
+-- migrate (B25): the claimed task moves to the version its run's state was migrated to, in the
+-- transaction whose fenced compare-and-set (SET_STATE) wrote that state: written only once the
+-- fence held. What the step was entered with (B24) becomes the migrated state, so that a fork
+-- from this step gets a state and a version that go together.
+UPDATE tasks SET version = %(version)s,
+        input_state = CASE WHEN input_state IS NULL THEN NULL ELSE %(state)s::json END
+    WHERE id = %(task_id)s AND run_id = %(run_id)s
+
 -- name: TASK_DONE
 -- ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
 -- alive moves its head to its next pending task in R1 order, if any (a head with limits puts

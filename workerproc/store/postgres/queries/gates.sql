@@ -156,7 +156,8 @@ SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate
                 coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
                     AND r.status = 'pending'
           AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
-          AND (%(tasks)s::text[] IS NULL OR t.name = ANY(%(tasks)s::text[]))
+          AND (%(tasks)s::text[] IS NULL
+               OR coalesce(t.name || '@' || t.version, t.name) = ANY(%(tasks)s::text[]))
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT
                               coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)))

@@ -169,9 +169,9 @@ i AS MATERIALIZED (
                 %(delays)s::float8[], %(keys)s::text[], %(queues)s::text[],
                 %(priorities)s::int[], %(lines)s::text[], %(gates_a)s::text[],
                 %(gates_b)s::text[], %(gates_c)s::text[], %(tokens)s::int[],
-                %(traceparents)s::text[], %(systems)s::bool[])
+                %(traceparents)s::text[], %(systems)s::bool[], %(versions)s::int[])
          WITH ORDINALITY AS i(state, task, payload, delay, key, queue, priority, line, gate_a,
-                              gate_b, gate_c, tokens, traceparent, system, n)
+                              gate_b, gate_c, tokens, traceparent, system, version, n)
     ORDER BY i.n),
 new_runs AS (
     INSERT INTO {s}runs (id, state, task, queue, priority, key, created_at, updated_at,
@@ -184,9 +184,9 @@ new_runs AS (
     ON CONFLICT (key) WHERE key IS NOT NULL DO NOTHING RETURNING id),
 first_tasks AS (
     INSERT INTO {s}tasks (id, run_id, name, payload, available_at, created_at, line, gate_a,
-                            gate_b, gate_c, tokens, input_state, input_queue)
+                            gate_b, gate_c, tokens, input_state, input_queue, version)
     SELECT i.task_id, i.id, i.task, i.payload::json, clock.now + i.delay, clock.now, i.line,
-        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.state::json, i.queue
+        i.gate_a, i.gate_b, i.gate_c, i.tokens, i.state::json, i.queue, i.version
     FROM i JOIN new_runs USING (id), clock ORDER BY i.n),
 enqueued AS (
     INSERT INTO {s}events (at, run_id, kind, task, data)
@@ -289,11 +289,11 @@ UPDATE {s}runs SET key = NULL WHERE id = %(run_id)s
 -- name: FORK_SOURCE
 -- A fork (B24): the run, how many steps it entered, and its step %(step)s (the step-th task in
 -- id order, NULL columns when it never entered it): the task's name and payload, what it was
--- entered with (NULL: before that was kept) and the run's priority. Reads only: nothing of the
+-- entered with (NULL: before that was kept), the run's priority and the step's version (B25). Reads only: nothing of the
 -- run is locked.
 SELECT r.id, (SELECT count(*) FROM tasks WHERE run_id = r.id), t.name, t.payload::text,
-        t.input_state::text, coalesce(t.input_queue, r.queue), r.priority
-    FROM runs AS r LEFT JOIN (SELECT name, payload, input_state, input_queue FROM tasks
+        t.input_state::text, coalesce(t.input_queue, r.queue), r.priority, t.version
+    FROM runs AS r LEFT JOIN (SELECT name, payload, input_state, input_queue, version FROM tasks
                               WHERE run_id = %(run_id)s ORDER BY id
                               LIMIT 1 OFFSET %(step)s::bigint - 1) AS t ON true
     WHERE r.id = %(run_id)s

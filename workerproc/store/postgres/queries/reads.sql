@@ -72,7 +72,7 @@ SELECT r.id, CASE WHEN r.status = 'pending' AND EXISTS (SELECT 1 FROM leases AS 
 SELECT t.id, t.run_id, t.name, t.payload::text, t.available_at, t.created_at,
     l.owner, CASE WHEN l.owner IS NOT NULL THEN l.expires_at END,
     coalesce(l.attempts, t.attempts), coalesce(l.attempt_base, t.attempt_base), t.last_error,
-    t.done_at, coalesce(l.claimed_at, t.claimed_at), t.done_attempt, t.done_owner
+    t.done_at, coalesce(l.claimed_at, t.claimed_at), t.done_attempt, t.done_owner, t.version
         FROM tasks AS t LEFT JOIN leases AS l ON l.run_id = t.run_id AND l.task_id = t.id
             WHERE t.run_id = %(run_id)s ORDER BY t.id
 
@@ -81,7 +81,7 @@ SELECT t.id, t.run_id, t.name, t.payload::text, t.available_at, t.created_at,
 SELECT t.id, t.run_id, t.name, t.payload::text, t.available_at, t.created_at,
     l.owner, CASE WHEN l.owner IS NOT NULL THEN l.expires_at END,
     coalesce(l.attempts, t.attempts), coalesce(l.attempt_base, t.attempt_base), t.last_error,
-    t.done_at, coalesce(l.claimed_at, t.claimed_at), t.done_attempt, t.done_owner
+    t.done_at, coalesce(l.claimed_at, t.claimed_at), t.done_attempt, t.done_owner, t.version
         FROM tasks AS t LEFT JOIN leases AS l ON l.run_id = t.run_id AND l.task_id = t.id
             WHERE t.id = %(task_id)s
 
@@ -281,8 +281,8 @@ SELECT r.id, CASE WHEN r.status = 'pending' AND EXISTS (SELECT 1 FROM leases AS 
 
 -- name: HEAD_TASKS
 -- B22: of the runs named, those whose head is due and no live lease holds, with their head
--- task's name and their queue (what a worker must serve to claim them)
-SELECT r.id, t.name, r.queue FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+-- task's name, their queue and the task's version (B25): what a worker must serve to claim them
+SELECT r.id, t.name, r.queue, t.version FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.id = ANY(%(run_ids)s::bigint[]) AND r.status = 'pending'
       AND r.head_at <= coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
       AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.expires_at >

@@ -18,7 +18,8 @@
 -- whether its own lease begins at once (:start) or waits (its start recorded by RENEW_MANY). A
 -- lease the claimer takes over from itself waits: its older handler may still run in that worker,
 -- and the new one begins only once it ended (SET reads the row as it was). With :tasks (a JSON
--- array), only runs whose head task is one of them (B22: what the claimer has handlers for).
+-- array), only runs whose head task is one of them (B22: what the claimer has handlers for):
+-- its name for an unversioned task, "name@version" for one at a version (B25).
 WITH RECURSIVE
   served(q) AS (SELECT min(queue) FROM runs WHERE head_at IS NOT NULL
     UNION ALL
@@ -36,7 +37,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
-          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+          AND (:tasks IS NULL OR (SELECT coalesce(h.name || '@' || h.version, h.name)
+                                  FROM tasks AS h WHERE h.id = x.head_id)
                                  IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
@@ -74,7 +76,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
-          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+          AND (:tasks IS NULL OR (SELECT coalesce(h.name || '@' || h.version, h.name)
+                                  FROM tasks AS h WHERE h.id = x.head_id)
                                  IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
@@ -115,7 +118,8 @@ WITH RECURSIVE
         SELECT x.id FROM runs AS x
         WHERE x.queue = levels.q AND x.priority = levels.p AND x.head_at <= :now
           AND +x.status IN ('pending', 'running')
-          AND (:tasks IS NULL OR (SELECT h.name FROM tasks AS h WHERE h.id = x.head_id)
+          AND (:tasks IS NULL OR (SELECT coalesce(h.name || '@' || h.version, h.name)
+                                  FROM tasks AS h WHERE h.id = x.head_id)
                                  IN (SELECT value FROM json_each(:tasks)))
           AND NOT EXISTS (SELECT 1 FROM tasks AS a
                           WHERE a.run_id = x.id AND a.lease_owner IS NOT NULL
@@ -141,10 +145,12 @@ RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
 -- queues (:queues, a JSON array; NULL: every queue but those of :skip): the first :limit
 -- claimable runs whose head is a task of that name, a higher priority first, then in head
 -- order, each leased as CLAIM leases. Runs in a line (head_at NULL) are never walked: they are
--- admitted by their gates, one by one, in the worker's plain claim.
+-- admitted by their gates, one by one, in the worker's plain claim. :tasks: as CLAIM's (B25).
 WITH picked(run_id) AS (
     SELECT x.id FROM runs AS x JOIN tasks AS h ON h.id = x.head_id
     WHERE x.head_at <= :now AND h.name = :task AND +x.status IN ('pending', 'running')
+      AND (:tasks IS NULL OR coalesce(h.name || '@' || h.version, h.name)
+                             IN (SELECT value FROM json_each(:tasks)))
       AND (:queues IS NULL OR x.queue IN (SELECT value FROM json_each(:queues)))
       AND x.queue NOT IN (SELECT value FROM json_each(:skip))
       AND NOT EXISTS (SELECT 1 FROM tasks AS a
@@ -167,11 +173,11 @@ RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
 -- name: RUN_STATE
 -- claim: hand the run's state and its queue to the handler, the claimed task's declared options
 -- (B11; NULL: none), the signal that resumed it if it waited for one, the run's parent and its
--- join task (B14), and its trace context (tracing).
-SELECT state, revision, queue,
+-- join task (B14), its trace context (tracing), and the claimed task's version (B25).
+SELECT r.state, r.revision, r.queue,
     (SELECT options FROM task_options WHERE name = :name),
-    (SELECT signal_id FROM tasks WHERE id = :task_id), parent_id, join_task, traceparent
-    FROM runs WHERE id = :run_id
+    t.signal_id, r.parent_id, r.join_task, r.traceparent, t.version
+    FROM runs AS r LEFT JOIN tasks AS t ON t.id = :task_id WHERE r.id = :run_id
 
 -- name: DROP_EXHAUSTED_LEASE
 -- claim (R6): a claim past max_attempts hands nothing out: drop the lease, fail the run.

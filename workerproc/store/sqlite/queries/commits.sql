@@ -8,6 +8,15 @@
 SELECT run_id FROM tasks WHERE id = :task_id AND lease_owner = :owner AND attempts = :attempt
     AND lease_expires_at > :now AND done_at IS NULL
 
+-- name: SET_VERSION
+-- migrate (B25): the claimed task moves to the version its run's state was migrated to, in the
+-- transaction whose fenced compare-and-set (CAS_STATE) wrote that state: written only once the
+-- fence held. What the step was entered with (B24) becomes the migrated state, so that a fork
+-- from this step gets a state and a version that go together.
+UPDATE tasks SET version = :version,
+        input_state = CASE WHEN input_state IS NULL THEN NULL ELSE :state END
+    WHERE id = :task_id AND run_id = :run_id
+
 -- name: TASK_DONE
 -- ack / drop / advance / finish: the task is done; its lease is cleared (who held it stays).
 UPDATE tasks SET done_at = :now, done_attempt = :attempt, done_owner = lease_owner,
@@ -80,13 +89,14 @@ UPDATE runs SET state = :state, revision = revision + 1, status = 'succeeded',
 
 -- name: CAS_NEXT_TASK
 -- advance: the run's next task, due after :delay (as INSERT_TASK: its id one past the largest
--- ever given, its gates and line if it has limits). It keeps what the step is entered with
--- (B24): the state this advance writes, and the run's queue (MOVE_RUN went first).
+-- ever given, its gates and line if it has limits; :version its version, B25). It keeps what
+-- the step is entered with (B24): the state this advance writes, and the run's queue (MOVE_RUN
+-- went first).
 INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-        gate_a, gate_b, gate_c, tokens, input_state, input_queue)
+        gate_a, gate_b, gate_c, tokens, input_state, input_queue, version)
     VALUES (max(coalesce((SELECT max(id) FROM tasks), 0), (SELECT task_high FROM run_ids)) + 1,
             :run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
-            :tokens, :state, (SELECT queue FROM runs WHERE id = :run_id))
+            :tokens, :state, (SELECT queue FROM runs WHERE id = :run_id), :version)
 
 -- name: MOVE_RUN
 -- advance to another queue: the run (and so its next task) moves there

@@ -130,7 +130,8 @@ SELECT r.id, t.id, t.tokens,
     FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.line = :line AND r.line_at <= :now AND +r.status IN ('pending', 'running')
       AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
-      AND (:tasks IS NULL OR t.name IN (SELECT value FROM json_each(:tasks)))
+      AND (:tasks IS NULL OR coalesce(t.name || '@' || t.version, t.name)
+                             IN (SELECT value FROM json_each(:tasks)))
       AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
                       AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
     ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id LIMIT :limit

@@ -120,9 +120,9 @@ UPDATE runs SET key = NULL WHERE id = :run_id
 -- name: FORK_SOURCE
 -- A fork (B24): the run, how many steps it entered, and its step :step (the :step-th task in id
 -- order, NULL columns when it never entered it): the task's name and payload, what it was
--- entered with (NULL: before that was kept) and the run's priority. Reads only.
+-- entered with (NULL: before that was kept), the run's priority and the step's version (B25). Reads only.
 SELECT r.id, (SELECT count(*) FROM tasks WHERE run_id = r.id), t.name, t.payload,
-        t.input_state, coalesce(t.input_queue, r.queue), r.priority
-    FROM runs AS r LEFT JOIN (SELECT name, payload, input_state, input_queue FROM tasks
+        t.input_state, coalesce(t.input_queue, r.queue), r.priority, t.version
+    FROM runs AS r LEFT JOIN (SELECT name, payload, input_state, input_queue, version FROM tasks
                               WHERE run_id = :run_id ORDER BY id LIMIT 1 OFFSET :step - 1) AS t ON 1
     WHERE r.id = :run_id

@@ -32,12 +32,13 @@ SELECT id FROM runs WHERE key = :key
 -- start_run: the run's first task, due after :delay. A task with limits names its gates, its line
 -- and its reservation (store/limits.py); the head trigger puts its run in the line instead of the
 -- claim index. Its id is one past the largest ever given, so a pruned task's id never comes back
--- (migration 24). It keeps the state and queue the run starts with (its input, B24).
+-- (migration 24). It keeps the state and queue the run starts with (its input, B24); :version:
+-- the task's version its state is written for (B25; NULL: unversioned).
 INSERT INTO tasks (id, run_id, name, payload, available_at, created_at, line,
-        gate_a, gate_b, gate_c, tokens, input_state, input_queue)
+        gate_a, gate_b, gate_c, tokens, input_state, input_queue, version)
     VALUES (max(coalesce((SELECT max(id) FROM tasks), 0), (SELECT task_high FROM run_ids)) + 1,
             :run_id, :name, :payload, :now + :delay, :now, :line, :gate_a, :gate_b, :gate_c,
-            :tokens, :state, :queue)
+            :tokens, :state, :queue, :version)
 
 -- name: SET_TASK_OPTIONS
 -- per-task options (B11): the options an app declares for a task name, replacing those declared

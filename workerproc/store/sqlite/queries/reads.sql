@@ -54,13 +54,13 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 -- A run's tasks, in id order.
 SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
     lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
-    done_owner FROM tasks WHERE run_id = :run_id ORDER BY id
+    done_owner, version FROM tasks WHERE run_id = :run_id ORDER BY id
 
 -- name: GET_TASK
 -- One task by its id.
 SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
     lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
-    done_owner FROM tasks WHERE id = :task_id
+    done_owner, version FROM tasks WHERE id = :task_id
 
 -- name: LIST_REJECTIONS
 -- The writes the fence refused after :after, oldest first.
@@ -210,8 +210,9 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 
 -- name: HEAD_TASKS
 -- B22: of the runs named (:run_ids, a JSON array), those whose head is due and no live lease
--- holds, with their head task's name and their queue (what a worker must serve to claim them)
-SELECT r.id, t.name, r.queue FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
+-- holds, with their head task's name, their queue and the task's version (B25): what a worker
+-- must serve to claim them
+SELECT r.id, t.name, r.queue, t.version FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.id IN (SELECT value FROM json_each(:run_ids)) AND r.head_at <= :now
       AND r.status IN ('pending', 'running')
       AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
