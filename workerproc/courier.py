@@ -13,7 +13,6 @@ seconds; every wait is bounded, and a failing database is told once per incident
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from .background import StoreThread
@@ -29,7 +28,6 @@ REFRESH = 5.0  # with no parked webhook: look at the list this often
 WATCH = 1.0  # with parked webhooks: the longest sleep between looks (a change wakes it sooner)
 RETRY = 1.0  # after a failed look
 GAP = 0.1  # the shortest time between looks: a busy pool's commits wake it at most this often
-SLICE = 0.1  # a watch for a change looks at the stop this often (a worker's exit waits no more)
 LOOK = 1000  # events read per look at most
 
 
@@ -47,15 +45,12 @@ class Courier(StoreThread):
         token = store.change_token()
         pause = self.step(store)
         if pause is None or pause >= REFRESH:  # a failed look, or no parked webhook to watch
-            self._stop.wait(RETRY if pause is None else pause)
+            self.sleep(RETRY if pause is None else pause)
             return
-        if self._stop.wait(GAP):
+        if self.sleep(GAP):
             return
-        # watch for a change in short slices, so a stopping worker is never held up by it
-        until = time.monotonic() + pause - GAP
-        while not self._stop.is_set() and (left := until - time.monotonic()) > 0:
-            if store.wait_change(token, min(SLICE, left)) != token:
-                return
+        # on the change watch and the stop's self-pipe: a stopping worker is never held up
+        self.wait_change(store, token, pause - GAP)
 
     def step(self, store: WorkerStore) -> float | None:
         """Signal every parked webhook that has an event it wants; the seconds to watch for a
