@@ -1,8 +1,10 @@
 """An idle worker's threads sleep on what can wake them, never on a short timer: the heartbeat
 and the overdue watch, with nothing held, until the next presence beat (the first lease tracked
 wakes both at once); the webhooks' waker, with a parked webhook, on the store's change watch
-and its stop pipe (it woke every 0.1 s to look at its stop). Counted, not timed: the waits each
-thread asks for, and the change tokens the waker reads in a window with no commit."""
+and its stop pipe (it woke every 0.1 s to look at its stop), and it looks again only when an
+event committed (``events_mark``; it looked every second, on PostgreSQL with a write to number
+the events). Counted, not timed: the waits each thread asks for, and what the waker reads in a
+window with no commit."""
 
 from __future__ import annotations
 
@@ -81,12 +83,28 @@ def test_an_idle_heartbeat_sleeps_without_a_tick_and_the_first_lease_wakes_it() 
         hb.close()
 
 
+def test_the_events_mark_moves_with_every_committed_event_and_writes_nothing(s: Any) -> None:
+    before = s.events_mark()
+    assert s.events_mark() == before, "nothing committed: the same mark"
+    s.start_run("noop")
+    after = s.events_mark()
+    assert after != before  # (PostgreSQL: -1, the event waits for its number)
+    assert s.events_mark() == after, "a read: it numbered nothing"
+    newest = s.last_event_id()  # (PostgreSQL: numbers it)
+    assert s.events_mark() == newest != before
+
+
 class Counting:
     """A store whose change-token reads are counted (everything else passes through)."""
 
     def __init__(self, store: Any) -> None:
         self.store = store
         self.reads = 0
+        self.looks = 0
+
+    def events(self, *args: Any, **kw: Any) -> Any:
+        self.looks += 1
+        return self.store.events(*args, **kw)
 
     def change_token(self) -> int:
         self.reads += 1
@@ -119,11 +137,15 @@ def test_a_parked_webhooks_waker_sleeps_on_the_change_watch_and_wakes_for_a_comm
     courier = Courier(lambda: counting, Outage())
     courier.start()
     try:
-        window = 2.0
+        wait_for(lambda: counting.looks, timeout=30, what="the waker's first look")
+        counting.reads = counting.looks = 0
+        window = 2.5
         time.sleep(window)  # (no commit meanwhile: what it reads now is its timer's doing)
-        # a look every WATCH (1 s) and a read every WATCHED_CHECK (0.5 s) while it watches:
-        # about 3 a second; in 0.1 s slices it read about 11 a second
+        # a mark every WATCH (1 s) and a token every WATCHED_CHECK (0.5 s) while it watches:
+        # about 3 a second; in 0.1 s slices it read about 11 a second, and it looked (read the
+        # events) every second; now only after a commit, or REFRESH (5 s) after its last look
         assert counting.reads <= 5 * window, counting.reads
+        assert counting.looks == 0, counting.looks
         with backend.open() as store:
             store.start_run("noop")  # run.enqueued: an event the parked webhook wants
         wait_for(lambda: courier.woken >= 1, timeout=30, what="the parked webhook woken")
