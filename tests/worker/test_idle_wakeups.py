@@ -83,17 +83,6 @@ def test_an_idle_heartbeat_sleeps_without_a_tick_and_the_first_lease_wakes_it() 
         hb.close()
 
 
-def test_the_events_mark_moves_with_every_committed_event_and_writes_nothing(s: Any) -> None:
-    before = s.events_mark()
-    assert s.events_mark() == before, "nothing committed: the same mark"
-    s.start_run("noop")
-    after = s.events_mark()
-    assert after != before  # (PostgreSQL: -1, the event waits for its number)
-    assert s.events_mark() == after, "a read: it numbered nothing"
-    newest = s.last_event_id()  # (PostgreSQL: numbers it)
-    assert s.events_mark() == newest != before
-
-
 class Counting:
     """A store whose change-token reads are counted (everything else passes through)."""
 
