@@ -5,6 +5,7 @@
     scripts/bench once                                a paid call's keep latency
     scripts/bench streams                             a stream's latency and chunks/s
     scripts/bench cli                                 each CLI command's answer time
+    scripts/bench idle                                an idle pool's CPU and memory
     scripts/bench pgbouncer                           PostgreSQL straight and through PgBouncer
     scripts/bench batch                               a batch step's runs/s, batch=64 and =1
     scripts/bench SUBCOMMAND --help                   each one's options
@@ -37,6 +38,8 @@ SUBCOMMANDS = {
     "once": ("bench_once", "a paid call's keep latency, fn's return to once returning"),
     "streams": ("bench_streams", "runs' streams: emit -> readable latency, chunks/s"),
     "cli": ("bench_cli", "the CLI's answer time per command and a one-run pool's start-up"),
+    "idle": ("bench_idle", "an idle pool's CPU per process (a schedule, a parked webhook) and "
+             "the RSS of the supervisor and its workers"),
     "batch": ("bench_batch", "batch steps: runs/s of a no-op batch step at batch=64 and =1"),
     "limits": ("bench_limits", "flow control's cost, on SQLite and PostgreSQL"),
     "events": ("bench_events", "the outbox's cost: events on against a tree without them"),

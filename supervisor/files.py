@@ -18,7 +18,6 @@ import contextlib
 import errno
 import os
 import stat
-import tempfile
 
 from .errors import SupervisorError
 
@@ -32,6 +31,8 @@ class UntrustedFile(SupervisorError):
 
 def write_atomic(path: str, text: str, mode: int = PUBLIC) -> None:
     """Replace ``path`` with ``text`` atomically, with exactly ``mode``."""
+    import tempfile  # noqa: PLC0415 - (with shutil, bz2, lzma: not in a pool that writes no file)
+
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     try:

@@ -8,6 +8,12 @@ a change check of the event's commit. It only ever *sends a signal*: the deliver
 delivery task's, under its lease (``delivery``). Two wakers (or two hosts) signalling the same
 run cost one extra look at most. With no webhooks it reads the webhook list every ``REFRESH``
 seconds; every wait is bounded, and a failing database is told once per incident.
+
+Between looks it sleeps on the store's change watch and its stop pipe (``StoreThread``), and
+before each look it reads the events' mark (``events_mark``: one indexed read, never the
+numbering write a look costs on PostgreSQL): when no event committed since the last look, and
+that look was less than ``REFRESH`` seconds ago, there is nothing new to wake anyone for, and
+it does not look (every webhook's park, wake, addition or removal commits an event too).
 """
 
 from __future__ import annotations
@@ -29,7 +35,6 @@ REFRESH = 5.0  # with no parked webhook: look at the list this often
 WATCH = 1.0  # with parked webhooks: the longest sleep between looks (a change wakes it sooner)
 RETRY = 1.0  # after a failed look
 GAP = 0.1  # the shortest time between looks: a busy pool's commits wake it at most this often
-SLICE = 0.1  # a watch for a change looks at the stop this often (a worker's exit waits no more)
 LOOK = 1000  # events read per look at most
 
 
@@ -42,25 +47,36 @@ class Courier(StoreThread):
         self._seen: dict[int, int] = {}  # delivery run -> the last event id looked at for it
         self.woken = 0  # signals this waker sent
         self._broken = False
+        self._mark: int | None = None  # the events' mark read before the last look that watched
+        self._looked = 0.0  # monotonic: when that look was
 
     def turn(self, store: WorkerStore) -> None:
         token = store.change_token()
-        pause = self.step(store)
+        pause = WATCH if self._quiet(store) else self.step(store)
         if pause is None or pause >= REFRESH:  # a failed look, or no parked webhook to watch
-            self._stop.wait(RETRY if pause is None else pause)
+            self.sleep(RETRY if pause is None else pause)
             return
-        if self._stop.wait(GAP):
+        if self.sleep(GAP):
             return
-        # watch for a change in short slices, so a stopping worker is never held up by it
-        until = time.monotonic() + pause - GAP
-        while not self._stop.is_set() and (left := until - time.monotonic()) > 0:
-            if store.wait_change(token, min(SLICE, left)) != token:
-                return
+        # on the change watch and the stop's self-pipe: a stopping worker is never held up
+        self.wait_change(store, token, pause - GAP)
+
+    def _quiet(self, store: WorkerStore) -> bool:
+        """No event committed since the last look, which watched less than ``REFRESH`` ago."""
+        if self._mark is None or time.monotonic() - self._looked >= REFRESH:
+            return False
+        try:
+            return store.events_mark() == self._mark
+        except StoreError:
+            return False  # (the look tells the outage)
 
     def step(self, store: WorkerStore) -> float | None:
         """Signal every parked webhook that has an event it wants; the seconds to watch for a
         change before the next look (None: the look failed, try again after ``RETRY``)."""
+        self._mark = None
         try:
+            mark = store.events_mark()  # (before the look: what commits during it moves it)
+            looked = time.monotonic()
             pause = self._look(store)
         except StoreError as exc:
             self._outage.failed("webhooks", exc)
@@ -73,6 +89,8 @@ class Courier(StoreThread):
             return REFRESH
         self._broken = False
         self._outage.answered()
+        if pause < REFRESH and mark >= 0:  # watching (a -1: an event waits for its number)
+            self._mark, self._looked = mark, looked
         return pause
 
     def _look(self, store: WorkerStore) -> float:

@@ -58,7 +58,7 @@ from .events import (
 from .held import Held, look
 from .logs import event
 from .outage import Outage
-from .overdue import OverdueWatch, overdue
+from .overdue import IDLE_WAIT, OverdueWatch, overdue
 from .presence import Presence
 from .signals import main_thread_only
 from .store import Lease, StoreError, WorkerStore
@@ -66,7 +66,9 @@ from .store import Lease, StoreError, WorkerStore
 log = logging.getLogger("workerproc.heartbeat")
 
 RETRY_INTERVAL = 0.2  # after a failed (busy) renewal
-MAX_WAIT = 1.0  # no wait outlasts this: a lease tracked meanwhile is looked at soon
+MAX_WAIT = 1.0  # no wait outlasts this while a lease is held: one tracked meanwhile is looked
+# at soon; with nothing held the thread sleeps until the next presence beat (``IDLE_WAIT`` at
+# most), and the first lease tracked wakes it
 POSTPONE = 0.1  # a timeout its reaction put off is looked at again this much later
 
 
@@ -105,6 +107,7 @@ class Heartbeat:
         self._rounds_begun = 0  # renewal rounds sent ...
         self._rounds_ended = 0  # ... and ended (answered or failed): ``confirm`` waits on them
         self.idle_wait = min(MAX_WAIT, interval / 2)
+        self._idle = False  # asleep with nothing held: ``track`` must wake it
         self._thread = threading.Thread(target=self._main, name="heartbeat", daemon=True)
         self._watch = OverdueWatch(self._cond, self._overdue, self._lose_overdue)  # (overdue.py)
 
@@ -118,11 +121,15 @@ class Heartbeat:
 
     def track(self, lease: Lease, lease_start: float) -> None:
         """Keep ``lease`` alive from its claim; ``lease_start`` is the monotonic time the claim
-        began, so ``lease_start + ttl`` is a safe local deadline. No wake-up: the thread looks
-        again within ``idle_wait``, far inside the first renewal's due time. An older attempt
-        of the same task still held here was taken over by this very claim: it is lost."""
+        began, so ``lease_start + ttl`` is a safe local deadline. No wake-up while leases are
+        held: the thread looks again within ``idle_wait``, far inside the first renewal's due
+        time; the first lease after an idle spell wakes it, and the overdue watch, which sleep
+        without a tick while nothing is held. An older attempt of the same task still held here
+        was taken over by this very claim: it is lost."""
         held = Held(lease, lease_start, lease_start + self.interval, recorded=lease.started)
         with self._cond:
+            if self._idle or self._watch.idle:
+                self._cond.notify_all()
             old = self._held.get(lease.task_id)
             self._held[lease.task_id] = held
             if old is None or old.lease.attempt >= lease.attempt:
@@ -277,8 +284,10 @@ class Heartbeat:
                 store.close()
 
     def _next(self, now: float) -> tuple[float, list[Held], list[Held], list[Held]]:
-        """When to act next, and what is due now: renewals, timeouts, stuck handlers."""
-        wake = now + self.idle_wait
+        """When to act next, and what is due now: renewals, timeouts, stuck handlers. With
+        nothing held, only the presence beat and a chore are due (``track`` wakes it)."""
+        idle = not self._held and not self._replaced
+        wake = now + (IDLE_WAIT if idle else self.idle_wait)
         if self._chore is not None:
             wake = min(wake, self._chore[0])
         wake = min(wake, self._beat_at) if self.presence is not None else wake
@@ -302,7 +311,9 @@ class Heartbeat:
                     self._rounds_ended += 1
                     self._cond.notify_all()
                 self._urgent = False  # nothing to renew now
-                self._cond.wait(max(0.0, min(wake - now, self.idle_wait)))
+                self._idle = not self._held and not self._replaced
+                self._cond.wait(max(0.0, wake - now))
+                self._idle = False
             if due:
                 self._urgent = False
             for held in timeouts:

@@ -19,16 +19,15 @@ an answer is never dropped once ``fn`` returned, within ``CALL_WAIT``.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .logs import attempt_of, event
 from .store import InvalidPayload, StoreError
@@ -36,6 +35,9 @@ from .store.calls import MAX_COST, MAX_RESULT, UNKNOWN_MODES, CallKey, KeptCall,
 from .store.codec import MAX_PAYLOAD, check_name, dumps
 from .store.roles import CallStore
 from .store.types import JSON, Lease
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 log = logging.getLogger("workerproc.worker")
 T = TypeVar("T")
@@ -80,6 +82,12 @@ def request_hash(request: JSON) -> str:
     dumps(request, "once's request", MAX_PAYLOAD)  # JSON only, within the payload limits
     text = json.dumps(request, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                       allow_nan=False)  # fmt: skip
+    return _sha256(text)
+
+
+def _sha256(text: str) -> str:
+    import hashlib  # noqa: PLC0415 - loaded by the first paid call, not by every worker
+
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -93,7 +101,7 @@ def idempotency_key(identity: str, key: CallKey) -> str:
     step's call with this request, another for another request, step, run or database (its
     ``identity``); 43 characters of ``[a-z0-9-]``, within every provider's limits."""
     text = f"{identity}:{key.run_id}:{key.task_id}:{key.name}:{key.request_hash}"
-    return "lk-" + hashlib.sha256(text.encode()).hexdigest()[:40]
+    return "lk-" + _sha256(text)[:40]
 
 
 def check_unknown(unknown: object) -> Unknown:
@@ -253,6 +261,8 @@ class CallBook:
         store = self.store()
         with self._lock:
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415 - at first use
+
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="paid-calls")
             return self._pool.submit(fn, store)
 

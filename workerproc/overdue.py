@@ -17,6 +17,7 @@ recorded as evidence), and so is one that passed while this thread itself did no
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,7 +28,10 @@ from .signals import main_thread_only
 # (now, deadlines up to this moment are not ours) -> (next look, leases overdue now)
 Look = Callable[[float, float], tuple[float, list[Held]]]
 
-MAX_WAIT = 1.0
+MAX_WAIT = 1.0  # the longest sleep while a lease is held (a call may begin meanwhile, unsaid)
+# With nothing held there is nothing to watch: the watch sleeps on its condition, which the
+# first lease tracked notifies (``Heartbeat.track``); the bound only keeps every wait bounded.
+IDLE_WAIT = 30.0
 IDLE_RECHECK = 0.05  # past a deadline with no call in flight: the heartbeat judges it itself
 # While a call is in flight the watch looks at least this often, so that a pause of the whole
 # process (SIGSTOP, a frozen VM) shows as a look ``LATE`` past its moment however close the
@@ -38,8 +42,12 @@ BUSY_TICK = LATE / 2
 def overdue(
     held: Iterable[Held], now: float, ttl: float, *, busy: bool, after: float
 ) -> tuple[float, list[Held]]:
-    """When to look next, and (only while a call is in flight: ``busy``) the live leases whose
-    local deadline passed after ``after`` (when the call began, or the watch last woke late)."""
+    """When to look next (``inf``: nothing is held, nothing to look at until a lease is), and
+    (only while a call is in flight: ``busy``) the live leases whose local deadline passed
+    after ``after`` (when the call began, or the watch last woke late)."""
+    held = list(held)
+    if not held:
+        return math.inf, []
     live = [h for h in held if h.lost_at is None and not h.timed_out and h.deadline(ttl) > after]
     if not live:
         return now + MAX_WAIT, []
@@ -58,6 +66,7 @@ class OverdueWatch:
         self._look = look
         self._lose = lose
         self._closed = False
+        self.idle = False  # asleep with nothing held: a lease tracked must notify ``cond``
         self._thread = threading.Thread(target=self._main, name="overdue-watch", daemon=True)
 
     def start(self) -> None:
@@ -83,9 +92,11 @@ class OverdueWatch:
                     resumed = now
                 wake, overdue = self._look(now, resumed)
                 if not overdue:
-                    pause = max(0.001, min(wake - now, MAX_WAIT))
+                    self.idle = wake == math.inf
+                    pause = IDLE_WAIT if self.idle else max(0.001, min(wake - now, MAX_WAIT))
                     planned = now + pause
                     self._cond.wait(pause)
+                    self.idle = False
                     planned = min(planned, time.monotonic())  # woken early: on time
                     continue
                 planned = time.monotonic()

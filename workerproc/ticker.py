@@ -35,7 +35,7 @@ class Ticker(StoreThread):
         self._broken = False  # the last look failed other than by the database (told once)
 
     def turn(self, store: WorkerStore) -> None:
-        self._stop.wait(self.step(store))
+        self.sleep(self.step(store))
 
     def step(self, store: WorkerStore) -> float:
         """Fire what is due; the seconds to sleep before the next look."""

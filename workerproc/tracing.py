@@ -20,7 +20,6 @@ cheap no-op, and a worker does not pay for the import. With it:
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import logging
 import os
 import sys
@@ -153,6 +152,8 @@ def configure() -> bool:
     except ImportError:
         return False
     provider = TracerProvider()  # OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER
+    import importlib.metadata  # noqa: PLC0415 - only when traces are exported
+
     found = importlib.metadata.entry_points(group="opentelemetry_traces_exporter")
     for name in (n.strip() for n in names.split(",") if n.strip() and n.strip() != "none"):
         points = [p for p in found if p.name == name]

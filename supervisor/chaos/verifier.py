@@ -23,7 +23,6 @@ writes rejected.
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Iterable
 from typing import Any
 
@@ -284,7 +283,7 @@ class Verifier:
     def _latency(self, fault: str | None = None) -> dict[str, float | None]:
         values = self.takeover_ms(fault)
         return {
-            "p50": round(statistics.median(values), 1) if values else None,
+            "p50": round(_median(values), 1) if values else None,
             "p99": percentile(values, 99),
             "max": values[-1] if values else None,
         }
@@ -354,3 +353,10 @@ def percentile(ordered: list[float], p: float) -> float | None:
     if not ordered:
         return None
     return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def _median(values: list[float]) -> float:
+    """The median (``statistics`` is not imported for it: every pool loads this module)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from workerproc import App
 from workerproc.runner import AppLoadError, WorkerConfig, load_app
@@ -16,7 +17,6 @@ from workerproc.status import StatusBoard
 from workerproc.store import is_postgres_url
 
 from .. import exitcodes, integrations, logs
-from ..chaos import Chaos
 from ..config import StartConfig
 from ..errors import AppImportError, SupervisorError
 from ..logs import event
@@ -32,6 +32,9 @@ from ..loop.reload import Reloads
 from ..loop.signals import SignalInbox
 from ..loop.steps import default_steps
 from ..loop.storegate import StoreGate
+
+if TYPE_CHECKING:
+    from ..chaos import Chaos
 
 BOARD_CAPACITY = 256  # status slots: the most workers one supervisor can run (TTIN stops there)
 
@@ -119,6 +122,9 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
     drain_began(arbiter)  # before the first fork: what fails from here on is the drain's
     chaos = None
     if config.chaos.enabled:
+        from ..chaos import Chaos  # noqa: PLC0415 - a pool without --chaos (and its workers,
+        # forked from it) does not load it
+
         chaos = Chaos(
             config.chaos,
             ttl=config.worker.lease_ttl,

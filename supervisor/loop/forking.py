@@ -19,7 +19,6 @@ import contextlib
 import importlib
 import logging
 import os
-import secrets
 import signal
 import sys
 import threading
@@ -100,7 +99,8 @@ def fork_worker(
     """
     ctx.before_fork()
     _assert_single_threaded()
-    suffix = secrets.token_hex(4)  # chosen before fork: parent and child derive the same owner
+    suffix = os.urandom(4).hex()  # (secrets.token_hex's bytes, without loading hashlib)
+    # chosen before fork: parent and child derive the same owner
     config = ctx.worker_config(max_tasks)
     parent = os.getpid()
     sys.stdout.flush()

@@ -29,7 +29,6 @@ import shlex
 import time
 from typing import Any
 
-import filelock
 import psutil
 
 from ..errors import NotRunning, PidfileLocked, SupervisorError
@@ -44,12 +43,16 @@ def state_path(pidfile: str) -> str:
 class Pidfile:
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
+        import filelock  # noqa: PLC0415 - a pool without --pidfile does not load it
+
         self._lock = filelock.FileLock(self.path + ".lock", timeout=0, mode=PRIVATE)
         self._fd_identity: tuple[int, int, int] | None = None
         self._started = round(psutil.Process().create_time(), 2)
         self.state_error: str | None = None  # the last failed state write, until one succeeds
 
     def acquire(self) -> None:
+        import filelock  # noqa: PLC0415 - (loaded by __init__)
+
         directory = os.path.dirname(self.path)
         if not os.path.isdir(directory):
             raise SupervisorError(f"pidfile directory {directory} does not exist")
@@ -84,6 +87,8 @@ class Pidfile:
             if _same_file(self.path + ".lock", _find_fd(self.path + ".lock")):
                 return
             self._lock.release()
+        import filelock  # noqa: PLC0415 - (loaded by __init__)
+
         raise filelock.Timeout(self.path + ".lock")
 
     def _state_text(self, state: dict[str, Any]) -> str:

@@ -273,3 +273,26 @@ def test_bench_webhooks_quick_prints_its_rows() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"^\| SQLite \| [0-9.]+ \| [0-9.]+ \| [0-9,]+ \| [0-9.]+ / [0-9.]+ "
                      r"\| [0-9,]+ \|$", proc.stdout, re.M), proc.stdout  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.e2e  # (two pools, each measured: scripts/test-e2e runs it)
+@pytest.mark.timeout(600)
+def test_bench_idle_quick_prints_cpu_per_process_and_memory() -> None:
+    """``scripts/bench idle --quick``: a row per process of the idle pool with its CPU share,
+    its wake-ups and the load beside, a verdict for each worker, and the memory rows."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "idle", "--quick",
+         "--postgres", ""],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| SQLite |")]
+    assert [r.split("|")[2].split()[0] for r in rows] == ["supervisor", "worker", "worker"]
+    for row in rows:
+        cpu, wakes, rss, load = (float(c) for c in row.strip("|").split("|")[2:6])
+        assert cpu >= 0 and wakes >= 0 and rss > 0 and load >= 0, row
+    for row in ("supervisor, -n 8", "largest worker, one slot"):
+        rss, uss, goal, verdict = _cells(proc.stdout, row)[1:5]
+        assert 0 < float(uss) <= float(rss) and goal.startswith("<= "), row
+        assert verdict in ("met", "**NOT met**"), row

@@ -22,7 +22,7 @@ OWN_OPTION = {"throughput": "--only-postgres", "before": "--now", "store": "--qu
               "waits": "--waiting", "webhooks": "--trickle", "web": "--runs",
               "worker": "--ttl", "pg-cost": "--concurrency", "pg-floor": "samples",
               "streams": "--flood", "pgbouncer": "--workers", "cli": "--samples",
-              "batch": "--workers"}  # fmt: skip
+              "batch": "--workers", "idle": "--window"}  # fmt: skip
 
 
 def bench_py(*args: str) -> subprocess.CompletedProcess[str]:

@@ -165,8 +165,8 @@ STATEMENTS = frozenset(
         "FORGET_INTENTS", "STORE_IDENTITY", "LOCK_CALL",
         # the outbox (B18): events, their commit order, named consumers, retention
         "INSERT_EVENTS", "TAKEN_FROM", "LOCK_EVENTS", "SEQUENCE_EVENTS", "LIST_EVENTS",
-        "LIST_RUN_EVENTS", "LAST_EVENT", "CONSUMER_AT", "ACK_EVENTS", "DROP_CONSUMER",
-        "PRUNE_EVENTS",
+        "LIST_RUN_EVENTS", "LAST_EVENT", "EVENTS_MARK", "CONSUMER_AT", "ACK_EVENTS",
+        "DROP_CONSUMER", "PRUNE_EVENTS",
         # runs that wait (B14): the wait commit, signals kept and delivered once
         "MARK_WAIT", "INSERT_SIGNAL", "DELIVER_SIGNAL", "GET_SIGNAL", "RUN_SIGNALS",
         # child runs (B14): spawned in the parent's commit, joined when the last one ends

@@ -1,5 +1,5 @@
 """A backend's SQL as named queries in ``.sql`` files (``<backend>/queries/*.sql``), one
-described query per block, read with ``importlib.resources`` and checked when the module that
+described query per block, read through the package's loader and checked when the module that
 loads them is imported::
 
     -- name: GET_RUN
@@ -18,11 +18,12 @@ naming the file and the line.
 
 from __future__ import annotations
 
+import importlib
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
-from typing import Literal
+from typing import Any, Literal
 
 from .dialect import STATEMENTS
 
@@ -171,12 +172,21 @@ def load(
     fields: Iterable[str] = (),
 ) -> dict[str, Query]:  # fmt: skip
     """The queries of ``<package>/queries/<filename>``, checked (``parse``)."""
-    path = resources.files(package).joinpath("queries", filename)
     source = f"{package.replace('.', '/')}/queries/{filename}"
     known = STATEMENTS | frozenset(internal)
-    return parse(
-        path.read_text(encoding="utf-8"), source=source, style=style, known=known, fields=fields
-    )
+    return parse(_read(package, filename), source=source, style=style, known=known, fields=fields)
+
+
+def _read(package: str, filename: str) -> str:
+    """``<package>/queries/<filename>``, through the package's own loader (a file, or a member
+    of a zip archive), as ``pkgutil.get_data`` does: ``importlib.resources`` would load about
+    2 MB of modules (zipfile, tempfile, ...) into every worker for it."""
+    module = importlib.import_module(package)
+    loader: Any = module.__spec__.loader if module.__spec__ is not None else None
+    if module.__file__ is None or not hasattr(loader, "get_data"):
+        raise FileNotFoundError(f"{package} has no files to read queries/{filename} from")
+    path = os.path.join(os.path.dirname(module.__file__), "queries", filename)
+    return bytes(loader.get_data(path)).decode("utf-8")
 
 
 def texts(queries: Mapping[str, Query]) -> dict[str, str]:

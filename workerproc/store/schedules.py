@@ -23,14 +23,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-from cronsim import CronSim, CronSimError
+from typing import TYPE_CHECKING, Any, Literal
 
 from .codec import MAX_PAYLOAD, check_declared_name, check_name, check_run_options, dumps
 from .errors import InvalidPayload
 from .types import DEFAULT_QUEUE, JSON
+
+if TYPE_CHECKING:  # (imported where a schedule is read: a worker without schedules loads neither)
+    from zoneinfo import ZoneInfo
+
+    from cronsim import CronSim
 
 CatchUp = Literal["skip", "one", "all"]
 CATCH_UP: tuple[CatchUp, ...] = ("skip", "one", "all")
@@ -48,6 +50,8 @@ def zone(tz: object) -> ZoneInfo:
     """The time zone named ``tz`` (ValueError when there is none of that name)."""
     if not isinstance(tz, str) or not tz or len(tz) > 64:
         raise ValueError(f"tz must name a time zone like 'Europe/Berlin' (got {tz!r})")
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError  # noqa: PLC0415 - with a schedule only
+
     try:
         return ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
@@ -59,6 +63,8 @@ def check_cron(cron: object) -> str:
     if not isinstance(cron, str) or not cron.strip() or len(cron) > _MAX_CRON:
         raise ValueError(f"a schedule's cron must be an expression like '*/5 * * * *' "
                          f"(got {cron!r})")  # fmt: skip
+    from cronsim import CronSim, CronSimError  # noqa: PLC0415 - with a schedule only
+
     text = " ".join(cron.split())
     try:
         CronSim(text, datetime(2000, 1, 1, tzinfo=UTC))
@@ -68,6 +74,8 @@ def check_cron(cron: object) -> str:
 
 
 def _ticks(cron: str, tz: str, at: float, reverse: bool = False) -> CronSim:
+    from cronsim import CronSim  # noqa: PLC0415 - with a schedule only
+
     start = datetime.fromtimestamp(at, UTC).astimezone(zone(tz))
     return CronSim(cron, start, reverse=reverse)
 

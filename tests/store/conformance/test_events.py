@@ -1,5 +1,5 @@
 """The outbox (B18) and the idle worker's cheap reads: ``events`` (with a consumer's cursor,
-``ack_events``), ``change_token``, ``wait_change``."""
+``ack_events``), ``events_mark``, ``change_token``, ``wait_change``."""
 
 from __future__ import annotations
 
@@ -60,6 +60,24 @@ def test_a_system_runs_events_are_read_only_when_asked(driver: Driver) -> None:
     assert s.events() == []
     assert [e.run_id for e in s.events(system=True)] == [hook.run_id]
     assert len(s.events(run=hook.run_id)) == 1
+
+
+@verb("events_mark")
+def test_the_events_mark_moves_with_every_committed_event_and_writes_nothing(
+    driver: Driver,
+) -> None:
+    """What the webhooks' waker reads between its looks: the same while nothing commits, moved
+    by a committed event (on PostgreSQL -1 until a reader numbers it), and a read only: reading
+    it numbers nothing."""
+    s = driver.store
+    before = s.events_mark()
+    assert s.events_mark() == before, "nothing committed: the same mark"
+    s.start_run("t")
+    after = s.events_mark()
+    assert after != before
+    assert s.events_mark() == after, "a read: it numbered nothing"
+    newest = s.last_event_id()  # (PostgreSQL: numbers it)
+    assert s.events_mark() == newest != before
 
 
 @verb("change_watch")

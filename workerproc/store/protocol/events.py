@@ -169,6 +169,14 @@ class Events:
         row = self.dialect.read(lambda tx: tx.one("LAST_EVENT", {}))
         return int(row[0]) if row is not None else 0
 
+    def events_mark(self) -> int:
+        """A number that differs whenever an event committed since it was read, without the
+        numbering ``last_event_id`` writes on PostgreSQL (a read only: -1 while a committed
+        event waits for its number, else the newest number). What the webhooks' waker reads
+        between its looks."""
+        row = self.dialect.read(lambda tx: tx.one("EVENTS_MARK", {}))
+        return int(row[0]) if row is not None else 0
+
     def consumer_position(self, consumer: str) -> int:
         """Where ``consumer`` stands: the last event id it acknowledged (a new one: 0, kept)."""
         params = {"name": check_consumer(consumer)}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import os
 import struct
 from functools import cache
@@ -28,15 +27,26 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 
 @cache
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    libc = ctypes.CDLL(name, use_errno=True)
-    if not hasattr(libc, "inotify_init1"):
+    """The C library's inotify calls: the process's own symbols first (``dlopen(NULL)``: no
+    search, and no ``ctypes.util``, which loads tempfile, shutil, bz2 and lzma into every
+    worker for it), else the library ``find_library`` names."""
+    libc: ctypes.CDLL | None = None
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL(None, use_errno=True)
+    if libc is None or not hasattr(libc, "inotify_init1"):
+        libc = _found_libc()
+    if libc is None or not hasattr(libc, "inotify_init1"):
         return None
     libc.inotify_init1.argtypes = [ctypes.c_int]
     libc.inotify_add_watch.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
     return libc
+
+
+def _found_libc() -> ctypes.CDLL | None:
+    from ctypes.util import find_library  # noqa: PLC0415 - only where dlopen(NULL) had no inotify
+
+    name = find_library("c")
+    return None if name is None else ctypes.CDLL(name, use_errno=True)
 
 
 class FileWatch:

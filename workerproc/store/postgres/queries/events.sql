@@ -54,6 +54,12 @@ SELECT id, at, run_id, kind, task, attempt, data::text FROM events WHERE run_id 
 -- the newest numbered event's id (0: none yet), read after a numbering (the partial index)
 SELECT coalesce(max(id), 0) FROM events WHERE id IS NOT NULL
 
+-- name: EVENTS_MARK
+-- what moves when an event commits, without numbering (no write): -1 while a committed event
+-- waits for its number (the partial index ``events_unnumbered``), else the newest number
+SELECT CASE WHEN EXISTS (SELECT 1 FROM events WHERE id IS NULL) THEN -1
+    ELSE (SELECT coalesce(max(id), 0) FROM events WHERE id IS NOT NULL) END
+
 -- name: CONSUMER_AT
 -- Where a named consumer stands (the last event it acknowledged).
 SELECT position FROM event_consumers WHERE name = %(name)s

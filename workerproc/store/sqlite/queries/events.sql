@@ -36,6 +36,11 @@ SELECT id, at, run_id, kind, task, attempt, data FROM events WHERE run_id = :run
 -- the newest event's id (0: none yet): where a follower that wants only new events starts
 SELECT coalesce(max(id), 0) FROM events
 
+-- name: EVENTS_MARK
+-- what moves when an event commits (the newest id: SQLite numbers events as they commit), read
+-- by the webhooks' waker before it looks again (``Events.events_mark``)
+SELECT coalesce(max(id), 0) FROM events
+
 -- name: CONSUMER_AT
 -- Where a named consumer stands (the last event it acknowledged).
 SELECT position FROM event_consumers WHERE name = :name
