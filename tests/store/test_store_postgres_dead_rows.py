@@ -1,0 +1,88 @@
+"""The PostgreSQL claim while dead row versions cannot be removed (another client's snapshot
+holds the horizon back): every run that ended since left a dead entry in the claim's indexes,
+and the statistics count only the live rows, so the planner takes the "pending" indexes for
+tiny. The claim still reads no dead prefix it can avoid: the priority levels are found from
+the newest end of runs_prio, the walk never takes the pending-status index, and the head task
+is looked up by its keys (docs/how-to/postgresql.md, "When vacuum cannot run"). The long form:
+tests/chaos/test_vacuum_blocked.py."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from store_backends import PostgresBackend
+
+from workerproc.store import Commit
+from workerproc.store.postgres import sql as postgres_sql
+from workerproc.store.types import ClaimRequest
+
+ENDED = 600  # runs ended while the snapshot is held: a dead entry each
+
+
+@pytest.fixture
+def pg(tmp_path: Any) -> PostgresBackend:
+    return PostgresBackend(str(tmp_path))
+
+
+def explain(pg: PostgresBackend, queues: list[str] | None) -> str:
+    sql = postgres_sql.claim_sql(None if queues is None else len(queues), 1)
+    params = {"owner": "w", "ttl": 60.0, "now": None, "queues": queues, "start": True}
+    with pg.connect() as conn, conn.transaction(force_rollback=True):
+        rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params).fetchall()
+    return "\n".join(row[0] for row in rows)
+
+
+def node_details(plan: str, pattern: str) -> list[str]:
+    """The lines of each plan node matching ``pattern``, its own details up to its first
+    child, one string a node."""
+    lines, out = plan.splitlines(), []
+    for i, line in enumerate(lines):
+        if not re.search(pattern, line):
+            continue
+        depth, own = len(line) - len(line.lstrip()), [line]
+        for detail in lines[i + 1 :]:
+            if detail.lstrip().startswith("->") or len(detail) - len(detail.lstrip()) <= depth:
+                break
+            own.append(detail)
+        out.append("\n".join(own))
+    return out
+
+
+@pytest.mark.parametrize("queues", [None, ["b"]])
+def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
+    pg: PostgresBackend, queues: list[str] | None
+) -> None:
+    store = pg.open()
+    # a snapshot held open (REPEATABLE READ, a row read): no row version that dies from now on
+    # can be removed, nor its index entries marked dead, until it ends (a few seconds here)
+    holder = pg.connect()
+    try:
+        holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        holder.execute("SELECT count(*) FROM runs")
+        store.start_runs([{"task": "t", "queue": "a"}] * ENDED)
+        leases = store.claim("w", 60, limit=100)
+        while leases:  # every run of "a" ends: its entries in runs_prio, runs_claim, ... die
+            out = store.commit_many([Commit(lease, "finish") for lease in leases],
+                                    claim=ClaimRequest("w", 60.0, limit=100))  # fmt: skip
+            leases = list(out.leases)
+        store.start_runs([{"task": "t", "queue": "b"}])  # new work after the drained queue
+        with pg.connect() as conn:
+            conn.execute("ANALYZE runs")
+            conn.execute("ANALYZE tasks")
+        plan = explain(pg, queues)
+    finally:
+        holder.close()
+        store.close()
+    assert "runs_status" not in plan, plan  # every run that ended left a dead 'pending' entry
+    levels = node_details(plan, r"Index Only Scan .*using runs_prio on runs ")
+    assert levels, plan
+    for node in levels:  # found from the newest end: the live run, not 600 dead entries first
+        fetches = re.search(r"Heap Fetches: (\d+)", node)
+        assert fetches is not None and int(fetches.group(1)) < 20, (node, plan)
+    heads = node_details(plan, r"Scan .*on tasks t ")
+    assert heads, plan
+    for node in heads:  # the head task by its keys, never a walk of every pending entry
+        assert "Index Cond:" in node and "run_id = " in node, (node, plan)
+    assert re.search(r"Limit \(actual time=\S+ rows=1 loops=1\)", plan), plan  # it was claimed
