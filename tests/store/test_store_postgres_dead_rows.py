@@ -15,6 +15,7 @@ import pytest
 from store_backends import PostgresBackend
 
 from workerproc.store import Commit
+from workerproc.store.postgres import floors
 from workerproc.store.postgres import sql as postgres_sql
 from workerproc.store.types import ClaimRequest
 
@@ -26,12 +27,27 @@ def pg(tmp_path: Any) -> PostgresBackend:
     return PostgresBackend(str(tmp_path))
 
 
-def explain(pg: PostgresBackend, queues: list[str] | None) -> str:
+READ = """SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(c.oid)), 0) FROM pg_class AS c
+    WHERE c.relnamespace = current_schema()::regnamespace
+      AND c.relname IN ('runs_claim', 'runs_prio')"""
+
+
+def explain(pg: PostgresBackend, queues: list[str] | None) -> tuple[str, int]:
+    """The claim's plan, walking from the floor a full walk finds now (with no lag), and how
+    many entries of the claim indexes it read (live and dead: this transaction's counts)."""
     sql = postgres_sql.claim_sql(None if queues is None else len(queues), 1)
-    params = {"owner": "w", "ttl": 60.0, "now": None, "queues": queues, "start": True}
+    params: dict[str, Any] = {"owner": "w", "ttl": 60.0, "now": None, "queues": queues,
+                              "start": True, "lag": 0.0}  # fmt: skip
     with pg.connect() as conn, conn.transaction(force_rollback=True):
+        walk = floors.FLOOR_EVERY if queues is None else floors.FLOOR_NAMED
+        row = conn.execute(walk, params).fetchone()
+        assert row is not None and row[0] is not None
+        params["floor"] = row[0]
+        before = conn.execute(READ).fetchone()
         rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params).fetchall()
-    return "\n".join(row[0] for row in rows)
+        after = conn.execute(READ).fetchone()
+    assert before is not None and after is not None
+    return "\n".join(row[0] for row in rows), int(after[0]) - int(before[0])
 
 
 def node_details(plan: str, pattern: str) -> list[str]:
@@ -61,9 +77,9 @@ def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
     try:
         holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         holder.execute("SELECT count(*) FROM runs")
-        store.start_runs([{"task": "t", "queue": "a"}] * ENDED)
+        store.start_runs([{"task": "t", "queue": "b"}] * ENDED)
         leases = store.claim("w", 60, limit=100)
-        while leases:  # every run of "a" ends: its entries in runs_prio, runs_claim, ... die
+        while leases:  # every run ends: its entries in runs_prio, runs_claim, ... die
             out = store.commit_many([Commit(lease, "finish") for lease in leases],
                                     claim=ClaimRequest("w", 60.0, limit=100))  # fmt: skip
             leases = list(out.leases)
@@ -71,7 +87,7 @@ def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
         with pg.connect() as conn:
             conn.execute("ANALYZE runs")
             conn.execute("ANALYZE tasks")
-        plan = explain(pg, queues)
+        plan, read = explain(pg, queues)
     finally:
         holder.close()
         store.close()
@@ -81,6 +97,10 @@ def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
     for node in levels:  # found from the newest end: the live run, not 600 dead entries first
         fetches = re.search(r"Heap Fetches: (\d+)", node)
         assert fetches is not None and int(fetches.group(1)) < 20, (node, plan)
+    walks = node_details(plan, r"Scan .*using runs_(claim|prio) on runs r ")
+    assert walks and all("head_at >= " in node for node in walks), plan
+    # from the floor: the ended runs' entries lie below it and are never read
+    assert read < ENDED // 10, (read, plan)
     heads = node_details(plan, r"Scan .*on tasks t ")
     assert heads, plan
     for node in heads:  # the head task by its keys, never a walk of every pending entry

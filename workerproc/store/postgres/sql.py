@@ -115,6 +115,7 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
 # - The leases come back in claim order (priority, then head order), so a worker that claims
 #   more than it can start at once starts them in that order too.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
+          AND r.head_at >= ANY(ARRAY[%(floor)s::float8])
           AND (r.status = 'pending') IS TRUE
           AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
                           AND l.expires_at > (SELECT now FROM clock))"""
