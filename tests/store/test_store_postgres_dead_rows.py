@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 import pytest
+from helpers import FakeClock
 from store_backends import PostgresBackend
 
 from workerproc.store import Commit
@@ -106,3 +107,47 @@ def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
     for node in heads:  # the head task by its keys, never a walk of every pending entry
         assert "Index Cond:" in node and "run_id = " in node, (node, plan)
     assert re.search(r"Limit \(actual time=\S+ rows=1 loops=1\)", plan), plan  # it was claimed
+
+
+def test_a_run_below_the_floor_waits_for_the_next_full_walk_only(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose head shows up below the connection's floor (its transaction committed long
+    after it wrote the head, or its head was written earlier than the floor) is not walked
+    until the next full walk, which meets it."""
+    monkeypatch.setattr(floors, "LAG", 0.0)
+    monkeypatch.setattr(floors, "FULL_EVERY", 3600.0)  # no full walk but the first
+    store = pg.open()
+    try:
+        store.start_run("t", queue="q")
+        first = store.claim("w", 60, queues=["q"])  # the full walk: the floor is its head
+        assert first is not None and store.commit_many([Commit(first, "finish")])
+        late = store.start_run("t", queue="q")
+        with pg.connect() as conn:  # its head written 100 s before the floor
+            conn.execute("UPDATE tasks SET available_at = available_at - 100 WHERE run_id = %s",
+                         (late,))  # fmt: skip
+            conn.execute("UPDATE runs SET head_at = head_at - 100 WHERE id = %s", (late,))
+        assert store.claim("w", 60, queues=["q"]) is None  # below the floor: not walked
+        monkeypatch.setattr(floors, "FULL_EVERY", 0.0)  # the next claim walks in full
+        found = store.claim("w", 60, queues=["q"])
+        assert found is not None and found.run_id == late
+    finally:
+        store.close()
+
+
+def test_a_clock_that_went_back_walks_in_full(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(floors, "FULL_EVERY", 3600.0)
+    clock = FakeClock(1_000_000.0)
+    store = pg.open(clock=clock)
+    try:
+        store.start_run("t")
+        first = store.claim("w", 60)  # the floor: 10 s behind this clock
+        assert first is not None and store.commit_many([Commit(first, "finish")])
+        clock.now = 500_000.0  # an injected clock set back
+        run = store.start_run("t")
+        found = store.claim("w", 60)
+        assert found is not None and found.run_id == run
+    finally:
+        store.close()
