@@ -146,7 +146,8 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
 -- an expired lease on it still holds (a takeover gives it back), and its gates; in the order
 -- of the lines, then each line's order. Its status test is one no index serves (``IS TRUE``):
 -- runs_status keeps a dead 'pending' entry for every run that ended since the oldest snapshot,
--- which the statistics do not count (docs/how-to/postgresql.md, "When vacuum cannot run")
+-- which the statistics do not count (docs/how-to/postgresql.md, "When vacuum cannot run"); its
+-- lease probe is a scalar subquery, one descent of the primary key a run (as the claim's)
 SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate_c
     FROM unnest(%(lines)s::text[]) WITH ORDINALITY AS x(line, ord)
     CROSS JOIN LATERAL (SELECT r.id AS run_id, t.id AS task_id, t.tokens,
@@ -159,9 +160,8 @@ SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate
                     AND (r.status = 'pending') IS TRUE
           AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
           AND (%(tasks)s::text[] IS NULL OR t.name = ANY(%(tasks)s::text[]))
-          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                          AND l.expires_at > (SELECT
-                              coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)))
+          AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id), '-infinity')
+              <= (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
         ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
         LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED) AS f
     ORDER BY x.ord, f.queue, f.priority DESC, f.line_at, f.head_created, f.head_id
