@@ -3,7 +3,8 @@ holds the horizon back): every run that ended since left a dead entry in the cla
 and the statistics count only the live rows, so the planner takes the "pending" indexes for
 tiny. The claim still reads no dead prefix it can avoid: it walks from its floor (B24), the
 priority levels are found from the newest end of runs_prio, the walk never takes the
-pending-status index, a run's lease and its head task are looked up by their keys (docs/how-to/postgresql.md, "When vacuum cannot run"). The long form:
+pending-status index, a run's lease and its head task are looked up by their keys
+(docs/how-to/postgresql.md, "When vacuum cannot run"). The long form:
 tests/chaos/test_vacuum_blocked.py."""
 
 from __future__ import annotations
