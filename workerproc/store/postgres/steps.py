@@ -67,6 +67,21 @@ def claim_task(tx: PostgresTx, params: Params) -> list[Row]:
     return [ClaimRow._make(row) for row in tx.execute(q.CLAIM_TASK, params)]
 
 
+def next_ready(tx: PostgresTx, params: Params) -> list[Row]:
+    """``NEXT_READY``: from the floor of every queue, as the claim walks (B24)."""
+    params = {**params, "floor": floors.floor(tx, None)}
+    rows: list[Row] = tx.execute(r.NEXT_READY, params).fetchall()
+    return rows
+
+
+def next_ready_queues(tx: PostgresTx, params: Params) -> list[Row]:
+    """``NEXT_READY_QUEUES``: from the floor of its queues, as the claim walks (B24)."""
+    scope = tuple(params["queues"])
+    params = {**params, "floor": floors.floor(tx, scope)}
+    rows: list[Row] = tx.execute(r.NEXT_READY_QUEUES, params).fetchall()
+    return rows
+
+
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
     """Every lease in one statement, as arrays; it locks the runs in id order itself (the
     protocol records each refusal)."""
@@ -228,6 +243,8 @@ STEPS: dict[str, Step] = {
     "CLAIM_TASK": claim_task,
     "CLAIM_RUNS": claim_runs,
     "RENEW_MANY": renew_many,
+    "NEXT_READY": next_ready,
+    "NEXT_READY_QUEUES": next_ready_queues,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,
