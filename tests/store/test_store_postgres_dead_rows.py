@@ -1,9 +1,10 @@
 """The PostgreSQL claim while dead row versions cannot be removed (another client's snapshot
 holds the horizon back): every run that ended since left a dead entry in the claim's indexes,
 and the statistics count only the live rows, so the planner takes the "pending" indexes for
-tiny. The claim still reads no dead prefix it can avoid: it walks from its floor (B24), the
-priority levels are found from the newest end of runs_prio, the walk never takes the
-pending-status index, a run's lease and its head task are looked up by their keys
+tiny. The claim still reads no dead prefix it can avoid: it walks from its floor
+(docs/protocol.md, "The claim's floor"), the priority levels are found from the newest end of
+runs_prio, the walk never takes the pending-status index, a run's lease and its head task are
+looked up by their keys
 (docs/how-to/postgresql.md, "When vacuum cannot run"). The long form:
 tests/chaos/test_vacuum_blocked.py."""
 

@@ -68,14 +68,14 @@ def claim_task(tx: PostgresTx, params: Params) -> list[Row]:
 
 
 def next_ready(tx: PostgresTx, params: Params) -> list[Row]:
-    """``NEXT_READY``: from the floor of every queue, as the claim walks (B24)."""
+    """``NEXT_READY``: from the floor of every queue, as the claim walks (``floors``)."""
     params = {**params, "floor": floors.floor(tx, None)}
     rows: list[Row] = tx.execute(r.NEXT_READY, params).fetchall()
     return rows
 
 
 def next_ready_queues(tx: PostgresTx, params: Params) -> list[Row]:
-    """``NEXT_READY_QUEUES``: from the floor of its queues, as the claim walks (B24)."""
+    """``NEXT_READY_QUEUES``: from the floor of its queues, as the claim walks (``floors``)."""
     scope = tuple(params["queues"])
     params = {**params, "floor": floors.floor(tx, scope)}
     rows: list[Row] = tx.execute(r.NEXT_READY_QUEUES, params).fetchall()

@@ -158,7 +158,7 @@ SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
 -- at its front), or the end of the first live lease on a run (if its head is due by then), or
 -- the first gate whose line may admit a run (gates are not kept per queue: a worker may wake
 -- once for another queue's line). A past value only says "claimable now". Every walk starts at
--- the connection's floor (%(floor)s, B24) and reads each run's lease by its key, as the claim
+-- the connection's floor (%(floor)s, ``floors``) and reads each run's lease by its key, as the claim
 -- does: it never reads the entries of runs that ended while the horizon was held.
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
