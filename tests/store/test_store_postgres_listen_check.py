@@ -151,6 +151,7 @@ def explain_claim(pg: PostgresBackend, queues: list[str] | None, limit: int) -> 
         "limit": limit,
         "queues": queues,
         "start": True,
+        "floor": float("-inf"),  # a full walk
     }
     with pg.connect() as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")  # a small table: as a big one would
@@ -203,7 +204,7 @@ def test_the_claims_lease_probe_is_one_index_descent_however_the_leases_heap_gre
         leases = list(out.leases)
     dialect = store.dialect
     sql = postgres_sql.claim_sql(None, 8)
-    params = {"owner": "w", "ttl": 60.0, "now": None, "start": True}
+    params = {"owner": "w", "ttl": 60.0, "now": None, "start": True, "floor": float("-inf")}
     with (
         psycopg.connect(dialect.conninfo, **dialect.session()) as conn,
         conn.transaction(force_rollback=True),

@@ -104,7 +104,9 @@ SELECT id FROM cas"""
 def release(clock: str, fence: str, head: str, alive: str, notify: str, counts: str) -> str:
     """Release: give each task back after its delay, keeping its error (on the task, and on
     its run while that is alive) and its attempt's end in the history; the run's head follows
-    the task (``head``, over ``x``: the released task)."""
+    the task (``head``, over ``x``: the released task). Its run's status test is served by
+    no index (``IS TRUE``): runs_status holds a dead 'pending' entry for every run that ended
+    since the oldest snapshot, which the statistics do not count."""
     return f"""
 WITH i AS MATERIALIZED ({each(RELEASE_COLUMNS)}),
 {_locked(clock)},
@@ -124,7 +126,7 @@ released AS (
 moved AS (
     UPDATE runs AS r SET {head}, last_error = coalesce(x.error, r.last_error),
         updated_at = clock.now
-    FROM released AS x, clock WHERE r.id = x.run_id AND r.status IN {alive})
+    FROM released AS x, clock WHERE r.id = x.run_id AND (r.status IN {alive}) IS TRUE)
 SELECT f.run_id, {notify} FROM fenced AS f"""
 
 

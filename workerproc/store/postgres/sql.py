@@ -79,7 +79,23 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
 # (available_at, created_at, id), kept on the run row).
 #
 # - ``levels``: the priority levels that have pending runs, found by a loose index scan (one
-#   index probe per level: ``max(priority) < the last one``).
+#   index probe per level: ``min(priority) > the last one``), from the lowest level up, so each
+#   probe reads its level from its newest end (a backward scan of runs_prio). Runs end roughly
+#   in head order, so a level's dead entries pile up at its oldest end: while another client's
+#   snapshot holds the horizon back (docs/how-to/postgresql.md, "When vacuum cannot run"),
+#   none of them can be marked dead, and a probe from the oldest end (``max(priority)``) read
+#   every run of every queue that ended since (22,000 heap fetches a claim after 110 s at 200
+#   runs/s); from the newest end it meets a live run at once while there is work.
+# - Dead entries also fool the planner: the statistics count live rows only, so under a held
+#   horizon "pending" looks like a handful of rows. The walk's status test is written so that
+#   no index can serve it (``IS TRUE``: runs_status holds a dead 'pending' entry for every run
+#   that ended, and was taken for a tiny index), and the head task is looked up by its keys in
+#   a subquery of its own (``OFFSET 0``: flattened, it was planned as a walk of every entry of
+#   tasks_pending, joined after). The "no live lease" probe is a scalar subquery (a lease is
+#   keyed by its run): one descent of leases_pkey a run walked. As ``NOT EXISTS`` it became an
+#   anti-join whose inner side, "a table of a few rows" by its statistics, was a full scan of
+#   leases_pkey with a filter, again for each run walked: every lease inserted and deleted since
+#   the horizon was held, 1.7 ms a run after a minute at 200 runs/s.
 # - per level, highest first, a range scan of the claim index bounded by ``head_at <= now``
 #   (delayed runs are never walked, however many there are) picks runs that are alive, due and
 #   hold no live lease, ``FOR UPDATE SKIP LOCKED``: a run another claimer holds is skipped,
@@ -103,9 +119,10 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
 # - The leases come back in claim order (priority, then head order), so a worker that claims
 #   more than it can start at once starts them in that order too.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
-          AND r.status = 'pending'
-          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                          AND l.expires_at > (SELECT now FROM clock))"""
+          AND r.head_at >= ANY(ARRAY[%(floor)s::float8])
+          AND (r.status = 'pending') IS TRUE
+          AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
+                       '-infinity') <= (SELECT now FROM clock)"""
 _PICK = f"""SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.queue, r.head_at,
             r.head_created, r.parent_id, r.join_task, r.traceparent
         FROM runs AS r
@@ -129,9 +146,10 @@ _LOCK_EACH = """SELECT r.id, r.head_id, r.state::text AS state, r.revision, r.qu
         LIMIT %(limit)s"""
 # every queue: the levels and the walks use runs_prio (priority DESC, head order)
 _EVERY_LEVEL = """levels(p) AS (
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8)
     UNION ALL
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL AND priority < levels.p)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8
+            AND priority > levels.p)
     FROM levels WHERE levels.p IS NOT NULL)"""
 # named queues: every level (the loose scan of runs_prio above, whose leading column is the
 # priority: each probe is one index descent) for each served queue; each queue's walks then
@@ -141,10 +159,10 @@ _EVERY_LEVEL = """levels(p) AS (
 # queues: 16 ms a probe among a million runs, 50-270 ms a claim from 10 queues
 _NAMED_LEVELS = """served(q) AS (SELECT unnest(%(queues)s::text[])),
 every_level(p) AS (
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8)
     UNION ALL
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL
-            AND priority < every_level.p)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8
+            AND priority > every_level.p)
     FROM every_level WHERE every_level.p IS NOT NULL),
 levels(q, p) AS (SELECT served.q, every_level.p FROM served CROSS JOIN every_level)"""
 
@@ -169,7 +187,7 @@ heads AS MATERIALIZED (
         t.attempt_base, t.gate_a, t.gate_b, t.gate_c, t.tokens, t.signal_id, t.version
     FROM picked AS p CROSS JOIN granted
     CROSS JOIN LATERAL (SELECT * FROM tasks AS t WHERE t.id = p.head_id AND t.run_id = p.id
-                        AND t.done_at IS NULL) AS t
+                        AND t.done_at IS NULL OFFSET 0) AS t
     WHERE p.head_at <= granted.now),
 leased AS (
     INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
@@ -263,6 +281,8 @@ def claim_sql(
     instead of at every claim. A worker asks for a handful of limits only."""
     sql = _claim_sql(queues, skip)
     if served:
+        if _CLAIMABLE not in sql:  # the served filter must never fall out silently
+            raise RuntimeError("the claim's text lost its claimable test: no served filter")
         sql = sql.replace(_CLAIMABLE, _CLAIMABLE + _SERVED)
     return sql if limit is None else sql.replace("%(limit)s", str(int(limit)))
 

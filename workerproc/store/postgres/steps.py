@@ -18,6 +18,7 @@ from ..limits import split_gate
 from . import batch_sql as b
 from . import calls_sql as c
 from . import events_sql as e
+from . import floors
 from . import gates_sql as g
 from . import ops_sql as o
 from . import reads_sql as r
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 def _claim(tx: PostgresTx, queues: int | None, params: Params, skip: bool = False) -> list[Row]:
     limit, served = params["limit"], params.get("tasks") is not None
     text = q.claim_sql(queues, limit if 0 < limit <= q.MAX_CLAIM_TEXTS else None, skip, served)
+    scope = None if queues is None else tuple(params["queues"])
+    params = {**params, "floor": floors.floor(tx, scope)}  # where the walk starts
     return [ClaimRow._make(row) for row in tx.execute(text, params)]
 
 
@@ -59,7 +62,24 @@ def claim_others(tx: PostgresTx, params: Params) -> list[Row]:
 
 def claim_task(tx: PostgresTx, params: Params) -> list[Row]:
     """A batch's claim: one task's runs (``CLAIM_TASK``)."""
+    scope = None if params.get("queues") is None else tuple(params["queues"])
+    params = {**params, "floor": floors.floor(tx, scope)}  # where the walk starts
     return [ClaimRow._make(row) for row in tx.execute(q.CLAIM_TASK, params)]
+
+
+def next_ready(tx: PostgresTx, params: Params) -> list[Row]:
+    """``NEXT_READY``: from the floor of every queue, as the claim walks (``floors``)."""
+    params = {**params, "floor": floors.floor(tx, None)}
+    rows: list[Row] = tx.execute(r.NEXT_READY, params).fetchall()
+    return rows
+
+
+def next_ready_queues(tx: PostgresTx, params: Params) -> list[Row]:
+    """``NEXT_READY_QUEUES``: from the floor of its queues, as the claim walks (``floors``)."""
+    scope = tuple(params["queues"])
+    params = {**params, "floor": floors.floor(tx, scope)}
+    rows: list[Row] = tx.execute(r.NEXT_READY_QUEUES, params).fetchall()
+    return rows
 
 
 def renew_many(tx: PostgresTx, params: Params) -> list[Row]:
@@ -224,6 +244,8 @@ STEPS: dict[str, Step] = {
     "CLAIM_TASK": claim_task,
     "CLAIM_RUNS": claim_runs,
     "RENEW_MANY": renew_many,
+    "NEXT_READY": next_ready,
+    "NEXT_READY_QUEUES": next_ready_queues,
     "RELEASE_OWNER": release_owner,
     "INSERT_RUNS": insert_runs,
     "FIND_BY_KEYS": find_by_keys,

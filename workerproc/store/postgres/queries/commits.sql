@@ -39,7 +39,9 @@ UPDATE tasks SET version = %(version)s,
 -- name: TASK_DONE
 -- ack / drop: the task is done (its lease goes, who held it stays on the task); a run still
 -- alive moves its head to its next pending task in R1 order, if any (a head with limits puts
--- the run in its line, not in the claim index), and idle workers hear of it
+-- the run in its line, not in the claim index), and idle workers hear of it. The run is
+-- named by its key (``r.id = %(run_id)s``): joined to ``fenced`` only, it was planned as a walk
+-- of runs_status, every dead 'pending' entry of it, while another client held the horizon back
 WITH run AS MATERIALIZED (SELECT id FROM runs WHERE id = %(run_id)s FOR UPDATE),
 clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now
@@ -63,7 +65,8 @@ moved AS (
               FROM tasks AS h WHERE h.run_id = r.id AND h.done_at IS NULL
                 AND h.id <> f.task_id) AS f
         ORDER BY f.a, f.c, f.i LIMIT 1), updated_at = clock.now
-    FROM fenced AS f, clock WHERE r.id = f.run_id AND r.status IN ('pending')
+    FROM fenced AS f, clock WHERE r.id = %(run_id)s AND r.id = f.run_id
+      AND r.status IN ('pending')
     RETURNING r.head_id)
 SELECT f.task_id,
     (SELECT pg_notify('leasekeeper.' || current_schema(), '') FROM moved

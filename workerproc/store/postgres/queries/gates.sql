@@ -144,7 +144,10 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst,
 -- and of the served tasks (NULL: any, B22), locked, in one statement (a batched claim asks one
 -- run of each of many lines at once): the line, the run, its head task, its reservation, what
 -- an expired lease on it still holds (a takeover gives it back), and its gates; in the order
--- of the lines, then each line's order
+-- of the lines, then each line's order. Its status test is one no index serves (``IS TRUE``):
+-- runs_status keeps a dead 'pending' entry for every run that ended since the oldest snapshot,
+-- which the statistics do not count (docs/how-to/postgresql.md, "When vacuum cannot run"); its
+-- lease probe is a scalar subquery, one descent of the primary key a run (as the claim's)
 SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate_c
     FROM unnest(%(lines)s::text[]) WITH ORDINALITY AS x(line, ord)
     CROSS JOIN LATERAL (SELECT r.id AS run_id, t.id AS task_id, t.tokens,
@@ -154,25 +157,26 @@ SELECT x.line, f.run_id, f.task_id, f.tokens, f.held, f.gate_a, f.gate_b, f.gate
         WHERE r.line = x.line
             AND r.line_at <= (SELECT
                 coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
-                    AND r.status = 'pending'
+                    AND (r.status = 'pending') IS TRUE
           AND (%(queues)s::text[] IS NULL OR r.queue = ANY(%(queues)s::text[]))
           AND (%(tasks)s::text[] IS NULL
                OR coalesce(t.name || '@' || t.version, t.name) = ANY(%(tasks)s::text[]))
-          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                          AND l.expires_at > (SELECT
-                              coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)))
+          AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id), '-infinity')
+              <= (SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
         ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
         LIMIT %(limit)s FOR UPDATE OF r SKIP LOCKED) AS f
     ORDER BY x.ord, f.queue, f.priority DESC, f.line_at, f.head_created, f.head_id
 
 -- name: LINE_NEXT
 -- when a line may next have a claimable run: its first due run, or its first lease to end
+-- (its status test served by no index, as LINE_RUNS's)
 SELECT min(coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
         AND l.owner IS NOT NULL
             AND l.expires_at > (SELECT
                 coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))),
                     r.line_at))
-    FROM runs AS r WHERE r.line = %(line)s AND r.line_at IS NOT NULL AND r.status IN ('pending')
+    FROM runs AS r WHERE r.line = %(line)s AND r.line_at IS NOT NULL
+      AND (r.status IN ('pending')) IS TRUE
 
 -- name: GATE_WRITE
 -- what a claim made of a gate: its buckets, its starts, when its line may next admit a run

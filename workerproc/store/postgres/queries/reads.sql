@@ -157,51 +157,59 @@ SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
 -- each priority level that no live lease holds (the claim index, walked past the few held runs
 -- at its front), or the end of the first live lease on a run (if its head is due by then), or
 -- the first gate whose line may admit a run (gates are not kept per queue: a worker may wake
--- once for another queue's line). A past value only says "claimable now".
+-- once for another queue's line). A past value only says "claimable now". Every walk starts at
+-- the connection's floor (%(floor)s, ``floors``) and reads each run's lease by its key, as the claim
+-- does: it never reads the entries of runs that ended while the horizon was held.
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
 levels(p) AS (
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8)
     UNION ALL
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL AND priority < levels.p)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8
+            AND priority > levels.p)
     FROM levels WHERE levels.p IS NOT NULL)
 SELECT least(
     (SELECT min(x.head_at) FROM levels AS lv CROSS JOIN LATERAL (
         SELECT r.head_at FROM runs AS r
-        WHERE r.priority = lv.p AND r.head_at IS NOT NULL AND r.status = 'pending'
-          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                          AND l.expires_at > (SELECT now FROM clock))
+        WHERE r.priority = lv.p AND r.head_at >= %(floor)s::float8
+          AND (r.status = 'pending') IS TRUE
+          AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
+                       '-infinity') <= (SELECT now FROM clock)
         ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
-    (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l JOIN runs AS r
-     ON r.id = l.run_id
-     WHERE l.expires_at > (SELECT now FROM clock) AND r.head_at IS NOT NULL),
+    (SELECT min(greatest(r.head_at, l.expires_at)) FROM runs AS r CROSS JOIN LATERAL (
+        SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
+        AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
+     WHERE r.head_at >= %(floor)s::float8),
     (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL))
 
 -- name: NEXT_READY_QUEUES
 -- NEXT_READY for the queues of %(queues)s: every level of each queue (the loose scan of
--- runs_prio, then runs_claim per queue).
+-- runs_prio, then runs_claim per queue), from the floor of those queues.
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
 served(q) AS (SELECT unnest(%(queues)s::text[])),
 every_level(p) AS (
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8)
     UNION ALL
-    SELECT (SELECT max(priority) FROM runs WHERE head_at IS NOT NULL
-            AND priority < every_level.p)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(floor)s::float8
+            AND priority > every_level.p)
     FROM every_level WHERE every_level.p IS NOT NULL),
 levels(q, p) AS (SELECT served.q, every_level.p FROM served CROSS JOIN every_level)
 SELECT least(
     (SELECT min(x.head_at) FROM levels AS lv CROSS JOIN LATERAL (
         SELECT r.head_at FROM runs AS r
-        WHERE r.queue = lv.q AND r.priority = lv.p AND r.head_at IS NOT NULL
-            AND r.status = 'pending'
-          AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id
-                          AND l.expires_at > (SELECT now FROM clock))
+        WHERE r.queue = lv.q AND r.priority = lv.p AND r.head_at >= %(floor)s::float8
+            AND (r.status = 'pending') IS TRUE
+          AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
+                       '-infinity') <= (SELECT now FROM clock)
         ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
-    (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l JOIN runs AS r
-     ON r.id = l.run_id
-     WHERE l.expires_at > (SELECT now FROM clock) AND r.head_at IS NOT NULL
-         AND r.queue = ANY(%(queues)s::text[])),
+    (SELECT min(greatest(r.head_at, l.expires_at)) FROM levels AS lv
+     CROSS JOIN LATERAL (SELECT r.id, r.head_at FROM runs AS r WHERE r.queue = lv.q
+         AND r.priority = lv.p AND r.head_at >= %(floor)s::float8 OFFSET 0) AS r
+     CROSS JOIN LATERAL (
+        SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
+        AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
+     WHERE lv.p IS NOT NULL),
     (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL))
 
 -- name: RUNS_BEFORE
