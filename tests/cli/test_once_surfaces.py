@@ -47,12 +47,16 @@ def test_show_lists_the_calls_and_forget_drops_them(db: str) -> None:
     shown = invoke("show", str(run), "--db", db)
     assert shown.exit_code == 0, shown.output
     assert "paid calls:" in shown.stdout
-    (line,) = [x for x in shown.stdout.splitlines() if " llm " in x]
+    (line,) = [x for x in shown.stdout.splitlines() if x.split()[1:2] == ["llm"]]
     assert "paid 2x, reused 1x" in line and "120" in line
     gone = invoke("forget", str(run), "llm", "--db", db)
     assert gone.exit_code == 0 and "forgot 1 paid call" in gone.stdout
     # the answer is gone, the call it paid for is not: still made once, no answer kept now
-    (line,) = [x for x in invoke("show", str(run), "--db", db).stdout.splitlines() if " llm " in x]
+    (line,) = [
+        x
+        for x in invoke("show", str(run), "--db", db).stdout.splitlines()
+        if x.split()[1:2] == ["llm"]
+    ]
     assert "paid once, no answer kept" in line and "120" not in line and "reused" not in line
     for args, words in [((str(run), "llm"), "has no paid call named 'llm'"),
                         (("999999", "llm"), "no run with id 999999")]:  # fmt: skip

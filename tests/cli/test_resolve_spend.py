@@ -71,7 +71,7 @@ def test_an_answer_resolves_a_parked_run_and_its_next_attempt_reuses_it(
         assert "an answer was kept already for call 'llm'" in again.stdout
         assert "the run was not parked on this call" in again.stdout
     shown = invoke("show", str(run), "--db", db)
-    (line,) = [x for x in shown.stdout.splitlines() if " llm " in x]
+    (line,) = [x for x in shown.stdout.splitlines() if x.split()[1:2] == ["llm"]]
     assert "paid once" in line and "reused 1x" in line and "no answer kept" not in line
 
 
@@ -94,7 +94,7 @@ def test_pay_again_lets_the_next_attempt_call_once_more(db: str, clock: FakeCloc
     lines = shown.stdout.splitlines()
     header = lines[lines.index("paid calls:") + 1].split()
     assert header[:6] == ["TASK", "CALL", "REQUEST", "MADE", "PAID", "AGAIN"], header
-    (line,) = [x for x in lines if " llm " in x]
+    (line,) = [x for x in lines if x.split()[1:2] == ["llm"]]
     cells = line.split()
     assert cells[3:7] == ["2", "1", "1", "3"], line  # made, paid again, unknown, paid by
     assert "paid 2x, 1 unknown" in line
