@@ -4,26 +4,17 @@ mistake a user can make is one line on stderr with a non-zero exit, nothing writ
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from cli_runner import error_line, invoke
 
 from supervisor import exitcodes
-from workerproc.store import Commit, open_store
+from workerproc.store import open_store
 
 
 def failed_at_step_two(db: str) -> int:
-    """A run that entered two steps (a with {"n": 0}, b with {"n": 1}) and failed in b."""
     with open_store(db) as store:
-        run_id = store.start_run("a", {"p": 1}, {"n": 0})
-        lease = store.claim("w", 60)
-        assert lease is not None
-        advance = Commit(lease, "advance", new_state={"n": 1}, next_task="b", next_payload={})
-        assert store.commit_many([advance]).results[0].value == "ok"
-        lease = store.claim("w", 60)
-        assert lease is not None
-        failed = Commit(lease, "fail", reason="gave_up", error="boom")
-        assert store.commit_many([failed]).results[0].value == "ok"
-    return run_id
+        return helpers.failed_at_step_two(store)
 
 
 def test_fork_prints_the_new_run_and_leaves_the_source_failed(db: str) -> None:

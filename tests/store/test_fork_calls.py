@@ -6,21 +6,10 @@ step's are; the source's kept calls and intents stay as they were."""
 from __future__ import annotations
 
 from helpers import FakeClock
-from once_helpers import REQ, TTL, claim, ctx_of
+from once_helpers import REQ, TTL, Bill, claim, ctx_of
 
 from workerproc.once import CallBook
 from workerproc.store import Commit, Store
-
-
-class Bill:
-    """A paid API: counts every call it answers."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self) -> dict[str, object]:
-        self.calls += 1
-        return {"text": f"answer {self.calls}"}
 
 
 def test_a_fork_pays_its_steps_anew_and_keeps_the_source_s_answers_apart(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from helpers import FakeClock
-from once_helpers import REQ, TTL, claim, ctx_of
+from once_helpers import REQ, TTL, Bill, claim, ctx_of
 from store_backends import Backend
 
 from workerproc import LeaseLost
@@ -27,17 +27,6 @@ from workerproc.store.roles import CallStore
 from workerproc.store.types import CasResult
 
 CONFIG = WorkerConfig(app="unused:app", db="unused", lease_ttl=TTL)
-
-
-class Bill:
-    """A paid API: counts every call it answers."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def __call__(self) -> dict[str, object]:
-        self.calls += 1
-        return {"text": f"answer {self.calls}"}
 
 
 def killed_in_the_call(s: Store, book: CallBook, clock: FakeClock) -> Lease:

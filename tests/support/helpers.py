@@ -18,7 +18,7 @@ from workerproc.events import (
     TaskTimedOut,
 )
 from workerproc.heartbeat import Heartbeat
-from workerproc.store import Lease, Store
+from workerproc.store import Commit, Lease, Store
 from workerproc.worker import Worker
 
 T = TypeVar("T")
@@ -103,3 +103,18 @@ def reports(
         return answer if isinstance(answer, Reaction) else None
 
     return post
+
+
+def failed_at_step_two(s: Store) -> int:
+    """A run that entered two steps (``a`` with {"n": 0}, ``b`` with {"n": 1}) and failed in
+    ``b``: what a fork from a step starts from."""
+    run_id = s.start_run("a", {"p": 1}, {"n": 0})
+    lease = s.claim("w", 60)
+    assert lease is not None
+    advance = Commit(lease, "advance", new_state={"n": 1}, next_task="b", next_payload={})
+    assert s.commit_many([advance]).results[0].value == "ok"
+    lease = s.claim("w", 60)
+    assert lease is not None
+    failed = Commit(lease, "fail", reason="gave_up", error="boom")
+    assert s.commit_many([failed]).results[0].value == "ok"
+    return run_id

@@ -33,3 +33,14 @@ def claim(s: Store, owner: str) -> Lease:
 
 def ctx_of(lease: Lease, book: CallBook) -> TaskContext:
     return TaskContext(lease, threading.Event(), calls=book)
+
+
+class Bill:
+    """A paid API: counts every call it answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> dict[str, object]:
+        self.calls += 1
+        return {"text": f"answer {self.calls}"}

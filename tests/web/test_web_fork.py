@@ -8,23 +8,12 @@ from __future__ import annotations
 import html as markup
 from urllib.parse import quote
 
+from helpers import failed_at_step_two
 from web_helpers import client, csrf_of, text_of
 
-from workerproc.store import Commit, Store
+from workerproc.store import Store
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
-
-
-def failed_at_step_two(s: Store) -> int:
-    run_id = s.start_run("a", None, {"n": 0})
-    lease = s.claim("w", 60)
-    assert lease is not None
-    advance = Commit(lease, "advance", new_state={"n": 1}, next_task="b", next_payload={})
-    assert s.commit_many([advance]).results[0].value == "ok"
-    lease = s.claim("w", 60)
-    assert lease is not None
-    assert s.commit_many([Commit(lease, "fail", reason="gave_up")]).results[0].value == "ok"
-    return run_id
 
 
 def test_the_fork_form_starts_a_run_from_its_step(s: Store) -> None:
