@@ -88,19 +88,24 @@ _clocks: weakref.WeakKeyDictionary[Store, TestClock] = weakref.WeakKeyDictionary
 
 
 @contextlib.contextmanager
-def temporary_store(*, clock: Callable[[], float] | None = None) -> Iterator[Store]:
-    """A store on a fresh SQLite database in a temporary directory, removed afterwards. Its
-    clock is a ``TestClock`` unless ``clock`` is given: ``run_inline`` on it lets delays and
-    retry backoffs pass at once."""
+def temporary_store(
+    db: str | None = None, *, clock: Callable[[], float] | None = None
+) -> Iterator[Store]:
+    """A store on a fresh SQLite database in a temporary directory, removed afterwards; or,
+    with ``db``, on that database (a PostgreSQL URL whose ``?schema=`` is the test's own, say:
+    the test mode on the backend a pool uses), left as it is and closed afterwards. Its clock
+    is a ``TestClock`` unless ``clock`` is given: ``run_inline`` on it lets delays, retry
+    backoffs and wait timeouts pass at once (``clock="virtual"``)."""
     own = TestClock() if clock is None else None
-    with tempfile.TemporaryDirectory(prefix="leasekeeper-test-") as where:
-        store = open_store(os.path.join(where, "test.db"), clock=own or clock)
+    with contextlib.ExitStack() as stack:
+        if db is None:
+            where = stack.enter_context(tempfile.TemporaryDirectory(prefix="leasekeeper-test-"))
+            db = os.path.join(where, "test.db")
+        store = open_store(db, clock=own or clock)
+        stack.callback(store.close)
         if own is not None:
             _clocks[store] = own
-        try:
-            yield store
-        finally:
-            store.close()
+        yield store
 
 
 class _Loop:
