@@ -259,6 +259,7 @@ def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str
     """Workers from the supervisor's state file, joined with RSS and their live leases (with
     slots, a worker holds several: the row shows how many, and the soonest to expire)."""
     import psutil  # noqa: PLC0415 - at first use: only status reads the workers' memory
+
     leases: dict[str, list[Any]] = {}
     for lease in store_stats.leases:
         if parse_owner(lease.owner) is not None and lease.expires_at > store_stats.now:
