@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workerproc import options
-from workerproc.config import DAY, WorkerConfig
-from workerproc.options import opt
+from workerproc.config import WorkerConfig
+from workerproc.options import DAY, opt
 
 from .errors import ConfigError
 

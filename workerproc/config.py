@@ -8,11 +8,9 @@ from dataclasses import dataclass
 
 from . import options
 from .logs import LEVELS
-from .options import opt
+from .options import DAY, opt
 from .store import InvalidPayload
 from .store.codec import check_queue
-
-DAY = 86_400.0
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,6 @@ import os
 import socket
 from typing import NamedTuple
 
-import psutil
-
 
 class OwnerId(NamedTuple):
     host: str
@@ -22,6 +20,8 @@ class OwnerId(NamedTuple):
 
 
 def process_start(pid: int) -> str:
+    import psutil  # noqa: PLC0415 - at first use: a one-run command that only parses owners
+
     return f"{psutil.Process(pid).create_time():.2f}"
 
 
@@ -49,6 +49,8 @@ def owner_is_dead(owner: str) -> bool:
     parsed = parse_owner(owner)
     if parsed is None or parsed.host != socket.gethostname():
         return False
+    import psutil  # noqa: PLC0415 - at first use (process_start)
+
     try:
         proc = psutil.Process(parsed.pid)
         if f"{proc.create_time():.2f}" != parsed.start_time:

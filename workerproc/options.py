@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 ENV_PREFIX = "SUPERVISOR_"
+DAY = 86_400.0  # seconds: the ranges of the options that take a duration
 _MISSING: Any = dataclasses.MISSING
 T = TypeVar("T")
 

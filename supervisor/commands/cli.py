@@ -9,6 +9,7 @@ one call does is on its command line.
 from __future__ import annotations
 
 import importlib
+from gettext import gettext as _
 
 import click
 
@@ -38,6 +39,96 @@ COMMANDS = {
     "web": "web",
 }  # fmt: skip
 
+# Each command's one-line help as ``supervisor --help`` lists it (its docstring's first sentence,
+# shortened to the width as click shortens it): the listing imports no command's module.
+# tests/cli/test_cli_lazy.py checks that each line is its command's own.
+SUMMARIES = {
+    "cancel": (
+        "Cancel a run that has not finished; a handler running it is stopped within a heartbeat."
+    ),
+    "check": (
+        "Check the database: the engine's own storage check, then the lease invariants; the "
+        "limits' lines are recounted, and a line whose runs could wait for ever is reopened."
+    ),
+    "enqueue": "Start a run whose first task is TASK; print its id.",
+    "events": (
+        "Run transitions in commit order: enqueued, claimed, taken over, committed, released, "
+        "handed back, refused writes, succeeded, failed, cancelled (of the system's own runs too "
+        "with --all or their --run)."
+    ),
+    "forget": (
+        "Drop RUN's kept answers of the call NAME (``ctx.once``): the next attempt pays afresh."
+    ),
+    "fork": (
+        "Start a new run from step STEP of run RUN and print its id: it runs STEP's task (its "
+        "payload) and what follows, from the state RUN had when it entered STEP (or --state)."
+    ),
+    "health": (
+        "Exit 0 when the supervisor is alive, its main loop ticks and its pool makes progress."
+    ),
+    "limits": (
+        "Each limit with its numbers, its use now (slots held, bucket levels, tokens), the runs "
+        "waiting behind it and its busiest keys."
+    ),
+    "migrate": (
+        "Create the database's schema, or bring it to this version (start and enqueue do it "
+        "themselves; the reading commands never do)."
+    ),
+    "prune": (
+        "Delete finished runs (and their tasks) that finished longer than DURATION ago, and "
+        "events as old that every named consumer has acknowledged."
+    ),
+    "reload": "HUP: import the app afresh and replace the workers one at a time.",
+    "resolve": (
+        "Settle RUN's call NAME (``ctx.once``) whose outcome is unknown: keep --answer as if the "
+        "call had returned it, or --pay-again; a run parked on the call goes on."
+    ),
+    "retry": (
+        "Queue a failed or cancelled run again (its attempts start over); without RUN, every "
+        "failed (or --status cancelled) run the filter matches."
+    ),
+    "runs": (
+        "List runs, newest first (the system's own runs, numbered apart, with --all or their "
+        "queue named)."
+    ),
+    "scale": "Set the number of workers (TTIN/TTOU, one confirmed step at a time).",
+    "schedules": (
+        "The schedules every app declared: cron, time zone, task, next tick, last tick, last run "
+        "and its status, and how many runs each started."
+    ),
+    "show": (
+        "One run: state, result, failure and its tasks: how many times each ran (executions) and "
+        "was claimed (claims: also a claim that found the attempt budget spent), and its errors; "
+        "its paid calls (ctx.once): how often each was made, paid again, left unknown and reused;"
+        " and, for a batch step, which batch call (its id and size) each attempt went in."
+    ),
+    "signal": (
+        "Send signal NAME to RUN: it resumes the run's wait for NAME (ctx.wait_for), now or when "
+        "it next waits for it; a finished or unknown run is an error."
+    ),
+    "spend": (
+        "Tokens and cost kept from usage (ctx.usage and paid calls, paid again included), per "
+        "task or per value of a payload field, the most spent first, with their total."
+    ),
+    "start": "Fork N workers and keep them alive until TERM/INT (graceful) or QUIT (fast).",
+    "status": (
+        "The worker processes every host lists in the database, this host's supervisor and its "
+        "workers (pid, RSS, task, lease expiry), queue counts and runs by status."
+    ),
+    "stop": "Stop the supervisor: TERM (graceful stop) or, with --fast, QUIT.",
+    "stream": "The chunks run RUN's steps emitted (ctx.emit), in order.",
+    "wait": (
+        "Wait until RUN ends; the exit code says how (0 succeeded, 12 failed, 13 cancelled, 14 "
+        "still running after --timeout, 15 no such run)."
+    ),
+    "web": "Serve the dashboard: runs, their attempts, live leases, workers, the chaos report.",
+    "webhooks": (
+        "Each webhook: where it POSTs, the kinds it takes, its delivery (waiting: caught up), the"
+        " last event it dealt with, how many events it is behind, what it delivered, failed and "
+        "gave up on (its dead letters)."
+    ),
+}
+
 
 class LazyGroup(SupervisorGroup):
     """The ``supervisor`` group, each command imported from its module at its first use."""
@@ -52,6 +143,14 @@ class LazyGroup(SupervisorGroup):
         module = importlib.import_module(f"{__package__}.{where}")
         found: dict[str, click.Command] = {c.name or "": c for c in module.ALL}
         return found[cmd_name]
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """click's own listing (``Group.format_commands``), each line from ``SUMMARIES``."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(n, click.Command(n, help=SUMMARIES[n]).get_short_help_str(limit)) for n in names]
+        with formatter.section(_("Commands")):
+            formatter.write_dl(rows)
 
 
 @click.group(name="supervisor", cls=LazyGroup, context_settings=CONTEXT)

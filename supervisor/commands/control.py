@@ -7,7 +7,7 @@ import signal
 
 import click
 
-from workerproc.config import DAY
+from workerproc.options import DAY
 
 from .. import exitcodes
 from ..errors import SupervisorError

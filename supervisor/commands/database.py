@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from workerproc.config import DAY
+from workerproc.options import DAY
 from workerproc.store import RunNotFound, StoreCorrupt, redact_url
 from workerproc.store.codec import MAX_PAYLOAD, RESERVED
 from workerproc.store.types import RUN_STATUSES

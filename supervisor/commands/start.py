@@ -29,6 +29,7 @@ from ..loop.pidfile import Pidfile
 from ..loop.pool import Pool, imports_app
 from ..loop.progress import StallWatch
 from ..loop.reload import Reloads
+from ..loop.report import watch_drain
 from ..loop.signals import SignalInbox
 from ..loop.steps import default_steps
 from ..loop.storegate import StoreGate
@@ -120,6 +121,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
     arbiter.add_step(Step("progress", StallWatch().step), before="publish")
     child_closers += integrations.install(arbiter)  # sd_notify, watchdog, metrics
     drain_began(arbiter)  # before the first fork: what fails from here on is the drain's
+    child_closers.append(watch_drain(arbiter))
     chaos = None
     if config.chaos.enabled:
         from ..chaos import Chaos  # noqa: PLC0415 - a pool without --chaos (and its workers,

@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workerproc import App
 from workerproc.status import StatusBoard
@@ -32,6 +32,9 @@ from .pool import Pool, WorkerProcess
 from .reload import Reloads
 from .signals import SignalInbox
 from .storegate import StoreGate
+
+if TYPE_CHECKING:
+    from workerproc.store.sqlite.watch import FileWatch
 
 
 class Phase(enum.StrEnum):
@@ -88,6 +91,8 @@ class Arbiter:
     started_at: float = 0.0
     drain_since: float | None = None  # --drain: the database's clock when it began
     drain_failed: int | None = None  # --drain: the runs that failed during it, once finished
+    drain_watch: FileWatch | None = None  # --drain on SQLite: wakes the loop at a commit
+    drain_changed: bool = False  # --drain: a commit was seen since the last drain check
     pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True

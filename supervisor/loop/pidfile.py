@@ -29,8 +29,6 @@ import shlex
 import time
 from typing import Any
 
-import psutil
-
 from ..errors import NotRunning, PidfileLocked, SupervisorError
 from ..files import PRIVATE, PUBLIC, UntrustedFile, read_trusted, write_atomic
 from ..logs import event
@@ -47,6 +45,8 @@ class Pidfile:
 
         self._lock = filelock.FileLock(self.path + ".lock", timeout=0, mode=PRIVATE)
         self._fd_identity: tuple[int, int, int] | None = None
+        import psutil  # noqa: PLC0415 - at first use: show and enqueue only read the state
+
         self._started = round(psutil.Process().create_time(), 2)
         self.state_error: str | None = None  # the last failed state write, until one succeeds
 
@@ -193,6 +193,8 @@ def live_pid(path: str) -> int:
     pid = read_pid(path)
     if pid is None:
         raise NotRunning(f"no supervisor is running: no pid in {path}")
+    import psutil  # noqa: PLC0415 - at first use (Pidfile)
+
     try:
         written = os.stat(path).st_mtime
         proc = psutil.Process(pid)
@@ -220,6 +222,8 @@ def supervisor_pid(path: str) -> int:
     its command line is ``supervisor start`` and its start time is the one in the state file.
     Only such a pid is ever signalled."""
     pid = live_pid(path)
+    import psutil  # noqa: PLC0415 - at first use (Pidfile)
+
     try:
         proc = psutil.Process(pid)
         argv = proc.cmdline()

@@ -4,13 +4,15 @@ queues (its progress line, and the stop once they are empty), and the state file
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
-from workerproc.store import Inspector, QueueCounts, Stats, StoreError, redact_url
+from workerproc.store import Inspector, QueueCounts, Stats, StoreError, redact_url, watch_file
 from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
@@ -22,6 +24,58 @@ WARN = logging.WARNING
 
 UNSERVED_LOOK = 1000  # pending runs a drain looks at for tasks no worker serves
 UNSERVED_EVERY = 1.0  # seconds between those looks
+# seconds: after a commit the drain takes a quick look (is any task of the served queues left?)
+# this soon, not at its next drain_check; no more often than this however busy the database is
+# (a commit is only a hint: the look decides)
+DRAIN_SOONEST = 0.025
+
+
+def watch_drain(arb: Arbiter) -> Callable[[], None]:
+    """--drain on SQLite: wake the loop at a commit (the database's inotify watch), so the
+    drain's end is seen as its last run commits, not at the next ``drain_check``; answer what
+    closes the watch in a forked child. Without a watch (PostgreSQL, no inotify) the drain
+    checks every ``drain_check`` as before."""
+    watch = watch_file(arb.config.worker.db) if arb.config.drain else None
+    if watch is None:
+        return lambda: None
+    arb.drain_watch = watch
+    arb.inbox.extra_fds.add(watch.fileno())
+
+    def close_in_child() -> None:
+        if arb.drain_watch is watch:  # (the parent's: ``watch.close`` leaves it to its process)
+            with contextlib.suppress(OSError):
+                os.close(watch.fileno())
+
+    return close_in_child
+
+
+def _drain_look(arb: Arbiter) -> str | None:
+    """How the drain looks now: "full" every ``drain_check`` (as without a watch), "quick"
+    ``DRAIN_SOONEST`` after a commit at most; None: not now. A commit wakes the loop once: the
+    watch is quiet from then to the next look, so a busy database costs the loop a turn or two
+    per look, not one per commit."""
+    watch = arb.drain_watch
+    if watch is not None and watch.drain():
+        arb.drain_changed = True
+        arb.inbox.extra_fds.discard(watch.fileno())
+    if arb.due("drain", arb.config.timing.drain_check):
+        look = "full"
+    elif arb.drain_changed and arb.due("drain-soon", DRAIN_SOONEST):
+        look = "quick"
+    else:
+        return None
+    arb.drain_changed = False
+    if watch is not None:
+        arb.inbox.extra_fds.add(watch.fileno())
+    return look
+
+
+def unwatch_drain(arb: Arbiter) -> None:
+    """The drain is over (stopping): its watch no longer wakes the loop."""
+    watch, arb.drain_watch = arb.drain_watch, None
+    if watch is not None:
+        arb.inbox.extra_fds.discard(watch.fileno())
+        watch.close()
 
 
 def stop_when_drained(arb: Arbiter) -> None:
@@ -33,9 +87,10 @@ def stop_when_drained(arb: Arbiter) -> None:
     (leased, or its lease expired: a drain under chaos sees a delivery it paused taken over),
     unless its webhook is failing: one trying again at once, always in flight, is not waited
     out."""
-    if not arb.config.drain or arb.stopping:
-        return
-    if not arb.due("drain", arb.config.timing.drain_check):
+    if arb.stopping:
+        unwatch_drain(arb)
+    look = None if not arb.config.drain or arb.stopping else _drain_look(arb)
+    if look is None:
         return
     served = arb.config.worker.queues
     delivering = served is None or WEBHOOK_QUEUE in served
@@ -47,12 +102,14 @@ def stop_when_drained(arb: Arbiter) -> None:
             # NULL only when it is over or has no pending task); the full counts, a scan of
             # every run, only for the progress line and the final message.
             left = store.next_ready_at(served) is not None
+            if left and look == "quick":
+                return  # work is left: the full look (its progress, webhooks) keeps its pace
             if left and delivering and store.webhook_list():
                 left = False  # that may be only the deliveries: the counts below tell
             # what is left may be only runs no worker of this pool serves (B22): looked for
             # once a second at most, so a drain of a long queue pays next to nothing for it
-            look = left and arb.due("unserved", UNSERVED_EVERY)
-            unserved = _unserved(store, served, arb.app.served_tasks()) if look else {}
+            seek = left and arb.due("unserved", UNSERVED_EVERY)
+            unserved = _unserved(store, served, arb.app.served_tasks()) if seek else {}
             if left and not unserved and (arb.progress is None or not arb.progress.enabled):
                 return
             stats = store.stats()

@@ -11,8 +11,6 @@ import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import psutil
-
 from workerproc.identity import parse_owner
 from workerproc.loading import load_app
 from workerproc.store import (
@@ -260,6 +258,8 @@ def pool_lines(pool: list[WorkerInfo], now: float) -> str:
 def worker_rows(state: dict[str, Any] | None, store_stats: Any) -> list[dict[str, Any]]:
     """Workers from the supervisor's state file, joined with RSS and their live leases (with
     slots, a worker holds several: the row shows how many, and the soonest to expire)."""
+    import psutil  # noqa: PLC0415 - at first use: only status reads the workers' memory
+
     leases: dict[str, list[Any]] = {}
     for lease in store_stats.leases:
         if parse_owner(lease.owner) is not None and lease.expires_at > store_stats.now:

@@ -15,7 +15,7 @@ import click
 import pytest
 
 import supervisor.commands
-from supervisor.commands.cli import COMMANDS, cli
+from supervisor.commands.cli import COMMANDS, SUMMARIES, cli
 
 
 def test_the_table_names_every_command_of_every_module_and_nothing_else() -> None:
@@ -60,3 +60,25 @@ def test_a_one_run_command_loads_no_heavy_module(argv: tuple[str, ...], tmp_path
     loaded = loaded_by(*argv, *(() if argv == ("--version",) else ("--db", db)), tmp=str(tmp_path))
     heavy = sorted(m for m in loaded if m.startswith(HEAVY))
     assert heavy == [], f"supervisor {' '.join(argv)} loaded {heavy[:10]}"
+
+
+def test_each_listed_line_is_its_commands_own_short_help() -> None:
+    ctx = click.Context(cli)
+    assert sorted(SUMMARIES) == sorted(COMMANDS)
+    for name in COMMANDS:
+        command = cli.get_command(ctx, name)
+        assert command is not None
+        assert not command.hidden and not command.deprecated and command.short_help is None
+        listed = click.Command(name, help=SUMMARIES[name])
+        for limit in (20, 45, 74, 94, 10**6):
+            assert listed.get_short_help_str(limit) == command.get_short_help_str(limit), name
+
+
+def test_help_lists_every_command_without_importing_one(tmp_path: object) -> None:
+    loaded = loaded_by("--help", tmp=str(tmp_path))
+    modules = {f"supervisor.commands.{where}" for where in COMMANDS.values()}
+    assert sorted(modules & loaded) == []
+    listing = subprocess.run([sys.executable, "-m", "supervisor", "--help"], capture_output=True,
+                             text=True, timeout=120, check=True).stdout  # fmt: skip
+    listed = listing.split("Commands:\n", 1)[1].splitlines()
+    assert [line.split()[0] for line in listed] == sorted(COMMANDS)

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .aio import AsyncStore, open_async_store
     from .dialect import CHANGE_CHECK, Dialect
     from .protocol import Store
+    from .sqlite.watch import FileWatch
 
 # The store itself, its SQLite backend and the async store are imported at their first use:
 # what only needs the store's types, errors or codec (the CLI's parsing, a handler's module)
@@ -115,6 +116,7 @@ __all__ = [
     "redact_url",
     "resolve",
     "sqlite_file",
+    "watch_file",
 ]
 
 
@@ -148,3 +150,16 @@ def open_store(
         dialect = PostgresDialect(target.where, target.options, clock=clock)
     dialect.migrate()
     return Store(dialect)
+
+
+def watch_file(url_or_path: str) -> FileWatch | None:
+    """A hint that another process may have committed to an SQLite database, holding no
+    connection (so a process that forks may keep it): an inotify watch of its file and its
+    ``-wal`` (``sqlite/watch.py``; ``drain()`` says whether they were written, ``close()``).
+    None for PostgreSQL (its hint is a LISTEN connection) and where inotify gives none."""
+    path = sqlite_file(url_or_path)
+    if path is None:
+        return None
+    from .sqlite.watch import open_watch  # noqa: PLC0415 - imported at first use (above)
+
+    return open_watch(path)

@@ -15,10 +15,13 @@ the process that opened it (a forked child opens its own) and is read by one thr
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import struct
 from functools import cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ctypes
 
 _IN_MODIFY, _IN_CREATE, _IN_MOVED_TO, _IN_Q_OVERFLOW = 0x2, 0x100, 0x80, 0x4000
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, 0o2000000
@@ -29,7 +32,10 @@ _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
 def _libc() -> ctypes.CDLL | None:
     """The C library's inotify calls: the process's own symbols first (``dlopen(NULL)``: no
     search, and no ``ctypes.util``, which loads tempfile, shutil, bz2 and lzma into every
-    worker for it), else the library ``find_library`` names."""
+    worker for it), else the library ``find_library`` names. ctypes is imported here, at the
+    first watch: a command that never waits on the database does not load it."""
+    import ctypes  # noqa: PLC0415
+
     libc: ctypes.CDLL | None = None
     with contextlib.suppress(OSError):
         libc = ctypes.CDLL(None, use_errno=True)
@@ -43,6 +49,7 @@ def _libc() -> ctypes.CDLL | None:
 
 
 def _found_libc() -> ctypes.CDLL | None:
+    import ctypes  # noqa: PLC0415 - (_libc)
     from ctypes.util import find_library  # noqa: PLC0415 - only where dlopen(NULL) had no inotify
 
     name = find_library("c")

@@ -1,0 +1,64 @@
+"""--drain ends when its last run commits, not at its next periodic look: on SQLite the loop
+sleeps on the database's inotify watch, and a commit wakes it for a quick look. Without a watch
+(PostgreSQL) the drain looks every ``drain_check`` as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from helpers import FakeClock
+from supervisor_fakes import FakeProcs, make_arbiter
+
+from supervisor.loop.arbiter import Arbiter
+from supervisor.loop.report import stop_when_drained, unwatch_drain, watch_drain
+from supervisor.loop.storegate import StoreGate
+from workerproc.store import open_store, watch_file
+
+LONG = 60.0  # a drain_check no test waits for
+
+
+def drain_arbiter(db: str, drain_check: float) -> Arbiter:
+    arb = make_arbiter(FakeClock(), FakeProcs(), drain=True)
+    arb.config = dataclasses.replace(
+        arb.config,
+        worker=dataclasses.replace(arb.config.worker, db=db),
+        timing=dataclasses.replace(arb.config.timing, drain_check=drain_check),
+    )
+    arb.gate = StoreGate(db)
+    arb.app.task("t")(lambda ctx: None)  # a task the pool serves: the drain waits for its run
+    arb.clock = time.monotonic
+    return arb
+
+
+def test_the_last_commit_wakes_the_drain_which_ends_at_once(db: str) -> None:
+    store = open_store(db)
+    run_id = store.start_run("t", {})
+    arb = drain_arbiter(db, LONG if watch_file(db) is not None else 0.05)
+    try:
+        close_in_child = watch_drain(arb)
+        stop_when_drained(arb)  # the first look: the run is left
+        assert not arb.stopping
+        store.cancel_run(run_id)  # its last commit
+        deadline = time.monotonic() + 10.0
+        while not arb.stopping and time.monotonic() < deadline:
+            arb.inbox.wait(max(0.0, min(arb._wake_at, deadline) - time.monotonic()))
+            arb._wake_at = time.monotonic() + LONG
+            stop_when_drained(arb)
+        assert arb.stopping, "the drain did not see its last commit"
+        stop_when_drained(arb)  # stopping: the watch wakes the loop no more
+        assert arb.drain_watch is None and arb.inbox.extra_fds == set()
+        close_in_child()  # (the parent no longer holds one: closes nothing)
+    finally:
+        store.close()
+        unwatch_drain(arb)
+        arb.inbox.close()
+
+
+def test_a_sqlite_database_has_a_watch_and_postgres_none(db: str) -> None:
+    watch = watch_file(db)
+    try:
+        assert (watch is None) == db.startswith("postgres")
+    finally:
+        if watch is not None:
+            watch.close()
