@@ -86,7 +86,9 @@ def test_bench_cli_times_every_command_and_a_one_run_pool() -> None:
     assert float(_cells(proc.stdout, "python -c pass")[1]) > 0
     counts = dict(re.findall(r"^  (\S+): (\d+) modules$", proc.stdout, re.MULTILINE))
     assert set(counts) == {"--version", "--help", "show", "signal"}, proc.stdout
-    assert int(counts["--version"]) < int(counts["signal"]) < int(counts["--help"])
+    # --help lists the commands from their one-line help: it imports none of their modules,
+    # so it loads fewer than a command that opens the store
+    assert int(counts["--version"]) <= int(counts["--help"]) < int(counts["signal"])
 
 
 @pytest.mark.slow
