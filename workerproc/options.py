@@ -63,8 +63,8 @@ class Opt:
         return f"{self.short}/{self.long}" if self.short else self.long
 
     def bounds(self) -> str:
-        low = "" if self.low is None else f"{'>' if self.above else '>='} {_num(self.low)}"
-        high = "" if self.high is None else f"<= {_num(self.high)}"
+        low = "" if self.low is None else f"{'>' if self.above else '>='} {show_number(self.low)}"
+        high = "" if self.high is None else f"<= {show_number(self.high)}"
         return " and ".join(x for x in (low, high) if x)
 
 
@@ -122,7 +122,7 @@ def check(d: Declared, value: Any) -> str | None:
         too_low = o.low is not None and (number <= o.low if o.above else number < o.low)
         too_high = o.high is not None and number > o.high
         if too_low or too_high:
-            return f"{o.label} must be {o.bounds()} (got {_num(number)})"
+            return f"{o.label} must be {o.bounds()} (got {number:g})"
     if o.choices is not None:
         items = value if isinstance(value, tuple) else (value,)
         bad = [v for v in items if v not in o.choices]
@@ -191,11 +191,14 @@ def shown_default(d: Declared) -> str:
         return "on" if d.default else "off"
     if d.kind is tuple:
         return ",".join(d.default)
-    return _num(d.default) if isinstance(d.default, (int, float)) else str(d.default)
+    return show_number(d.default) if isinstance(d.default, (int, float)) else str(d.default)
 
 
-def _num(value: float) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def show_number(value: float) -> str:
+    """A number as a reader writes it: 30, 0.1, 65535, 31,536,000 (never 3.1536e+07)."""
+    if isinstance(value, float) and not (value.is_integer() and abs(value) < 1e21):
+        return f"{value:g}"
+    return f"{int(value):,}" if abs(value) >= 100_000 else str(int(value))
 
 
 def _either(choices: tuple[str, ...], many: bool) -> str:

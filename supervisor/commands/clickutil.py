@@ -14,7 +14,7 @@ from click.core import ParameterSource
 
 from workerproc import options
 from workerproc.loading import AppLoadError
-from workerproc.options import Declared
+from workerproc.options import Declared, show_number
 from workerproc.store import InvalidOption, InvalidPayload, StoreError, redact
 from workerproc.store.codec import check_name
 
@@ -82,18 +82,11 @@ class Number(click.ParamType):  # type: ignore[type-arg]
             raise click.UsageError(f"{label}: {value!r} is not a {what}", ctx) from None
         if not math.isfinite(number) or not self.low <= number <= self.high:
             raise click.UsageError(
-                f"{label} must be a number from {_bound(self.low)} to {_bound(self.high)} "
-                f"(got {value})",
+                f"{label} must be a number from {show_number(self.low)} to "
+                f"{show_number(self.high)} (got {value})",
                 ctx,
             )
         return number
-
-
-def _bound(x: float) -> str:
-    """A range's end as a reader writes it: 1000, 31,536,000, 0.5 (never 3.1536e+07)."""
-    if float(x).is_integer() and abs(x) < 1e21:
-        return f"{int(x):,}" if abs(x) >= 10_000 else str(int(x))
-    return f"{x:g}"
 
 
 RUN_ID = Number(int, 1, 2**63 - 1)
