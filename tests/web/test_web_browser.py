@@ -95,7 +95,11 @@ def test_runs_succeed_under_chaos_a_timeline_and_a_retry_with_a_click(
         (shots / name).write_bytes(base64.b64decode(shot["data"]))
 
     def click(by: str, value: str) -> bool:
-        driver.find_element(by, value).click()
+        """Click it; False (the wait tries again) if the live page replaced it meanwhile."""
+        try:
+            driver.find_element(by, value).click()
+        except StaleElementReferenceException:
+            return False
         return True
 
     report = tmp_path / "chaos.json"
