@@ -66,12 +66,12 @@ def joined(store: Store, ledger: Ledger, lease: Lease) -> None:
                         f"spawned {want}, still running {open_}")  # fmt: skip
 
 
-def payment(ledger: Ledger, key: tuple[int, int, str], new: Payment, zombie: bool) -> None:
+def payment(ledger: Ledger, key: tuple[int, int, str], new: Payment) -> None:
     """A kept answer is never paid again: no earlier payment of this call was kept, or
-    handed to its handler, or dropped while its worker lived. ``zombie``: the payer's live
-    lease was dropped by a retry (B2) before its call: it may pay until it hears, as
-    docs/protocol.md says (Invariants); it is still counted."""
-    for was in [] if zombie else ledger.payments.get(key, []):
+    handed to its handler, or dropped while its worker lived. This holds for a payer whose
+    live lease a retry dropped (B2) too: the new generation begins only once that lease
+    would have expired, and the payer calls only while its lease has time left."""
+    for was in ledger.payments.get(key, []):
         if was.state in ("kept", "used", "dropped"):
             raise Violation("a kept answer is never paid again",
                             f"call {key}: paid by attempt {new.attempt} ({new.owner}) after "

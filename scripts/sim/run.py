@@ -267,8 +267,7 @@ class Simulation:
 
     def pay(self, worker: SimWorker, ex: Exec) -> Payment:
         p = Payment(ex.lease.attempt, worker.owner)
-        zombie = (ex.lease.task_id, ex.lease.attempt) in self.ledger.dropped
-        checks.payment(self.ledger, (ex.lease.run_id, ex.lease.task_id, ex.key.name), p, zombie)
+        checks.payment(self.ledger, (ex.lease.run_id, ex.lease.task_id, ex.key.name), p)
         return p
 
     def streamed(self, ex: Exec, batch: list[str]) -> None:

@@ -61,8 +61,12 @@ def retry(
     failed (or --status cancelled) run the filter matches."""
     if _single(run, (status, since, task, queue), every, "retry"):
         with actions.store_for(db) as store:
-            actions.retry(store, run)
-        click.echo(f"run {run} queued again")
+            wait = actions.retry(store, run)
+        if wait >= 1:  # (B2: a cancelled handler's lease was still live)
+            click.echo(f"run {run} queued again: it begins in {wait:.0f} s, when the lease its "
+                       "cancelled handler held runs out")  # fmt: skip
+        else:
+            click.echo(f"run {run} queued again")
         return
     seconds = None if since is None else actions.parse_duration(since, "--since")
     with actions.store_for(db) as store:

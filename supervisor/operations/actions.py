@@ -172,9 +172,12 @@ def batches(store: Inspector, run_id: int) -> list[dict[str, Any]]:
             for e in found if e.kind == "step.batched"]  # fmt: skip
 
 
-def retry(store: Operator, run_id: int) -> None:
+def retry(store: Operator, run_id: int) -> float:
+    """Retry one run; returns in how many seconds its new generation begins: 0 unless a
+    cancelled handler's lease was still live (B2: the run waits for that lease's end)."""
     if store.retry_run(run_id):
-        return
+        due = [t.available_at for t in store.get_tasks(run_id) if t.done_at is None]
+        return max(0.0, min(due, default=0.0) - store.now())
     run = store.get_run(run_id)
     if run is None:
         raise RunNotFound(run_id)

@@ -163,6 +163,21 @@ def test_retry_a_failed_run_and_refuse_a_pending_one(db: str) -> None:
     assert "only failed or cancelled runs can be retried" in line
 
 
+def test_retry_of_a_run_whose_cancelled_handler_still_holds_its_lease_says_when(db: str) -> None:
+    with open_store(db) as store:
+        store.start_run("t")
+        lease = store.claim("w1", 300.0)
+        assert lease is not None
+        store.cancel_run(lease.run_id)
+    result = invoke("retry", "1", "--db", db)
+    assert result.exit_code == 0, result.output
+    assert "run 1 queued again: it begins in " in result.stdout
+    seconds = int(result.stdout.split("begins in ")[1].split()[0])
+    assert 290 <= seconds <= 300
+    with open_store(db) as store:
+        assert store.claim("w2", 60.0) is None  # not before that lease runs out
+
+
 def test_cancel_then_cancel_again(db: str) -> None:
     with open_store(db) as store:
         store.start_run("t")

@@ -374,7 +374,9 @@ class LimitBookkeeping(RuleBasedStateMachine):
         if (parent is not None and parent.status == ALIVE and parent.joining
                 and parent.task_id == run.join):  # fmt: skip
             parent.left += 1  # its parent waits for it again
-        run.status, run.lease, run.due, run.ended_at = ALIVE, None, self.now, None
+        # B2: a lease the retry dropped holds the new generation back until it would expire
+        due = max(self.now, run.expires) if run.lease is not None else self.now
+        run.status, run.lease, run.due, run.ended_at = ALIVE, None, due, None
         run.waiting = run.joining = False
 
     @precondition(lambda self: self.runs)

@@ -136,6 +136,8 @@ class TestStoreOperations:
         run = s.get_run(run_id)
         assert run is not None and (run.status, run.failure_reason) == ("pending", None)
         assert s.compare_and_set(zombie, 0, {"z": 1}) is CasResult.LEASE_LOST  # old lease gone
+        assert s.claim("w1", TTL, max_attempts=1) is None  # not before it would have expired
+        clock.advance(TTL)
         fresh = claim(s, "w1", max_attempts=1)  # same owner: attempt 2, tries start again at 1
         assert (fresh.task_id, fresh.attempt, fresh.tries) == (zombie.task_id, 2, 1)
         assert not s.ack(zombie) and not s.renew(zombie, TTL) and not s.release(zombie)

@@ -410,8 +410,11 @@ class LeaseProtocol(RuleBasedStateMachine):
         ok = run.status in ("failed", "cancelled") and bool(pending)
         if ok:
             run.status = "pending"
+            # B2: a lease the retry dropped holds the new generation back until it would expire
+            held = [t.expires for t in pending if t.owner is not None and t.expires is not None]
+            due = max([self.now, *held])
             for t in pending:
-                t.base, t.available_at, t.owner, t.expires = t.attempts, self.now, None, None
+                t.base, t.available_at, t.owner, t.expires = t.attempts, due, None, None
         assert self.store.retry_run(run.id) is ok
 
     # -- invariants ---------------------------------------------------------------------------

@@ -124,12 +124,13 @@ class TestAttemptHistory:
         run = s.get_run(run_id)
         assert run is not None and run.status == "failed"
 
-    def test_a_retry_keeps_the_lease_it_dropped(self, s: Store) -> None:
+    def test_a_retry_keeps_the_lease_it_dropped(self, s: Store, clock: FakeClock) -> None:
         run_id = s.start_run("t")
         claim(s, "holder")
         assert s.cancel_run(run_id) and s.retry_run(run_id)
         (h,) = s.attempt_history(run_id)
         assert (h.attempt, h.owner, h.outcome) == (1, "holder", "released")
+        clock.advance(TTL)  # (the new generation waits for the dropped lease's end, B2)
         assert claim(s, "next").takeover is False  # the retry dropped it: no takeover
 
     def test_refused_zombie_writes_are_listed_per_run(self, s: Store, clock: FakeClock) -> None:

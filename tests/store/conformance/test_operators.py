@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workerproc.store import CasResult, Commit, InvalidPayload, RunNotFound
+from workerproc.store import CasResult, ClaimRequest, Commit, InvalidPayload, RunNotFound
 from workerproc.store.errors import InvalidOption
 
 from .kit import TTL, Driver, last_word, verb
@@ -54,9 +54,43 @@ def test_retry_starts_a_new_generation_and_fences_the_old_lease(driver: Driver) 
     (task,) = s.get_tasks(lease.run_id)
     assert task.attempt_base == task.attempts == 1 and task.lease_owner is None
     assert driver.finish(lease) is CasResult.LEASE_LOST  # the old lease was dropped
+    driver.clock.advance(TTL + 1)  # (the new generation waits for it: the next test)
     again = driver.claim("w2")
     assert (again.attempt, again.tries) == (2, 1)
     assert "run.retried" in [e.kind for e in s.events(run=lease.run_id)]
+
+
+@verb("retry_run")
+def test_retry_under_a_live_lease_begins_when_that_lease_would_have_expired(
+    driver: Driver,
+) -> None:
+    """A cancelled run's holder may run on until its next renewal tells it, and pay within its
+    lease (B13): the new generation must not begin (and keep that call's answer) before."""
+    s = driver.store
+    lease = driver.lease("t")
+    expires = lease.expires_at
+    driver.clock.advance(TTL / 2)
+    assert s.cancel_run(lease.run_id) and s.retry_run(lease.run_id)
+    (task,) = s.get_tasks(lease.run_id)
+    assert task.available_at == pytest.approx(expires) and task.lease_owner is None
+    assert not driver.exchange(claim=ClaimRequest("w2", TTL)).leases  # it has time left
+    driver.clock.advance(TTL / 2 - 1)
+    assert not driver.exchange(claim=ClaimRequest("w2", TTL)).leases
+    driver.clock.advance(2)
+    again = driver.claim("w2")
+    assert (again.task_id, again.attempt, again.tries) == (lease.task_id, 2, 1)
+
+
+@verb("retry_run")
+def test_retry_of_a_run_with_no_live_lease_is_due_at_once(driver: Driver) -> None:
+    s = driver.store
+    lease = driver.lease("t")
+    assert s.cancel_run(lease.run_id)
+    driver.clock.advance(TTL + 5)  # the holder's lease ran out before the retry
+    assert s.retry_run(lease.run_id)
+    (task,) = s.get_tasks(lease.run_id)
+    assert task.available_at == pytest.approx(driver.clock.now)
+    assert driver.claim("w2").attempt == 2
 
 
 @verb("retry_run")

@@ -62,7 +62,8 @@ class Operators:
 
     def retry_run(self, run_id: int) -> bool:
         """B2: a failed or cancelled run with pending work starts a new attempt generation
-        (``attempt_base = attempts``; due now; old leases dropped). False otherwise."""
+        (``attempt_base = attempts``; old leases dropped; due when the latest of them would have
+        expired, else now). False otherwise."""
 
         return self.dialect.write(lambda tx: retry(tx, run_id), runs=[run_id])
 

@@ -40,13 +40,17 @@ INSERT INTO task_attempts (run_id, task_id, attempt, owner,
     WHERE l.run_id = %(run_id)s AND l.owner IS NOT NULL
 
 -- name: RETRY_TASKS
--- ... then the lease goes, every pending task is due now at a new generation (counting on from
--- its lease), and the run's head is its first one again; idle workers are told
+-- ... then the lease goes, every pending task is due at a new generation (counting on from
+-- its lease) when a lease still held would have expired (its holder may run on until it
+-- hears, and pay within its lease: the new generation begins after it), else now; the run's
+-- head is its first one again; idle workers are told
 WITH clock AS MATERIALIZED (
     SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
-dropped AS (DELETE FROM leases WHERE run_id = %(run_id)s RETURNING task_id, attempts),
+dropped AS (DELETE FROM leases WHERE run_id = %(run_id)s
+             RETURNING task_id, attempts, owner, expires_at),
 retried AS (
-    UPDATE tasks AS t SET available_at = clock.now,
+    UPDATE tasks AS t SET available_at = greatest(clock.now, coalesce(
+            (SELECT max(d.expires_at) FROM dropped AS d WHERE d.owner IS NOT NULL), clock.now)),
         attempts = coalesce((SELECT d.attempts FROM dropped AS d WHERE d.task_id = t.id),
                             t.attempts),
         attempt_base = coalesce((SELECT d.attempts FROM dropped AS d WHERE d.task_id = t.id),

@@ -18,8 +18,14 @@ SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL
 
 -- name: RETRY_TASKS
 -- retry_run: a new attempt generation. attempts keeps counting (the fencing token never
--- repeats); attempt_base restarts what max_attempts bounds; old leases are dropped.
-UPDATE tasks SET attempt_base = attempts, available_at = :now,
+-- repeats); attempt_base restarts what max_attempts bounds; old leases are dropped, and the
+-- run is due when the latest of them would have expired (a cancelled run's holder may run on
+-- until it hears, and pay within its lease: the new generation begins after it), else now.
+WITH held(until) AS MATERIALIZED (
+    SELECT max(lease_expires_at) FROM tasks
+    WHERE run_id = :run_id AND done_at IS NULL AND lease_owner IS NOT NULL)
+UPDATE tasks SET attempt_base = attempts,
+    available_at = max(:now, coalesce((SELECT until FROM held), :now)),
     lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL
 
 -- name: RETRY_RUN
