@@ -97,7 +97,8 @@ SUMMARIES = {
         "and its status, and how many runs each started."
     ),
     "show": (
-        "One run: state, result, failure and its tasks: how many times each ran (executions) and "
+        "One run: state, result, failure and its tasks (by step, as fork --from counts them): how "
+        "many times each ran (executions) and "
         "was claimed (claims: also a claim that found the attempt budget spent), and its errors; "
         "its paid calls (ctx.once): how often each was made, paid again, left unknown and reused;"
         " and, for a batch step, which batch call (its id and size) each attempt went in."

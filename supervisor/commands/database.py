@@ -270,11 +270,12 @@ def wait(run_id: int, db: str, timeout: float | None, as_json: bool) -> int:
 @db_option
 @json_option
 def show(run_id: int, db: str, as_json: bool) -> None:
-    """One run: state, result, failure and its tasks: how many times each ran (executions) and
-    was claimed (claims: also a claim that found the attempt budget spent), and its errors;
-    its paid calls (ctx.once): how often each was made, paid again, left unknown and reused;
-    and, for a batch step, which batch call (its id and size) each attempt went in. A task's
-    version is the one its run's state was written for (B25; "-": unversioned)."""
+    """One run: state, result, failure and its tasks (by step, as fork --from counts them): how
+    many times each ran (executions) and was claimed (claims: also a claim that found the
+    attempt budget spent), and its errors; its paid calls (ctx.once): how often each was
+    made, paid again, left unknown and reused; and, for a batch step, which batch call (its id
+    and size) each attempt went in. A task's version is the one its run's state was written
+    for (B25; "-": unversioned)."""
     with actions.store_for(db) as store:
         data = actions.get_run(store, run_id)
         now = store.now()
@@ -294,12 +295,12 @@ def show(run_id: int, db: str, as_json: bool) -> None:
         if value is not None or key != "waits for":  # only a waiting run says what for
             click.echo(f"{key + ':':<12}{'-' if value is None else value}")
     rows = [
-        [t["id"], t["name"], t["executions"], t["claims"], render.when(t["done_at"]) or "no",
-         t["lease_owner"], render.relative(t["lease_expires_at"], now), t["last_error"],
-         t["version"]]
+        [t["step"], t["id"], t["name"], t["executions"], t["claims"],
+         render.when(t["done_at"]) or "no", t["lease_owner"],
+         render.relative(t["lease_expires_at"], now), t["last_error"], t["version"]]
         for t in data["tasks"]
     ]  # fmt: skip
-    headers = ["task", "name", "executions", "claims", "done", "owner", "lease", "error",
+    headers = ["step", "task", "name", "executions", "claims", "done", "owner", "lease", "error",
                "version"]  # fmt: skip
     click.echo("\n" + render.table(headers, rows))
     if data["calls"]:  # ctx.once's calls: made, paid again, unknown, kept and reused

@@ -156,9 +156,10 @@ def get_run(store: Inspector, run_id: int) -> dict[str, Any]:
     (run,) = with_waits(store, [found])
     history = store.attempt_history(run_id)
     tasks = [
-        {**dataclasses.asdict(t), "executions": executions(t, history), "claims": t.attempts}
-        for t in store.get_tasks(run_id)
-    ]
+        {"step": step, **dataclasses.asdict(t), "executions": executions(t, history),
+         "claims": t.attempts}
+        for step, t in enumerate(store.get_tasks(run_id), 1)  # (a fork's --from STEP)
+    ]  # fmt: skip
     return {"run": run, "tasks": tasks, "calls": store.paid_calls(run_id),
             "signals": store.run_signals(run_id), "batches": batches(store, run_id)}  # fmt: skip
 

@@ -4,6 +4,8 @@ mistake a user can make is one line on stderr with a non-zero exit, nothing writ
 
 from __future__ import annotations
 
+import json
+
 import helpers
 import pytest
 from cli_runner import error_line, invoke
@@ -33,6 +35,13 @@ def test_fork_prints_the_new_run_and_leaves_the_source_failed(db: str) -> None:
         assert was is not None and was.status == "failed"
     shown = invoke("show", str(new), "--db", db)
     assert shown.exit_code == 0 and "b" in shown.stdout
+    steps = invoke("show", str(source), "--db", db, "--json")  # numbered as --from counts
+    assert [(t["step"], t["name"]) for t in json.loads(steps.stdout)["tasks"]] == [
+        (1, "a"), (2, "b"),
+    ]  # fmt: skip
+    table = invoke("show", str(source), "--db", db).stdout.splitlines()
+    head = next(i for i, line in enumerate(table) if line.startswith("STEP "))
+    assert [line.split()[0] for line in table[head + 1 : head + 3]] == ["1", "2"]
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,7 @@ def show(db: str, *args: str) -> str:
 def task_row(text: str) -> list[str]:
     """The cells of the first task row of ``show``'s table (after its header line)."""
     lines = text.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("TASK "))
+    header = next(i for i, line in enumerate(lines) if line.startswith("STEP "))
     return re.split(r"\s{2,}", lines[header + 1].strip())
 
 
@@ -39,7 +39,7 @@ def test_two_executions_three_claims_after_two_dead_workers(s: Store) -> None:
     assert run is not None and run.failure_reason == "task_attempts_exhausted"
     url = s.url
     row = task_row(show(url))
-    assert row[2:4] == ["2", "3"], row  # EXECUTIONS 2, CLAIMS 3
+    assert row[0] == "1" and row[3:5] == ["2", "3"], row  # STEP 1, EXECUTIONS 2, CLAIMS 3
     doc = json.loads(show(url, "--json"))
     task = doc["tasks"][0]
     assert (task["executions"], task["claims"], task["attempts"]) == (2, 3, 3)
@@ -64,7 +64,7 @@ def test_a_task_that_crashed_its_worker_twice_under_max_attempts_2(sv: Superviso
     text = show(sv.db)
     assert "failure:    task_attempts_exhausted" in text
     row = task_row(text)
-    assert row[1] == "crash" and row[2:4] == ["2", "3"], text
+    assert row[2] == "crash" and row[3:5] == ["2", "3"], text
 
 
 def test_show_says_which_batch_call_each_item_went_in(s: Store) -> None:

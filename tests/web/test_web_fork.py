@@ -73,3 +73,13 @@ def test_read_only_draws_no_fork_form_and_serves_no_fork(s: Store) -> None:
     page = c.post(f"/runs/{source}/fork", content="csrf=x&step=1", headers=FORM)
     assert page.status_code in (404, 405)
     assert [r.id for r in s.list_runs()] == [source]
+
+
+def test_the_steps_say_each_tasks_version(s: Store) -> None:
+    versioned = s.start_run("t", version=3)
+    plain = s.start_run("t")
+    c = client(s)
+    steps = [text_of(c.get(f"/runs/{run}").text.split('id="steps"')[1].split("</table>")[0])
+             for run in (versioned, plain)]  # fmt: skip
+    assert "version" in steps[0] and " 3 " in f" {steps[0]} "
+    assert "-" in steps[1] and " 3 " not in f" {steps[1]} "
