@@ -96,7 +96,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         worker_config=lambda max_tasks: worker_config(config, max_tasks),
         board=board,
         inbox=inbox,
-        before_fork=gate.assert_closed,
+        before_fork=gate.before_fork,
         child_cleanup=child_cleanup,
         app_spec=config.worker.app,
     )
@@ -169,6 +169,8 @@ def run_start(config: StartConfig) -> int:
         event("supervisor_stopped", f"supervisor stopped (exit code {code})", code=code)
         return code
     finally:
+        if arbiter is not None:
+            arbiter.gate.close_kept()
         if arbiter is not None and arbiter.pool.workers:  # only after a bug in the loop
             for worker in list(arbiter.pool.workers.values()):
                 arbiter.pool.kill_now(worker, "supervisor crashed")

@@ -11,7 +11,7 @@ from helpers import FakeClock
 from supervisor_fakes import FakeProcs, make_arbiter
 
 from supervisor.loop.arbiter import Arbiter
-from supervisor.loop.report import stop_when_drained, unwatch_drain, watch_drain
+from supervisor.loop.report import DRAIN_SOONEST, stop_when_drained, unwatch_drain, watch_drain
 from supervisor.loop.storegate import StoreGate
 from workerproc.store import open_store, watch_file
 
@@ -52,6 +52,38 @@ def test_the_last_commit_wakes_the_drain_which_ends_at_once(db: str) -> None:
     finally:
         store.close()
         unwatch_drain(arb)
+        arb.gate.close_kept()
+        arb.inbox.close()
+
+
+def test_a_last_commit_just_after_a_quick_look_is_seen_within_drain_soonest(db_path: str) -> None:
+    """A one-run drain commits twice in a few milliseconds (the claim, then the finish): the
+    first commit's quick look finds the run left, and the loop sleeps at most DRAIN_SOONEST
+    before it looks again after the second (it slept up to 25 ms: a tenth of a one-run drain)."""
+    store = open_store(db_path)
+    first, last = store.start_run("t", {}), store.start_run("t", {})
+    arb = drain_arbiter(db_path, LONG)
+    try:
+        watch_drain(arb)
+        stop_when_drained(arb)  # the first, full look: runs are left
+        store.cancel_run(first)  # a commit: the quick look finds the other run left
+        waits: list[float] = []  # what the loop asked to sleep after the last commit
+        deadline = time.monotonic() + 10.0
+        while not arb.stopping and time.monotonic() < deadline:
+            arb.inbox.wait(max(0.0, min(arb._wake_at, deadline) - time.monotonic()))
+            arb._wake_at = time.monotonic() + LONG
+            stop_when_drained(arb)
+            if waits:
+                waits.append(arb._wake_at - time.monotonic())
+            elif arb.last_run.get("drain-soon") is not None:
+                store.cancel_run(last)  # the last commit, right after that quick look
+                waits.append(0.0)
+        assert arb.stopping, "the drain did not see its last commit"
+        assert max(waits[:-1]) <= DRAIN_SOONEST, waits
+    finally:
+        store.close()
+        unwatch_drain(arb)
+        arb.gate.close_kept()
         arb.inbox.close()
 
 
