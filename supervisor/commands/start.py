@@ -17,6 +17,7 @@ from workerproc.status import StatusBoard
 from workerproc.store import is_postgres_url
 
 from .. import exitcodes, integrations, logs
+from ..collector import lasting
 from ..config import StartConfig
 from ..errors import AppImportError, SupervisorError
 from ..logs import event
@@ -163,7 +164,8 @@ def run_start(config: StartConfig) -> int:
     try:
         if pidfile is not None:
             pidfile.acquire()
-        arbiter = build(config, inbox, pidfile)
+        with lasting():  # the app's and the store's imports, the loop's parts: for good
+            arbiter = build(config, inbox, pidfile)
         arbiter.progress = progress if config.drain else None
         code = arbiter.run()
         event("supervisor_stopped", f"supervisor stopped (exit code {code})", code=code)
