@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workerproc.store import Inspector, QueueCounts, Stats, StoreError, redact_url, watch_file
+from workerproc.store.dialect import SETTLE
 from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
@@ -53,16 +54,20 @@ def watch_drain(arb: Arbiter) -> Callable[[], None]:
 
 def _drain_look(arb: Arbiter) -> str | None:
     """How the drain looks now: "full" every ``drain_check`` (as without a watch), "quick"
-    ``DRAIN_SOONEST`` after a commit at most; None: not now. A commit wakes the loop once: the
-    watch is quiet from then to the next look, so a busy database costs the loop a turn or two
-    per look, not one per commit."""
+    ``DRAIN_SOONEST`` after a commit at most, and again every ``DRAIN_SOONEST`` for ``SETTLE``
+    after it (the watch sees the write-ahead log written, not the commit marked done in shared
+    memory: a look at once may miss a commit no later write announces); None: not now. A
+    commit wakes the loop once: the watch is quiet from then to the next look, so a busy
+    database costs the loop a turn or two per look, not one per commit."""
     watch = arb.drain_watch
     if watch is not None and watch.drain():
         arb.drain_changed = True
+        arb.drain_settling = arb.clock() + SETTLE
         arb.inbox.extra_fds.discard(watch.fileno())
+    settling = arb.clock() < arb.drain_settling
     if arb.due("drain", arb.config.timing.drain_check):
         look = "full"
-    elif arb.drain_changed and arb.due("drain-soon", DRAIN_SOONEST):
+    elif (arb.drain_changed or settling) and arb.due("drain-soon", DRAIN_SOONEST):
         look = "quick"
     else:
         return None

@@ -11,9 +11,16 @@ from helpers import FakeClock
 from supervisor_fakes import FakeProcs, make_arbiter
 
 from supervisor.loop.arbiter import Arbiter
-from supervisor.loop.report import DRAIN_SOONEST, stop_when_drained, unwatch_drain, watch_drain
+from supervisor.loop.report import (
+    DRAIN_SOONEST,
+    _drain_look,
+    stop_when_drained,
+    unwatch_drain,
+    watch_drain,
+)
 from supervisor.loop.storegate import StoreGate
 from workerproc.store import open_store, watch_file
+from workerproc.store.dialect import SETTLE
 
 LONG = 60.0  # a drain_check no test waits for
 
@@ -84,6 +91,43 @@ def test_a_last_commit_just_after_a_quick_look_is_seen_within_drain_soonest(db_p
         store.close()
         unwatch_drain(arb)
         arb.gate.close_kept()
+        arb.inbox.close()
+
+
+class OneWrite:
+    """A watch that saw one write, then none."""
+
+    def __init__(self) -> None:
+        self.writes = 1
+
+    def drain(self) -> bool:
+        seen, self.writes = bool(self.writes), 0
+        return seen
+
+    def fileno(self) -> int:
+        return -1
+
+
+def test_after_a_write_the_quick_looks_go_on_while_the_commit_settles() -> None:
+    """The watch sees the write-ahead log written, not the commit marked done: a look at once
+    may find the run still left, and no later write would announce the commit. So the quick
+    looks go on every DRAIN_SOONEST for SETTLE after the write, then stop."""
+    clock = FakeClock()
+    arb = make_arbiter(clock, FakeProcs(), drain=True)
+    arb.config = dataclasses.replace(
+        arb.config, timing=dataclasses.replace(arb.config.timing, drain_check=LONG)
+    )
+    try:
+        assert _drain_look(arb) == "full"  # (the first look)
+        arb.drain_watch = OneWrite()  # type: ignore[assignment]
+        looks = []
+        for _ in range(round(2 * SETTLE / DRAIN_SOONEST)):
+            looks.append(_drain_look(arb))
+            clock.advance(DRAIN_SOONEST)
+        settling = round(SETTLE / DRAIN_SOONEST)
+        assert looks[:settling] == ["quick"] * settling, looks
+        assert set(looks[settling + 1 :]) == {None}, looks
+    finally:
         arb.inbox.close()
 
 
