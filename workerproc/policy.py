@@ -219,6 +219,12 @@ class Policy:
         self._maybe_ready = True
         self._lane_ready = True
 
+    def nothing_due(self) -> None:
+        """The idle wait's look at the poll interval found nothing of its queues claimable
+        (the lane's queue among them): neither the slots nor the lane claim before the next
+        change or interval, the lane's ``LANE_LOOK`` included."""
+        self._lane_look = self.clock() + LANE_LOOK
+
     # -- starting (R4) ----------------------------------------------------------------------------
     def slot_free(self, running: int) -> bool:
         return running < self.capacity

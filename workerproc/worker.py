@@ -63,7 +63,7 @@ from .executors.threads import LaneExecutor, ThreadExecutor
 from .health import Health
 from .heartbeat import Heartbeat
 from .holdings import Holdings
-from .idle import watch_for_work
+from .idle import Look, watch_for_work
 from .logs import event
 from .once import CALL_SEATS, CallBook
 from .outage import Outage
@@ -105,6 +105,7 @@ class Worker:
         self.counters = Counters()  # published to the status slot for the supervisor's metrics
         self.exit_code: int | None = None  # exit now (the heartbeat died)
         self._hooks_started = False  # the start hooks ran: the stop hooks run at the end
+        self._looked: Look | None = None  # the idle wait's last look found nothing claimable
         lane = LANE if serves_webhooks(config.queues) else 0  # the delivery lane's slots
         self.policy = Policy(config, self.signals, lane=lane)  # every decision
         self.holdings = Holdings(on_lane if lane else None)  # running, waiting: every thread's
@@ -317,7 +318,8 @@ class Worker:
         if not want:
             self.signals.absorb(self.waker.wait(max(0.0, deadline - time.monotonic())))
             return
-        watch_for_work(
+        looked, self._looked = self._looked, None
+        self._looked = watch_for_work(
             self.store,
             self.waker,
             self.signals,
@@ -325,8 +327,12 @@ class Worker:
             queues=self.config.queues,
             interrupted=self.inbox.__bool__,
             outage=self.outage,
+            looked=looked,
         )
-        self.policy.watched()
+        if self._looked is None:
+            self.policy.watched()
+        else:  # the poll interval's look found nothing claimable: no claim, R7 looks again
+            self.policy.nothing_due()
 
     # -- the end ----------------------------------------------------------------------------------
     def _shutdown(self) -> None:

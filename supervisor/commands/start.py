@@ -17,6 +17,7 @@ from workerproc.status import StatusBoard
 from workerproc.store import is_postgres_url
 
 from .. import exitcodes, integrations, logs
+from ..collector import lasting
 from ..config import StartConfig
 from ..errors import AppImportError, SupervisorError
 from ..logs import event
@@ -96,7 +97,7 @@ def build(config: StartConfig, inbox: SignalInbox, pidfile: Pidfile | None) -> A
         worker_config=lambda max_tasks: worker_config(config, max_tasks),
         board=board,
         inbox=inbox,
-        before_fork=gate.assert_closed,
+        before_fork=gate.before_fork,
         child_cleanup=child_cleanup,
         app_spec=config.worker.app,
     )
@@ -163,12 +164,15 @@ def run_start(config: StartConfig) -> int:
     try:
         if pidfile is not None:
             pidfile.acquire()
-        arbiter = build(config, inbox, pidfile)
+        with lasting():  # the app's and the store's imports, the loop's parts: for good
+            arbiter = build(config, inbox, pidfile)
         arbiter.progress = progress if config.drain else None
         code = arbiter.run()
         event("supervisor_stopped", f"supervisor stopped (exit code {code})", code=code)
         return code
     finally:
+        if arbiter is not None:
+            arbiter.gate.close_kept()
         if arbiter is not None and arbiter.pool.workers:  # only after a bug in the loop
             for worker in list(arbiter.pool.workers.values()):
                 arbiter.pool.kill_now(worker, "supervisor crashed")

@@ -93,6 +93,7 @@ class Arbiter:
     drain_failed: int | None = None  # --drain: the runs that failed during it, once finished
     drain_watch: FileWatch | None = None  # --drain on SQLite: wakes the loop at a commit
     drain_changed: bool = False  # --drain: a commit was seen since the last drain check
+    drain_settling: float = 0.0  # --drain: quick looks go on until then (a commit may not be done)
     pending_release: dict[str, float] = field(default_factory=dict)  # owner -> give up at
     last_run: dict[str, float] = field(default_factory=dict)  # periodic steps: last run
     state_dirty: bool = True

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from workerproc.store import Inspector, QueueCounts, Stats, StoreError, redact_url, watch_file
+from workerproc.store.dialect import SETTLE
 from workerproc.store.webhooks import BACKLOG_MAX, WEBHOOK_QUEUE, WebhookInfo
 
 from ..logs import drain_progress, event
@@ -26,8 +27,10 @@ UNSERVED_LOOK = 1000  # pending runs a drain looks at for tasks no worker serves
 UNSERVED_EVERY = 1.0  # seconds between those looks
 # seconds: after a commit the drain takes a quick look (is any task of the served queues left?)
 # this soon, not at its next drain_check; no more often than this however busy the database is
-# (a commit is only a hint: the look decides)
-DRAIN_SOONEST = 0.025
+# (a commit is only a hint: the look decides). A look is one index lookup per queue on the kept
+# store (``StoreGate.kept``: tens of microseconds), so a busy drain pays under 1 % of a core
+# for them, and a drain's last commit is seen within this.
+DRAIN_SOONEST = 0.005
 
 
 def watch_drain(arb: Arbiter) -> Callable[[], None]:
@@ -51,16 +54,20 @@ def watch_drain(arb: Arbiter) -> Callable[[], None]:
 
 def _drain_look(arb: Arbiter) -> str | None:
     """How the drain looks now: "full" every ``drain_check`` (as without a watch), "quick"
-    ``DRAIN_SOONEST`` after a commit at most; None: not now. A commit wakes the loop once: the
-    watch is quiet from then to the next look, so a busy database costs the loop a turn or two
-    per look, not one per commit."""
+    ``DRAIN_SOONEST`` after a commit at most, and again every ``DRAIN_SOONEST`` for ``SETTLE``
+    after it (the watch sees the write-ahead log written, not the commit marked done in shared
+    memory: a look at once may miss a commit no later write announces); None: not now. A
+    commit wakes the loop once: the watch is quiet from then to the next look, so a busy
+    database costs the loop a turn or two per look, not one per commit."""
     watch = arb.drain_watch
     if watch is not None and watch.drain():
         arb.drain_changed = True
+        arb.drain_settling = arb.clock() + SETTLE
         arb.inbox.extra_fds.discard(watch.fileno())
+    settling = arb.clock() < arb.drain_settling
     if arb.due("drain", arb.config.timing.drain_check):
         look = "full"
-    elif arb.drain_changed and arb.due("drain-soon", DRAIN_SOONEST):
+    elif (arb.drain_changed or settling) and arb.due("drain-soon", DRAIN_SOONEST):
         look = "quick"
     else:
         return None
@@ -97,7 +104,7 @@ def stop_when_drained(arb: Arbiter) -> None:
     hooks: list[WebhookInfo] = []
     now = 0.0
     try:
-        with arb.gate.session() as store:
+        with arb.gate.kept() as store:
             # One index lookup per queue says whether any work is left (a run's ready_at is
             # NULL only when it is over or has no pending task); the full counts, a scan of
             # every run, only for the progress line and the final message.

@@ -25,3 +25,5 @@ class StoreGate(FakeGate):
     @contextmanager
     def session(self, **_: object) -> Iterator[Store]:
         yield self.store
+
+    kept = session  # (the frequent looks' store: the same one here)

@@ -87,6 +87,24 @@ def test_the_lane_is_counted_apart_from_the_users_slots() -> None:
     assert none.turn(View()).lane == 0
 
 
+def test_an_idle_look_that_finds_nothing_due_keeps_the_lane_from_claiming() -> None:
+    """R7: the idle worker's look at its poll interval covers the lane's queue too; nothing
+    due, neither the slots nor the lane claim (its LANE_LOOK starts again from the look)."""
+    clock = Clock()
+    config = WorkerConfig(db="x.db", app="m:app", concurrency=1, prefetch=0)
+    p = Policy(config, Signals(), clock=clock, lane=1)
+    p.claimed(1, 0)
+    p.lane_claimed(1, 0)
+    clock.now += LANE_LOOK  # the poll interval passed: the lane's own look is due
+    p.nothing_due()
+    assert p.turn(View()).talks_to_store is False
+    clock.now += LANE_LOOK  # busy elsewhere that long: the lane looks again on its own
+    assert p.turn(View()).lane == 1
+    p.watched()  # the look found something: both claim
+    turn = p.turn(View())
+    assert (turn.claim, turn.lane) == (True, 1)
+
+
 def test_the_holdings_count_the_lane_apart_and_start_its_leases_first() -> None:
     def lease(task_id: int, queue: str) -> Lease:
         return Lease(task_id, task_id, "t", None, 1, "me", 0.0, 0.0, queue=queue)

@@ -1,5 +1,6 @@
 """What the store answers without writing: runs and tasks, the lists and pages, counts, the
-evidence of refused writes, the integrity checks, ``next_ready_at``; and their bad input."""
+evidence of refused writes, the integrity checks, ``next_ready_at`` and ``ready_in``; and their
+bad input."""
 
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ def test_keyset_pages_and_task_names(driver: Driver) -> None:
         s.runs_page(task="")
 
 
-@verb("stats", "next_ready_at")
+@verb("stats", "next_ready_at", "ready_in")
 def test_counts_and_the_earliest_ready_moment(driver: Driver) -> None:
     s, clock = driver.store, driver.clock
     assert s.next_ready_at() is None and s.stats().pending_work == 0
@@ -71,11 +72,16 @@ def test_counts_and_the_earliest_ready_moment(driver: Driver) -> None:
     assert [(x.owner, x.task_id) for x in stats.leases] == [("w1", lease.task_id)]
     assert s.next_ready_at() == clock.now + 10 and s.next_ready_at(["q"]) == clock.now + 10
     assert s.next_ready_at(["other"]) is None
+    # the same against the clock it was judged by, in one read (an idle worker's look)
+    assert s.ready_in() == 10 and s.ready_in(["q"]) == 10 and s.ready_in(["other"]) is None
     clock.advance(TTL + 1)
     assert s.stats().expired == 1
     assert s.next_ready_at(["default"]) <= clock.now  # type: ignore[operator]  # claimable now
+    assert s.ready_in(["default"]) <= 0  # type: ignore[operator]
     with pytest.raises(InvalidPayload):
         s.next_ready_at(["bad queue"])
+    with pytest.raises(InvalidPayload):
+        s.ready_in(["bad queue"])
 
 
 @verb("fence_rejections", "run_rejections")

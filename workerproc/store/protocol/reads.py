@@ -32,6 +32,13 @@ MAX_WAIT = 366 * 86_400.0  # a wait longer than a year is a mistake: wait withou
 EVERY_RUN = 2**63 - 1  # an id bound above every run's (the system's runs included)
 
 
+def _next_ready(queues: Sequence[str] | None) -> tuple[str, Params]:
+    """``NEXT_READY`` for every queue, ``NEXT_READY_QUEUES`` for some, and its parameters."""
+    if queues is None:
+        return "NEXT_READY", {}
+    return "NEXT_READY_QUEUES", {"queues": [check_queue(q) for q in queues]}
+
+
 def below(system: bool) -> int:
     """The id bound of a list: the users' runs only, or the system's too (B20)."""
     return EVERY_RUN if system else SYSTEM_RUNS
@@ -217,12 +224,24 @@ class Reads:
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
         value: claimable now)."""
-        if queues is None:
-            statement, params = "NEXT_READY", {}
-        else:
-            statement, params = "NEXT_READY_QUEUES", {"queues": [check_queue(q) for q in queues]}
-        rows = self._rows(statement, params)
+        rows = self._rows(*_next_ready(queues))
         return None if not rows or rows[0][0] is None else float(rows[0][0])
+
+    def ready_in(self, queues: Sequence[str] | None = None) -> float | None:
+        """Seconds until some task of ``queues`` (None: any) could be claimed (0 or less:
+        now); None when none could. ``next_ready_at`` against the clock it was judged by, in
+        one read: on PostgreSQL one statement, which reads the database's clock itself (an
+        idle worker's look at each poll interval, R7)."""
+        statement, params = _next_ready(queues)
+
+        def look(tx: Tx) -> tuple[list[Row], float | None]:
+            return tx.rows(statement, {**params, "now": tx.now}), tx.now
+
+        rows, now = self.dialect.read(look)
+        if not rows or rows[0][0] is None:
+            return None
+        clock = now if now is not None else rows[0][1]  # (None: the statement's own clock)
+        return float(rows[0][0]) - float(clock)
 
     def now(self) -> float:
         """The store's clock (injectable; the database clock on PostgreSQL)."""

@@ -159,7 +159,8 @@ SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
 -- the first gate whose line may admit a run (gates are not kept per queue: a worker may wake
 -- once for another queue's line). A past value only says "claimable now". Every walk starts at
 -- the connection's floor (%(floor)s, ``floors``) and reads each run's lease by its key, as the claim
--- does: it never reads the entries of runs that ended while the horizon was held.
+-- does: it never reads the entries of runs that ended while the horizon was held. The second
+-- column is the clock it judged by (``Reads.ready_in``: no other statement asks the time).
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
 levels(p) AS (
@@ -180,7 +181,8 @@ SELECT least(
         SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
         AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
      WHERE r.head_at >= %(floor)s::float8),
-    (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL))
+    (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL)),
+    (SELECT now FROM clock)
 
 -- name: NEXT_READY_QUEUES
 -- NEXT_READY for the queues of %(queues)s: every level of each queue (the loose scan of
@@ -210,7 +212,8 @@ SELECT least(
         SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
         AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
      WHERE lv.p IS NOT NULL),
-    (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL))
+    (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL)),
+    (SELECT now FROM clock)
 
 -- name: RUNS_BEFORE
 -- The dashboard's keyset page: the runs below %(before)s, newest first, of one status
