@@ -15,8 +15,9 @@ from workerproc.store.sqlite import steps as sqlite_steps
 
 STORE = Path(__file__).resolve().parents[2] / "workerproc" / "store"
 PROTOCOL = STORE / "protocol"
-# the driver's verbs, written once over named statements (``store/verbs.py``)
-VERBS = STORE / "verbs.py"
+# the driver's verbs, written once over named statements (``store/verbs.py``; those a program
+# may ask for, as programs: ``store/starts.py``; their asks: ``store/asks.py``)
+VERBS = [STORE / "verbs.py", STORE / "starts.py", STORE / "asks.py"]
 CATALOGUES = {"sqlite": sqlite_steps.CATALOGUE, "postgres": postgres_steps.CATALOGUE}
 RUNS = re.compile(r"^[A-Z][A-Z0-9_]*$")  # a statement's name, whole
 
@@ -26,7 +27,7 @@ def names_the_protocol_runs() -> set[str]:
     statements it runs through ``Tx.rows``/``one``/``count``/``many`` and the commit kinds'
     steps), and of the driver's verbs that run them for it."""
     found = set()
-    for path in [*PROTOCOL.glob("*.py"), VERBS]:
+    for path in [*PROTOCOL.glob("*.py"), *VERBS]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 found.update(RUNS.findall(node.value))

@@ -2,9 +2,10 @@
 ``start_run``, ``start_runs``, ``wait`` and ``get_run`` that never block the loop.
 
 A thin layer over the protocol: every value is checked and encoded by the same ``NewRun``, a
-start runs the same program (``protocol.producers.inserting``), a wait the same steps
-(``protocol.reads.waiting``), rows are decoded by the same ``run_of``, and the statements are
-the backend's own catalogue. Only the transport differs, per backend (``AsyncBackend``):
+start runs the same program (``protocol.producers.inserting``: the driver's ``start_runs``), a
+wait the same steps (``protocol.reads.waiting``), rows are decoded by the same ``run_of``, and
+the statements are the backend's own catalogue. Only the transport differs, per backend
+(``AsyncBackend``):
 
 - PostgreSQL (``postgres/aio.py``): psycopg's ``AsyncConnection``, a small pool of them, and
   one listening connection whose notifications wake the waits.
@@ -20,6 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
+from .asks import EventRow
 from .dialect import Channel, Params, Row
 from .errors import RunNotFound, StoreError
 from .newrun import NewRun
@@ -37,7 +39,7 @@ from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
 from .protocol.streams import chunk_of, reading_stream, stream_status
-from .protocol.waits import sending, signal_params
+from .protocol.waits import sending, signal_ask
 from .settings import SQLiteOptions, StoreOptions, resolve
 from .streams import Chunk
 from .traceparent import current_traceparent
@@ -142,7 +144,7 @@ class AsyncStore:
     async def _start(self, runs: list[NewRun]) -> list[int]:
         if not runs:
             return []
-        return await self.backend.write(lambda now: inserting(runs, now))
+        return await self.backend.write(lambda now: inserting(runs))
 
     async def fork(self, run_id: int, from_step: int, state: JSON = None) -> int:
         """Start a new run from step ``from_step`` of run ``run_id`` (``Store.fork``): its id.
@@ -156,8 +158,8 @@ class AsyncStore:
     async def signal(self, run_id: int, name: str, payload: JSON = None) -> int:
         """Send signal ``name`` to run ``run_id`` (``Store.signal``): its id. ``RunNotFound``
         for an unknown run, ``RunOver`` for a finished one."""
-        params = signal_params(run_id, name, payload)
-        return await self.backend.write(lambda now: sending(params, now))
+        ask = signal_ask(run_id, name, payload)
+        return await self.backend.write(lambda now: sending(ask, now))
 
     async def get_run(self, run_id: int) -> Run | None:
         """The run, or None."""
@@ -199,10 +201,11 @@ class AsyncStore:
         acknowledged position), in commit order; the system's runs' only with ``system``."""
         if consumer is not None and after is None:
             after = await self.consumer_position(consumer)
-        name, params = reading(0 if after is None else after, limit, run, system)
+        ask = reading(0 if after is None else after, limit, run, system)
         if not self.backend.ordered_events:
             await self.backend.write(lambda now: sequencing())
-        return [event_of(row) for row in await self.backend.rows(name, params)]
+        rows = await self.backend.rows(*ask.statement())  # (``read_events``, outside a write)
+        return [event_of(EventRow._make(row[:7])) for row in rows]
 
     async def last_event_id(self) -> int:
         """``Store.last_event_id``: the newest committed event's id (0: none yet)."""

@@ -11,7 +11,12 @@ contracts say what each one does and is ordered before and after, never how it t
 - paid calls (B13): ``keep_call``, a paid answer kept (its intent answered, the first answer
   winning);
 - flow control's gates (B12): ``settle_gates``, ``place_gates``, ``reopen_runs``,
-  ``open_gates``, ``look_gates``, ``write_gates``.
+  ``open_gates``, ``look_gates``, ``write_gates``;
+- producers (B7): ``start_runs``, runs started with their first tasks, events, keys and
+  debounce; waits (B14): ``signal``, a signal kept and delivered; the outbox (B18):
+  ``read_events``, events after a cursor (``Tx.events`` is what a transaction emits). These
+  three take asks a program may yield too (``asks.py``: the async store runs the same
+  programs, ``verbs.in_statements``).
 
 The protocol (``store/protocol/gates.py``, the commits, the claim) decides what a gate write
 or read is; a driver decides how the statements go. Three orderings matter to the gates, and
@@ -44,6 +49,8 @@ import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .asks import EventRow, EventsAsk, SignalAsk, SignalRow, Started, StartRuns
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow, Row
@@ -384,6 +391,26 @@ class Driver(abc.ABC):
         """Write back the gates a claim changed (``states``, in name order) before the
         COMMIT, after the gate writes made before it: nothing later in the transaction
         reads them, so a driver may send them with the COMMIT."""
+
+    @abc.abstractmethod
+    def start_runs(self, ask: StartRuns) -> list[Started]:
+        """Insert each run of ``ask`` with its first task and its ``run.enqueued`` event,
+        answered in order; a run whose key names a run that exists (or an earlier run of the
+        batch) inserts nothing and answers that run. A debounced run first gives its payload
+        and start to its key's run while that one is pending and never claimed. Gated runs
+        join their lines (their gates created, the lines opened) before the next statement."""
+
+    @abc.abstractmethod
+    def signal(self, ask: SignalAsk) -> SignalRow:
+        """Keep the signal while the run is live (its row locked where the engine has row
+        locks), then deliver it if the run waits for it now: its task due at once, its line
+        (if gated) may admit it. A run that is over or missing keeps nothing (no raise: the
+        row says which). The ``run.signalled`` event is the caller's."""
+
+    @abc.abstractmethod
+    def read_events(self, ask: EventsAsk) -> list[EventRow]:
+        """The events ``ask`` names, in id order (on an engine whose ids are not handed out
+        in commit order, those numbered so far: ``Dialect.ordered_events``)."""
 
 
 # The verbs every driver implements (the census: ``tests/store/conformance/test_meta.py``).

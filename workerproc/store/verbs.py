@@ -7,14 +7,30 @@ what is held back with its COMMIT.
 The gate writes are held back in order: those that wait for a gate's lock in ``ahead``, until
 the transaction next looks at its gates (``open_gates``) or commits; a claim's write-back in
 ``deferred``, until the COMMIT (a placement sends it first: it writes the same rows). The
-dialect's ``Tx.flush`` writes what is held back before COMMIT."""
+dialect's ``Tx.flush`` writes what is held back before COMMIT.
+
+The verbs a program may ask for (``asks.py``: ``start_runs``, ``signal``, ``read_events``)
+are written once as programs (``starts.py``); ``InTurn`` drives them over its statements
+(``run_program``) and the async store's transaction on PostgreSQL runs them inline
+(``starts.in_statements``)."""
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
+from .asks import (
+    Answer,
+    Ask,
+    EventRow,
+    EventsAsk,
+    Program,
+    SignalAsk,
+    SignalRow,
+    Started,
+    StartRuns,
+)
 from .driver import (
     REFUSED,
     Ack,
@@ -39,6 +55,7 @@ from .driver import (
     SetState,
     by_line,
 )  # fmt: skip
+from .starts import signalling, starting
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow, Params, Row
@@ -58,6 +75,7 @@ class InTurn(Driver):
     """The driver's verbs over ``rows`` and ``many`` (a ``dialect.Tx``'s)."""
 
     now: float | None
+    events: list[Params]  # what the transaction's transitions emitted (``dialect.Tx``)
     ahead: list[tuple[str, list[Params]]]  # gate writes waiting for the gates' next look
     deferred: list[tuple[str, list[Params]]]  # gate writes waiting for the COMMIT
 
@@ -135,6 +153,34 @@ class InTurn(Driver):
         if row is None:
             return KeepRow("none")
         return KeepRow("lost_race", row[0], int(row[1]), None if row[2] is None else int(row[2]))
+
+    def start_runs(self, ask: StartRuns) -> list[Started]:
+        return self.run_program(starting(ask, self.now))
+
+    def signal(self, ask: SignalAsk) -> SignalRow:
+        return self.run_program(signalling(ask, self.now))
+
+    def read_events(self, ask: EventsAsk) -> list[EventRow]:
+        return [EventRow._make(row[:7]) for row in self.rows(*ask.statement())]
+
+    def run_program(self, program: Program[Answer]) -> Answer:
+        """Run ``program`` here: each statement it yields, its rows sent back; each ask, its
+        verb's answer. Its events (``INSERT_EVENTS``) wait with those of the transaction's
+        other transitions, for ``Tx.flush``."""
+        try:
+            step = next(program)
+            while True:
+                answer: Any
+                if isinstance(step, Ask):
+                    answer = getattr(self, step.verb)(step)
+                elif step[0] == "INSERT_EVENTS":
+                    self.events.extend(step[1]["events"])
+                    answer = []
+                else:
+                    answer = self.rows(*step)
+                step = program.send(answer)
+        except StopIteration as done:
+            return cast("Answer", done.value)
 
     def renew_leases(self, ask: RenewAsk) -> list[RenewRow]:
         params = {"leases": list(ask.leases), "owner": ask.owner, "ttl": float(ask.ttl),

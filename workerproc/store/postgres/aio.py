@@ -30,6 +30,7 @@ from ..dialect import Channel, Params, Row, Shaped
 from ..errors import InvalidPayload, StoreError, StoreUnavailable
 from ..protocol.programs import Program
 from ..settings import PostgresOptions
+from ..starts import in_statements
 from ..types import Clock
 from .dialect import PostgresDialect
 from .ops_sql import SNAPSHOT, WATCH_RUN
@@ -125,7 +126,8 @@ class PostgresAsync(AsyncBackend):
                 async with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
                     if self.dialect.local:  # behind a pooler: our settings, for this one
                         await cur.execute(self.dialect.local)
-                    steps = program(self._now())
+                    now = self._now()
+                    steps = in_statements(program(now), now)  # (its asks as statements)
                     try:
                         name, params = next(steps)
                         while True:

@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 
+from ..asks import SignalAsk
 from ..codec import check_name, check_queue
 from ..dialect import Dialect, Params, Tx
 from ..errors import InvalidOption, RunNotFound
 from ..types import JSON, TERMINAL_STATUSES
 from .operators import cancel, retry
 from .reads import below, status_filter
-from .waits import send, signal_params
+from .waits import refusal, signal_ask, signal_event
 
 BULK = 1000  # runs per write transaction
 MAX_WITHIN = 100 * 365 * 86_400.0  # ``since``: seconds back, at most a century
@@ -91,7 +92,7 @@ class Bulk:
         does: for each run, True when the signal was kept (delivered now or at the run's next
         wait for it), False when the run is unknown or over (nothing kept for it)."""
         ids = list(dict.fromkeys(run_ids))
-        encoded = {run_id: signal_params(run_id, name, payload) for run_id in ids}
+        encoded = {run_id: signal_ask(run_id, name, payload) for run_id in ids}
         sent: dict[int, bool] = {}
         for start in range(0, len(ids), BULK):
             batch = sorted(ids[start : start + BULK])
@@ -128,9 +129,13 @@ def _changed(one: Callable[[Tx, int], bool], tx: Tx, run_id: int) -> bool:
         return False
 
 
-def _signalled(tx: Tx, params: Params) -> bool:
-    found = tx.one("RUN_STATUS", {"run_id": params["run_id"]})
-    if found is None or str(found[0]) in TERMINAL_STATUSES:
-        return False
-    send(tx, params)
+def _signalled(tx: Tx, ask: SignalAsk) -> bool:
+    """``signal`` on ``tx`` (the driver's verb, then its event): False for a run that is
+    unknown or finished (nothing kept)."""
+    sent = tx.signal(ask)
+    if sent.signal_id is None:
+        if sent.status is None or sent.status in TERMINAL_STATUSES:
+            return False
+        raise refusal(ask.run_id, sent)
+    tx.events.append(signal_event(ask, sent))
     return True

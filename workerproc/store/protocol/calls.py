@@ -153,7 +153,7 @@ class Calls:
             word = "pay_again" if pay_again else "answer"
             settled = tx.count("SETTLE_INTENTS", {**key, "settled": word})
             if due:  # its step is due now: its line (if gated) may admit it now
-                tx.count("REOPEN_RUN", {"run_id": run_id, "now": tx.now})
+                tx.reopen_runs([run_id])
             return Resolved(kept, settled, bool(due))
 
         return self.dialect.write(resolving, runs=[run_id])

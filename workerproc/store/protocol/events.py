@@ -20,8 +20,9 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..asks import EventRow, EventsAsk
 from ..codec import QUEUE_NAME, shown
-from ..dialect import Dialect, Params, Row, Tx
+from ..dialect import Dialect, Params, Tx
 from ..errors import InvalidOption
 from ..types import JSON, Event
 from .programs import Program, drive
@@ -121,21 +122,22 @@ def acking(name: object, upto: object, ordered: bool, now: float | None) -> Prog
     return int(rows[0][0])
 
 
-def reading(after: int, limit: int, run: int | None, system: bool = False) -> tuple[str, Params]:
-    """The statement that reads up to ``limit`` events after ``after`` (of run ``run``; else
-    the users' runs' only, unless ``system``: the system's runs' too, B20)."""
+def reading(after: int, limit: int, run: int | None, system: bool = False) -> EventsAsk:
+    """The ask that reads up to ``limit`` events after ``after`` (of run ``run``; else the
+    users' runs' only, unless ``system``: the system's runs' too, B20): the driver's
+    ``read_events``."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidOption(f"limit must be from 1 to {MAX_LIMIT} (got {shown(limit)})")
-    params: Params = {"after": check_position(after, "after"), "limit": limit}
+    after = check_position(after, "after")
     if run is None:
-        return "LIST_EVENTS", {**params, "below": below(system)}
-    return "LIST_RUN_EVENTS", {**params, "run_id": check_position(run, "run")}
+        return EventsAsk(after, limit, below=below(system))
+    return EventsAsk(after, limit, run=check_position(run, "run"))
 
 
-def event_of(row: Row) -> Event:
-    id_, at, run_id, kind, task, attempt, data = row[:7]
-    decoded: Any = json.loads(data) if data else {}
-    return Event(int(id_), float(at), run_id, kind, task, attempt, decoded)
+def event_of(row: EventRow) -> Event:
+    decoded: Any = json.loads(row.data) if row.data else {}
+    return Event(int(row.id), float(row.at), row.run_id, row.kind, row.task, row.attempt,
+                 decoded)  # fmt: skip
 
 
 class Events:
@@ -156,10 +158,10 @@ class Events:
         ``ack_events`` does."""
         if consumer is not None and after is None:
             after = self.consumer_position(consumer)
-        name, params = reading(0 if after is None else after, limit, run, system)
+        ask = reading(0 if after is None else after, limit, run, system)
         if not self.dialect.ordered_events:
             self.dialect.write(lambda tx: drive(sequencing(), tx))
-        return [event_of(row) for row in self.dialect.read(lambda tx: tx.rows(name, params))]
+        return [event_of(row) for row in self.dialect.read(lambda tx: tx.read_events(ask))]
 
     def last_event_id(self) -> int:
         """The newest committed event's id (0: none yet): ``follow(after=...)`` from it yields

@@ -81,7 +81,7 @@ def forking(
     new = gate(NewRun(str(name), str(payload), state if state is not None else str(kept), 0.0,
                       None, str(queue), int(priority), traceparent=traceparent,
                       version=None if version is None else int(version)))  # fmt: skip
-    (new_id,) = yield from inserting([new], now)
+    (new_id,) = yield from inserting([new])
     forked = {"from_run": run_id, "from_step": step}
     yield from inserted([event_row("run.forked", new_id, new.task, None, forked)], now)
     return new_id

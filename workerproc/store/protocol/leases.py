@@ -15,11 +15,11 @@ from ..dialect import Dialect, Tx
 from ..driver import RenewAsk
 from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
+from ..starts import placing
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import KINDS, apply_all, fence, rejected
 from .limits import Limits
-from .producers import placing
 
 
 def check_start(start: object) -> None:

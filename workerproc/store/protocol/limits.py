@@ -246,18 +246,12 @@ def repair_lines(tx: Tx) -> list[str]:
 def _admits_now(tx: Tx, line: str, now: float) -> bool:
     """Whether the first due run of ``line`` has room in every gate of its task now (a gate
     another claimer holds, on PostgreSQL: not judged, False)."""
-    first = tx.rows(
-        "LINE_RUNS", {"lines": [line], "queues": None, "tasks": None, "limit": 1, "now": tx.now}
-    )
+    first = tx.look_gates((), [line], None, 1).runs[line]
     if not first:
         return False
-    _line, _run, _task, reserve, before, *names = first[0]
-    gates = [g for g in names if g]
-    states = {
-        row[0]: GateState.of(row) for row in tx.rows("GATE_STATE", {"gates": gates, "now": tx.now})
-    }
-    need = max(0, (reserve or 0) - (before or 0))
-    return len(states) == len(gates) and all(s.admits(now, need) for s in states.values())
+    gates = first[0].gates
+    states = {row[0]: GateState.of(row) for row in tx.look_gates(gates).states}
+    return len(states) == len(gates) and all(s.admits(now, first[0].need) for s in states.values())
 
 
 def _levels(spec: LimitSpec, row: Row | None, now: float) -> tuple[float | None, float | None]:

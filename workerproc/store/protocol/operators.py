@@ -45,7 +45,7 @@ def retry(tx: Tx, run_id: int) -> bool:
     tx.count("RETRY_RUN", params)
     tx.count("ATTEMPTS_DROPPED_BY_RETRY", params)
     tx.count("RETRY_TASKS", params)
-    tx.count("REOPEN_RUN", params)  # back in its line, its old lease's slot free
+    tx.reopen_runs([run_id])  # back in its line, its old lease's slot free
     counted(tx, [(queue, was, -1)])
     emit(tx, "run.retried", run_id, was=was)
     return True

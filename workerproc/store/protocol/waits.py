@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..asks import SignalAsk, SignalRow
 from ..codec import MAX_PAYLOAD, can_exist, check_name, dumps, loads
 from ..dialect import Dialect, Params, Tx
 from ..errors import RunNotFound, RunOver
 from ..newrun import NewRun
 from ..types import JSON, TERMINAL_STATUSES, CasResult, Child, Signal, SignalInfo
 from .events import event_row, inserted
-from .producers import inserting
+from .producers import insert
 from .programs import Program, drive
 
 
@@ -46,7 +47,7 @@ def spawn(tx: Tx, params: Params, children: Sequence[NewRun]) -> CasResult:
     at once."""
     run_id = params["run_id"]
     tx.count("MARK_WAIT", params)
-    ids = drive(inserting(list(children), tx.now), tx) if children else []
+    ids = insert(tx, list(children)) if children else []
     tx.count("LINK_CHILDREN", {"parent": run_id, "children": ids, "now": tx.now})
     if not ids:
         tx.count("JOIN_DUE", {"run_id": run_id, "now": tx.now})
@@ -88,8 +89,8 @@ class Waits:
         waits for it (``ctx.wait_for(name, ...)``), then delivered to that one wait, whose next
         task runs at once with it as ``ctx.signal``. Returns the signal's id. ``RunNotFound``
         for an unknown run, ``RunOver`` for a finished one: nothing is kept."""
-        params = signal_params(run_id, name, payload)
-        return self.dialect.write(lambda tx: send(tx, params), runs=[run_id])
+        ask = signal_ask(run_id, name, payload)
+        return self.dialect.write(lambda tx: send(tx, ask), runs=[run_id])
 
     def run_children(self, run_id: int, limit: int = 100) -> list[tuple[int, str, str | None]]:
         """The runs this run spawned, oldest first: each one's id, status and first task."""
@@ -108,33 +109,38 @@ class Waits:
                            float(r[3]), r[4]) for r in rows]  # fmt: skip
 
 
-def signal_params(run_id: int, name: str, payload: JSON) -> Params:
-    """A signal's parameters, checked and encoded before any transaction starts."""
+def signal_ask(run_id: int, name: str, payload: JSON) -> SignalAsk:
+    """A signal, checked and encoded before any transaction starts."""
     if isinstance(run_id, bool) or not isinstance(run_id, int):
         raise RunNotFound(run_id)
-    return {"run_id": run_id, "name": check_name(name, "signal name"),
-            "payload": dumps(payload, "signal payload", MAX_PAYLOAD)}  # fmt: skip
+    return SignalAsk(run_id, check_name(name, "signal name"),
+                     dumps(payload, "signal payload", MAX_PAYLOAD))  # fmt: skip
 
 
-def send(tx: Tx, params: Params) -> int:
+def send(tx: Tx, ask: SignalAsk) -> int:
     """``sending`` on a ``Tx`` (the sync store)."""
-    return drive(sending(params, tx.now), tx)
+    return drive(sending(ask, tx.now), tx)
 
 
-def sending(params: Params, now: float | None) -> Program[int]:
-    """Keep the signal (the run live), then deliver it if the run waits for it now; a program
-    (``programs``): the sync and the async store run this same one."""
-    rows = yield "INSERT_SIGNAL", {**params, "now": now}
-    if not rows:
-        found = yield "RUN_STATUS", {"run_id": params["run_id"]}
-        if not found:
-            raise RunNotFound(params["run_id"])
-        status = str(found[0][0])
-        raise RunOver(params["run_id"], status if status in TERMINAL_STATUSES else "over")
-    signal_id = int(rows[0][0])
-    taken = yield "DELIVER_SIGNAL", {"run_id": params["run_id"], "now": now, "fresh": False}
-    if taken:  # its task is due now: its line (if gated) may admit it now
-        yield "REOPEN_RUN", {"run_id": params["run_id"], "now": now}
-    event = {"name": params["name"], "signal": signal_id, "resumed": bool(taken)}
-    yield from inserted([event_row("run.signalled", params["run_id"], None, None, event)], now)
-    return signal_id
+def sending(ask: SignalAsk, now: float | None) -> Program[int]:
+    """The driver's ``signal``, then its ``run.signalled`` event; a program (``programs``):
+    the sync and the async store run this same one. ``RunNotFound``, ``RunOver``: nothing
+    was kept."""
+    sent: SignalRow = yield ask
+    if sent.signal_id is None:
+        raise refusal(ask.run_id, sent)
+    yield from inserted([signal_event(ask, sent)], now)
+    return sent.signal_id
+
+
+def signal_event(ask: SignalAsk, sent: SignalRow) -> Params:
+    """A kept signal's ``run.signalled`` event."""
+    event = {"name": ask.name, "signal": sent.signal_id, "resumed": sent.resumed}
+    return event_row("run.signalled", ask.run_id, None, None, event)
+
+
+def refusal(run_id: int, sent: SignalRow) -> RunNotFound | RunOver:
+    """Why a signal was not kept: no such run, or the run is over."""
+    if sent.status is None:
+        return RunNotFound(run_id)
+    return RunOver(run_id, sent.status if sent.status in TERMINAL_STATUSES else "over")

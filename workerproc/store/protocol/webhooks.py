@@ -45,7 +45,7 @@ from .events import KINDS, check_position, not_past_newest, sequencing
 from .operators import cancel
 from .producers import insert
 from .programs import drive
-from .waits import send, signal_params
+from .waits import send, signal_ask
 
 # the delivery task's options, declared by ``add_webhook``: a delivery
 # that crashes or is killed is tried again for as long as it takes (its run failing would stop
@@ -162,14 +162,14 @@ class Webhooks:
     def wake_webhook(self, run_id: int) -> bool:
         """Signal delivery run ``run_id`` if it is parked now (one transaction, the run held
         first: two wakers of the same run signal it once); False when it was not parked."""
-        params = signal_params(run_id, WAKE_SIGNAL, None)
+        ask = signal_ask(run_id, WAKE_SIGNAL, None)
 
         def write(tx: Tx) -> bool:
             row = tx.one("WEBHOOK_PARKED", {"run_id": run_id})
             if row is None or row[0] != PARKED:
                 return False
             tx.count("WEBHOOK_SIGNALS_DONE", {"run_id": run_id})  # the wakes before: spent
-            send(tx, params)
+            send(tx, ask)
             return True
 
         return self.dialect.write(write, runs=[run_id])
