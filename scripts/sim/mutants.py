@@ -73,13 +73,17 @@ class GateDrift(Store):
 
 
 class _Forgetful:
-    """A transaction whose REOPEN_RUN is never sent (what retry did before lines reopened)."""
+    """A transaction that never reopens a run's line (what retry did before lines reopened):
+    neither the driver's ``reopen_runs`` verb nor a ``REOPEN_RUN`` statement reaches it."""
 
     def __init__(self, tx: Any) -> None:
         self._tx = tx
 
     def count(self, name: str, params: Any) -> int:
         return 0 if name == "REOPEN_RUN" else int(self._tx.count(name, params))
+
+    def reopen_runs(self, run_ids: Any) -> None:
+        pass
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._tx, name)
