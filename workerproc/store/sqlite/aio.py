@@ -68,10 +68,13 @@ class SQLiteAsync(AsyncBackend):
     @contextlib.asynccontextmanager
     async def watching(self) -> AsyncIterator[None]:
         if self._changed is None:
-            self._changed, self._starting = asyncio.Condition(), asyncio.Lock()
+            self._changed = asyncio.Condition()
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        starting = self._starting
         self._waits += 1
         try:
-            async with self._starting:  # waits that begin together start one watcher, not one each
+            async with starting:  # waits that begin together start one watcher, not one each
                 if self._watcher is None or self._watcher.done():
                     seen = await self._call(self.dialect.change_token, self._watch)  # first look
                     self._watcher = asyncio.create_task(self._watch_changes(seen))
