@@ -22,7 +22,7 @@ def test_a_writer_waits_for_its_process_s_writer_on_the_turn_then_goes(tmp_path:
             inside.set()
             assert go_on.wait(30)
 
-        holder = threading.Thread(target=lambda: first.dialect.write(hold))  # type: ignore[attr-defined]
+        holder = threading.Thread(target=lambda: first.dialect.write(hold))
         holder.start()
         assert inside.wait(30)
         done: list[int] = []
