@@ -69,7 +69,8 @@ class Emitter:
         """Keep one chunk for the next batch; the writer is woken when a batch is due, and
         the caller waits while too many wait (bounded)."""
         s = self._streamer
-        s.start()
+        if s._thread is None:
+            s.start()
         with s.cond:
             self._raise()
             if not self.attached:

@@ -6,6 +6,7 @@ thread; PostgreSQL on psycopg's ``AsyncConnection``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -172,3 +173,50 @@ def test_sqlite_connections_live_on_the_stores_threads_never_the_loops(tmp_path:
     assert "leasekeeper-sqlite" in names
     with open_store(str(tmp_path / "lk.db")) as sync:
         assert len(sync.list_runs()) == 20
+
+
+@pytest.mark.parametrize("finished", [False, True], ids=["following", "just-finished"])
+def test_closing_the_store_under_its_followers_leaves_no_failed_task(
+    backend: Backend, finished: bool
+) -> None:
+    """Followers that began together share one change watch; closing the store while they
+    follow (or just after they stopped) stops it: no task is left to fail on the closed store
+    ("Task exception was never retrieved")."""
+    with open_store(backend.url) as sync:
+        sync.start_runs([{"task": "t"}] * 8)
+        leases = [sync.claim("w", 60) for _ in range(8)]  # (an earlier test's runs, maybe)
+        for lease in leases:
+            assert lease is not None
+            sync.append_stream(lease, ['"a"'])
+        ids = [lease.run_id for lease in leases if lease is not None]
+    failures: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: failures.append(ctx))
+        store = await open_async_store(backend.url)
+        seen: set[int] = set()
+
+        async def follow(run_id: int) -> None:
+            async for _ in store.follow_stream(run_id, poll=0.05):
+                seen.add(run_id)
+                if finished:
+                    break
+
+        tasks = [asyncio.create_task(follow(r)) for r in ids]  # their watches begin at once
+        for _ in range(3000):
+            if len(seen) == len(ids):
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.02)  # the followers wait on the change watch (or just left it)
+        await store.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for _ in range(20):  # anything left running meets the closed store now
+            await asyncio.sleep(0.01)
+        gc.collect()  # an unretrieved exception is reported when its task is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(main())
+    gc.collect()
+    assert not failures, failures

@@ -39,6 +39,7 @@ class SQLiteAsync(AsyncBackend):
         self._waits = 0  # waits running: the watcher runs while there is one
         self._token = 0  # moves each time the watcher sees the database change
         self._changed: asyncio.Condition | None = None
+        self._starting: asyncio.Lock | None = None  # (made with ``_changed``, on the loop)
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -68,21 +69,33 @@ class SQLiteAsync(AsyncBackend):
     async def watching(self) -> AsyncIterator[None]:
         if self._changed is None:
             self._changed = asyncio.Condition()
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        starting = self._starting
         self._waits += 1
         try:
-            if self._watcher is None or self._watcher.done():
-                seen = await self._call(self.dialect.change_token, self._watch)  # before any look
-                self._watcher = asyncio.create_task(self._watch_changes(seen))
+            async with starting:  # waits that begin together start one watcher, not one each
+                if self._watcher is None or self._watcher.done():
+                    seen = await self._call(self.dialect.change_token, self._watch)  # first look
+                    self._watcher = asyncio.create_task(self._watch_changes(seen))
             yield
         finally:
             self._waits -= 1
 
     async def _watch_changes(self, seen: int) -> None:
-        """While a wait runs: read the change token, wake the waits when it moved."""
+        """While a wait runs: read the change token, wake the waits when it moved. Ends
+        quietly once no wait runs or the store is closed (``close`` also cancels it)."""
         assert self._changed is not None
-        while self._waits > 0:
+        while True:
             await asyncio.sleep(CHANGE_CHECK)
-            now = await self._call(self.dialect.change_token, self._watch)
+            if self._waits <= 0 or self._closed:
+                return
+            try:
+                now = await self._call(self.dialect.change_token, self._watch)
+            except StoreError:
+                if self._closed:  # closed during the read
+                    return
+                raise
             if now != seen:
                 seen = now
                 async with self._changed:

@@ -29,6 +29,7 @@ from .errors import is_busy, is_readonly, translate, unbindable, undecodable
 from .intent import Intent as Producers
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .steps import CATALOGUE
+from .turns import turn
 from .watch import FileWatch, open_watch
 
 T = TypeVar("T")
@@ -64,6 +65,7 @@ class SQLiteDialect(Dialect):
         options = options or SQLiteOptions()
         self.path = path
         absolute = "/" + os.path.abspath(path).lstrip("/")  # "//x" would read as a URI host
+        self._absolute = absolute
         self.url = f"sqlite://{absolute}?synchronous={options.synchronous.lower()}"
         self.where = path
         self.synchronous = options.synchronous
@@ -101,6 +103,19 @@ class SQLiteDialect(Dialect):
 
     def _transaction(self, fn: Callable[[Tx], T], urgent: bool = False) -> T:
         conn = self._conn()
+        mine = turn(self._absolute)  # this process's writers take turns first (turns.py)
+        if not mine.acquire(timeout=self.busy_timeout):
+            raise StoreUnavailable(
+                f"{self.path}: database is locked (waited {self.busy_timeout:g} s for this "
+                "process's other writers)"
+            )
+        try:
+            return self._locked(conn, fn, urgent)
+        finally:
+            mine.release()
+
+    def _locked(self, conn: sqlite3.Connection, fn: Callable[[Tx], T], urgent: bool) -> T:
+        """(This process's turn taken.) BEGIN IMMEDIATE, ``fn``, COMMIT."""
         self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent)
         try:
             tx = SQLiteTx(conn, self._clock())
