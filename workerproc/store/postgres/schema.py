@@ -206,13 +206,18 @@ _SQL: dict[str, str] = {
     #   served queues in head order: ``runs_claim`` for named queues, ``runs_prio`` for all of
     #   them, so every walk is bounded by ``head_at <= now`` (sql.py, docs/protocol.md).
     # - A run's key is unique while the run exists (``ON CONFLICT`` finds the first run).
+    # Here (not in 6, as on SQLite) ``runs.task`` and its index too: so a new database builds
+    # its columns and indexes in the order the release that wrote these steps as one did.
     "queues_priorities_keys": """
     ALTER TABLE runs
         ADD COLUMN queue text NOT NULL DEFAULT 'default'
             CHECK (length(queue) BETWEEN 1 AND 64),
         ADD COLUMN priority integer NOT NULL DEFAULT 0 CHECK (priority BETWEEN -1000 AND 1000),
-        ADD COLUMN key text CHECK (key IS NULL OR length(key) BETWEEN 1 AND 255);
+        ADD COLUMN key text CHECK (key IS NULL OR length(key) BETWEEN 1 AND 255),
+        ADD COLUMN task text;
+    UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
     CREATE UNIQUE INDEX runs_key ON runs (key) WHERE key IS NOT NULL;
+    CREATE INDEX runs_task ON runs (task, id);
     DROP INDEX runs_head;
     CREATE INDEX runs_claim ON runs (queue, priority DESC, head_at, head_created, head_id)
         WHERE head_at IS NOT NULL;
@@ -222,18 +227,16 @@ _SQL: dict[str, str] = {
     CREATE INDEX runs_ready ON runs (queue, ready_at) WHERE ready_at IS NOT NULL;
     """,
     # 6: the dashboard's columns, the attempt history, notifications for waiters.
-    # - ``runs.task`` names a run's first task (set once by the start, indexed for the runs
-    #   filter); ``tasks.done_owner`` keeps who committed, set by the statement that marks a task
-    #   done. ``task_attempts`` keeps every attempt that ended without a commit: the store writes
-    #   a row on a release, a failure and an exhausted claim; the trigger writes one on a
-    #   takeover. Its WHEN is false for the claim of an unowned task, so the happy path (claim,
-    #   commit) gains no statement and no index write.
+    # - ``runs.task`` (added in 5 here) names a run's first task (set once by the start,
+    #   indexed for the runs filter); ``tasks.done_owner`` keeps who committed, set by the
+    #   statement that marks a task done. ``task_attempts`` keeps every attempt that ended
+    #   without a commit: the store writes a row on a release, a failure and an exhausted
+    #   claim; the trigger writes one on a takeover. Its WHEN is false for the claim of an
+    #   unowned task, so the happy path (claim, commit) gains no statement and no index write.
     # - ``runs.watched``: someone waits for the run's end (``Store.wait``). Only such a run's end
     #   sends a NOTIFY (on the ``.end`` channel): finishing unwatched runs notifies nobody.
     "dashboard_and_attempts": """
-    ALTER TABLE runs ADD COLUMN task text, ADD COLUMN watched boolean NOT NULL DEFAULT false;
-    UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
-    CREATE INDEX runs_task ON runs (task, id);
+    ALTER TABLE runs ADD COLUMN watched boolean NOT NULL DEFAULT false;
 
     ALTER TABLE tasks ADD COLUMN done_owner text;
     CREATE TABLE task_attempts (
