@@ -231,7 +231,7 @@ def test_bench_pg_pickup_and_its_raw_floor_measure_each_sample() -> None:
 @pytest.mark.slow
 def test_bench_pg_throughput_and_cost_rows_drain_every_run() -> None:
     """``bench_pg``'s throughput side drains its bulk-written runs (they carry their claim
-    columns: no trigger fills them since schema v3, and a drain of unclaimable runs never
+    columns: no trigger fills them since schema v9, and a drain of unclaimable runs never
     ended), and the cost rows (``bench_pg_cost``) measure a drain that leaves at most one dead
     row version per run and per task."""
     from pg_session import database_url  # noqa: PLC0415 - skips without a server

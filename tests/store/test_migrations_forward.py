@@ -6,6 +6,12 @@ succeeded one, a failed one with work left) plus what version k asks of a row, t
 by ``open_store``: it reaches the current version and every row reads back through the store,
 and the pending one is claimed and finished, the failed one retried.
 
+Both engines share one history (``workerproc/store/migrations.py``, its numbers SQLite's own).
+PostgreSQL's releases before it numbered PostgreSQL's steps alone (1-21) in a version table
+without names: each is built here as that release left it (the shared history's steps up to
+the one its version maps to, its old version table) and migrates forward too, as does a
+database at every step of the shared history.
+
 ``tests/store/test_postgres_migrations.py`` checks what one migration does to the rows it meets;
 this checks that every version reaches the current one."""
 
@@ -21,6 +27,8 @@ import psycopg
 import pytest
 
 from workerproc.store import CasResult, Commit, Store, open_store
+from workerproc.store.errors import SchemaTooNew
+from workerproc.store.migrations import HISTORY, SCHEMA_VERSION, steps
 from workerproc.store.postgres import admin as pg_admin
 from workerproc.store.postgres import schema as pg_schema
 from workerproc.store.sqlite import schema as sqlite_schema
@@ -197,22 +205,131 @@ def pg_version(schema: str) -> int:
         return int(found[0]) if found and found[0] is not None else 0
 
 
+def pg_at(url: str, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shared history's steps up to ``version``, applied by the migrator itself."""
+    with monkeypatch.context() as m:  # the migrator itself, told this version is the newest
+        m.setattr(pg_admin, "SCHEMA_VERSION", version)
+        m.setattr("workerproc.store.postgres.dialect.SCHEMA_VERSION", version)
+        open_store(url).close()
+
+
+def pg_as_released(schema: str, legacy: int) -> None:
+    """The version table as a release before the shared history left it at ``legacy``: one row
+    per step of PostgreSQL's own numbering, no names."""
+    with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
+        conn.execute(f'SET search_path TO "{schema}"')
+        conn.execute(f"DELETE FROM {pg_schema.VERSION_TABLE}")
+        conn.execute(f"ALTER TABLE {pg_schema.VERSION_TABLE} DROP COLUMN name")
+        conn.execute(f"INSERT INTO {pg_schema.VERSION_TABLE} (version) "
+                     "SELECT generate_series(1, %s)", (legacy,))  # fmt: skip
+
+
+def pg_rows(schema: str) -> list[tuple[int, str | None]]:
+    with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
+        return conn.execute(f'SELECT version, name FROM "{schema}".{pg_schema.VERSION_TABLE} '
+                            "ORDER BY version").fetchall()  # fmt: skip
+
+
+def test_the_engines_share_one_history() -> None:
+    """One list of steps, by number and name, on both engines; SQLite's numbers unchanged (so
+    its released databases keep their version); PostgreSQL's released versions map onto it
+    in order, each onto a step PostgreSQL runs, the last onto the current one."""
+    assert SCHEMA_VERSION == len(HISTORY) == len(set(HISTORY))
+    assert len(sqlite_schema.MIGRATIONS) == len(pg_schema.MIGRATIONS) == SCHEMA_VERSION
+    assert all(sqlite_schema.MIGRATIONS)  # every step of the history was SQLite's
+    legacy = pg_schema.LEGACY_VERSIONS
+    assert sorted(legacy) == list(range(1, 22))
+    assert [legacy[k] for k in sorted(legacy)] == sorted(set(legacy.values()))
+    assert all(pg_schema.MIGRATIONS[step - 1] for step in legacy.values())
+    assert legacy[21] == 28 and all(legacy[k] > k for k in legacy)
+    empty = [n for n, sql in enumerate(pg_schema.MIGRATIONS, 1) if not sql]
+    assert empty == [3, 8, 24]  # SQLite's own: its triggers, its id table
+    with pytest.raises(ValueError, match="not in the history"):
+        steps("sqlite", {"no_such_step": "SELECT 1"})
+
+
 @pytest.mark.postgres
-@pytest.mark.parametrize("version", range(1, len(pg_schema.MIGRATIONS) + 1))
+@pytest.mark.parametrize("legacy", range(1, 22))
+def test_postgres_released_version_migrates_forward_with_its_rows(
+    legacy: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database a release before the shared history left at its version ``legacy``."""
+    url = pg_session.schema_url("fwd")
+    schema = url.rsplit("schema=", 1)[1]
+    pg_at(url, pg_schema.LEGACY_VERSIONS[legacy], monkeypatch)
+    pg_as_released(schema, legacy)
+    assert pg_version(schema) == legacy
+    ids = pg_fill(schema)
+    store = open_store(url)
+    try:
+        if legacy == 21:  # already the current shape: read as it is, left as it was
+            assert pg_version(schema) == 21
+        else:  # renumbered and named, then the missing steps
+            rows = pg_rows(schema)
+            assert [v for v, _ in rows] == sorted(
+                {pg_schema.LEGACY_VERSIONS[k] for k in range(1, legacy + 1)}
+                | set(range(pg_schema.LEGACY_VERSIONS[legacy] + 1, SCHEMA_VERSION + 1))
+            )
+            assert all(name == HISTORY[v - 1] for v, name in rows)
+            assert pg_version(schema) == SCHEMA_VERSION > 21  # every release before refuses it
+        check_forward(store, ids)
+    finally:
+        store.close()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION + 1))
 def test_postgres_version_migrates_forward_with_its_rows(
     version: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = pg_session.schema_url("fwd")
     schema = url.rsplit("schema=", 1)[1]
-    with monkeypatch.context() as m:  # the migrator itself, told this version is the newest
-        m.setattr(pg_admin, "SCHEMA_VERSION", version)
-        m.setattr("workerproc.store.postgres.dialect.SCHEMA_VERSION", version)
-        open_store(url).close()
+    pg_at(url, version, monkeypatch)
     assert pg_version(schema) == version
     ids = pg_fill(schema)
     store = open_store(url)
     try:
-        assert pg_version(schema) == pg_schema.SCHEMA_VERSION
+        assert pg_rows(schema) == [(v, HISTORY[v - 1]) for v in range(1, SCHEMA_VERSION + 1)]
         check_forward(store, ids)
     finally:
         store.close()
+
+
+@pytest.mark.postgres
+def test_a_released_postgres_schema_at_the_current_shape_serves_a_callers_transaction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left at the last released PostgreSQL version (the current shape, its old version table):
+    the store uses it as it is, and so does a transactional enqueue's check of the caller's
+    connection."""
+    url = pg_session.schema_url("fwd")
+    schema = url.rsplit("schema=", 1)[1]
+    pg_at(url, SCHEMA_VERSION, monkeypatch)
+    pg_as_released(schema, 21)
+    store = open_store(url)
+    try:
+        with psycopg.connect(pg_session.database_url()) as conn:
+            run = store.start_run("t", tx=conn)
+            conn.commit()
+        assert store.get_run(run) is not None
+    finally:
+        store.close()
+    assert pg_version(schema) == 21
+
+
+@pytest.mark.postgres
+def test_a_schema_above_the_current_version_is_refused_in_either_numbering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A newer leasekeeper's schema is refused, as every release refuses one above its own."""
+    for named in (True, False):
+        url = pg_session.schema_url("fwd")
+        schema = url.rsplit("schema=", 1)[1]
+        pg_at(url, SCHEMA_VERSION, monkeypatch)
+        if not named:
+            pg_as_released(schema, 21)
+        with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
+            conn.execute(f'INSERT INTO "{schema}".{pg_schema.VERSION_TABLE} (version) '
+                         "VALUES (%s)", (SCHEMA_VERSION + 1,))  # fmt: skip
+        with pytest.raises(SchemaTooNew, match="newer"):
+            open_store(url)

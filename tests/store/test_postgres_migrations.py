@@ -1,5 +1,5 @@
-"""PostgreSQL migrations that meet rows written before them (the schema's versions in
-``workerproc/store/postgres/schema.py``)."""
+"""PostgreSQL migrations that meet rows written before them (the steps of the shared history,
+``workerproc/store/migrations.py``, as ``workerproc/store/postgres/schema.py`` runs them)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,16 @@ def at_version(url: str, version: int, monkeypatch: pytest.MonkeyPatch) -> None:
         open_store(url).close()
 
 
-def test_v15_widens_the_attempt_history_check_without_scanning_it(
+def test_step_21_widens_the_attempt_history_check_without_scanning_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """v15 lets the history say ``unstarted`` (B3). Its new check is added NOT VALID: the rows
+    """Step 21 (``started``; PostgreSQL's v15 before the shared history) lets the history say
+    ``unstarted`` (B3). Its new check is added NOT VALID: the rows
     already there all passed the narrower one, and checking them would scan the history
     under the migration's ACCESS EXCLUSIVE lock. New rows are still checked."""
     url = pg_session.schema_url("mig")
     schema = url.rsplit("schema=", 1)[1]
-    at_version(url, 14, monkeypatch)
+    at_version(url, 20, monkeypatch)
     with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:
         conn.execute(f'SET search_path TO "{schema}"')
         conn.execute("""INSERT INTO runs (id, state, task, queue, created_at, updated_at)

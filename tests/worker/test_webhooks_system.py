@@ -210,10 +210,11 @@ def old_sqlite(path: str, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def old_postgres(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The same at PostgreSQL schema v12, its ids drawn as the old code drew them."""
+    """The same at schema v18 (PostgreSQL's v12 before the shared history), its ids drawn as the
+    old code drew them."""
     with monkeypatch.context() as m:
-        m.setattr(admin, "SCHEMA_VERSION", 12)
-        m.setattr("workerproc.store.postgres.dialect.SCHEMA_VERSION", 12)
+        m.setattr(admin, "SCHEMA_VERSION", 18)
+        m.setattr("workerproc.store.postgres.dialect.SCHEMA_VERSION", 18)
         open_store(url).close()
     schema = url.rsplit("schema=", 1)[1]
     with psycopg.connect(pg_session.database_url(), autocommit=True) as conn:

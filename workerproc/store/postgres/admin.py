@@ -12,16 +12,26 @@ from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from ..errors import StoreCorrupt, StoreError
+from ..migrations import HISTORY
 from . import reads_sql as r
 from .ops_sql import CALLERS_DATABASE
-from .schema import MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
+from .schema import LEGACY_VERSIONS, MIGRATIONS, SCHEMA_VERSION, VERSION_TABLE
 
 Cursor = psycopg.Cursor[Any]
 
 
 # -- migrations ---------------------------------------------------------------------------------
 def version(cur: Cursor, schema: str, where: str) -> int:
-    """The schema's version (0: none yet); StoreCorrupt for a ``runs`` table that is not ours."""
+    """The schema's version in the shared history (0: none yet; a version table from before it
+    read through ``LEGACY_VERSIONS``); StoreCorrupt for a ``runs`` table that is not ours."""
+    found, named = stored_version(cur, schema, where)
+    return found if named else LEGACY_VERSIONS.get(found, found)
+
+
+def stored_version(cur: Cursor, schema: str, where: str) -> tuple[int, bool]:
+    """The highest version the table holds (what every release reads: one above its own is
+    refused), and whether it numbers the shared history (its rows are named) or is a table from
+    before it, in PostgreSQL's own numbering."""
     cur.execute("SELECT to_regclass(%s)", (f"{schema}.{VERSION_TABLE}",))
     row = cur.fetchone()
     if row is None or row[0] is None:
@@ -32,10 +42,17 @@ def version(cur: Cursor, schema: str, where: str) -> int:
                 f"{where}: schema {schema} has a runs table that is not leasekeeper's "
                 "(no version table)"
             )
-        return 0
-    cur.execute(sql.SQL("SELECT max(version) FROM {}").format(sql.Identifier(VERSION_TABLE)))
+        return 0, True
+    cur.execute(
+        sql.SQL(
+            "SELECT (SELECT max(version) FROM {}), EXISTS (SELECT FROM pg_attribute "
+            "WHERE attrelid = %s::regclass AND attname = 'name' AND NOT attisdropped)"
+        ).format(sql.Identifier(VERSION_TABLE)),
+        (f"{schema}.{VERSION_TABLE}",),
+    )
     got = cur.fetchone()
-    return int(got[0]) if got is not None and got[0] is not None else 0
+    assert got is not None
+    return (int(got[0]) if got[0] is not None else 0), bool(got[1])
 
 
 def migrate_locked(cur: Cursor, schema: str, where: str) -> None:
@@ -46,20 +63,36 @@ def migrate_locked(cur: Cursor, schema: str, where: str) -> None:
     # turn sequential scans off for the hot path's bounded walks)
     cur.execute("SET LOCAL enable_seqscan = on")
     cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
-    found = version(cur, schema, where)
-    if found == 0:
+    stored, named = stored_version(cur, schema, where)
+    table = sql.Identifier(VERSION_TABLE)
+    if stored == 0 and named:
         cur.execute(
             sql.SQL(
                 "CREATE TABLE {} (version integer PRIMARY KEY,"
-                " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-            ).format(sql.Identifier(VERSION_TABLE))
+                " applied_at timestamptz NOT NULL DEFAULT clock_timestamp(), name text)"
+            ).format(table)
         )
-    for target in range(found + 1, SCHEMA_VERSION + 1):
-        cur.execute(MIGRATIONS[target - 1].encode(), prepare=False)  # a script: no parameters
+    found = stored if named else LEGACY_VERSIONS.get(stored, stored)
+    if not named:  # from before the shared history: its rows renumbered and named, in place
+        cur.execute(sql.SQL("ALTER TABLE {} ADD COLUMN name text").format(table))
+        cur.execute(sql.SQL("UPDATE {} SET version = -version").format(table))
         cur.execute(
-            sql.SQL("INSERT INTO {} (version) VALUES (%s)").format(sql.Identifier(VERSION_TABLE)),
-            (target,),
+            sql.SQL(
+                "UPDATE {} AS v SET version = m.new, name = m.name FROM"
+                " unnest(%s::int[], %s::int[], %s::text[]) AS m (old, new, name)"
+                " WHERE v.version = -m.old"
+            ).format(table),
+            (
+                list(LEGACY_VERSIONS),
+                list(LEGACY_VERSIONS.values()),
+                [HISTORY[new - 1] for new in LEGACY_VERSIONS.values()],
+            ),
         )
+    insert = sql.SQL("INSERT INTO {} (version, name) VALUES (%s, %s)").format(table)
+    for target in range(found + 1, SCHEMA_VERSION + 1):
+        if MIGRATIONS[target - 1]:  # a step of SQLite's only: nothing to run here
+            cur.execute(MIGRATIONS[target - 1].encode(), prepare=False)  # a script: no parameters
+        cur.execute(insert, (target, HISTORY[target - 1]))
 
 
 # -- the engine's check of its own storage ------------------------------------------------------
@@ -115,7 +148,8 @@ def callers(tx: object, database: str, schema: str, where: str) -> psycopg.Conne
             theirs, ours = found
             if theirs == database and ours:
                 row = cur.execute(CALLERS_DATABASE.format(s=f'"{schema}".')).fetchone()
-                ours = row is not None and row[1] == SCHEMA_VERSION
+                at = None if row is None else row[1] if row[2] else LEGACY_VERSIONS.get(row[1])
+                ours = at == SCHEMA_VERSION
     except psycopg.Error as exc:
         raise StoreError(f"tx cannot be used: {str(exc).strip()}") from None
     if theirs != database or not ours:

@@ -22,7 +22,7 @@ Time: ``%(now)s`` is NULL in production, and then every statement reads the data
 (``clock_timestamp()``) once, inside the statement; a test injects its clock through the same
 parameter. Fenced statements lock the run row FIRST (the ``run`` CTE) and read "now" only after
 that lock is held, so a write that waited behind another is judged at the instant it got its
-turn. A lease is the run's row of ``leases`` (schema v3); fenced statements match its task id
+turn. A lease is the run's row of ``leases`` (schema v9); fenced statements match its task id
 AND owner AND attempt AND a live expiry (R2): zero rows means the caller's lease is lost.
 Statements whose row count matters return a row per row changed (the store counts what it
 fetches). JSON goes out as text: the store decodes it (``codec.loads``), so a value no worker
@@ -62,7 +62,7 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
     created_at, id), leaving out task ``without`` and counting ``extra`` (a row of those three
     and its line, written by the same statement, which its snapshot cannot see yet). A head
     with limits puts the run in its line (``line``, ``line_at``), not in the claim index
-    (``head_at`` NULL): schema v5."""
+    (``head_at`` NULL): schema v11."""
     skip = f" AND h.id <> {without}" if without else ""
     more = f" UNION ALL SELECT {extra}" if extra else ""
     return f"""(head_at, line_at, head_created, head_id, line) = (

@@ -1,4 +1,6 @@
-"""SQLite schema and its forward migrations. Version lives in ``PRAGMA user_version``.
+"""SQLite schema and its forward migrations: SQLite's SQL for each step of the shared history
+(``store/migrations.py``: the step numbers are SQLite's own, unchanged). Version lives in
+``PRAGMA user_version``.
 
 Invariants live here, not in Python: CHECK constraints for statuses and lease fields, and
 triggers that keep each run's head columns exact. The head is the run's first pending task in
@@ -12,6 +14,7 @@ later of ``head_at`` and the expiry of any lease on it (idle workers sleep until
 
 from __future__ import annotations
 
+from ..migrations import steps
 from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
@@ -70,9 +73,9 @@ _EXTENDED = """NEW.lease_owner IS NOT NULL AND NEW.done_at IS NULL AND OLD.done_
         AND NEW.available_at = OLD.available_at
         AND NEW.lease_expires_at >= coalesce(OLD.lease_expires_at, NEW.lease_expires_at)"""
 
-MIGRATIONS: list[str] = [
+_SQL: dict[str, str] = {
     # 1: runs, tasks, the claim indexes and the ready_at triggers
-    f"""
+    "runs_and_tasks": f"""
     CREATE TABLE runs (
         id             INTEGER PRIMARY KEY,
         status         TEXT    NOT NULL DEFAULT 'pending'
@@ -135,7 +138,7 @@ MIGRATIONS: list[str] = [
     """,
     # 2: evidence for operators and chaos mode, read straight from the database: when each
     # task was last claimed, which attempt committed it, and every write the fence refused.
-    """
+    "evidence": """
     ALTER TABLE tasks ADD COLUMN claimed_at REAL;
     ALTER TABLE tasks ADD COLUMN done_attempt INTEGER;
     CREATE TABLE fence_rejections (
@@ -153,7 +156,7 @@ MIGRATIONS: list[str] = [
     # of a finished run no longer recomputes the run's claim columns (the status change cleared
     # them); a claim marks its run running in the same trigger; release_owner and the lease
     # list walk the small partial index of leased tasks, so tasks_owner goes.
-    f"""
+    "fewer_trigger_writes": f"""
     DROP INDEX tasks_owner;
     DROP TRIGGER tasks_ready_update;
     CREATE TRIGGER tasks_ready_update
@@ -164,14 +167,14 @@ MIGRATIONS: list[str] = [
     """,
     # 4: a claim keeps who held the task before (set only when that lease was still on it:
     # expired, or released as dead), so a worker knows it took the task over.
-    """
+    "prev_owner": """
     ALTER TABLE tasks ADD COLUMN prev_owner TEXT;
     """,
     # 5: queues, priorities and idempotency keys (the producer side). A run belongs to one
     # queue and has a priority; claims walk each served queue's runs by priority (highest
     # first), then in head order, so the claim index leads with both. A run's key is unique
     # while the run exists: a second start with the same key finds the first run.
-    """
+    "queues_priorities_keys": """
     ALTER TABLE runs ADD COLUMN queue TEXT NOT NULL DEFAULT 'default'
         CHECK (length(queue) BETWEEN 1 AND 64);
     ALTER TABLE runs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0
@@ -191,7 +194,7 @@ MIGRATIONS: list[str] = [
     # store writes a row on a release, a failure and an exhausted claim; the trigger writes one
     # on a takeover. Its WHEN is false for the claim of an unowned task, so the happy path
     # (claim, commit) gains no statement and no index write.
-    """
+    "dashboard_and_attempts": """
     ALTER TABLE runs ADD COLUMN task TEXT;
     UPDATE runs SET task = (SELECT name FROM tasks WHERE run_id = runs.id ORDER BY id LIMIT 1);
     CREATE INDEX runs_task ON runs (task, id);
@@ -224,7 +227,7 @@ MIGRATIONS: list[str] = [
     # extended on a pending task (a claim, a renewal) leaves the run's head where it is: the
     # run is running and ready no sooner than the new expiry, with no recompute. A run that
     # ends with its claim columns already cleared (a finish clears them itself) needs none.
-    f"""
+    "cheaper_lease_triggers": f"""
     DROP TRIGGER tasks_ready_update;
     CREATE TRIGGER tasks_lease_extended AFTER UPDATE OF lease_owner, lease_expires_at ON tasks
         WHEN {_EXTENDED} BEGIN
@@ -252,7 +255,7 @@ MIGRATIONS: list[str] = [
     # caller still holding one would wait on somebody else's run). run_ids keeps the highest id
     # a deleted run had (a trigger, whatever deletes it); start_run numbers a new run one past
     # the higher of the two: two lookups of one row each.
-    """
+    "run_ids_never_reused": """
     CREATE TABLE run_ids (high INTEGER NOT NULL);
     INSERT INTO run_ids (high) SELECT coalesce(max(id), 0) FROM runs;
     CREATE TRIGGER runs_keep_high_id AFTER DELETE ON runs
@@ -264,7 +267,7 @@ MIGRATIONS: list[str] = [
     # written (a hand-back or an expiry needs no write to the run, and cannot leave a run
     # 'running' with nothing leased); finished runs are counted as they end (run_totals:
     # stats() reads no finished run); the worker processes of every host are listed (workers).
-    f"""
+    "running_from_leases": f"""
     DROP TRIGGER tasks_lease_extended;
     CREATE TRIGGER tasks_lease_extended AFTER UPDATE OF lease_owner, lease_expires_at ON tasks
         WHEN {_EXTENDED} BEGIN
@@ -309,7 +312,7 @@ MIGRATIONS: list[str] = [
     # name, written by each worker as it starts; a claim reads its task's row (one primary key
     # lookup, in the statement that reads the run's state), so every worker bounds a task's
     # attempts alike. A few rows: one per task that declares options.
-    """
+    "task_options": """
     CREATE TABLE task_options (
         name       TEXT PRIMARY KEY CHECK (length(name) BETWEEN 1 AND 200),
         options    TEXT NOT NULL CHECK (json_valid(options)),
@@ -324,7 +327,7 @@ MIGRATIONS: list[str] = [
     # line (``runs_line``), so a claim never walks runs that wait on a full gate. Concurrency
     # is counted from live leases (``tasks_gate_*``): a lease that ends or expires frees its
     # slot by itself, and a takeover never counts twice.
-    f"""
+    "limits": f"""
     ALTER TABLE tasks ADD COLUMN gate_a TEXT;
     ALTER TABLE tasks ADD COLUMN gate_b TEXT;
     ALTER TABLE tasks ADD COLUMN gate_c TEXT;
@@ -400,22 +403,23 @@ MIGRATIONS: list[str] = [
     END;
     """,
     # 12: paid calls, kept for the next attempt of their step (B13)
-    PAID_CALLS_SCHEMA,
-    MIGRATION_WAITS,  # 13: runs that wait: their wait, the signals
-    _SCHEDULES,  # 14: schedules
-    GATES_READY_ORDER,  # 15: the open gates' order, indexed
-    EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
-    "ALTER TABLE runs ADD COLUMN traceparent TEXT;",  # 17: its starter's trace context (B19)
-    _WEBHOOKS,  # 18: webhooks (B20)
-    GATES_IDLE,  # 19: a line idle until its next due run; its place in the round robin
-    MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own
+    "paid_calls": PAID_CALLS_SCHEMA,
+    "waits": MIGRATION_WAITS,  # 13: runs that wait: their wait, the signals
+    "schedules": _SCHEDULES,  # 14: schedules
+    "gates_ready_order": GATES_READY_ORDER,  # 15: the open gates' order, indexed
+    "events": EVENTS_SCHEMA,  # 16: the outbox: events, named consumers (B18)
+    # 17: its starter's trace context (B19)
+    "traceparent": "ALTER TABLE runs ADD COLUMN traceparent TEXT;",
+    "webhooks": _WEBHOOKS,  # 18: webhooks (B20)
+    "gates_idle": GATES_IDLE,  # 19: a line idle until its next due run; its round-robin place
+    "parent_join": MIGRATION_PARENT_JOIN,  # 20: a child's parent's join, a column of its own
     # 21: an attempt is spent only by a handler that began (B3). ``tasks.started``
     # says whether the current lease's handler began, as far as the database knows: a claim
     # for a slot that starts it at once says so, a prefetched lease is recorded when the
     # renewal that confirms its start lands. A takeover of a lease that never began moves
     # attempt_base with attempts (like a hand-back) and keeps it in the history as
     # ``unstarted``. Leases from before this version count as begun.
-    """
+    "started": """
     ALTER TABLE tasks ADD COLUMN started INTEGER NOT NULL DEFAULT 1 CHECK (started IN (0, 1));
     DROP TRIGGER tasks_takeover;
     CREATE TABLE task_attempts_v21 (
@@ -445,15 +449,15 @@ MIGRATIONS: list[str] = [
                 CASE WHEN OLD.started THEN 'taken_over' ELSE 'unstarted' END, NEW.lease_owner);
     END;
     """,
-    MIGRATION_POSITIONS,  # 22: webhook positions on their rows, the system runs apart
-    MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend
+    "webhook_positions": MIGRATION_POSITIONS,  # 22: positions on their rows, system runs apart
+    "call_intents": MIGRATION_INTENTS,  # 23: paid calls' intents, usage kept for spend
     # 24: task ids are never given out twice either, as run ids (8): a prune that removed the
     # newest tasks would hand their ids out again, and a lease still held on a pruned task
     # (its holder paused, or its run cancelled under it) would match the fence (R2) of
     # somebody else's task, its owner's own next claim at the same attempt. run_ids.task_high
     # keeps the highest id a deleted task had (a trigger, whatever deletes it: a prune's
     # cascade); INSERT_TASK numbers a new task one past the higher of the two.
-    """
+    "task_ids_never_reused": """
     ALTER TABLE run_ids ADD COLUMN task_high INTEGER NOT NULL DEFAULT 0;
     UPDATE run_ids SET task_high = (SELECT coalesce(max(id), 0) FROM tasks);
     CREATE TRIGGER tasks_keep_high_id AFTER DELETE ON tasks
@@ -461,18 +465,18 @@ MIGRATIONS: list[str] = [
         UPDATE run_ids SET task_high = OLD.id;
     END;
     """,
-    STREAMS_SCHEMA,  # 25: runs' streams: their heads and chunks (B21)
+    "streams": STREAMS_SCHEMA,  # 25: runs' streams: their heads and chunks (B21)
     # 26: the tasks each worker serves (B22), a JSON array kept on its row of the worker list:
     # a run whose next task no live worker serves reads as waiting for one ("no worker serves
     # task X") instead of as plainly pending. NULL: a worker from before, taken to serve any.
-    """
+    "workers_tasks": """
     ALTER TABLE workers ADD COLUMN tasks TEXT;
     """,
     # 27: each step keeps what it was entered with (B24): the run's state and queue at the
     # moment the task was written (a start, an advance), so a fork can begin a new run at any
     # step. A copy of the run's state, checked as that was (no CHECK here: a second JSON parse
     # of up to 8 MiB on the per-task path). NULL: a step entered before this version.
-    """
+    "step_inputs": """
     ALTER TABLE tasks ADD COLUMN input_state TEXT;
     ALTER TABLE tasks ADD COLUMN input_queue TEXT;
     """,
@@ -480,10 +484,11 @@ MIGRATIONS: list[str] = [
     # newer version migrates the state before its handler begins, and one at an older version
     # never claims it. NULL: unversioned (a producer that did not say), served by any version;
     # the pending tasks from before were written by unversioned releases: version 1.
-    """
+    "task_versions": """
     ALTER TABLE tasks ADD COLUMN version INTEGER CHECK (version BETWEEN 1 AND 1000000);
     UPDATE tasks SET version = 1 WHERE done_at IS NULL;
     """,
-]
+}
 
+MIGRATIONS: list[str] = steps("sqlite", _SQL)  # every step of the shared history, in order
 SCHEMA_VERSION = len(MIGRATIONS)

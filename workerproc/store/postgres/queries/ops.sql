@@ -212,9 +212,12 @@ UPDATE runs SET watched = true WHERE id = %(run_id)s AND NOT watched
 
 -- name: CALLERS_DATABASE
 -- transactional enqueue: the caller's connection reaches our schema, at our version, in our
--- database
+-- database; whether the version table numbers the shared history (named rows) or is from
+-- before it (schema.LEGACY_VERSIONS)
 SELECT current_database(),
-    (SELECT max(version) FROM {s}leasekeeper_schema)
+    (SELECT max(version) FROM {s}leasekeeper_schema),
+    EXISTS (SELECT FROM pg_attribute WHERE attrelid = '{s}leasekeeper_schema'::regclass
+            AND attname = 'name' AND NOT attisdropped)
 
 -- name: SET_TASK_OPTIONS
 -- A worker declares a task's options (B11).
