@@ -48,8 +48,8 @@ def end_runs(store: Any, n: int) -> None:
         store.start_runs([{"task": "t", "queue": "b"}] * 10)
     leases = store.claim("w", 60, queues=["b"], limit=100)
     while leases:
-        out = store.commit_many([Commit(lease, "finish") for lease in leases],
-                                claim=ClaimRequest("w", 60.0, queues=("b",), limit=100))  # fmt: skip
+        again = ClaimRequest("w", 60.0, queues=("b",), limit=100)
+        out = store.commit_many([Commit(lease, "finish") for lease in leases], claim=again)
         leases = list(out.leases)
 
 
