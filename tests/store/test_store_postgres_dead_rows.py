@@ -49,7 +49,7 @@ def explain(pg: PostgresBackend, queues: list[str] | None) -> tuple[str, int]:
         walk = floors.FLOOR_EVERY if queues is None else floors.FLOOR_NAMED
         row = conn.execute(walk, params).fetchone()
         assert row is not None and row[0] is not None
-        params["floor"] = row[0]
+        params["floor"] = min(row)  # the first live head, or now less the lag
         before = conn.execute(READ).fetchone()
         rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params).fetchall()
         after = conn.execute(READ).fetchone()

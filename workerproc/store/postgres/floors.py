@@ -48,18 +48,17 @@ MAX_CUTS = 16  # a piece that read too many is cut into at most this many at onc
 MIN_SPAN = 0.01  # seconds of head time: a narrower piece is not cut (its runs share a head)
 
 
-# the priority levels with a head at or above %(lo)s (the loose scan of the claim's ``levels``,
-# from each level's newest end)
+# the priority levels with a head (the loose scan of the claim's ``levels``, from each level's
+# newest end: a bound on head_at here let the planner read all of runs_prio, in-index, instead)
 _LEVELS = """WITH RECURSIVE levels(p) AS (
-    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(lo)s::float8)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at IS NOT NULL)
     UNION ALL
-    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(lo)s::float8
-            AND priority > levels.p)
+    SELECT (SELECT min(priority) FROM runs WHERE head_at IS NOT NULL AND priority > levels.p)
     FROM levels WHERE levels.p IS NOT NULL)"""
 # the first live head in [%(lo)s, %(hi)s) of the named queues (%(queues)s), each queue's and
-# level's (runs_claim), no later than %(lag)s before now (NULL: no such bound)
+# level's (runs_claim); and %(lag)s before now (NULL: no such bound): the floor is the lesser
 FLOOR_NAMED = f"""{_LEVELS}
-SELECT least(min(f.head_at), {CLOCK} - %(lag)s)
+SELECT min(f.head_at), {CLOCK} - %(lag)s
 FROM unnest(%(queues)s::text[]) AS s(q) CROSS JOIN levels AS lv
 CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.queue = s.q AND r.priority = lv.p
                     AND r.head_at >= %(lo)s::float8 AND r.head_at < %(hi)s::float8
@@ -67,7 +66,7 @@ CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.queue = s.q AND r.pr
 WHERE lv.p IS NOT NULL"""
 # the same for every queue: each level's (runs_prio)
 FLOOR_EVERY = f"""{_LEVELS}
-SELECT least(min(f.head_at), {CLOCK} - %(lag)s)
+SELECT min(f.head_at), {CLOCK} - %(lag)s
 FROM levels AS lv
 CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.priority = lv.p
                     AND r.head_at >= %(lo)s::float8 AND r.head_at < %(hi)s::float8
@@ -88,6 +87,22 @@ class Sweep:
     cuts: list[float] = field(default_factory=list)
     read: list[int | None] = field(default_factory=lambda: [None, None])
     next: int = 0
+    fresh: float = 0.0  # entries the floor passed since the top edge, about
+
+    def passed(self, lo: float, at: float, end: float, read: int) -> None:
+        """The floor went up from ``lo`` to ``at``, the walk reading ``read`` entries from
+        ``lo`` to ``end`` (the first live head, or now): once about ``PIECE`` entries lie
+        between the top edge and the floor, an edge goes there, so the top piece stays a
+        piece however long a round of the sweep takes."""
+        if at > lo and end > lo:
+            self.fresh += read * (min(at, end) - lo) / (end - lo)
+        top = self.cuts[-1] if self.cuts else self.base
+        if self.fresh >= PIECE and at > top:  # as many edges as pieces it holds, evenly
+            n = min(MAX_CUTS, math.ceil(self.fresh / PIECE))
+            new = [c for c in (top + (at - top) * k / n for k in range(1, n)) if top < c < at]
+            self.cuts += [*new, at]
+            self.read[-1:] = [round(self.fresh / (len(new) + 1))] * (len(new) + 1) + [None]
+            self.fresh = 0.0
 
     def bounds(self, at: float) -> tuple[float, float] | None:
         """Piece ``next``, cut at the floor ``at``; None once it lies above it."""
@@ -104,6 +119,8 @@ class Sweep:
         ``MIN_SPAN`` stops the cutting there.)"""
         i = self.next
         self.read[i] = read
+        if i == len(self.read) - 1:  # the top piece, up to the floor
+            self.fresh = 0.0
         if found or read <= PIECE // 2:
             if not found and i > 0 and i + 1 < len(self.read):
                 after = self.read[i + 1]
@@ -156,13 +173,16 @@ _FLOORS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...] | None, Floor]] = (
 
 
 def _walk(tx: PostgresTx, queues: tuple[str, ...] | None, lo: float, hi: float,
-          lag: float | None) -> float | None:  # fmt: skip
+          lag: float | None) -> tuple[float | None, float | None]:  # fmt: skip
+    """The first live head in ``[lo, hi)``, and now less ``lag`` (None: no lag)."""
     params: dict[str, Any] = {"now": tx.now, "lag": lag, "lo": lo, "hi": hi, "queues": None}
     sql = FLOOR_EVERY
     if queues is not None:
         sql, params["queues"] = FLOOR_NAMED, list(queues)
     row = tx.execute(sql, params).fetchone()
-    return float(row[0]) if row is not None and row[0] is not None else None
+    if row is None:
+        return None, None
+    return (None if row[0] is None else float(row[0]), None if row[1] is None else float(row[1]))
 
 
 def _read(tx: PostgresTx) -> int:
@@ -181,21 +201,23 @@ def floor(tx: PostgresTx, queues: tuple[str, ...] | None) -> float:
     if known is not None and mono - known.walked < WALK_EVERY:
         return known.at
     if known is None:  # the connection's first walk: from the oldest end
-        at = _walk(tx, queues, -math.inf, math.inf, LAG)
-        at = -math.inf if at is None else at
+        first, cap = _walk(tx, queues, -math.inf, math.inf, LAG)
+        at = min((x for x in (first, cap) if x is not None), default=-math.inf)
         mine[queues] = Floor(at, tx.now, mono, Sweep(at))
         return at
-    up = _walk(tx, queues, known.at, math.inf, LAG)  # up from the floor it had
-    at = known.at if up is None else up
-    sweep = known.sweep
+    sweep, read = known.sweep, _read(tx)
+    first, cap = _walk(tx, queues, known.at, math.inf, LAG)  # up from the floor it had
+    at = min((x for x in (first, cap) if x is not None), default=known.at)
+    now = cap + LAG if cap is not None else at
+    before = _read(tx)
+    sweep.passed(known.at, at, first if first is not None else now, before - read)
     piece = sweep.bounds(at)
     if piece is None:  # a round of the sweep is over: the next starts at the oldest end
         sweep.restart()
         piece = sweep.bounds(at)
     if piece is not None:
         lo, hi = piece
-        before = _read(tx)
-        found = _walk(tx, queues, lo, hi, None)  # a live run below the floor: walked from it
+        found, _ = _walk(tx, queues, lo, hi, None)  # a live run below: walked from it
         sweep.measured(lo, hi, _read(tx) - before, found is not None)
         if found is not None:
             at = min(at, found)
