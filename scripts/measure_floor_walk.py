@@ -99,7 +99,7 @@ def main() -> int:
             walks(walker, 3)  # up to the live run (or now less the lag)
             time.sleep(floors.LAG + 1)  # nothing dies meanwhile: the floor moves past them all
             walks(walker, 3)
-            known = floors._FLOORS[walker][SCOPE]  # noqa: SLF001 - what the next walk reads
+            known = floors._FLOORS[walker][SCOPE]  # what the next walk reads
             old = explain(walker, -math.inf, math.inf, floors.LAG)
             up = explain(walker, known.at, math.inf, floors.LAG)
             piece = known.sweep.bounds(known.at) or (-math.inf, known.sweep.base)
