@@ -28,6 +28,7 @@ import psycopg  # noqa: E402
 
 from workerproc.store import Commit, open_store  # noqa: E402
 from workerproc.store.postgres import floors  # noqa: E402
+from workerproc.store.postgres import sql as postgres_sql  # noqa: E402
 from workerproc.store.postgres.tx import PostgresTx  # noqa: E402
 from workerproc.store.types import ClaimRequest  # noqa: E402
 
@@ -45,12 +46,14 @@ def end_runs(store: Any, n: int) -> None:
             leases = list(out.leases)
 
 
-def explain(conn: psycopg.Connection[Any], lo: float, hi: float, lag: float | None) -> str:
-    params = {"now": None, "lag": lag, "lo": lo, "hi": hi, "queues": list(SCOPE)}
+def explain(conn: psycopg.Connection[Any], lo: float, hi: float, lag: float | None,
+            sql: str = floors.FLOOR_NAMED) -> str:  # fmt: skip
+    params = {"now": None, "lag": lag, "lo": lo, "hi": hi, "queues": list(SCOPE), "floor": lo,
+              "owner": "w", "ttl": 60.0, "start": True}  # fmt: skip
     with conn.transaction(force_rollback=True):
         for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):
             conn.execute(f"SET LOCAL {setting} = off")
-        plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {floors.FLOOR_NAMED}", params)
+        plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
         text = "\n".join(row[0] for row in plan.fetchall())
     if "--plans" in sys.argv:
         print(text)
@@ -90,8 +93,9 @@ def main() -> int:
         holder.execute("SELECT txid_current()")  # idle in transaction: the horizon is held
         dead = 0
         print("| dead entries | walk from the oldest end | the store's walk: up from its floor "
-              "| a piece | entries a walk reads (median / max over two rounds) |")  # fmt: skip
-        print("| ---: | --- | --- | --- | --- |")
+              "| a piece | entries a walk reads (median / max over two rounds) "
+              "| the claim from the floor |")  # fmt: skip
+        print("| ---: | --- | --- | --- | --- | --- |")
         for size in (int(s) for s in args.sizes.split(",")):
             end_runs(store, size - dead)
             dead = size
@@ -104,12 +108,13 @@ def main() -> int:
             up = explain(walker, known.at, math.inf, floors.LAG)
             piece = known.sweep.bounds(known.at) or (-math.inf, known.sweep.base)
             part = explain(walker, piece[0], piece[1], None)
+            claim = explain(walker, known.at, math.inf, None, postgres_sql.claim_sql(1, 1))
             rounds = walks(walker, 2 * (len(known.sweep.read) + 1))
             reads = [n for n, _ in rounds]
             print(f"| {size:,} | {old} | {up} | {part} | {statistics.median(reads):,.0f} / "
                   f"{max(reads):,} ({len(known.sweep.read)} pieces, walk p50 "
                   f"{statistics.median(ms for _, ms in rounds):.2f} ms, max "
-                  f"{max(ms for _, ms in rounds):.2f}) |")  # fmt: skip
+                  f"{max(ms for _, ms in rounds):.2f}) | {claim} |")  # fmt: skip
             lease = store.claim("w", 60, queues=list(SCOPE))
             if lease is not None and lease.run_id == live:
                 store.commit_many([Commit(lease, "finish")])
