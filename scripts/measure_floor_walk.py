@@ -53,6 +53,8 @@ def explain(conn: psycopg.Connection[Any], lo: float, hi: float, lag: float | No
     with conn.transaction(force_rollback=True):
         for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):
             conn.execute(f"SET LOCAL {setting} = off")
+        levels = conn.execute(floors.LEVELS, {"lo": -math.inf}).fetchone()
+        params["levels"] = levels[0] if levels is not None else []
         plan = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params)
         text = "\n".join(row[0] for row in plan.fetchall())
     if "--plans" in sys.argv:

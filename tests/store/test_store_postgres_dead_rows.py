@@ -47,7 +47,9 @@ def explain(pg: PostgresBackend, queues: list[str] | None) -> tuple[str, int]:
         for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):  # as our sessions plan
             conn.execute(f"SET LOCAL {setting} = off")
         walk = floors.FLOOR_EVERY if queues is None else floors.FLOOR_NAMED
-        row = conn.execute(walk, params).fetchone()
+        levels = conn.execute(floors.LEVELS, params).fetchone()
+        assert levels is not None
+        row = conn.execute(walk, {**params, "levels": levels[0]}).fetchone()
         assert row is not None and row[0] is not None
         params["floor"] = min(row)  # the first live head, or now less the lag
         before = conn.execute(READ).fetchone()

@@ -48,30 +48,30 @@ MAX_CUTS = 16  # a piece that read too many is cut into at most this many at onc
 MIN_SPAN = 0.01  # seconds of head time: a narrower piece is not cut (its runs share a head)
 
 
-# the priority levels with a head (the loose scan of the claim's ``levels``, from each level's
-# newest end: a bound on head_at here let the planner read all of runs_prio, in-index, instead)
-_LEVELS = """WITH RECURSIVE levels(p) AS (
-    SELECT (SELECT min(priority) FROM runs WHERE head_at IS NOT NULL)
+# the priority levels with a head at or above %(lo)s (the loose scan of the claim's ``levels``,
+# from each level's newest end). Its own statement: while a queue is empty the newest entries
+# are dead, and from a low bound it reads them all; a walk up from the floor asks from the
+# floor, a piece of the sweep walks the levels the connection has seen (``Sweep.levels``)
+LEVELS = """WITH RECURSIVE levels(p) AS (
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(lo)s::float8)
     UNION ALL
-    SELECT (SELECT min(priority) FROM runs WHERE head_at IS NOT NULL AND priority > levels.p)
-    FROM levels WHERE levels.p IS NOT NULL)"""
+    SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(lo)s::float8
+            AND priority > levels.p)
+    FROM levels WHERE levels.p IS NOT NULL)
+SELECT coalesce(array_agg(p), '{}') FROM levels WHERE p IS NOT NULL"""
 # the first live head in [%(lo)s, %(hi)s) of the named queues (%(queues)s), each queue's and
-# level's (runs_claim); and %(lag)s before now (NULL: no such bound): the floor is the lesser
-FLOOR_NAMED = f"""{_LEVELS}
-SELECT min(f.head_at), {CLOCK} - %(lag)s
-FROM unnest(%(queues)s::text[]) AS s(q) CROSS JOIN levels AS lv
+# level's (%(levels)s); and %(lag)s before now (NULL: no such bound): the floor is the lesser
+FLOOR_NAMED = f"""SELECT min(f.head_at), {CLOCK} - %(lag)s
+FROM unnest(%(queues)s::text[]) AS s(q) CROSS JOIN unnest(%(levels)s::int[]) AS lv(p)
 CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.queue = s.q AND r.priority = lv.p
                     AND r.head_at >= %(lo)s::float8 AND r.head_at < %(hi)s::float8
-                    ORDER BY r.head_at LIMIT 1) AS f
-WHERE lv.p IS NOT NULL"""
-# the same for every queue: each level's (runs_prio)
-FLOOR_EVERY = f"""{_LEVELS}
-SELECT min(f.head_at), {CLOCK} - %(lag)s
-FROM levels AS lv
+                    ORDER BY r.head_at LIMIT 1) AS f"""
+# the same for every queue: each level's
+FLOOR_EVERY = f"""SELECT min(f.head_at), {CLOCK} - %(lag)s
+FROM unnest(%(levels)s::int[]) AS lv(p)
 CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.priority = lv.p
                     AND r.head_at >= %(lo)s::float8 AND r.head_at < %(hi)s::float8
-                    ORDER BY r.head_at LIMIT 1) AS f
-WHERE lv.p IS NOT NULL"""
+                    ORDER BY r.head_at LIMIT 1) AS f"""
 # the entries of the claim index this transaction's scans have read so far (live and dead)
 READ = """SELECT pg_stat_get_xact_tuples_returned(to_regclass('runs_claim'))
     + pg_stat_get_xact_tuples_returned(to_regclass('runs_prio'))"""
@@ -88,6 +88,7 @@ class Sweep:
     read: list[int | None] = field(default_factory=lambda: [None, None])
     next: int = 0
     fresh: float = 0.0  # entries the floor passed since the top edge, about
+    levels: set[int] = field(default_factory=set)  # every level a walk has met
 
     def passed(self, lo: float, at: float, end: float, read: int) -> None:
         """The floor went up from ``lo`` to ``at``, the walk reading ``read`` entries from
@@ -172,10 +173,16 @@ _FLOORS: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...] | None, Floor]] = (
 )
 
 
-def _walk(tx: PostgresTx, queues: tuple[str, ...] | None, lo: float, hi: float,
-          lag: float | None) -> tuple[float | None, float | None]:  # fmt: skip
+def _levels(tx: PostgresTx, lo: float) -> list[int]:
+    row = tx.execute(LEVELS, {"lo": lo}).fetchone()
+    return [] if row is None or row[0] is None else [int(p) for p in row[0]]
+
+
+def _walk(tx: PostgresTx, queues: tuple[str, ...] | None, levels: list[int], lo: float,
+          hi: float, lag: float | None) -> tuple[float | None, float | None]:  # fmt: skip
     """The first live head in ``[lo, hi)``, and now less ``lag`` (None: no lag)."""
-    params: dict[str, Any] = {"now": tx.now, "lag": lag, "lo": lo, "hi": hi, "queues": None}
+    params: dict[str, Any] = {"now": tx.now, "lag": lag, "lo": lo, "hi": hi, "queues": None,
+                              "levels": sorted(levels)}  # fmt: skip
     sql = FLOOR_EVERY
     if queues is not None:
         sql, params["queues"] = FLOOR_NAMED, list(queues)
@@ -201,12 +208,16 @@ def floor(tx: PostgresTx, queues: tuple[str, ...] | None) -> float:
     if known is not None and mono - known.walked < WALK_EVERY:
         return known.at
     if known is None:  # the connection's first walk: from the oldest end
-        first, cap = _walk(tx, queues, -math.inf, math.inf, LAG)
+        levels = _levels(tx, -math.inf)
+        first, cap = _walk(tx, queues, levels, -math.inf, math.inf, LAG)
         at = min((x for x in (first, cap) if x is not None), default=-math.inf)
-        mine[queues] = Floor(at, tx.now, mono, Sweep(at))
+        mine[queues] = Floor(at, tx.now, mono, Sweep(at, levels=set(levels)))
         return at
-    sweep, read = known.sweep, _read(tx)
-    first, cap = _walk(tx, queues, known.at, math.inf, LAG)  # up from the floor it had
+    sweep = known.sweep
+    levels = _levels(tx, known.at)  # from the floor: a bounded read even when all died
+    sweep.levels.update(levels)
+    read = _read(tx)
+    first, cap = _walk(tx, queues, levels, known.at, math.inf, LAG)  # up from the floor
     at = min((x for x in (first, cap) if x is not None), default=known.at)
     now = cap + LAG if cap is not None else at
     before = _read(tx)
@@ -217,7 +228,8 @@ def floor(tx: PostgresTx, queues: tuple[str, ...] | None) -> float:
         piece = sweep.bounds(at)
     if piece is not None:
         lo, hi = piece
-        found, _ = _walk(tx, queues, lo, hi, None)  # a live run below: walked from it
+        # a live run below: walked from it (the levels of every run met so far)
+        found, _ = _walk(tx, queues, sorted(sweep.levels), lo, hi, None)
         sweep.measured(lo, hi, _read(tx) - before, found is not None)
         if found is not None:
             at = min(at, found)
