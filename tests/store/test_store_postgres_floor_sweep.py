@@ -125,3 +125,28 @@ def test_a_connection_opened_on_a_dead_prefix_cuts_it_into_pieces(
         if walker is not None:
             walker.conn.close()
         store.close()
+
+
+def test_a_run_below_the_floor_at_a_level_of_its_own_is_met(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sweep's pieces walk the levels the connection has met; a run below the floor at a
+    priority no walk met yet is met once the next round asks the levels again."""
+    monkeypatch.setattr(floors, "LAG", 0.0)
+    monkeypatch.setattr(floors, "WALK_EVERY", 0.0)
+    store, walker = pg.open(), Walker(pg)
+    try:
+        store.start_run("t", queue="b")
+        at, _ = walker.walk()
+        late = store.start_run("t", queue="b", priority=7)
+        with pg.connect() as conn:  # its head written 100 s before the floor
+            conn.execute("UPDATE tasks SET available_at = available_at - 100 WHERE run_id = %s",
+                         (late,))  # fmt: skip
+            conn.execute("UPDATE runs SET head_at = head_at - 100 WHERE id = %s", (late,))
+        walks = [walker.walk()[0] for _ in range(6)]
+        assert min(walks) < at - 50, (at, walks)  # the floor went down to it
+        found = store.claim("w", 60, queues=["b"])
+        assert found is not None
+    finally:
+        walker.conn.close()
+        store.close()

@@ -51,7 +51,8 @@ MIN_SPAN = 0.01  # seconds of head time: a narrower piece is not cut (its runs s
 # the priority levels with a head at or above %(lo)s (the loose scan of the claim's ``levels``,
 # from each level's newest end). Its own statement: while a queue is empty the newest entries
 # are dead, and from a low bound it reads them all; a walk up from the floor asks from the
-# floor, a piece of the sweep walks the levels the connection has seen (``Sweep.levels``)
+# floor, a piece of the sweep walks the levels the connection has seen (``Sweep.levels``: the
+# levels from the oldest end are asked again once a round)
 LEVELS = """WITH RECURSIVE levels(p) AS (
     SELECT (SELECT min(priority) FROM runs WHERE head_at >= %(lo)s::float8)
     UNION ALL
@@ -223,8 +224,9 @@ def floor(tx: PostgresTx, queues: tuple[str, ...] | None) -> float:
     before = _read(tx)
     sweep.passed(known.at, at, first if first is not None else now, before - read)
     piece = sweep.bounds(at)
-    if piece is None:  # a round of the sweep is over: the next starts at the oldest end
-        sweep.restart()
+    if piece is None:  # a round of the sweep is over: the next starts at the oldest end,
+        sweep.restart()  # with every level there is now (a run below at a level of its own)
+        sweep.levels.update(_levels(tx, -math.inf))
         piece = sweep.bounds(at)
     if piece is not None:
         lo, hi = piece
