@@ -10,6 +10,7 @@ tests/chaos/test_vacuum_blocked.py."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -40,14 +41,17 @@ def explain(pg: PostgresBackend, queues: list[str] | None) -> tuple[str, int]:
     many entries of the claim indexes it read (live and dead: this transaction's counts)."""
     sql = postgres_sql.claim_sql(None if queues is None else len(queues), 1)
     params: dict[str, Any] = {"owner": "w", "ttl": 60.0, "now": None, "queues": queues,
-                              "start": True, "lag": 0.0}  # fmt: skip
+                              "start": True, "lag": 0.0, "lo": -math.inf,
+                              "hi": math.inf}  # fmt: skip
     with pg.connect() as conn, conn.transaction(force_rollback=True):
         for setting in ("enable_seqscan", "enable_bitmapscan", "jit"):  # as our sessions plan
             conn.execute(f"SET LOCAL {setting} = off")
         walk = floors.FLOOR_EVERY if queues is None else floors.FLOOR_NAMED
-        row = conn.execute(walk, params).fetchone()
+        levels = conn.execute(floors.LEVELS, params).fetchone()
+        assert levels is not None
+        row = conn.execute(walk, {**params, "levels": levels[0]}).fetchone()
         assert row is not None and row[0] is not None
-        params["floor"] = row[0]
+        params["floor"] = min(row)  # the first live head, or now less the lag
         before = conn.execute(READ).fetchone()
         rows = conn.execute(f"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {sql}", params).fetchall()
         after = conn.execute(READ).fetchone()
@@ -117,18 +121,19 @@ def test_a_claim_reads_no_dead_prefix_while_the_horizon_is_held(
     assert re.search(r"Limit \(actual time=\S+ rows=1 loops=1\)", plan), plan  # it was claimed
 
 
-def test_a_run_below_the_floor_waits_for_the_next_full_walk_only(
+def test_a_run_below_the_floor_waits_for_the_sweep(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A run whose head shows up below the connection's floor (its transaction committed long
     after it wrote the head, or its head was written earlier than the floor) is not walked
-    until the next full walk, which meets it."""
+    until the sweep below the floor meets it: within a round of it (here, no dead rows, a few
+    walks), and the floor moves down to it."""
     monkeypatch.setattr(floors, "LAG", 0.0)
-    monkeypatch.setattr(floors, "FULL_EVERY", 3600.0)  # no full walk but the first
+    monkeypatch.setattr(floors, "WALK_EVERY", 3600.0)  # no walk but the first
     store = pg.open()
     try:
         store.start_run("t", queue="q")
-        first = store.claim("w", 60, queues=["q"])  # the full walk: the floor is its head
+        first = store.claim("w", 60, queues=["q"])  # the first walk: the floor is its head
         assert first is not None and store.commit_many([Commit(first, "finish")])
         late = store.start_run("t", queue="q")
         with pg.connect() as conn:  # its head written 100 s before the floor
@@ -136,9 +141,14 @@ def test_a_run_below_the_floor_waits_for_the_next_full_walk_only(
                          (late,))  # fmt: skip
             conn.execute("UPDATE runs SET head_at = head_at - 100 WHERE id = %s", (late,))
         assert store.claim("w", 60, queues=["q"]) is None  # below the floor: not walked
-        monkeypatch.setattr(floors, "FULL_EVERY", 0.0)  # the next claim walks in full
-        found = store.claim("w", 60, queues=["q"])
-        assert found is not None and found.run_id == late
+        monkeypatch.setattr(floors, "WALK_EVERY", 0.0)  # each claim walks (and sweeps a piece)
+        claims = []
+        for _ in range(4):  # the pieces: below the first floor, then up to the floor
+            claims.append(store.claim("w", 60, queues=["q"]))
+            if claims[-1] is not None:
+                break
+        found = claims[-1]
+        assert found is not None and found.run_id == late, claims
     finally:
         store.close()
 
@@ -146,7 +156,7 @@ def test_a_run_below_the_floor_waits_for_the_next_full_walk_only(
 def test_a_clock_that_went_back_walks_in_full(
     pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(floors, "FULL_EVERY", 3600.0)
+    monkeypatch.setattr(floors, "WALK_EVERY", 3600.0)
     clock = FakeClock(1_000_000.0)
     store = pg.open(clock=clock)
     try:
