@@ -5,11 +5,14 @@ on that lock and goes at its commit; a child after fork has its own."""
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
 import threading
 import time
 from pathlib import Path
 
-from workerproc.store import open_store
+import pytest
+
+from workerproc.store import StoreUnavailable, open_store
 from workerproc.store.sqlite.turns import turn
 
 
@@ -55,3 +58,35 @@ def test_a_forked_child_has_its_own_turn(tmp_path: Path) -> None:
         child.start()
         child.join(30)
     assert answer.get() is True
+
+
+def test_the_turn_and_the_file_s_lock_share_one_busy_timeout(tmp_path: Path) -> None:
+    """A writer that waited for its process's turn has that much less for the file's lock: it
+    gives up at busy_timeout from when it began to wait, not at twice that."""
+    path = str(tmp_path / "lk.db")
+    with open_store(path) as first:
+        first.start_run("t")  # (the schema is written)
+    other = sqlite3.connect(path, isolation_level=None)  # another process's writer, stuck
+    other.execute("BEGIN IMMEDIATE")
+    try:
+        with open_store(path, busy_timeout=1.5) as store:
+            mine = turn(store.dialect._absolute)  # type: ignore[attr-defined]
+            holding = threading.Event()
+
+            def hold() -> None:  # this process's other writer holds the turn for 1 s
+                with mine:
+                    holding.set()
+                    time.sleep(1.0)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            assert holding.wait(30)
+            began = time.monotonic()
+            with pytest.raises(StoreUnavailable):
+                store.start_run("t")
+            waited = time.monotonic() - began
+            holder.join(30)
+    finally:
+        other.rollback()
+        other.close()
+    assert 1.4 <= waited < 2.2, waited  # (each wait its own busy_timeout: 2.5 s at least)

@@ -103,6 +103,7 @@ class SQLiteDialect(Dialect):
 
     def _transaction(self, fn: Callable[[Tx], T], urgent: bool = False) -> T:
         conn = self._conn()
+        started = time.monotonic()  # (one busy_timeout for the turn and the file's lock)
         mine = turn(self._absolute)  # this process's writers take turns first (turns.py)
         if not mine.acquire(timeout=self.busy_timeout):
             raise StoreUnavailable(
@@ -110,13 +111,16 @@ class SQLiteDialect(Dialect):
                 "process's other writers)"
             )
         try:
-            return self._locked(conn, fn, urgent)
+            return self._locked(conn, fn, urgent, started)
         finally:
             mine.release()
 
-    def _locked(self, conn: sqlite3.Connection, fn: Callable[[Tx], T], urgent: bool) -> T:
-        """(This process's turn taken.) BEGIN IMMEDIATE, ``fn``, COMMIT."""
-        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent)
+    def _locked(
+        self, conn: sqlite3.Connection, fn: Callable[[Tx], T], urgent: bool, started: float
+    ) -> T:
+        """(This process's turn taken, waiting since ``started``.) BEGIN IMMEDIATE, ``fn``,
+        COMMIT."""
+        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started)
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -228,13 +232,16 @@ class SQLiteDialect(Dialect):
             raise
         return conn
 
-    def _retrying(self, fn: Callable[[], T], urgent: bool = False) -> T:
+    def _retrying(
+        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None
+    ) -> T:
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
         newcomers to the lock and nobody starves. An ``urgent`` one (a paid call's) polls so
-        from its first try."""
-        started = time.monotonic()
+        from its first try. ``started``: when the caller began to wait (its turn among the
+        process's writers counts: toward busy_timeout, and toward its age)."""
+        started = time.monotonic() if started is None else started
         deadline = started + self.busy_timeout
         tries = 0
         while True:
