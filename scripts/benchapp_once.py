@@ -40,12 +40,14 @@ def _timed_keep(store: Any, lease: Any, *args: Any, **kwargs: Any) -> Any:
         _keeps[lease.run_id] = (began, ended, _local.waited, committed)
 
 
-def _timed_retrying(self: SQLiteDialect, fn: Any, urgent: bool = False) -> Any:
+def _timed_retrying(
+    self: SQLiteDialect, fn: Any, urgent: bool = False, started: float | None = None
+) -> Any:
     if not getattr(_local, "keeping", False):
-        return _retrying(self, fn, urgent)
+        return _retrying(self, fn, urgent, started)
     began = time.perf_counter()
     try:
-        return _retrying(self, fn, urgent)
+        return _retrying(self, fn, urgent, started)
     finally:
         _local.waited += time.perf_counter() - began
 
