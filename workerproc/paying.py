@@ -183,7 +183,8 @@ class PaidCalls:
         import asyncio  # noqa: PLC0415 - as in once_async
 
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), paid.CALL_WAIT)
+            async with asyncio.timeout(paid.CALL_WAIT):  # (wait_for may swallow a cancel on 3.11)
+                return await asyncio.wrap_future(future)
         except TimeoutError:
             raise StoreError(f"once({key.name!r}): the store did not answer in "
                              f"{paid.CALL_WAIT:g} s") from None  # fmt: skip

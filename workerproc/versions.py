@@ -135,7 +135,8 @@ async def upgrade_async(ex: Execution) -> None:
     version, state = step
     lease = ex.lease
     future = _calls(ex).submit(lambda store: store.migrate_state(lease, version, state))
-    result = await asyncio.wait_for(asyncio.wrap_future(future), _bound(lease))
+    async with asyncio.timeout(_bound(lease)):  # (wait_for may swallow a cancellation on 3.11)
+        result = await asyncio.wrap_future(future)
     _upgraded(ex, version, state, result)
 
 

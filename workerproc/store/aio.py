@@ -52,12 +52,17 @@ T = TypeVar("T")
 
 
 async def sleep_on(changed: asyncio.Condition, moved: Callable[[], bool], timeout: float) -> None:
-    """Wait on ``changed`` until ``moved()`` holds or ``timeout`` seconds pass (no error)."""
+    """Wait on ``changed`` until ``moved()`` holds or ``timeout`` seconds pass (no error).
+
+    Bounded by ``asyncio.timeout``, not ``asyncio.wait_for``: on Python 3.11 a cancellation
+    that arrives as the wait completes is swallowed by ``wait_for``, and a follower cancelled
+    while the change watch woke it would go on following instead of ending."""
     import asyncio  # noqa: PLC0415 - a worker of plain handlers never imports asyncio
 
     async with changed:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(changed.wait_for(moved), timeout)
+            async with asyncio.timeout(timeout):
+                await changed.wait_for(moved)
 
 
 async def stop(task: asyncio.Task[None] | None) -> None:
