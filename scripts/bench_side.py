@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -22,13 +23,20 @@ from typing import Any
 
 
 def noop(a: dict[str, Any]) -> dict[str, float]:
-    """``m`` no-op runs drained by ``supervisor start SHAPE --drain`` on SQLite (FULL)."""
+    """``m`` no-op runs drained by ``supervisor start SHAPE --drain`` on SQLite (FULL): runs/s,
+    and the CPU (user + system) the pool spent per run, its supervisor and workers together
+    (this process's children, waited for: the workers are counted as their supervisor waits
+    for them). CPU per run is the steadier figure on a loaded machine."""
     from bench_procs import drain  # noqa: PLC0415 - with the tree's packages on the path
     from bench_store import bulk_runs, new_db  # noqa: PLC0415
 
     db = new_db(a["dir"], f"noop-{time.monotonic_ns()}")
     bulk_runs(db, a["m"], time.time() - 1)
-    return {"rate": a["m"] / drain(db, a["m"], f"sqlite:///{db}", a["shape"])}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rate = a["m"] / drain(db, a["m"], f"sqlite:///{db}", a["shape"])
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"rate": rate, "cpu_us": cpu / a["m"] * 1e6}
 
 
 def io(a: dict[str, Any]) -> dict[str, float]:
