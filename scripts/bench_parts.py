@@ -192,8 +192,14 @@ def part_slots(figures: Figures, named: dict[str, Path], tmp: str, args: Any) ->
 
     m = args.slots_tasks
     shape = ["-n", "2", "--concurrency", "16"]
-    sides: list[Side] = [(f"{name} -n 2 -c 16", lambda t=tree: side(
-        t, "noop", m=m, shape=shape, dir=tmp)["rate"]) for name, tree in named.items()]  # fmt: skip
+
+    def slots(name: str, tree: Path) -> float:
+        got = side(tree, "noop", m=m, shape=shape, dir=tmp)
+        figures.setdefault(f"{name} -n 2 -c 16 cpu us", []).append(got["cpu_us"])
+        return got["rate"]
+
+    sides: list[Side] = [(f"{name} -n 2 -c 16", lambda n=name, t=tree: slots(n, t))
+                         for name, tree in named.items()]  # fmt: skip
     sides.insert(1, ("bare batched loop", lambda: raw(tmp, m, 2, k=8)))
     rounds(figures, args.slots_rounds, sides)
     io_shape = ["-n", "2", "--concurrency", "250"]

@@ -82,6 +82,20 @@ def sqlite_rows(figures: Figures) -> list[Row]:
                           "same run", slots_now, bare, 0.30, "" if bare is None else
                           f" of {bare:,.0f} /s", "-" if bare is None or slots_before is None
                           else f"{slots_before / bare:.2f}x"))  # fmt: skip
+    cpu_now, cpu_before = (
+        med(figures, "now -n 2 -c 16 cpu us"),
+        med(figures, "before -n 2 -c 16 cpu us"),
+    )
+    rows.append(
+        (
+            "2",
+            "(the pool's CPU per run at -n 2 --concurrency 16: supervisor and workers, "
+            "user + system)",
+            fmt(cpu_now, "{:.0f} us"),
+            fmt(cpu_before, "{:.0f} us"),
+            "-",
+        )
+    )
     rows.append(at_least("2", "SQLite: >= 10,000 no-op runs/s at -n 2", figures, "-n 2", 10_000,
                          "{:,.0f} /s"))  # fmt: skip
     huey = med(figures, "huey -w 8")
