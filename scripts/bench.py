@@ -2,7 +2,7 @@
 
     scripts/bench --parts cli,startup,noop,slots,limits,pg,webhooks --before REV [--quick]
         the speed goals' parts, this checkout beside REV in the same run, one goals table
-        (scripts/bench_parts.py; about 25-30 minutes on 2 cores; --help with --parts says more)
+        (scripts/bench_parts.py; <= 35 minutes on 2 cores; --help with --parts says more)
     scripts/bench throughput [--quick] [--parts ...]   ours beside huey and procrastinate
     scripts/bench before REV                          this checkout against an earlier commit
     scripts/bench once                                a paid call's keep latency

@@ -23,9 +23,11 @@ first; huey and procrastinate, when installed, beside in the same rounds):
   webhooks  2,000 runs with a webhook, then a webhook added over 2,000 done runs (catch-up,
             the goal's figure), SQLite and PostgreSQL
 
-The full run of those seven takes about 25-30 minutes on the 2-core VM (with both trees; the
-goal is <= 35); ``--quick`` shrinks every size for a smoke run of a minute or two whose figures
-mean nothing. Throughput parts print each side's figure to stderr as they go.
+The sizes are picked so the full run of those seven, both trees and the peers, fits in 35
+minutes on the 2-core VM: about 15-20 when it is quiet (limits are the longest part, about 7:
+40 drains and 8 backlogs of 50,000 runs), and each rate is a median of 3 rounds (limits 5).
+``--quick`` shrinks every size for a smoke run of a minute or two whose figures mean nothing.
+Each side's figure goes to stderr as it is measured; the table to stdout at the end.
 """
 
 from __future__ import annotations
