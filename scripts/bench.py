@@ -1,5 +1,8 @@
 """``scripts/bench``: every benchmark of this repository, one command with subcommands.
 
+    scripts/bench --parts cli,startup,noop,slots,limits,pg,webhooks --before REV [--quick]
+        the speed goals' parts, this checkout beside REV in the same run, one goals table
+        (scripts/bench_parts.py; <= 35 minutes on 2 cores; --help with --parts says more)
     scripts/bench throughput [--quick] [--parts ...]   ours beside huey and procrastinate
     scripts/bench before REV                          this checkout against an earlier commit
     scripts/bench once                                a paid call's keep latency
@@ -50,6 +53,8 @@ SUBCOMMANDS = {
     "pg-cost": ("bench_pg_cost", "PostgreSQL: the server's CPU and dead row versions per run"),
     "pg-floor": ("bench_pg_floor", "PostgreSQL: the raw floor of idle pickup, none of our code"),
     "pgbouncer": ("bench_pgbouncer", "PostgreSQL: throughput straight and through PgBouncer"),
+    "profile": ("bench_profile", "SQLite, -n 2 --concurrency 16: CPU per run by process, and "
+                "a cProfile of the workers (SQLite's share, the top functions)"),
 }  # fmt: skip
 
 
@@ -70,8 +75,21 @@ def parser(chosen: str | None) -> argparse.ArgumentParser:
     return ap
 
 
+def parts_parser() -> argparse.ArgumentParser:
+    """``scripts/bench --parts ... --before REV``: no subcommand (scripts/bench_parts.py)."""
+    mod = importlib.import_module("bench_parts")
+    ap = argparse.ArgumentParser(prog="scripts/bench", description=mod.__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    mod.add_arguments(ap)
+    ap.set_defaults(run=mod.run, parser=ap)
+    return ap
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0].startswith("--") and argv[0] != "--help":  # the options, no subcommand
+        args = parts_parser().parse_args(argv)
+        return int(args.run(args) or 0)
     chosen = next((a for a in argv if not a.startswith("-")), None)
     args = parser(chosen if chosen in SUBCOMMANDS else None).parse_args(argv)
     return int(args.run(args) or 0)

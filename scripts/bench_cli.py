@@ -15,13 +15,16 @@ and how many modules each command loads.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import closing
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,18 +37,19 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--samples", type=int, default=20, help="calls per command (default 20)")
 
 
-def _env() -> dict[str, str]:
+def _env(tree: str = ROOT) -> dict[str, str]:
+    """The environment that runs ``tree``'s code (this checkout's, or an earlier commit's)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = tree + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
-def _timed(argv: list[str], cwd: str, stderr: Any = subprocess.DEVNULL) -> float:
+def _timed(argv: list[str], cwd: str, stderr: Any = subprocess.DEVNULL, tree: str = ROOT) -> float:
     """Launch to exit, wall clock. The wait is a blocking ``waitpid``, bounded by a timer that
     kills the process: ``subprocess.run(timeout=...)`` polls with sleeps growing to 50 ms, and
     so rounded every time up to its next poll (114, 164, 214 ... ms)."""
     started = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=cwd, env=_env(), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(argv, cwd=cwd, env=_env(tree), stdout=subprocess.DEVNULL,
                             stderr=stderr)  # fmt: skip
     bound = threading.Timer(120, proc.kill)
     bound.start()
@@ -56,27 +60,26 @@ def _timed(argv: list[str], cwd: str, stderr: Any = subprocess.DEVNULL) -> float
     return time.perf_counter() - started
 
 
-def _drain(sv: list[str], db: str) -> tuple[float, float, float]:
-    """A one-run ``start -n 2 --drain``: launch to exit, launch to the run's handler, and the
-    pool's start (its "supervisor started" log line) to the run's handler, in seconds."""
-    from workerproc.store import open_store  # noqa: PLC0415 - the one-run commands' rows load none
-
-    subprocess.run([*sv, "migrate", "--db", db], env=_env(), check=True, capture_output=True)
-    made = subprocess.run([*sv, "enqueue", "stamp", "--db", db], env=_env(), check=True,
+def _drain(sv: list[str], db: str, tree: str = ROOT) -> tuple[float, float, float]:
+    """A one-run ``start -n 2 --drain`` of ``tree``'s code: launch to exit, launch to the run's
+    handler, and the pool's start (its "supervisor started" log line) to the run's handler, in
+    seconds. The run is read with sqlite3 alone: this process's store may be another tree's."""
+    subprocess.run([*sv, "migrate", "--db", db], env=_env(tree), check=True, capture_output=True)
+    made = subprocess.run([*sv, "enqueue", "stamp", "--db", db], env=_env(tree), check=True,
                           capture_output=True, text=True)  # fmt: skip
     run_id = int(made.stdout.split()[-1])
     with tempfile.TemporaryFile("w+") as log:
         launched = time.time()
         took = _timed([*sv, "start", "-n", "2", "--drain", "--db", db, "--app", "benchapp:app"],
-                      os.path.join(ROOT, "scripts"), stderr=log)  # fmt: skip
+                      os.path.join(ROOT, "scripts"), stderr=log, tree=tree)  # fmt: skip
         log.seek(0)
         started = next(line for line in log if "supervisor started" in line)
     stamp = started.split(" supervisor[")[0]  # e.g. 2026-12-05 15:43:41,142 (local time)
     pool_at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
-    with open_store(db) as store:
-        run = store.get_run(run_id)
-    assert run is not None and run.result is not None, f"run {run_id} did not succeed"
-    began = float(run.result)  # (benchapp's stamp: its handler's start, time.time())
+    with closing(sqlite3.connect(db)) as conn:
+        row = conn.execute("SELECT status, result FROM runs WHERE id = ?", (run_id,)).fetchone()
+    assert row is not None and row[0] == "succeeded", f"run {run_id} did not succeed: {row}"
+    began = float(json.loads(row[1]))  # (benchapp's stamp: its handler's start, time.time())
     return took, began - launched, began - pool_at
 
 

@@ -31,10 +31,18 @@ class Holdings:
         self.on_lane = on_lane  # whether a lease is the delivery lane's (None: no lane)
         self.lane = 0  # of the running, the lane's (``Mode.LANE``)
         self.riders = 0  # of the running, items riding in a batch (its leader holds the slot)
+        # of the waiting, the lane's: a turn with no delivery waiting finds none without a scan
+        # of every waiting lease (the conductor asks at each start, with dozens waiting)
+        self.lane_waiting = 0
 
     def lane_lease(self, lease: Lease) -> bool:
         """Whether ``lease`` is the delivery lane's (a webhook delivery)."""
         return self.on_lane is not None and self.on_lane(lease)
+
+    def _gone(self, leases: Iterable[Lease]) -> None:
+        """``leases`` left the waiting ones (holding ``lock``)."""
+        if self.on_lane is not None:
+            self.lane_waiting -= sum(map(self.on_lane, leases))
 
     def users(self) -> int:
         """The users' handlers running now (holding ``lock``; a batch is one)."""
@@ -61,8 +69,7 @@ class Holdings:
             if running and running >= capacity:
                 youngest = max(ex.started for ex in self.running.values()
                                if ex.mode is not Mode.LANE)  # fmt: skip
-            on_lane = self.on_lane
-            lane_waiting = 0 if on_lane is None else sum(map(on_lane, self.waiting))
+            lane_waiting = self.lane_waiting
             return View(running, youngest, len(self.waiting) - lane_waiting, finished, since,
                         self.lane + lane_waiting, lane_waiting)  # fmt: skip
 
@@ -91,17 +98,23 @@ class Holdings:
                  if lease.task == task and lease.task_id not in self.running][:most]  # fmt: skip
         for lease in taken:
             self.waiting.remove(lease)
+        self._gone(taken)
         return taken
 
     def add_waiting(self, leases: Iterable[Lease]) -> None:
+        leases = list(leases)
         with self.lock:
             self.waiting.extend(leases)
+            if self.on_lane is not None:
+                self.lane_waiting += sum(map(self.on_lane, leases))
 
     def startable(self, users: bool = True, lane: bool = False) -> Lease | None:
         """The first waiting lease whose task runs no older attempt here (one lost, its handler
         not ended yet: two attempts of one task never run at once in one process; the check is
         per task, not per run), among the users' (``users``: a users' slot is free) and the
         delivery lane's (``lane``: a lane slot is free). Call it holding ``lock``."""
+        if not users and not (lane and self.lane_waiting):
+            return None  # nothing it could start: no scan
         for lease in self.waiting:
             if lease.task_id not in self.running and (lane if self.lane_lease(lease) else users):
                 return lease
@@ -113,12 +126,14 @@ class Holdings:
             self.waiting.popleft()
         else:
             self.waiting.remove(lease)
+        self._gone((lease,))
 
     def take_waiting(self) -> list[Lease]:
         """Every waiting lease (to go back unstarted), leaving none."""
         with self.lock:
             leases = list(self.waiting)
             self.waiting.clear()
+            self.lane_waiting = 0
         return leases
 
     def drop_waiting(self, lease: Lease) -> bool:
@@ -126,6 +141,7 @@ class Holdings:
         with self.lock:
             if lease in self.waiting:
                 self.waiting.remove(lease)
+                self._gone((lease,))
                 return True
         return False
 
@@ -139,6 +155,7 @@ class Holdings:
             waiting = ex is None and lease in self.waiting
             if waiting:
                 self.waiting.remove(lease)
+                self._gone((lease,))
         return ex, waiting
 
     def clear(self) -> tuple[list[Execution], list[Lease]]:
@@ -147,5 +164,5 @@ class Holdings:
             running, waiting = list(self.running.values()), list(self.waiting)
             self.running.clear()
             self.waiting.clear()
-            self.lane = self.riders = 0
+            self.lane = self.riders = self.lane_waiting = 0
         return running, waiting

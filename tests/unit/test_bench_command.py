@@ -22,7 +22,7 @@ OWN_OPTION = {"throughput": "--only-postgres", "before": "--now", "store": "--qu
               "waits": "--waiting", "webhooks": "--trickle", "web": "--runs",
               "worker": "--ttl", "pg-cost": "--concurrency", "pg-floor": "samples",
               "streams": "--flood", "pgbouncer": "--workers", "cli": "--samples",
-              "batch": "--workers", "idle": "--window"}  # fmt: skip
+              "batch": "--workers", "idle": "--window", "profile": "--top"}  # fmt: skip
 
 
 def bench_py(*args: str) -> subprocess.CompletedProcess[str]:
@@ -62,3 +62,23 @@ def test_an_unknown_or_missing_subcommand_is_a_usage_error() -> None:
         out = bench_py(*argv)
         assert out.returncode == 2, out
         assert out.stderr.startswith("usage: scripts/bench "), out.stderr
+
+
+def test_the_speed_goals_run_is_options_without_a_subcommand(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``scripts/bench --parts ... --before REV``: the speed goals' one command (no subcommand);
+    its help names every part and its run time, and a part it does not know is a usage error."""
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["--parts", "cli", "--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    for part in ("cli", "startup", "noop", "slots", "limits", "pg", "webhooks"):
+        assert f"  {part} " in out, out
+    assert "--before" in out and "--quick" in out and "35" in out, out
+    args = bench.parts_parser().parse_args(["--parts", "noop,slots", "--before", "a3296d1"])
+    assert (args.parts, args.before, args.quick) == ("noop,slots", "a3296d1", False)
+    assert args.run.__module__ == "bench_parts"
+    out2 = bench_py("--parts", "nope", "--before", "HEAD")
+    assert out2.returncode == 2, out2
+    assert "unknown nope" in out2.stderr, out2.stderr

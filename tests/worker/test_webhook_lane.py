@@ -128,6 +128,45 @@ def test_the_holdings_count_the_lane_apart_and_start_its_leases_first() -> None:
     assert h.lane == 0 and not h.running
 
 
+def test_a_turn_without_a_delivery_waiting_looks_at_no_waiting_lease() -> None:
+    """The lane's waiting leases are counted as they come and go: a start with no delivery
+    waiting (or no slot free) asks ``on_lane`` nothing, where it used to scan every waiting
+    lease at every start (most of a busy worker's Python time with dozens prefetched)."""
+    asked: list[Lease] = []
+
+    def counting(lease: Lease) -> bool:
+        asked.append(lease)
+        return on_lane(lease)
+
+    def lease(task_id: int, queue: str = "default") -> Lease:
+        return Lease(task_id, task_id, "t", None, 1, "me", 0.0, 0.0, queue=queue)
+
+    h = Holdings(counting)
+    users = [lease(k) for k in range(1, 41)]
+    h.add_waiting(users)
+    asked.clear()
+    with h.lock:
+        assert h.startable(users=False, lane=True) is None
+        assert h.startable(users=False, lane=False) is None
+    assert h.view(16, 0, None).lane_waiting == 0
+    assert asked == []
+    deliveries = [lease(100, WEBHOOK_QUEUE), lease(101, WEBHOOK_QUEUE)]
+    h.add_waiting(deliveries)
+    assert h.view(16, 0, None).lane_waiting == 2
+    with h.lock:
+        assert h.startable(users=False, lane=True) is deliveries[0]
+        h.take(deliveries[0])
+        h.take(users[0])
+    assert h.view(16, 0, None).lane_waiting == 1
+    assert h.drop_waiting(deliveries[1]) and h.view(16, 0, None).lane_waiting == 0
+    h.add_waiting([lease(102, WEBHOOK_QUEUE)])
+    assert h.find(lease(102, WEBHOOK_QUEUE)) == (None, True)
+    assert h.view(16, 0, None).lane_waiting == 0
+    h.add_waiting([lease(103, WEBHOOK_QUEUE)])
+    h.take_waiting()
+    assert h.view(16, 0, None).lane_waiting == 0
+
+
 # -- a real pool: dead receivers cost the users nothing --------------------------------------------
 @pytest.fixture
 def silent() -> Iterator[list[str]]:

@@ -45,13 +45,18 @@ def check_depth(value: JSON, what: str, limit: int = MAX_DEPTH) -> None:
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
 
 
+# one encoder, made once: ``json.dumps`` with any option builds a new JSONEncoder per call,
+# and a no-op run encodes its state and its result at every finish
+_encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
+
+
 def dumps(value: JSON, what: str, limit: int = MAX_STATE) -> str:
     """JSON-encode ``value`` (at most ``limit`` bytes) or raise InvalidPayload naming ``what``.
     Whatever goes wrong inside (a container whose methods raise, say) is InvalidPayload too: a
     bad value fails its own caller, never the code that tried to encode it."""
     try:
         check_depth(value, what)
-        text = json.dumps(value, separators=(",", ":"), allow_nan=False)
+        text = _encode(value)
     except InvalidPayload:
         raise
     except (TypeError, ValueError) as exc:
