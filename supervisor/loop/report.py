@@ -180,9 +180,8 @@ def _unserved(
     (B22): no worker of this pool claims them, so a drain does not wait for them, and says
     so. Only looked for among the newest ``UNSERVED_LOOK`` pending runs: with more, the drain
     goes on as if they were served."""
-    pending = [r for r in store.list_runs("pending", UNSERVED_LOOK)
-               if r.queue != WEBHOOK_QUEUE and (served is None or r.queue in served)]  # fmt: skip
-    return store.unserved([r.id for r in pending], tasks=tasks) if pending else {}
+    pending = store.pending_ids(UNSERVED_LOOK, queues=served)  # (the deliveries are the system's)
+    return store.unserved(pending, tasks=tasks) if pending else {}
 
 
 def _waiting(unserved: dict[int, str]) -> str:

@@ -138,6 +138,7 @@ STATEMENTS = frozenset(
         "COUNT_ENDED", "RUN_TOTALS",
         # the worker processes of every host, kept by their heartbeats
         "WORKER_SEEN", "WORKER_GONE", "PRUNE_WORKERS", "LIST_WORKERS", "HEAD_TASKS",
+        "PENDING_IDS",
         # flow control: limits, their gates, the gated claim and its settling
         "LIMIT_SPECS", "LIMIT_ROWS", "DECLARE_LIMIT", "SET_LIMIT", "LIMIT_KEYS", "LIMIT_USE",
         "OPEN_GATES", "GATE_STATE", "LINE_RUNS", "LINE_NEXT", "CLAIM_RUNS", "GATE_WRITE",

@@ -115,3 +115,23 @@ def test_a_pool_judges_its_own_tasks_without_the_worker_list(driver: Driver) -> 
     assert s.unserved([mine, other]) == {mine: "no worker serves task noop"}
     assert s.unserved([mine, other], tasks=["noop"]) == {other: "no worker serves task render"}
     assert s.unserved([mine, other], tasks=["noop", "render"]) == {}
+
+
+@verb("pending_ids")
+def test_the_newest_pending_ids_of_the_queues_asked(driver: Driver) -> None:
+    s = driver.store
+    first = s.start_run("t", {})
+    other = s.start_run("t", {}, queue="batch")
+    last = s.start_run("t", {})
+    done = s.start_run("t", {}, queue="batch")
+    lease = s.claim("w", TTL, queues=["batch"])
+    assert lease is not None and lease.run_id == other
+    s.ack(lease)
+    assert s.pending_ids() == [done, last, first]  # newest first; an ended run is not pending
+    assert s.pending_ids(2) == [done, last]
+    assert s.pending_ids(queues=["default"]) == [last, first]
+    assert s.pending_ids(queues=["batch", "default"], limit=1) == [done]
+    assert s.pending_ids(queues=[]) == []
+    assert s.pending_ids(0) == []
+    with pytest.raises(ValueError):
+        s.pending_ids(queues=["bad\x00queue"])

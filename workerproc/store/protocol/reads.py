@@ -221,6 +221,14 @@ class Reads:
         another connection may have committed (None: poll). A hint; the token decides."""
         return self.dialect.change_watch()
 
+    def pending_ids(self, limit: int = 1000, *, queues: Sequence[str] | None = None) -> list[int]:
+        """The ids of the newest ``limit`` pending runs (of ``queues``; None: any), newest
+        first, the users' runs only: ids alone, nothing decoded (a drain's look for runs no
+        worker of its pool serves, ``unserved``, B22)."""
+        picked = None if queues is None else [check_queue(q) for q in queues]
+        params = {"limit": max(0, limit), "below": below(False), "queues": picked}
+        return [int(row[0]) for row in self._rows("PENDING_IDS", params)]
+
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
         value: claimable now)."""

@@ -328,6 +328,12 @@ def head_tasks(tx: SQLiteTx, params: Params) -> list[Row]:
     return tx.conn.execute(r.HEAD_TASKS, shaped).fetchall()
 
 
+def pending_ids(tx: SQLiteTx, params: Params) -> list[Row]:
+    queues = params["queues"]
+    shaped = {**params, "queues": None if queues is None else json.dumps(queues)}
+    return tx.conn.execute(r.PENDING_IDS, shaped).fetchall()
+
+
 STEPS: dict[str, Step] = {
     "INSERT_EVENTS": insert_events,
     "DELIVER_SIGNAL": deliver_signal,
@@ -358,5 +364,6 @@ STEPS: dict[str, Step] = {
     "RELEASE_OWNER": release_owner,
     "REGATE": regate,
     "HEAD_TASKS": head_tasks,
+    "PENDING_IDS": pending_ids,
 }
 CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh, st], STEPS)

@@ -356,3 +356,11 @@ SELECT c.oid::regclass::text FROM pg_class AS c
 -- name: TASK_OPTIONS
 -- per-task options (B11): every task that declares some (a few rows)
 SELECT name, options::text FROM task_options ORDER BY name
+
+-- name: PENDING_IDS
+-- The newest pending runs' ids, newest first, below %(below)s (the users' runs only), of the
+-- queues in %(queues)s (NULL: every queue): where a drain looks for runs no worker of its pool
+-- serves (B22). Ids only, walking runs_status: nothing to decode.
+SELECT id FROM runs WHERE status = 'pending' AND id < %(below)s
+    AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]))
+    ORDER BY id DESC LIMIT %(limit)s

@@ -257,3 +257,11 @@ SELECT queue, count(*) FROM runs WHERE status = 'failed'
 -- name: TASK_OPTIONS
 -- Per-task options (B11): every task that declares some (a few rows).
 SELECT name, options FROM task_options ORDER BY name
+
+-- name: PENDING_IDS
+-- The newest pending runs' ids, newest first, below :below (the users' runs only), of the
+-- queues in :queues (a JSON array; NULL: every queue): where a drain looks for runs no worker of
+-- its pool serves (B22). Ids only, walking runs_status: nothing to decode.
+SELECT id FROM runs WHERE status = 'pending' AND id < :below
+    AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)))
+    ORDER BY id DESC LIMIT :limit
