@@ -67,9 +67,9 @@ class Leases(Limits):
                     commits = [*commits[:i], dataclasses.replace(commit, children=tuple(kids)),
                                *commits[i + 1 :]]  # fmt: skip
                 if KINDS[commit.kind].next:
-                    name = encoded[i]["name"]
+                    name = encoded[i].name
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
-                    encoded[i].update(got.params())
+                    encoded[i].place(got)
                     if got.line:
                         nexts[i] = got
 
