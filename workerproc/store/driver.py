@@ -255,10 +255,11 @@ class Placing:
 
 
 class LineRun(NamedTuple):
-    """One of a line's first claimable runs (``LINE_RUNS``, locked): its head task, the
-    tokens its claim reserves, what an expired lease on it still holds (a takeover gives it
-    back; None: no such lease) and its gates."""
+    """One of a line's first claimable runs (``LINE_RUNS``' row, locked): its line, its head
+    task, the tokens its claim reserves, what an expired lease on it still holds (a takeover
+    gives it back; None: no such lease) and its gates."""
 
+    line: str
     run_id: int
     task_id: int
     reserve: int | None
@@ -308,7 +309,7 @@ def by_line(lines: Sequence[str], rows: Sequence[Row]) -> dict[str, list[LineRun
     """``LINE_RUNS``'s rows by line (every line asked has its list, maybe empty)."""
     found: dict[str, list[LineRun]] = {line: [] for line in lines}
     for row in rows:
-        found.setdefault(row[0], []).append(LineRun(*row[1:]))
+        found.setdefault(row[0], []).append(LineRun._make(row))
     return found
 
 
