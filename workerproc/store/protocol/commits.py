@@ -38,20 +38,31 @@ def fence(lease: Lease, now: float | None) -> Params:
     }
 
 
-def rejected(tx: Tx, fenced: Params, op: str, task: str | None = None) -> None:
-    """Keep a refused write as evidence, in the transaction that refused it, and its event
-    (the only one a refused write makes)."""
-    tx.count("INSERT_REJECTION", {**fenced, "op": op})
-    emit(tx, "write.refused", fenced["run_id"], task, fenced["attempt"], op=op,
-         owner=fenced["owner"], task_id=fenced["task_id"])  # fmt: skip
+def rejected(tx: Tx, lease: Lease, op: str) -> None:
+    """Keep a write of ``lease`` refused as evidence, in the transaction that refused it, and
+    its event (the only one a refused write makes)."""
+    tx.count("INSERT_REJECTION", {**fence(lease, tx.now), "op": op})
+    emit(tx, "write.refused", lease.run_id, lease.task, lease.attempt, op=op,
+         owner=lease.owner, task_id=lease.task_id)  # fmt: skip
 
 
-def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResult:
+def live(tx: Tx, lease: Lease) -> bool:
+    """Whether ``lease`` is still its owner's and live (``CHECK_FENCE``)."""
+    return tx.one("CHECK_FENCE", fence(lease, tx.now)) is not None
+
+
+def held(tx: Tx, lease: Lease, op: str) -> bool:
+    """Whether ``lease`` is still live (``live``); if not, the refusal of its write ``op`` is
+    recorded (``rejected``)."""
+    if not live(tx, lease):
+        rejected(tx, lease, op)
+        return False
+    return True
+
+
+def refused(tx: Tx, lease: Lease, op: str) -> CasResult:
     """A fenced compare-and-set changed nothing: a lost lease (recorded) or a moved run."""
-    if tx.one("CHECK_FENCE", params) is None:
-        rejected(tx, params, op, task)
-        return CasResult.LEASE_LOST
-    return CasResult.CONFLICT
+    return CasResult.CONFLICT if held(tx, lease, op) else CasResult.LEASE_LOST
 
 
 def record(kind: type[Completion], lease: Lease, enc: Encoded) -> Completion:
@@ -103,9 +114,7 @@ def _held(write: Write) -> Write:
     """``write`` once the lease is found live (else the refusal, recorded)."""
 
     def checked(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
-        fenced = fence(commit.lease, tx.now)
-        if tx.one("CHECK_FENCE", fenced) is None:
-            rejected(tx, fenced, KINDS[commit.kind].op, commit.lease.task)
+        if not held(tx, commit.lease, KINDS[commit.kind].op):
             return CasResult.LEASE_LOST
         return write(tx, commit, enc)
 
@@ -270,10 +279,10 @@ KINDS: dict[str, Kind] = {
 def _refusal(tx: Tx, commit: Commit) -> CasResult:
     """What a commit whose write changed nothing answers (its refusal recorded where its
     lease is lost)."""
-    kind, fenced = KINDS[commit.kind], fence(commit.lease, tx.now)
+    kind = KINDS[commit.kind]
     if kind.conflict:
-        return refused(tx, fenced, kind.op, commit.lease.task)
-    rejected(tx, fenced, kind.op, commit.lease.task)  # fenced by its own statement
+        return refused(tx, commit.lease, kind.op)
+    rejected(tx, commit.lease, kind.op)  # fenced by its own statement
     return CasResult.LEASE_LOST
 
 
