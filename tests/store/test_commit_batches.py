@@ -13,10 +13,13 @@ from store_backends import TTL
 from unfenced import SQLITE_FENCE
 
 from workerproc.store import Commit, Store
+from workerproc.store.codec import Encoded, commit_params, dumps
 from workerproc.store.dialect import ClaimRow, Tx
+from workerproc.store.driver import Advance, Handback, Release
+from workerproc.store.limits import Gating
 from workerproc.store.postgres import batch_sql
 from workerproc.store.postgres import sql as postgres_sql
-from workerproc.store.protocol.commits import KINDS
+from workerproc.store.protocol.commits import KINDS, record
 from workerproc.store.sqlite import sql as sqlite_sql
 from workerproc.store.types import CommitKind
 
@@ -148,3 +151,27 @@ def test_a_batch_larger_than_one_statement_takes_goes_in_parts(
     assert [s.get_run(run).status for run in runs] == ["succeeded"] * 2 + ["running"] + [
         "succeeded"
     ] * 2
+
+
+def test_a_commit_is_encoded_as_a_typed_record_and_its_completion_built_from_it(
+    s: Store,
+) -> None:
+    """A commit's values are encoded once into a typed record (``Encoded``: slots, no dict),
+    and each completion the driver writes is built from it and the lease's fence, field by
+    field; the next task's gating is placed on it."""
+    s.start_run("t", state={})
+    lease = s.claim("w", TTL)
+    assert lease is not None
+    commit = Commit(lease, "advance", expected_revision=2, new_state={"a": 1}, next_task="n",
+                    next_payload=[1], delay=3)  # fmt: skip
+    enc = commit_params(commit)
+    assert isinstance(enc, Encoded) and not hasattr(enc, "__dict__")
+    enc.place(Gating(("g1", "g2"), "g1", 5))
+    fenced = (lease.run_id, lease.task_id, lease.attempt, lease.owner)
+    assert record(Advance, lease, enc) == Advance(
+        *fenced, 2, dumps({"a": 1}, "state"), None, "n", dumps([1], "payload"), 3.0,
+        "g1", "g1", "g2", None, 5, None,
+    )  # fmt: skip
+    released = commit_params(Commit(lease, "release", delay=-1, error="boom"))
+    assert record(Release, lease, released) == Release(*fenced, 0.0, "boom")
+    assert record(Handback, lease, released) == Handback(*fenced)

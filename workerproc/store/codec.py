@@ -16,11 +16,15 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidCommit, InvalidPayload
 from .redaction import redact
 from .types import JSON, NO_OPTIONS, Commit, TaskOptions
+
+if TYPE_CHECKING:
+    from .limits import Gating
 
 RESERVED = "leasekeeper."  # the prefix of leasekeeper's own tasks and queues (no app may use it)
 
@@ -286,35 +290,72 @@ def check_run_options(queue: str, priority: int, key: str | None, *, system: boo
         check_key(key)
 
 
-def commit_params(commit: Commit) -> dict[str, Any]:
-    """A commit's statement parameters, its JSON encoded and checked before any transaction
+@dataclass(slots=True)
+class Encoded:
+    """A commit's values as its statements write them (JSON as text), encoded and checked
+    before any transaction starts, so a bad value writes nothing (both backends): what a
+    kind does not write keeps its default. ``line``..``tokens``: where a next task waits (its gates,
+    ``limits.Gating``), set once the task's limits are known."""
+
+    delay: float
+    error: str | None
+    state: str = "null"
+    revision: int = 0
+    result: str = "null"
+    wait_for: str | None = None
+    name: str = ""
+    payload: str = "null"
+    queue: str | None = None
+    version: int | None = None
+    reason: str | None = None
+    line: str | None = None
+    gate_a: str | None = None
+    gate_b: str | None = None
+    gate_c: str | None = None
+    tokens: int | None = None
+
+    def params(self) -> dict[str, Any]:
+        """Its fields as named statement parameters (for a kind written on its own)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def place(self, gating: Gating) -> None:
+        """The next task waits where ``gating`` says (its line, gates and reservation)."""
+        self.line, self.gate_a, self.gate_b, self.gate_c, self.tokens = gating.columns()
+
+
+_STATEFUL = frozenset(("finish", "advance", "wait", "spawn", "compare_and_set", "migrate"))
+_NEXT = frozenset(("advance", "wait", "spawn"))
+
+
+def commit_params(commit: Commit) -> Encoded:
+    """A commit's values (``Encoded``), its JSON encoded and checked before any transaction
     starts, so a bad value writes nothing (both backends)."""
-    params: dict[str, Any] = {"delay": max(0.0, float(commit.delay)),
-                              "error": clean_text(commit.error)}  # fmt: skip
-    if commit.kind in ("finish", "advance", "wait", "spawn", "compare_and_set", "migrate"):
-        params["state"] = dumps(commit.new_state, "state")
-        params["revision"] = commit.expected_revision
-    if commit.kind == "finish":
-        params["result"] = dumps(commit.result, "result")
-    if commit.kind in ("wait", "park"):
-        params["wait_for"] = _text(commit.wait_for, "what the run waits for", MAX_NAME + 7)
-    if commit.kind == "spawn":
-        params["wait_for"] = "children"
-    if commit.kind in ("advance", "wait", "spawn"):
-        params["name"] = check_name(commit.next_task, "the next task's name")
-        params["payload"] = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
-        params["queue"] = commit.next_queue
-        params["version"] = check_task_version(commit.version)
+    kind = commit.kind
+    out = Encoded(max(0.0, float(commit.delay)), clean_text(commit.error))
+    if kind in _STATEFUL:
+        out.state = dumps(commit.new_state, "state")
+        out.revision = commit.expected_revision
+    if kind == "finish":
+        out.result = dumps(commit.result, "result")
+    elif kind in ("wait", "park"):
+        out.wait_for = _text(commit.wait_for, "what the run waits for", MAX_NAME + 7)
+    elif kind == "spawn":
+        out.wait_for = "children"
+    elif kind == "fail":
+        out.reason = clean_text(commit.reason or "failed", MAX_NAME)
+    if kind in _NEXT:
+        out.name = check_name(commit.next_task, "the next task's name")
+        out.payload = dumps(commit.next_payload, "payload", MAX_PAYLOAD)
+        out.queue = commit.next_queue
+        out.version = check_task_version(commit.version)
         if commit.next_queue is not None:  # (only a system run stays on a reserved queue)
             system = commit.lease.queue.startswith(RESERVED)
             check_run_options(commit.next_queue, 0, None, system=system)
-    if commit.kind == "migrate":
-        params["version"] = check_task_version(commit.version)
+    elif kind == "migrate":
+        out.version = check_task_version(commit.version)
         if commit.version is None:
             raise InvalidCommit("a migration names the version it moves to")
-    if commit.kind == "fail":
-        params["reason"] = clean_text(commit.reason or "failed", MAX_NAME)
-    return params
+    return out
 
 
 @functools.lru_cache(maxsize=256)

@@ -172,8 +172,13 @@ class Gating:
 
     def params(self) -> dict[str, Any]:
         """The columns a task row keeps of it (``line``, ``gate_a``..``gate_c``, ``tokens``)."""
+        line, a, b, c, tokens = self.columns()
+        return {"line": line, "gate_a": a, "gate_b": b, "gate_c": c, "tokens": tokens}
+
+    def columns(self) -> tuple[str | None, str | None, str | None, str | None, int | None]:
+        """``params``' values in that order."""
         a, b, c = (*self.gates, None, None, None)[:MAX_LIMITS]
-        return {"line": self.line, "gate_a": a, "gate_b": b, "gate_c": c, "tokens": self.tokens}
+        return self.line, a, b, c, self.tokens
 
 
 UNGATED = Gating()

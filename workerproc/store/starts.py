@@ -10,7 +10,17 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .asks import Answer, Ask, Program, SignalAsk, SignalRow, Started, StartRuns, Statements
+from .asks import (
+    Answer,
+    Ask,
+    Program,
+    SignalAsk,
+    SignalRow,
+    Started,
+    StartRuns,
+    Statement,
+    Statements,
+)
 from .driver import Placing
 from .errors import StoreError
 
@@ -74,8 +84,7 @@ def _inserted(runs: list[NewRun], now: float | None) -> Statements[list[tuple[in
     got = [(int(row[0]), bool(row[1])) for row in rows]
     placed = [r.gating for r, row in zip(runs, rows, strict=True) if row[1] and r.gating.line]
     if placed:  # gated runs joined their lines: each gate exists, each line may admit now
-        place = placing(placed)
-        yield "PLACE_GATES", {"gates": list(place.gates), "lines": list(place.lines), "now": now}
+        yield from joined(placing(placed), now)
     taken = [i for i, (_, made) in enumerate(got) if not made]
     if taken:  # keys that name a run already there: the first run's id, nothing created
         keys = [runs[i].key for i in taken]
@@ -93,6 +102,19 @@ def placing(gatings: Sequence[Gating]) -> Placing:
     gates = sorted({g for x in gatings for g in x.gates})
     lines = sorted({x.line for x in gatings if x.line})
     return Placing(tuple(gates), tuple(lines))
+
+
+def place(placement: Placing, now: float | None) -> Statement:
+    """``PLACE_GATES``, the one statement of a placement: the gates of ``placement`` created
+    when new, and its lines opened (each may admit a run now, unless closed for a while)."""
+    return "PLACE_GATES", {"gates": list(placement.gates), "lines": list(placement.lines),
+                           "now": now}  # fmt: skip
+
+
+def joined(placement: Placing, now: float | None) -> Statements[None]:
+    """A placement written now (``place``): what a start's gated runs do on joining their
+    lines, and a repair of a line whose gate had no row."""
+    yield place(placement, now)
 
 
 def signalling(ask: SignalAsk, now: float | None) -> Statements[SignalRow]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from .asks import (
     Answer,
@@ -55,7 +55,7 @@ from .driver import (
     SetState,
     by_line,
 )  # fmt: skip
-from .starts import signalling, starting
+from .starts import place, signalling, starting
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow, Params, Row
@@ -69,6 +69,17 @@ COMPLETIONS: dict[type[Completion], str] = {
     SetState: "SET_STATE",
 }  # fmt: skip
 WRITTEN, ENDED = Completed(True), Completed(True, True)
+Calls = Sequence[tuple[str, "Params"]]  # named statements, each with its parameters
+
+
+class GatesRead(NamedTuple):
+    """What ``InTurn._gates_then`` read: the statement's rows, the clock after its locks, and
+    the rows of each statement asked after it and before it."""
+
+    rows: list[Row]
+    now: float
+    after: list[list[Row]]
+    first: list[list[Row]]
 
 
 class InTurn(Driver):
@@ -196,8 +207,8 @@ class InTurn(Driver):
     def place_gates(self, placing: Placing) -> None:
         if self.deferred:  # a claim's write-back first: PLACE_GATES writes those gates too
             self._write_deferred()
-        params = {"gates": list(placing.gates), "lines": list(placing.lines), "now": self.now}
-        self._gate_write("PLACE_GATES", [params])
+        name, params = place(placing, self.now)
+        self._gate_write(name, [params])
 
     def reopen_runs(self, run_ids: Sequence[int]) -> None:
         self._gate_write("REOPEN_RUN", [{"run_id": r, "now": self.now} for r in run_ids])
@@ -255,12 +266,8 @@ class InTurn(Driver):
             self.ahead.append((name, each))
 
     def _gates_then(
-        self,
-        name: str,
-        params: Params,
-        after: Sequence[tuple[str, Params]] = (),
-        first: Sequence[tuple[str, Params]] = (),
-    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
+        self, name: str, params: Params, after: Calls = (), first: Calls = ()
+    ) -> GatesRead:
         """The rows of each of ``first``, then the writes waiting for the gates, then
         ``rows(name, params)``, then ``time()`` (read after that statement's locks), then the
         rows of each of ``after``."""
@@ -268,7 +275,7 @@ class InTurn(Driver):
         self._write_ahead()
         rows = self.rows(name, params)
         now = self.time()
-        return rows, now, [self.rows(n, p) for n, p in after], before
+        return GatesRead(rows, now, [self.rows(n, p) for n, p in after], before)
 
     def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """``rows(name, params)`` for each call, in order."""

@@ -20,6 +20,7 @@ from workerproc.store.driver import (
     RenewRow,
 )
 from workerproc.store.limits import GateState
+from workerproc.store.protocol.gates import Admission
 
 from .kit import TTL, Driver, verb
 from .test_limits import ONE, gated
@@ -67,6 +68,23 @@ def test_look_gates_reads_states_and_each_lines_first_runs_together(driver: Driv
     assert write(driver, lambda tx: tx.look_gates(["api"], ["api"], ["elsewhere"], 5)).runs == {
         "api": []
     }  # the served queues only
+
+
+def test_a_claims_line_runs_are_typed_rows_of_their_lines_in_order(driver: Driver) -> None:
+    """What a gated claim reads of its lines (``Admission.line_runs``): typed rows, each
+    naming its line, in the order of the lines asked; the first look's runs taken once."""
+    gated(driver, ONE)
+    runs = [driver.store.start_run("call") for _ in range(3)]
+
+    def look(tx: Tx) -> tuple[list[LineRun], list[LineRun]]:
+        gates = Admission(tx, driver.clock(), TTL)
+        gates.first_look(["api"], None, 1)
+        return gates.line_runs(["empty", "api"], None, 1), gates.line_runs(["api"], None, 2)
+
+    first, again = write(driver, look)
+    assert all(isinstance(row, LineRun) for row in first + again)
+    assert [(row.line, row.run_id) for row in first] == [("api", runs[0])]
+    assert [(row.line, row.run_id) for row in again] == [("api", run) for run in runs[:2]]
 
 
 @verb("Driver.write_gates", "Driver.open_gates")

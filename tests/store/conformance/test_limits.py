@@ -4,8 +4,11 @@ and what a refused commit leaves of it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import workerproc.store
 from workerproc.store import CasResult, ClaimRequest, InvalidPayload, StoreError, TaskOptions
 from workerproc.store.errors import InvalidOption
 from workerproc.store.limits import LimitSpec
@@ -133,3 +136,31 @@ def test_repair_lines_reopens_a_line_left_closed(driver: Driver) -> None:
     assert "limit 'api'" in line and line.endswith("reopened")
     assert s.repair_lines() == []
     assert driver.claim("w1").run_id == run_id
+
+
+@verb("repair_lines")
+def test_repair_lines_places_a_gate_that_had_no_row(driver: Driver) -> None:
+    """A line whose gate row is gone is placed again, as a start places it (``starts.joined``,
+    the one path of ``PLACE_GATES``), and its run is claimed."""
+    s = driver.store
+    gated(driver, ONE)
+    run_id = s.start_run("call")
+    driver.backend.tamper("DELETE FROM gates WHERE gate = 'api'")
+    assert driver.exchange(claim=ClaimRequest("w1", TTL, limit=5)).leases == ()
+    (line,) = s.repair_lines()
+    assert line == "limit 'api': 1 run(s) waiting, its gate had no row: reopened"
+    assert s.repair_lines() == []
+    assert driver.claim("w1").run_id == run_id
+
+
+def test_only_the_starts_program_writes_a_placement() -> None:
+    """``PLACE_GATES``' parameters are built in one place (``starts.place``): the driver's
+    ``place_gates``, a start's gated runs and a repair all go through it."""
+    root = Path(workerproc.store.__file__).parent
+    naming = sorted(
+        str(path.relative_to(root))
+        for path in root.rglob("*.py")
+        if path.parent.name not in ("sqlite", "postgres") and path.name != "dialect.py"
+        and '"PLACE_GATES"' in path.read_text()
+    )  # fmt: skip
+    assert naming == ["starts.py"]

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import psycopg
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
+from ..verbs import Calls, GatesRead
 from .ops_sql import NOW
 from .steps import CATALOGUE
 
@@ -224,12 +225,8 @@ class PostgresTx(Tx):
         return [changed for _, changed in Batch(self.cur.connection, self.pooled).run(calls)]
 
     def _gates_then(
-        self,
-        name: str,
-        params: Params,
-        after: Sequence[tuple[str, Params]] = (),
-        first: Sequence[tuple[str, Params]] = (),
-    ) -> tuple[list[Row], float, list[list[Row]], list[list[Row]]]:
+        self, name: str, params: Params, after: Calls = (), first: Calls = ()
+    ) -> GatesRead:
         """``first``, the events emitted so far (they wait for no lock: written here, they
         are not written while the gates are held), the writes waiting for the gates, the
         statement, the clock and ``after``, in one round trip (``Batch``: the server runs
@@ -249,11 +246,14 @@ class PostgresTx(Tx):
         calls += [(n, self._sql(n), p) for n, p in after]
         results = self._batch(calls)
         now = self.now if self.now is not None else float(results[at + 1][0][0])
-        return results[at], now, results[len(calls) - len(after) :], results[: len(first)]
+        return GatesRead(results[at], now, results[len(calls) - len(after) :],
+                         results[: len(first)])  # fmt: skip
 
     def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
-        """The statements in one round trip (``Batch``), their rows in order."""
-        if self.prefix or any(not isinstance(self.catalogue[n], str) for n, _ in calls):
+        """The statements in one round trip (``Batch``; one alone as itself), their rows in
+        order."""
+        steps = any(not isinstance(self.catalogue[n], str) for n, _ in calls)
+        if len(calls) == 1 or self.prefix or steps:
             return super()._each(calls)
         return self._batch([(name, self._sql(name), params) for name, params in calls])
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from ..codec import check_name
 from ..dialect import Dialect, Tx
 from ..types import Lease
+from .commits import live
 from .events import emit
 
 MAX_BATCH_ID = 64  # characters of a batch's call id
@@ -30,9 +31,7 @@ class Batches:
         def record(tx: Tx) -> int:
             recorded = 0
             for lease in sorted(leases, key=lambda x: x.run_id):
-                fence = {"task_id": lease.task_id, "run_id": lease.run_id,
-                         "owner": lease.owner, "attempt": lease.attempt, "now": tx.now}  # fmt: skip
-                if tx.one("CHECK_FENCE", fence) is None:
+                if not live(tx, lease):
                     continue
                 emit(tx, "step.batched", lease.run_id, lease.task, lease.attempt, batch=batch,
                      items=len(leases), task_id=lease.task_id)  # fmt: skip

@@ -46,6 +46,7 @@ from ..dialect import Dialect, Row, Tx
 from ..driver import Keep
 from ..errors import RunNotFound, RunOver, StoreError
 from ..types import JSON, TERMINAL_STATUSES, Lease, Usage
+from .commits import fence, live
 
 _NO_ANSWER = object()  # ``resolve`` without an answer (None is a JSON answer)
 RESOLVER = "resolve"  # the owner of an answer an operator gave
@@ -54,11 +55,6 @@ RESOLVER = "resolve"  # the owner of an answer an operator gave
 def _kept(row: Row, outcome: Literal["reused", "kept", "lost_race"]) -> KeptCall:
     return KeptCall(loads(row[0], "a kept call"), int(row[1]),
                     None if row[2] is None else int(row[2]), outcome)  # fmt: skip
-
-
-def _fence(lease: Lease, now: float | None) -> dict[str, object]:
-    return {"task_id": lease.task_id, "run_id": lease.run_id, "owner": lease.owner,
-            "attempt": lease.attempt, "now": now}  # fmt: skip
 
 
 class Calls:
@@ -253,14 +249,11 @@ def _begin(tx: Tx, lease: Lease, key: CallKey, unknown: Unknown) -> CallStart:
     earlier = tx.one("EARLIER_INTENTS", params)
     made, open_ = (int(earlier[0]), int(earlier[1])) if earlier else (0, 0)
     if unknown == "park" and open_:
-        if tx.one("CHECK_FENCE", _fence(lease, tx.now)) is None:
-            return CallStart("lost")
-        return CallStart("park")
+        return CallStart("park" if live(tx, lease) else "lost")
     again = made > 0
-    row = tx.one("INSERT_INTENT", {**params, **_fence(lease, tx.now), "again": again})
+    row = tx.one("INSERT_INTENT", {**params, **fence(lease, tx.now), "again": again})
     if row is None:  # the lease is live but the run is over (cancelled), or lost
-        held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
-        return CallStart("over" if held else "lost")
+        return CallStart("over" if live(tx, lease) else "lost")
     left = None if row[1] is None else float(row[1])
     return CallStart("call", intent=int(row[0]), again=again, left=left)
 
@@ -296,5 +289,4 @@ def _kept_before(tx: Tx, lease: Lease, key: CallKey, result: JSON, tokens: int |
 def _refused(tx: Tx, lease: Lease, result: JSON, tokens: int | None) -> KeptCall:
     """No answer can be kept: ``ended`` when ``lease`` is still live (its run is over:
     cancelled), else ``refused`` (the step moved on without it)."""
-    held = tx.one("CHECK_FENCE", _fence(lease, tx.now)) is not None
-    return KeptCall(result, lease.attempt, tokens, "ended" if held else "refused")
+    return KeptCall(result, lease.attempt, tokens, "ended" if live(tx, lease) else "refused")

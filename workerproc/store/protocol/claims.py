@@ -24,7 +24,6 @@ from ..errors import InvalidPayload
 from ..limits import Gating
 from ..types import ClaimRequest, Lease
 from . import gates
-from .commits import completed
 from .events import emit
 from .failures import attempt_ended, fail_run
 from .limits import Gatekeeper
@@ -89,11 +88,10 @@ def regate(tx: Tx, lease: Lease, gating: Gating) -> None:
     """A run claimed as ungated whose task has limits now (declared after it was enqueued):
     its claim goes back unspent (a hand-back) and the run joins its line, where the claim
     admits it by its gates like any other."""
-    params = {"task_id": lease.task_id, "owner": lease.owner, "attempt": lease.attempt,
-              "run_id": lease.run_id, "now": tx.now, **gating.params()}  # fmt: skip
-    if completed(tx, Handback, [params])[0]:
+    back = Handback(lease.run_id, lease.task_id, lease.attempt, lease.owner)
+    if tx.complete([back])[0].written:
         emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, regated=True)
-        tx.count("REGATE", params)
+        tx.count("REGATE", {**back.params(tx.now), **gating.params()})
         lines = (gating.line,) if gating.line else ()
         tx.place_gates(Placing(tuple(sorted(gating.gates)), lines))
 

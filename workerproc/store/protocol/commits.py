@@ -10,9 +10,10 @@ Every write after a claim matches task id AND owner AND attempt AND a live lease
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..calls import usage_row
+from ..codec import Encoded
 from ..dialect import Params, Tx
 from ..driver import Ack, Advance, Completion, Finish, Handback, Release, SetState
 from ..types import CasResult, Commit, Lease
@@ -22,8 +23,8 @@ from .gates import settle
 from .totals import counted, ended
 from .waits import ended_children, spawn, wait
 
-Write = Callable[[Tx, Commit, Params], CasResult]  # one commit, its fence in its parameters
-Emit = Callable[[Tx, Commit, Params], None]  # the events of one commit that was written
+Write = Callable[[Tx, Commit, Encoded], CasResult]  # one commit, fenced by its lease
+Emit = Callable[[Tx, Commit, Encoded], None]  # the events of one commit that was written
 
 
 def fence(lease: Lease, now: float | None) -> Params:
@@ -37,113 +38,133 @@ def fence(lease: Lease, now: float | None) -> Params:
     }
 
 
-def rejected(tx: Tx, fenced: Params, op: str, task: str | None = None) -> None:
-    """Keep a refused write as evidence, in the transaction that refused it, and its event
-    (the only one a refused write makes)."""
-    tx.count("INSERT_REJECTION", {**fenced, "op": op})
-    emit(tx, "write.refused", fenced["run_id"], task, fenced["attempt"], op=op,
-         owner=fenced["owner"], task_id=fenced["task_id"])  # fmt: skip
+def rejected(tx: Tx, lease: Lease, op: str) -> None:
+    """Keep a write of ``lease`` refused as evidence, in the transaction that refused it, and
+    its event (the only one a refused write makes)."""
+    tx.count("INSERT_REJECTION", {**fence(lease, tx.now), "op": op})
+    emit(tx, "write.refused", lease.run_id, lease.task, lease.attempt, op=op,
+         owner=lease.owner, task_id=lease.task_id)  # fmt: skip
 
 
-def refused(tx: Tx, params: Params, op: str, task: str | None = None) -> CasResult:
+def live(tx: Tx, lease: Lease) -> bool:
+    """Whether ``lease`` is still its owner's and live (``CHECK_FENCE``)."""
+    return tx.one("CHECK_FENCE", fence(lease, tx.now)) is not None
+
+
+def held(tx: Tx, lease: Lease, op: str) -> bool:
+    """Whether ``lease`` is still live (``live``); if not, the refusal of its write ``op`` is
+    recorded (``rejected``)."""
+    if not live(tx, lease):
+        rejected(tx, lease, op)
+        return False
+    return True
+
+
+def refused(tx: Tx, lease: Lease, op: str) -> CasResult:
     """A fenced compare-and-set changed nothing: a lost lease (recorded) or a moved run."""
-    if tx.one("CHECK_FENCE", params) is None:
-        rejected(tx, params, op, task)
-        return CasResult.LEASE_LOST
-    return CasResult.CONFLICT
+    return CasResult.CONFLICT if held(tx, lease, op) else CasResult.LEASE_LOST
 
 
-def record(kind: type[Completion], params: Params) -> Completion:
-    """A commit's completion (``driver.complete``'s record of ``kind``), from its parameters
-    (its fence among them)."""
-    return kind(**{name: params[name] for name in _FIELDS[kind] if name in params})
+def record(kind: type[Completion], lease: Lease, enc: Encoded) -> Completion:
+    """A commit's completion (``driver.complete``'s record of ``kind``): its lease's fence
+    and its encoded values."""
+    run, task, attempt, owner = lease.run_id, lease.task_id, lease.attempt, lease.owner
+    if kind is Finish:
+        return Finish(run, task, attempt, owner, enc.revision, enc.state, enc.result)
+    if kind is Advance:
+        return Advance(run, task, attempt, owner, enc.revision, enc.state, enc.queue, enc.name,
+                       enc.payload, enc.delay, enc.line, enc.gate_a, enc.gate_b, enc.gate_c,
+                       enc.tokens, enc.version)  # fmt: skip
+    if kind is Release:
+        return Release(run, task, attempt, owner, enc.delay, enc.error)
+    if kind is SetState:
+        return SetState(run, task, attempt, owner, enc.revision, enc.state)
+    if kind is Handback:  # the fence alone
+        return Handback(run, task, attempt, owner)
+    return Ack(run, task, attempt, owner)
 
 
-_FIELDS: dict[type[Completion], tuple[str, ...]] = {
-    kind: tuple(f.name for f in fields(kind))
-    for kind in (Finish, Advance, Release, Handback, Ack, SetState)
-}
+def completed(tx: Tx, kind: type[Completion], lease: Lease, enc: Encoded) -> bool:
+    """A completion of one commit, fenced and judged on its own: whether it was written (the
+    driver's ``complete``, N = 1)."""
+    return tx.complete([record(kind, lease, enc)])[0].written
 
 
-def completed(tx: Tx, kind: type[Completion], each: Sequence[Params]) -> list[bool]:
-    """A completion of N >= 1 commits of distinct runs, each fenced and judged on its own:
-    whether each was written (the driver's ``complete``)."""
-    return [done.written for done in tx.complete([record(kind, p) for p in each])]
+def params(tx: Tx, commit: Commit, enc: Encoded) -> Params:
+    """The named parameters of a commit's own statements: its values and its fence."""
+    return {**enc.params(), **fence(commit.lease, tx.now)}
 
 
 # -- what each kind writes, when it is not one completion alone ---------------------------------
-def _advanced(tx: Tx, commit: Commit, params: Params) -> bool:
-    return completed(tx, Advance, [params])[0]
-
-
-def _wait(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _wait(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """An advance whose next task is not due, then the wait for a signal (B14)."""
-    return wait(tx, params) if _advanced(tx, commit, params) else _refusal(tx, params, commit)
+    if not completed(tx, Advance, commit.lease, enc):
+        return _refusal(tx, commit)
+    return wait(tx, params(tx, commit, enc))
 
 
-def _spawn(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _spawn(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """An advance whose next task joins the children, then the children (B14)."""
-    if not _advanced(tx, commit, params):
-        return _refusal(tx, params, commit)
-    return spawn(tx, params, commit.children)
+    if not completed(tx, Advance, commit.lease, enc):
+        return _refusal(tx, commit)
+    return spawn(tx, params(tx, commit, enc), commit.children)
 
 
 def _held(write: Write) -> Write:
     """``write`` once the lease is found live (else the refusal, recorded)."""
 
-    def checked(tx: Tx, commit: Commit, params: Params) -> CasResult:
-        if tx.one("CHECK_FENCE", params) is None:
-            rejected(tx, params, KINDS[commit.kind].op, commit.lease.task)
+    def checked(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
+        if not held(tx, commit.lease, KINDS[commit.kind].op):
             return CasResult.LEASE_LOST
-        return write(tx, commit, params)
+        return write(tx, commit, enc)
 
     return checked
 
 
 @_held
-def _drop(tx: Tx, commit: Commit, params: Params) -> CasResult:
-    tx.count("TASK_DONE", params)
+def _drop(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
+    tx.count("TASK_DONE", fence(commit.lease, tx.now))
     return CasResult.OK
 
 
-def _back_unspent(tx: Tx, params: Params) -> None:
-    """A release after the delay that spends no attempt."""
-    completed(tx, Release, [params])
-    tx.count("UNSPEND", params)
+def _back_unspent(tx: Tx, commit: Commit, enc: Encoded) -> Params:
+    """A release after the delay that spends no attempt (its statements' parameters)."""
+    completed(tx, Release, commit.lease, enc)
+    tx.count("UNSPEND", named := params(tx, commit, enc))
+    return named
 
 
 @_held
-def _retry_after(tx: Tx, commit: Commit, params: Params) -> CasResult:
-    _back_unspent(tx, params)
+def _retry_after(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
+    _back_unspent(tx, commit, enc)
     return CasResult.OK
 
 
 @_held
-def _park(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _park(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """Back unspent, and the run waits for ``resolve`` (B13)."""
-    _back_unspent(tx, params)
-    tx.count("MARK_PARKED", params)
+    tx.count("MARK_PARKED", _back_unspent(tx, commit, enc))
     return CasResult.OK
 
 
 @_held
-def _fail(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _fail(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     lease = commit.lease
-    if fail_run(tx, lease.run_id, lease.queue, params["reason"], params["error"], lease.task,
+    if fail_run(tx, lease.run_id, lease.queue, enc.reason or "failed", enc.error, lease.task,
                 lease.attempt) == 0:  # fmt: skip
         return CasResult.CONFLICT
-    attempt_ended(tx, lease.run_id, lease.task_id, "failed", params["error"])
-    tx.count("TASK_FAILED", params)
+    attempt_ended(tx, lease.run_id, lease.task_id, "failed", enc.error)
+    tx.count("TASK_FAILED", params(tx, commit, enc))
     return CasResult.OK
 
 
-def _ack(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _ack(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """The task done under its lease; a run whose last task is done has succeeded: the
     completion's N = 1 call (``Ack``)."""
     lease = commit.lease
-    (done,) = tx.complete([record(Ack, params)])
+    (done,) = tx.complete([record(Ack, lease, enc)])
     if not done.written:
-        return _refusal(tx, params, commit)
+        return _refusal(tx, commit)
     emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, owner=lease.owner,
          task_id=lease.task_id)  # fmt: skip
     if done.ended:
@@ -154,27 +175,27 @@ def _ack(tx: Tx, commit: Commit, params: Params) -> CasResult:
     return CasResult.OK
 
 
-def _compare_and_set(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _compare_and_set(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """R5: the run's state moves at the expected revision of a live run, under the lease: the
     completion's N = 1 call (``SetState``)."""
-    written = completed(tx, SetState, [params])[0]
-    return CasResult.OK if written else _refusal(tx, params, commit)
+    written = completed(tx, SetState, commit.lease, enc)
+    return CasResult.OK if written else _refusal(tx, commit)
 
 
-def _migrate(tx: Tx, commit: Commit, params: Params) -> CasResult:
+def _migrate(tx: Tx, commit: Commit, enc: Encoded) -> CasResult:
     """B25: the run's state moves at the expected revision under the lease, as a
     compare-and-set (``SetState``), and its task to the migration's version with it: a
     zombie's migration is refused by the fence like any write."""
-    if not completed(tx, SetState, [params])[0]:
-        return _refusal(tx, params, commit)
-    tx.count("SET_VERSION", params)
+    if not completed(tx, SetState, commit.lease, enc):
+        return _refusal(tx, commit)
+    tx.count("SET_VERSION", params(tx, commit, enc))
     return CasResult.OK
 
 
-def _migrated(tx: Tx, commit: Commit, params: Params) -> None:
+def _migrated(tx: Tx, commit: Commit, enc: Encoded) -> None:
     lease = commit.lease
     emit(tx, "step.migrated", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
-         from_version=lease.version, version=params["version"])  # fmt: skip
+         from_version=lease.version, version=enc.version)  # fmt: skip
 
 
 # -- what each kind emits once written ----------------------------------------------------------
@@ -182,36 +203,36 @@ def _held_by(commit: Commit) -> Params:
     return {"owner": commit.lease.owner, "task_id": commit.lease.task_id}
 
 
-def _stepped(tx: Tx, commit: Commit, params: Params) -> None:
+def _stepped(tx: Tx, commit: Commit, enc: Encoded) -> None:
     lease = commit.lease
     emit(tx, "step.committed", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
-         next=params.get("name"), dropped=commit.kind == "drop" or None)  # fmt: skip
+         next=enc.name or None, dropped=commit.kind == "drop" or None)  # fmt: skip
 
 
-def _finished(tx: Tx, commit: Commit, params: Params) -> None:
-    _stepped(tx, commit, params)
+def _finished(tx: Tx, commit: Commit, enc: Encoded) -> None:
+    _stepped(tx, commit, enc)
     emit(tx, "run.succeeded", commit.lease.run_id, commit.lease.task, commit.lease.attempt)
 
 
-def _waiting(tx: Tx, commit: Commit, params: Params) -> None:
+def _waiting(tx: Tx, commit: Commit, enc: Encoded) -> None:
     """B14: a signal, or its children; B13: a paid call whose outcome is unknown waits for
     ``resolve`` (a park: no step committed)."""
     lease = commit.lease
     if commit.kind != "park":
-        _stepped(tx, commit, params)
+        _stepped(tx, commit, enc)
     emit(tx, "run.waiting", lease.run_id, lease.task, lease.attempt,
-         waiting_for=params.get("wait_for"),
+         waiting_for=enc.wait_for,
          children=len(commit.children) if commit.kind == "spawn" else None)  # fmt: skip
 
 
-def _released(tx: Tx, commit: Commit, params: Params) -> None:
+def _released(tx: Tx, commit: Commit, enc: Encoded) -> None:
     lease = commit.lease
     emit(tx, "step.released", lease.run_id, lease.task, lease.attempt, **_held_by(commit),
-         error=params.get("error"), delay=params.get("delay") or None,
+         error=enc.error, delay=enc.delay or None,
          retry_after=commit.kind == "retry_after" or None)  # fmt: skip
 
 
-def _handed_back(tx: Tx, commit: Commit, params: Params) -> None:
+def _handed_back(tx: Tx, commit: Commit, enc: Encoded) -> None:
     lease = commit.lease
     emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **_held_by(commit))
 
@@ -255,23 +276,22 @@ KINDS: dict[str, Kind] = {
 }
 
 
-def _refusal(tx: Tx, params: Params, commit: Commit) -> CasResult:
+def _refusal(tx: Tx, commit: Commit) -> CasResult:
     """What a commit whose write changed nothing answers (its refusal recorded where its
     lease is lost)."""
     kind = KINDS[commit.kind]
     if kind.conflict:
-        return refused(tx, params, kind.op, commit.lease.task)
-    rejected(tx, params, kind.op, commit.lease.task)  # fenced by its own statement
+        return refused(tx, commit.lease, kind.op)
+    rejected(tx, commit.lease, kind.op)  # fenced by its own statement
     return CasResult.LEASE_LOST
 
 
-def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> list[CasResult]:
+def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Encoded]) -> list[CasResult]:
     """Every commit, each judged on its own, answers in order. Commits that are one
     completion each go together, one call per completion (``completed``), while their runs
     differ (they touch disjoint rows); a run met again, or a commit written on its own (a
     drop, a fail, a wait, ...), first sends what is gathered: everything is written in the
     order of ``commits``. Only the refused ones are then asked why, in order."""
-    params = [{**p, **fence(c.lease, tx.now)} for c, p in zip(commits, encoded, strict=True)]
     results: list[CasResult] = [CasResult.OK] * len(commits)
     gathered: list[tuple[int, Completion]] = []  # the completions waiting to go
     runs: set[int] = set()
@@ -280,7 +300,7 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
         if gathered:
             done = tx.complete([completion for _, completion in gathered])
             for i in sorted(i for (i, _), d in zip(gathered, done, strict=True) if not d.written):
-                results[i] = _refusal(tx, params[i], commits[i])
+                results[i] = _refusal(tx, commits[i])
         gathered.clear()
         runs.clear()
 
@@ -292,14 +312,14 @@ def apply_all(tx: Tx, commits: Sequence[Commit], encoded: Sequence[Params]) -> l
             send()
         if kind.step is None:
             assert kind.write is not None
-            results[i] = kind.write(tx, commit, params[i])
+            results[i] = kind.write(tx, commit, encoded[i])
             continue
-        gathered.append((i, record(kind.step, params[i])))
+        gathered.append((i, record(kind.step, commit.lease, encoded[i])))
         runs.add(commit.lease.run_id)
     send()
-    for commit, p, result in zip(commits, encoded, results, strict=True):
+    for commit, enc, result in zip(commits, encoded, results, strict=True):
         if result is CasResult.OK and (emitted := KINDS[commit.kind].emit) is not None:
-            emitted(tx, commit, p)
+            emitted(tx, commit, enc)
     _count_finished(tx, commits, results)
     settling = [i for i, c in enumerate(commits) if KINDS[c.kind].settles]
     settle(tx, [commits[i] for i in settling], [results[i] for i in settling])

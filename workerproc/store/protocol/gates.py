@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..dialect import ClaimRow, Row, Tx
-from ..driver import GateSettle, LeaseRuns, LineRun, Opened, by_line
+from ..driver import GateSettle, LeaseRuns, LineRun, Opened
 from ..limits import GateState, never_fits, split_gate, too_large
 from ..types import CasResult, ClaimRequest, Commit, Lease
 from .failures import refuse_too_large
@@ -92,26 +92,19 @@ class Admission:
         found = {row[0]: GateState.of(row) for row in rows}
         self.states.update((g, found.get(g)) for g in asked)
 
-    def line_runs(
-        self, lines: list[str], queues: list[str] | None, limit: int
-    ) -> dict[str, list[LineRun]]:
-        """``LINE_RUNS``: the first ``limit`` claimable runs of each line, by line (locked);
-        those the first look found are taken from it, once."""
-        found: dict[str, list[LineRun]] = {}
+    def line_runs(self, lines: list[str], queues: list[str] | None, limit: int) -> list[LineRun]:
+        """The first ``limit`` claimable runs of each line (locked), in the order of
+        ``lines`` (``Tx.look_gates``); those the first look found are taken from it, once."""
+        early: dict[str, list[LineRun]] = {}
         rest = []
         for line in lines:
             asked, rows = self.ahead.pop(line, (0, []))
             if asked < limit:
                 rest.append(line)
-            elif rows:
-                found[line] = rows[:limit]
-        if rest:
-            params = {"lines": rest, "queues": queues, "tasks": self.tasks, "limit": limit,
-                      "now": self.now}  # fmt: skip
-            for line, runs in by_line(rest, self.tx.rows("LINE_RUNS", params)).items():
-                if runs:
-                    found.setdefault(line, []).extend(runs)
-        return found
+            else:
+                early[line] = rows[:limit]
+        looked = self.tx.look_gates((), rest, queues, limit, self.tasks).runs if rest else {}
+        return [row for line in lines for row in early.get(line) or looked.get(line) or ()]
 
     def write_back(self) -> None:
         """Every gate the claim changed, in name order (``Tx.write_gates``: nothing later in
@@ -164,7 +157,7 @@ def admitted(
             own.decide(own.next_open(now, 0))
             continue
         ask = min(room, want - len(leases))
-        found = gates.line_runs([line], queues, ask).get(line)
+        found = gates.line_runs([line], queues, ask)
         if not found:
             if len(opened) == 1:
                 _nothing_due(tx, own, now)
@@ -209,14 +202,14 @@ def _one_each(
         found = gates.line_runs(asked, queues, 1)
         ok: list[LineRun] = []
         for line in asked:
-            own = gates.state(line)
-            if line not in found:
+            own, runs = gates.state(line), [row for row in found if row.line == line]
+            if not runs:
                 if own is not None and not own.decided:
                     _nothing_due(tx, own, now)
                 continue
             if own is None or own.decided:  # closed by an earlier line's run (blocked_by)
                 continue
-            admitted_here = _admit(gates, line, found[line], now)
+            admitted_here = _admit(gates, line, runs, now)
             if admitted_here:
                 served.add(line)
                 ok += admitted_here

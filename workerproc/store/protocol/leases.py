@@ -18,7 +18,7 @@ from ..limits import UNGATED, Gating
 from ..starts import placing
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
-from .commits import KINDS, apply_all, fence, rejected
+from .commits import KINDS, apply_all, rejected
 from .limits import Limits
 
 
@@ -67,9 +67,9 @@ class Leases(Limits):
                     commits = [*commits[:i], dataclasses.replace(commit, children=tuple(kids)),
                                *commits[i + 1 :]]  # fmt: skip
                 if KINDS[commit.kind].next:
-                    name = encoded[i]["name"]
+                    name = encoded[i].name
                     got = keeper.of(name, commit.next_payload) if keeper.gated(name) else UNGATED
-                    encoded[i].update(got.params())
+                    encoded[i].place(got)
                     if got.line:
                         nexts[i] = got
 
@@ -124,7 +124,7 @@ class Leases(Limits):
 
         def record(tx: Tx) -> None:  # each refusal kept, with its event, in one transaction
             for lease in lost:
-                rejected(tx, fence(lease, tx.now), "renew", lease.task)
+                rejected(tx, lease, "renew")
 
         runs = [lease.run_id for lease in leases]
         renewals = self.dialect.write(renew, runs=runs, intent="statement")

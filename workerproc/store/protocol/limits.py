@@ -19,6 +19,7 @@ from typing import Any
 
 from ..codec import task_options
 from ..dialect import Dialect, Row, Tx
+from ..driver import Placing
 from ..errors import InvalidOption, StoreError
 from ..limits import (
     NUMBERS,
@@ -35,6 +36,7 @@ from ..limits import (
     unfit,
 )
 from ..newrun import NewRun
+from ..starts import joined
 
 REFRESH = 1.0  # seconds a store trusts what it read of the declarations
 
@@ -229,7 +231,7 @@ def repair_lines(tx: Tx) -> list[str]:
     ):
         if missing:
             why = "its gate had no row"
-            tx.count("PLACE_GATES", {"gates": [line], "lines": [line], "now": tx.now})
+            tx.run_program(joined(Placing((line,), (line,)), tx.now))
         elif ready_at is None:
             why = "its line was closed with nothing to reopen it"
         elif ready_at > now and _admits_now(tx, line, now):

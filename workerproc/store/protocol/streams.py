@@ -62,11 +62,11 @@ class Streams:
             head = tx.one("STREAM_HEAD", params)
             status = tx.one("STREAM_FENCE", params)
             if status is None or head is None:  # (no head: no run, so no lease either)
-                rejected(tx, params, "emit", lease.task)
+                rejected(tx, lease, "emit")
                 return Appended("lost")
             last, task_id, attempt, used = (int(v) for v in head)
             if task_id == lease.task_id and attempt > lease.attempt:
-                rejected(tx, params, "emit", lease.task)  # a newer attempt wrote already
+                rejected(tx, lease, "emit")  # a newer attempt wrote already
                 return Appended("lost")
             if str(status[0]) not in ALIVE:
                 return Appended("over")

@@ -40,7 +40,7 @@ from ..webhooks import (
     kinds_text,
     standing,
 )
-from .commits import fence, rejected
+from .commits import fence, held
 from .events import KINDS, check_position, not_past_newest, sequencing
 from .operators import cancel
 from .producers import insert
@@ -188,9 +188,7 @@ class Webhooks:
             return tx.one("WEBHOOK_MOVE", {**params, **fence(lease, tx.now)}) is not None
 
         def refused(tx: Tx) -> None:
-            fenced = fence(lease, tx.now)
-            if tx.one("CHECK_FENCE", fenced) is None:  # (else the webhook was removed)
-                rejected(tx, fenced, "webhook_move", lease.task)
+            held(tx, lease, "webhook_move")  # a lost lease recorded (else the webhook is gone)
 
         if self.dialect.write(move, intent="statement"):
             return True
