@@ -77,7 +77,8 @@ BATCH = 100  # events read per look
 # seconds one execution delivers at most before it commits its state: how long a graceful stop
 # waits for it (plus one POST). What a crash or a takeover redelivers is the POST in flight.
 BUDGET = 1.0
-PARK = 30.0  # a parked delivery run looks again after this long, even if nobody wakes it
+PARK = 120.0  # a parked delivery run looks again after this long, even if nobody wakes it
+# (a safety net: the waker wakes it within a second or `courier.QUIET` of an event it wants)
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
 DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
@@ -213,7 +214,6 @@ class Deliverer:
         busy = False  # the last look found events to send, or a full batch: maybe more
         stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
         dead = False  # a dead letter kept: its position moves once it is committed
-        poster = self._client()
         while not stop and time.monotonic() < deadline:
             token = store.change_token()
             # (the system's events too: read past, so the position keeps up with them while
@@ -226,7 +226,9 @@ class Deliverer:
                     if not mover.fresh() or self._stopping():
                         stop = True  # (a pause past the ttl: the commit decides; a stop)
                         break
-                    outcome = self._one(ctx, poster, hook, event, state, deadline)
+                    # (the client only once there is something to POST: a parked run that
+                    # looks again after its timeout imports no HTTP stack for nothing)
+                    outcome = self._one(ctx, self._client(), hook, event, state, deadline)
                     if outcome == DEAD:  # committed with the state first, then moved
                         mover.move(position)  # (what came before it, first)
                         position, dead, stop = event.id, True, True

@@ -20,7 +20,8 @@ from .store import StoreError, WorkerStore
 
 log = logging.getLogger("workerproc.worker")
 
-REFRESH = 5.0  # the longest sleep: a schedule declared elsewhere is fired at most this late
+REFRESH = 30.0  # the longest sleep: a schedule declared elsewhere is fired at most this late
+# (by this firer: the host that declared it fires it on time with its own)
 RETRY = 1.0  # after a failed look
 MIN_WAIT = 0.05  # a tick still due after a look (another firer is at it): look again this soon
 

@@ -18,7 +18,7 @@ from helpers import reports, wait_for
 from store_backends import Backend
 from webhook_receiver import Receiver
 
-from workerproc.courier import Courier
+from workerproc.courier import QUIET, Courier
 from workerproc.heartbeat import Heartbeat
 from workerproc.outage import Outage
 from workerproc.overdue import IDLE_WAIT, MAX_WAIT
@@ -90,10 +90,15 @@ class Counting:
         self.store = store
         self.reads = 0
         self.looks = 0
+        self.marks = 0  # reads of the events' mark
 
     def events(self, *args: Any, **kw: Any) -> Any:
         self.looks += 1
         return self.store.events(*args, **kw)
+
+    def events_mark(self) -> int:
+        self.marks += 1
+        return int(self.store.events_mark())
 
     def change_token(self) -> int:
         self.reads += 1
@@ -138,5 +143,42 @@ def test_a_parked_webhooks_waker_sleeps_on_the_change_watch_and_wakes_for_a_comm
         with backend.open() as store:
             store.start_run("noop")  # run.enqueued: an event the parked webhook wants
         wait_for(lambda: courier.woken >= 1, timeout=30, what="the parked webhook woken")
+    finally:
+        courier.close()
+
+
+def test_a_quiet_waker_reads_the_mark_less_and_less_and_an_unnotified_event_still_wakes(
+    backend: Backend, receiver: Receiver
+) -> None:
+    """With nothing committing, the waker neither looks nor reads the events' mark every
+    second: on SQLite (every commit moves the change token) it reads nothing while the token
+    stands still; on PostgreSQL (an event's commit notifies nobody) it reads the mark after
+    1, 2, 4, 4 ... seconds. It read the mark every second and looked every 5 s on both. An
+    event that commits with no notification after that quiet spell (a claimed run's end) still
+    wakes its webhook (within ``QUIET`` seconds on PostgreSQL: not timed here)."""
+    from test_webhooks import parked, run_until  # noqa: PLC0415 - the webhook tests' helpers
+
+    with backend.open() as store:
+        store.add_webhook("ends", receiver.url, secret=SECRET, kinds=["run.succeeded"])
+        run_id = store.start_run("noop")
+        (lease,) = store.claim("elsewhere", 300.0, limit=1, queues=["default"])
+    run_until(backend.url, lambda: parked(backend.url))  # (it takes no run.enqueued: parked)
+    counting = Counting(backend.open())
+    courier = Courier(lambda: counting, Outage())
+    courier.start()
+    try:
+        wait_for(lambda: counting.looks, timeout=30, what="the waker's first look")
+        time.sleep(0.5)  # (its first watch began)
+        counting.marks = counting.looks = 0
+        window = 8.0
+        time.sleep(window)  # nothing commits meanwhile
+        if backend.name != "pgbouncer":  # (its token polls the server's snapshot, which
+            # any transaction on the server moves: the mark is read when it moves)
+            quiet_marks = 0 if backend.name == "sqlite" else 4  # (after 1 + 2 + 4 + ... s)
+            assert counting.marks <= quiet_marks, counting.marks
+            assert counting.looks == 0, counting.looks
+        with backend.open() as store:
+            assert store.get_run(run_id) is not None and store.ack(lease)  # (no NOTIFY)
+        wait_for(lambda: courier.woken >= 1, timeout=30 + QUIET, what="the webhook woken")
     finally:
         courier.close()

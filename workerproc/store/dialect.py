@@ -354,6 +354,12 @@ class Dialect(abc.ABC):
         ``CHANGE_CHECK``). This process's own; one thread waits on it at a time."""
         return None
 
+    def commits_move_token(self) -> bool:
+        """Whether every commit of another connection moves ``change_token`` (SQLite: its
+        ``data_version``). False where only some commits notify (PostgreSQL's LISTEN: new work
+        and watched runs' ends): a waiter for anything else must read it now and then."""
+        return True
+
     def watch(self, run_id: int) -> None:  # noqa: B027 - most engines need nothing
         """Before ``wait`` sleeps on the ``end`` channel: make the run's end move it."""
 

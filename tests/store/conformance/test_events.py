@@ -1,5 +1,5 @@
 """The outbox (B18) and the idle worker's cheap reads: ``events`` (with a consumer's cursor,
-``ack_events``), ``events_mark``, ``change_token``, ``wait_change``."""
+``ack_events``), ``events_mark``, ``change_token``, ``wait_change``, ``commits_move_token``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from workerproc.store import CasResult
+from workerproc.store import CasResult, ClaimRequest, Commit
 from workerproc.store.errors import InvalidOption
 
 from .kit import Driver, verb
@@ -124,3 +124,22 @@ def test_the_change_token_moves_when_another_connection_commits(driver: Driver) 
     other.start_run("t")
     waiter.join(30)
     assert woke and woke[0][1] != woke[0][0] and s.change_token() != token
+
+
+@verb("commits_move_token")
+def test_where_every_commit_moves_the_token_a_finish_that_notifies_nobody_moves_it(
+    driver: Driver,
+) -> None:
+    """What the webhooks' waker trusts to read nothing while the token stands still: a store
+    that says every commit moves its change token (SQLite, PostgreSQL polled through a pooler)
+    sees another connection's finish, which wakes no worker; PostgreSQL over LISTEN says no
+    (only new work and watched runs' ends notify), so the waker reads the events' mark."""
+    s = driver.store
+    other = driver.open()
+    other.start_run("t")
+    (lease,) = other.commit_many((), claim=ClaimRequest("w1", 30.0)).leases
+    token = s.change_token()
+    assert list(other.commit_many((Commit(lease, "ack"),)).results) == [CasResult.OK]
+    assert s.commits_move_token() is (driver.name == "sqlite") or driver.name == "pgbouncer"
+    if s.commits_move_token():  # (PgBouncer: only when it polls, with no LISTEN beside it)
+        assert s.wait_change(token, 30) != token

@@ -392,6 +392,11 @@ class PostgresDialect(Dialect):
             self._change_watch = watch = ListenWatch(self._listener)
         return watch
 
+    def commits_move_token(self) -> bool:
+        """Over LISTEN, only new work and watched runs' ends notify: no. Polling the server's
+        snapshot (``pooling.Poller``), any transaction's end moves the token: yes."""
+        return isinstance(self._listener, Poller)
+
     def watch(self, run_id: int) -> None:
         """LISTEN on the end channel first, then mark the run watched, so no end can slip
         between: from now on its end sends a NOTIFY (unwatched runs end without one)."""

@@ -229,6 +229,13 @@ class Reads:
         params = {"limit": max(0, limit), "below": below(False), "queues": picked}
         return [int(row[0]) for row in self._rows("PENDING_IDS", params)]
 
+    def commits_move_token(self) -> bool:
+        """Whether every commit of another connection moves ``change_token`` (SQLite; on
+        PostgreSQL only new work and watched runs' ends do, unless it polls): a waiter for
+        other commits (the webhooks' waker, for events) need not read anything while the
+        token stands still."""
+        return self.dialect.commits_move_token()
+
     def next_ready_at(self, queues: Sequence[str] | None = None) -> float | None:
         """The earliest moment some task of ``queues`` (None: any) could be claimed (a past
         value: claimable now)."""
