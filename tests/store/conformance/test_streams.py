@@ -104,12 +104,17 @@ def test_an_exchange_writes_stream_batches_fenced_like_append_stream(driver: Dri
         (4, "data", 2, "y2"),
     ]
     assert [c.data for c in s.stream(mine.run_id)] == ["a"]
+    # each answer in the order asked, whatever the order the runs' heads are locked in
+    more = driver.lease("t")  # a run after the taken-over one
+    assert s.append_stream(more, texts("m1")).last == 1
+    later = s.commit_many([], streams=[(more, texts("m2"), 1), (new, texts("y3"), 4)]).appended
+    assert [(a.outcome, a.last) for a in later] == [("written", 2), ("written", 5)]
     # the same batch again (an exchange that landed without its answer): found written
     again = s.commit_many([], streams=[(new, texts("y1", "y2"), None)]).appended
-    assert [(a.outcome, a.last) for a in again] == [("written", 4)]
-    assert s.append_stream(new, texts("y3"), after=4).last == 5  # the thread goes on after it
+    assert [(a.outcome, a.last) for a in again] == [("written", 5)]
+    assert s.append_stream(new, texts("y4"), after=5).last == 6  # the thread goes on after it
     with pytest.raises(InvalidPayload, match="1 to"):
-        s.commit_many([], streams=[(new, [], 5)])
+        s.commit_many([], streams=[(new, [], 6)])
 
 
 @verb("append_stream")

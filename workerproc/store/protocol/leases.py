@@ -16,7 +16,7 @@ from ..driver import RenewAsk
 from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
 from ..starts import placing
-from ..streams import StreamBatch
+from ..streams import Appended, StreamBatch
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import KINDS, apply_all, fence, rejected
@@ -62,7 +62,9 @@ class Leases(Limits):
         its own connection writes them (B21)."""
         for _, texts, _ in streams:
             check_batch(texts)
-        streams = sorted(streams, key=lambda batch: batch[0].run_id)  # heads locked in order
+        # the heads locked in run order (no two exchanges wait on each other in a cycle); the
+        # answers in the caller's order
+        order = sorted(range(len(streams)), key=lambda i: streams[i][0].run_id)
         request = claim
         while request is not None:
             check_start(request.start)
@@ -87,8 +89,11 @@ class Leases(Limits):
                         nexts[i] = got
 
         def exchange(tx: Tx) -> BatchOutcome:
-            appended = tuple(append_in(tx, lease, texts, after, lazy=False)
-                             for lease, texts, after in streams)  # fmt: skip
+            answers: dict[int, Appended] = {}
+            for i in order:
+                lease, texts, after = streams[i]
+                answers[i] = append_in(tx, lease, texts, after, lazy=False)
+            appended = tuple(answers[i] for i in range(len(streams)))
             results = tuple(apply_all(tx, commits, encoded))
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
             if placed:  # after the settling, like it before the claim first looks at gates
