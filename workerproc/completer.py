@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from . import tracing
 from .logs import attempt_of, event
@@ -49,6 +49,7 @@ from .store import (
     WorkerStore,
 )
 from .store.backoff import backoff
+from .store.streams import StreamBatch
 
 log = logging.getLogger("workerproc.worker")
 
@@ -59,6 +60,15 @@ log = logging.getLogger("workerproc.worker")
 READONLY_EXIT = 5.0
 RETRY_BASE, RETRY_CAP = 0.02, 0.5  # a busy commit is retried after 20 ms, doubling to 0.5 s
 SETTLED_KINDS = ("finish", "advance", "wait", "fail")  # a conflict on these is settled, not dropped
+
+
+class Riders(Protocol):
+    """What completion needs of the stream writer (``streaming.py::Streamer``): the batches
+    due, lent to an exchange, and what it answered for them."""
+
+    def lend(self) -> list[tuple[Any, list[str]]]: ...
+
+    def landed(self, lent: list[tuple[Any, list[str]]], answers: tuple[Any, ...]) -> None: ...
 
 
 class Renewals(Protocol):
@@ -97,6 +107,7 @@ class Completer:
         self.since: float | None = None  # monotonic: when the oldest of them finished
         self.readonly_since: float | None = None  # writes failing on a read-only database
         self.sent = 0.0  # monotonic: when the try that last succeeded was sent
+        self.riders: Riders | None = None  # the stream writer, whose due batches ride along
 
     # -- the buffer -------------------------------------------------------------------------------
     def add(self, commit: Commit) -> None:
@@ -120,7 +131,15 @@ class Completer:
         # No renewal races these commits; and even with none, no claim goes out while the
         # heartbeat thread's timeout path (which may end the process) is under way.
         self.renewals.untrack([c.lease for c in commits])
-        out = self.write(commits, claim)
+        lent = self.riders.lend() if self.riders is not None else []
+        answers: tuple[Any, ...] = ()
+        try:
+            out = self.write(commits, claim, streams=[(em.lease, batch, em.last)
+                                                      for em, batch in lent])  # fmt: skip
+            answers = out.appended
+        finally:
+            if self.riders is not None:
+                self.riders.landed(lent, answers)
         sent = self.sent  # the leases' local clock starts when the claim was sent
         for i, commit in enumerate(commits):  # the steps' spans, if traced, end (their outcome)
             tracing.ended(commit, out.results[i] if i < len(out.results) else None)
@@ -136,18 +155,26 @@ class Completer:
             self.renewals.track(lease, sent)
         return out.leases
 
-    def write(self, commits: Sequence[Commit], claim: ClaimRequest | None) -> BatchOutcome:
+    def write(
+        self,
+        commits: Sequence[Commit],
+        claim: ClaimRequest | None,
+        streams: Sequence[StreamBatch] = (),
+    ) -> BatchOutcome:
         """Write ``commits`` and claim, retrying while the database is busy. A claim alone is
         tried once (nothing is lost by trying again later); commits are retried for up to a
         ttl: one that never lands is safe, its lease lapses and the task is taken over. An
         outcome with no results (and no leases) says it gave up. ``sent`` is then when the
-        successful try was sent: its leases' local clock starts there (R4)."""
+        successful try was sent: its leases' local clock starts there (R4). ``streams``:
+        stream batches written in the same transaction (their answers in ``appended``; none
+        when the batch had to be written another way: the stream writer writes them)."""
+        extra = {"streams": streams} if streams else {}
         deadline = self.clock() + self.ttl
         tries = 0
         while True:
             started = self.clock()
             try:
-                out = self.store.commit_many(commits, claim=claim)
+                out = self.store.commit_many(commits, claim=claim, **extra)
             except InvalidPayload as exc:
                 if len(commits) > 1:
                     return self._one_by_one(commits, claim)

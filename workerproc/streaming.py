@@ -10,23 +10,34 @@ A batch that failed (the database did not answer) is tried again, the chunks kep
 until it lands or ``WRITE_WAIT`` passes; a retry after a write that landed without its answer
 is found written by the store (``after``), never written twice. A handler that emits faster
 than the database takes waits at its emit once ``PENDING`` chunks wait (``emit_async``: off
-the loop). Every ``EXPIRY_EVERY`` seconds the thread also drops the streams of succeeded runs
-that outlived their task's ``stream_ttl``.
+the loop).
+
+While the worker's conductor exchanges (commits and claims: every few milliseconds on a busy
+worker), a due batch waits for its next exchange, ``RIDE_WAIT`` at most, and is written in that
+transaction, on the conductor's connection (``lend``, then ``landed``; ``commit_many``'s
+``streams``), fenced and numbered the same: on SQLite another connection's commit costs the
+conductor its page cache at its next transaction, a batch in its own transaction beside a busy
+exchange a cold claim. A flush never waits for an exchange; a batch an exchange could not write
+(it failed, or wrote nothing of it) goes back to the thread, tried as it was.
+
+Every ``EXPIRY_EVERY`` seconds the thread also drops the streams of succeeded runs that outlived
+their task's ``stream_ttl``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from .logs import attempt_of, event
 from .store import InvalidPayload, StoreError
 from .store.roles import StreamStore
-from .store.streams import MAX_BATCH
+from .store.streams import MAX_BATCH, Appended
 from .store.types import Lease
 
 log = logging.getLogger("workerproc.worker")
@@ -35,6 +46,7 @@ DELAY = 0.05  # seconds a chunk waits for its batch at most
 BATCH = 64  # chunks that make a batch go at once
 PENDING = 4 * MAX_BATCH  # chunks waiting that make an emit wait for the writer
 WRITE_WAIT = 60.0  # seconds a batch is tried for, or a flush waits, at most
+RIDE_WAIT = 0.02  # seconds a due batch waits for an exchange that ran this recently, at most
 EXPIRY_EVERY = 60.0  # seconds between two looks for streams past their stream_ttl
 RETRY = (0.01, 1.0)  # a failed write's first pause before it is tried again, and the most
 
@@ -50,6 +62,7 @@ class Emitter:
         self._streamer = streamer
         self.waiting: list[str] = []  # chunks' JSON, in order
         self.since = 0.0  # monotonic: when the oldest waiting chunk was emitted
+        self.full_at: float | None = None  # monotonic: when ``BATCH`` chunks waited
         self.busy = 0  # chunks in a write now
         self.last: int | None = None  # the offset this attempt's last batch ended at
         self.refused: Refusal | None = None
@@ -61,9 +74,23 @@ class Emitter:
 
     def due(self, now: float) -> bool:
         """Whether a batch should go now."""
-        if not self.waiting or self.refused or self.failed:
+        if not self.waiting or self.busy or self.refused or self.failed:
             return False
         return self.flushing or len(self.waiting) >= BATCH or now - self.since >= DELAY
+
+    def due_since(self) -> float:
+        """(Due.) When the next batch became due."""
+        ready = self.since + DELAY
+        return ready if self.full_at is None else min(ready, self.full_at)
+
+    def take(self, now: float) -> list[str]:
+        """(Due.) The next batch, which is being written from now on."""
+        batch, self.waiting = self.waiting[:MAX_BATCH], self.waiting[MAX_BATCH:]
+        self.busy = len(batch)
+        if self.waiting:
+            self.since = now
+        self.full_at = now if len(self.waiting) >= BATCH else None
+        return batch
 
     def add(self, text: str) -> None:
         """Keep one chunk for the next batch; the writer is woken when a batch is due, and
@@ -80,6 +107,7 @@ class Emitter:
                 s.cond.notify_all()
             self.waiting.append(text)
             if len(self.waiting) == BATCH:
+                self.full_at = time.monotonic()
                 s.cond.notify_all()
             if len(self.waiting) >= PENDING:
                 self._wait(lambda: len(self.waiting) < PENDING)
@@ -143,6 +171,8 @@ class Streamer:
         self._store: StreamStore | None = None
         self._closed = False
         self._expired_at = 0.0  # monotonic: the last look for streams past their stream_ttl
+        self._lent_at = -math.inf  # monotonic: the last exchange that asked for batches
+        self._returned: list[tuple[Emitter, list[str]]] = []  # lent, not written: ours again
 
     def emitter(self, lease: Lease) -> Emitter:
         """A new execution's stream."""
@@ -171,24 +201,60 @@ class Streamer:
             emitter.ended = True
             self.cond.notify_all()
 
+    def lend(self) -> list[tuple[Emitter, list[str]]]:
+        """An exchange is about to begin: the batches due now, taken (each busy until
+        ``landed``), for it to write in its transaction."""
+        with self.cond:
+            now = time.monotonic()
+            self._lent_at = now
+            if self._closed:
+                return []
+            return [(em, em.take(now)) for em in self._emitters if em.due(now)]
+
+    def landed(self, lent: list[tuple[Emitter, list[str]]], answers: tuple[Any, ...]) -> None:
+        """What the exchange answered for the batches ``lend`` gave it, in order; a batch with
+        no answer (the exchange failed, or was written without them) goes back to the thread,
+        to be written as it was."""
+        if not lent:
+            return
+        with self.cond:
+            for i, (em, batch) in enumerate(lent):
+                if i < len(answers):
+                    self._answered(em, batch, answers[i])
+                else:
+                    self._returned.append((em, batch))
+            self.cond.notify_all()
+
     def _next(self) -> tuple[Emitter, list[str]] | None:
-        """(Holding the condition.) The next batch due, taken; else sleep until one may be."""
+        """(Holding the condition.) The next batch due, taken; else sleep until one may be.
+        A due batch waits for the next exchange (``RIDE_WAIT`` at most) while exchanges run,
+        unless its handler flushes."""
+        if self._returned:
+            return self._returned.pop(0)
         now = time.monotonic()
+        riding = now - self._lent_at < RIDE_WAIT and not self._closed
+        soonest: float | None = None
         for em in self._emitters:
             if em.due(now):
-                batch, em.waiting = em.waiting[:MAX_BATCH], em.waiting[MAX_BATCH:]
-                em.busy = len(batch)
-                if em.waiting:
-                    em.since = now
-                return em, batch
-        soonest = min((em.since + DELAY for em in self._emitters if em.waiting), default=None)
-        self.cond.wait(1.0 if soonest is None else max(0.0, min(1.0, soonest - now)))
+                if not riding or em.flushing or now - em.due_since() >= RIDE_WAIT:
+                    return em, em.take(now)
+                later = min(em.due_since(), self._lent_at) + RIDE_WAIT
+            elif em.waiting and not em.busy:
+                later = em.since + DELAY
+            else:
+                continue
+            soonest = later if soonest is None else min(soonest, later)
+        self.cond.wait(1.0 if soonest is None else max(0.001, min(1.0, soonest - now)))
         return None
 
     def _run(self) -> None:
         while True:
             with self.cond:
-                if self._closed and not any(em.waiting for em in self._emitters):
+                if (
+                    self._closed
+                    and not self._returned
+                    and not any(em.waiting for em in self._emitters)
+                ):
                     return
                 self._emitters = [em for em in self._emitters if em.waiting or em.busy
                                   or not (em.ended or em.refused or em.failed)]  # fmt: skip
@@ -223,13 +289,18 @@ class Streamer:
                 time.sleep(pause)
                 pause = min(most, pause * 2)
         with self.cond:
-            em.busy = 0
-            if appended.outcome == "written":
-                em.last = appended.last
-                em.written += len(batch)
-            else:
-                em.refused, em.waiting = appended.outcome, []
+            self._answered(em, batch, appended)
             self.cond.notify_all()
+
+    @staticmethod
+    def _answered(em: Emitter, batch: list[str], appended: Appended) -> None:
+        """(Holding the condition.) What the store answered for ``em``'s ``batch``."""
+        em.busy = 0
+        if appended.outcome == "written":
+            em.last = appended.last
+            em.written += len(batch)
+        else:
+            em.refused, em.waiting = appended.outcome, []
 
     def _expire(self) -> None:
         """Now and then: drop the streams of succeeded runs past their ``stream_ttl``."""

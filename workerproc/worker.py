@@ -133,6 +133,7 @@ class Worker:
                               threads=seats, seats=seats)  # fmt: skip
         # ``ctx.emit``'s writer: one thread and one connection of its own, opened at the first emit
         self.streams = Streamer(stream_store or (lambda: cast(StreamStore, open_store())))
+        self.completer.riders = self.streams  # due batches ride the exchanges (streaming.py)
         # the built-in task every worker serves: webhook delivery (B20), on its own connections
         deliverer = Deliverer(delivery_store or open_store, lambda: not self.policy.accepting)
         builtin = {DELIVERY_TASK: deliverer}  # (stopping: it starts no new POST)

@@ -25,7 +25,7 @@ from . import calls
 from .dialect import ChangeWatch
 from .limits import LimitInfo, LimitSpec
 from .schedules import Fired, ScheduleInfo, ScheduleSpec
-from .streams import Appended, Chunk
+from .streams import Appended, Chunk, StreamBatch
 from .types import (
     DEFAULT_QUEUE,
     JSON,
@@ -60,7 +60,11 @@ class WorkerStore(Role, Protocol):
     """What a worker, its heartbeat and its idle wait call."""
 
     def commit_many(
-        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+        self,
+        commits: Sequence[Commit],
+        *,
+        claim: ClaimRequest | None = None,
+        streams: Sequence[StreamBatch] = (),
     ) -> BatchOutcome: ...
     def renew_many(self, leases: Sequence[Lease], ttl: float) -> list[float | None]: ...
     def renew_each(

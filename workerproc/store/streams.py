@@ -15,11 +15,12 @@ gap), the ``step`` (task id) and ``attempt`` that wrote it, a ``kind`` and its J
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from .codec import MAX_PAYLOAD
-from .types import JSON
+from .types import JSON, Lease
 
 MAX_CHUNK = 64 * 1024  # the bytes of one chunk's JSON at most
 MAX_STREAM = 16 * 1024 * 1024  # the bytes of a run's chunks (every step, every attempt) at most
@@ -28,6 +29,9 @@ MAX_BATCH = 1024  # chunks one write takes at most
 assert MAX_CHUNK <= MAX_PAYLOAD
 
 ChunkKind = Literal["data", "reset"]
+# one batch of chunks a worker's exchange writes (``commit_many``'s ``streams``): the lease of
+# the attempt that emitted them, their JSON texts, and the offset its previous batch ended at
+StreamBatch = tuple[Lease, Sequence[str], int | None]
 KINDS: tuple[ChunkKind, ...] = ("data", "reset")
 
 

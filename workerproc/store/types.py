@@ -314,9 +314,11 @@ class RunFailure:
 
 @dataclass(frozen=True)
 class BatchOutcome:
-    """What a batched commit answers: one result per commit, in order, the new leases, and the
-    runs the transaction failed."""
+    """What a batched commit answers: one result per commit, in order, the new leases, the
+    runs the transaction failed, and what each stream batch written with it answered
+    (``appended``, in the order of ``commit_many``'s ``streams``: ``streams.Appended``)."""
 
     results: tuple[CasResult, ...]
     leases: tuple[Lease, ...] = ()
     failed: tuple[RunFailure, ...] = ()
+    appended: tuple[Any, ...] = ()

@@ -79,6 +79,44 @@ def test_a_cancelled_run_and_the_next_step_get_no_reset(driver: Driver) -> None:
     assert driver.refusals("emit") == []
 
 
+@verb("commit_many", "append_stream")
+def test_an_exchange_writes_stream_batches_fenced_like_append_stream(driver: Driver) -> None:
+    s = driver.store
+    old = driver.lease("t", owner="zombie")
+    assert s.append_stream(old, texts("x1")).last == 1
+    driver.clock.advance(TTL + 1)
+    new = driver.claim("w2")  # the zombie's run, taken over
+    assert new.run_id == old.run_id
+    mine = driver.lease("t")  # another run, streaming beside it
+    out = s.commit_many(
+        [Commit(mine, "finish", new_state={"done": 1})],
+        streams=[(old, texts("late"), 1), (new, texts("y1", "y2"), None),
+                 (mine, texts("a"), None)],
+    )  # fmt: skip
+    assert out.results == (OK,)  # the exchange's own commit lands whatever its batches say
+    assert [(a.outcome, a.last, a.reset) for a in out.appended] == [
+        ("lost", 0, False), ("written", 4, True), ("written", 1, False)]  # fmt: skip
+    assert [r.op for r in driver.refusals("emit")] == ["emit"]
+    assert [(c.offset, c.kind, c.attempt, c.data) for c in s.stream(new.run_id)] == [
+        (1, "data", 1, "x1"),
+        (2, "reset", 2, None),
+        (3, "data", 2, "y1"),
+        (4, "data", 2, "y2"),
+    ]
+    assert [c.data for c in s.stream(mine.run_id)] == ["a"]
+    # each answer in the order asked, whatever the order the runs' heads are locked in
+    more = driver.lease("t")  # a run after the taken-over one
+    assert s.append_stream(more, texts("m1")).last == 1
+    later = s.commit_many([], streams=[(more, texts("m2"), 1), (new, texts("y3"), 4)]).appended
+    assert [(a.outcome, a.last) for a in later] == [("written", 2), ("written", 5)]
+    # the same batch again (an exchange that landed without its answer): found written
+    again = s.commit_many([], streams=[(new, texts("y1", "y2"), None)]).appended
+    assert [(a.outcome, a.last) for a in again] == [("written", 5)]
+    assert s.append_stream(new, texts("y4"), after=5).last == 6  # the thread goes on after it
+    with pytest.raises(InvalidPayload, match="1 to"):
+        s.commit_many([], streams=[(new, [], 6)])
+
+
 @verb("append_stream")
 def test_the_bounds_are_refused_with_the_limit_named(driver: Driver) -> None:
     s = driver.store

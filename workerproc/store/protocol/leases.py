@@ -16,10 +16,12 @@ from ..driver import RenewAsk
 from ..errors import InvalidOption
 from ..limits import UNGATED, Gating
 from ..starts import placing
+from ..streams import Appended, StreamBatch
 from ..types import JSON, BatchOutcome, CasResult, ClaimRequest, Commit, Lease, Renewal
 from . import claims
 from .commits import KINDS, apply_all, rejected
 from .limits import Limits
+from .streams import append_in, check_batch
 
 
 def check_start(start: object) -> None:
@@ -45,11 +47,24 @@ class Leases(Limits):
 
     # -- the worker's calls --------------------------------------------------------------------
     def commit_many(
-        self, commits: Sequence[Commit], *, claim: ClaimRequest | None = None
+        self,
+        commits: Sequence[Commit],
+        *,
+        claim: ClaimRequest | None = None,
+        streams: Sequence[StreamBatch] = (),
     ) -> BatchOutcome:
         """Write every commit under its own lease (each a fenced write answering ok, conflict
         or lease_lost on its own) and, in the same transaction, claim up to ``claim.limit``
-        tasks (B4). Every value is encoded first: a bad one writes nothing."""
+        tasks (B4). Every value is encoded first: a bad one writes nothing. ``streams``: stream
+        batches (lease, chunks' JSON, ``after``) written first in the same transaction, each
+        fenced on its own exactly as ``append_stream`` writes it (its answer in
+        ``appended``): the worker's stream writer lends the exchange the batches due, so that
+        its own connection writes them (B21)."""
+        for _, texts, _ in streams:
+            check_batch(texts)
+        # the heads locked in run order (no two exchanges wait on each other in a cycle); the
+        # answers in the caller's order
+        order = sorted(range(len(streams)), key=lambda i: streams[i][0].run_id)
         request = claim
         while request is not None:
             check_start(request.start)
@@ -74,12 +89,17 @@ class Leases(Limits):
                         nexts[i] = got
 
         def exchange(tx: Tx) -> BatchOutcome:
+            answers: dict[int, Appended] = {}
+            for i in order:
+                lease, texts, after = streams[i]
+                answers[i] = append_in(tx, lease, texts, after, lazy=False)
+            appended = tuple(answers[i] for i in range(len(streams)))
             results = tuple(apply_all(tx, commits, encoded))
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
             if placed:  # after the settling, like it before the claim first looks at gates
                 tx.place_gates(placing(placed))
             leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
-            return BatchOutcome(results, tuple(leases), tuple(tx.failed))
+            return BatchOutcome(results, tuple(leases), tuple(tx.failed), appended)
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")

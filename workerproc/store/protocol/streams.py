@@ -42,6 +42,47 @@ def chunk_text(data: JSON) -> str:
     return text
 
 
+def check_batch(texts: Sequence[str]) -> None:
+    """A batch's size, checked before its transaction begins."""
+    if not 1 <= len(texts) <= MAX_BATCH:
+        raise InvalidPayload(f"a stream write takes 1 to {MAX_BATCH} chunks")
+
+
+def append_in(
+    tx: Tx, lease: Lease, texts: Sequence[str], after: int | None, *, lazy: bool
+) -> Appended:
+    """One batch of ``lease``'s attempt, written in ``tx`` (``append_stream``'s own small
+    transaction, or a worker's exchange: ``commit_many``'s ``streams``): see the module's
+    docstring. ``lazy``: the transaction is the batch's own, whose commit need not wait for
+    the disk (PostgreSQL); an exchange's commit waits, as it always does."""
+    size = sum(len(text.encode()) for text in texts)
+    params = fence(lease, tx.now)
+    head = tx.one("STREAM_HEAD", params)
+    status = tx.one("STREAM_FENCE", params)
+    if status is None or head is None:  # (no head: no run, so no lease either)
+        rejected(tx, lease, "emit")
+        return Appended("lost")
+    last, task_id, attempt, used = (int(v) for v in head)
+    if task_id == lease.task_id and attempt > lease.attempt:
+        rejected(tx, lease, "emit")  # a newer attempt wrote already
+        return Appended("lost")
+    if str(status[0]) not in ALIVE:
+        return Appended("over")
+    mine = task_id == lease.task_id and attempt == lease.attempt
+    if mine and last > 0 and last != after:  # this batch landed already: a retry
+        return Appended("written", last)
+    if used + size > MAX_STREAM:
+        return Appended("full")
+    reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
+    chunks = [["reset", None]] if reset else []
+    chunks += [["data", text] for text in texts]
+    tx.count("STREAM_APPEND", {**params, "first": last + 1,
+                               "chunks": json.dumps(chunks)})  # fmt: skip
+    end = last + len(chunks)
+    tx.rows("STREAM_MOVE" if lazy else "STREAM_MOVED", {**params, "last": end, "bytes": size})
+    return Appended("written", end, reset)
+
+
 class Streams:
     dialect: Dialect
 
@@ -53,38 +94,8 @@ class Streams:
         offset this attempt's previous batch ended at (None: this is its first), so a batch
         tried again after a write that landed without its answer is found written (its answer
         again), never written twice."""
-        if not 1 <= len(texts) <= MAX_BATCH:
-            raise InvalidPayload(f"a stream write takes 1 to {MAX_BATCH} chunks")
-        size = sum(len(text.encode()) for text in texts)
-
-        def append(tx: Tx) -> Appended:
-            params = fence(lease, tx.now)
-            head = tx.one("STREAM_HEAD", params)
-            status = tx.one("STREAM_FENCE", params)
-            if status is None or head is None:  # (no head: no run, so no lease either)
-                rejected(tx, lease, "emit")
-                return Appended("lost")
-            last, task_id, attempt, used = (int(v) for v in head)
-            if task_id == lease.task_id and attempt > lease.attempt:
-                rejected(tx, lease, "emit")  # a newer attempt wrote already
-                return Appended("lost")
-            if str(status[0]) not in ALIVE:
-                return Appended("over")
-            mine = task_id == lease.task_id and attempt == lease.attempt
-            if mine and last > 0 and last != after:  # this batch landed already: a retry
-                return Appended("written", last)
-            if used + size > MAX_STREAM:
-                return Appended("full")
-            reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
-            chunks = [["reset", None]] if reset else []
-            chunks += [["data", text] for text in texts]
-            tx.count("STREAM_APPEND", {**params, "first": last + 1,
-                                       "chunks": json.dumps(chunks)})  # fmt: skip
-            end = last + len(chunks)
-            tx.rows("STREAM_MOVE", {**params, "last": end, "bytes": size})
-            return Appended("written", end, reset)
-
-        return self.dialect.write(append)
+        check_batch(texts)
+        return self.dialect.write(lambda tx: append_in(tx, lease, texts, after, lazy=True))
 
     def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]:
         """Up to ``limit`` (at most ``MAX_READ``) of run ``run_id``'s chunks after offset

@@ -41,6 +41,15 @@ moved AS (
     WHERE run_id = %(run_id)s RETURNING run_id)
 SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved, lazy
 
+-- name: STREAM_MOVED
+-- the same, for a batch written in a worker's exchange (``commit_many``'s ``streams``), whose
+-- commit waits for the disk as always: no ``synchronous_commit`` of its own
+WITH moved AS (
+    UPDATE stream_heads SET last = %(last)s, task_id = %(task_id)s, attempt = %(attempt)s,
+        bytes = bytes + %(bytes)s
+    WHERE run_id = %(run_id)s RETURNING run_id)
+SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved
+
 -- name: STREAM_READ
 -- a run's chunks after an offset, in order
 SELECT position, attempt, task_id, kind, data::text, at FROM stream_chunks

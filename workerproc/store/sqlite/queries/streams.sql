@@ -30,6 +30,13 @@ UPDATE stream_heads SET last = :last, task_id = :task_id, attempt = :attempt,
         bytes = bytes + :bytes
     WHERE run_id = :run_id
 
+-- name: STREAM_MOVED
+-- the same, in a worker's exchange (``STREAM_MOVE`` on PostgreSQL asks its own transaction not
+-- to wait for the disk; here the connection's ``synchronous`` says so for every statement)
+UPDATE stream_heads SET last = :last, task_id = :task_id, attempt = :attempt,
+        bytes = bytes + :bytes
+    WHERE run_id = :run_id
+
 -- name: STREAM_READ
 -- a run's chunks after an offset, in order
 SELECT position, attempt, task_id, kind, data, at FROM stream_chunks
