@@ -1,23 +1,28 @@
 -- SQLite's claims and renewals (docs/protocol.md R1, R3, R6): the claim of the first
 -- claimable runs of the served queues, what a claimed task's handler is given, and a
--- lease's renewal. A claim writes owner and expiry and counts the attempt; every write after
--- it carries the fence (task id AND owner AND attempt AND a live lease).
+-- lease's renewal. A lease is its run's row of ``leases`` (schema step 29): a claim writes it
+-- (owner, expiry, the attempt counted; its triggers copy the counts onto the task and move the
+-- run's ready_at), a takeover rewrites it in place, keeping the lease it replaced in its prev_*
+-- columns; every write after it carries the fence (task id AND owner AND attempt AND a live
+-- expiry). SQLite 3.40 answers ``prev_owner IS NOT NULL`` wrongly in an INSERT's RETURNING on a
+-- WITHOUT ROWID table (true for a column the insert left NULL): the claims ask typeof().
 
 -- name: CLAIM
 -- claim (R1): one statement picks the first :limit claimable runs of every queue with pending
 -- work (the queues found by a loose index scan of the claim index, one seek per queue), a higher
 -- priority first, then in head order (the head is a run's first pending task in (available_at,
--- created_at, id) order, kept by triggers), and claims each one's first task: writes owner and
--- expiry and counts the attempt. A run is claimable when its head is due, it is alive, and none
--- of its tasks holds a live lease; each picked run gives one task, so not even one statement can
--- hand out two leases in one run. Priority levels are found by a loose index scan (a max() below
+-- created_at, id) order, kept by triggers), and leases each one's first task: inserts its run's
+-- lease, or takes an expired one over in place (ON CONFLICT ... WHERE it ended). A run is
+-- claimable when its head is due, it is alive, and it holds no live lease; each picked run gives
+-- one task, so not even one statement can hand out two leases in one run (nor could the lease
+-- table's key hold two). Priority levels are found by a loose index scan (a max() below
 -- the last one), so every walk of the claim index is bounded by head_at <= :now: delayed runs are
 -- never walked, however many there are, and a run with 100,000 tasks behind one live lease costs
 -- one index entry. A claim that takes over a lease whose handler never began spends no attempt
 -- (B3): its attempt_base moves with attempts, as a hand-back's does; and the claim records
 -- whether its own lease begins at once (:start) or waits (its start recorded by RENEW_MANY). A
 -- lease the claimer takes over from itself waits: its older handler may still run in that worker,
--- and the new one begins only once it ended (SET reads the row as it was). With :tasks (a JSON
+-- and the new one begins only once it ended (SET reads the lease as it was). With :tasks (a JSON
 -- array), only runs whose head task is one of them (B22: what the claimer has handlers for):
 -- its name for an unversioned task, "name@version" for one at a version (B25).
 WITH RECURSIVE
