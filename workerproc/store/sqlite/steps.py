@@ -26,15 +26,15 @@ if TYPE_CHECKING:
 
 
 def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRow:
-    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the task, its
-    counts, its expiry and whether it was taken over), the claim's "now", then the run's
-    state, revision and queue, the task's declared options, its signal, the run's parent and
-    join task, and (a gated claim's, ``gated``) the lease's gates, its reservation and what
-    the lease it took over gives back."""
-    task_id, run_id, name, payload, attempts, base, expires_at, takeover = found
-    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent, version) = (
-        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "name": name, "task_id": task_id})
-        .fetchone()
+    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the lease's task,
+    its counts, its expiry and whether it was taken over), the claim's "now", then the task's
+    name and payload, the run's state, revision and queue, the task's declared options, its
+    signal, the run's parent and join task, and (a gated claim's, ``gated``) the lease's gates,
+    its reservation and what the lease it took over gives back."""
+    task_id, run_id, _, _, attempts, base, expires_at, takeover = found
+    (name, payload, state, revision, queue, options, signal_id, parent_id, join_task,
+     traceparent, version) = (
+        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "task_id": task_id}).fetchone()
     )  # fmt: skip
     gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
     return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,

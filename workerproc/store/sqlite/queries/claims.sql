@@ -69,8 +69,7 @@ ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.
     prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
     prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
     WHERE l.expires_at <= excluded.claimed_at
-RETURNING task_id, run_id, (SELECT name FROM tasks WHERE id = task_id),
-    (SELECT payload FROM tasks WHERE id = task_id), attempts, attempt_base, expires_at,
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
 -- name: CLAIM_QUEUES
@@ -117,8 +116,7 @@ ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.
     prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
     prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
     WHERE l.expires_at <= excluded.claimed_at
-RETURNING task_id, run_id, (SELECT name FROM tasks WHERE id = task_id),
-    (SELECT payload FROM tasks WHERE id = task_id), attempts, attempt_base, expires_at,
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
 -- name: CLAIM_OTHERS
@@ -168,8 +166,7 @@ ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.
     prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
     prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
     WHERE l.expires_at <= excluded.claimed_at
-RETURNING task_id, run_id, (SELECT name FROM tasks WHERE id = task_id),
-    (SELECT payload FROM tasks WHERE id = task_id), attempts, attempt_base, expires_at,
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
 -- name: CLAIM_TASK
@@ -207,16 +204,16 @@ ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.
     prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
     prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
     WHERE l.expires_at <= excluded.claimed_at
-RETURNING task_id, run_id, (SELECT name FROM tasks WHERE id = task_id),
-    (SELECT payload FROM tasks WHERE id = task_id), attempts, attempt_base, expires_at,
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
 -- name: RUN_STATE
--- claim: hand the run's state and its queue to the handler, the claimed task's declared options
--- (B11; NULL: none), the signal that resumed it if it waited for one, the run's parent and its
--- join task (B14), its trace context (tracing), and the claimed task's version (B25).
-SELECT r.state, r.revision, r.queue,
-    (SELECT options FROM task_options WHERE name = :name),
+-- claim: hand the claimed task's name and payload (a claim answers its lease row only), the
+-- run's state and its queue to the handler, the task's declared options (B11; NULL: none), the
+-- signal that resumed it if it waited for one, the run's parent and its join task (B14), its
+-- trace context (tracing), and the claimed task's version (B25).
+SELECT t.name, t.payload, r.state, r.revision, r.queue,
+    (SELECT options FROM task_options WHERE name = t.name),
     t.signal_id, r.parent_id, r.join_task, r.traceparent, t.version
     FROM runs AS r LEFT JOIN tasks AS t ON t.id = :task_id WHERE r.id = :run_id
 

@@ -153,8 +153,7 @@ ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.
     prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
     prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
     WHERE l.expires_at <= excluded.claimed_at
-RETURNING task_id, run_id, (SELECT name FROM tasks WHERE id = task_id),
-    (SELECT payload FROM tasks WHERE id = task_id), attempts, attempt_base, expires_at,
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null', gate_a, gate_b, gate_c, reserved,
     CASE WHEN typeof(prev_owner) <> 'null' THEN prev_reserved END
 
