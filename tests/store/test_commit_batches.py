@@ -115,7 +115,7 @@ def test_one_fence_per_dialect(module: object, fence: str, fenced: list[str]) ->
     assert not hasattr(module, "_FENCE_EACH")
     assert [name for name in fenced if fence not in getattr(module, name)] == []
     if module is sqlite_sql:
-        assert f"SELECT run_id FROM tasks WHERE {fence}" == sqlite_sql.CHECK_FENCE
+        assert f"SELECT run_id FROM leases WHERE {fence}" == sqlite_sql.CHECK_FENCE
 
 
 def test_postgres_completions_take_a_values_row_per_commit() -> None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import time
+from dataclasses import replace
 from typing import Any
 
 import pg_session
@@ -32,6 +34,7 @@ from workerproc.store.migrations import HISTORY, SCHEMA_VERSION, steps
 from workerproc.store.postgres import admin as pg_admin
 from workerproc.store.postgres import schema as pg_schema
 from workerproc.store.sqlite import schema as sqlite_schema
+from workerproc.store.types import Lease
 
 RUNS = [  # (status, state, result, failure_reason, last_error, finished_at, revision)
     ("pending", {"n": 1}, None, None, None, None, 0),
@@ -144,6 +147,70 @@ def test_sqlite_version_migrates_forward_with_its_rows(
         store.close()
 
 
+LEASE_TTL = 3600.0  # the live lease's time left when the database is migrated
+
+
+@pytest.mark.parametrize("version", range(1, len(sqlite_schema.MIGRATIONS) + 1))
+def test_sqlite_version_migrates_forward_with_a_live_lease(
+    version: int, tmp_path: os.PathLike[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A task leased when the database is migrated is still fenced after (R2): wherever the
+    version kept its lease, its owner renews and commits it; another owner, or its own older
+    attempt, cannot; no other worker claims its run while it lives."""
+    path = os.path.join(os.fspath(tmp_path), "old.db")
+    with monkeypatch.context() as m:
+        m.setattr("workerproc.store.sqlite.dialect.SCHEMA_VERSION", version)
+        open_store(path).close()
+    ids = sqlite_fill(path)
+    held = sqlite_lease(path, ids[0], "zed", time.time())
+    assert user_version(path) == version
+    store = open_store(path)
+    try:
+        assert user_version(path) == sqlite_schema.SCHEMA_VERSION
+        assert store.claim("other", 30) is None  # its run is held
+        (task,) = store.get_tasks(ids[0])
+        assert (task.lease_owner, task.attempts) == ("zed", held.attempt)
+        for wrong in (replace(held, owner="other"), replace(held, attempt=held.attempt - 1)):
+            assert not store.renew(wrong, 30)
+            late = Commit(wrong, "finish", expected_revision=0, new_state={"n": 0}, result=0)
+            assert store.commit_many([late]).results == (CasResult.LEASE_LOST,)
+        assert store.renew(held, 30)
+        step = Commit(held, "finish", expected_revision=0, new_state={"n": 9}, result=1)
+        assert store.commit_many([step]).results == (CasResult.OK,)
+        run = store.get_run(ids[0])
+        assert run is not None and (run.status, run.state) == ("succeeded", {"n": 9})
+        assert store.stats().leases == [] and store.integrity_violations() == []
+    finally:
+        store.close()
+
+
+def sqlite_lease(path: str, run_id: int, owner: str, now: float) -> Lease:
+    """The run's task leased to ``owner`` as that version's claim left it: on the task row
+    before step 29, in ``leases`` since (their triggers keep the run's claim columns)."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        if conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'leases'").fetchone():
+            conn.execute(  # (since step 29: a row of its own; its triggers count on the task)
+                "INSERT INTO leases (run_id, task_id, owner, attempts, attempt_base, expires_at, "
+                "claimed_at) SELECT run_id, id, ?, attempts + 1, attempt_base, ?, ? FROM tasks "
+                "WHERE run_id = ? AND done_at IS NULL",
+                (owner, now + LEASE_TTL, now, run_id),
+            )
+        else:
+            conn.execute(
+                "UPDATE tasks SET lease_owner = ?, lease_expires_at = ?, attempts = attempts + 1 "
+                "WHERE run_id = ? AND done_at IS NULL",
+                (owner, now + LEASE_TTL, run_id),
+            )
+        task_id, attempts = conn.execute(
+            "SELECT id, attempts FROM tasks WHERE run_id = ?", (run_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return Lease(task_id, run_id, TASK, {"run": run_id}, attempts, owner, now + LEASE_TTL, now,
+                 state={"n": 1})  # fmt: skip
+
+
 def user_version(path: str) -> int:
     conn = sqlite3.connect(path)
     try:
@@ -243,7 +310,8 @@ def test_the_engines_share_one_history() -> None:
     assert all(pg_schema.MIGRATIONS[step - 1] for step in legacy.values())
     assert legacy[21] == 28 and all(legacy[k] > k for k in legacy)
     empty = [n for n, sql in enumerate(pg_schema.MIGRATIONS, 1) if not sql]
-    assert empty == [3, 8, 24]  # SQLite's own: its triggers, its id table
+    # SQLite's own: its triggers, its id tables, its leases' own table (PostgreSQL's since 9)
+    assert empty == [3, 8, 24, 29, 30]
     with pytest.raises(ValueError, match="not in the history"):
         steps("sqlite", {"no_such_step": "SELECT 1"})
 
@@ -262,8 +330,8 @@ def test_postgres_released_version_migrates_forward_with_its_rows(
     ids = pg_fill(schema)
     store = open_store(url)
     try:
-        if legacy == 21:  # already the current shape: read as it is, left as it was
-            assert pg_version(schema) == 21
+        if pg_schema.LEGACY_VERSIONS[legacy] == SCHEMA_VERSION:  # current: left as it was
+            assert pg_version(schema) == legacy
         else:  # renumbered and named, then the missing steps
             rows = pg_rows(schema)
             assert [v for v, _ in rows] == sorted(
@@ -314,7 +382,10 @@ def test_a_released_postgres_schema_at_the_current_shape_serves_a_callers_transa
         assert store.get_run(run) is not None
     finally:
         store.close()
-    assert pg_version(schema) == 21
+    # left as it was while it is the current version; renumbered once a later step came (one
+    # of SQLite's only: nothing ran here)
+    current = pg_schema.LEGACY_VERSIONS[21] == SCHEMA_VERSION
+    assert pg_version(schema) == (21 if current else SCHEMA_VERSION)
 
 
 @pytest.mark.postgres

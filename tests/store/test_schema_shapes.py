@@ -1,6 +1,6 @@
 """Both engines at the current version hold the same tables, columns and indexes, except the
-differences docs/explanation/schema.md lists (each an engine's mechanism, or the lease's place
-still to be moved): a step that adds to one engine only, and is not listed there, fails here."""
+differences docs/explanation/schema.md lists (each an engine's mechanism): a step that adds to
+one engine only, and is not listed there, fails here."""
 
 from __future__ import annotations
 
@@ -18,15 +18,6 @@ ONLY_SQLITE = {
     "run_ids",  # ids never reused: PostgreSQL's identity sequences never reuse one
     "runs.ready_at",  # idle workers sleep until it: PostgreSQL notifies
     "runs_ready",
-    # the lease on the task row (PostgreSQL: leases), to move to a table of its own
-    "tasks.lease_owner",
-    "tasks.lease_expires_at",
-    "tasks.prev_owner",
-    "tasks.started",
-    "tasks_leased",
-    "tasks_gate_a",
-    "tasks_gate_b",
-    "tasks_gate_c",
 }
 ONLY_POSTGRES = {
     "leasekeeper_schema",  # the version (SQLite: PRAGMA user_version)
@@ -37,11 +28,6 @@ ONLY_POSTGRES = {
     "runs_prio",  # indexes its planner's walks need
     "runs_finished",
     "fence_rejections_at",
-    "leases",  # the lease in a table of its own (renewals are HOT updates of a small row)
-    "leases_owner",
-    "leases_gate_a",
-    "leases_gate_b",
-    "leases_gate_c",
 }
 
 

@@ -68,12 +68,17 @@ def test_integrity_reports_a_superseded_commit_and_overlapping_leases(db_path: s
     lease = store.claim("a", TTL)
     assert lease is not None and store.ack(lease)
     raw = sqlite3.connect(db_path, isolation_level=None)
-    # what a zombie write would leave behind, and what a broken claim would
+    # what a zombie write would leave behind, and what a broken claim would (a lease is keyed
+    # by its run, so two live leases in one run take a table without that key)
     raw.execute("UPDATE tasks SET attempts = 2 WHERE run_id = ?", (one,))
+    raw.executescript(
+        "DROP TABLE leases; CREATE TABLE leases (run_id INTEGER, task_id INTEGER, owner TEXT, "
+        "attempts INTEGER, expires_at REAL);"
+    )
     raw.execute(
-        "INSERT INTO tasks (run_id, name, available_at, created_at, lease_owner, "
-        "lease_expires_at, attempts) VALUES (?, 't', 0, 0, 'x', 1e12, 1), "
-        "(?, 't', 0, 0, 'y', 1e12, 1)",
+        "INSERT INTO leases (run_id, task_id, owner, attempts, expires_at) "
+        "SELECT run_id, id, 'x', 1, 1e12 FROM tasks WHERE run_id = ? UNION ALL "
+        "SELECT run_id, id, 'y', 1, 1e12 FROM tasks WHERE run_id = ?",
         (two, two),
     )
     raw.close()

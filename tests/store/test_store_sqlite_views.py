@@ -188,11 +188,11 @@ def test_claim_and_commit_write_no_history_row_and_run_no_extra_statement(
     ) -> tuple[tuple[int, list[str]], tuple[int, list[str]]]:
         out = []
         raw = sqlite3.connect(db_path, isolation_level=None)
-        query = "SELECT sql FROM sqlite_master WHERE name = 'tasks_takeover'"
+        query = "SELECT sql FROM sqlite_master WHERE name = 'leases_taken'"
         (ddl,) = raw.execute(query).fetchone()
         for drop in (False, True):
             if drop:
-                raw.execute("DROP TRIGGER tasks_takeover")
+                raw.execute("DROP TRIGGER leases_taken")
             setup()
             # which goes first, the plain walk or the gates, alternates from claim to claim
             # (claims._turns): both runs take the same turn, so they run the same statements
@@ -209,7 +209,8 @@ def test_claim_and_commit_write_no_history_row_and_run_no_extra_statement(
     assert store.attempt_history(1) == store.attempt_history(2) == []
     mine, plain = compare(takeover, orphan)
     assert mine[1] == plain[1]  # the same statements...
-    assert mine[0] == plain[0] + 1  # ...and the trigger's history row on a takeover
+    # ...and the trigger's writes on a takeover: the history row, and the task's counts
+    assert mine[0] == plain[0] + 2
     assert [h.outcome for h in store.attempt_history(3)] == ["taken_over"]
     store.close()
 

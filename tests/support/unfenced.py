@@ -2,11 +2,12 @@
 
 Test code only: ``disable_fencing()`` rewrites, in this process, every statement of each backend
 that carries the fence (task id AND owner AND attempt AND a live lease) so that it only asks
-"this task, not done yet". Any former holder may then renew, commit and ack: exactly the zombie
-writes the chaos verifier must catch. A backend's statements live in two places: the names of
-its ``sql`` module (which its steps read at each call: the named queries it loaded from its
-``queries/*.sql`` files, and on PostgreSQL the statements composed in Python) and its catalogue
-(the statements the protocol runs by name); both are rewritten, the loaded text included.
+"this task's lease, whoever holds it". Any former holder may then renew, commit and ack:
+exactly the zombie writes the chaos verifier must catch. A backend's statements live in two
+places: the names of its ``sql`` module (which its steps read at each call: the named queries
+it loaded from its ``queries/*.sql`` files, and on PostgreSQL the statements composed in
+Python) and its catalogue (the statements the protocol runs by name); both are rewritten, the
+loaded text included.
 Nothing in ``workerproc`` or ``supervisor`` knows this module exists; a supervisor gets it by
 importing ``apps.chaos_unfenced`` as its app before it forks, so every worker inherits the
 broken statements.
@@ -27,15 +28,15 @@ except ImportError:  # no psycopg: only SQLite can be broken (and tested)
     postgres_sql = postgres_steps = None  # type: ignore[assignment]
 
 # SQLite's fence, as its queries spell it (``sqlite/queries/*.sql``: written out in each)
-SQLITE_FENCE = """id = :task_id AND lease_owner = :owner AND attempts = :attempt
-    AND lease_expires_at > :now AND done_at IS NULL"""
+SQLITE_FENCE = """run_id = :run_id AND task_id = :task_id AND owner = :owner
+    AND attempts = :attempt AND expires_at > :now"""
 
 # each backend's fences, and what they are reduced to
 SQLITE = {
-    SQLITE_FENCE: "id = :task_id AND done_at IS NULL",
+    SQLITE_FENCE: "run_id = :run_id AND task_id = :task_id",
     # renew_many answers each lease by (task id, attempt): the broken one answers for the
     # attempt that asked, so a zombie hears "renewed" and goes on to write
-    "RETURNING id, attempts, lease_expires_at": "RETURNING id, :attempt, lease_expires_at",
+    "RETURNING task_id, attempts, expires_at": "RETURNING task_id, :attempt, expires_at",
 }
 POSTGRES = (
     {}

@@ -297,7 +297,7 @@ def test_a_lost_lease_stops_only_its_slot(db_path: str) -> None:
             wait_for(lambda: s.stats().leased == 3, timeout=20, what="three leases")
         with sqlite3.connect(db_path) as conn:
             marks = ",".join("?" * len(lost_ids))
-            conn.execute(f"UPDATE tasks SET lease_expires_at = 0 WHERE run_id IN ({marks})",
+            conn.execute(f"UPDATE leases SET expires_at = 0 WHERE run_id IN ({marks})",
                          lost_ids)  # fmt: skip
         conn.close()
 

@@ -39,6 +39,8 @@ HISTORY: tuple[str, ...] = (
     "workers_tasks",  # 26 (B22)
     "step_inputs",  # 27 (B24)
     "task_versions",  # 28 (B25)
+    "leases",  # 29: SQLite's leases in their own table, keyed by run (PostgreSQL's since 9)
+    "task_lease_columns",  # 30: SQLite's task rows without their lease columns
 )
 
 SCHEMA_VERSION = len(HISTORY)

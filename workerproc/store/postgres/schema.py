@@ -507,6 +507,8 @@ _SQL: dict[str, str] = {
     ALTER TABLE tasks ADD COLUMN version integer CHECK (version BETWEEN 1 AND 1000000);
     UPDATE tasks SET version = 1 WHERE done_at IS NULL;
     """,
+    # 29 (leases), 30 (task_lease_columns): SQLite's only (PostgreSQL's leases have had their
+    # own table, and its tasks no lease columns, since 9)
 }
 
 MIGRATIONS: list[str] = steps("postgres", _SQL)  # every step of the shared history, in order

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from ..queries import load, texts
 
-QUERIES = load("workerproc.store.sqlite", "ops.sql", style="named")
+# (steps' parts: RETRY_TASKS is both)
+_PARTS = ("RETRY_TASKS_DUE", "RETRY_LEASE_DROPPED")
+QUERIES = load("workerproc.store.sqlite", "ops.sql", style="named", internal=_PARTS)
 globals().update(texts(QUERIES))
 
 

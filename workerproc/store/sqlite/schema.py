@@ -18,6 +18,7 @@ from ..migrations import steps
 from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
+from .leases_sql import MIGRATION_LEASES, MIGRATION_TASK_LEASE_COLUMNS
 from .schedules_sql import MIGRATION as _SCHEDULES
 from .streams_sql import STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
@@ -488,6 +489,8 @@ _SQL: dict[str, str] = {
     ALTER TABLE tasks ADD COLUMN version INTEGER CHECK (version BETWEEN 1 AND 1000000);
     UPDATE tasks SET version = 1 WHERE done_at IS NULL;
     """,
+    "leases": MIGRATION_LEASES,  # 29: a run's lease is a row of ``leases`` (leases_sql.py)
+    "task_lease_columns": MIGRATION_TASK_LEASE_COLUMNS,  # 30: tasks without them (rebuilt)
 }
 
 MIGRATIONS: list[str] = steps("sqlite", _SQL)  # every step of the shared history, in order

@@ -21,9 +21,9 @@ _PACKAGE = "workerproc.store.sqlite"
 # (steps' parts: the vocabulary's statements are composed of them)
 _INTERNAL = {
     "claims.sql": ("RUN_STATE", "RENEW"),
-    "commits.sql": ("HANDBACK_TASK", "RELEASE_TASK", "RUN_ERROR", "CAS_STATE", "CAS_FINISH",
-                    "CAS_NEXT_TASK", "MOVE_RUN", "SUCCEED_IF_EMPTY", "EXPIRE_OWNER",
-                    "REOPEN_OWNER_GATES"),
+    "commits.sql": ("HANDBACK_TASK", "RELEASE_TASK", "LEASE_GIVEN_BACK", "RUN_ERROR",
+                    "CAS_STATE", "CAS_FINISH", "CAS_NEXT_TASK", "MOVE_RUN", "SUCCEED_IF_EMPTY",
+                    "EXPIRE_OWNER", "REOPEN_OWNER_GATES"),
     "producers.sql": ("INSERT_RUN", "INSERT_SYSTEM_RUN", "FIND_BY_KEY", "INSERT_TASK"),
     "limits.sql": ("SET_LIMIT_NUMBERS", "REOPEN_LIMIT", "SETTLE_GATE", "REOPEN_BLOCKED",
                    "NEW_GATE", "LINE_JOINED", "REGATE_TASK", "PLACE_RUN"),

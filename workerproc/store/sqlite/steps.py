@@ -26,15 +26,15 @@ if TYPE_CHECKING:
 
 
 def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRow:
-    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the task, its
-    counts, its expiry and whether it was taken over), the claim's "now", then the run's
-    state, revision and queue, the task's declared options, its signal, the run's parent and
-    join task, and (a gated claim's, ``gated``) the lease's gates, its reservation and what
-    the lease it took over gives back."""
-    task_id, run_id, name, payload, attempts, base, expires_at, takeover = found
-    (state, revision, queue, options, signal_id, parent_id, join_task, traceparent, version) = (
-        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "name": name, "task_id": task_id})
-        .fetchone()
+    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the lease's task,
+    its counts, its expiry and whether it was taken over), the claim's "now", then the task's
+    name and payload, the run's state, revision and queue, the task's declared options, its
+    signal, the run's parent and join task, and (a gated claim's, ``gated``) the lease's gates,
+    its reservation and what the lease it took over gives back."""
+    task_id, run_id, _, _, attempts, base, expires_at, takeover = found
+    (name, payload, state, revision, queue, options, signal_id, parent_id, join_task,
+     traceparent, version) = (
+        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "task_id": task_id}).fetchone()
     )  # fmt: skip
     gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
     return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,
@@ -77,7 +77,8 @@ def renew_many(tx: SQLiteTx, params: Params) -> list[Row]:
     shared = {"owner": params["owner"], "ttl": params["ttl"], "now": params["now"]}
     rows: list[Row] = []
     for lease in params["leases"]:
-        found = execute(q.RENEW, {**shared, "task_id": lease.task_id, "attempt": lease.attempt,
+        found = execute(q.RENEW, {**shared, "run_id": lease.run_id, "task_id": lease.task_id,
+                                  "attempt": lease.attempt,
                                   "start": lease.task_id in starting}).fetchone()  # fmt: skip
         if found is not None:
             rows.append(found)
@@ -126,9 +127,44 @@ def _each(query: str) -> Step:
     return step
 
 
-# a compare-and-set alone (the lease stays); a hand-back: the task goes back at once, its claim
-# unspent
-set_state, handback = _each("CAS_STATE"), _each("HANDBACK_TASK")
+# a compare-and-set alone (the lease stays)
+set_state = _each("CAS_STATE")
+
+
+def _given_back(query: str) -> Step:
+    """A fenced write of the task (``sql``'s ``query``), then (only if it matched) its lease
+    goes: a row per commit it changed."""
+
+    def step(tx: SQLiteTx, params: Params) -> list[Row]:
+        execute, now, rows = tx.conn.execute, params["now"], []
+        for commit in params["commits"]:
+            named = commit.params(now)
+            if execute(getattr(q, query), named).rowcount:
+                execute(q.LEASE_GIVEN_BACK, named)
+                rows.append((commit.run_id,))
+        return rows
+
+    return step
+
+
+# a hand-back: the task goes back at once, its claim unspent
+handback = _given_back("HANDBACK_TASK")
+
+
+def task_failed(tx: SQLiteTx, params: Params) -> list[Row]:
+    """The holder failed its run: the task keeps its error, and its lease goes."""
+    if not tx.conn.execute(q.TASK_FAILED, params).rowcount:
+        return []
+    tx.conn.execute(q.LEASE_GIVEN_BACK, params)
+    return [(params["task_id"],)]
+
+
+def retry_tasks(tx: SQLiteTx, params: Params) -> list[Row]:
+    """retry_run: the run's pending tasks due when its lease would have ended, then the lease
+    dropped (``ATTEMPTS_DROPPED_BY_RETRY`` kept it in the history first)."""
+    changed = tx.conn.execute(o.RETRY_TASKS_DUE, params).rowcount
+    tx.conn.execute(o.RETRY_LEASE_DROPPED, params)
+    return [(params["run_id"],)] * changed
 
 
 def ack(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -152,6 +188,7 @@ def release(tx: SQLiteTx, params: Params) -> list[Row]:
             continue
         execute(q.ATTEMPT_ENDED, {**named, "outcome": "released"})
         execute(q.RELEASE_TASK, named)
+        execute(q.LEASE_GIVEN_BACK, named)
         if commit.error is not None:
             execute(q.RUN_ERROR, named)
         rows.append((commit.run_id,))
@@ -350,6 +387,8 @@ STEPS: dict[str, Step] = {
     "ADVANCE": advance,
     "RELEASE": release,
     "HANDBACK": handback,
+    "TASK_FAILED": task_failed,
+    "RETRY_TASKS": retry_tasks,
     "ACK": ack,
     "SET_STATE": set_state,
     "INSERT_RUNS": insert_runs,

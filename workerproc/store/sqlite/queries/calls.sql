@@ -70,11 +70,11 @@ SELECT count(*), coalesce(sum(answered_at IS NULL AND settled IS NULL), 0)
 INSERT INTO call_intents (run_id, task_id, name, request_hash, attempt, owner,
         again, at)
     SELECT :run_id, :task_id, :name, :request_hash, :attempt, :owner, :again, :now
-    WHERE EXISTS (SELECT 1 FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
-                  WHERE t.id = :task_id AND t.lease_owner = :owner AND t.attempts = :attempt
-                    AND t.lease_expires_at > :now AND t.done_at IS NULL
+    WHERE EXISTS (SELECT 1 FROM leases AS l JOIN runs AS r ON r.id = l.run_id
+                  WHERE l.run_id = :run_id AND l.task_id = :task_id AND l.owner = :owner
+                    AND l.attempts = :attempt AND l.expires_at > :now
                     AND r.status IN ('pending', 'running'))
-    RETURNING id, (SELECT lease_expires_at FROM tasks WHERE id = :task_id) - :now
+    RETURNING id, (SELECT expires_at FROM leases WHERE run_id = :run_id) - :now
 
 -- name: ANSWER_INTENT
 -- the intent's answer reached the database (once: a retried keep finds it answered)
@@ -104,7 +104,8 @@ UPDATE runs SET wait_for = :wait_for, wait_until = :now + :delay,
 UPDATE tasks SET available_at = :now WHERE id = (
         SELECT wait_task FROM runs WHERE id = :run_id AND wait_for = :wait_for
           AND status IN ('pending', 'running'))
-      AND done_at IS NULL AND lease_owner IS NULL
+      AND done_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = :run_id AND l.task_id = tasks.id)
     RETURNING id
 
 -- name: UNPARKED
@@ -138,24 +139,25 @@ INSERT INTO paid_calls (run_id, task_id, name, request_hash, result, attempt,
 -- A run's intents in the order they were made (the timeline), each with whether its outcome is
 -- unknown: unanswered, and its attempt no longer holds a live lease.
 SELECT i.task_id, i.name, i.request_hash, i.attempt, i.owner, i.again, i.at,
-        i.answered_at, i.settled, (i.answered_at IS NULL AND NOT EXISTS (SELECT 1 FROM tasks AS t
-            WHERE t.id = i.task_id
-    AND t.lease_owner = i.owner AND t.attempts = i.attempt AND t.lease_expires_at > :now))
+        i.answered_at, i.settled, (i.answered_at IS NULL AND NOT EXISTS (SELECT 1 FROM leases AS t
+            WHERE t.run_id = i.run_id AND t.task_id = i.task_id
+    AND t.owner = i.owner AND t.attempts = i.attempt AND t.expires_at > :now))
     FROM call_intents AS i WHERE i.run_id = :run_id ORDER BY i.id LIMIT :limit
 
 -- name: INTENT_TOTALS
 -- Every intent's numbers: made, made again, unknown (metrics and the chaos report).
 SELECT count(*), coalesce(sum(i.again), 0), coalesce(sum((i.answered_at IS NULL
-    AND NOT EXISTS (SELECT 1 FROM tasks AS t WHERE t.id = i.task_id
-    AND t.lease_owner = i.owner AND t.attempts = i.attempt AND t.lease_expires_at > :now))), 0)
+    AND NOT EXISTS (SELECT 1 FROM leases AS t WHERE t.run_id = i.run_id
+    AND t.task_id = i.task_id AND t.owner = i.owner AND t.attempts = i.attempt
+    AND t.expires_at > :now))), 0)
     FROM call_intents AS i
 
 -- name: RUN_INTENT_COUNTS
 -- A run's intents per call (``show``): made, made again, unknown, and the first one's time.
 SELECT i.task_id, i.name, i.request_hash, count(*),
         coalesce(sum(i.again), 0), coalesce(sum((i.answered_at IS NULL AND NOT EXISTS (SELECT 1
-            FROM tasks AS t WHERE t.id = i.task_id
-    AND t.lease_owner = i.owner AND t.attempts = i.attempt AND t.lease_expires_at > :now))), 0),
+            FROM leases AS t WHERE t.run_id = i.run_id AND t.task_id = i.task_id
+    AND t.owner = i.owner AND t.attempts = i.attempt AND t.expires_at > :now))), 0),
         min(i.at)
     FROM call_intents AS i WHERE i.run_id = :run_id
     GROUP BY i.task_id, i.name, i.request_hash

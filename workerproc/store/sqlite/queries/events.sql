@@ -11,8 +11,8 @@ INSERT INTO events (at, run_id, kind, task, attempt, data)
     VALUES (?, ?, ?, ?, ?, ?)
 
 -- name: TAKEN_FROM
--- a takeover: who held the lease before, and its attempt (the same task, one attempt back)
-SELECT prev_owner, attempts - 1 FROM tasks WHERE id = :task_id
+-- a takeover: who held the lease before, and its attempt (the lease it replaced in place)
+SELECT prev_owner, prev_attempts FROM leases WHERE run_id = :run_id AND task_id = :task_id
 
 -- name: LOCK_EVENTS
 -- numbering: nothing to do (ids are commit-ordered already)

@@ -43,12 +43,9 @@ UPDATE gates SET ready_at = min(coalesce(ready_at, :now), coalesce(turn, :now), 
 -- all of its gates), its pause and its buckets.
 SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
     FROM (SELECT g.key AS key,
-            (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL)
-            + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL)
-            + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL) AS live,
+            (SELECT count(*) FROM leases WHERE gate_a = g.gate AND expires_at > :now)
+            + (SELECT count(*) FROM leases WHERE gate_b = g.gate AND expires_at > :now)
+            + (SELECT count(*) FROM leases WHERE gate_c = g.gate AND expires_at > :now) AS live,
             coalesce(w.n, 0) AS waiting,
             CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused,
             g.used_tokens AS used, g.level AS level, g.level_at AS level_at,
@@ -60,9 +57,8 @@ SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
                 FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
                      (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
                 WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
-                  AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                                  AND a.lease_owner IS NOT NULL
-                                  AND a.lease_expires_at > :now)) AS x
+                  AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
+                                  AND a.expires_at > :now)) AS x
             WHERE x.gate IN (SELECT gate FROM gates WHERE lim = :lim) GROUP BY x.gate) AS w
             ON w.gate = g.gate
         WHERE g.lim = :lim)
@@ -73,12 +69,9 @@ SELECT key, live, waiting, paused, level, level_at, tok_level, tok_at
 -- LIMIT_KEYS counts them), tokens used.
 SELECT sum(live), sum(waiting), sum(used)
     FROM (SELECT g.key AS key,
-            (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL)
-            + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL)
-            + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
-                AND lease_expires_at > :now AND done_at IS NULL) AS live,
+            (SELECT count(*) FROM leases WHERE gate_a = g.gate AND expires_at > :now)
+            + (SELECT count(*) FROM leases WHERE gate_b = g.gate AND expires_at > :now)
+            + (SELECT count(*) FROM leases WHERE gate_c = g.gate AND expires_at > :now) AS live,
             coalesce(w.n, 0) AS waiting,
             CASE WHEN g.paused_until > :now THEN g.paused_until END AS paused,
             g.used_tokens AS used, g.level AS level, g.level_at AS level_at,
@@ -90,9 +83,8 @@ SELECT sum(live), sum(waiting), sum(used)
                 FROM runs AS r JOIN tasks AS t ON t.id = r.head_id,
                      (SELECT 1 AS i UNION ALL SELECT 2 UNION ALL SELECT 3) AS k
                 WHERE r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
-                  AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                                  AND a.lease_owner IS NOT NULL
-                                  AND a.lease_expires_at > :now)) AS x
+                  AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
+                                  AND a.expires_at > :now)) AS x
             WHERE x.gate IN (SELECT gate FROM gates WHERE lim = :lim) GROUP BY x.gate) AS w
             ON w.gate = g.gate
         WHERE g.lim = :lim)
@@ -106,19 +98,15 @@ SELECT gate FROM gates WHERE ready_at <= :now ORDER BY ready_at, gate
 -- one gate, its limit's numbers, its buckets, its live leases and the first of them to end
 SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
     g.level_at, g.tok_level, g.tok_at, g.paused_until,
-    (SELECT count(*) FROM tasks WHERE gate_a = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-    + (SELECT count(*) FROM tasks WHERE gate_b = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL)
-    + (SELECT count(*) FROM tasks WHERE gate_c = g.gate AND lease_owner IS NOT NULL
-        AND lease_expires_at > :now AND done_at IS NULL),
+    (SELECT count(*) FROM leases WHERE gate_a = g.gate AND expires_at > :now)
+    + (SELECT count(*) FROM leases WHERE gate_b = g.gate AND expires_at > :now)
+    + (SELECT count(*) FROM leases WHERE gate_c = g.gate AND expires_at > :now),
     (SELECT min(e) FROM (
-        SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_a = g.gate
-            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
-        UNION ALL SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_b = g.gate
-            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
-        UNION ALL SELECT min(lease_expires_at) AS e FROM tasks WHERE gate_c = g.gate
-            AND lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL))
+        SELECT min(expires_at) AS e FROM leases WHERE gate_a = g.gate AND expires_at > :now
+        UNION ALL SELECT min(expires_at) AS e FROM leases WHERE gate_b = g.gate
+            AND expires_at > :now
+        UNION ALL SELECT min(expires_at) AS e FROM leases WHERE gate_c = g.gate
+            AND expires_at > :now))
     FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = :gate
 
 -- name: LINE_RUNS
@@ -126,37 +114,48 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
 -- task is a served one (:tasks, likewise: B22): their head task, its reservation, what an
 -- expired lease on it still holds (a takeover gives it back), and its gates
 SELECT r.id, t.id, t.tokens,
-        CASE WHEN t.lease_owner IS NOT NULL THEN t.tokens END, t.gate_a, t.gate_b, t.gate_c
+        (SELECT p.reserved FROM leases AS p WHERE p.run_id = r.id AND p.owner IS NOT NULL),
+        t.gate_a, t.gate_b, t.gate_c
     FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.line = :line AND r.line_at <= :now AND +r.status IN ('pending', 'running')
       AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
       AND (:tasks IS NULL OR coalesce(t.name || '@' || t.version, t.name)
                              IN (SELECT value FROM json_each(:tasks)))
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
+                      AND a.expires_at > :now)
     ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id LIMIT :limit
 
 -- name: LINE_NEXT
 -- when a line may next have a claimable run: its first due run, or its first lease to end
-SELECT min(coalesce((SELECT max(a.lease_expires_at) FROM tasks AS a
-        WHERE a.run_id = r.id AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now),
-        r.line_at))
+SELECT min(coalesce((SELECT a.expires_at FROM leases AS a
+        WHERE a.run_id = r.id AND a.expires_at > :now), r.line_at))
     FROM runs AS r
         WHERE r.line = :line AND r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
 
 -- name: CLAIM_RUNS
 -- lease the head task of each admitted run (R1-R3 as in CLAIM); a takeover's predecessor held
 -- the task's reservation until its lease expired: it is given back (the last column)
-UPDATE tasks SET prev_owner = lease_owner, lease_owner = :owner,
-    lease_expires_at = :now + :ttl, attempts = attempts + 1, claimed_at = :now,
-        attempt_base = attempt_base + (lease_owner IS NOT NULL AND NOT started),
-    started = :start AND (lease_owner IS NULL OR lease_owner <> :owner)
-    WHERE id IN (SELECT head_id FROM runs WHERE id IN (SELECT value FROM json_each(:run_ids))
-                 AND line_at <= :now AND status IN ('pending', 'running'))
-      AND done_at IS NULL AND (lease_owner IS NULL OR lease_expires_at <= :now)
-    RETURNING id, run_id, name, payload, attempts, attempt_base, lease_expires_at,
-        prev_owner IS NOT NULL, gate_a, gate_b, gate_c, tokens,
-        CASE WHEN prev_owner IS NOT NULL THEN tokens END
+INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
+        claimed_at, started, gate_a, gate_b, gate_c, reserved)
+    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
+        t.gate_a, t.gate_b, t.gate_c, t.tokens
+    FROM tasks AS t
+    WHERE t.id IN (SELECT head_id FROM runs WHERE id IN (SELECT value FROM json_each(:run_ids))
+                   AND line_at <= :now AND status IN ('pending', 'running'))
+      AND t.done_at IS NULL
+ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
+    attempts = excluded.attempts,
+    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
+    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
+    started = excluded.started AND l.owner IS NOT excluded.owner,
+    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
+    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
+    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
+    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
+    WHERE l.expires_at <= excluded.claimed_at
+RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
+    typeof(prev_owner) <> 'null', gate_a, gate_b, gate_c, reserved,
+    CASE WHEN typeof(prev_owner) <> 'null' THEN prev_reserved END
 
 -- name: GATE_WRITE
 -- what a claim made of a gate: its buckets, its starts, when its line may next admit a run
@@ -220,8 +219,8 @@ WITH g(gate) AS (
 SELECT r.line, g.ready_at, g.idle, g.blocked_by, g.gate IS NULL, count(*)
     FROM runs AS r LEFT JOIN gates AS g ON g.gate = r.line
     WHERE r.line IS NOT NULL AND r.line_at IS NOT NULL AND r.status IN ('pending', 'running')
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
+                      AND a.expires_at > :now)
     GROUP BY r.line ORDER BY r.line
 
 -- name: REOPEN_GATES
@@ -246,11 +245,12 @@ UPDATE runs SET (head_at, line_at, head_created, head_id, ready_at, line) = (
         SELECT CASE WHEN h.line IS NULL THEN h.available_at END,
                CASE WHEN h.line IS NOT NULL THEN h.available_at END, h.created_at, h.id,
                CASE WHEN h.line IS NULL
-                    THEN max(h.available_at, coalesce(l.until, h.available_at)) END,
+                    THEN max(h.available_at, coalesce(
+                        (SELECT l.expires_at FROM leases AS l JOIN tasks AS lt
+                            ON lt.id = l.task_id AND lt.done_at IS NULL
+                         WHERE l.run_id = runs.id), h.available_at)) END,
                h.line
         FROM (SELECT available_at, created_at, id, line FROM tasks
               WHERE run_id = runs.id AND done_at IS NULL
-              ORDER BY available_at, created_at, id LIMIT 1) AS h,
-             (SELECT max(lease_expires_at) AS until FROM tasks
-              WHERE run_id = runs.id AND done_at IS NULL AND lease_owner IS NOT NULL) AS l
+              ORDER BY available_at, created_at, id LIMIT 1) AS h
         WHERE runs.status IN ('pending', 'running')) WHERE id = :run_id

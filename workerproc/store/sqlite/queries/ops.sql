@@ -16,17 +16,20 @@ SELECT status, queue FROM runs WHERE id = :run_id
 -- How many of a run's tasks are not done.
 SELECT count(*) FROM tasks WHERE run_id = :run_id AND done_at IS NULL
 
--- name: RETRY_TASKS
+-- name: RETRY_TASKS_DUE
 -- retry_run: a new attempt generation. attempts keeps counting (the fencing token never
--- repeats); attempt_base restarts what max_attempts bounds; old leases are dropped, and the
--- run is due when the latest of them would have expired (a cancelled run's holder may run on
--- until it hears, and pay within its lease: the new generation begins after it), else now.
-WITH held(until) AS MATERIALIZED (
-    SELECT max(lease_expires_at) FROM tasks
-    WHERE run_id = :run_id AND done_at IS NULL AND lease_owner IS NOT NULL)
+-- repeats); attempt_base restarts what max_attempts bounds; the run is due when its lease
+-- would have expired (a cancelled run's holder may run on until it hears, and pay within its
+-- lease: the new generation begins after it), else now (``steps.retry_tasks``: then the old
+-- lease is dropped, RETRY_LEASE_DROPPED).
 UPDATE tasks SET attempt_base = attempts,
-    available_at = max(:now, coalesce((SELECT until FROM held), :now)),
-    lease_owner = NULL, lease_expires_at = NULL WHERE run_id = :run_id AND done_at IS NULL
+    available_at = max(:now, coalesce((SELECT expires_at FROM leases WHERE run_id = :run_id),
+                                      :now))
+    WHERE run_id = :run_id AND done_at IS NULL
+
+-- name: RETRY_LEASE_DROPPED
+-- retry_run: the run's old lease is dropped
+DELETE FROM leases WHERE run_id = :run_id
 
 -- name: RETRY_RUN
 -- An operator's retry: the run is pending again, its failure and wait forgotten.
@@ -45,8 +48,8 @@ DELETE FROM runs WHERE id IN (
     SELECT id FROM runs AS x WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < :now - :age AND NOT EXISTS (
           SELECT 1 FROM runs AS p WHERE p.id = x.parent_id AND p.status IN ('pending', 'running'))
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = x.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = x.id
+                      AND a.expires_at > :now)
       AND (x.id < 1000000000000000 OR x.id NOT IN (SELECT run_id FROM webhooks))
     LIMIT :limit) RETURNING queue, status
 
@@ -89,9 +92,8 @@ SELECT id FROM runs
     WHERE id > :after AND id < :below
       AND (:stored IS NULL OR status = :stored)
       AND (:live IS NULL OR status IN ('pending', 'running'))
-      AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+      AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
       AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
       AND (:task IS NULL OR task = :task)
       AND (:queue IS NULL OR queue = :queue)
@@ -113,7 +115,8 @@ SELECT id FROM runs WHERE key = :key
 -- payload and is due :delay seconds from now (its head moves with it, by the tasks' triggers);
 -- its id, or nothing when it began (or ended) already.
 UPDATE tasks SET payload = :payload, available_at = :now + :delay
-    WHERE run_id = :run_id AND attempts = 0 AND lease_owner IS NULL AND done_at IS NULL
+    WHERE run_id = :run_id AND attempts = 0 AND done_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM leases WHERE run_id = :run_id)
       AND (SELECT count(*) FROM tasks AS u WHERE u.run_id = :run_id) = 1
       AND (SELECT status FROM runs WHERE id = :run_id) = 'pending'
     RETURNING run_id

@@ -10,15 +10,13 @@
 
 -- name: GET_RUN
 -- One run by its id, with the status people see.
-SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
-            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN 'running'
+SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = runs.id AND l.expires_at > :now) THEN 'running'
         WHEN status = 'pending' AND coalesce(wait_until > :now, 0) THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
     queue, priority, key, task,
     CASE WHEN status = 'pending' AND coalesce(wait_until > :now, 0) AND NOT EXISTS (
-            SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN wait_for END, parent_id
+            SELECT 1 FROM leases AS l WHERE l.run_id = runs.id AND l.expires_at > :now) THEN wait_for END, parent_id
     FROM runs WHERE id = :run_id
 
 -- name: LIST_RUNS
@@ -28,23 +26,20 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 -- condition is false): no status walks the primary key (checking the queue per row), a status
 -- walks runs_status. One ``(:x IS NULL OR ...)`` condition instead would walk the primary key
 -- past every run of other statuses.
-SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
-            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN 'running'
+SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = runs.id AND l.expires_at > :now) THEN 'running'
         WHEN status = 'pending' AND coalesce(wait_until > :now, 0) THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
     queue, priority, key, task,
     CASE WHEN status = 'pending' AND coalesce(wait_until > :now, 0) AND NOT EXISTS (
-            SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN wait_for END, parent_id
+            SELECT 1 FROM leases AS l WHERE l.run_id = runs.id AND l.expires_at > :now) THEN wait_for END, parent_id
     FROM runs WHERE id IN (
         SELECT id FROM runs WHERE :stored IS NULL AND (:queue IS NULL OR queue = :queue)
             AND id < :below
         UNION ALL
         SELECT id FROM runs WHERE status = :stored
-            AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-                WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-                  AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+            AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
             AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
             AND (:queue IS NULL OR queue = :queue) AND id < :below
         ORDER BY id DESC LIMIT :limit)
@@ -52,14 +47,18 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 
 -- name: GET_TASKS
 -- A run's tasks, in id order.
-SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
+SELECT id, run_id, name, payload, available_at, created_at,
+    (SELECT l.owner FROM leases AS l WHERE l.run_id = tasks.run_id AND l.task_id = tasks.id),
+    (SELECT l.expires_at FROM leases AS l WHERE l.run_id = tasks.run_id AND l.task_id = tasks.id),
+    attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
     done_owner, version FROM tasks WHERE run_id = :run_id ORDER BY id
 
 -- name: GET_TASK
 -- One task by its id.
-SELECT id, run_id, name, payload, available_at, created_at, lease_owner,
-    lease_expires_at, attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
+SELECT id, run_id, name, payload, available_at, created_at,
+    (SELECT l.owner FROM leases AS l WHERE l.run_id = tasks.run_id AND l.task_id = tasks.id),
+    (SELECT l.expires_at FROM leases AS l WHERE l.run_id = tasks.run_id AND l.task_id = tasks.id),
+    attempts, attempt_base, last_error, done_at, claimed_at, done_attempt,
     done_owner, version FROM tasks WHERE id = :task_id
 
 -- name: LIST_REJECTIONS
@@ -74,15 +73,15 @@ SELECT id, run_id, done_attempt, attempts FROM tasks
 
 -- name: OVERLAPPING_LEASES
 -- Integrity: a run holding two live leases at once (R1 forbids it).
-SELECT run_id, count(*) FROM tasks
-    WHERE lease_owner IS NOT NULL AND lease_expires_at > :now AND done_at IS NULL
-    GROUP BY run_id HAVING count(*) > 1
+SELECT l.run_id, count(*) FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
+    WHERE l.expires_at > :now AND t.done_at IS NULL AND t.run_id = l.run_id
+    GROUP BY l.run_id HAVING count(*) > 1
 
 -- name: RUN_COUNTS
 -- Stats never read a finished run: the live runs by queue and status (runs_status); the
 -- finished ones come from their totals (RUN_TOTALS).
-SELECT queue, CASE WHEN EXISTS (SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id
-            AND l.lease_owner IS NOT NULL AND l.lease_expires_at > :now AND l.done_at IS NULL)
+SELECT queue, CASE WHEN EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = runs.id
+            AND l.expires_at > :now)
         THEN 'running' WHEN coalesce(wait_until > :now, 0) THEN 'waiting' ELSE 'pending' END,
     count(*)
     FROM runs WHERE status IN ('pending', 'running') GROUP BY 1, 2
@@ -95,17 +94,19 @@ SELECT queue, status, sum(n) FROM run_totals GROUP BY queue, status
 -- name: TASK_COUNTS
 -- The live runs' pending tasks by queue: ready, delayed, leased, and leased past their expiry.
 SELECT r.queue,
-    coalesce(sum(t.lease_owner IS NULL AND t.available_at <= :now), 0),
-    coalesce(sum(t.lease_owner IS NULL AND t.available_at > :now), 0),
-    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at > :now), 0),
-    coalesce(sum(t.lease_owner IS NOT NULL AND t.lease_expires_at <= :now), 0)
+    coalesce(sum(l.owner IS NULL AND t.available_at <= :now), 0),
+    coalesce(sum(l.owner IS NULL AND t.available_at > :now), 0),
+    coalesce(sum(l.owner IS NOT NULL AND l.expires_at > :now), 0),
+    coalesce(sum(l.owner IS NOT NULL AND l.expires_at <= :now), 0)
     FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
+    LEFT JOIN leases AS l ON l.run_id = t.run_id AND l.task_id = t.id
     WHERE t.done_at IS NULL AND r.status IN ('pending', 'running') GROUP BY r.queue
 
 -- name: LIVE_LEASES
 -- Every lease held, by owner.
-SELECT lease_owner, id, run_id, name, attempts, lease_expires_at FROM tasks
-    WHERE lease_owner IS NOT NULL AND done_at IS NULL ORDER BY lease_owner
+SELECT l.owner, l.task_id, l.run_id, t.name, l.attempts, l.expires_at
+    FROM leases AS l JOIN tasks AS t ON t.id = l.task_id
+    WHERE l.owner IS NOT NULL ORDER BY l.owner
 
 -- name: LIST_WORKERS
 -- The worker processes of every host, each with whether it beat within three of its periods.
@@ -142,31 +143,27 @@ WITH RECURSIVE served(q) AS (SELECT value FROM json_each(:queues))
 -- the one of the two the planner finds narrower (its statistics). Each arm's constant
 -- condition is what keeps the others from walking: a merge of ordered arms reads each arm to
 -- its first row, and an arm that matches nothing would be read to its end.
-SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
-            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN 'running'
+SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = runs.id AND l.expires_at > :now) THEN 'running'
         WHEN status = 'pending' AND coalesce(wait_until > :now, 0) THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
     queue, priority, key, task,
     CASE WHEN status = 'pending' AND coalesce(wait_until > :now, 0) AND NOT EXISTS (
-            SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN wait_for END, parent_id
+            SELECT 1 FROM leases AS l WHERE l.run_id = runs.id AND l.expires_at > :now) THEN wait_for END, parent_id
     FROM runs WHERE id IN (
         SELECT id FROM runs WHERE :stored IS NULL AND :task IS NULL AND id < :before
         UNION ALL
         SELECT id FROM runs WHERE :task IS NULL AND status = :stored
-            AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-                WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-                  AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+            AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
             AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting) AND id < :before
         UNION ALL
         SELECT id FROM runs WHERE :stored IS NULL AND task = :task AND id < :before
         UNION ALL
         SELECT id FROM runs WHERE :stored IS NOT NULL AND :task IS NOT NULL
             AND status = :stored AND task = :task
-            AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-                WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-                  AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+            AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
             AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
             AND id < :before
         ORDER BY id DESC LIMIT :limit)
@@ -175,23 +172,20 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 -- name: RUNS_AFTER
 -- The newer page: the runs above :after and below :below, oldest first (the caller reverses
 -- them), filtered and walked as RUNS_BEFORE.
-SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
-            WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN 'running'
+SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM leases AS l
+            WHERE l.run_id = runs.id AND l.expires_at > :now) THEN 'running'
         WHEN status = 'pending' AND coalesce(wait_until > :now, 0) THEN 'waiting' ELSE status END,
     state, revision, result, failure_reason, last_error, created_at, updated_at, finished_at,
     queue, priority, key, task,
     CASE WHEN status = 'pending' AND coalesce(wait_until > :now, 0) AND NOT EXISTS (
-            SELECT 1 FROM tasks AS l WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-              AND l.lease_expires_at > :now AND l.done_at IS NULL) THEN wait_for END, parent_id
+            SELECT 1 FROM leases AS l WHERE l.run_id = runs.id AND l.expires_at > :now) THEN wait_for END, parent_id
     FROM runs WHERE id IN (
         SELECT id FROM runs WHERE :stored IS NULL AND :task IS NULL
             AND id > :after AND id < :below
         UNION ALL
         SELECT id FROM runs WHERE :task IS NULL AND status = :stored
-            AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-                WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-                  AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+            AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
             AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
             AND id > :after AND id < :below
         UNION ALL
@@ -200,9 +194,8 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
         UNION ALL
         SELECT id FROM runs WHERE :stored IS NOT NULL AND :task IS NOT NULL
             AND status = :stored AND task = :task
-            AND (:held IS NULL OR EXISTS (SELECT 1 FROM tasks AS l
-                WHERE l.run_id = runs.id AND l.lease_owner IS NOT NULL
-                  AND l.lease_expires_at > :now AND l.done_at IS NULL) = :held)
+            AND (:held IS NULL OR EXISTS (SELECT 1 FROM leases AS l
+                WHERE l.run_id = runs.id AND l.expires_at > :now) = :held)
             AND (:waiting IS NULL OR coalesce(wait_until > :now, 0) = :waiting)
             AND id > :after AND id < :below
         ORDER BY id ASC LIMIT :limit)
@@ -215,8 +208,8 @@ SELECT id, CASE WHEN status = 'pending' AND EXISTS (SELECT 1 FROM tasks AS l
 SELECT r.id, t.name, r.queue, t.version FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
     WHERE r.id IN (SELECT value FROM json_each(:run_ids)) AND r.head_at <= :now
       AND r.status IN ('pending', 'running')
-      AND NOT EXISTS (SELECT 1 FROM tasks AS a WHERE a.run_id = r.id
-                      AND a.lease_owner IS NOT NULL AND a.lease_expires_at > :now)
+      AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
+                      AND a.expires_at > :now)
     ORDER BY r.id
 
 -- name: TASK_NAMES

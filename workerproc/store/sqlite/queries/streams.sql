@@ -13,9 +13,9 @@ INSERT INTO stream_heads (run_id, last, task_id, attempt, bytes)
 
 -- name: STREAM_FENCE
 -- does this attempt hold the live lease of its step (R2)? Its run's status, if so
-SELECT r.status FROM tasks AS t JOIN runs AS r ON r.id = t.run_id
-    WHERE t.id = :task_id AND t.run_id = :run_id AND t.lease_owner = :owner
-      AND t.attempts = :attempt AND t.lease_expires_at > :now AND t.done_at IS NULL
+SELECT r.status FROM leases AS l JOIN runs AS r ON r.id = l.run_id
+    WHERE l.run_id = :run_id AND l.task_id = :task_id AND l.owner = :owner
+      AND l.attempts = :attempt AND l.expires_at > :now
 
 -- name: STREAM_APPEND
 -- the batch's chunks, numbered from :first on (``chunks``: a JSON list of [kind, JSON text])

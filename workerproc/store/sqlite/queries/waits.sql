@@ -24,7 +24,8 @@ INSERT INTO signals (run_id, name, payload, sent_at)
 -- waits for it (``steps.deliver_signal`` then delivers it)
 SELECT r.wait_task, s.id FROM runs AS r
     JOIN signals AS s ON s.run_id = r.id AND s.task_id IS NULL AND 'signal:' || s.name = r.wait_for
-    JOIN tasks AS t ON t.id = r.wait_task AND t.done_at IS NULL AND t.lease_owner IS NULL
+    JOIN tasks AS t ON t.id = r.wait_task AND t.done_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.task_id = t.id)
     WHERE r.id = :run_id AND r.status IN ('pending', 'running') AND (r.wait_until > :now OR :fresh)
     ORDER BY s.id LIMIT 1
 

@@ -29,8 +29,8 @@ UPDATE webhooks SET position = max(position, :position),
         delivered = delivered + CASE WHEN :position > position THEN :delivered ELSE 0 END,
         delivered_at = CASE WHEN :position > position AND :delivered > 0 THEN :now
                             ELSE delivered_at END
-    WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM tasks WHERE id = :task_id AND lease_owner = :owner AND attempts = :attempt
-    AND lease_expires_at > :now AND done_at IS NULL AND run_id = :run_id)
+    WHERE run_id = :run_id AND EXISTS (SELECT 1 FROM leases WHERE run_id = :run_id
+        AND task_id = :task_id AND owner = :owner AND attempts = :attempt AND expires_at > :now)
     RETURNING position
 
 -- name: WEBHOOK_BACKLOG
@@ -44,8 +44,7 @@ SELECT kind, count(*) FROM (SELECT kind FROM events
 -- when a delivery run's next task is due (its first pending one: a backoff's next try), and
 -- whether a delivery is in flight (its task leased, or its lease expired: to be taken over)
 SELECT r.head_at, r.status IN ('pending', 'running') AND EXISTS (
-        SELECT 1 FROM tasks AS t WHERE t.run_id = r.id AND t.done_at IS NULL
-          AND t.lease_owner IS NOT NULL)
+        SELECT 1 FROM leases AS l WHERE l.run_id = r.id AND l.owner IS NOT NULL)
     FROM runs AS r WHERE r.id = :run_id
 
 -- name: WEBHOOK_PARKED
