@@ -9,8 +9,11 @@ means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIAT
 Its queries are in ``queries/claims.sql`` (claims and renewals), ``queries/commits.sql`` (the
 fenced commits and the attempt history), ``queries/producers.sql`` (new runs and tasks, task
 options) and ``queries/limits.sql`` (limits, gates and their lines), each named and described
-there (loaded and checked when this module is imported). Every statement is written out in
-full: none is composed at runtime, so nothing of SQLite's SQL stays here.
+there (loaded and checked when this module is imported). No statement is composed at runtime,
+so nothing of SQLite's SQL stays here: the claims share two parts of ``claims.sql``
+(``LEASE_INSERT``, the lease rows a claim writes, and ``LEASE_TAKEOVER``, how it takes over an
+ended lease), written once and put in their ``{lease}`` and ``{takeover}`` when this module is
+imported.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from ..queries import Query, load, texts
 _PACKAGE = "workerproc.store.sqlite"
 # (steps' parts: the vocabulary's statements are composed of them)
 _INTERNAL = {
-    "claims.sql": ("RUN_STATE", "RENEW"),
+    "claims.sql": ("LEASE_INSERT", "LEASE_TAKEOVER", "RUN_STATE", "RENEW"),
     "commits.sql": ("HANDBACK_TASK", "RELEASE_TASK", "LEASE_GIVEN_BACK", "RUN_ERROR",
                     "CAS_STATE", "CAS_FINISH", "CAS_NEXT_TASK", "MOVE_RUN", "SUCCEED_IF_EMPTY",
                     "EXPIRE_OWNER", "REOPEN_OWNER_GATES"),
@@ -28,10 +31,13 @@ _INTERNAL = {
     "limits.sql": ("SET_LIMIT_NUMBERS", "REOPEN_LIMIT", "SETTLE_GATE", "REOPEN_BLOCKED",
                    "NEW_GATE", "LINE_JOINED", "REGATE_TASK", "PLACE_RUN"),
 }  # fmt: skip
+_PARTS = ("lease", "takeover")  # the claims' shared parts, by the field each fills
 QUERIES: dict[str, Query] = {}
 for _file, _internal in _INTERNAL.items():
-    QUERIES.update(load(_PACKAGE, _file, style="named", internal=_internal))
+    QUERIES.update(load(_PACKAGE, _file, style="named", internal=_internal, fields=_PARTS))
 globals().update(texts(QUERIES))
+_FILLED = {"lease": QUERIES["LEASE_INSERT"].sql, "takeover": QUERIES["LEASE_TAKEOVER"].sql}
+globals().update({q.name: q.sql.format(**_FILLED) for q in QUERIES.values() if q.fields})
 
 
 def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)

@@ -7,6 +7,31 @@
 -- expiry). SQLite 3.40 answers ``prev_owner IS NOT NULL`` wrongly in an INSERT's RETURNING on a
 -- WITHOUT ROWID table (true for a column the insert left NULL): the claims ask typeof().
 
+-- name: LEASE_INSERT
+-- a claim's lease rows (``{lease}`` in every claim): for each claimed task, its run's lease: this
+-- owner, the attempt counted, the expiry, whether its handler may begin at once (:start), the
+-- gates and tokens its task holds
+INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
+        claimed_at, started, gate_a, gate_b, gate_c, reserved)
+    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
+        t.gate_a, t.gate_b, t.gate_c, t.tokens
+
+-- name: LEASE_TAKEOVER
+-- a claim's takeover (``{takeover}`` in every claim): a run whose lease ended has it rewritten in
+-- place, the lease it replaced kept in the prev_* columns (the attempt history's takeover row);
+-- a takeover of an unstarted lease of the same task spends no attempt (B3), and a lease the
+-- claimer takes over from itself waits for its older handler (``started`` false)
+ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
+    attempts = excluded.attempts,
+    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
+    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
+    started = excluded.started AND l.owner IS NOT excluded.owner,
+    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
+    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
+    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
+    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
+    WHERE l.expires_at <= excluded.claimed_at
+
 -- name: CLAIM
 -- claim (R1): one statement picks the first :limit claimable runs of every queue with pending
 -- work (the queues found by a loose index scan of the claim index, one seek per queue), a higher
@@ -50,25 +75,13 @@ WITH RECURSIVE
         ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
     WHERE levels.p IS NOT NULL
     ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
-INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-        claimed_at, started, gate_a, gate_b, gate_c, reserved)
-    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
-        t.gate_a, t.gate_b, t.gate_c, t.tokens
+{lease}
     FROM tasks AS t WHERE t.id IN (
         SELECT (SELECT h.id FROM tasks AS h
                 WHERE h.run_id = picked.run_id AND h.done_at IS NULL AND h.available_at <= :now
                 ORDER BY h.available_at, h.created_at, h.id LIMIT 1)
         FROM picked)
-ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
-    attempts = excluded.attempts,
-    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
-    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
-    started = excluded.started AND l.owner IS NOT excluded.owner,
-    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
-    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
-    WHERE l.expires_at <= excluded.claimed_at
+{takeover}
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
@@ -97,25 +110,13 @@ WITH RECURSIVE
         ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
     WHERE levels.p IS NOT NULL
     ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
-INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-        claimed_at, started, gate_a, gate_b, gate_c, reserved)
-    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
-        t.gate_a, t.gate_b, t.gate_c, t.tokens
+{lease}
     FROM tasks AS t WHERE t.id IN (
         SELECT (SELECT h.id FROM tasks AS h
                 WHERE h.run_id = picked.run_id AND h.done_at IS NULL AND h.available_at <= :now
                 ORDER BY h.available_at, h.created_at, h.id LIMIT 1)
         FROM picked)
-ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
-    attempts = excluded.attempts,
-    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
-    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
-    started = excluded.started AND l.owner IS NOT excluded.owner,
-    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
-    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
-    WHERE l.expires_at <= excluded.claimed_at
+{takeover}
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
@@ -147,25 +148,13 @@ WITH RECURSIVE
         ORDER BY x.head_at, x.head_created, x.head_id LIMIT :limit)
     WHERE levels.p IS NOT NULL
     ORDER BY r.priority DESC, r.head_at, r.head_created, r.head_id LIMIT :limit)
-INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-        claimed_at, started, gate_a, gate_b, gate_c, reserved)
-    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
-        t.gate_a, t.gate_b, t.gate_c, t.tokens
+{lease}
     FROM tasks AS t WHERE t.id IN (
         SELECT (SELECT h.id FROM tasks AS h
                 WHERE h.run_id = picked.run_id AND h.done_at IS NULL AND h.available_at <= :now
                 ORDER BY h.available_at, h.created_at, h.id LIMIT 1)
         FROM picked)
-ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
-    attempts = excluded.attempts,
-    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
-    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
-    started = excluded.started AND l.owner IS NOT excluded.owner,
-    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
-    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
-    WHERE l.expires_at <= excluded.claimed_at
+{takeover}
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
@@ -185,25 +174,13 @@ WITH picked(run_id) AS (
       AND NOT EXISTS (SELECT 1 FROM leases AS a
                       WHERE a.run_id = x.id AND a.expires_at > :now)
     ORDER BY x.priority DESC, x.head_at, x.head_created, x.head_id LIMIT :limit)
-INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-        claimed_at, started, gate_a, gate_b, gate_c, reserved)
-    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
-        t.gate_a, t.gate_b, t.gate_c, t.tokens
+{lease}
     FROM tasks AS t WHERE t.id IN (
         SELECT (SELECT h.id FROM tasks AS h
                 WHERE h.run_id = picked.run_id AND h.done_at IS NULL AND h.available_at <= :now
                 ORDER BY h.available_at, h.created_at, h.id LIMIT 1)
         FROM picked)
-ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
-    attempts = excluded.attempts,
-    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
-    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
-    started = excluded.started AND l.owner IS NOT excluded.owner,
-    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
-    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
-    WHERE l.expires_at <= excluded.claimed_at
+{takeover}
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 

@@ -135,24 +135,12 @@ SELECT min(coalesce((SELECT a.expires_at FROM leases AS a
 -- name: CLAIM_RUNS
 -- lease the head task of each admitted run (R1-R3 as in CLAIM); a takeover's predecessor held
 -- the task's reservation until its lease expired: it is given back (the last column)
-INSERT INTO leases AS l (run_id, task_id, owner, attempts, attempt_base, expires_at,
-        claimed_at, started, gate_a, gate_b, gate_c, reserved)
-    SELECT t.run_id, t.id, :owner, t.attempts + 1, t.attempt_base, :now + :ttl, :now, :start,
-        t.gate_a, t.gate_b, t.gate_c, t.tokens
+{lease}
     FROM tasks AS t
     WHERE t.id IN (SELECT head_id FROM runs WHERE id IN (SELECT value FROM json_each(:run_ids))
                    AND line_at <= :now AND status IN ('pending', 'running'))
       AND t.done_at IS NULL
-ON CONFLICT (run_id) DO UPDATE SET task_id = excluded.task_id, owner = excluded.owner,
-    attempts = excluded.attempts,
-    attempt_base = excluded.attempt_base + (l.task_id = excluded.task_id AND NOT l.started),
-    expires_at = excluded.expires_at, claimed_at = excluded.claimed_at,
-    started = excluded.started AND l.owner IS NOT excluded.owner,
-    gate_a = excluded.gate_a, gate_b = excluded.gate_b, gate_c = excluded.gate_c,
-    reserved = excluded.reserved, prev_task = l.task_id, prev_owner = l.owner,
-    prev_attempts = l.attempts, prev_base = l.attempt_base, prev_claimed_at = l.claimed_at,
-    prev_expires_at = l.expires_at, prev_started = l.started, prev_reserved = l.reserved
-    WHERE l.expires_at <= excluded.claimed_at
+{takeover}
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null', gate_a, gate_b, gate_c, reserved,
     CASE WHEN typeof(prev_owner) <> 'null' THEN prev_reserved END
