@@ -39,6 +39,7 @@ HISTORY: tuple[str, ...] = (
     "workers_tasks",  # 26 (B22)
     "step_inputs",  # 27 (B24)
     "task_versions",  # 28 (B25)
+    "stream_batches",  # 29: one row per batch of a stream (B21)
 )
 
 SCHEMA_VERSION = len(HISTORY)
