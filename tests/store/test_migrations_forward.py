@@ -28,20 +28,23 @@ import pg_session
 import psycopg
 import pytest
 
-from workerproc.store import CasResult, Commit, Store, open_store
+from workerproc.store import CasResult, Commit, Lease, Store, open_store
 from workerproc.store.errors import SchemaTooNew
 from workerproc.store.migrations import HISTORY, SCHEMA_VERSION, steps
 from workerproc.store.postgres import admin as pg_admin
 from workerproc.store.postgres import schema as pg_schema
 from workerproc.store.sqlite import schema as sqlite_schema
-from workerproc.store.types import Lease
 
+STREAMS, BATCHES = HISTORY.index("streams") + 1, HISTORY.index("stream_batches") + 1
 RUNS = [  # (status, state, result, failure_reason, last_error, finished_at, revision)
     ("pending", {"n": 1}, None, None, None, None, 0),
     ("succeeded", {"n": 2}, {"ok": True}, None, None, 20.0, 1),
     ("failed", {"n": 3}, None, "gave_up", "boom", 30.0, 0),
 ]
 TASK = "old"
+# a stream (v25 on, a row per chunk until v29): offset, attempt, kind, data's JSON, at
+CHUNKS = [(1, 1, "data", '"a"', 11.0), (2, 1, "data", '{"n": 1}', 11.0),
+          (3, 2, "reset", None, 12.0), (4, 2, "data", "[1, 2]", 12.5)]  # fmt: skip
 
 
 def row_for(table: str, columns: dict[str, bool], values: dict[str, Any]) -> dict[str, Any]:
@@ -69,8 +72,18 @@ def task_values(run_id: int, status: str) -> dict[str, Any]:
             "claimed_at": 15.0 if done else None}  # fmt: skip
 
 
-def check_forward(store: Store, ids: list[int]) -> None:
-    """The rows read back through the store, and the store goes on with them."""
+def check_forward(store: Store, ids: list[int], streamed: bool = False) -> None:
+    """The rows read back through the store, and the store goes on with them (``streamed``: the
+    first run's stream was written as ``CHUNKS``, and reads back the same, whole or from
+    within)."""
+    if streamed:
+        (task,) = store.get_tasks(ids[0])
+        want = [(o, a, task.id, k, None if d is None else json.loads(d), at)
+                for o, a, k, d, at in CHUNKS]  # fmt: skip
+        got = [(c.offset, c.attempt, c.step, c.kind, c.data, c.at) for c in store.stream(ids[0])]
+        assert got == want
+        assert [c.offset for c in store.stream(ids[0], after=1, limit=2)] == [2, 3]
+        assert store.emitted(Lease(task.id, ids[0], TASK, None, 3, "w", 0.0, 0.0)) == [[1, 2]]
     for run_id, (status, state, result, reason, error, finished, revision) in zip(
         ids, RUNS, strict=True
     ):
@@ -116,8 +129,13 @@ def sqlite_fill(path: str) -> list[int]:
         ids = []
         for values in RUNS:
             run_id = sqlite_insert(conn, "runs", run_values(*values))
-            sqlite_insert(conn, "tasks", task_values(run_id, values[0]))
+            task_id = sqlite_insert(conn, "tasks", task_values(run_id, values[0]))
             ids.append(run_id)
+            if len(ids) == 1 and sqlite_columns(conn, "stream_chunks"):  # (v25 to v28)
+                conn.execute("INSERT INTO stream_heads VALUES (?, 4, ?, 2, 20)", (run_id, task_id))
+                conn.executemany("INSERT INTO stream_chunks VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 [(run_id, o, task_id, a, k, d, at)
+                                  for o, a, k, d, at in CHUNKS])  # fmt: skip
         totals = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'run_totals'").fetchone()
         if totals:  # the version counts finished runs as they end: as its store would have
             for status in ("succeeded", "failed"):
@@ -142,7 +160,7 @@ def test_sqlite_version_migrates_forward_with_its_rows(
     store = open_store(path)
     try:
         assert user_version(path) == sqlite_schema.SCHEMA_VERSION
-        check_forward(store, ids)
+        check_forward(store, ids, streamed=STREAMS <= version < BATCHES)
     finally:
         store.close()
 
@@ -249,8 +267,16 @@ def pg_fill(schema: str) -> list[int]:
             ids = []
             for values in RUNS:
                 run_id = pg_insert(conn, schema, "runs", run_values(*values))
-                pg_insert(conn, schema, "tasks", task_values(run_id, values[0]))
+                task_id = pg_insert(conn, schema, "tasks", task_values(run_id, values[0]))
                 ids.append(run_id)
+                if len(ids) == 1 and pg_columns(conn, schema, "stream_chunks"):  # (v25 to v28)
+                    conn.execute("INSERT INTO stream_heads VALUES (%s, 4, %s, 2, 20)",
+                                 (run_id, task_id))  # fmt: skip
+                    with conn.cursor() as cur:
+                        cur.executemany(
+                            "INSERT INTO stream_chunks VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                            [(run_id, o, task_id, a, k, d, at) for o, a, k, d, at in CHUNKS],
+                        )
             # the run's claim columns: set by the statements since v3 (triggers before)
             conn.execute(
                 "UPDATE runs SET (head_at, head_created, head_id) = (SELECT available_at, "
@@ -300,7 +326,7 @@ def pg_rows(schema: str) -> list[tuple[int, str | None]]:
 def test_the_engines_share_one_history() -> None:
     """One list of steps, by number and name, on both engines; SQLite's numbers unchanged (so
     its released databases keep their version); PostgreSQL's released versions map onto it
-    in order, each onto a step PostgreSQL runs, the last onto the current one."""
+    in order, each onto a step PostgreSQL runs (the last onto 28: later steps came since)."""
     assert SCHEMA_VERSION == len(HISTORY) == len(set(HISTORY))
     assert len(sqlite_schema.MIGRATIONS) == len(pg_schema.MIGRATIONS) == SCHEMA_VERSION
     assert all(sqlite_schema.MIGRATIONS)  # every step of the history was SQLite's
@@ -330,17 +356,14 @@ def test_postgres_released_version_migrates_forward_with_its_rows(
     ids = pg_fill(schema)
     store = open_store(url)
     try:
-        if pg_schema.LEGACY_VERSIONS[legacy] == SCHEMA_VERSION:  # current: left as it was
-            assert pg_version(schema) == legacy
-        else:  # renumbered and named, then the missing steps
-            rows = pg_rows(schema)
-            assert [v for v, _ in rows] == sorted(
-                {pg_schema.LEGACY_VERSIONS[k] for k in range(1, legacy + 1)}
-                | set(range(pg_schema.LEGACY_VERSIONS[legacy] + 1, SCHEMA_VERSION + 1))
-            )
-            assert all(name == HISTORY[v - 1] for v, name in rows)
-            assert pg_version(schema) == SCHEMA_VERSION > 21  # every release before refuses it
-        check_forward(store, ids)
+        rows = pg_rows(schema)  # renumbered and named, then the missing steps
+        assert [v for v, _ in rows] == sorted(
+            {pg_schema.LEGACY_VERSIONS[k] for k in range(1, legacy + 1)}
+            | set(range(pg_schema.LEGACY_VERSIONS[legacy] + 1, SCHEMA_VERSION + 1))
+        )
+        assert all(name == HISTORY[v - 1] for v, name in rows)
+        assert pg_version(schema) == SCHEMA_VERSION > 21  # every release before refuses it
+        check_forward(store, ids, streamed=pg_schema.LEGACY_VERSIONS[legacy] >= STREAMS)
     finally:
         store.close()
 
@@ -358,21 +381,21 @@ def test_postgres_version_migrates_forward_with_its_rows(
     store = open_store(url)
     try:
         assert pg_rows(schema) == [(v, HISTORY[v - 1]) for v in range(1, SCHEMA_VERSION + 1)]
-        check_forward(store, ids)
+        check_forward(store, ids, streamed=STREAMS <= version < BATCHES)
     finally:
         store.close()
 
 
 @pytest.mark.postgres
-def test_a_released_postgres_schema_at_the_current_shape_serves_a_callers_transaction(
+def test_the_last_released_postgres_schema_serves_a_callers_transaction(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Left at the last released PostgreSQL version (the current shape, its old version table):
-    the store uses it as it is, and so does a transactional enqueue's check of the caller's
-    connection."""
+    """Left at the last released PostgreSQL version (its old version table): the store migrates
+    it to the current one, and a transactional enqueue's check of the caller's connection
+    takes it."""
     url = pg_session.schema_url("fwd")
     schema = url.rsplit("schema=", 1)[1]
-    pg_at(url, SCHEMA_VERSION, monkeypatch)
+    pg_at(url, pg_schema.LEGACY_VERSIONS[21], monkeypatch)
     pg_as_released(schema, 21)
     store = open_store(url)
     try:
@@ -382,10 +405,7 @@ def test_a_released_postgres_schema_at_the_current_shape_serves_a_callers_transa
         assert store.get_run(run) is not None
     finally:
         store.close()
-    # left as it was while it is the current version; renumbered once a later step came (one
-    # of SQLite's only: nothing ran here)
-    current = pg_schema.LEGACY_VERSIONS[21] == SCHEMA_VERSION
-    assert pg_version(schema) == (21 if current else SCHEMA_VERSION)
+    assert pg_version(schema) == SCHEMA_VERSION
 
 
 @pytest.mark.postgres

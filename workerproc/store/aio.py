@@ -38,7 +38,7 @@ from .protocol.forks import fork_args, forking, ungated
 from .protocol.producers import inserting
 from .protocol.programs import Operation, Program
 from .protocol.reads import run_of, waiting
-from .protocol.streams import chunk_of, reading_stream, stream_status
+from .protocol.streams import chunks_of, reading_stream, stream_status
 from .protocol.waits import sending, signal_ask
 from .settings import SQLiteOptions, StoreOptions, resolve
 from .streams import Chunk
@@ -256,7 +256,7 @@ class AsyncStore:
     async def stream(self, run_id: int, after: int = 0, limit: int = 1000) -> list[Chunk]:
         """``Store.stream``: up to ``limit`` of the run's chunks after offset ``after``."""
         name, params = reading_stream(run_id, after, limit)
-        return [chunk_of(row) for row in await self.backend.rows(name, params)]
+        return chunks_of(await self.backend.rows(name, params), params)
 
     async def follow_stream(
         self, run_id: int, after: int = 0, *, limit: int = 1000, poll: float = DEFAULT_POLL

@@ -41,6 +41,7 @@ HISTORY: tuple[str, ...] = (
     "task_versions",  # 28 (B25)
     "leases",  # 29: SQLite's leases in their own table, keyed by run (PostgreSQL's since 9)
     "task_lease_columns",  # 30: SQLite's task rows without their lease columns
+    "stream_batches",  # 31: one row per batch of a stream (B21)
 )
 
 SCHEMA_VERSION = len(HISTORY)

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import pytest
+from store_backends import SQLiteBackend
 
 from workerproc.store import AsyncStore, CasResult, Commit, InvalidPayload, RunNotFound
 from workerproc.store import open_async_store as open_async
 from workerproc.store.protocol.streams import chunk_text
-from workerproc.store.streams import MAX_CHUNK, MAX_STREAM
+from workerproc.store.streams import MAX_BATCH, MAX_CHUNK, MAX_READ, MAX_STREAM
 from workerproc.store.types import TaskOptions
 
 from .kit import TTL, Driver, verb
@@ -43,6 +45,50 @@ def test_batches_are_numbered_in_order_and_read_after_an_offset(driver: Driver) 
     assert [c.offset for c in s.stream(lease.run_id, after=1, limit=1)] == [2]
     assert s.stream(lease.run_id, after=3) == [] and s.stream(999) == []
     assert chunks[0].as_json()["data"] == "a"
+
+
+def batch_rows(driver: Driver, run_id: int) -> list[tuple[int, int]]:
+    """The rows that keep a run's stream: (first, last) of each, in order."""
+    query = "SELECT first, last FROM stream_batches WHERE run_id = {} ORDER BY first"
+    if isinstance(driver.backend, SQLiteBackend):
+        with sqlite3.connect(driver.backend.path) as conn:
+            return [tuple(r) for r in conn.execute(query.format("?"), (run_id,))]
+    with driver.backend.connect() as conn:  # type: ignore[attr-defined]
+        return [tuple(r) for r in conn.execute(query.format("%s"), (run_id,))]
+
+
+@verb("append_stream", "stream", "AsyncStore.stream")
+def test_a_batch_is_one_row_read_from_within_and_across_batches(driver: Driver) -> None:
+    """A batch is kept as one row, its reset first; a read begins inside a batch and ends
+    inside another, ``limit`` chunks at most, far into a long stream as at its start."""
+    s = driver.store
+    old = driver.lease("t", owner="zombie")
+    assert s.append_stream(old, texts(*range(MAX_BATCH))).last == MAX_BATCH
+    driver.clock.advance(TTL + 1)
+    lease = driver.claim("w2")  # its step taken over
+    big = s.append_stream(lease, texts(*range(MAX_BATCH)))  # the takeover: a reset first
+    assert (big.last, big.reset) == (2 * MAX_BATCH + 1, True)
+    last = big.last
+    for n in range(3):
+        last = s.append_stream(lease, texts(*(f"c{n}.{i}" for i in range(5))), after=last).last
+    assert batch_rows(driver, lease.run_id) == [
+        (1, MAX_BATCH), (MAX_BATCH + 1, 2 * MAX_BATCH + 1), (2 * MAX_BATCH + 2, last - 10),
+        (last - 9, last - 5), (last - 4, last)]  # fmt: skip
+    whole = s.stream(lease.run_id, limit=MAX_READ)
+    assert [c.offset for c in whole] == list(range(1, last + 1))
+    assert whole[MAX_BATCH].kind == "reset" and whole[MAX_BATCH].data is None
+    assert (whole[MAX_BATCH + 1].attempt, whole[MAX_BATCH + 1].data) == (lease.attempt, 0)
+    assert whole[-1].data == "c2.4" and whole[-1].step == lease.task_id
+    for after, limit in [(0, 1), (3, 2), (MAX_BATCH - 1, 3), (MAX_BATCH + 5, 1500),
+                         (last - 12, 4), (last - 7, 100), (last - 1, 5), (last, 5)]:  # fmt: skip
+        got = s.stream(lease.run_id, after=after, limit=limit)
+        assert got == whole[after : after + limit], (after, limit)
+        assert asyncio.run(read_async(driver, lease.run_id, after, limit)) == got
+
+
+async def read_async(driver: Driver, run_id: int, after: int, limit: int) -> list[object]:
+    async with await open_async(driver.backend.url, clock=driver.clock) as store:
+        return list(await store.stream(run_id, after, limit))
 
 
 @verb("append_stream", "emitted")

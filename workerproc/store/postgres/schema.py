@@ -47,7 +47,7 @@ from .calls_sql import MIGRATION_INTENTS, PAID_CALLS_SCHEMA
 from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .schedules_sql import MIGRATION as _SCHEDULES
-from .streams_sql import STREAMS_SCHEMA
+from .streams_sql import BATCHES_SCHEMA, STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 from .webhooks_sql import MIGRATION_POSITIONS
@@ -509,6 +509,7 @@ _SQL: dict[str, str] = {
     """,
     # 29 (leases), 30 (task_lease_columns): SQLite's only (PostgreSQL's leases have had their
     # own table, and its tasks no lease columns, since 9)
+    "stream_batches": BATCHES_SCHEMA,  # 31: a stream's rows are its batches (B21)
 }
 
 MIGRATIONS: list[str] = steps("postgres", _SQL)  # every step of the shared history, in order

@@ -36,6 +36,28 @@ STREAMS_SCHEMA = """
     );
 """
 
+# v29: a run's stream kept as one row per batch, not per chunk (a chunk's row was the cost of
+# a stream on the server): a batch's chunks ``first`` to ``last`` (offsets), the attempt that
+# wrote them and when, as one JSON array of [kind, data]. The chunks from before move over one
+# row each (a batch of one), in their order, and the chunks' table goes.
+BATCHES_SCHEMA = """
+    CREATE TABLE stream_batches (
+        run_id   bigint  NOT NULL REFERENCES stream_heads (run_id) ON DELETE CASCADE,
+        first    bigint  NOT NULL CHECK (first >= 1),
+        last     bigint  NOT NULL CHECK (last >= first),
+        task_id  bigint  NOT NULL,
+        attempt  integer NOT NULL CHECK (attempt >= 1),
+        at       double precision NOT NULL,
+        chunks   json    NOT NULL,
+        PRIMARY KEY (run_id, first)
+    );
+    INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+        SELECT run_id, position, position, task_id, attempt, at,
+            json_build_array(json_build_array(kind, data))
+        FROM stream_chunks;
+    DROP TABLE stream_chunks;
+"""
+
 QUERIES = load("workerproc.store.postgres", "streams.sql", style="pyformat")
 globals().update(texts(QUERIES))
 

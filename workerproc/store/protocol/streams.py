@@ -20,7 +20,6 @@ own small transaction, under the attempt's fence; anyone reads them while the ru
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 
 from ..codec import dumps, loads
@@ -46,6 +45,13 @@ def check_batch(texts: Sequence[str]) -> None:
     """A batch's size, checked before its transaction begins."""
     if not 1 <= len(texts) <= MAX_BATCH:
         raise InvalidPayload(f"a stream write takes 1 to {MAX_BATCH} chunks")
+
+
+def batch_text(texts: Sequence[str], reset: bool) -> str:
+    """A batch's row: its chunks as one JSON array of [kind, data], a reset first if it has
+    one (``texts``: each chunk's JSON, checked by ``chunk_text``)."""
+    head = '[["reset",null],' if reset else "["
+    return head + ",".join(f'["data",{text}]' for text in texts) + "]"
 
 
 def append_in(
@@ -74,11 +80,9 @@ def append_in(
     if used + size > MAX_STREAM:
         return Appended("full")
     reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
-    chunks = [["reset", None]] if reset else []
-    chunks += [["data", text] for text in texts]
-    tx.count("STREAM_APPEND", {**params, "first": last + 1,
-                               "chunks": json.dumps(chunks)})  # fmt: skip
-    end = last + len(chunks)
+    end = last + len(texts) + reset
+    tx.count("STREAM_APPEND", {**params, "first": last + 1, "last": end,
+                               "chunks": batch_text(texts, reset)})  # fmt: skip
     tx.rows("STREAM_MOVE" if lazy else "STREAM_MOVED", {**params, "last": end, "bytes": size})
     return Appended("written", end, reset)
 
@@ -102,14 +106,15 @@ class Streams:
         ``after``, in offset order (empty: none yet, or no such run)."""
         name, params = reading_stream(run_id, after, limit)
         rows = self.dialect.read(lambda tx: tx.rows(name, {**params, "now": tx.now}))
-        return [chunk_of(row) for row in rows]
+        return chunks_of(rows, params)
 
     def emitted(self, lease: Lease) -> list[JSON]:
         """The data that ``lease``'s step's newest earlier attempt wrote, in order (empty: no
         earlier attempt wrote)."""
         params = {"run_id": lease.run_id, "task_id": lease.task_id, "attempt": lease.attempt}
         rows = self.dialect.read(lambda tx: tx.rows("STREAM_STEP", {**params, "now": tx.now}))
-        return _last_attempt([(int(a), str(k), loads(d, "a stream chunk")) for a, k, d in rows])
+        chunks = [(int(a), str(k), d) for a, text in rows for k, d in batch_of(text)]
+        return _last_attempt(chunks)
 
     def drop_expired_streams(self, limit: int = 100) -> int:
         """Drop the streams of up to ``limit`` succeeded runs that outlived the ``stream_ttl``
@@ -124,8 +129,11 @@ class Streams:
 
 
 def reading_stream(run_id: int, after: int, limit: int) -> tuple[str, Params]:
-    """The statement that reads a run's chunks after ``after``, and its parameters."""
-    return "STREAM_READ", {"run_id": int(run_id), "after": max(0, int(after)),
+    """The statement that reads the batches holding a run's chunks after ``after``, and its
+    parameters (``since``: a batch holds at most ``MAX_BATCH`` + 1 chunks, a reset and its
+    data, so the one holding ``after`` + 1 begins after ``since``)."""
+    after = max(0, int(after))
+    return "STREAM_READ", {"run_id": int(run_id), "after": after, "since": after - MAX_BATCH - 1,
                            "limit": max(1, min(int(limit), MAX_READ))}  # fmt: skip
 
 
@@ -136,9 +144,26 @@ def stream_status(run_id: int) -> tuple[str, Params]:
     return "STREAM_STATUS", {"run_id": int(run_id)}
 
 
-def chunk_of(row: Row) -> Chunk:
-    """A ``STREAM_READ`` row as a ``Chunk``."""
-    offset, attempt, step, kind, data, at = row
-    shown: ChunkKind = "reset" if kind == "reset" else "data"
-    return Chunk(int(offset), int(attempt), int(step), shown, loads(data, "a stream chunk"),
-                 float(at))  # fmt: skip
+def batch_of(text: str) -> list[tuple[str, JSON]]:
+    """A batch's row as its chunks' (kind, data), in order."""
+    items = loads(text, "a stream batch")
+    if not isinstance(items, list):
+        raise InvalidPayload("a stream batch cannot be decoded: not an array")
+    return [(str(item[0]), item[1]) for item in items if isinstance(item, list)]
+
+
+def chunks_of(rows: Sequence[Row], params: Params) -> list[Chunk]:
+    """``STREAM_READ``'s rows (batches, in order) as the chunks ``params`` asked for: those after
+    its ``after``, ``limit`` of them at most."""
+    after, limit = int(params["after"]), int(params["limit"])
+    out: list[Chunk] = []
+    for first, attempt, step, text, at in rows:
+        for index, (kind, data) in enumerate(batch_of(text)):
+            offset = int(first) + index
+            if offset <= after:
+                continue
+            if len(out) >= limit:
+                return out
+            shown: ChunkKind = "reset" if kind == "reset" else "data"
+            out.append(Chunk(offset, int(attempt), int(step), shown, data, float(at)))
+    return out

@@ -20,7 +20,7 @@ from .events_sql import EVENTS_SCHEMA
 from .gates_sql import GATES_IDLE, GATES_READY_ORDER
 from .leases_sql import MIGRATION_LEASES, MIGRATION_TASK_LEASE_COLUMNS
 from .schedules_sql import MIGRATION as _SCHEDULES
-from .streams_sql import STREAMS_SCHEMA
+from .streams_sql import BATCHES_SCHEMA, STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
 from .webhooks_sql import MIGRATION_POSITIONS
@@ -491,6 +491,7 @@ _SQL: dict[str, str] = {
     """,
     "leases": MIGRATION_LEASES,  # 29: a run's lease is a row of ``leases`` (leases_sql.py)
     "task_lease_columns": MIGRATION_TASK_LEASE_COLUMNS,  # 30: tasks without them (rebuilt)
+    "stream_batches": BATCHES_SCHEMA,  # 31: a stream's rows are its batches (B21)
 }
 
 MIGRATIONS: list[str] = steps("sqlite", _SQL)  # every step of the shared history, in order

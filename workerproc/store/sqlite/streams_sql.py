@@ -33,6 +33,28 @@ STREAMS_SCHEMA = """
     ) WITHOUT ROWID;
 """
 
+# v29: a run's stream kept as one row per batch, not per chunk (a chunk's row was the cost of
+# a stream on the server): a batch's chunks ``first`` to ``last`` (offsets), the attempt that
+# wrote them and when, as one JSON array of [kind, data]. The chunks from before move over one
+# row each (a batch of one), in their order, and the chunks' table goes.
+BATCHES_SCHEMA = """
+    CREATE TABLE stream_batches (
+        run_id   INTEGER NOT NULL REFERENCES stream_heads(run_id) ON DELETE CASCADE,
+        first    INTEGER NOT NULL CHECK (first >= 1),
+        last     INTEGER NOT NULL CHECK (last >= first),
+        task_id  INTEGER NOT NULL,
+        attempt  INTEGER NOT NULL CHECK (attempt >= 1),
+        at       REAL    NOT NULL,
+        chunks   TEXT    NOT NULL CHECK (json_valid(chunks)),
+        PRIMARY KEY (run_id, first)
+    ) WITHOUT ROWID;
+    INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+        SELECT run_id, position, position, task_id, attempt, at,
+            json_array(json_array(kind, json(data)))
+        FROM stream_chunks ORDER BY run_id, position;
+    DROP TABLE stream_chunks;
+"""
+
 QUERIES = load("workerproc.store.sqlite", "streams.sql", style="named")
 globals().update(texts(QUERIES))
 

@@ -3,7 +3,8 @@
 --
 -- A run's stream head (``stream_heads``) numbers its chunks and says who wrote last; a write
 -- locks it first, then asks the fence, so two writes of one run go one after the other and a
--- takeover that committed before the head was locked is seen by the fence.
+-- takeover that committed before the head was locked is seen by the fence. A batch is one
+-- row of ``stream_batches``: a reader takes its chunks out of it.
 
 -- name: STREAM_HEAD
 -- the run's stream head, locked: made at its first write (the run must exist), else the one
@@ -22,12 +23,12 @@ SELECT r.status FROM clock, leases AS l JOIN runs AS r ON r.id = l.run_id
       AND l.attempts = %(attempt)s AND l.expires_at > clock.now
 
 -- name: STREAM_APPEND
--- the batch's chunks, numbered from first on (``chunks``: a JSON list of [kind, JSON text])
-INSERT INTO stream_chunks (run_id, position, task_id, attempt, kind, data, at)
-    SELECT %(run_id)s, %(first)s + c.ord - 1, %(task_id)s, %(attempt)s, c.v ->> 0,
-        (c.v ->> 1)::json,
-        coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8)
-    FROM json_array_elements(%(chunks)s::json) WITH ORDINALITY AS c(v, ord)
+-- the batch, one row: its chunks numbered first to last (``chunks``: a JSON array of
+-- [kind, data])
+INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+    VALUES (%(run_id)s, %(first)s, %(last)s, %(task_id)s, %(attempt)s,
+        coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8),
+        %(chunks)s::json)
 
 -- name: STREAM_MOVE
 -- the head after a write: its last offset, its writer, the bytes of the run's chunks; and
@@ -51,19 +52,22 @@ WITH moved AS (
 SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved
 
 -- name: STREAM_READ
--- a run's chunks after an offset, in order
-SELECT position, attempt, task_id, kind, data::text, at FROM stream_chunks
-    WHERE run_id = %(run_id)s AND position > %(after)s ORDER BY position LIMIT %(limit)s
+-- the batches that hold a run's chunks after + 1 to after + limit, in order (a batch holds at
+-- most ``MAX_BATCH`` + 1 chunks, so the one with after + 1 begins after since)
+SELECT first, attempt, task_id, chunks::text, at FROM stream_batches
+    WHERE run_id = %(run_id)s AND first > %(since)s AND first <= %(after)s + %(limit)s
+      AND last > %(after)s
+    ORDER BY first
 
 -- name: STREAM_STATUS
 -- the run's status, read (never locked) before a follower's read of its chunks
 SELECT status FROM runs WHERE id = %(run_id)s
 
 -- name: STREAM_STEP
--- what a step's earlier attempts wrote, in order (``ctx.emitted``)
-SELECT attempt, kind, data::text FROM stream_chunks
+-- what a step's earlier attempts wrote, their batches in order (``ctx.emitted``)
+SELECT attempt, chunks::text FROM stream_batches
     WHERE run_id = %(run_id)s AND task_id = %(task_id)s AND attempt < %(attempt)s
-    ORDER BY position
+    ORDER BY first
 
 -- name: STREAM_EXPIRED
 -- succeeded runs whose stream outlived the ``stream_ttl`` of the task that wrote it last
@@ -75,5 +79,5 @@ SELECT h.run_id FROM stream_heads AS h JOIN runs AS r ON r.id = h.run_id
     LIMIT %(limit)s
 
 -- name: STREAM_DROP
--- a run's stream dropped (it outlived its ``stream_ttl``): its head, and its chunks with it
+-- a run's stream dropped (it outlived its ``stream_ttl``): its head, and its batches with it
 DELETE FROM stream_heads WHERE run_id = %(run_id)s

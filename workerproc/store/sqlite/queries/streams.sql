@@ -2,7 +2,8 @@
 -- emits, written in batches under its lease, read by anyone while the run goes on.
 --
 -- A run's stream head (``stream_heads``) numbers its chunks and says who wrote last; a write
--- takes it first (SQLite's write transaction holds the database's write lock already).
+-- takes it first (SQLite's write transaction holds the database's write lock already). A
+-- batch is one row of ``stream_batches``: a reader takes its chunks out of it.
 
 -- name: STREAM_HEAD
 -- the run's stream head: made at its first write (the run must exist), else the one there
@@ -18,11 +19,10 @@ SELECT r.status FROM leases AS l JOIN runs AS r ON r.id = l.run_id
       AND l.attempts = :attempt AND l.expires_at > :now
 
 -- name: STREAM_APPEND
--- the batch's chunks, numbered from :first on (``chunks``: a JSON list of [kind, JSON text])
-INSERT INTO stream_chunks (run_id, position, task_id, attempt, kind, data, at)
-    SELECT :run_id, :first + c.key, :task_id, :attempt, json_extract(c.value, '$[0]'),
-        json_extract(c.value, '$[1]'), :now
-    FROM json_each(:chunks) AS c
+-- the batch, one row: its chunks numbered :first to :last (``chunks``: a JSON array of
+-- [kind, data])
+INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+    VALUES (:run_id, :first, :last, :task_id, :attempt, :now, :chunks)
 
 -- name: STREAM_MOVE
 -- the head after a write: its last offset, its writer, the bytes of the run's chunks
@@ -38,18 +38,20 @@ UPDATE stream_heads SET last = :last, task_id = :task_id, attempt = :attempt,
     WHERE run_id = :run_id
 
 -- name: STREAM_READ
--- a run's chunks after an offset, in order
-SELECT position, attempt, task_id, kind, data, at FROM stream_chunks
-    WHERE run_id = :run_id AND position > :after ORDER BY position LIMIT :limit
+-- the batches that hold a run's chunks :after + 1 to :after + :limit, in order (a batch holds
+-- at most ``MAX_BATCH`` + 1 chunks, so the one with :after + 1 begins after :since)
+SELECT first, attempt, task_id, chunks, at FROM stream_batches
+    WHERE run_id = :run_id AND first > :since AND first <= :after + :limit AND last > :after
+    ORDER BY first
 
 -- name: STREAM_STATUS
 -- the run's status, read (never locked) before a follower's read of its chunks
 SELECT status FROM runs WHERE id = :run_id
 
 -- name: STREAM_STEP
--- what a step's earlier attempts wrote, in order (``ctx.emitted``)
-SELECT attempt, kind, data FROM stream_chunks
-    WHERE run_id = :run_id AND task_id = :task_id AND attempt < :attempt ORDER BY position
+-- what a step's earlier attempts wrote, their batches in order (``ctx.emitted``)
+SELECT attempt, chunks FROM stream_batches
+    WHERE run_id = :run_id AND task_id = :task_id AND attempt < :attempt ORDER BY first
 
 -- name: STREAM_EXPIRED
 -- succeeded runs whose stream outlived the ``stream_ttl`` of the task that wrote it last
@@ -61,5 +63,5 @@ SELECT h.run_id FROM stream_heads AS h JOIN runs AS r ON r.id = h.run_id
     LIMIT :limit
 
 -- name: STREAM_DROP
--- a run's stream dropped (it outlived its ``stream_ttl``): its head, and its chunks with it
+-- a run's stream dropped (it outlived its ``stream_ttl``): its head, and its batches with it
 DELETE FROM stream_heads WHERE run_id = :run_id
