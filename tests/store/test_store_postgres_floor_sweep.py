@@ -18,6 +18,9 @@ from workerproc.store.types import ClaimRequest
 
 ENDED = 600  # runs ended while the snapshot is held: a dead entry each
 PIECE = 50  # the sweep's pieces, this many entries (the store's is larger)
+# a piece is cut between two head times, and ``end_runs`` starts ten runs at one head time: a
+# piece may hold up to a batch more than PIECE at each of its edges
+TIES = 2 * 10
 
 
 @pytest.fixture
@@ -74,7 +77,7 @@ def test_a_walk_reads_a_piece_however_long_the_dead_prefix(
         # its way up from the floor and one piece below it
         reads = [n for _, n in walks]
         assert max(reads[:3]) >= ENDED, reads  # they were there to read
-        assert max(reads[3:]) <= 3 * PIECE, reads
+        assert max(reads[3:]) <= 3 * PIECE + TIES, reads
         head = store.get_run(live)
         assert head is not None
         # a run whose head shows up in the middle of the dead prefix (written by hand) is met
@@ -90,7 +93,7 @@ def test_a_walk_reads_a_piece_however_long_the_dead_prefix(
         rounds = 4 + 3 * ENDED // PIECE  # the pieces: each holds PIECE / 2 to PIECE entries
         for n in range(1, rounds + 1):
             at, read = walker.walk()
-            assert read <= 3 * PIECE, (n, read)
+            assert read <= 3 * PIECE + TIES, (n, read)
             if at <= middle:
                 break
         assert at <= middle, (at, middle, rounds)  # its claims walk from there now

@@ -55,8 +55,8 @@ SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved
 -- the batches that hold a run's chunks after + 1 to after + limit, in order (a batch holds at
 -- most ``MAX_BATCH`` + 1 chunks, so the one with after + 1 begins after since)
 SELECT first, attempt, task_id, chunks::text, at FROM stream_batches
-    WHERE run_id = %(run_id)s AND first > %(since)s AND first <= %(after)s + %(limit)s
-      AND last > %(after)s
+    WHERE run_id = %(run_id)s AND first > %(since)s
+      AND first <= %(after)s::bigint + %(limit)s::bigint AND last > %(after)s
     ORDER BY first
 
 -- name: STREAM_STATUS
