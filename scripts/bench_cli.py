@@ -64,16 +64,21 @@ def _drain(sv: list[str], db: str, tree: str = ROOT) -> tuple[float, float, floa
     """A one-run ``start -n 2 --drain`` of ``tree``'s code: launch to exit, launch to the run's
     handler, and the pool's start (its "supervisor started" log line) to the run's handler, in
     seconds. The run is read with sqlite3 alone: this process's store may be another tree's."""
-    subprocess.run([*sv, "migrate", "--db", db], env=_env(tree), check=True, capture_output=True)
+    away = os.path.dirname(db)  # (``-m`` puts the working directory first: not a checkout)
+    subprocess.run([*sv, "migrate", "--db", db], env=_env(tree), check=True, capture_output=True,
+                   cwd=away)  # fmt: skip
     made = subprocess.run([*sv, "enqueue", "stamp", "--db", db], env=_env(tree), check=True,
-                          capture_output=True, text=True)  # fmt: skip
+                          capture_output=True, text=True, cwd=away)  # fmt: skip
     run_id = int(made.stdout.split()[-1])
     with tempfile.TemporaryFile("w+") as log:
         launched = time.time()
         took = _timed([*sv, "start", "-n", "2", "--drain", "--db", db, "--app", "benchapp:app"],
                       os.path.join(ROOT, "scripts"), stderr=log, tree=tree)  # fmt: skip
         log.seek(0)
-        started = next(line for line in log if "supervisor started" in line)
+        text = log.read()
+    started = next((line for line in text.splitlines() if "supervisor started" in line), None)
+    if started is None:
+        raise SystemExit(f"{tree}: the one-run pool did not start:\n{text[-3000:]}")
     stamp = started.split(" supervisor[")[0]  # e.g. 2026-12-05 15:43:41,142 (local time)
     pool_at = time.mktime(time.strptime(stamp[:19], "%Y-%m-%d %H:%M:%S")) + int(stamp[20:]) / 1000
     with closing(sqlite3.connect(db)) as conn:

@@ -133,9 +133,11 @@ def part_cli(figures: Figures, named: dict[str, Path], tmp: str, n: int) -> None
     for name, tree in named.items():
         db = os.path.join(tmp, f"cli-{name}.db")
         env = bench_cli._env(str(tree))
-        subprocess.run([*sv, "migrate", "--db", db], env=env, check=True, capture_output=True)
+        # (in tmp: ``-m`` puts the working directory, this checkout, before the tree's code)
+        subprocess.run([*sv, "migrate", "--db", db], env=env, check=True, capture_output=True,
+                       cwd=tmp)  # fmt: skip
         made = subprocess.run([*sv, "enqueue", "noop", "--db", db], env=env, check=True,
-                              capture_output=True, text=True)  # fmt: skip
+                              capture_output=True, text=True, cwd=tmp)  # fmt: skip
         run_id = made.stdout.split()[-1]
         argv = {"--version": ["--version"], "--help": ["--help"],
                 "enqueue": ["enqueue", "noop", "--db", db], "show": ["show", run_id, "--db", db],
