@@ -119,7 +119,7 @@ def head_of(run: str, *, without: str | None = None, extra: str | None = None) -
 # - The leases come back in claim order (priority, then head order), so a worker that claims
 #   more than it can start at once starts them in that order too.
 _CLAIMABLE = """r.priority = lv.p AND r.head_at <= (SELECT now FROM clock)
-          AND r.head_at >= ANY(ARRAY[%(floor)s::float8])
+          AND r.head_at >= %(floor)s::float8
           AND (r.status = 'pending') IS TRUE
           AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
                        '-infinity') <= (SELECT now FROM clock)"""
