@@ -4,7 +4,11 @@ against the same step at ``batch=1``, under a real supervisor (``supervisor star
 64 costs one handler call and one gathering for 64 items; each item is still claimed, renewed
 and committed on its own, so the gain is the per-call overhead, not the per-item writes.
 
-    scripts/bench batch [--runs 5000] [--workers 2] [--backends sqlite,postgres]
+    scripts/bench batch [--runs 5000] [--workers 2] [--backends sqlite,postgres] [--rounds 1]
+
+``--rounds R`` measures both sizes R times, alternated (1, 64, 1, 64, ...: a shared machine's load
+falls on both alike), and prints the medians. Each figure comes with the CPU the pool spent per
+run (the supervisor and its workers, user + system, from ``RUSAGE_CHILDREN``).
 
 PostgreSQL: ``LEASEKEEPER_TEST_POSTGRES`` (default postgresql://postgres@127.0.0.1:5432/test), in
 a schema of its own, dropped after.
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,8 +34,14 @@ ADMIN = os.environ.get("LEASEKEEPER_TEST_POSTGRES", "postgresql://postgres@127.0
 SIZES = (1, 64)
 
 
-def measure(db: str, runs: int, workers: int, size: int) -> float:
-    """Runs per second of ``runs`` runs of the step at batch ``size``, drained by a pool."""
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(db: str, runs: int, workers: int, size: int) -> tuple[float, float]:
+    """Runs per second of ``runs`` runs of the step at batch ``size``, drained by a pool, and
+    the pool's CPU milliseconds per run."""
     with open_store(db) as store:
         ids = store.start_runs([{"task": f"embed_{size}", "payload": {"text": f"doc {i}"}}
                                 for i in range(runs)])  # fmt: skip
@@ -39,21 +51,21 @@ def measure(db: str, runs: int, workers: int, size: int) -> float:
     }
     cmd = [sys.executable, "-m", "supervisor", "start", "-n", str(workers), "--db", db,
            "--app", "benchapp_batch:app", "--drain", "--poll-interval", "0.1"]  # fmt: skip
-    began = time.monotonic()
+    began, cpu = time.monotonic(), _children_cpu()
     done = subprocess.run(cmd, cwd=HERE, env=env, capture_output=True, text=True, timeout=1800)
-    seconds = time.monotonic() - began
+    seconds, cpu = time.monotonic() - began, _children_cpu() - cpu
     if done.returncode != 0:
         raise SystemExit(f"supervisor exited {done.returncode}:\n{done.stderr[-3000:]}")
     with open_store(db) as store:
         statuses = store.stats().runs
     assert statuses.get("succeeded") == len(ids), statuses
-    return runs / seconds
+    return runs / seconds, cpu * 1000 / runs
 
 
-def database(backend: str, tmp: str, size: int) -> tuple[str, str | None]:
+def database(backend: str, tmp: str, label: str) -> tuple[str, str | None]:
     """A fresh database for one measurement (its PostgreSQL schema, to drop after)."""
     if backend == "sqlite":
-        return os.path.join(tmp, f"batch-{size}.db"), None
+        return os.path.join(tmp, f"batch-{label}.db"), None
     schema = f"lk_bench_batch_{secrets.token_hex(4)}"
     return f"{ADMIN}{'&' if '?' in ADMIN else '?'}schema={schema}", schema
 
@@ -63,29 +75,40 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--runs", type=int, default=5000)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--rounds", type=int, default=1, help="alternated rounds (medians)")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.rounds < 1:
+        raise SystemExit("scripts/bench batch: --rounds takes a whole number from 1")
     rows = []
     with tempfile.TemporaryDirectory(prefix="lk-bench-batch-") as tmp:
         for backend in args.backends.split(","):
-            rate = {}
-            for size in SIZES:
-                db, schema = database(backend, tmp, size)
-                try:
-                    rate[size] = measure(db, args.runs, args.workers, size)
-                finally:
-                    if schema is not None:
-                        import psycopg  # noqa: PLC0415 - only this part needs it
+            rates: dict[int, list[float]] = {size: [] for size in SIZES}
+            cpus: dict[int, list[float]] = {size: [] for size in SIZES}
+            for r in range(args.rounds):
+                for size in SIZES:  # alternated: both sizes see the same load
+                    db, schema = database(backend, tmp, f"{size}-{r}")
+                    try:
+                        rate, cpu = measure(db, args.runs, args.workers, size)
+                    finally:
+                        if schema is not None:
+                            import psycopg  # noqa: PLC0415 - only this part needs it
 
-                        with psycopg.connect(ADMIN, autocommit=True) as conn:
-                            conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+                            with psycopg.connect(ADMIN, autocommit=True) as conn:
+                                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+                    rates[size].append(rate)
+                    cpus[size].append(cpu)
+            one, many = (statistics.median(rates[size]) for size in SIZES)
+            cpu_one, cpu_many = (statistics.median(cpus[size]) for size in SIZES)
             name = "SQLite" if backend == "sqlite" else "PostgreSQL"
-            rows.append(f"| {name} -n {args.workers} | {rate[1]:,.0f} | {rate[64]:,.0f} | "
-                        f"{rate[64] / rate[1]:.1f}x |")  # fmt: skip
+            rows.append(f"| {name} -n {args.workers} | {one:,.0f} ({cpu_one:.2f} ms CPU) | "
+                        f"{many:,.0f} ({cpu_many:.2f} ms CPU) | {many / one:.1f}x |")  # fmt: skip
             print(rows[-1], file=sys.stderr, flush=True)
-    print(f"| {args.runs:,} runs of an embeddings-shaped no-op batch step | runs/s at batch=1 "
-          "| runs/s at batch=64 | batch=64 / batch=1 |")  # fmt: skip
+    rounds = "" if args.rounds == 1 else f", median of {args.rounds} alternated rounds"
+    print(f"| {args.runs:,} runs of an embeddings-shaped no-op batch step{rounds} "
+          "| runs/s at batch=1 (pool CPU per run) | runs/s at batch=64 "
+          "| batch=64 / batch=1 |")  # fmt: skip
     print("| --- | ---: | ---: | ---: |")
     for line in rows:
         print(line)

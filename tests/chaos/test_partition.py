@@ -23,6 +23,7 @@ def test_a_host_cut_off_for_1_and_10_seconds_loses_nothing_and_resumes(tmp_path:
     if why is not None:
         require_tool("network namespaces and a private PostgreSQL", None, why)
     result = partition.soak(tmp_path, [1.0, 10.0])
+    print({k: v for k, v in result.items() if k != "findings"})  # the figures, under -s
     assert result["findings"] == [], result
     assert result["runs"] >= 100 and result["starts"] >= 3 * result["runs"]
     for cut in result["cuts"]:

@@ -330,6 +330,19 @@ def test_scraped_counters_move_with_tasks_zombies_and_kills(sv_each: Supervisor)
     assert sv.wait_exit() == 0
 
 
+def test_batch_sizes_are_in_the_exposition(clock: FakeClock) -> None:
+    """Batch steps' calls and the items they took (items per call is their ratio): a reaped
+    worker's banked totals plus a live one's."""
+    arb = fake_arbiter(clock, FlakyGate())
+    metrics = Metrics(StatsProbe())
+    metrics.install(arb)
+    for items in (64, 64, 22):
+        metrics.tally.banked.batch_done(items)
+    samples = parse(metrics.render(arb))
+    assert value(samples, "leasekeeper_batch_calls_total") == 3
+    assert value(samples, "leasekeeper_batch_items_total") == 150
+
+
 def test_limits_are_in_the_exposition(clock: FakeClock) -> None:
     """Flow control's gauges, from the probe's read of ``store.limits()``."""
     arb = fake_arbiter(clock, FlakyGate())
