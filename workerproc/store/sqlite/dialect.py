@@ -26,6 +26,7 @@ from ..errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from ..settings import SQLiteOptions
 from ..types import Clock
 from .errors import is_busy, is_readonly, translate, unbindable, undecodable
+from .handoff import Handoff
 from .intent import Intent as Producers
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .steps import CATALOGUE
@@ -78,6 +79,7 @@ class SQLiteDialect(Dialect):
         self._opened_watches: list[FileWatch] = []
         self._closed = False
         self._producers = Producers(path + "-producers")  # producers ahead of a busy pool
+        self._handoff = Handoff(path + "-producers")  # a waiting writer wakes at a commit
 
     # -- transactions --------------------------------------------------------------------------
     def write(
@@ -120,7 +122,8 @@ class SQLiteDialect(Dialect):
     ) -> T:
         """(This process's turn taken, waiting since ``started``.) BEGIN IMMEDIATE, ``fn``,
         COMMIT."""
-        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started)
+        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started,
+                       wait=self._handoff.wait)  # fmt: skip
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -129,7 +132,9 @@ class SQLiteDialect(Dialect):
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            self._producers.committed()
             self._raise(exc)
+        self._producers.committed()  # the lock is free: wake a writer waiting for it
         return result
 
     def _within(self, caller: object, fn: Callable[[Tx], T]) -> T:
@@ -233,8 +238,9 @@ class SQLiteDialect(Dialect):
         return conn
 
     def _retrying(
-        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None
-    ) -> T:
+        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None,
+        wait: Callable[[float], None] = time.sleep,
+    ) -> T:  # fmt: skip
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
@@ -256,9 +262,9 @@ class SQLiteDialect(Dialect):
                     ) from None
                 tries += 1
                 if urgent or time.monotonic() - started >= _AGED:
-                    time.sleep(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
+                    wait(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:
-                    time.sleep(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
+                    wait(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
             except (sqlite3.Error, UnicodeError, OverflowError) as exc:
                 self._raise(exc)
 
@@ -398,6 +404,7 @@ class SQLiteDialect(Dialect):
             conn.close()
         self._local = threading.local()
         self._producers.close()
+        self._handoff.close()
         for watch in self._opened_watches:
             watch.close()  # (this process's only: a child's closes nothing of the parent's)
         self._opened_watches = []

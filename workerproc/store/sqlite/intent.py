@@ -107,6 +107,14 @@ class Intent:
                 break
         return time.monotonic() - started
 
+    def committed(self) -> None:
+        """After a write transaction ended (the write lock is free): one byte written to the
+        file wakes a writer of ours waiting for the lock (``handoff.py``)."""
+        fd = self._fd()
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.pwrite(fd, b"\0", 0)
+
     def close(self) -> None:
         file = getattr(self._local, "file", None)
         if file is not None and self._pid == os.getpid():
