@@ -108,12 +108,14 @@ class Intent:
         return time.monotonic() - started
 
     def committed(self) -> None:
-        """After a write transaction ended (the write lock is free): one byte written to the
-        file wakes a writer of ours waiting for the lock (``handoff.py``)."""
+        """After a write transaction ended (the write lock is free): the file's times set to
+        now wake a writer of ours waiting for the lock (``handoff.py``). (Its times, not its
+        content: a change of attributes is no event for the watches of the database's
+        directory, ``watch.py``, so idle waiters and the supervisor's drain sleep on.)"""
         fd = self._fd()
         if fd is not None:
             with contextlib.suppress(OSError):
-                os.pwrite(fd, b"\0", 0)
+                os.utime(fd)
 
     def close(self) -> None:
         file = getattr(self._local, "file", None)
