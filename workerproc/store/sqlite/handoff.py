@@ -6,8 +6,8 @@ again (``dialect.py``), and two busy worker processes each slept about a quarter
 there, often past the other's commit. So every write transaction of ours, once it committed or
 rolled back (the lock is free), sets the times of a small file beside the database (the
 producers' file, ``DB-producers``: ``intent.py``) to now, and a process's writer that waits for
-the lock waits on an inotify watch of that file's attributes instead of sleeping: it wakes at the next commit of
-any of our processes, or when its back-off ends, whichever comes first.
+the lock waits on an inotify watch of that file's attributes instead of sleeping: it wakes at
+the next commit of any of our processes, or when its back-off ends, whichever comes first.
 
 Only a wake-up, never a lock: every wait is the back-off it replaces, at most, so a holder that
 is stopped (SIGSTOP) or dead (the kernel released SQLite's lock, nobody touched the file), a
