@@ -34,6 +34,23 @@ def test_a_waiter_wakes_at_a_commit_not_at_the_end_of_its_wait(tmp_path: Path) -
         holder.close()
 
 
+def test_a_newcomer_woken_by_a_commit_defers_within_its_wait(tmp_path: Path) -> None:
+    """Woken by a commit, a newcomer lets older waiters try first, never past its own wait."""
+    path = str(tmp_path / "db-producers")
+    holder = Intent(path)
+    holder.committed()
+    handoff = Handoff(path)
+    try:
+        handoff.wait(0.0)
+        holder.committed()  # (a commit already there when it begins to wait)
+        started = time.monotonic()
+        handoff.wait(0.002, defer=10.0)
+        assert time.monotonic() - started < 1.0  # the defer is cut to the wait's own bound
+    finally:
+        handoff.close()
+        holder.close()
+
+
 def test_a_wait_with_no_commit_is_bounded_by_its_timeout(tmp_path: Path) -> None:
     """A holder that is stopped or dead writes nothing: the waiter's back-off ends anyway."""
     path = str(tmp_path / "db-producers")
@@ -85,9 +102,9 @@ def test_a_writer_blocked_by_another_connection_waits_on_the_handoff_and_writes(
     waits: list[float] = []
     real = Handoff.wait
 
-    def spy(self: Handoff, seconds: float) -> None:
+    def spy(self: Handoff, seconds: float, defer: float = 0.0) -> None:
         waits.append(seconds)
-        real(self, seconds)
+        real(self, seconds, defer)
 
     monkeypatch.setattr(Handoff, "wait", spy)
     other = sqlite3.connect(db, isolation_level=None, timeout=0, check_same_thread=False)

@@ -123,7 +123,7 @@ class SQLiteDialect(Dialect):
         """(This process's turn taken, waiting since ``started``.) BEGIN IMMEDIATE, ``fn``,
         COMMIT."""
         self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started,
-                       wait=self._handoff.wait)  # fmt: skip
+                       wait=self._handoff.wait, young=self._handoff.newcomer)  # fmt: skip
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -240,13 +240,16 @@ class SQLiteDialect(Dialect):
     def _retrying(
         self, fn: Callable[[], T], urgent: bool = False, started: float | None = None,
         wait: Callable[[float], None] = time.sleep,
+        young: Callable[[float], None] = time.sleep,
     ) -> T:  # fmt: skip
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
         newcomers to the lock and nobody starves. An ``urgent`` one (a paid call's) polls so
         from its first try. ``started``: when the caller began to wait (its turn among the
-        process's writers counts: toward busy_timeout, and toward its age)."""
+        process's writers counts: toward busy_timeout, and toward its age). ``wait``
+        (an aged or urgent one's) and ``young`` (a newcomer's) sleep between tries; a writer's
+        wake early at a commit of ours (``handoff.py``)."""
         started = time.monotonic() if started is None else started
         deadline = started + self.busy_timeout
         tries = 0
@@ -264,7 +267,7 @@ class SQLiteDialect(Dialect):
                 if urgent or time.monotonic() - started >= _AGED:
                     wait(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:
-                    wait(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
+                    young(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
             except (sqlite3.Error, UnicodeError, OverflowError) as exc:
                 self._raise(exc)
 

@@ -16,6 +16,11 @@ the waiter tries again after its back-off, and gives up at ``busy_timeout``. (A 
 ``fcntl`` lock on the side file would hand over as well, but Python has no bounded wait on one
 without a signal handler, which a library cannot own.)
 
+Fairness stays as it was (``dialect.py``'s ageing): a newcomer woken by a commit waits another
+0.2 ms before it tries, so a writer that has waited past its age, woken by the same commit, tries
+first (without it, whichever process the scheduler ran first won, and at -n 8 some processes
+did three times the work of others).
+
 One watch per process and file, used by the thread whose turn it is (``turns.py``: one writer
 of a process competes for the file at a time); made at its first wait, again after a fork.
 Where it cannot be made (not Linux, no free inotify instance, no side file yet) waiters sleep
@@ -38,6 +43,7 @@ from .watch import _libc
 
 _IN_ATTRIB, _IN_DONT_FOLLOW = 0x4, 0x02000000
 _IN_NONBLOCK, _IN_CLOEXEC = os.O_NONBLOCK, 0o2000000
+_DEFER = 0.0002  # a newcomer woken by a commit lets older waiters try first for this long
 _RETRY = 1.0  # seconds before a watch that could not be made (no side file yet) is tried again
 
 
@@ -62,13 +68,15 @@ class Handoff:
                     self._fd = _open(self.path)
         return self._fd
 
-    def wait(self, seconds: float) -> None:
-        """Sleep at most ``seconds``, less if one of our writers commits meanwhile. (A wake-up
-        left from a commit before the caller's last try costs one early try.)"""
+    def wait(self, seconds: float, defer: float = 0.0) -> None:
+        """Sleep at most ``seconds``, less if one of our writers commits meanwhile: then
+        ``defer`` more (within ``seconds``), which lets a writer that waited longer try first.
+        (A wake-up left from a commit before the caller's last try costs one early try.)"""
         fd = self._watch()
         if fd is None:
             time.sleep(seconds)
             return
+        started = time.monotonic()
         try:
             ready, _, _ = select.select([fd], [], [], seconds)
         except (OSError, ValueError):  # (closed by another thread's close)
@@ -76,6 +84,13 @@ class Handoff:
             return
         if ready:
             _drain(fd)
+            if defer > 0.0:
+                time.sleep(max(0.0, min(defer, started + seconds - time.monotonic())))
+
+    def newcomer(self, seconds: float) -> None:
+        """A newcomer's wait (``dialect._retrying``): woken by a commit, it lets the writers
+        that waited past their age (polling, not deferring) take the lock first."""
+        self.wait(seconds, _DEFER)
 
     def close(self) -> None:
         fd, self._fd = self._fd, None
