@@ -26,7 +26,6 @@ from ..errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from ..settings import SQLiteOptions
 from ..types import Clock
 from .errors import is_busy, is_readonly, translate, unbindable, undecodable
-from .handoff import Handoff
 from .intent import Intent as Producers
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .steps import CATALOGUE
@@ -79,7 +78,6 @@ class SQLiteDialect(Dialect):
         self._opened_watches: list[FileWatch] = []
         self._closed = False
         self._producers = Producers(path + "-producers")  # producers ahead of a busy pool
-        self._handoff = Handoff(path + "-producers")  # a waiting writer wakes at a commit
 
     # -- transactions --------------------------------------------------------------------------
     def write(
@@ -122,8 +120,7 @@ class SQLiteDialect(Dialect):
     ) -> T:
         """(This process's turn taken, waiting since ``started``.) BEGIN IMMEDIATE, ``fn``,
         COMMIT."""
-        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started,
-                       wait=self._handoff.wait, young=self._handoff.newcomer)  # fmt: skip
+        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started)
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -132,9 +129,7 @@ class SQLiteDialect(Dialect):
         except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
-            self._producers.committed()
             self._raise(exc)
-        self._producers.committed()  # the lock is free: wake a writer waiting for it
         return result
 
     def _within(self, caller: object, fn: Callable[[Tx], T]) -> T:
@@ -238,18 +233,14 @@ class SQLiteDialect(Dialect):
         return conn
 
     def _retrying(
-        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None,
-        wait: Callable[[float], None] = time.sleep,
-        young: Callable[[float], None] = time.sleep,
-    ) -> T:  # fmt: skip
+        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None
+    ) -> T:
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
         newcomers to the lock and nobody starves. An ``urgent`` one (a paid call's) polls so
         from its first try. ``started``: when the caller began to wait (its turn among the
-        process's writers counts: toward busy_timeout, and toward its age). ``wait``
-        (an aged or urgent one's) and ``young`` (a newcomer's) sleep between tries; a writer's
-        wake early at a commit of ours (``handoff.py``)."""
+        process's writers counts: toward busy_timeout, and toward its age)."""
         started = time.monotonic() if started is None else started
         deadline = started + self.busy_timeout
         tries = 0
@@ -265,9 +256,9 @@ class SQLiteDialect(Dialect):
                     ) from None
                 tries += 1
                 if urgent or time.monotonic() - started >= _AGED:
-                    wait(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
+                    time.sleep(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:
-                    young(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
+                    time.sleep(backoff(tries, _MIN_SLEEP, _MAX_SLEEP, jitter=0.5))
             except (sqlite3.Error, UnicodeError, OverflowError) as exc:
                 self._raise(exc)
 
@@ -407,7 +398,6 @@ class SQLiteDialect(Dialect):
             conn.close()
         self._local = threading.local()
         self._producers.close()
-        self._handoff.close()
         for watch in self._opened_watches:
             watch.close()  # (this process's only: a child's closes nothing of the parent's)
         self._opened_watches = []

@@ -107,15 +107,6 @@ class Intent:
                 break
         return time.monotonic() - started
 
-    def committed(self) -> None:
-        """After a write transaction ended (the write lock is free): the file opened and closed
-        at once wakes a writer of ours waiting for the lock (``handoff.py``). (Opened, never
-        written nor touched: a change of the file's data or times is a journaled change of its
-        inode, which waits behind the other writers' fsyncs: at 8 processes each such commit
-        waited milliseconds; and the directory's watches, ``watch.py``, see writes.)"""
-        with contextlib.suppress(OSError):
-            os.close(os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK))
-
     def close(self) -> None:
         file = getattr(self._local, "file", None)
         if file is not None and self._pid == os.getpid():
