@@ -114,6 +114,19 @@ SELECT gate FROM gates
             ready_at, gate
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 
+-- name: OPEN_MARKED
+-- OPEN_GATES for a claim whose transaction settled no gate: the open gates, locked, as one
+-- array, also kept in the transaction's setting ``leasekeeper.opened`` (to its end) for the
+-- statements sent with it (OPEN_STATES, OPEN_LINES), which read the first of them after
+-- these locks, so the claim's first look costs no round trip of its own
+SELECT o.gates, set_config('leasekeeper.opened', coalesce(o.gates, '{}')::text, true)
+    FROM (SELECT array_agg(x.gate ORDER BY x.ready_at, x.gate) AS gates
+        FROM (SELECT gate, ready_at FROM gates
+            WHERE ready_at <= (SELECT
+                coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
+            ORDER BY ready_at, gate
+            LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS x) AS o
+
 -- name: GATE_STATE
 -- the gates named (each locked, unless another claimer holds it: then no row), their limits'
 -- numbers, their buckets, their live leases and the first of them to end
