@@ -342,8 +342,9 @@ class GateState:
                 "now": now}  # fmt: skip
 
 
+# what ``GATE_WRITE`` writes of a gate
 WRITTEN = ("gate", "level", "level_at", "tok_level", "tok_at", "starts", "ready_at",
-           "blocked_by", "idle", "keep", "turn")  # what ``GATE_WRITE`` writes of a gate
+           "blocked_by", "idle", "keep", "turn")  # fmt: skip
 
 
 def gate_writes(states: Sequence[GateState], now: float) -> dict[str, Any]:
