@@ -186,7 +186,9 @@ class TestFairness:
                 done(s, lease)
                 assert keys(claims(s, 1)) == ["B"]
 
-    def test_a_batched_claim_takes_one_run_of_each_key_in_one_statement(self, s: Store) -> None:
+    def test_a_batched_claim_takes_one_run_of_each_key_in_one_statement(
+        self, s: Store, backend: Backend
+    ) -> None:
         limited(s, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
         s.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 40}"}} for i in range(80)])
         seen: list[str] = []
@@ -214,7 +216,11 @@ class TestFairness:
             got = claims(s, 16)
         assert len(got) == 16 and len(set(keys(got))) == 16  # one run of each of 16 keys
         # the lines are asked together: one read of their gates, of their runs, one claim
-        assert [seen.count(n) for n in ("GATE_STATE", "LINE_RUNS", "CLAIM_RUNS")] == [1, 1, 1]
+        # (PostgreSQL: the reads go in OPEN_GATES' round trip, OPEN_MARKED, when the
+        # transaction settled no gate)
+        looks = 0 if backend.name == "postgres" else 1
+        assert [seen.count(n) for n in ("GATE_STATE", "LINE_RUNS", "CLAIM_RUNS")] == [
+            looks, looks, 1]  # fmt: skip
         assert len(claims(s, 40)) == 24  # the other keys' first runs; the 16 keys are full
 
     def test_keys_with_quotes_and_percent_signs_are_gates_like_any(self, s: Store) -> None:

@@ -166,3 +166,46 @@ def test_statements_deallocated_behind_the_stores_back_cost_one_retry(
                             claim=ClaimRequest("w", 60.0, limit=2))  # fmt: skip
     assert [r.value for r in out.results] == ["ok"] and len(out.leases) == 2
     store.close()
+
+
+def test_a_claim_alone_reads_its_first_gates_in_the_round_trip_that_locks_them(
+    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gated claim in a transaction that settled no gate: ``OPEN_MARKED`` locks the open
+    gates, and their states and first runs come back in the same query (read by statements
+    after its locks), never in a round trip of their own; the per-key cap still holds."""
+    from limits_helpers import limited  # noqa: PLC0415
+
+    from workerproc.store import Commit  # noqa: PLC0415
+    from workerproc.store.limits import LimitSpec  # noqa: PLC0415
+
+    store = pg.open()
+    try:
+        limited(store, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
+        store.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 16}"}} for i in range(48)])
+        sent: list[str] = []
+        execute = psycopg.Cursor.execute
+
+        def counted(cur: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+            sent.append(str(query))
+            return execute(cur, query, *args, **kwargs)
+
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+        for _ in range(2):  # (both turns: the gates first, and the plain walk first)
+            sent.clear()
+            got = store.claim("w", 60.0, limit=16)
+            assert sorted(lease.payload["tenant"] for lease in got) == sorted(
+                f"t{i}" for i in range(16)
+            )
+            assert store.claim("v", 60.0, limit=16) == []  # every key holds its one slot
+            run = [q for q in sent if not q.startswith("PREPARE")]  # (a session's first)
+            looks = [q for q in run if "leasekeeper_open_marked" in q]
+            assert len(looks) == 2  # one per claim, the states and the runs with it
+            assert all("leasekeeper_open_states" in q and "leasekeeper_open_lines" in q
+                       for q in looks)  # fmt: skip
+            assert not [q for q in run if "leasekeeper_gate_state" in q
+                        or "leasekeeper_line_runs" in q]  # fmt: skip
+            store.commit_many([Commit(lease, "finish", expected_revision=lease.revision,
+                                      new_state={}) for lease in got])  # fmt: skip
+    finally:
+        store.close()

@@ -340,3 +340,15 @@ class GateState:
                 "blocked_by": self.blocked_by, "idle": self.idle, "keep": not self.decided,
                 "turn": now if self.served else None,
                 "now": now}  # fmt: skip
+
+
+# what ``GATE_WRITE`` writes of a gate
+WRITTEN = ("gate", "level", "level_at", "tok_level", "tok_at", "starts", "ready_at",
+           "blocked_by", "idle", "keep", "turn")  # fmt: skip
+
+
+def gate_writes(states: Sequence[GateState], now: float) -> dict[str, Any]:
+    """``GATE_WRITE``'s parameters for ``states``: one list per column of ``WRITTEN``, a
+    gate's values at its index (one statement writes them all)."""
+    rows = [state.params(now) for state in states]
+    return {**{column: [row[column] for row in rows] for column in WRITTEN}, "now": now}

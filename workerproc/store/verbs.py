@@ -55,6 +55,7 @@ from .driver import (
     SetState,
     by_line,
 )  # fmt: skip
+from .limits import gate_writes
 from .starts import place, signalling, starting
 
 if TYPE_CHECKING:
@@ -255,7 +256,7 @@ class InTurn(Driver):
 
     def write_gates(self, states: Sequence[GateState], now: float) -> None:
         if states:
-            self.deferred.append(("GATE_WRITE", [state.params(now) for state in states]))
+            self.deferred.append(("GATE_WRITE", [gate_writes(states, now)]))
 
     # -- how the gates' verbs go: each driver decides (PostgreSQL overrides these) -----------
     def _gate_write(self, name: str, each: list[Params]) -> None:

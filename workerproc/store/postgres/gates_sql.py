@@ -30,8 +30,22 @@ GATES_IDLE = """
     ALTER TABLE gates ADD COLUMN turn double precision;
 """
 
-QUERIES = load("workerproc.store.postgres", "gates.sql", style="pyformat")
+QUERIES = load("workerproc.store.postgres", "gates.sql", style="pyformat",
+               internal=("OPEN_MARKED",))  # fmt: skip
 globals().update(texts(QUERIES))
+
+# the first ``want`` gates OPEN_MARKED locked, read in a later statement of its round trip (a
+# statement's snapshot then follows their locks: no holder's commit is missed)
+_OPENED = "(current_setting('leasekeeper.opened')::text[])[1:%(want)s]"
+# GATE_STATE of those gates
+OPEN_STATES = QUERIES["GATE_STATE"].sql.replace("%(gates)s::text[]", _OPENED)
+# LINE_RUNS of their lines: one run each when several gates are open, else ``want`` of one
+_ONE_EACH = ("LIMIT CASE WHEN cardinality(current_setting('leasekeeper.opened')::text[]) > 1 "
+             "THEN 1 ELSE %(want)s END")  # fmt: skip
+OPEN_LINES = QUERIES["LINE_RUNS"].sql.replace("%(lines)s::text[]", _OPENED)
+OPEN_LINES = OPEN_LINES.replace("LIMIT %(limit)s", _ONE_EACH)
+assert OPEN_STATES.count(_OPENED) == 1 and OPEN_LINES.count(_OPENED) == 1
+assert "ELSE %(want)s END" in OPEN_LINES
 
 
 def __getattr__(name: str) -> str:  # the queries above, by name (for the type checker)

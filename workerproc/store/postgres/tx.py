@@ -19,7 +19,9 @@ from typing import Any, ClassVar
 import psycopg
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
+from ..driver import Opened, by_line
 from ..verbs import Calls, GatesRead
+from . import gates_sql as g
 from .ops_sql import NOW
 from .steps import CATALOGUE
 
@@ -248,6 +250,40 @@ class PostgresTx(Tx):
         now = self.now if self.now is not None else float(results[at + 1][0][0])
         return GatesRead(results[at], now, results[len(calls) - len(after) :],
                          results[: len(first)])  # fmt: skip
+
+    def open_gates(
+        self, queues: Sequence[str] | None, want: int, limit: int,
+        tasks: Sequence[str] | None = None,
+    ) -> Opened:  # fmt: skip
+        """A transaction that settled no gate: the claim's first look (the states of the
+        first ``want`` open gates and their lines' first runs, as ``Admission.first_look``
+        asks them) goes in ``OPEN_GATES``' round trip, read by statements after its locks
+        (``OPEN_MARKED``); the others as every engine does (``InTurn.open_gates``)."""
+        settling = any(name == "GATE_SETTLE" for name, _ in self.ahead)
+        steps = any(not isinstance(self.catalogue[n], str) for n, _ in self.ahead)
+        if settling or steps or want < 1 or self.prefix:
+            return super().open_gates(queues, want, limit, tasks)
+        calls: list[Call] = []
+        if self.events:  # (as ``_gates_then``: they wait for no lock)
+            calls.append(_events_call(self.events, self.now))
+            self.events = []
+        ahead, self.ahead = self.ahead, []
+        calls += [(n, self._sql(n), p) for n, each in ahead for p in each]
+        at = len(calls)
+        calls.append(("OPEN_MARKED", g.OPEN_MARKED, {"now": self.now, "limit": limit}))
+        if self.now is None:
+            calls.append(("NOW", NOW, {"now": None}))
+        look = {"want": want, "now": self.now, "queues": None if queues is None else list(queues),
+                "tasks": None if tasks is None else list(tasks)}  # fmt: skip
+        calls += [("OPEN_STATES", g.OPEN_STATES, look), ("OPEN_LINES", g.OPEN_LINES, look)]
+        results = self._batch(calls)
+        gates: list[str] = list(results[at][0][0] or [])
+        now = self.now if self.now is not None else float(results[at + 1][0][0])
+        if not gates:
+            return Opened([], now)
+        held = gates[:want]
+        return Opened(gates, now, held, results[-2], by_line(held, results[-1]),
+                      1 if len(gates) > 1 else want)  # fmt: skip
 
     def _each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
         """The statements in one round trip (``Batch``; one alone as itself), their rows in

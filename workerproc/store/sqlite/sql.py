@@ -29,7 +29,7 @@ _INTERNAL = {
                     "EXPIRE_OWNER", "REOPEN_OWNER_GATES"),
     "producers.sql": ("INSERT_RUN", "INSERT_SYSTEM_RUN", "FIND_BY_KEY", "INSERT_TASK"),
     "limits.sql": ("SET_LIMIT_NUMBERS", "REOPEN_LIMIT", "SETTLE_GATE", "REOPEN_BLOCKED",
-                   "NEW_GATE", "LINE_JOINED", "REGATE_TASK", "PLACE_RUN"),
+                   "NEW_GATE", "LINE_JOINED", "REGATE_TASK", "PLACE_RUN", "WRITE_GATE"),
 }  # fmt: skip
 _PARTS = ("lease", "takeover")  # the claims' shared parts, by the field each fills
 QUERIES: dict[str, Query] = {}

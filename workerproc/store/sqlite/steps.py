@@ -10,7 +10,7 @@ import json
 from typing import TYPE_CHECKING
 
 from ..dialect import ClaimRow, Params, Row, Step, catalogue
-from ..limits import split_gate
+from ..limits import WRITTEN, split_gate
 from . import calls_sql as c
 from . import events_sql as e
 from . import ops_sql as o
@@ -262,6 +262,16 @@ def gate_state(tx: SQLiteTx, params: Params) -> list[Row]:
     return [row for row in found if row is not None]
 
 
+def gate_write(tx: SQLiteTx, params: Params) -> list[Row]:
+    """What a claim made of its gates (``limits.gate_writes``: a list per column), one
+    ``executemany`` of WRITE_GATE (one prepared statement, no Python between the rows)."""
+    gates = params["gate"]
+    columns = [(name, params[name]) for name in WRITTEN]
+    each = [{name: values[i] for name, values in columns} for i in range(len(gates))]
+    tx.conn.executemany(q.WRITE_GATE, each)
+    return [(gate,) for gate in gates]
+
+
 def _then(write: str, then: str, key: str, *, if_changed: bool = False) -> Step:
     """A step that is ``write``, then ``then`` (only when ``write`` changed a row, with
     ``if_changed``), and answers a row (``params[key]``) per row ``write`` changed."""
@@ -397,6 +407,7 @@ STEPS: dict[str, Step] = {
     "CLAIM_RUNS": claim_runs,
     "LINE_RUNS": line_runs,
     "GATE_STATE": gate_state,
+    "GATE_WRITE": gate_write,
     "SET_LIMIT": set_limit,
     "GATE_SETTLE": gate_settle,
     "PLACE_GATES": place_gates,

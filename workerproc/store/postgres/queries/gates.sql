@@ -114,6 +114,19 @@ SELECT gate FROM gates
             ready_at, gate
     LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 
+-- name: OPEN_MARKED
+-- OPEN_GATES for a claim whose transaction settled no gate: the open gates, locked, as one
+-- array, also kept in the transaction's setting ``leasekeeper.opened`` (to its end) for the
+-- statements sent with it (OPEN_STATES, OPEN_LINES), which read the first of them after
+-- these locks, so the claim's first look costs no round trip of its own
+SELECT o.gates, set_config('leasekeeper.opened', coalesce(o.gates, '{}')::text, true)
+    FROM (SELECT array_agg(x.gate ORDER BY x.ready_at, x.gate) AS gates
+        FROM (SELECT gate, ready_at FROM gates
+            WHERE ready_at <= (SELECT
+                coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8))
+            ORDER BY ready_at, gate
+            LIMIT %(limit)s FOR UPDATE SKIP LOCKED) AS x) AS o
+
 -- name: GATE_STATE
 -- the gates named (each locked, unless another claimer holds it: then no row), their limits'
 -- numbers, their buckets, their live leases and the first of them to end
@@ -179,14 +192,22 @@ SELECT min(coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
       AND (r.status IN ('pending')) IS TRUE
 
 -- name: GATE_WRITE
--- what a claim made of a gate: its buckets, its starts, when its line may next admit a run
-UPDATE gates SET level = %(level)s, level_at = %(level_at)s,
-    tok_level = %(tok_level)s, tok_at = %(tok_at)s, starts = starts + %(starts)s,
-    ready_at = CASE WHEN %(keep)s THEN ready_at ELSE %(ready_at)s END,
-    blocked_by = CASE WHEN %(keep)s THEN blocked_by ELSE %(blocked_by)s END,
-    idle = CASE WHEN %(keep)s THEN idle ELSE %(idle)s END,
-    turn = coalesce(%(turn)s::float8, turn)
-    WHERE gate = %(gate)s RETURNING gate
+-- what a claim made of its gates (one array per column, a gate's values at its index: one
+-- statement for them all; the claim holds every one of them, locked when it read it): their
+-- buckets, their starts, when each line may next admit a run
+UPDATE gates AS g SET level = w.level, level_at = w.level_at,
+    tok_level = w.tok_level, tok_at = w.tok_at, starts = g.starts + w.starts,
+    ready_at = CASE WHEN w.keep THEN g.ready_at ELSE w.ready_at END,
+    blocked_by = CASE WHEN w.keep THEN g.blocked_by ELSE w.blocked_by END,
+    idle = CASE WHEN w.keep THEN g.idle ELSE w.idle END,
+    turn = coalesce(w.turn, g.turn)
+    FROM unnest(%(gate)s::text[], %(level)s::float8[], %(level_at)s::float8[],
+                %(tok_level)s::float8[], %(tok_at)s::float8[], %(starts)s::bigint[],
+                %(ready_at)s::float8[], %(blocked_by)s::text[], %(idle)s::boolean[],
+                %(keep)s::boolean[], %(turn)s::float8[])
+        AS w(gate, level, level_at, tok_level, tok_at, starts, ready_at, blocked_by, idle,
+             keep, turn)
+    WHERE g.gate = w.gate RETURNING g.gate
 
 -- name: GATE_SETTLE
 -- a lease ended: its reservation back (less what it cost), a hand-back's rate token back, a

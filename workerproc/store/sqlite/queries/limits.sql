@@ -145,8 +145,9 @@ RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null', gate_a, gate_b, gate_c, reserved,
     CASE WHEN typeof(prev_owner) <> 'null' THEN prev_reserved END
 
--- name: GATE_WRITE
+-- name: WRITE_GATE
 -- what a claim made of a gate: its buckets, its starts, when its line may next admit a run
+-- (step GATE_WRITE: every gate the claim changed, one ``executemany``)
 UPDATE gates SET level = :level, level_at = :level_at, tok_level = :tok_level,
     tok_at = :tok_at, starts = starts + :starts,
     ready_at = CASE WHEN :keep THEN ready_at ELSE :ready_at END,
