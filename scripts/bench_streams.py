@@ -245,7 +245,8 @@ def run(args: argparse.Namespace) -> int:
                             f"{min(kept_rates):,.0f} to {max(kept_rates):,.0f} | "
                             f"{cpu[0]:.2f} s / {cpu[1]:.2f} s |")  # fmt: skip
                 print(rows[-1], file=sys.stderr, flush=True)
-                verdicts.append((f"{name}, {label}" if label != "now" else name, p99, rate,
+                mine = label == "now"  # the latency and the flood: this tree's only
+                verdicts.append((name if mine else f"{name}, {label}", p99, rate if mine else 0,
                                  statistics.median(ratios), min(kept_rates)))  # fmt: skip
     print(f"| {args.runs} runs x {args.chunks} chunks every {args.every_ms:g} ms, followed live; "
           f"a flood of {args.flood:,} chunks; {args.noops:,} no-op runs beside a slot "
