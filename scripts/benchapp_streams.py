@@ -5,13 +5,16 @@
   read the chunk (emit -> readable);
 - ``flood``: emits ``chunks`` short text chunks as fast as it can, then flushes; its result is
   the seconds from its first emit to its flush's return (every chunk written);
-- ``steady``: emits ``rate`` chunks a second for ``seconds`` (or, with ``emit`` false, runs
-  the same loop without emitting): what the other slots' work is timed beside;
-- ``noop``: returns at once (the other slots' work).
+- ``steady``: emits ``rate`` chunks a second (or, with ``emit`` false, runs the same loop
+  without emitting) until ``until`` no-op runs are done in this process (the pool is
+  ``-n 1``), ``seconds`` at most: what the other slots' work is timed beside; its result is
+  the wall-clock moment of every ``MARK``-th chunk (the rate it kept, over any window);
+- ``noop``: returns at once (the other slots' work), counted.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 from workerproc import App, TaskContext
@@ -37,18 +40,29 @@ def flood(ctx: TaskContext) -> float:
     return time.perf_counter() - began
 
 
+MARK = 100  # steady's result: the moment of every MARK-th chunk
+NOOPS = [0]  # the no-op runs done in this process
+COUNTING = threading.Lock()
+
+
 @app.task
-def steady(ctx: TaskContext) -> None:
+def steady(ctx: TaskContext) -> list[float]:
     rate, seconds = float(ctx.payload["rate"]), float(ctx.payload["seconds"])
-    emit = bool(ctx.payload["emit"])
-    began = time.monotonic()
+    emit, until = bool(ctx.payload["emit"]), int(ctx.payload.get("until", 0))
+    began, marks = time.monotonic(), []
     for i in range(int(rate * seconds)):
+        if i % MARK == 0:
+            if until and NOOPS[0] >= until:
+                break
+            marks.append(time.time())
         if emit:
             ctx.emit(f"token {i} ")
         if i % 100 == 99 and (ahead := began + (i + 1) / rate - time.monotonic()) > 0:
             time.sleep(ahead)
+    return marks
 
 
 @app.task
 def noop(ctx: TaskContext) -> None:
-    return None
+    with COUNTING:
+        NOOPS[0] += 1
