@@ -43,7 +43,7 @@ from .store.types import Lease
 log = logging.getLogger("workerproc.worker")
 
 DELAY = 0.05  # seconds a chunk waits for its batch at most
-BATCH = 256  # chunks that make a batch go at once (10,000 a second: a batch every 25.6 ms)
+BATCH = 64  # chunks that make a batch go at once
 PENDING = 4 * MAX_BATCH  # chunks waiting that make an emit wait for the writer
 WRITE_WAIT = 60.0  # seconds a batch is tried for, or a flush waits, at most
 RIDE_WAIT = 0.02  # seconds a due batch waits for an exchange that ran this recently, at most
