@@ -17,6 +17,7 @@ from functools import cache
 from typing import Any, ClassVar
 
 import psycopg
+from psycopg import errors as pg_errors
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
 from ..verbs import Calls, GatesRead
@@ -126,13 +127,17 @@ class Batch:
         return [query.mogrify(form.execute, params)
                 for form, (_, _, params) in zip(forms, calls, strict=True)]  # fmt: skip
 
-    def run(self, calls: Sequence[Call]) -> list[tuple[list[Row], int]]:
+    def run(self, calls: Sequence[Call], head: Sequence[str] = ()) -> list[tuple[list[Row], int]]:
         """Each call's rows (none for a statement that returns none) and the rows it
-        changed, in order. The statements run on their generic plans (``_GENERIC``)."""
+        changed, in order. The statements run on their generic plans (``_GENERIC``).
+        ``head``: statements sent first in the same query, their results left out (a
+        transaction's opening, ``PostgresTx.opening``)."""
         if not calls:
             return []
         with psycopg.ClientCursor(self.conn) as query:
-            query.execute(";\n".join([_GENERIC, *self.texts(calls, query), _AUTO]))
+            query.execute(";\n".join([*head, _GENERIC, *self.texts(calls, query), _AUTO]))
+            for _ in head:
+                query.nextset()
             out: list[tuple[list[Row], int]] = []
             while query.nextset():  # the first result is the SET's
                 rows = query.fetchall() if query.description is not None else []
@@ -164,13 +169,15 @@ def _steps_first(tx: PostgresTx) -> list[tuple[str, list[Params]]]:
     return ahead[cut:]
 
 
-def begin_locked(conn: psycopg.Connection[Any], begin: str, run_ids: Sequence[int]) -> None:
-    """``begin`` (the transaction's BEGIN) and ``LOCK_RUNS`` of ``run_ids`` in one query (the
-    lock an ``EXECUTE`` of the statement the session prepared, ``Batch``): a batch's
-    transaction starts with one round trip, not two."""
+def opening(conn: psycopg.Connection[Any], begin: str, run_ids: Sequence[int]) -> list[str]:
+    """A transaction's opening: ``begin`` (its BEGIN) and, with ``run_ids``, their
+    ``LOCK_RUNS`` (an ``EXECUTE`` of the statement the session prepared, ``Batch``), sent
+    with the transaction's first statement (``PostgresTx.opening``)."""
+    if not run_ids:
+        return [begin]
     with psycopg.ClientCursor(conn) as query:
         (text,) = Batch(conn).texts([("LOCK_RUNS", LOCK_RUNS, {"run_ids": list(run_ids)})], query)
-        query.execute(f"{begin};\n{text}")
+    return [begin, text]
 
 
 def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
@@ -183,7 +190,10 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     plans each once per connection. A failed statement skips the COMMIT: the transaction is
     rolled back (``_rollback``)."""
     if not tx.events and not tx.deferred and not tx.ahead:
-        cur.execute("COMMIT")
+        if tx.opening:  # nothing was sent: no transaction to commit
+            tx.opening = []
+        else:
+            cur.execute("COMMIT")
         return
     deferred = _steps_first(tx) + tx.deferred
     events, tx.events, tx.deferred = tx.events, [], []
@@ -203,7 +213,8 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
             assert isinstance(entry, Shaped)
             shaped = entry.shape({"events": events, "now": tx.now})
             parts.append(query.mogrify(_EXECUTE_EVENTS, shaped))
-        query.execute(";\n".join([*parts, "COMMIT"]))
+        head, tx.opening = tx.opening, []
+        query.execute(";\n".join([*head, *parts, "COMMIT"]))
 
 
 class PostgresTx(Tx):
@@ -223,9 +234,38 @@ class PostgresTx(Tx):
         self.pooled = pooled  # behind a transaction pooler: nothing prepared
         # never on a caller's connection (its own rule), never behind a pooler
         self.prepare: bool | None = None if prefix else not pooled
+        # the transaction's BEGIN (and its lock of the runs, ``opening``) not sent yet: they
+        # go in the query of its first statement, so they cost no round trip of their own
+        self.opening: list[str] = []
 
     def execute(self, sql: str, params: Params) -> Cursor:
+        if self.opening:
+            return self._opened(sql, params)
         return self.cur.execute(sql, params, prepare=self.prepare)
+
+    def begin(self) -> None:
+        """Send the opening now (for what uses the cursor itself)."""
+        if self.opening:
+            opening, self.opening = self.opening, []
+            with psycopg.ClientCursor(self.cur.connection) as query:
+                query.execute(";\n".join(opening))
+
+    def _opened(self, sql: str, params: Params) -> Cursor:
+        """The opening and the transaction's first statement in one query (an ``EXECUTE`` of
+        the statement the session prepared, ``Batch``); a statement the server cannot prepare
+        without its values' types goes on its own after the opening."""
+        conn = self.cur.connection
+        query = psycopg.ClientCursor(conn)
+        try:
+            (text,) = Batch(conn).texts([("first", sql, params)], query)
+        except (pg_errors.IndeterminateDatatype, pg_errors.AmbiguousParameter):
+            self.begin()
+            return self.cur.execute(sql, params, prepare=self.prepare)
+        opening, self.opening = self.opening, []
+        query.execute(";\n".join([*opening, text]))
+        for _ in opening:
+            query.nextset()
+        return query
 
     def time(self) -> float:
         if self.now is not None:
@@ -241,7 +281,9 @@ class PostgresTx(Tx):
         if not isinstance(statement, str) or self.prefix or len(each) < 2:
             return super().many(name, each)
         calls = [(name, statement, params) for params in each]
-        return [changed for _, changed in Batch(self.cur.connection, self.pooled).run(calls)]
+        batch = Batch(self.cur.connection, self.pooled)
+        head, self.opening = self.opening, []
+        return [changed for _, changed in batch.run(calls, head)]
 
     def _gates_then(
         self, name: str, params: Params, after: Calls = (), first: Calls = ()
@@ -280,7 +322,8 @@ class PostgresTx(Tx):
         return _sql(self.catalogue, name)
 
     def _batch(self, calls: Sequence[Call]) -> list[list[Row]]:
-        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls)]
+        head, self.opening = self.opening, []
+        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls, head)]
 
 
 def _events_call(events: list[Params], now: float | None) -> Call:
