@@ -17,7 +17,6 @@ from functools import cache
 from typing import Any, ClassVar
 
 import psycopg
-from psycopg import errors as pg_errors
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
 from ..verbs import Calls, GatesRead
@@ -127,17 +126,13 @@ class Batch:
         return [query.mogrify(form.execute, params)
                 for form, (_, _, params) in zip(forms, calls, strict=True)]  # fmt: skip
 
-    def run(self, calls: Sequence[Call], head: Sequence[str] = ()) -> list[tuple[list[Row], int]]:
+    def run(self, calls: Sequence[Call]) -> list[tuple[list[Row], int]]:
         """Each call's rows (none for a statement that returns none) and the rows it
-        changed, in order. The statements run on their generic plans (``_GENERIC``).
-        ``head``: statements sent first in the same query, their results left out (a
-        transaction's opening, ``PostgresTx.opening``)."""
+        changed, in order. The statements run on their generic plans (``_GENERIC``)."""
         if not calls:
             return []
         with psycopg.ClientCursor(self.conn) as query:
-            query.execute(";\n".join([*head, _GENERIC, *self.texts(calls, query), _AUTO]))
-            for _ in head:
-                query.nextset()
+            query.execute(";\n".join([_GENERIC, *self.texts(calls, query), _AUTO]))
             out: list[tuple[list[Row], int]] = []
             while query.nextset():  # the first result is the SET's
                 rows = query.fetchall() if query.description is not None else []
@@ -169,15 +164,13 @@ def _steps_first(tx: PostgresTx) -> list[tuple[str, list[Params]]]:
     return ahead[cut:]
 
 
-def opening(conn: psycopg.Connection[Any], begin: str, run_ids: Sequence[int]) -> list[str]:
-    """A transaction's opening: ``begin`` (its BEGIN) and, with ``run_ids``, their
-    ``LOCK_RUNS`` (an ``EXECUTE`` of the statement the session prepared, ``Batch``), sent
-    with the transaction's first statement (``PostgresTx.opening``)."""
-    if not run_ids:
-        return [begin]
+def begin_locked(conn: psycopg.Connection[Any], begin: str, run_ids: Sequence[int]) -> None:
+    """``begin`` (the transaction's BEGIN) and ``LOCK_RUNS`` of ``run_ids`` in one query (the
+    lock an ``EXECUTE`` of the statement the session prepared, ``Batch``): a batch's
+    transaction starts with one round trip, not two."""
     with psycopg.ClientCursor(conn) as query:
         (text,) = Batch(conn).texts([("LOCK_RUNS", LOCK_RUNS, {"run_ids": list(run_ids)})], query)
-    return [begin, text]
+        query.execute(f"{begin};\n{text}")
 
 
 def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
@@ -190,10 +183,7 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     plans each once per connection. A failed statement skips the COMMIT: the transaction is
     rolled back (``_rollback``)."""
     if not tx.events and not tx.deferred and not tx.ahead:
-        if tx.opening:  # nothing was sent: no transaction to commit
-            tx.opening = []
-        else:
-            cur.execute("COMMIT")
+        cur.execute("COMMIT")
         return
     deferred = _steps_first(tx) + tx.deferred
     events, tx.events, tx.deferred = tx.events, [], []
@@ -213,8 +203,7 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
             assert isinstance(entry, Shaped)
             shaped = entry.shape({"events": events, "now": tx.now})
             parts.append(query.mogrify(_EXECUTE_EVENTS, shaped))
-        head, tx.opening = tx.opening, []
-        query.execute(";\n".join([*head, *parts, "COMMIT"]))
+        query.execute(";\n".join([*parts, "COMMIT"]))
 
 
 class PostgresTx(Tx):
@@ -234,38 +223,9 @@ class PostgresTx(Tx):
         self.pooled = pooled  # behind a transaction pooler: nothing prepared
         # never on a caller's connection (its own rule), never behind a pooler
         self.prepare: bool | None = None if prefix else not pooled
-        # the transaction's BEGIN (and its lock of the runs, ``opening``) not sent yet: they
-        # go in the query of its first statement, so they cost no round trip of their own
-        self.opening: list[str] = []
 
     def execute(self, sql: str, params: Params) -> Cursor:
-        if self.opening:
-            return self._opened(sql, params)
         return self.cur.execute(sql, params, prepare=self.prepare)
-
-    def begin(self) -> None:
-        """Send the opening now (for what uses the cursor itself)."""
-        if self.opening:
-            opening, self.opening = self.opening, []
-            with psycopg.ClientCursor(self.cur.connection) as query:
-                query.execute(";\n".join(opening))
-
-    def _opened(self, sql: str, params: Params) -> Cursor:
-        """The opening and the transaction's first statement in one query (an ``EXECUTE`` of
-        the statement the session prepared, ``Batch``); a statement the server cannot prepare
-        without its values' types goes on its own after the opening."""
-        conn = self.cur.connection
-        query = psycopg.ClientCursor(conn)
-        try:
-            (text,) = Batch(conn).texts([("first", sql, params)], query)
-        except (pg_errors.IndeterminateDatatype, pg_errors.AmbiguousParameter):
-            self.begin()
-            return self.cur.execute(sql, params, prepare=self.prepare)
-        opening, self.opening = self.opening, []
-        query.execute(";\n".join([*opening, text]))
-        for _ in opening:
-            query.nextset()
-        return query
 
     def time(self) -> float:
         if self.now is not None:
@@ -281,9 +241,7 @@ class PostgresTx(Tx):
         if not isinstance(statement, str) or self.prefix or len(each) < 2:
             return super().many(name, each)
         calls = [(name, statement, params) for params in each]
-        batch = Batch(self.cur.connection, self.pooled)
-        head, self.opening = self.opening, []
-        return [changed for _, changed in batch.run(calls, head)]
+        return [changed for _, changed in Batch(self.cur.connection, self.pooled).run(calls)]
 
     def _gates_then(
         self, name: str, params: Params, after: Calls = (), first: Calls = ()
@@ -322,8 +280,7 @@ class PostgresTx(Tx):
         return _sql(self.catalogue, name)
 
     def _batch(self, calls: Sequence[Call]) -> list[list[Row]]:
-        head, self.opening = self.opening, []
-        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls, head)]
+        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls)]
 
 
 def _events_call(events: list[Params], now: float | None) -> Call:
