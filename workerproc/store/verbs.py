@@ -89,7 +89,7 @@ class InTurn(Driver):
     now: float | None
     events: list[Params]  # what the transaction's transitions emitted (``dialect.Tx``)
     ahead: list[tuple[str, list[Params]]]  # gate writes waiting for the gates' next look
-    deferred: list[tuple[str, list[Params]]]  # gate writes waiting for the COMMIT
+    deferred: list[tuple[str, list[Params]]]  # gate writes and totals waiting for the COMMIT
 
     @abc.abstractmethod
     def rows(self, name: str, params: Params) -> list[Row]: ...

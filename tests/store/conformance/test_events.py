@@ -31,6 +31,25 @@ def test_every_transition_writes_one_event_in_commit_order(driver: Driver) -> No
 
 
 @verb("events")
+def test_an_events_text_goes_in_and_comes_out_as_written(driver: Driver) -> None:
+    # quotes, backslashes, braces, commas, a name that reads NULL, non-ASCII: every column of
+    # an event is written as the transition gave it (PostgreSQL sends them as array literals)
+    s = driver.store
+    odd = 'a"b\\c,{d} é'
+    lease = driver.lease(odd)
+    error = 'it said "no" \\ {1,2} NULL é'
+    assert driver.commit(Commit(lease, "fail", reason="gave_up", error=error)).value == "ok"
+    failed = [e for e in s.events(run=lease.run_id) if e.kind == "run.failed"]
+    assert [(e.task, e.attempt, e.data["error"]) for e in failed] == [(odd, 1, error)]
+    names = ["NULL", "x\\"]
+    for name in names:
+        s.start_run(name, state={"k": 'v"\\{,}', "n": None})
+    got = s.events(after=failed[0].id)
+    assert [(e.kind, e.task) for e in got] == [("run.enqueued", n) for n in names]
+    assert all(e.run_id is not None and e.attempt is None for e in got)
+
+
+@verb("events")
 def test_a_consumers_cursor_moves_only_when_it_acknowledges(driver: Driver) -> None:
     s = driver.store
     for task in ("a", "b", "c"):

@@ -42,7 +42,7 @@ from .ops_sql import SNAPSHOT, WATCH_RUN
 from .pooling import Poller, begins, listen_at, pooled, reopen_query, set_local, settings
 from .schema import SCHEMA_VERSION
 from .sql import END_CHANNEL, LOCK_RUNS, NOTIFY_CHANNEL
-from .tx import PostgresTx, commit, forget_prepared
+from .tx import PostgresTx, begin_locked, commit, forget_prepared
 
 T = TypeVar("T")
 Cursor = psycopg.Cursor[Any]
@@ -241,10 +241,13 @@ class PostgresDialect(Dialect):
                         done = True
                         return result
                 with conn.cursor() as cur:
-                    cur.execute(self._begin[mode])
+                    if not lock or self.pooled:
+                        cur.execute(self._begin[mode])
                     try:
-                        if lock:
-                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=not self.pooled)
+                        if lock and not self.pooled:  # BEGIN and the lock: one round trip
+                            begin_locked(conn, self._begin[mode], lock)
+                        elif lock:
+                            cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=False)
                         tx = PostgresTx(cur, self._now_param(), pooled=self.pooled)
                         result = fn(tx)
                         done = True

@@ -8,7 +8,6 @@ statements at each call."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -155,17 +154,30 @@ release_key = Shaped(lambda prefix: _qualified(o._RELEASE_KEY, prefix), lambda p
 
 
 def _insert_events_shape(params: Params) -> Params:
-    """The transaction's events (``protocol.events``) as one JSON array of rows (their data
-    is JSON text already: it goes in as it is)."""
-    rows = ",".join(
-        f"[{_json(x['run_id'])},{_json(x['kind'])},{_json(x['task'])},{_json(x['attempt'])},"
-        f"{x['data']}]"
-        for x in params["events"]
-    )
-    return {"events": f"[{rows}]", "now": params["now"]}
+    """The transaction's events (``protocol.events``) as one array literal per column (their
+    data is JSON text already: it goes in as it is). Written here as text: the driver's own
+    arrays cost the client three times the CPU of the whole statement's values."""
+    events = params["events"]
+    return {
+        "run_ids": _array([x["run_id"] for x in events]),
+        "kinds": _array([x["kind"] for x in events]),
+        "tasks": _array([x["task"] for x in events]),
+        "attempts": _array([x["attempt"] for x in events]),
+        "datas": _array([x["data"] for x in events]),
+        "now": params["now"],
+    }
 
 
-_json = json.JSONEncoder(ensure_ascii=False).encode
+def _array(values: list[object]) -> str:
+    """A PostgreSQL array literal of ``values`` (None: NULL; every other value quoted, its
+    backslashes and double quotes escaped), for a ``::type[]`` cast."""
+    return "{" + ",".join([_element(v) for v in values]) + "}"
+
+
+def _element(value: object) -> str:
+    if value is None:
+        return "NULL"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 # on the caller's connection too (transactional enqueue), so its names take the prefix

@@ -23,21 +23,32 @@ from ..driver import Opened, by_line
 from ..verbs import Calls, GatesRead
 from . import gates_sql as g
 from .ops_sql import NOW
+from .sql import LOCK_RUNS
 from .steps import CATALOGUE
 
 Cursor = psycopg.Cursor[Any]
 
 
+# ``INSERT_EVENTS``'s values, in the order of the session's prepared statement, and their types
+_EVENTS_VALUES = (("run_ids", "bigint[]"), ("kinds", "text[]"), ("tasks", "text[]"),
+                  ("attempts", "int[]"), ("datas", "text[]"), ("now", "float8"))  # fmt: skip
+
+
 def _insert_events_prepared() -> str:
-    """``INSERT_EVENTS`` as a prepared statement of the session (its two values as $1, $2)."""
+    """``INSERT_EVENTS`` as a prepared statement of the session (its values as $1 ... $6)."""
     entry = CATALOGUE["INSERT_EVENTS"]
     assert isinstance(entry, Shaped)
-    text = entry.statement("").replace("%(events)s", "$1").replace("%(now)s", "$2")
-    return f"PREPARE {_EVENTS_STATEMENT} (text, float8) AS {text}"
+    text = entry.statement("")
+    for k, (name, _) in enumerate(_EVENTS_VALUES, start=1):
+        text = text.replace(f"%({name})s", f"${k}")
+    types = ", ".join(kind for _, kind in _EVENTS_VALUES)
+    return f"PREPARE {_EVENTS_STATEMENT} ({types}) AS {text}"
 
 
-_EVENTS_STATEMENT = "leasekeeper_insert_events"
+_EVENTS_STATEMENT = "leasekeeper_insert_events_columns"
 _PREPARE_EVENTS = _insert_events_prepared()
+_EXECUTE_EVENTS = (f"EXECUTE {_EVENTS_STATEMENT} "
+                   f"({', '.join(f'%({name})s' for name, _ in _EVENTS_VALUES)})")  # fmt: skip
 # the connections whose session holds that statement (prepared once per connection; a
 # connection that is replaced takes its own with it, and a rollback may too: forget_prepared)
 _events_prepared: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
@@ -155,6 +166,15 @@ def _steps_first(tx: PostgresTx) -> list[tuple[str, list[Params]]]:
     return ahead[cut:]
 
 
+def begin_locked(conn: psycopg.Connection[Any], begin: str, run_ids: Sequence[int]) -> None:
+    """``begin`` (the transaction's BEGIN) and ``LOCK_RUNS`` of ``run_ids`` in one query (the
+    lock an ``EXECUTE`` of the statement the session prepared, ``Batch``): a batch's
+    transaction starts with one round trip, not two."""
+    with psycopg.ClientCursor(conn) as query:
+        (text,) = Batch(conn).texts([("LOCK_RUNS", LOCK_RUNS, {"run_ids": list(run_ids)})], query)
+        query.execute(f"{begin};\n{text}")
+
+
 def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     """COMMIT, with what waits for it written in the same round trip, just before it: the
     gate writes held back (``Tx.settle_gates`` and its kind: a commit's settling when no
@@ -184,8 +204,7 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
             entry = CATALOGUE["INSERT_EVENTS"]
             assert isinstance(entry, Shaped)
             shaped = entry.shape({"events": events, "now": tx.now})
-            parts.append(query.mogrify(f"EXECUTE {_EVENTS_STATEMENT} (%(events)s, %(now)s)",
-                                       shaped))  # fmt: skip
+            parts.append(query.mogrify(_EXECUTE_EVENTS, shaped))
         query.execute(";\n".join([*parts, "COMMIT"]))
 
 

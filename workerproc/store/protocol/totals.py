@@ -3,8 +3,10 @@ costs the same beside ten million of them as beside a thousand.
 
 Every statement that ends a run (a finish, a failure, an exhausted claim, a cancel, the ack of a
 run's last task), gives one back (a retry) or deletes one (prune) is followed, in the same
-transaction, by ``counted``: one ``COUNT_ENDED`` per queue and status it changed. A backend
-keeps several rows (shards) per queue and status and a writer picks one at random, so two
+transaction, by ``counted``: one ``COUNT_ENDED`` per queue and status it changed, held back
+to the COMMIT with the transaction's other deferred writes (``Tx.deferred``): PostgreSQL sends
+them in the COMMIT's round trip, and a total's row is locked from there to the COMMIT only.
+A backend keeps several rows (shards) per queue and status and a writer picks one at random, so two
 writers of the same queue seldom wait on one row; ``RUN_TOTALS`` sums them.
 """
 
@@ -25,9 +27,10 @@ def counted(tx: Tx, changes: Iterable[tuple[str, str, int]]) -> None:
     for queue, status, n in changes:
         summed[(queue, status)] += n
     shard = random.randrange(SHARDS)
-    for (queue, status), n in sorted(summed.items()):
-        if n:
-            tx.count("COUNT_ENDED", {"queue": queue, "status": status, "n": n, "shard": shard})
+    each = [{"queue": queue, "status": status, "n": n, "shard": shard}
+            for (queue, status), n in sorted(summed.items()) if n]  # fmt: skip
+    if each:  # held back to the COMMIT (a dialect may send it in the COMMIT's round trip)
+        tx.deferred.append(("COUNT_ENDED", each))
 
 
 def ended(tx: Tx, queue: str, status: str) -> None:

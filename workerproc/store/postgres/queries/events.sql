@@ -11,14 +11,16 @@
 -- largest: a number handed out later is larger than every one seen before.
 
 -- name: INSERT_EVENTS
--- the events of one transaction, in one statement, in the order they were emitted, sent as one
--- JSON array of [run_id, kind, task, attempt, data] (one text value: cheap to send however the
--- driver binds it); ``{s}``: the schema prefix on a caller's own connection, as
--- ``ops_sql._INSERT_RUNS``
+-- the events of one transaction, in one statement, in the order they were emitted, sent as
+-- one array per column (each event's data is JSON text already: parsed once, as it is stored;
+-- sent as one JSON array of rows, every ``->>`` of a json value lexed its row's text again);
+-- ``{s}``: the schema prefix on a caller's own connection, as ``ops_sql._INSERT_RUNS``
 INSERT INTO {s}events (at, run_id, kind, task, attempt, data)
     SELECT coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8),
-        (e.v->>0)::bigint, e.v->>1, e.v->>2, (e.v->>3)::int, e.v->4
-    FROM json_array_elements(%(events)s::json) WITH ORDINALITY AS e(v, n)
+        e.run_id, e.kind, e.task, e.attempt, e.data::json
+    FROM unnest(%(run_ids)s::bigint[], %(kinds)s::text[], %(tasks)s::text[],
+                %(attempts)s::int[], %(datas)s::text[])
+        WITH ORDINALITY AS e(run_id, kind, task, attempt, data, n)
     ORDER BY e.n
 
 -- name: TAKEN_FROM
