@@ -215,13 +215,19 @@ class Deliverer:
         # where the last commit left it (past a dead letter, say), and the failures of the
         # event after it: none if the position has moved past it since (a lost commit's)
         start, carry = standing(hook.position, state)
+        # events after it the last commit's window had acknowledged already: not sent again
+        acked = state.pop("acked", None)
+        done = frozenset(i for i in acked if isinstance(i, int) and i > start) if isinstance(
+            acked, list) else frozenset()  # fmt: skip
         mover = _Mover(store, ctx, hook.position)
         mover.move(start)  # (a commit's position the webhook's row has not had yet)
-        run = _Run(self, ctx, store, hook, mover, Window(start, WINDOW), state, carry)
+        run = _Run(self, ctx, store, hook, mover, Window(start, WINDOW), state, carry, done)
         parked = run.loop()
         window = run.window
         cursor = window.cursor()  # (past a dead letter: committed first, moved by the next)
         state["cursor"] = cursor
+        if window.acked_after(cursor):
+            state["acked"] = window.acked_after(cursor)
         failures = window.failures_after(cursor)
         state["failures"] = carry if failures is None and cursor == start else failures or 0
         if parked:
@@ -270,10 +276,11 @@ class _Run:
 
     def __init__(
         self, owner: Deliverer, ctx: TaskContext, store: WorkerStore, hook: Webhook,
-        mover: _Mover, window: Window, state: dict[str, Any], carry: int,
+        mover: _Mover, window: Window, state: dict[str, Any], carry: int, done: frozenset[int],
     ) -> None:  # fmt: skip
         self.owner, self.ctx, self.store, self.hook = owner, ctx, store, hook
         self.mover, self.window, self.state, self.carry = mover, window, state, carry
+        self.done = done
         self.answers: queue.SimpleQueue[tuple[Slot, Any]] = queue.SimpleQueue()
         self.senders = owner._senders()
         self._post = owner._post
@@ -298,7 +305,7 @@ class _Run:
                     # while the users are idle, and no read scans them again)
                     batch = store.events(after=window.read_to, limit=BATCH, system=True)
                     ended = len(batch) < BATCH
-                    window.add(batch, self.hook.takes, self.carry)
+                    window.add(batch, self.hook.takes, self.carry, self.done)
                 self._send()
             if window.in_flight:
                 self._settle()

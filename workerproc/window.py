@@ -51,6 +51,7 @@ class Window:
     _slots: deque[Slot] = field(default_factory=deque)
     _open: int = 0  # events sent (in flight, acknowledged, failed, dead) above the position
     _flight: int = 0
+    _carried: bool = False  # the first event still to send was given its carried failures
 
     @property
     def read_to(self) -> int:
@@ -68,15 +69,21 @@ class Window:
     def __len__(self) -> int:
         return len(self._slots)
 
-    def add(self, events: Iterable[Event], takes: Callable[[Event], bool], carry: int = 0) -> None:
-        """Events read after ``read_to``; the first one wanted after the position starts with
-        ``carry`` failures (the count a commit kept for the event after its cursor)."""
-        first = not any(s.status != PASSED for s in self._slots)
+    def add(
+        self, events: Iterable[Event], takes: Callable[[Event], bool], carry: int = 0,
+        done: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
+        """Events read after ``read_to``; those in ``done`` were acknowledged already (by an
+        execution whose commit kept them: not sent again); the first one still to send starts
+        with ``carry`` failures (the count a commit kept for the event after its cursor)."""
         for event in events:
             wanted = takes(event)
             slot = Slot(event, WAITING if wanted else PASSED)
-            if wanted and first:
-                slot.failures, first = carry, False
+            if wanted and event.id in done:
+                slot.status = ACKED
+                self._open += 1
+            elif wanted and not self._carried:
+                slot.failures, self._carried = carry, True
             self._slots.append(slot)
 
     def waiting(self) -> bool:
@@ -89,17 +96,17 @@ class Window:
         return min(dues) if dues else None
 
     def sendable(self, now: float) -> Iterator[Slot]:
-        """The slots that may go now, in table order: the first unfinished event of its run (a
-        failed one once its moment came), while the window has room."""
+        """The slots that may go now, in table order: the first unfinished event of its run, a
+        new one while the window has room, a failed one once its moment came."""
         busy: set[int | None] = set()  # (events of no run: one after another too)
         for slot in self._slots:
-            if self.full:
-                return
             run = slot.event.run_id
             if slot.status in (PASSED, ACKED) or run in busy:
                 continue
             busy.add(run)  # (its later events wait for this one)
-            if slot.status == WAITING or (slot.status == FAILED and slot.due <= now):
+            if slot.status == FAILED and slot.due <= now:
+                yield slot  # (open already: a try again takes no room)
+            elif slot.status == WAITING and not self.full:
                 yield slot
 
     def sent(self, slot: Slot) -> None:
@@ -144,10 +151,15 @@ class Window:
             cursor = slot.event.id
         return cursor
 
+    def acked_after(self, cursor: int) -> list[int]:
+        """The acknowledged events after ``cursor`` (behind one still unacknowledged: at most
+        ``size``), which a commit keeps so the next execution does not send them again."""
+        return [s.event.id for s in self._slots if s.status == ACKED and s.event.id > cursor]
+
     def failures_after(self, cursor: int) -> int | None:
         """The failures in a row of the first wanted event after ``cursor`` (None: none read)."""
         for slot in self._slots:
-            if slot.event.id > cursor and slot.status != PASSED:
+            if slot.event.id > cursor and slot.status not in _DEALT:
                 return slot.failures
         return None
 
