@@ -3,12 +3,14 @@
 
 Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
 other, reads the users' events after the webhook's position (in commit order) and POSTs each
-one its webhook wants, signed (``workerproc.webhooks``), one at a time, each within one
-deadline over the whole POST and reading at most 64 KiB of the answer (``workerproc.posting``).
-Each POST its receiver acknowledges moves the position past it at once, in one small write under
-the lease's fence (``move_webhook``; events passed over move with it, or before the delivery
-holds on or ends), so a fault re-sends at most the POST in flight. The execution ends with one
-fenced commit of the run's state (the failures in a row, the last error, the dead letters):
+one its webhook wants, signed (``workerproc.webhooks``), through a window (``workerproc.window``):
+up to ``WINDOW`` events open at once across runs, a run's events one at a time in table order,
+each POST on a sender thread within one deadline over the whole POST and reading at most
+64 KiB of the answer (``workerproc.posting``). After each round of answers the position moves
+to the contiguous acknowledged event, in one small write under the lease's fence
+(``move_webhook``; events passed over move with it), so a fault re-sends at most ``WINDOW``
+events. The execution ends with one fenced commit of the run's state (the failures in a row,
+the last error, the dead letters, the events acknowledged behind a gap as ``acked``):
 
 - all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
   commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
@@ -16,15 +18,16 @@ fenced commit of the run's state (the failures in a row, the last error, the dea
 - more to read (a full batch, ``BUDGET`` seconds spent, or a dead letter just kept): the next
   task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
-  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
-  under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
+  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter), its run's later events waiting
+  for it (other runs' go on while the window has room): in place while the backoff is under
+  ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
   after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
   newest ``MAX_DEAD``, committed with a position past it in the state's ``cursor``, which the
   next execution moves the webhook's to first) and delivery goes on after it.
 
 A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
 there) and its successor starts again from the last position moved: every event is delivered
-at least once, in event order, so in order per run; a receiver deduplicates by the ``id`` of
+at least once, each run's in event order; a receiver deduplicates by the ``id`` of
 the body it verified (the signature covers the body; no unsigned header repeats the id). The
 system's own runs' events are never delivered: they are read and passed over like the kinds a
 webhook does not want, so its position keeps up with them.
@@ -88,9 +91,9 @@ IDLE = 1.0  # seconds a delivery waits for an answer at most before it looks aga
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
-# A worker's delivery lane: deliveries it runs at once, each on a thread of its own,
-# beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
-# delivery run is serial), so no receiver, however slow, holds up a user's run.
+# A worker's delivery lane: deliveries it runs at once, each on a thread of its own (with its
+# window's senders), beside --concurrency and never counted against it (a webhook's deliveries
+# never overlap: its delivery run is serial), so no receiver, however slow, holds up a user's run.
 LANE = 2
 
 
