@@ -61,7 +61,7 @@ from .store.webhooks import (
     standing,
 )
 from .webhooks import HEADER, signature_header
-from .window import WINDOW, Senders, Slot, Window
+from .window import FAILED, WINDOW, Senders, Slot, Window
 
 log = logging.getLogger("workerproc.delivery")
 _delivering = threading.local()  # set on a thread while it delivers
@@ -296,7 +296,14 @@ class _Run:
         token = store.change_token()
         ended = False  # the last read reached the end of the table (as the token stood then)
         while True:
-            closing = self.stop or time.monotonic() >= self.deadline
+            now = time.monotonic()
+            closing = self.stop or now >= self.deadline
+            # past the budget, a failed event already open is still tried again in place for up
+            # to one more budget (nothing new is sent): its run waits for it, and a commit
+            # cut between two short tries would count it as failing (what --drain stops on)
+            grace = not self.stop and now < self.deadline + BUDGET
+            if closing and grace:
+                self._send(retries=True)
             if not closing:
                 if (
                     len(window) < BATCH
@@ -314,11 +321,12 @@ class _Run:
                 self._settle()
                 continue
             self._move()
-            if closing or self.stop:
-                return False
             due = window.next_due()
+            if self.stop or (closing and (due is None or not grace)):
+                return False
             if due is not None:  # a failure tried again in place, soon
-                time.sleep(max(0.0, min(due, self.deadline) - time.monotonic()))
+                until = self.deadline + (BUDGET if closing else 0.0)
+                time.sleep(max(0.0, min(due, until) - time.monotonic()))
                 continue
             if window.waiting() or not ended:
                 continue
@@ -326,11 +334,14 @@ class _Run:
             if not self.owner._hold(store, token, self.deadline):
                 return True  # caught up, and nothing came while it held on: park
 
-    def _send(self) -> None:
-        """Send every event the window lets go now (none once the lease went stale by the
-        local clock, or the worker stops: the commit decides)."""
+    def _send(self, retries: bool = False) -> None:
+        """Send every event the window lets go now (with ``retries``, only failed ones tried
+        again; none once the lease went stale by the local clock, or the worker stops: the
+        commit decides)."""
         window, hook = self.window, self.hook
         for slot in window.sendable(time.monotonic()):
+            if retries and slot.status != FAILED:
+                continue
             if not self.mover.fresh() or self.owner._stopping():
                 self.stop = True
                 return
@@ -370,7 +381,8 @@ class _Run:
         delay = backoff(slot.failures, retry.backoff, retry.backoff_max)
         now = time.monotonic()
         self.window.failed(slot, now + delay)
-        if delay > INLINE_RETRY or now + delay >= self.deadline or self.owner._stopping():
+        limit = self.deadline + BUDGET  # (past the budget, a try again in place has a grace)
+        if delay > INLINE_RETRY or now + delay >= limit or self.owner._stopping():
             self.retry_in = delay if self.retry_in is None else min(self.retry_in, delay)
             self.stop = True  # tried again after that long, by a new task
 
