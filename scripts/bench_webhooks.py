@@ -7,8 +7,8 @@ SQLite and PostgreSQL:
 (b) trickle: one run every 50 ms into an idle pool: from each ``run.succeeded`` event's commit
     to its receipt (p50 / p99): the parked delivery woken by the waker, claimed and POSTed;
 (c) catch-up: M runs succeeded first, then a webhook added over them (``--after 0``): the
-    deliveries per second with nothing else running (each acknowledged POST moves the
-    position: one small fenced commit each).
+    deliveries per second with nothing else running (up to 8 POSTs in flight; each round of
+    answers moves the position: one small fenced commit).
 
     scripts/bench webhooks [--quick] [--runs 2000] [--trickle 60]
         [--postgres URL|'']

@@ -3,12 +3,14 @@
 
 Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
 other, reads the users' events after the webhook's position (in commit order) and POSTs each
-one its webhook wants, signed (``workerproc.webhooks``), one at a time, each within one
-deadline over the whole POST and reading at most 64 KiB of the answer (``workerproc.posting``).
-Each POST its receiver acknowledges moves the position past it at once, in one small write under
-the lease's fence (``move_webhook``; events passed over move with it, or before the delivery
-holds on or ends), so a fault re-sends at most the POST in flight. The execution ends with one
-fenced commit of the run's state (the failures in a row, the last error, the dead letters):
+one its webhook wants, signed (``workerproc.webhooks``), through a window (``workerproc.window``):
+up to ``WINDOW`` events open at once across runs, a run's events one at a time in table order,
+each POST on a sender thread within one deadline over the whole POST and reading at most
+64 KiB of the answer (``workerproc.posting``). After each round of answers the position moves
+to the contiguous acknowledged event, in one small write under the lease's fence
+(``move_webhook``; events passed over move with it), so a fault re-sends at most ``WINDOW``
+events. The execution ends with one fenced commit of the run's state (the failures in a row,
+the last error, the dead letters, the events acknowledged behind a gap as ``acked``):
 
 - all delivered and nothing more to read, even after holding on ``HOLD`` seconds for the next
   commit: the run *parks* (``wait_for(WAKE_SIGNAL)``, holding no lease and no slot) until the
@@ -16,15 +18,16 @@ fenced commit of the run's state (the failures in a row, the last error, the dea
 - more to read (a full batch, ``BUDGET`` seconds spent, or a dead letter just kept): the next
   task is due at once;
 - a delivery failed: the same event is tried again after a backoff that doubles from the
-  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter): in place while the backoff is
-  under ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
+  webhook's ``backoff`` to its ``backoff_max`` (±25 % jitter), its run's later events waiting
+  for it (other runs' go on while the window has room): in place while the backoff is under
+  ``INLINE_RETRY`` seconds, else by a new task due then (the failure count committed);
   after ``max_failures`` failures in a row the event is a dead letter (kept in the state, the
   newest ``MAX_DEAD``, committed with a position past it in the state's ``cursor``, which the
   next execution moves the webhook's to first) and delivery goes on after it.
 
 A delivery whose lease was taken over (a zombie) moves nothing (its move is refused: it stops
 there) and its successor starts again from the last position moved: every event is delivered
-at least once, in event order, so in order per run; a receiver deduplicates by the ``id`` of
+at least once, each run's in event order; a receiver deduplicates by the ``id`` of
 the body it verified (the signature covers the body; no unsigned header repeats the id). The
 system's own runs' events are never delivered: they are read and passed over like the kinds a
 webhook does not want, so its position keeps up with them.
@@ -35,10 +38,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import queue
 import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from . import __version__
@@ -56,6 +61,7 @@ from .store.webhooks import (
     standing,
 )
 from .webhooks import HEADER, signature_header
+from .window import FAILED, WINDOW, Senders, Slot, Window
 
 log = logging.getLogger("workerproc.delivery")
 _delivering = threading.local()  # set on a thread while it delivers
@@ -81,13 +87,13 @@ PARK = 120.0  # a parked delivery run looks again after this long, even if nobod
 # (a safety net: the waker wakes it within a second or `courier.QUIET` of an event it wants)
 INLINE_RETRY = 1.0  # a failed POST whose backoff is this short is tried again in place
 HOLD = 0.25  # caught up, an execution waits this long for the next commit before it parks
-DELIVERED, DEAD = "delivered", "dead"  # what became of one event (else: the delay to try again)
+IDLE = 1.0  # seconds a delivery waits for an answer at most before it looks again
 _encode = json.JSONEncoder(separators=(",", ":"), sort_keys=True).encode
 
 
-# A worker's delivery lane: deliveries it runs at once, each on a thread of its own,
-# beside --concurrency and never counted against it (a webhook's deliveries never overlap: its
-# delivery run is serial), so no receiver, however slow, holds up a user's run.
+# A worker's delivery lane: deliveries it runs at once, each on a thread of its own (with its
+# window's senders), beside --concurrency and never counted against it (a webhook's deliveries
+# never overlap: its delivery run is serial), so no receiver, however slow, holds up a user's run.
 LANE = 2
 
 
@@ -128,9 +134,10 @@ class _Mover:
         self.position = position  # where the webhook's row stands, as far as this one knows
         self._delivered = 0  # acknowledged POSTs not counted on the row yet
 
-    def delivered(self, position: int) -> None:
-        """A POST up to ``position`` was acknowledged: the position moves past it now."""
-        self._delivered += 1
+    def delivered(self, position: int, acked: int) -> None:
+        """Every event up to ``position`` was dealt with, ``acked`` more POSTs acknowledged
+        among them: the position moves there now."""
+        self._delivered += acked
         self.move(position)
 
     def fresh(self) -> bool:
@@ -176,14 +183,6 @@ class Deliverer:
         finally:
             _delivering.on = False
 
-    def _client(self) -> Poster:
-        """This thread's POSTs: its HTTP client, kept (making one costs a TLS context: 0.2 s
-        here); each POST carries its webhook's deadline (``posting``)."""
-        poster: Poster | None = getattr(self._stores, "poster", None)
-        if poster is None:
-            poster = self._stores.poster = Poster(self._new_client())
-        return poster
-
     @staticmethod
     def _new_client() -> Any:
         try:
@@ -193,6 +192,18 @@ class Deliverer:
                 "webhook delivery needs httpx2: pip install 'leasekeeper[webhooks]'"
             ) from None
         return httpx2.Client(follow_redirects=False)
+
+    def _senders(self) -> Senders:
+        """This lane thread's senders (kept, with their clients: making one costs a TLS
+        context, 0.2 s here): each POSTs one event at a time, with its webhook's deadline."""
+        senders: Senders | None = getattr(self._stores, "senders", None)
+        if senders is None:
+            senders = self._stores.senders = Senders(self._new_poster, WINDOW)
+        return senders
+
+    def _new_poster(self) -> Poster:
+        _delivering.on = True  # (a sender thread only ever delivers)
+        return Poster(self._new_client())
 
     def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
         payload = ctx.payload
@@ -206,54 +217,26 @@ class Deliverer:
             state.pop(moved, None)
         # where the last commit left it (past a dead letter, say), and the failures of the
         # event after it: none if the position has moved past it since (a lost commit's)
-        position, state["failures"] = standing(hook.position, state)
+        start, carry = standing(hook.position, state)
+        # events after it the last commit's window had acknowledged already: not sent again
+        acked = state.pop("acked", None)
+        done = frozenset(i for i in acked if isinstance(i, int) and i > start) if isinstance(
+            acked, list) else frozenset()  # fmt: skip
         mover = _Mover(store, ctx, hook.position)
-        mover.move(position)  # (a commit's position the webhook's row has not had yet)
-        deadline = time.monotonic() + BUDGET
-        retry_in: float | None = None  # a failure to try again after this long (a new task)
-        busy = False  # the last look found events to send, or a full batch: maybe more
-        stop = False  # a failure, a dead letter kept, a lease gone stale: commit, then on
-        dead = False  # a dead letter kept: its position moves once it is committed
-        while not stop and time.monotonic() < deadline:
-            token = store.change_token()
-            # (the system's events too: read past, so the position keeps up with them while
-            # the users are idle, and no read scans them again)
-            batch = store.events(after=position, limit=BATCH, system=True)
-            busy = len(batch) == BATCH
-            for event in batch:
-                if hook.takes(event):
-                    busy = True
-                    if not mover.fresh() or self._stopping():
-                        stop = True  # (a pause past the ttl: the commit decides; a stop)
-                        break
-                    # (the client only once there is something to POST: a parked run that
-                    # looks again after its timeout imports no HTTP stack for nothing)
-                    outcome = self._one(ctx, self._client(), hook, event, state, deadline)
-                    if outcome == DEAD:  # committed with the state first, then moved
-                        mover.move(position)  # (what came before it, first)
-                        position, dead, stop = event.id, True, True
-                        break
-                    if outcome != DELIVERED:  # tried again after this long, by a new task
-                        retry_in, stop = float(outcome), True
-                        break
-                    position = event.id
-                    mover.delivered(position)
-                else:
-                    position = event.id  # passed over (unwanted, or the system's): moved later
-                if time.monotonic() >= deadline:
-                    break
-            if stop or batch:
-                continue  # read on: the end of the table is what says "caught up"
-            mover.move(position)  # caught up: the webhook's row says so while it holds on
-            if not self._hold(store, token, deadline):
-                break  # caught up, and nothing came while it held on: park
-        if not dead:
-            mover.move(position)
-        state["cursor"] = position
-        if stop or busy:
-            ctx.advance(state, DELIVERY_TASK, payload, retry_in or 0, queue=WEBHOOK_QUEUE)
-        else:
+        mover.move(start)  # (a commit's position the webhook's row has not had yet)
+        run = _Run(self, ctx, store, hook, mover, Window(start, WINDOW), state, carry, done)
+        parked = run.loop()
+        window = run.window
+        cursor = window.cursor()  # (past a dead letter: committed first, moved by the next)
+        state["cursor"] = cursor
+        if window.acked_after(cursor):
+            state["acked"] = window.acked_after(cursor)
+        failures = window.failures_after(cursor)
+        state["failures"] = carry if failures is None and cursor == start else failures or 0
+        if parked:
             ctx.wait_for(WAKE_SIGNAL, DELIVERY_TASK, timeout=PARK, state=state, payload=payload)
+        else:
+            ctx.advance(state, DELIVERY_TASK, payload, run.retry_in or 0, queue=WEBHOOK_QUEUE)
 
     @staticmethod
     def _hold(store: WorkerStore, token: int, deadline: float) -> bool:
@@ -261,31 +244,6 @@ class Deliverer:
         which is cheaper than parking and being woken; whether one came."""
         left = min(HOLD, deadline - time.monotonic())
         return left > 0 and store.wait_change(token, left) != token
-
-    def _one(
-        self, ctx: TaskContext, poster: Poster, hook: Webhook, event: Event, state: dict[str, Any],
-        deadline: float,
-    ) -> str | float:  # fmt: skip
-        """Deliver ``event``, trying again in place while the backoff is short: ``DELIVERED``,
-        ``DEAD`` (given up on: a dead letter, kept in ``state``), else the delay before the
-        next try (the delivery then ends, its state committed, and a new task tries again)."""
-        retry = hook.retry
-        while True:
-            ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
-            error = self._post(poster, hook, event)
-            if error is None:
-                state["failures"] = 0
-                return DELIVERED
-            state["failures"] = failures = int(state["failures"]) + 1
-            state["last_error"] = f"event {event.id}: {error}"
-            if failures >= retry.max_failures:
-                self._dead(state, hook, event, error)
-                state["failures"] = 0
-                return DEAD
-            delay = backoff(failures, retry.backoff, retry.backoff_max)
-            if delay > INLINE_RETRY or time.monotonic() + delay >= deadline or self._stopping():
-                return delay
-            time.sleep(delay)
 
     @staticmethod
     def _post(poster: Poster, hook: Webhook, event: Event) -> str | None:
@@ -310,3 +268,125 @@ class Deliverer:
         told(log, "webhook_dead_letter", f"webhook {hook.name!r} gave up on event {event.id} "
              f"({event.kind}) after {hook.retry.max_failures} failures: {error}",
              level=logging.WARNING, webhook=hook.name, event_id=event.id)  # fmt: skip
+
+
+class _Run:
+    """One delivery execution's loop: read the events after the position, send what the window
+    lets go (``Window``: each run's events one at a time, in table order, at most ``WINDOW``
+    open), settle the answers as they come (a failure tried again after its backoff, in place
+    while short, else the execution ends; a dead letter ends it too) and move the position
+    after each settled round. Whether it ended parked (caught up, nothing came while it held)."""
+
+    def __init__(
+        self, owner: Deliverer, ctx: TaskContext, store: WorkerStore, hook: Webhook,
+        mover: _Mover, window: Window, state: dict[str, Any], carry: int, done: frozenset[int],
+    ) -> None:  # fmt: skip
+        self.owner, self.ctx, self.store, self.hook = owner, ctx, store, hook
+        self.mover, self.window, self.state, self.carry = mover, window, state, carry
+        self.done = done
+        self.answers: queue.SimpleQueue[tuple[Slot, Any]] = queue.SimpleQueue()
+        self.senders = owner._senders()
+        self._post = owner._post
+        self.deadline = time.monotonic() + BUDGET
+        self.retry_in: float | None = None  # a failure to try again after this long (a new task)
+        self.stop = False  # a long backoff, a dead letter, a lease gone stale, a stop: commit
+
+    def loop(self) -> bool:
+        store, window = self.store, self.window
+        token = store.change_token()
+        ended = False  # the last read reached the end of the table (as the token stood then)
+        while True:
+            now = time.monotonic()
+            closing = self.stop or now >= self.deadline
+            # past the budget, a failed event already open is still tried again in place for up
+            # to one more budget (nothing new is sent): its run waits for it, and a commit
+            # cut between two short tries would count it as failing (what --drain stops on)
+            grace = not self.stop and now < self.deadline + BUDGET
+            if closing and grace:
+                self._send(retries=True)
+            if not closing:
+                if (
+                    len(window) < BATCH
+                    and not window.full
+                    and (not ended or store.change_token() != token)
+                ):
+                    token = store.change_token()
+                    # (the system's events too: read past, so the position keeps up with them
+                    # while the users are idle, and no read scans them again)
+                    batch = store.events(after=window.read_to, limit=BATCH, system=True)
+                    ended = len(batch) < BATCH
+                    window.add(batch, self.hook.takes, self.carry, self.done)
+                self._send()
+            if window.in_flight:
+                self._settle()
+                continue
+            self._move()
+            due = window.next_due()
+            if self.stop or (closing and (due is None or not grace)):
+                return False
+            if due is not None:  # a failure tried again in place, soon
+                until = self.deadline + (BUDGET if closing else 0.0)
+                time.sleep(max(0.0, min(due, until) - time.monotonic()))
+                continue
+            if window.waiting() or not ended:
+                continue
+            # caught up: the webhook's row says so while it holds on (done by _move)
+            if not self.owner._hold(store, token, self.deadline):
+                return True  # caught up, and nothing came while it held on: park
+
+    def _send(self, retries: bool = False) -> None:
+        """Send every event the window lets go now (with ``retries``, only failed ones tried
+        again; none once the lease went stale by the local clock, or the worker stops: the
+        commit decides)."""
+        window, hook = self.window, self.hook
+        for slot in window.sendable(time.monotonic()):
+            if retries and slot.status != FAILED:
+                continue
+            if not self.mover.fresh() or self.owner._stopping():
+                self.stop = True
+                return
+            self.ctx.raise_if_lost()  # lost or cancelled: stop here, commit nothing
+            window.sent(slot)
+            post = partial(self._post, hook=hook, event=slot.event)  # (on a sender, its poster)
+            self.senders.submit(post, self.answers, slot)
+
+    def _settle(self) -> None:
+        """Wait for the next answer (until a failure's retry is due, at most ``IDLE`` s: every
+        POST answers by its deadline), take every answer that came, move the position."""
+        due = self.window.next_due()
+        wait = IDLE if due is None else max(0.0, min(IDLE, due - time.monotonic()))
+        try:
+            got = [self.answers.get(timeout=wait)]
+        except queue.Empty:
+            return
+        with contextlib.suppress(queue.Empty):
+            while True:
+                got.append(self.answers.get_nowait())
+        for slot, error in got:
+            if error is None:
+                self.window.acked(slot)
+            else:
+                self._failed(slot, str(error))
+        self._move()
+
+    def _failed(self, slot: Slot, error: str) -> None:
+        hook, event, retry = self.hook, slot.event, self.hook.retry
+        slot.failures += 1
+        self.state["last_error"] = f"event {event.id}: {error}"
+        if slot.failures >= retry.max_failures:
+            Deliverer._dead(self.state, hook, event, error)
+            self.window.dead(slot)  # (its run's later events wait for the next execution)
+            self.stop = True
+            return
+        delay = backoff(slot.failures, retry.backoff, retry.backoff_max)
+        now = time.monotonic()
+        self.window.failed(slot, now + delay)
+        limit = self.deadline + BUDGET  # (past the budget, a try again in place has a grace)
+        if delay > INLINE_RETRY or now + delay >= limit or self.owner._stopping():
+            self.retry_in = delay if self.retry_in is None else min(self.retry_in, delay)
+            self.stop = True  # tried again after that long, by a new task
+
+    def _move(self) -> None:
+        position, acked = self.window.advance()
+        if acked or position > self.mover.position:
+            self.mover.delivered(position, acked)

@@ -147,7 +147,8 @@ def test_events_are_delivered_signed_in_order_and_the_delivery_parks(
         runs = [store.start_run("noop") for _ in range(5)]
     run_until(backend.url, lambda: len(receiver.accepted()) >= 5 and parked(backend.url))
     got = receiver.all()
-    assert [d.event["run_id"] for d in got] == runs, "every run's success, in commit order"
+    # (runs' events interleave in the window; each run's own keep their order: test_window.py)
+    assert sorted(d.event["run_id"] for d in got) == runs, "every run's success, once"
     assert all(d.signed and d.accepted for d in got), "every signature verifies"
     # (the id is in the signed body only; no unsigned header a replay could change)
     assert all(d.event_header is None for d in got)
@@ -273,12 +274,12 @@ def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(
     """Each acknowledged POST moves the position under the lease's fence: a delivery paused past
     its lease between a POST and its move (a zombie) moves nothing, stops at the refusal and
     commits nothing; its successor delivers that event again (at least once) and moves it."""
-    hook = s.add_webhook("z", receiver.url, secret=SECRET, kinds=["run.succeeded"])
-    done = [s.start_run("noop") for _ in range(2)]
-    for _ in done:
-        lease = s.claim("worker-a", 30.0, queues=["default"])
-        assert lease is not None and s.ack(lease)
-    first, second = (e.id for e in s.events(limit=100) if e.kind == "run.succeeded")
+    kinds = ["run.enqueued", "run.succeeded"]  # two events of one run: one POST after the other
+    hook = s.add_webhook("z", receiver.url, secret=SECRET, kinds=kinds)
+    s.start_run("noop")
+    lease = s.claim("worker-a", 30.0, queues=["default"])
+    assert lease is not None and s.ack(lease)
+    first, second = (e.id for e in s.events(limit=100) if e.kind in kinds)
     successor: list[Context] = []
     reached: list[int] = []  # where the successor left the position
 
@@ -295,7 +296,7 @@ def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(
         def _post(self, client: Any, hook: Any, event: Any) -> str | None:
             error = super()._post(client, hook, event)
             if event.id == second and not successor:
-                assert s.webhooks()[0].cursor == first, "the first POST moved it at once"
+                assert first <= s.webhooks()[0].cursor < second, "the first POST moved it at once"
                 clock.advance(11.0)
                 successor.append(execute("worker-b", Deliverer(lambda: s)))
                 reached.append(s.webhooks()[0].cursor)
@@ -329,8 +330,12 @@ def test_failures_left_in_the_state_by_a_lost_commit_are_not_charged_to_the_next
     failure is the first (the first backoff), and it gives up only after ``max_failures``
     POSTs of its own (it gave up after one: "after 4 failures")."""
     retry = RetryNumbers(max_failures=4, backoff=5.0, backoff_max=20.0, timeout=5.0)
-    s.add_webhook("h", receiver.url, secret=SECRET, kinds=["run.enqueued"], retry=retry)
-    first, second = s.start_run("noop"), s.start_run("noop")
+    kinds = ["run.enqueued", "run.succeeded"]  # two events of one run: one POST after the other
+    s.add_webhook("h", receiver.url, secret=SECRET, kinds=kinds, retry=retry)
+    s.start_run("noop")
+    lease = s.claim("worker", 30.0, queues=["default"])
+    assert lease is not None and s.ack(lease)
+    first, second = (e.id for e in s.events(limit=100) if e.kind in kinds)
 
     def execute(owner: str, deliverer: Deliverer | None = None, commit: bool = True) -> None:
         clock.advance(25.0)  # (past the last one's lease and backoff: the next try is due)
@@ -358,7 +363,7 @@ def test_failures_left_in_the_state_by_a_lost_commit_are_not_charged_to_the_next
     receiver.fail_share = 0.0
     execute("dying", Dying(lambda: s), commit=False)
     (info,) = s.webhooks()
-    posts = [d.event["run_id"] for d in receiver.all()]
+    posts = [d.event["id"] for d in receiver.all()]
     assert posts == [first] * 4 + [second] and info.failures == 0
     execute("successor")
     (info,) = s.webhooks()
@@ -366,9 +371,9 @@ def test_failures_left_in_the_state_by_a_lost_commit_are_not_charged_to_the_next
     assert info.next_try_at is not None and info.next_try_at - s.now() <= 5.0 * 1.25
     while not s.webhooks()[0].dead_total:
         execute("successor")
-    posts = [d.event["run_id"] for d in receiver.all()]
+    posts = [d.event["id"] for d in receiver.all()]
     assert posts == [first] * 4 + [second] * 5, "the dying one's POST, then max_failures"
-    assert s.webhooks()[0].dead[0].run_id == second
+    assert s.webhooks()[0].dead[0].event == second
 
 
 def test_a_delivery_woken_past_its_ttl_sends_nothing_more(s: Store, receiver: Receiver) -> None:
@@ -399,7 +404,7 @@ def test_one_execution_reads_batch_after_batch_then_parks(
     (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
     ctx = Context(lease, threading.Event())
     Deliverer(lambda: s).deliver(ctx, s)
-    assert [d.event["run_id"] for d in receiver.all()] == runs
+    assert sorted(d.event["run_id"] for d in receiver.all()) == runs
     assert ctx.commit is not None and ctx.commit.kind == "wait"
     newest = s.last_event_id()  # (the delivery run's own claim: read past too)
     assert ctx.commit.new_state["cursor"] == newest  # type: ignore[index]
@@ -446,7 +451,7 @@ def test_prune_keeps_the_delivery_run_a_webhook_names_so_it_can_be_retried(
     assert s.retry_run(hook.run_id), "retryable: it delivers what it held back"
     (lease,) = s.claim("w", 30.0, limit=1, queues=[WEBHOOK_QUEUE])
     Deliverer(lambda: s).deliver(Context(lease, threading.Event()), s)
-    assert [d.event["run_id"] for d in receiver.all()] == runs
+    assert sorted(d.event["run_id"] for d in receiver.all()) == runs
     s.remove_webhook("cx")  # (its run cancelled with it: nothing names it now)
     clock.advance(7200.0)
     s.prune(3600)
