@@ -8,7 +8,11 @@ accepting connections; nothing is lost (every run the producer handed over succe
 producer retries a batch that failed with the same keys, as a real one would); nothing ran
 twice on a live lease (the handlers' own ledger: no attempt starts after a later one began;
 each run's one step written once); the workers log each incident once (``store_unavailable``,
-then ``store_back``), not once per attempt.
+then ``store_back``), not once per attempt: every worker process alive across the outage logs
+exactly one of each, in that order (``told``). That holds when the outage outlasts the store's
+reconnect (``busy_timeout``, 5 s): every worker then has a call fail (the exchange's in flight,
+or an idle worker's check, its LISTEN connection dropped). A shorter one may be ridden out by a
+reconnect with no call failing: then a worker logs at most one of each, in that order.
 
     scripts/soak --restart [--outage 30] [--rate 200]
 
@@ -35,10 +39,13 @@ import ledger  # noqa: E402 - the tests' judge, shared
 from pg_private import private_server, wait_accepting  # noqa: E402
 from sv_harness import Supervisor  # noqa: E402 - the tests' process harness, shared
 
-from workerproc.store import StoreError, open_store  # noqa: E402
+from workerproc.store import DEFAULT_BUSY_TIMEOUT, StoreError, open_store  # noqa: E402
 
 RECOVERY_GOAL = 2.0  # seconds from the server's return to the pool's first finished run
 BATCH_EVERY = 0.1
+# an outage this long outlasts every reconnect (busy_timeout, retried in the driver's connect):
+# each worker's call in flight or its idle check fails, so each tells the incident
+TOLD_ABOVE = DEFAULT_BUSY_TIMEOUT + 1.0
 
 
 class Producer(threading.Thread):
@@ -94,6 +101,43 @@ def worker_lines(sv: Supervisor) -> list[dict[str, Any]]:
         except ValueError:
             continue
     return out
+
+
+def alive_across(lines: list[dict[str, Any]], down: float, back: float) -> list[int]:
+    """The worker pids started before ``down`` and not exited before ``back`` (wall clock),
+    from the supervisor's own events."""
+    exited = {x.get("worker"): x.get("ts", 0) for x in lines if x.get("event") == "worker_exited"}
+    return [x["worker"] for x in lines if x.get("event") == "worker_started"
+            and x.get("ts", 0) < down and exited.get(x["worker"], float("inf")) > back]  # fmt: skip
+
+
+def told(
+    lines: list[dict[str, Any]], workers: list[int], down: float, back: float, strict: bool
+) -> tuple[dict[int, str], list[str]]:
+    """Each worker's incident lines over the run (``store_unavailable``/``store_back``:
+    ``"1/1"``) and the findings: under ``strict`` every one of ``workers`` logs exactly one of
+    each, the first in the outage (``down`` to ``back``, a second's slack), the second after it
+    began; else at most one of each, a return never without its outage."""
+    findings: list[str] = []
+    seen: dict[int, str] = {}
+    for pid in workers:
+        mine = [x for x in lines if x.get("pid") == pid
+                and x.get("event") in ("store_unavailable", "store_back")]  # fmt: skip
+        gone = [x.get("ts", 0) for x in mine if x["event"] == "store_unavailable"]
+        came = [x.get("ts", 0) for x in mine if x["event"] == "store_back"]
+        seen[pid] = f"{len(gone)}/{len(came)}"
+        if strict and (len(gone), len(came)) != (1, 1):
+            findings.append(f"worker {pid} logged store_unavailable {len(gone)} times and "
+                            f"store_back {len(came)} times (not once each)")  # fmt: skip
+        elif len(gone) > 1 or len(came) > len(gone):
+            findings.append(f"worker {pid}: store_unavailable {len(gone)}, store_back {len(came)}")
+        elif gone and not down - 1 <= gone[0] <= back + 1:
+            findings.append(f"worker {pid} logged store_unavailable outside the outage")
+        elif came and came[0] < gone[0]:
+            findings.append(f"worker {pid} logged store_back before store_unavailable")
+    if strict and not workers:
+        findings.append("no worker was alive across the outage")
+    return seen, findings
 
 
 def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -157,10 +201,11 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         outage = [x for x in lines if down_wall - 1 <= x.get("ts", 0) <= back_wall + 5
                   and x.get("level") in ("warning", "error", "critical")]  # fmt: skip
         by_pid = Counter(x.get("pid") for x in outage)
-        unavailable = Counter(x.get("pid") for x in lines if x.get("event") == "store_unavailable")
         events = Counter(x.get("event") for x in outage)
-        if any(k > 1 for k in unavailable.values()):
-            findings.append(f"store_unavailable logged more than once per process: {unavailable}")
+        strict = args.outage >= TOLD_ABOVE
+        workers = alive_across(lines, down_wall, back_wall)
+        incident, unheard = told(lines, workers, down_wall, back_wall, strict)
+        findings += unheard
         if by_pid and max(by_pid.values()) > args.line_bound:
             findings.append(f"more than {args.line_bound} warning lines per process in the "
                             f"incident: {dict(by_pid)} ({dict(events)})")  # fmt: skip
@@ -174,6 +219,8 @@ def soak(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "ran_twice": twice,
         "warning_lines": dict(events),
         "most_lines_per_process": max(by_pid.values()) if by_pid else 0,
+        "told": incident,
+        "strict": strict,
         "findings": findings,
     }
 
@@ -204,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| pg_ctl stop -m fast ... start | {r['produced']:,} | {r['recovery']:.2f} | "
           f"{r['starts']:,} | {r['ran_twice']} | {r['warning_lines']} (at most {most} a "
           f"process) | {len(r['findings'])} |")  # fmt: skip
+    rule = "exactly once each" if r["strict"] else f"at most once (outage < {TOLD_ABOVE:g} s)"
+    print(f"store_unavailable/store_back per worker alive across the outage ({rule}): "
+          f"{', '.join(f'{pid}: {n}' for pid, n in r['told'].items()) or 'none'}")  # fmt: skip
     for finding in r["findings"][:20]:
         print(f"restart: {finding}", file=sys.stderr)
     return 1 if r["findings"] else 0

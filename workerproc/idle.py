@@ -60,6 +60,7 @@ def watch_for_work(
             token, due_in, at = looked.token, looked.due_in, looked.at
         else:
             token, due_in, at = store.change_token(), store.ready_in(queues), time.monotonic()
+            outage.answered()
         if due_in is not None and due_in > 0:
             deadline = min(deadline, at + due_in)
     except StoreCorrupt:
@@ -72,7 +73,7 @@ def watch_for_work(
     while not signals.asked and not interrupted():
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return None if token == -1 else _look(store, queues)
+            return None if token == -1 else _look(store, queues, outage)
         fd = None if watch is None else watch.fileno()
         polling = fd is None or time.monotonic() < hot_until
         woke = waker.wait(min(CHANGE_CHECK if polling else WATCHED_CHECK, remaining), also=fd)
@@ -90,27 +91,31 @@ def watch_for_work(
             if current != token:
                 token = current
                 due_in = store.ready_in(queues)
+                outage.answered()
                 if due_in is not None and due_in <= 0:
                     return None
                 if due_in is not None:  # a new delayed task, due before the deadline
                     deadline = min(deadline, time.monotonic() + due_in)
         except StoreCorrupt:
             raise  # never waited out: the worker exits STORE_CORRUPT
-        except StoreError:
-            continue  # the database is busy or gone: wait out the interval, then claim
+        except StoreError as exc:  # the database is busy or gone: wait out the interval, then
+            outage.failed("idle check", exc)  # claim; told like any part's failure (an idle
+            continue  # worker's claim may come when a reconnect rides out the rest of it)
     return None
 
 
-def _look(store: WorkerStore, queues: Sequence[str] | None) -> Look | None:
+def _look(store: WorkerStore, queues: Sequence[str] | None, outage: Outage) -> Look | None:
     """The poll interval's look: None when something is claimable now (or the look failed:
-    the claim tells), else what it found."""
+    the claim tries), else what it found."""
     try:
         token = store.change_token()  # (before the read: a commit between moves it)
         due_in = store.ready_in(queues)
     except StoreCorrupt:
         raise
-    except StoreError:
+    except StoreError as exc:
+        outage.failed("idle check", exc)
         return None
+    outage.answered()
     if due_in is not None and due_in <= 0:
         return None
     return Look(token, due_in, time.monotonic())
