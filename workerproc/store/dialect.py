@@ -177,7 +177,7 @@ STATEMENTS = frozenset(
         "WEBHOOK_ROWS", "WEBHOOK_ROW", "WEBHOOK_ADD", "WEBHOOK_DROP", "WEBHOOK_PARKED",
         "WEBHOOK_SIGNALS_DONE", "WEBHOOK_MOVE", "WEBHOOK_BACKLOG", "WEBHOOK_DUE",
         # runs' streams (B21): chunks written in batches under the fence, read in order
-        "STREAM_HEAD", "STREAM_FENCE", "STREAM_APPEND", "STREAM_MOVE", "STREAM_MOVED",
+        "STREAM_HEAD", "STREAM_FENCE", "STREAM_MOVE", "STREAM_MOVED",
         "STREAM_READ", "STREAM_STEP", "STREAM_EXPIRED", "STREAM_DROP", "STREAM_STATUS",
     }
 )  # fmt: skip

@@ -289,6 +289,9 @@ def _then(write: str, then: str, key: str, *, if_changed: bool = False) -> Step:
 set_limit = _then(q.SET_LIMIT_NUMBERS, q.REOPEN_LIMIT, "name")
 # a gate settled (a commit gave its slot back), then the runs blocked behind it reopened
 gate_settle = _then(q.SETTLE_GATE, q.REOPEN_BLOCKED, "gate")
+# a stream's batch, then its head moved past it (one statement on PostgreSQL)
+stream_move = _then(st.STREAM_APPEND, st.STREAM_MOVE, "run_id")
+stream_moved = _then(st.STREAM_APPEND, st.STREAM_MOVED, "run_id")
 
 
 def place_gates(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -415,5 +418,7 @@ STEPS: dict[str, Step] = {
     "REGATE": regate,
     "HEAD_TASKS": head_tasks,
     "PENDING_IDS": pending_ids,
+    "STREAM_MOVE": stream_move,
+    "STREAM_MOVED": stream_moved,
 }
 CATALOGUE = catalogue([q, o, r, c, sc, e, w, wh, st], STEPS)

@@ -55,7 +55,8 @@ BATCHES_SCHEMA = """
     DROP TABLE stream_chunks;
 """
 
-QUERIES = load("workerproc.store.sqlite", "streams.sql", style="named")
+# the batch written alone: a part of the steps STREAM_MOVE and STREAM_MOVED (sqlite.steps)
+QUERIES = load("workerproc.store.sqlite", "streams.sql", style="named", internal=("STREAM_APPEND",))
 globals().update(texts(QUERIES))
 
 

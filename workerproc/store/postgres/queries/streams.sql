@@ -22,20 +22,20 @@ SELECT r.status FROM clock, leases AS l JOIN runs AS r ON r.id = l.run_id
     WHERE l.task_id = %(task_id)s AND l.run_id = %(run_id)s AND l.owner = %(owner)s
       AND l.attempts = %(attempt)s AND l.expires_at > clock.now
 
--- name: STREAM_APPEND
--- the batch, one row: its chunks numbered first to last (``chunks``: a JSON array of
--- [kind, data])
-INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+-- name: STREAM_MOVE
+-- the batch, one row (its chunks numbered first to last; ``chunks``: a JSON array of
+-- [kind, data]), and the head after it: its last offset, its writer, the bytes of the run's
+-- chunks; and the followers are told (the schema's stream channel). One statement: the head
+-- is locked already (``STREAM_HEAD``), the batch and the head touch no row of each other.
+-- Its commit does not wait for the WAL to reach the disk (``synchronous_commit`` off for this
+-- transaction): the WAL is written in order, so the step's own commit, which does wait, makes
+-- every batch before it durable too
+WITH lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+added AS (
+    INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
     VALUES (%(run_id)s, %(first)s, %(last)s, %(task_id)s, %(attempt)s,
         coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8),
-        %(chunks)s::json)
-
--- name: STREAM_MOVE
--- the head after a write: its last offset, its writer, the bytes of the run's chunks; and
--- the followers are told (the schema's stream channel). Its commit does not wait for the WAL
--- to reach the disk (``synchronous_commit`` off for this transaction): the WAL is written in
--- order, so the step's own commit, which does wait, makes every batch before it durable too
-WITH lazy AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)),
+        %(chunks)s::json)),
 moved AS (
     UPDATE stream_heads SET last = %(last)s, task_id = %(task_id)s, attempt = %(attempt)s,
         bytes = bytes + %(bytes)s
@@ -45,7 +45,12 @@ SELECT pg_notify('leasekeeper.' || current_schema() || '.stream', '') FROM moved
 -- name: STREAM_MOVED
 -- the same, for a batch written in a worker's exchange (``commit_many``'s ``streams``), whose
 -- commit waits for the disk as always: no ``synchronous_commit`` of its own
-WITH moved AS (
+WITH added AS (
+    INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
+    VALUES (%(run_id)s, %(first)s, %(last)s, %(task_id)s, %(attempt)s,
+        coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8),
+        %(chunks)s::json)),
+moved AS (
     UPDATE stream_heads SET last = %(last)s, task_id = %(task_id)s, attempt = %(attempt)s,
         bytes = bytes + %(bytes)s
     WHERE run_id = %(run_id)s RETURNING run_id)

@@ -20,7 +20,8 @@ SELECT r.status FROM leases AS l JOIN runs AS r ON r.id = l.run_id
 
 -- name: STREAM_APPEND
 -- the batch, one row: its chunks numbered :first to :last (``chunks``: a JSON array of
--- [kind, data])
+-- [kind, data]); written by the steps ``STREAM_MOVE`` and ``STREAM_MOVED``, before the head
+-- moves (``sqlite.steps``)
 INSERT INTO stream_batches (run_id, first, last, task_id, attempt, at, chunks)
     VALUES (:run_id, :first, :last, :task_id, :attempt, :now, :chunks)
 
