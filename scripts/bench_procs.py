@@ -3,12 +3,15 @@ datagram inbox its tasks report to, stopping processes, sampling their memory.""
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -117,7 +120,11 @@ def drain(
 # -- huey ----------------------------------------------------------------------------------------
 def huey_env(tmp: str, tag: str) -> tuple[dict[str, str], Inbox]:
     db = os.path.join(tmp, f"huey-{tag}-{time.monotonic_ns()}.db")
-    inbox = Inbox(os.path.join(tmp, f"huey-{time.monotonic_ns()}.sock"))
+    # the socket in a short directory of its own: a Unix socket's path is at most 107 bytes,
+    # and ``tmp`` may be long (pytest's, or a --dir)
+    sockets = tempfile.mkdtemp(prefix="lk-huey-")
+    atexit.register(shutil.rmtree, sockets, True)
+    inbox = Inbox(os.path.join(sockets, f"{time.monotonic_ns()}.sock"))
     return {**ENV, "LK_HUEY_DB": db, "LK_HUEY_SOCK": inbox.path}, inbox
 
 
