@@ -23,7 +23,7 @@ from __future__ import annotations
 
 # the run's head (its first pending task in R1 order) and when it may next be claimed: the
 # later of the head's time and the expiry of the lease on a pending task of the run
-_PLACED = """
+PLACED = """
     UPDATE runs SET (head_at, line_at, head_created, head_id, ready_at, line) = (
         SELECT CASE WHEN h.line IS NULL THEN h.available_at END,
                CASE WHEN h.line IS NOT NULL THEN h.available_at END, h.created_at, h.id,
@@ -56,11 +56,11 @@ _READY = """
 # counts on its task, its takeover's history (step 30 makes them again after its rebuild)
 _TRIGGERS = f"""
     CREATE TRIGGER tasks_ready_insert AFTER INSERT ON tasks BEGIN
-        {_PLACED.format(run="NEW.run_id")}
+        {PLACED.format(run="NEW.run_id")}
     END;
     CREATE TRIGGER tasks_ready_update AFTER UPDATE OF available_at, done_at ON tasks
         WHEN (SELECT status FROM runs WHERE id = NEW.run_id) IN ('pending', 'running') BEGIN
-        {_PLACED.format(run="NEW.run_id")}
+        {PLACED.format(run="NEW.run_id")}
     END;
     -- a task done (a commit, a drop): its lease ends with it
     CREATE TRIGGER tasks_done_lease AFTER UPDATE OF done_at ON tasks
@@ -71,7 +71,7 @@ _TRIGGERS = f"""
         WHEN (OLD.status IN ('pending', 'running')) != (NEW.status IN ('pending', 'running'))
          AND NOT (NEW.status NOT IN ('pending', 'running') AND NEW.head_at IS NULL
                   AND NEW.ready_at IS NULL AND NEW.line_at IS NULL) BEGIN
-        {_PLACED.format(run="NEW.id")}
+        {PLACED.format(run="NEW.id")}
     END;
 
     CREATE TRIGGER leases_granted AFTER INSERT ON leases BEGIN

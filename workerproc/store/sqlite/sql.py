@@ -19,6 +19,7 @@ imported.
 from __future__ import annotations
 
 from ..queries import Query, load, texts
+from .leases_sql import PLACED
 
 _PACKAGE = "workerproc.store.sqlite"
 # (steps' parts: the vocabulary's statements are composed of them)
@@ -31,12 +32,18 @@ _INTERNAL = {
     "limits.sql": ("SET_LIMIT_NUMBERS", "REOPEN_LIMIT", "SETTLE_GATE", "REOPEN_BLOCKED",
                    "NEW_GATE", "LINE_JOINED", "REGATE_TASK", "PLACE_RUN", "WRITE_GATE"),
 }  # fmt: skip
-_PARTS = ("lease", "takeover")  # the claims' shared parts, by the field each fills
+# the shared parts, by the field each fills: the claims' lease rows and takeover, and a run's
+# placement (the head trigger's statement, for the regate)
+_PARTS = ("lease", "takeover", "placed")
 QUERIES: dict[str, Query] = {}
 for _file, _internal in _INTERNAL.items():
     QUERIES.update(load(_PACKAGE, _file, style="named", internal=_internal, fields=_PARTS))
 globals().update(texts(QUERIES))
-_FILLED = {"lease": QUERIES["LEASE_INSERT"].sql, "takeover": QUERIES["LEASE_TAKEOVER"].sql}
+_FILLED = {
+    "lease": QUERIES["LEASE_INSERT"].sql,
+    "takeover": QUERIES["LEASE_TAKEOVER"].sql,
+    "placed": PLACED.strip().rstrip(";").format(run=":run_id"),
+}
 globals().update({q.name: q.sql.format(**_FILLED) for q in QUERIES.values() if q.fields})
 
 

@@ -229,17 +229,6 @@ UPDATE tasks SET line = :line, gate_a = :gate_a, gate_b = :gate_b,
 
 -- name: PLACE_RUN
 -- regate: the run moves to its line, its head columns (and its line and ready time) recomputed
--- from its first pending task, as the head trigger keeps them.
-UPDATE runs SET (head_at, line_at, head_created, head_id, ready_at, line) = (
-        SELECT CASE WHEN h.line IS NULL THEN h.available_at END,
-               CASE WHEN h.line IS NOT NULL THEN h.available_at END, h.created_at, h.id,
-               CASE WHEN h.line IS NULL
-                    THEN max(h.available_at, coalesce(
-                        (SELECT l.expires_at FROM leases AS l JOIN tasks AS lt
-                            ON lt.id = l.task_id AND lt.done_at IS NULL
-                         WHERE l.run_id = runs.id), h.available_at)) END,
-               h.line
-        FROM (SELECT available_at, created_at, id, line FROM tasks
-              WHERE run_id = runs.id AND done_at IS NULL
-              ORDER BY available_at, created_at, id LIMIT 1) AS h
-        WHERE runs.status IN ('pending', 'running')) WHERE id = :run_id
+-- from its first pending task: the head trigger's own statement (``leases_sql.PLACED``),
+-- put in here when ``sql`` is imported
+{placed}
