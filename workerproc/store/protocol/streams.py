@@ -92,8 +92,9 @@ def append_in(
     end = last + len(texts) + reset
     # the batch and the head moved past it: one statement on PostgreSQL, two on SQLite, sent
     # with the COMMIT (the head is locked until then; nothing of the transaction reads them)
-    tx.deferred.append(("STREAM_MOVE" if lazy else "STREAM_MOVED", [{**params,
-        "first": last + 1, "last": end, "bytes": size, "chunks": batch_text(texts, reset)}]))  # fmt: skip
+    moved = {**params, "first": last + 1, "last": end, "bytes": size,
+             "chunks": batch_text(texts, reset)}  # fmt: skip
+    tx.deferred.append(("STREAM_MOVE" if lazy else "STREAM_MOVED", [moved]))
     return Appended("written", end, reset)
 
 
