@@ -4,7 +4,8 @@ prepared once per session; several statements sent in one round trip as one quer
 (``store/driver.py``) are given their round trips: ``many``; the gate writes held back, sent
 with ``OPEN_GATES``, its clock and the reads of the gates they settled (``_gates_then``);
 ``look_gates``'s reads together (``_each``); the write-back and the events with the COMMIT
-(``commit``)."""
+(``commit``); the transaction's BEGIN with its first batch, or its COMMIT's query
+(``PostgresTx.begin``)."""
 
 from __future__ import annotations
 
