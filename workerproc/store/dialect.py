@@ -284,6 +284,13 @@ class Tx(InTurn):
         cur = self.execute(entry, params)
         return cur.rowcount if cur.description is None else len(cur.fetchall())
 
+    def rows_each(self, calls: Sequence[tuple[str, Params]]) -> list[list[Row]]:
+        """``rows(name, params)`` for each call, in order; a dialect may send them in one round
+        trip (PostgreSQL: one query, whose statements the server runs in order, each after the
+        locks of the one before and, in READ COMMITTED, each reading with a snapshot of its
+        own, taken when it begins)."""
+        return self._each(calls)
+
     def many(self, name: str, each: Sequence[Params]) -> list[int]:
         """``count`` for each parameter set, in order (a dialect may send them at once)."""
         entry = self.catalogue[name]

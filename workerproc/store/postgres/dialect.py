@@ -241,7 +241,7 @@ class PostgresDialect(Dialect):
                         done = True
                         return result
                 with conn.cursor() as cur:
-                    if not lock or self.pooled:
+                    if self.pooled:
                         cur.execute(self._begin[mode])
                     try:
                         if lock and not self.pooled:  # BEGIN and the lock: one round trip
@@ -249,6 +249,8 @@ class PostgresDialect(Dialect):
                         elif lock:
                             cur.execute(LOCK_RUNS, {"run_ids": lock}, prepare=False)
                         tx = PostgresTx(cur, self._now_param(), pooled=self.pooled)
+                        if not lock and not self.pooled:  # sent with its first query
+                            tx.begin = self._begin[mode]
                         result = fn(tx)
                         done = True
                         commit(conn, cur, tx)

@@ -202,7 +202,7 @@ def floor(tx: PostgresTx, queues: tuple[str, ...] | None) -> float:
     """Where this claim's walk starts: the connection's floor for ``queues`` (None: every
     queue), walked again (up from where it was, and one piece of the sweep below it) when it
     is older than ``WALK_EVERY`` seconds."""
-    mine = _FLOORS.setdefault(tx.cur.connection, {})
+    mine = _FLOORS.setdefault(tx.connection, {})
     known, mono = mine.get(queues), time.monotonic()
     if known is not None and tx.now is not None and (known.now is None or tx.now < known.now):
         known = None  # a clock that went back: start over

@@ -4,7 +4,8 @@ prepared once per session; several statements sent in one round trip as one quer
 (``store/driver.py``) are given their round trips: ``many``; the gate writes held back, sent
 with ``OPEN_GATES``, its clock and the reads of the gates they settled (``_gates_then``);
 ``look_gates``'s reads together (``_each``); the write-back and the events with the COMMIT
-(``commit``)."""
+(``commit``); the transaction's BEGIN with its first batch, or its COMMIT's query
+(``PostgresTx.begin``)."""
 
 from __future__ import annotations
 
@@ -128,15 +129,20 @@ class Batch:
         return [query.mogrify(form.execute, params)
                 for form, (_, _, params) in zip(forms, calls, strict=True)]  # fmt: skip
 
-    def run(self, calls: Sequence[Call]) -> list[tuple[list[Row], int]]:
+    def run(self, calls: Sequence[Call], begin: str | None = None) -> list[tuple[list[Row], int]]:
         """Each call's rows (none for a statement that returns none) and the rows it
-        changed, in order. The statements run on their generic plans (``_GENERIC``)."""
+        changed, in order. The statements run on their generic plans (``_GENERIC``).
+        ``begin``: the transaction's BEGIN (one statement), not sent yet: it goes first in
+        the same query."""
         if not calls:
             return []
         with psycopg.ClientCursor(self.conn) as query:
-            query.execute(";\n".join([_GENERIC, *self.texts(calls, query), _AUTO]))
+            texts = self.texts(calls, query)  # (a PREPARE is the session's: no transaction)
+            query.execute(";\n".join([*([begin] if begin else []), _GENERIC, *texts, _AUTO]))
+            if begin:
+                query.nextset()  # the first result is the BEGIN's
             out: list[tuple[list[Row], int]] = []
-            while query.nextset():  # the first result is the SET's
+            while query.nextset():  # the next is the SET's
                 rows = query.fetchall() if query.description is not None else []
                 out.append((rows, len(rows) if query.description is not None else query.rowcount))
         out.pop()  # the last SET's
@@ -183,9 +189,12 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
     prepared, ``Batch``; the events by ``EXECUTE`` of the session's prepared
     ``INSERT_EVENTS``; ``COMMIT``), so none costs a round trip of its own and the server
     plans each once per connection. A failed statement skips the COMMIT: the transaction is
-    rolled back (``_rollback``)."""
+    rolled back (``_rollback``). A BEGIN not sent yet (``PostgresTx.begin``) goes first in
+    the same query; with nothing to write either, nothing is sent (no transaction began)."""
     if not tx.events and not tx.deferred and not tx.ahead:
-        cur.execute("COMMIT")
+        if tx.begin is None:
+            cur.execute("COMMIT")
+        tx.begin = None
         return
     deferred = _steps_first(tx) + tx.deferred
     events, tx.events, tx.deferred = tx.events, [], []
@@ -205,7 +214,8 @@ def commit(conn: psycopg.Connection[Any], cur: Cursor, tx: PostgresTx) -> None:
             assert isinstance(entry, Shaped)
             shaped = entry.shape({"events": events, "now": tx.now})
             parts.append(query.mogrify(_EXECUTE_EVENTS, shaped))
-        query.execute(";\n".join([*parts, "COMMIT"]))
+        begin, tx.begin = tx.begin, None  # (the steps above sent it if they ran)
+        query.execute(";\n".join([*([begin] if begin else []), *parts, "COMMIT"]))
 
 
 class PostgresTx(Tx):
@@ -219,12 +229,31 @@ class PostgresTx(Tx):
         *, pooled: bool = False,
     ) -> None:  # fmt: skip
         super().__init__(now)
-        self.cur = cur
+        self._cur = cur
         self.prefix = prefix
         self.schema = schema  # with a prefix: the schema it names
         self.pooled = pooled  # behind a transaction pooler: nothing prepared
         # never on a caller's connection (its own rule), never behind a pooler
         self.prepare: bool | None = None if prefix else not pooled
+        # the transaction's BEGIN while it is not sent yet: it goes in the query of the first
+        # batch of statements (``Batch``) or the COMMIT's, else on its own before the first
+        # statement sent alone (``begun``), so a transaction that begins with a batch costs
+        # no round trip for its BEGIN
+        self.begin: str | None = None
+
+    @property
+    def cur(self) -> Cursor:
+        """The transaction's cursor, its BEGIN sent (on its own if it was not yet): whatever
+        runs on it runs inside the transaction."""
+        if self.begin is not None:
+            begin, self.begin = self.begin, None
+            self._cur.execute(begin)
+        return self._cur
+
+    @property
+    def connection(self) -> psycopg.Connection[Any]:
+        """The transaction's connection, sending nothing (a key for what a session keeps)."""
+        return self._cur.connection
 
     def execute(self, sql: str, params: Params) -> Cursor:
         return self.cur.execute(sql, params, prepare=self.prepare)
@@ -243,7 +272,7 @@ class PostgresTx(Tx):
         if not isinstance(statement, str) or self.prefix or len(each) < 2:
             return super().many(name, each)
         calls = [(name, statement, params) for params in each]
-        return [changed for _, changed in Batch(self.cur.connection, self.pooled).run(calls)]
+        return [changed for _, changed in self._run(calls)]
 
     def _gates_then(
         self, name: str, params: Params, after: Calls = (), first: Calls = ()
@@ -316,7 +345,12 @@ class PostgresTx(Tx):
         return _sql(self.catalogue, name)
 
     def _batch(self, calls: Sequence[Call]) -> list[list[Row]]:
-        return [rows for rows, _ in Batch(self.cur.connection, self.pooled).run(calls)]
+        return [rows for rows, _ in self._run(calls)]
+
+    def _run(self, calls: Sequence[Call]) -> list[tuple[list[Row], int]]:
+        """``calls`` in one round trip (``Batch``), the BEGIN first if it was not sent."""
+        begin, self.begin = (self.begin, None) if calls else (None, self.begin)
+        return Batch(self._cur.connection, self.pooled).run(calls, begin)
 
 
 def _events_call(events: list[Params], now: float | None) -> Call:

@@ -36,7 +36,8 @@ ALIVE = ("pending", "running")
 def chunk_text(data: JSON) -> str:
     """One chunk's JSON, within ``MAX_CHUNK`` bytes, or ``InvalidPayload`` naming the limit."""
     text = dumps(data, "a stream chunk", MAX_CHUNK)
-    if len(text.encode()) > MAX_CHUNK:  # characters were counted; bytes are what is kept
+    # characters were counted; bytes are what is kept (the same for ASCII: no encoding)
+    if not text.isascii() and len(text.encode()) > MAX_CHUNK:
         raise InvalidPayload(f"a stream chunk is over the limit of {MAX_CHUNK:,} bytes of JSON")
     return text
 
@@ -50,8 +51,14 @@ def check_batch(texts: Sequence[str]) -> None:
 def batch_text(texts: Sequence[str], reset: bool) -> str:
     """A batch's row: its chunks as one JSON array of [kind, data], a reset first if it has
     one (``texts``: each chunk's JSON, checked by ``chunk_text``)."""
-    head = '[["reset",null],' if reset else "["
-    return head + ",".join(f'["data",{text}]' for text in texts) + "]"
+    head = '[["reset",null],["data",' if reset else '[["data",'
+    return head + '],["data",'.join(texts) + "]]"
+
+
+def text_bytes(texts: Sequence[str]) -> int:
+    """The bytes of ``texts`` (chunks' JSON) in UTF-8: one join, no encoding if ASCII."""
+    joined = "".join(texts)
+    return len(joined) if joined.isascii() else len(joined.encode())
 
 
 def append_in(
@@ -61,10 +68,12 @@ def append_in(
     transaction, or a worker's exchange: ``commit_many``'s ``streams``): see the module's
     docstring. ``lazy``: the transaction is the batch's own, whose commit need not wait for
     the disk (PostgreSQL); an exchange's commit waits, as it always does."""
-    size = sum(len(text.encode()) for text in texts)
+    size = text_bytes(texts)
     params = fence(lease, tx.now)
-    head = tx.one("STREAM_HEAD", params)
-    status = tx.one("STREAM_FENCE", params)
+    # the head locked, then the fence asked after the lock (one round trip on PostgreSQL)
+    heads, fenced = tx.rows_each([("STREAM_HEAD", params), ("STREAM_FENCE", params)])
+    head = heads[0] if heads else None
+    status = fenced[0] if fenced else None
     if status is None or head is None:  # (no head: no run, so no lease either)
         rejected(tx, lease, "emit")
         return Appended("lost")
@@ -81,9 +90,11 @@ def append_in(
         return Appended("full")
     reset = last > 0 and task_id == lease.task_id and attempt != lease.attempt
     end = last + len(texts) + reset
-    # the batch and the head moved past it: one statement on PostgreSQL, two on SQLite
-    tx.rows("STREAM_MOVE" if lazy else "STREAM_MOVED", {**params, "first": last + 1,
-            "last": end, "bytes": size, "chunks": batch_text(texts, reset)})  # fmt: skip
+    # the batch and the head moved past it: one statement on PostgreSQL, two on SQLite, sent
+    # with the COMMIT (the head is locked until then; nothing of the transaction reads them)
+    moved = {**params, "first": last + 1, "last": end, "bytes": size,
+             "chunks": batch_text(texts, reset)}  # fmt: skip
+    tx.deferred.append(("STREAM_MOVE" if lazy else "STREAM_MOVED", [moved]))
     return Appended("written", end, reset)
 
 
