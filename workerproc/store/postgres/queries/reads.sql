@@ -163,7 +163,8 @@ SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
 -- lease to end is found from the leases, each run by its key (a run of any level and queue at
 -- or above the floor is one of the levels walked): walked from the runs, it probed the lease of
 -- every pending run above the floor, 55 ms among 10,000 (the supervisor's drain and progress
--- checks ask each second). The second
+-- checks ask each second); the lease table holds the live leases and the dead versions vacuum
+-- has not removed (all those ended since, while another client holds the horizon back). The second
 -- column is the clock it judged by (``Reads.ready_in``: no other statement asks the time).
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
