@@ -18,6 +18,7 @@ ONLY_SQLITE = {
     "run_ids",  # ids never reused: PostgreSQL's identity sequences never reuse one
     "runs.ready_at",  # idle workers sleep until it: PostgreSQL notifies
     "runs_ready",
+    "leases_owner",  # PostgreSQL's reads of one owner's leases read the lease table whole
 }
 ONLY_POSTGRES = {
     "leasekeeper_schema",  # the version (SQLite: PRAGMA user_version)

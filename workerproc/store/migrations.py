@@ -42,6 +42,7 @@ HISTORY: tuple[str, ...] = (
     "leases",  # 29: SQLite's leases in their own table, keyed by run (PostgreSQL's since 9)
     "task_lease_columns",  # 30: SQLite's task rows without their lease columns
     "stream_batches",  # 31: one row per batch of a stream (B21)
+    "leases_owner_unindexed",  # 32: PostgreSQL's leases without an index of their owner
 )
 
 SCHEMA_VERSION = len(HISTORY)

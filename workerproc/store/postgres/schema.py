@@ -510,6 +510,15 @@ _SQL: dict[str, str] = {
     # 29 (leases), 30 (task_lease_columns): SQLite's only (PostgreSQL's leases have had their
     # own table, and its tasks no lease columns, since 9)
     "stream_batches": BATCHES_SCHEMA,  # 31: a stream's rows are its batches (B21)
+    # 32: a lease's owner is not indexed. Every claim wrote an entry of ``leases_owner`` (one
+    # of the run's few index writes, with its WAL) for the reads of a whole owner only: the
+    # supervisor's release of a dead worker's leases and the stats' list of live leases. Those
+    # read the lease table whole instead: it holds the live leases (one per slot of every
+    # worker) and the dead versions vacuum has not yet removed, and they run once per dead
+    # worker or per stats read, not per run.
+    "leases_owner_unindexed": """
+    DROP INDEX leases_owner;
+    """,
 }
 
 MIGRATIONS: list[str] = steps("postgres", _SQL)  # every step of the shared history, in order

@@ -159,7 +159,12 @@ SELECT owner, host, pid, started_at, beat_every, slots, queues, version,
 -- the first gate whose line may admit a run (gates are not kept per queue: a worker may wake
 -- once for another queue's line). A past value only says "claimable now". Every walk starts at
 -- the connection's floor (%(floor)s, ``floors``) and reads each run's lease by its key, as the claim
--- does: it never reads the entries of runs that ended while the horizon was held. The second
+-- does: it never reads the entries of runs that ended while the horizon was held. The first
+-- lease to end is found from the leases, each run by its key (a run of any level and queue at
+-- or above the floor is one of the levels walked): walked from the runs, it probed the lease of
+-- every pending run above the floor, 55 ms among 10,000 (the supervisor's drain and progress
+-- checks ask each second); the lease table holds the live leases and the dead versions vacuum
+-- has not removed (all those ended since, while another client holds the horizon back). The second
 -- column is the clock it judged by (``Reads.ready_in``: no other statement asks the time).
 WITH RECURSIVE clock AS MATERIALIZED (SELECT
     coalesce(%(now)s::float8, extract(epoch FROM clock_timestamp())::float8) AS now),
@@ -177,10 +182,10 @@ SELECT least(
           AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
                        '-infinity') <= (SELECT now FROM clock)
         ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
-    (SELECT min(greatest(r.head_at, l.expires_at)) FROM runs AS r CROSS JOIN LATERAL (
-        SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
-        AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
-     WHERE r.head_at >= %(floor)s::float8),
+    (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l
+     CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.id = l.run_id
+         AND r.head_at >= %(floor)s::float8 OFFSET 0) AS r
+     WHERE l.expires_at > (SELECT now FROM clock)),
     (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL)),
     (SELECT now FROM clock)
 
@@ -205,13 +210,10 @@ SELECT least(
           AND coalesce((SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id),
                        '-infinity') <= (SELECT now FROM clock)
         ORDER BY r.head_at LIMIT 1) AS x WHERE lv.p IS NOT NULL),
-    (SELECT min(greatest(r.head_at, l.expires_at)) FROM levels AS lv
-     CROSS JOIN LATERAL (SELECT r.id, r.head_at FROM runs AS r WHERE r.queue = lv.q
-         AND r.priority = lv.p AND r.head_at >= %(floor)s::float8 OFFSET 0) AS r
-     CROSS JOIN LATERAL (
-        SELECT l.expires_at FROM leases AS l WHERE l.run_id = r.id
-        AND l.expires_at > (SELECT now FROM clock) OFFSET 0) AS l
-     WHERE lv.p IS NOT NULL),
+    (SELECT min(greatest(r.head_at, l.expires_at)) FROM leases AS l
+     CROSS JOIN LATERAL (SELECT r.head_at FROM runs AS r WHERE r.id = l.run_id
+         AND r.queue = ANY(%(queues)s::text[]) AND r.head_at >= %(floor)s::float8 OFFSET 0) AS r
+     WHERE l.expires_at > (SELECT now FROM clock)),
     (SELECT min(ready_at) FROM gates WHERE ready_at IS NOT NULL)),
     (SELECT now FROM clock)
 
