@@ -58,6 +58,8 @@ def dumps(value: JSON, what: str, limit: int = MAX_STATE) -> str:
     """JSON-encode ``value`` (at most ``limit`` bytes) or raise InvalidPayload naming ``what``.
     Whatever goes wrong inside (a container whose methods raise, say) is InvalidPayload too: a
     bad value fails its own caller, never the code that tried to encode it."""
+    if value is None:  # the hot path's state and result (a no-op's): nothing to check
+        return "null"
     try:
         check_depth(value, what)
         text = _encode(value)
@@ -72,10 +74,20 @@ def dumps(value: JSON, what: str, limit: int = MAX_STATE) -> str:
     return text
 
 
+# the JSON texts decoded without the parser (their values immutable: shared)
+_CONSTANTS: dict[str, JSON] = {"null": None, "true": True, "false": False}
+_NOT_CONSTANT = object()
+
+
 def loads(text: str | None, what: str = "a stored value") -> JSON:
     """Decode JSON from the database; InvalidPayload (never RecursionError) when it cannot be."""
     if text is None:
         return None
+    if text == "{}":  # the hot path's payload: a fresh dict, as json.loads gives
+        return {}
+    constant = _CONSTANTS.get(text, _NOT_CONSTANT)  # (a run's first state, 'null')
+    if constant is not _NOT_CONSTANT:
+        return constant
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:

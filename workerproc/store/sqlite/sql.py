@@ -24,7 +24,7 @@ from .leases_sql import PLACED
 _PACKAGE = "workerproc.store.sqlite"
 # (steps' parts: the vocabulary's statements are composed of them)
 _INTERNAL = {
-    "claims.sql": ("LEASE_INSERT", "LEASE_TAKEOVER", "RUN_STATE", "RENEW"),
+    "claims.sql": ("LEASE_INSERT", "LEASE_TAKEOVER", "RUN_STATES", "RENEW"),
     "commits.sql": ("HANDBACK_TASK", "RELEASE_TASK", "LEASE_GIVEN_BACK", "RUN_ERROR",
                     "CAS_STATE", "CAS_FINISH", "CAS_NEXT_TASK", "MOVE_RUN", "SUCCEED_IF_EMPTY",
                     "EXPIRE_OWNER", "REOPEN_OWNER_GATES"),

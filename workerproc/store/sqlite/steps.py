@@ -25,28 +25,36 @@ if TYPE_CHECKING:
     from .dialect import SQLiteTx
 
 
-def _claim_row(tx: SQLiteTx, found: Row, now: float, gated: Row = ()) -> ClaimRow:
-    """A claim's row (``ClaimRow``): the statement's own columns (``found``: the lease's task,
-    its counts, its expiry and whether it was taken over), the claim's "now", then the task's
-    name and payload, the run's state, revision and queue, the task's declared options, its
-    signal, the run's parent and join task, and (a gated claim's, ``gated``) the lease's gates,
-    its reservation and what the lease it took over gives back."""
-    task_id, run_id, _, _, attempts, base, expires_at, takeover = found
-    (name, payload, state, revision, queue, options, signal_id, parent_id, join_task,
-     traceparent, version) = (
-        tx.conn.execute(q.RUN_STATE, {"run_id": run_id, "task_id": task_id}).fetchone()
-    )  # fmt: skip
-    gate_a, gate_b, gate_c, reserved, given_back = gated or (None,) * 5
-    return ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at, takeover, now,
-                    state, revision, queue, options, signal_id, parent_id, join_task, gate_a,
-                    gate_b, gate_c, reserved, traceparent, given_back, version)  # fmt: skip
+def _claim_rows(tx: SQLiteTx, found: list[Row], now: float, gated: bool = False) -> list[Row]:
+    """A claim's rows (``ClaimRow``), in task id order: each the statement's own columns (the
+    lease's task, its counts, its expiry and whether it was taken over), the claim's "now",
+    then what ``RUN_STATES`` reads of every leased task in one statement: the task's name and
+    payload, the run's state, revision and queue, the task's declared options, its signal, the
+    run's parent and join task; and (a gated claim's, ``gated``: the statement's columns past
+    the eighth) the lease's gates, its reservation and what the lease it took over gives back."""
+    if not found:
+        return []
+    found = sorted(found)
+    ids = _encode([row[0] for row in found])
+    read = {row[0]: row[1:] for row in tx.conn.execute(q.RUN_STATES, {"task_ids": ids})}
+    rows: list[Row] = []
+    for row in found:
+        task_id, run_id, _, _, attempts, base, expires_at, takeover = row[:8]
+        (name, payload, state, revision, queue, options, signal_id, parent_id, join_task,
+         traceparent, version) = read[task_id]  # fmt: skip
+        gate_a, gate_b, gate_c, reserved, given_back = row[8:] if gated else (None,) * 5
+        rows.append(ClaimRow(task_id, run_id, name, payload, attempts, base, expires_at,
+                             takeover, now, state, revision, queue, options, signal_id,
+                             parent_id, join_task, gate_a, gate_b, gate_c, reserved,
+                             traceparent, given_back, version))  # fmt: skip
+    return rows
 
 
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     """A claim's rows (``ClaimRow``), in task id order."""
     now, tasks = params["now"], params.get("tasks")
     params = {**params, "tasks": None if tasks is None else json.dumps(tasks)}
-    return [_claim_row(tx, row, now) for row in sorted(tx.conn.execute(statement, params))]
+    return _claim_rows(tx, tx.conn.execute(statement, params).fetchall(), now)
 
 
 def claim(tx: SQLiteTx, params: Params) -> list[Row]:
@@ -240,8 +248,7 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     """CLAIM_RUNS for the admitted runs, each a claim's row (``ClaimRow``) with its gates, its
     reservation and what its predecessor's reservation gives back."""
     found = tx.conn.execute(q.CLAIM_RUNS, {**params, "run_ids": json.dumps(params["run_ids"])})
-    now = params["now"]
-    return [_claim_row(tx, row[:8], now, row[8:]) for row in sorted(found.fetchall())]
+    return _claim_rows(tx, found.fetchall(), params["now"], gated=True)
 
 
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:

@@ -184,15 +184,17 @@ WITH picked(run_id) AS (
 RETURNING task_id, run_id, NULL, NULL, attempts, attempt_base, expires_at,
     typeof(prev_owner) <> 'null'
 
--- name: RUN_STATE
--- claim: hand the claimed task's name and payload (a claim answers its lease row only), the
--- run's state and its queue to the handler, the task's declared options (B11; NULL: none), the
+-- name: RUN_STATES
+-- claim: for every task a claim leased (:task_ids, a JSON array), in one statement right after
+-- the claim (a claim answers its lease rows only): the task's id, name and payload, its run's
+-- state, revision and queue (the handler's), the task's declared options (B11; NULL: none), the
 -- signal that resumed it if it waited for one, the run's parent and its join task (B14), its
--- trace context (tracing), and the claimed task's version (B25).
-SELECT t.name, t.payload, r.state, r.revision, r.queue,
+-- trace context (tracing), and the task's version (B25).
+SELECT t.id, t.name, t.payload, r.state, r.revision, r.queue,
     (SELECT options FROM task_options WHERE name = t.name),
     t.signal_id, r.parent_id, r.join_task, r.traceparent, t.version
-    FROM runs AS r LEFT JOIN tasks AS t ON t.id = :task_id WHERE r.id = :run_id
+    FROM json_each(:task_ids) AS j CROSS JOIN tasks AS t ON t.id = j.value
+    CROSS JOIN runs AS r ON r.id = t.run_id
 
 -- name: DROP_EXHAUSTED_LEASE
 -- claim (R6): a claim past max_attempts hands nothing out: drop the lease (its counts stay on
