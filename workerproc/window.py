@@ -10,10 +10,10 @@ so a fault re-sends at most ``size`` events. The position is the highest event b
 every event was dealt with (contiguous): acknowledgements that come out of order move it only
 once the gap before them closes.
 
-``Senders`` are the threads that POST: each has its own ``Poster`` (one thread's client and
-sockets, as ``workerproc.posting`` needs), takes one job at a time and hands its answer back
-on the queue the job names, so a delivery that stopped (its lease lost) never sees another's
-answers. An idle sender ends after ``IDLE_END`` seconds; every wait is bounded.
+``Senders`` are the threads that POST: each has its own ``Poster`` (one thread's connections,
+as ``workerproc.posting`` needs, closed when the thread ends), takes one job at a time and
+hands its answer back on the queue the job names, so a delivery that stopped (its lease lost)
+never sees another's answers. An idle sender ends after ``IDLE_END`` seconds; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -218,3 +218,7 @@ class Senders:
             with self._lock:
                 self._threads -= 1
             raise
+        finally:
+            close = getattr(context, "close", None)  # (a poster's kept connections)
+            if close is not None:
+                close()
