@@ -44,12 +44,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .context import LeaseLost, TaskContext
 from .logs import event as told
-from .posting import Poster
 from .store import StoreError, WorkerStore
 from .store.types import Event, Lease
 from .store.webhooks import (
@@ -62,6 +61,9 @@ from .store.webhooks import (
 )
 from .webhooks import HEADER, signature_header
 from .window import FAILED, WINDOW, Senders, Slot, Window
+
+if TYPE_CHECKING:
+    from .posting import Poster
 
 log = logging.getLogger("workerproc.delivery")
 
@@ -99,6 +101,12 @@ def body_of(event: Event, webhook: str) -> bytes:
         "id": event.id, "at": event.at, "run_id": event.run_id, "kind": event.kind,
         "task": event.task, "attempt": event.attempt, "data": event.data, "webhook": webhook,
     }).encode()  # fmt: skip
+
+
+def _new_poster() -> Poster:
+    from .posting import Poster  # noqa: PLC0415 (http.client, email and ssl: only to deliver)
+
+    return Poster()
 
 
 def backoff(retry_failures: int, first: float, longest: float) -> float:
@@ -172,7 +180,7 @@ class Deliverer:
         deadline."""
         senders: Senders | None = getattr(self._stores, "senders", None)
         if senders is None:
-            senders = self._stores.senders = Senders(Poster, WINDOW)
+            senders = self._stores.senders = Senders(_new_poster, WINDOW)
         return senders
 
     def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
