@@ -211,7 +211,6 @@ class Poster:
         self._resolved_until: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic
         self._deadline = _Deadline()
         self._connections: OrderedDict[tuple[str, str, int], _Connection] = OrderedDict()
-        self.connects = 0  # connections made (for a look at their reuse)
 
     def close(self) -> None:
         """Close every connection kept."""
@@ -256,8 +255,6 @@ class Poster:
             self._connections.move_to_end(key)
             if connection.stale():
                 connection.close()
-        if connection.sock is None:
-            self.connects += 1
         return connection
 
     def _drop(self, key: tuple[str, str, int]) -> None:
