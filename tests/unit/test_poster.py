@@ -5,18 +5,14 @@ keep-alive connection reused, a connection the receiver closed opened again, TLS
 
 from __future__ import annotations
 
-import contextlib
-import shutil
-import socket
 import ssl
-import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hostile_receivers import HostileReceiver
+from poster_servers import PROXY_VARIABLES, Server, self_signed
 
 from workerproc.posting import MAX_ANSWER, Poster
 
@@ -27,64 +23,11 @@ HEADERS = {"Content-Type": "application/json", "User-Agent": "leasekeeper/test",
            "Leasekeeper-Signature": "t=1,v1=" + "0" * 64}  # fmt: skip
 
 
-class Server:
-    """An HTTP/1.1 receiver on a raw socket: answers each request ``204`` (``close``: then
-    closes the connection, with no ``Connection: close`` said), records the connections it
-    accepted and each request's head; TLS with ``tls``."""
-
-    def __init__(self, *, close: bool = False, tls: ssl.SSLContext | None = None) -> None:
-        self.close_after, self.tls = close, tls
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.connections = 0
-        self.heads: list[bytes] = []
-        self.failures: list[str] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, host: str = "127.0.0.1") -> str:
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/in?x=1"
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):  # (wakes the accept: a close alone leaves it listening)
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(10.0)
-        try:
-            if self.tls is not None:
-                conn = self.tls.wrap_socket(conn, server_side=True)
-            data = b""
-            while True:
-                while b"\r\n\r\n" not in data:
-                    piece = conn.recv(4096)
-                    if not piece:
-                        return
-                    data += piece
-                head, _, data = data.partition(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))  # fmt: skip
-                while len(data) < length:
-                    data += conn.recv(4096)
-                self.heads.append(head)
-                data = data[length:]
-                conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
-                if self.close_after:
-                    return
-        except (OSError, ssl.SSLError) as exc:
-            self.failures.append(repr(exc))
-        finally:
-            with contextlib.suppress(OSError):
-                conn.close()
+@pytest.fixture(autouse=True)
+def _no_proxy_variables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Straight to the receivers, whatever the environment the tests run in names."""
+    for name in PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -171,16 +114,7 @@ def test_a_refused_connection_is_a_connect_error() -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 (openssl's command)."""
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command")
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "cert.pem", where / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(cert)], check=True,
-                   capture_output=True)  # fmt: skip
-    return cert, key
+    return self_signed(tmp_path_factory.mktemp("tls"))
 
 
 def test_https_verifies_the_certificate_and_its_host(certificate: tuple[Path, Path]) -> None:
