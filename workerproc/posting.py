@@ -16,7 +16,12 @@ is read in pieces and given up on past ``MAX_ANSWER`` bytes (the connection is c
 never read), so an endless answer costs a worker no memory. A redirect is never followed (a
 3xx is a failure, as any answer but a 2xx), and an ``https://`` receiver's certificate is
 verified against the system's trusted authorities (``ssl.create_default_context``: the host
-name checked too; ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name others).
+name checked too; ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name others). Through the proxy the
+standard variables name (``workerproc/proxies.py``, read once per ``Poster``): an ``https://``
+receiver by a ``CONNECT`` tunnel (its exchange under the same deadline, TLS then checked against
+the receiver's name), an ``http://`` one by its absolute URI; the proxy's name is resolved, not
+the receiver's; a connection is kept per receiver and proxy (a proxied one and a direct one never
+mix).
 
 Resolving the host's name is under the deadline too: ``getaddrinfo`` takes no timeout, so the
 POST asks for it in a thread of its own first and waits for it until the deadline at most (a
@@ -42,11 +47,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from .proxies import Proxies, Proxy, ProxyUnsupported
+
 MAX_ANSWER = 64 * 1024  # bytes of an answer's body read at most: more is a failure
 PIECE = 16 * 1024  # bytes asked for per read of an answer's body
 MAX_ERROR = 300  # characters of a failure's reason kept
 RESOLVED_FOR = 60.0  # seconds a name that resolved is not looked up again before a POST
 KEPT = 4  # receivers a sender thread keeps a connection open to (the least recent closed)
+_Key = tuple[str, str, int, Proxy | None]  # a connection's: scheme, host, port, its proxy
 Resolver = Callable[[str, int], object]  # (host, port): raises OSError when the name is unknown
 
 
@@ -70,6 +78,10 @@ def tls_context() -> ssl.SSLContext:
 
 class ConnectError(OSError):
     """The receiver could not be reached (refused, unreachable): the reason, as it was told."""
+
+
+class ProxyError(OSError):
+    """The proxy would not open a tunnel to the receiver (its answer, as it was told)."""
 
 
 class _Deadline:
@@ -154,26 +166,60 @@ class _Socket:
 
 class _Connection(http.client.HTTPConnection):
     """One receiver's keep-alive connection, made (again) by ``connect`` when a request
-    needs it, within the POST's deadline."""
+    needs it, within the POST's deadline; through ``proxy`` when one is given (its own
+    connection, never a direct one's: ``Poster`` keys them apart): for TLS a ``CONNECT``
+    tunnel (``set_tunnel``), TLS then spoken to the receiver, its name checked."""
 
     def __init__(
-        self, host: str, port: int, tls: ssl.SSLContext | None, deadline: _Deadline
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None,
+        deadline: _Deadline,
+        proxy: Proxy | None = None,
     ) -> None:
-        super().__init__(host, port)
+        super().__init__(*((host, port) if proxy is None else (proxy.host, proxy.port)))
         if tls is not None:
             self.default_port = 443  # (the Host header leaves out the scheme's own port)
-        self._tls, self._deadline = tls, deadline
+            if proxy is not None:
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                self.set_tunnel(host, port, headers={"Host": where, **proxy.headers()})
+        self._tls, self._deadline, self._proxy = tls, deadline, proxy
+        self._receiver, self._receiver_port = host, port
+        self._tunnelled = proxy is not None and tls is not None
 
     def connect(self) -> None:
-        sock = _connect(self.host, self.port, self._deadline)
-        if self._tls is not None:
-            try:
-                sock.settimeout(self._deadline.left())  # (a handshake's timeout bounds it all)
-                sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-            except BaseException:
-                sock.close()
+        try:
+            sock = _connect(self.host, self.port, self._deadline)
+        except ConnectError as exc:
+            if self._proxy is None:
                 raise
+            raise ConnectError(f"the proxy {self._proxy.name}: {exc}") from None
+        try:
+            if self._tunnelled:  # (its exchange's send and reads: under the deadline too)
+                self.sock = _Socket(sock, self._deadline)
+                self._tunnel_through()
+            if self._tls is not None:
+                sock.settimeout(self._deadline.left())  # (a handshake's timeout bounds it all)
+                sock = self._tls.wrap_socket(sock, server_hostname=self._receiver)
+        except BaseException:
+            self.sock = None
+            sock.close()
+            raise
         self.sock = _Socket(sock, self._deadline)
+
+    def _tunnel_through(self) -> None:
+        try:
+            self._tunnel()  # type: ignore[attr-defined]  # (http.client's CONNECT exchange)
+        except TimeoutError:
+            raise
+        except OSError as exc:  # "Tunnel connection failed: 407 Proxy Authentication Required"
+            told = str(exc).removeprefix("Tunnel connection failed: ")
+            assert self._proxy is not None
+            raise ProxyError(
+                f"the proxy {self._proxy.name} refused the tunnel to "
+                f"{self._receiver}:{self._receiver_port}: {told}"
+            ) from None
 
     def stale(self) -> bool:
         return isinstance(self.sock, _Socket) and self.sock.stale()
@@ -210,7 +256,8 @@ class Poster:
         self._tls = tls
         self._resolved_until: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic
         self._deadline = _Deadline()
-        self._connections: OrderedDict[tuple[str, str, int], _Connection] = OrderedDict()
+        self._connections: OrderedDict[_Key, _Connection] = OrderedDict()
+        self._proxies = Proxies()  # (the proxy variables: read once, by this sender thread)
 
     def close(self) -> None:
         """Close every connection kept."""
@@ -225,12 +272,23 @@ class Poster:
         failed."""
         deadline = self._deadline.at = time.monotonic() + limit
         parts = urlsplit(url)
-        key = (parts.scheme, parts.hostname or "", parts.port or _PORTS.get(parts.scheme, 80))
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or _PORTS.get(scheme, 80)
         try:
-            unresolved = self._resolved(key[1], key[2], deadline)
+            proxy = self._proxies.proxy_for(scheme, host)
+        except ProxyUnsupported as exc:
+            return f"ProxyUnsupported: {exc}"[:MAX_ERROR]
+        key: _Key = (scheme, host, port, proxy)
+        try:
+            # through a proxy, the proxy's name is looked up: the receiver's is the proxy's to
+            unresolved = self._resolved(*((host, port) if proxy is None else
+                                          (proxy.host, proxy.port)), deadline)  # fmt: skip
             if unresolved is not None:
                 return unresolved
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            if proxy is not None and scheme != "https":  # (the absolute URI, to the proxy)
+                target = f"{scheme}://{parts.netloc.rpartition('@')[2]}{target}"
+                headers = {**headers, **proxy.headers()}
             failed = self._send(self._connection(key), target, body, headers)
             if failed is not None:
                 self._drop(key)  # (an answer not read to its end: the connection is not reused)
@@ -241,14 +299,15 @@ class Poster:
                 return f"no complete answer within {limit:g} s ({type(exc).__name__})"
             return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
 
-    def _connection(self, key: tuple[str, str, int]) -> _Connection:
+    def _connection(self, key: _Key) -> _Connection:
         """The connection kept for ``key`` (closed first if the receiver closed it meanwhile:
         the request opens it again), or a new one."""
         connection = self._connections.get(key)
         if connection is None:
-            scheme, host, port = key
+            scheme, host, port, proxy = key
             tls = self._tls() if scheme == "https" else None
-            connection = self._connections[key] = _Connection(host, port, tls, self._deadline)
+            connection = _Connection(host, port, tls, self._deadline, proxy)
+            self._connections[key] = connection
             while len(self._connections) > KEPT:
                 self._connections.popitem(last=False)[1].close()
         else:
@@ -257,7 +316,7 @@ class Poster:
                 connection.close()
         return connection
 
-    def _drop(self, key: tuple[str, str, int]) -> None:
+    def _drop(self, key: _Key) -> None:
         connection = self._connections.pop(key, None)
         if connection is not None:
             with contextlib.suppress(OSError):
