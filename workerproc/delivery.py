@@ -44,12 +44,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .context import LeaseLost, TaskContext
 from .logs import event as told
-from .posting import Poster
 from .store import StoreError, WorkerStore
 from .store.types import Event, Lease
 from .store.webhooks import (
@@ -63,21 +62,10 @@ from .store.webhooks import (
 from .webhooks import HEADER, signature_header
 from .window import FAILED, WINDOW, Senders, Slot, Window
 
+if TYPE_CHECKING:
+    from .posting import Poster
+
 log = logging.getLogger("workerproc.delivery")
-_delivering = threading.local()  # set on a thread while it delivers
-
-
-class _QuietWhileDelivering(logging.Filter):
-    """httpx2 logs every request at INFO: a line per delivered event is noise in a worker's
-    log (the delivery record is in ``supervisor webhooks``). A handler's own requests on other
-    threads, or outside a delivery, are logged as before."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno >= logging.WARNING or not getattr(_delivering, "on", False)
-
-
-for _name in ("httpx2", "httpcore2"):
-    logging.getLogger(_name).addFilter(_QuietWhileDelivering())
 
 BATCH = 100  # events read per look
 # seconds one execution delivers at most before it commits its state: how long a graceful stop
@@ -113,6 +101,12 @@ def body_of(event: Event, webhook: str) -> bytes:
         "id": event.id, "at": event.at, "run_id": event.run_id, "kind": event.kind,
         "task": event.task, "attempt": event.attempt, "data": event.data, "webhook": webhook,
     }).encode()  # fmt: skip
+
+
+def _new_poster() -> Poster:
+    from .posting import Poster  # noqa: PLC0415 (http.client, email and ssl: only to deliver)
+
+    return Poster()
 
 
 def backoff(retry_failures: int, first: float, longest: float) -> float:
@@ -172,7 +166,6 @@ class Deliverer:
         store: WorkerStore | None = getattr(self._stores, "store", None)
         if store is None:
             store = self._stores.store = self._open_store()
-        _delivering.on = True
         try:
             self.deliver(ctx, store)
         except StoreError:
@@ -180,30 +173,15 @@ class Deliverer:
             with contextlib.suppress(StoreError):
                 store.close()
             raise
-        finally:
-            _delivering.on = False
-
-    @staticmethod
-    def _new_client() -> Any:
-        try:
-            import httpx2  # noqa: PLC0415 (the webhooks extra: only when one is delivered)
-        except ImportError:  # told on the run, and tried again after the backoff
-            raise RuntimeError(
-                "webhook delivery needs httpx2: pip install 'leasekeeper[webhooks]'"
-            ) from None
-        return httpx2.Client(follow_redirects=False)
 
     def _senders(self) -> Senders:
-        """This lane thread's senders (kept, with their clients: making one costs a TLS
-        context, 0.2 s here): each POSTs one event at a time, with its webhook's deadline."""
+        """This lane thread's senders (kept, with their posters: each keeps a connection open
+        to each receiver it POSTs to): each POSTs one event at a time, with its webhook's
+        deadline."""
         senders: Senders | None = getattr(self._stores, "senders", None)
         if senders is None:
-            senders = self._stores.senders = Senders(self._new_poster, WINDOW)
+            senders = self._stores.senders = Senders(_new_poster, WINDOW)
         return senders
-
-    def _new_poster(self) -> Poster:
-        _delivering.on = True  # (a sender thread only ever delivers)
-        return Poster(self._new_client())
 
     def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
         payload = ctx.payload

@@ -1,45 +1,60 @@
 """One webhook POST, bounded (docs/protocol.md B20): a total deadline over connecting,
 sending and the whole answer, and at most ``MAX_ANSWER`` bytes of the answer read.
 
+The POST goes through the standard library's ``http.client``, on a keep-alive connection per
+receiver that each sender thread keeps (``Poster``: one thread's, never shared) and opens again
+when the receiver closed it, or after any failure (its state is then unknown).
+
 A socket timeout bounds one wait for one read; a receiver that answers one byte a second never
-trips it. So each POST arms a ``Watchdog``: at the POST's deadline it shuts down the sockets of
-the client that sends it (``shutdown``, unlike ``close``, wakes a read, a write or a TLS
-handshake blocked in another thread at once), and the POST fails with that reason. The client
-learns its sockets from httpcore's ``trace`` extension (each new connection's, plain and TLS);
-it is one thread's, and that thread sends one POST at a time, so at a deadline every socket it
-holds is that POST's or an idle one (which the pool replaces). An answer's body is read in
-pieces and given up on past ``MAX_ANSWER`` bytes (the connection is closed, the rest never
-read), so an endless answer costs a worker no memory.
+trips it. So every blocking call of a POST is given what is left of its deadline, computed
+again before each one (``_Deadline``): the connection to each address the name has, the TLS
+handshake (the ``ssl`` module bounds a whole handshake by the socket's timeout), the request's
+one ``sendall`` (bounded as a whole), and each read of the answer (``_TimedIO``, under
+``http.client``'s buffered reads). Past the deadline, the next one fails at once. So no call
+outlives the deadline, and a POST cut by it is a failure of its own reason. An answer's body
+is read in pieces and given up on past ``MAX_ANSWER`` bytes (the connection is closed, the rest
+never read), so an endless answer costs a worker no memory. A redirect is never followed (a
+3xx is a failure, as any answer but a 2xx), and an ``https://`` receiver's certificate is
+verified against the system's trusted authorities (``ssl.create_default_context``: the host
+name checked too; ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name others). Through the proxy the
+standard variables name (``workerproc/proxies.py``, read once per ``Poster``): an ``https://``
+receiver by a ``CONNECT`` tunnel (its exchange under the same deadline, TLS then checked against
+the receiver's name), an ``http://`` one by its absolute URI; the proxy's name is resolved, not
+the receiver's; a connection is kept per receiver and proxy (a proxied one and a direct one never
+mix).
 
 Resolving the host's name is under the deadline too: ``getaddrinfo`` takes no timeout, so the
 POST asks for it in a thread of its own first and waits for it until the deadline at most (a
 name that does not resolve in time fails the POST; the thread ends with the resolver's own
-timeout). A new connection then resolves the name again, as the HTTP library does: fast after
-a fresh answer, though that second lookup is the resolver's to bound, not ours. A name that
-resolved is not looked up again for ``RESOLVED_FOR`` seconds: its connection is most likely
-reused, and a lookup per POST would cost every delivery.
+timeout). A new connection then resolves the name again: fast after a fresh answer, though that
+second lookup is the resolver's to bound, not ours. A name that resolved is not looked up again
+for ``RESOLVED_FOR`` seconds: its connection is most likely reused, and a lookup per POST would
+cost every delivery.
 """
 
 from __future__ import annotations
 
 import contextlib
-import heapq
-import itertools
-import math
-import os
+import http.client
+import io
+import select
 import socket
+import ssl
 import threading
 import time
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
+from .proxies import Proxies, Proxy, ProxyUnsupported
+
 MAX_ANSWER = 64 * 1024  # bytes of an answer's body read at most: more is a failure
 PIECE = 16 * 1024  # bytes asked for per read of an answer's body
-IDLE = 1.0  # the watchdog looks at its list at least this often (every wait is bounded)
 MAX_ERROR = 300  # characters of a failure's reason kept
 RESOLVED_FOR = 60.0  # seconds a name that resolved is not looked up again before a POST
+KEPT = 4  # receivers a sender thread keeps a connection open to (the least recent closed)
+_Key = tuple[str, str, int, Proxy | None]  # a connection's: scheme, host, port, its proxy
 Resolver = Callable[[str, int], object]  # (host, port): raises OSError when the name is unknown
 
 
@@ -47,140 +62,292 @@ def getaddrinfo(host: str, port: int) -> object:
     return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
-class Watchdog:
-    """One thread per process: runs each armed callback at its deadline, unless it was disarmed
-    first. A callback must be quick (it shuts sockets down)."""
+_tls: ssl.SSLContext | None = None
+_tls_lock = threading.Lock()
+
+
+def tls_context() -> ssl.SSLContext:
+    """The process's client TLS context (made once: loading the trusted authorities costs
+    milliseconds): certificates verified, the host name checked."""
+    global _tls
+    with _tls_lock:
+        if _tls is None:
+            _tls = ssl.create_default_context()
+        return _tls
+
+
+class ConnectError(OSError):
+    """The receiver could not be reached (refused, unreachable): the reason, as it was told."""
+
+
+class ProxyError(OSError):
+    """The proxy would not open a tunnel to the receiver (its answer, as it was told)."""
+
+
+class _Deadline:
+    """The current POST's deadline (monotonic), shared by its connection's calls."""
+
+    __slots__ = ("at",)
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._due: list[tuple[float, int]] = []  # (deadline, token), a heap
-        self._armed: dict[int, Callable[[], None]] = {}
-        self._tokens = itertools.count(1)
-        self._thread: threading.Thread | None = None
-        self._pid = 0
+        self.at = 0.0
 
-    def arm(self, deadline: float, fire: Callable[[], None]) -> int:
-        """Run ``fire`` at ``deadline`` (monotonic) unless ``disarm``ed; a token for that."""
-        with self._lock:
-            if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
-                self._pid = os.getpid()  # (a forked child has no thread of its parent's)
-                self._thread = threading.Thread(target=self._main, name="post-watchdog",
-                                                daemon=True)  # fmt: skip
-                self._thread.start()
-            token = next(self._tokens)
-            self._armed[token] = fire
-            # the thread sleeps until the earliest deadline it knows or ``IDLE``: woken only for
-            # one sooner than both (a POST's deadline, seconds away, rarely is: two context
-            # switches per POST saved)
-            first = self._due[0][0] if self._due else math.inf
-            heapq.heappush(self._due, (deadline, token))
-            if deadline < min(first, time.monotonic() + IDLE):
-                self._lock.notify()
-        return token
-
-    def disarm(self, token: int) -> None:
-        with self._lock:
-            self._armed.pop(token, None)
-
-    def _main(self) -> None:
-        while True:
-            with self._lock:
-                now = time.monotonic()
-                while self._due and (self._due[0][1] not in self._armed):
-                    heapq.heappop(self._due)  # disarmed: forgotten
-                if not self._due or self._due[0][0] > now:
-                    wait = IDLE if not self._due else min(IDLE, self._due[0][0] - now)
-                    self._lock.wait(wait)
-                    continue
-                _, token = heapq.heappop(self._due)
-                fire = self._armed.pop(token)
-            with contextlib.suppress(Exception):  # (a socket already gone: nothing to wake)
-                fire()
+    def left(self) -> float:
+        """The seconds left; ``TimeoutError`` when there are none."""
+        left = self.at - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the POST's deadline passed")
+        return left
 
 
-WATCHDOG = Watchdog()
+class _TimedIO(io.RawIOBase):
+    """A connection's reads (under ``http.client``'s buffered reader), each one waiting for
+    what is left of the POST's deadline at most."""
+
+    def __init__(self, owner: _Socket) -> None:
+        super().__init__()
+        self._owner = owner
+        self._sock, self._deadline = owner.sock, owner.deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(self._deadline.left())
+        return self._sock.recv_into(buffer)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._owner.unread()
+        super().close()
+
+
+class _Socket:
+    """What ``http.client`` holds as its connection's socket: the real one, whose every send
+    and read is bounded by the POST's deadline. Closed once both the connection and the
+    answer being read let go of it (``http.client`` closes a connection that will not be
+    reused as soon as the answer's head is read: the answer reads on, as with a socket's
+    ``makefile``)."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline) -> None:
+        self.sock, self.deadline = sock, deadline
+        self._readers = 0
+        self._closed = False
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.settimeout(self.deadline.left())  # (a sendall's timeout bounds it all)
+        self.sock.sendall(data)
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        self._readers += 1
+        return io.BufferedReader(_TimedIO(self))
+
+    def unread(self) -> None:
+        self._readers -= 1
+        if self._closed and self._readers <= 0:
+            self.sock.close()
+
+    def close(self) -> None:
+        self._closed = True
+        if self._readers <= 0:
+            self.sock.close()
+
+    def stale(self) -> bool:
+        """Whether the receiver closed it (or sent something unasked) while it was idle: it is
+        readable (an end of file, a reset), or TLS has bytes pending."""
+        if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+
+
+class _Connection(http.client.HTTPConnection):
+    """One receiver's keep-alive connection, made (again) by ``connect`` when a request
+    needs it, within the POST's deadline; through ``proxy`` when one is given (its own
+    connection, never a direct one's: ``Poster`` keys them apart): for TLS a ``CONNECT``
+    tunnel (``set_tunnel``), TLS then spoken to the receiver, its name checked."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        tls: ssl.SSLContext | None,
+        deadline: _Deadline,
+        proxy: Proxy | None = None,
+    ) -> None:
+        super().__init__(*((host, port) if proxy is None else (proxy.host, proxy.port)))
+        if tls is not None:
+            self.default_port = 443  # (the Host header leaves out the scheme's own port)
+            if proxy is not None:
+                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                self.set_tunnel(host, port, headers={"Host": where, **proxy.headers()})
+        self._tls, self._deadline, self._proxy = tls, deadline, proxy
+        self._receiver, self._receiver_port = host, port
+        self._tunnelled = proxy is not None and tls is not None
+
+    def connect(self) -> None:
+        try:
+            sock = _connect(self.host, self.port, self._deadline)
+        except ConnectError as exc:
+            if self._proxy is None:
+                raise
+            raise ConnectError(f"the proxy {self._proxy.name}: {exc}") from None
+        try:
+            if self._tunnelled:  # (its exchange's send and reads: under the deadline too)
+                self.sock = _Socket(sock, self._deadline)
+                self._tunnel_through()
+            if self._tls is not None:
+                sock.settimeout(self._deadline.left())  # (a handshake's timeout bounds it all)
+                sock = self._tls.wrap_socket(sock, server_hostname=self._receiver)
+        except BaseException:
+            self.sock = None
+            sock.close()
+            raise
+        self.sock = _Socket(sock, self._deadline)
+
+    def _tunnel_through(self) -> None:
+        try:
+            self._tunnel()  # type: ignore[attr-defined]  # (http.client's CONNECT exchange)
+        except TimeoutError:
+            raise
+        except OSError as exc:  # "Tunnel connection failed: 407 Proxy Authentication Required"
+            told = str(exc).removeprefix("Tunnel connection failed: ")
+            assert self._proxy is not None
+            raise ProxyError(
+                f"the proxy {self._proxy.name} refused the tunnel to "
+                f"{self._receiver}:{self._receiver_port}: {told}"
+            ) from None
+
+    def stale(self) -> bool:
+        return isinstance(self.sock, _Socket) and self.sock.stale()
+
+
+def _connect(host: str, port: int, deadline: _Deadline) -> socket.socket:
+    """A TCP connection to the first of ``host``'s addresses that answers, each try within
+    what is left of the deadline (``TimeoutError`` once it passed)."""
+    failure: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())
+            sock.connect(address)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        except TimeoutError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    raise ConnectError(str(failure) if failure else f"no address for {host!r}")
 
 
 class Poster:
-    """The POSTs of one thread: its httpx2 client (kept: its connections are reused), the
-    sockets that client opened, and the watchdog's deadline for each POST."""
+    """The POSTs of one thread: its connections (one per receiver, kept open between POSTs)
+    and the deadline of the POST it sends."""
 
     def __init__(
-        self, client: Any, watchdog: Watchdog = WATCHDOG, resolve: Resolver = getaddrinfo
+        self, resolve: Resolver = getaddrinfo, tls: Callable[[], ssl.SSLContext] = tls_context
     ) -> None:
-        self._client = client
-        self._watchdog = watchdog
         self._resolve = resolve
+        self._tls = tls
         self._resolved_until: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic
-        self._lock = threading.Lock()  # the sockets: this thread adds, the watchdog's shuts
-        self._sockets: weakref.WeakSet[socket.socket] = weakref.WeakSet()
-        # a copy of the descriptor of each connection this POST made, kept to its end: a TLS
-        # handshake takes the socket's descriptor over before its stream is known, and a
-        # shutdown through the copy still wakes it (it acts on the connection, not the copy)
-        self._copies: list[socket.socket] = []
-        self._late = False  # the current POST's deadline has passed: new sockets are shut too
-        self._posts = 0  # POSTs begun (a watchdog's late call for an earlier one does nothing)
+        self._deadline = _Deadline()
+        self._connections: OrderedDict[_Key, _Connection] = OrderedDict()
+        self._proxies = Proxies()  # (the proxy variables: read once, by this sender thread)
 
-    def _trace(self, name: str, info: Mapping[str, Any]) -> None:
-        """httpcore's ``trace`` extension: each connection made (TCP, then TLS) is kept."""
-        if not name.endswith(".complete"):
-            return
-        stream = info.get("return_value")
-        getter = getattr(stream, "get_extra_info", None)
-        sock = getter("socket") if getter is not None else None
-        if not isinstance(sock, socket.socket):
-            return
-        with self._lock:
-            self._sockets.add(sock)
-            if name.endswith("connect_tcp.complete"):
-                with contextlib.suppress(OSError):
-                    self._copies.append(sock.dup())
-            if self._late:
-                _shut(sock)
-
-    def _expire(self, post: int) -> None:
-        """The watchdog's, at POST ``post``'s deadline: every socket of this client is shut
-        down (unless that POST is over)."""
-        if post != self._posts:
-            return
-        with self._lock:
-            self._late = True
-            for sock in [*self._sockets, *self._copies]:
-                _shut(sock)
+    def close(self) -> None:
+        """Close every connection kept."""
+        while self._connections:
+            _, connection = self._connections.popitem()
+            with contextlib.suppress(OSError):
+                connection.close()
 
     def post(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
         """POST ``body`` to ``url`` within ``limit`` seconds in all; None when the receiver
         took it (a 2xx answer, complete, of at most ``MAX_ANSWER`` bytes), else the reason it
         failed."""
-        self._late = False
-        self._posts = post = self._posts + 1
-        deadline = time.monotonic() + limit
-        token = self._watchdog.arm(deadline, lambda: self._expire(post))
+        deadline = self._deadline.at = time.monotonic() + limit
+        parts = urlsplit(url)
+        scheme, host = parts.scheme, parts.hostname or ""
+        port = parts.port or _PORTS.get(scheme, 80)
         try:
-            unresolved = self._resolved(url, deadline)
+            proxy = self._proxies.proxy_for(scheme, host)
+        except ProxyUnsupported as exc:
+            return f"ProxyUnsupported: {exc}"[:MAX_ERROR]
+        key: _Key = (scheme, host, port, proxy)
+        try:
+            # through a proxy, the proxy's name is looked up: the receiver's is the proxy's to
+            unresolved = self._resolved(*((host, port) if proxy is None else
+                                          (proxy.host, proxy.port)), deadline)  # fmt: skip
             if unresolved is not None:
                 return unresolved
-            return self._send(url, body, headers, limit)
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            if proxy is not None and scheme != "https":  # (the absolute URI, to the proxy)
+                target = f"{scheme}://{parts.netloc.rpartition('@')[2]}{target}"
+                headers = {**headers, **proxy.headers()}
+            failed = self._send(self._connection(key), target, body, headers)
+            if failed is not None:
+                self._drop(key)  # (an answer not read to its end: the connection is not reused)
+            return failed
         except Exception as exc:  # the network's: refused, reset, cut by the deadline ...
-            if self._late or time.monotonic() >= deadline:  # (or a timeout of the library's)
+            self._drop(key)
+            if isinstance(exc, TimeoutError) or time.monotonic() >= deadline:
                 return f"no complete answer within {limit:g} s ({type(exc).__name__})"
             return f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
-        finally:
-            self._watchdog.disarm(token)
-            self._posts += 1  # (over: a late call of the watchdog for it does nothing)
-            with self._lock:
-                copies, self._copies = self._copies, []
-            for copy in copies:
-                copy.close()
 
-    def _resolved(self, url: str, deadline: float) -> str | None:
-        """Resolve ``url``'s host within the POST's deadline, in a thread of its own (the
-        lookup cannot be interrupted); None when it resolved (or is an address), else why not."""
-        parts = urlsplit(url)
-        host = parts.hostname
+    def _connection(self, key: _Key) -> _Connection:
+        """The connection kept for ``key`` (closed first if the receiver closed it meanwhile:
+        the request opens it again), or a new one."""
+        connection = self._connections.get(key)
+        if connection is None:
+            scheme, host, port, proxy = key
+            tls = self._tls() if scheme == "https" else None
+            connection = _Connection(host, port, tls, self._deadline, proxy)
+            self._connections[key] = connection
+            while len(self._connections) > KEPT:
+                self._connections.popitem(last=False)[1].close()
+        else:
+            self._connections.move_to_end(key)
+            if connection.stale():
+                connection.close()
+        return connection
+
+    def _drop(self, key: _Key) -> None:
+        connection = self._connections.pop(key, None)
+        if connection is not None:
+            with contextlib.suppress(OSError):
+                connection.close()
+
+    @staticmethod
+    def _send(
+        connection: _Connection, target: str, body: bytes, headers: Mapping[str, str]
+    ) -> str | None:
+        connection.request("POST", target, body=body, headers=dict(headers))
+        reply = connection.getresponse()
+        try:
+            status = reply.status
+            if not 200 <= status < 300:
+                redirect = ": redirects are not followed" if 300 <= status < 400 else ""
+                return f"HTTP {status}{redirect}"
+            size = 0
+            while piece := reply.read(PIECE):
+                size += len(piece)
+                if size > MAX_ANSWER:
+                    return (f"HTTP {status} with an answer longer than {MAX_ANSWER} bytes "
+                            "(not read further)")  # fmt: skip
+            return None  # (complete: taken, even if the deadline came just after)
+        finally:
+            reply.close()  # (read to its end: a no-op; else the caller drops the connection)
+
+    def _resolved(self, host: str, port: int, deadline: float) -> str | None:
+        """Resolve ``host`` within the POST's deadline, in a thread of its own (the lookup
+        cannot be interrupted); None when it resolved (or is an address), else why not."""
         if not host or _is_address(host):
             return None
-        port = parts.port or (443 if parts.scheme == "https" else 80)
         if self._resolved_until.get((host, port), 0.0) > time.monotonic():
             return None  # resolved lately: its connection is most likely reused (no lookup)
         done = threading.Event()
@@ -202,27 +369,8 @@ class Poster:
         self._resolved_until[(host, port)] = time.monotonic() + RESOLVED_FOR
         return None
 
-    def _send(self, url: str, body: bytes, headers: Mapping[str, str], limit: float) -> str | None:
-        client = self._client
-        request = client.build_request(
-            "POST", url, content=body, headers=dict(headers), timeout=limit,
-            extensions={"trace": self._trace},
-        )  # fmt: skip
-        reply = client.send(request, stream=True)
-        try:
-            status = int(reply.status_code)
-            if not 200 <= status < 300:
-                redirect = ": redirects are not followed" if 300 <= status < 400 else ""
-                return f"HTTP {status}{redirect}"
-            size = 0
-            for piece in reply.iter_raw(PIECE):
-                size += len(piece)
-                if size > MAX_ANSWER:
-                    return (f"HTTP {status} with an answer longer than {MAX_ANSWER} bytes "
-                            "(not read further)")  # fmt: skip
-            return None  # (complete: taken, even if the deadline came just after)
-        finally:
-            reply.close()
+
+_PORTS = {"http": 80, "https": 443}
 
 
 def _is_address(host: str) -> bool:
@@ -231,11 +379,3 @@ def _is_address(host: str) -> bool:
     except OSError:
         return False
     return True
-
-
-def _shut(sock: socket.socket) -> None:
-    """Wake whatever waits on ``sock`` (the plain socket's shutdown, also for a TLS one: its
-    TLS state is left to the thread that reads it)."""
-    with contextlib.suppress(OSError):  # (closed meanwhile)
-        if sock.fileno() != -1:
-            socket.socket.shutdown(sock, socket.SHUT_RDWR)

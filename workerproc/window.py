@@ -10,10 +10,10 @@ so a fault re-sends at most ``size`` events. The position is the highest event b
 every event was dealt with (contiguous): acknowledgements that come out of order move it only
 once the gap before them closes.
 
-``Senders`` are the threads that POST: each has its own ``Poster`` (one thread's client and
-sockets, as ``workerproc.posting`` needs), takes one job at a time and hands its answer back
-on the queue the job names, so a delivery that stopped (its lease lost) never sees another's
-answers. An idle sender ends after ``IDLE_END`` seconds; every wait is bounded.
+``Senders`` are the threads that POST: each has its own ``Poster`` (one thread's connections,
+as ``workerproc.posting`` needs, closed when the thread ends), takes one job at a time and
+hands its answer back on the queue the job names, so a delivery that stopped (its lease lost)
+never sees another's answers. An idle sender ends after ``IDLE_END`` seconds; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Window:
     _slots: deque[Slot] = field(default_factory=deque)
     _open: int = 0  # events sent (in flight, acknowledged, failed, dead) above the position
     _flight: int = 0
+    _failed: int = 0  # slots FAILED (waiting for their moment to be tried again)
     _carried: bool = False  # the first event still to send was given its carried failures
 
     @property
@@ -88,30 +89,43 @@ class Window:
 
     def waiting(self) -> bool:
         """Whether any wanted event is still to be sent (or tried again)."""
-        return any(s.status in (WAITING, FAILED) for s in self._slots)
+        return bool(self._failed) or any(s.status == WAITING for s in self._slots)
 
     def next_due(self) -> float | None:
         """The earliest moment a failed event may be tried again, if any waits for one."""
-        dues = [s.due for s in self._slots if s.status == FAILED]
-        return min(dues) if dues else None
+        if not self._failed:
+            return None
+        return min(s.due for s in self._slots if s.status == FAILED)
 
     def sendable(self, now: float) -> Iterator[Slot]:
         """The slots that may go now, in table order: the first unfinished event of its run, a
-        new one while the window has room, a failed one once its moment came."""
+        new one while the window has room, a failed one once its moment came. (The look ends
+        once the window is full and no failed slot is left behind: a delivery asks after every
+        round of answers, and a full window's slots after it could not go.)"""
         busy: set[int | None] = set()  # (events of no run: one after another too)
+        failed = self._failed  # the failed slots not looked at yet
         for slot in self._slots:
+            status = slot.status
+            if not failed and self._open >= self.size:
+                return  # (the caller's ``sent`` fills the window as it takes each one)
+            if status in _DEALT:
+                continue
+            if status == FAILED:
+                failed -= 1
             run = slot.event.run_id
-            if slot.status in (PASSED, ACKED) or run in busy:
+            if run in busy:
                 continue
             busy.add(run)  # (its later events wait for this one)
-            if slot.status == FAILED and slot.due <= now:
+            if status == FAILED and slot.due <= now:
                 yield slot  # (open already: a try again takes no room)
-            elif slot.status == WAITING and not self.full:
+            elif status == WAITING and self._open < self.size:
                 yield slot
 
     def sent(self, slot: Slot) -> None:
         if slot.status == WAITING:
             self._open += 1
+        elif slot.status == FAILED:
+            self._failed -= 1
         slot.status = FLIGHT
         self._flight += 1
 
@@ -123,6 +137,7 @@ class Window:
         """Tried again at ``due``: its run's later events keep waiting."""
         slot.status, slot.due = FAILED, due
         self._flight -= 1
+        self._failed += 1
 
     def dead(self, slot: Slot) -> None:
         """Given up on: dealt with once its dead letter is committed (``cursor``)."""
@@ -218,3 +233,7 @@ class Senders:
             with self._lock:
                 self._threads -= 1
             raise
+        finally:
+            close = getattr(context, "close", None)  # (a poster's kept connections)
+            if close is not None:
+                close()

@@ -1,6 +1,7 @@
 """A webhook POST's deadline covers resolving the receiver's name: a resolver that hangs or
 fails is the POST's failure, with its reason, within the deadline; an address is never
-looked up; a name that resolves is delivered as before. Real sockets, a real HTTP client."""
+looked up; a name that resolves is delivered as before. Real sockets, the real
+``http.client``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-import httpx2
 import pytest
 from webhook_receiver import Receiver
 
@@ -42,12 +42,10 @@ def test_a_resolver_that_hangs_fails_the_post_within_its_deadline() -> None:
         release.wait(30)
         return []
 
-    with httpx2.Client() as client:
-        raw, headers = body()
-        began = time.monotonic()
-        reason = Poster(client, resolve=hung).post("https://hooks.example.test/x", raw, headers,
-                                                   LIMIT)  # fmt: skip
-        took = time.monotonic() - began
+    raw, headers = body()
+    began = time.monotonic()
+    reason = Poster(resolve=hung).post("https://hooks.example.test/x", raw, headers, LIMIT)
+    took = time.monotonic() - began
     release.set()
     assert reason == "cannot resolve 'hooks.example.test' within the POST's deadline"
     assert asked == [("hooks.example.test", 443)]
@@ -58,10 +56,8 @@ def test_a_name_that_does_not_resolve_is_a_failure_with_its_reason() -> None:
     def unknown(host: str, port: int) -> object:
         raise OSError(-2, "Name or service not known")
 
-    with httpx2.Client() as client:
-        raw, headers = body()
-        reason = Poster(client, resolve=unknown).post("http://nowhere.test:8080/", raw, headers,
-                                                      LIMIT)  # fmt: skip
+    raw, headers = body()
+    reason = Poster(resolve=unknown).post("http://nowhere.test:8080/", raw, headers, LIMIT)
     assert reason == "cannot resolve 'nowhere.test': [Errno -2] Name or service not known"
 
 
@@ -75,11 +71,10 @@ def test_an_address_is_posted_to_without_a_lookup_and_a_name_after_one(receiver:
         looked.append(host)
         return getaddrinfo(host, port)
 
-    with httpx2.Client() as client:
-        raw, headers = body()
-        assert Poster(client, resolve=never).post(receiver.url, raw, headers, 5.0) is None
-        by_name = receiver.url.replace("127.0.0.1", "localhost")
-        poster = Poster(client, resolve=real)
-        assert poster.post(by_name, raw, headers, 5.0) is None
-        assert poster.post(by_name, raw, headers, 5.0) is None  # resolved lately: no lookup
+    raw, headers = body()
+    assert Poster(resolve=never).post(receiver.url, raw, headers, 5.0) is None
+    by_name = receiver.url.replace("127.0.0.1", "localhost")
+    poster = Poster(resolve=real)
+    assert poster.post(by_name, raw, headers, 5.0) is None
+    assert poster.post(by_name, raw, headers, 5.0) is None  # resolved lately: no lookup
     assert looked == ["localhost"] and len(receiver.accepted()) == 3

@@ -6,6 +6,7 @@ window is full), at most ``WINDOW`` events open (what a fault re-sends). The boo
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from workerproc.delivery import Deliverer
 from workerproc.store import Store
 from workerproc.store.types import Event
 from workerproc.store.webhooks import WEBHOOK_QUEUE, RetryNumbers
-from workerproc.window import WINDOW, Window
+from workerproc.window import ACKED, FAILED, FLIGHT, PASSED, WAITING, WINDOW, Window
 
 SECRET = "window-secret"
 FAST = RetryNumbers(max_failures=5, backoff=0.01, backoff_max=0.02, timeout=5.0)
@@ -99,6 +100,51 @@ def test_a_dead_letter_is_passed_by_the_cursor_not_by_the_position() -> None:
     w.acked(slots[2])
     assert w.advance() == (0, 0), "the row moves past a dead letter only once it is committed"
     assert w.cursor() == 2 and w.failures_after(2) == 0, "event 3 starts from none"
+
+
+def expected_sendable(w: Window, now: float) -> list[int]:
+    """The rule, written out plainly over every slot: the first unfinished event of each run,
+    a failed one once due, a waiting one while fewer than ``size`` are open."""
+    busy: set[int | None] = set()
+    room = w.size - w._open
+    out = []
+    for slot in w._slots:
+        if slot.status in (PASSED, ACKED) or slot.event.run_id in busy:
+            continue
+        busy.add(slot.event.run_id)
+        if slot.status == FAILED and slot.due <= now:
+            out.append(slot.event.id)
+        elif slot.status == WAITING and room > 0:
+            out.append(slot.event.id)
+            room -= 1
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_look_that_ends_at_a_full_window_lets_the_same_events_go(seed: int) -> None:
+    """``sendable`` stops looking once the window is full and no failed slot is left behind
+    (it was a scan of the whole read batch after every round of answers): the same events go
+    as by the rule over every slot, through random answers, failures and moves."""
+    rng = random.Random(seed)
+    w = Window(position=0, size=rng.choice((1, 3, 8)))
+    next_id, now = 1, 0.0
+    for _ in range(300):
+        if len(w) < 40:
+            batch = [ev(next_id + i, rng.choice((1, 2, 3, 4, 5, None))) for i in range(8)]
+            w.add(batch, lambda e: e.run_id != 5)  # (run 5's: passed over)
+            next_id += 8
+        now += rng.random()
+        want = expected_sendable(w, now)
+        assert sendable(w, now) == want
+        flying = [slot for slot in w._slots if slot.status == FLIGHT]
+        for slot in rng.sample(flying, rng.randint(0, len(flying))):
+            if rng.random() < 0.2:
+                w.failed(slot, due=now + rng.random() * 2)
+            else:
+                w.acked(slot)
+        w.advance()
+        assert w.next_due() == min((s.due for s in w._slots if s.status == FAILED), default=None)
+        assert w.waiting() == any(s.status in (WAITING, FAILED) for s in w._slots)
 
 
 # -- whole deliveries, on every backend ----------------------------------------------------------

@@ -1,0 +1,93 @@
+"""The proxy a webhook POST goes through (docs/how-to/webhooks.md): the standard variables
+``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY`` and ``NO_PROXY`` (lower-case forms too, which
+win), as ``urllib.request.getproxies()`` reads them on Linux (``getproxies_environment``: the
+variables only, on every system, never macOS's or Windows' own settings), with ``NO_PROXY``
+applied as ``urllib.request.proxy_bypass`` applies it there (``proxy_bypass_environment``: a
+host equal to an entry or under it, ``*`` for every host; no name is looked up to decide). A
+sender thread's ``Poster`` reads them once, when it is made (``Proxies``).
+
+Only a plain ``http://`` proxy is spoken to (``user:password@`` in its URL sent as
+``Proxy-Authorization: Basic``): an ``https://`` receiver through an HTTP ``CONNECT`` tunnel, an
+``http://`` one by its absolute URI. A proxy reached over TLS itself (``https://``) or a SOCKS
+one is refused with one clear reason, the POST's failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.request
+from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
+from urllib.request import proxy_bypass_environment  # type: ignore[attr-defined]  # (untyped)
+
+
+class ProxyUnsupported(ValueError):
+    """The proxy named for a receiver is not one a POST can go through (the reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Proxy:
+    """A plain HTTP proxy: where it listens, and the ``Proxy-Authorization`` it wants."""
+
+    host: str
+    port: int
+    authorization: str | None = None
+
+    @property
+    def name(self) -> str:
+        """``host:port`` (never the credentials: it goes into failures' reasons)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.authorization is None else {"Proxy-Authorization": self.authorization}
+
+
+class Proxies:
+    """The proxy variables as read once (when made), and each receiver's proxy."""
+
+    def __init__(self) -> None:
+        self._found = urllib.request.getproxies_environment()
+        self._chosen: dict[tuple[str, str], Proxy | ProxyUnsupported | None] = {}
+
+    def proxy_for(self, scheme: str, host: str) -> Proxy | None:
+        """The proxy a POST to ``scheme://host`` goes through, None to go straight to it;
+        ``ProxyUnsupported`` when the one named cannot be used."""
+        key = (scheme, host)
+        chosen = self._chosen.get(key, False)
+        if chosen is False:
+            chosen = self._chosen[key] = self._choose(scheme, host)
+        if isinstance(chosen, ProxyUnsupported):
+            raise chosen
+        return chosen  # type: ignore[return-value]  # (False is never kept)
+
+    def _choose(self, scheme: str, host: str) -> Proxy | ProxyUnsupported | None:
+        variable = scheme if scheme in self._found else "all"
+        value = self._found.get(variable)
+        if not value or proxy_bypass_environment(host, self._found):
+            return None
+        try:
+            return parse(value)
+        except ProxyUnsupported as exc:
+            return ProxyUnsupported(f"{variable.upper()}_PROXY: {exc}")
+
+
+def parse(value: str) -> Proxy:
+    """A proxy variable's value (``http://user:pass@host:port``; no scheme: ``http://``; no
+    port: 80) as a ``Proxy``; ``ProxyUnsupported`` for any other scheme, or no host."""
+    try:
+        parts = urlsplit(value if "://" in value else f"http://{value}")
+        host, port = parts.hostname, parts.port or 80
+    except ValueError as exc:
+        raise ProxyUnsupported(f"not a proxy URL ({exc})") from None
+    if not host:
+        raise ProxyUnsupported("a proxy URL with no host")
+    if parts.scheme != "http":
+        raise ProxyUnsupported(
+            f"a {parts.scheme}:// proxy ({host}:{port}) is not supported: only a plain "
+            "http:// one (TLS to the proxy itself, SOCKS: not implemented)"
+        )
+    authorization = None
+    if parts.username is not None:
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(pair.encode()).decode("ascii")
+    return Proxy(host, port, authorization)
