@@ -253,20 +253,19 @@ def claim_runs(tx: SQLiteTx, params: Params) -> list[Row]:
 
 def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     """The first ``limit`` claimable runs of each line of ``lines``, the line first: one
-    statement per line (in process, a statement costs no round trip)."""
+    statement for them all (the lines, queues and tasks as JSON arrays)."""
     queues, tasks = params["queues"], params.get("tasks")
-    shaped = {**params, "queues": None if queues is None else json.dumps(queues),
+    shaped = {**params, "lines": json.dumps(params["lines"]),
+              "queues": None if queues is None else json.dumps(queues),
               "tasks": None if tasks is None else json.dumps(tasks)}  # fmt: skip
-    execute = tx.conn.execute
-    return [(line, *row) for line in params["lines"]
-            for row in execute(q.LINE_RUNS, {**shaped, "line": line}).fetchall()]  # fmt: skip
+    return tx.conn.execute(q.LINE_RUNS, shaped).fetchall()
 
 
 def gate_state(tx: SQLiteTx, params: Params) -> list[Row]:
-    """Each gate of ``gates`` that exists, with its numbers, buckets and live leases."""
-    execute, now = tx.conn.execute, params["now"]
-    found = (execute(q.GATE_STATE, {"gate": g, "now": now}).fetchone() for g in params["gates"])
-    return [row for row in found if row is not None]
+    """Each gate of ``gates`` that exists, with its numbers, buckets and live leases: one
+    statement for them all."""
+    shaped = {"gates": json.dumps(params["gates"]), "now": params["now"]}
+    return tx.conn.execute(q.GATE_STATE, shaped).fetchall()
 
 
 def gate_write(tx: SQLiteTx, params: Params) -> list[Row]:

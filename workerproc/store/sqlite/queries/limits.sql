@@ -95,7 +95,8 @@ SELECT gate FROM gates WHERE ready_at <= :now ORDER BY ready_at, gate
     LIMIT :limit
 
 -- name: GATE_STATE
--- one gate, its limit's numbers, its buckets, its live leases and the first of them to end
+-- the gates of :gates (a JSON array) that exist, one row each: its limit's numbers, its buckets,
+-- its live leases and the first of them to end (one statement for all of a claim's gates)
 SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
     g.level_at, g.tok_level, g.tok_at, g.paused_until,
     (SELECT count(*) FROM leases WHERE gate_a = g.gate AND expires_at > :now)
@@ -107,23 +108,29 @@ SELECT g.gate, l.rate, l.burst, l.concurrency, l.tokens, l.token_burst, g.level,
             AND expires_at > :now
         UNION ALL SELECT min(expires_at) AS e FROM leases WHERE gate_c = g.gate
             AND expires_at > :now))
-    FROM gates AS g JOIN limits AS l ON l.name = g.lim WHERE g.gate = :gate
+    FROM json_each(:gates) AS j CROSS JOIN gates AS g JOIN limits AS l ON l.name = g.lim
+    WHERE g.gate = j.value
 
 -- name: LINE_RUNS
--- the first claimable runs of a line in the served queues (a JSON array; NULL: all) whose head
--- task is a served one (:tasks, likewise: B22): their head task, its reservation, what an
--- expired lease on it still holds (a takeover gives it back), and its gates
-SELECT r.id, t.id, t.tokens,
+-- the first :limit claimable runs of each line of :lines (a JSON array), the line first, in the
+-- served queues (a JSON array; NULL: all) whose head task is a served one (:tasks, likewise:
+-- B22): their head task, its reservation, what an expired lease on it still holds (a takeover
+-- gives it back), and its gates; one statement for all the lines (each line's runs in its order)
+SELECT j.value, r.id, t.id, t.tokens,
         (SELECT p.reserved FROM leases AS p WHERE p.run_id = r.id AND p.owner IS NOT NULL),
         t.gate_a, t.gate_b, t.gate_c
-    FROM runs AS r JOIN tasks AS t ON t.id = r.head_id
-    WHERE r.line = :line AND r.line_at <= :now AND +r.status IN ('pending', 'running')
-      AND (:queues IS NULL OR r.queue IN (SELECT value FROM json_each(:queues)))
-      AND (:tasks IS NULL OR coalesce(t.name || '@' || t.version, t.name)
-                             IN (SELECT value FROM json_each(:tasks)))
-      AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = r.id
-                      AND a.expires_at > :now)
-    ORDER BY r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id LIMIT :limit
+    FROM json_each(:lines) AS j CROSS JOIN runs AS r CROSS JOIN tasks AS t
+    WHERE r.id IN (
+        SELECT f.id FROM runs AS f JOIN tasks AS h ON h.id = f.head_id
+        WHERE f.line = j.value AND f.line_at <= :now AND +f.status IN ('pending', 'running')
+          AND (:queues IS NULL OR f.queue IN (SELECT value FROM json_each(:queues)))
+          AND (:tasks IS NULL OR coalesce(h.name || '@' || h.version, h.name)
+                                 IN (SELECT value FROM json_each(:tasks)))
+          AND NOT EXISTS (SELECT 1 FROM leases AS a WHERE a.run_id = f.id
+                          AND a.expires_at > :now)
+        ORDER BY f.queue, f.priority DESC, f.line_at, f.head_created, f.head_id LIMIT :limit)
+      AND t.id = r.head_id
+    ORDER BY j.key, r.queue, r.priority DESC, r.line_at, r.head_created, r.head_id
 
 -- name: LINE_NEXT
 -- when a line may next have a claimable run: its first due run, or its first lease to end
