@@ -4,19 +4,13 @@ bounded time; the file is the owner's and never followed through a symlink."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sqlite3
 import stat
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from workerproc.store import ClaimRequest, open_store
-from workerproc.store.sqlite import intent
 from workerproc.store.sqlite.intent import YIELD_MAX, Intent
 
 
@@ -118,66 +112,3 @@ def test_a_thread_that_ends_leaves_no_descriptor_behind(tmp_path: Path) -> None:
     gc.collect()
     assert open_fds() - before < 5
     intent.close()
-
-
-def _exchange_behind_a_held_lock(db: str, then: Callable[[], None]) -> tuple[list[str], float]:
-    """A worker's exchange starts while another connection holds the write lock (so it is
-    already retrying its BEGIN when ``then`` runs); the lock is released 0.1 s after ``then``.
-    Returns the tasks the exchange claimed and the seconds it took."""
-    holder = sqlite3.connect(db, isolation_level=None)
-    holder.execute("BEGIN IMMEDIATE")
-    store = open_store(db)
-    out: list[object] = []
-
-    def exchange() -> None:
-        started = time.monotonic()
-        leases = store.commit_many([], claim=ClaimRequest("w", 30.0, 5, 1)).leases
-        out.extend(([lease.task for lease in leases], time.monotonic() - started))
-
-    t = threading.Thread(target=exchange)
-    try:
-        t.start()
-        time.sleep(0.1)  # the exchange finds no producer and the lock taken: it retries
-        then()
-        time.sleep(0.1)
-        holder.execute("COMMIT")
-        t.join(30)
-    finally:
-        holder.close()
-        store.close()
-    tasks, took = out
-    return tasks, took  # type: ignore[return-value]
-
-
-def test_an_exchange_waiting_for_the_lock_lets_a_producer_announced_meanwhile_go_first(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The producer is a thread of the worker's own process (a handler's start_run): the
-    exchange leaves its turn among the process's writers while it stands back."""
-    monkeypatch.setattr(intent, "YIELD_MAX", 5.0)  # the box may be loaded
-    db = str(tmp_path / "jobs.db")
-    open_store(db).close()
-    producer = open_store(db)
-    t = threading.Thread(target=producer.start_run, args=("first",))
-    try:
-        tasks, _ = _exchange_behind_a_held_lock(db, t.start)
-        t.join(30)
-    finally:
-        producer.close()
-    assert tasks == ["first"]  # the producer's run was written before the exchange's claim
-
-
-def test_an_exchange_stands_back_for_an_announcement_only_within_its_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(intent, "YIELD_MAX", 0.3)
-    db = str(tmp_path / "jobs.db")
-    store = open_store(db)
-    store.start_run("t")
-    store.close()
-    with contextlib.ExitStack() as stack:  # a producer that announced and never goes on
-        tasks, took = _exchange_behind_a_held_lock(
-            db, lambda: stack.enter_context(Intent(db + "-producers").announce())
-        )
-        assert tasks == ["t"]  # it went on, still announced, once its bound was spent
-    assert took <= 0.3 + 0.2 + 2.0  # (the lock was held for 0.2 s of it; the box may be loaded)

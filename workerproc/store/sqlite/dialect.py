@@ -26,7 +26,6 @@ from ..errors import SchemaTooNew, StoreCorrupt, StoreError, StoreUnavailable
 from ..settings import SQLiteOptions
 from ..types import Clock
 from .errors import is_busy, is_readonly, translate, unbindable, undecodable
-from .intent import Deference, Deferred
 from .intent import Intent as Producers
 from .schema import MIGRATIONS, SCHEMA_VERSION
 from .steps import CATALOGUE
@@ -92,51 +91,36 @@ class SQLiteDialect(Dialect):
         if caller is not None:
             return self._within(caller, fn)
         if intent == "exchange":
-            budget = Deference(self._producers)
-            self._producers.yield_to_producers(budget)
-            return self._transaction(fn, defer=budget)
-        if intent in ("start", "call"):
+            self._producers.yield_to_producers()
+        elif intent in ("start", "call"):
             # a paid call's intent or keep (B13) is a producer's kind of transaction: a few
-            # rows a handler waits on, paid for. Both go ahead of the pool's exchanges and poll
-            # for the lock from their first try: an exchange that stands back for them (its
-            # ``defer``) hands them the lock only if they are there when it is released
+            # rows a handler waits on, paid for; it goes ahead of the pool's exchanges, and
+            # polls for the lock from its first try (the keep's latency is a paid answer's
+            # window)
             with self._producers.announce():
-                return self._transaction(fn, urgent=True)
+                return self._transaction(fn, urgent=intent == "call")
         return self._transaction(fn)
 
-    def _transaction(
-        self, fn: Callable[[Tx], T], urgent: bool = False, defer: Deference | None = None
-    ) -> T:
-        """``_locked`` in this process's turn among its writers. An exchange that found the
-        lock taken while a producer is announced (``defer``) leaves its turn and waits,
-        then queues again: the producer may be a thread of this process."""
+    def _transaction(self, fn: Callable[[Tx], T], urgent: bool = False) -> T:
         conn = self._conn()
         started = time.monotonic()  # (one busy_timeout for the turn and the file's lock)
         mine = turn(self._absolute)  # this process's writers take turns first (turns.py)
-        while True:
-            left = started + self.busy_timeout - time.monotonic()
-            if not mine.acquire(timeout=max(0.0, left)):
-                raise StoreUnavailable(
-                    f"{self.path}: database is locked (waited {self.busy_timeout:g} s for "
-                    "this process's other writers)"
-                )
-            try:
-                return self._locked(conn, fn, urgent, started, defer)
-            except Deferred:
-                pass
-            finally:
-                mine.release()
-            assert defer is not None  # (only a deference raises Deferred)
-            defer.wait()
+        if not mine.acquire(timeout=self.busy_timeout):
+            raise StoreUnavailable(
+                f"{self.path}: database is locked (waited {self.busy_timeout:g} s for this "
+                "process's other writers)"
+            )
+        try:
+            return self._locked(conn, fn, urgent, started)
+        finally:
+            mine.release()
 
     def _locked(
-        self, conn: sqlite3.Connection, fn: Callable[[Tx], T], urgent: bool, started: float,
-        defer: Deference | None = None,
-    ) -> T:  # fmt: skip
+        self, conn: sqlite3.Connection, fn: Callable[[Tx], T], urgent: bool, started: float
+    ) -> T:
         """(This process's turn taken, waiting since ``started``.) BEGIN IMMEDIATE, ``fn``,
         COMMIT."""
-        begin = lambda: conn.execute("BEGIN IMMEDIATE")  # noqa: E731
-        self._retrying(begin, urgent=urgent, started=started, defer=defer)
+        self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started)
         try:
             tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
@@ -249,17 +233,14 @@ class SQLiteDialect(Dialect):
         return conn
 
     def _retrying(
-        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None,
-        defer: Deference | None = None,
-    ) -> T:  # fmt: skip
+        self, fn: Callable[[], T], urgent: bool = False, started: float | None = None
+    ) -> T:
         """Run ``fn``, retrying SQLITE_BUSY until busy_timeout, with ageing: a newcomer backs
         off (jittered, doubling up to _MAX_SLEEP) so the lock holder keeps the CPU; a waiter
         that has already waited _AGED polls every few hundred microseconds, so it beats the
-        newcomers to the lock and nobody starves. An ``urgent`` one (a producer's, a paid
-        call's) polls so from its first try. ``started``: when the caller began to wait (its
-        turn among the process's writers counts: toward busy_timeout, and toward its age).
-        ``defer``: while it answers True (a worker's exchange and an announced producer, a
-        bounded budget), a busy ``fn`` is not tried again: ``Deferred`` is raised."""
+        newcomers to the lock and nobody starves. An ``urgent`` one (a paid call's) polls so
+        from its first try. ``started``: when the caller began to wait (its turn among the
+        process's writers counts: toward busy_timeout, and toward its age)."""
         started = time.monotonic() if started is None else started
         deadline = started + self.busy_timeout
         tries = 0
@@ -274,8 +255,6 @@ class SQLiteDialect(Dialect):
                         f"{self.path}: database is locked (waited {self.busy_timeout:g} s)"
                     ) from None
                 tries += 1
-                if defer is not None and defer():
-                    raise Deferred from None  # (BEGIN took no lock: nothing to undo)
                 if urgent or time.monotonic() - started >= _AGED:
                     time.sleep(backoff(1, _AGED_SLEEP, _AGED_SLEEP, jitter=0.5))
                 else:

@@ -7,11 +7,6 @@ transaction with a shared ``flock`` on a small file beside the database (``DB-pr
 it waits for the lock and writes; a worker about to start an exchange first checks for an
 announcement (a non-blocking exclusive ``flock`` that it drops at once) and, while one is there,
 waits in short sleeps, for at most ``YIELD_MAX``. A worker that waits only gathers a bigger batch.
-An exchange that had already begun to wait for the lock when the producer came stands back too,
-from the same budget (``Deference``): it does not try the lock again while one is announced, so
-the lock goes from the exchange holding it to the producer, which polls for it from its first try
-(``dialect.py``), not to the next exchange (the producer's enqueue then waits for one exchange,
-not for several).
 
 This is a priority hint, never a rule the protocol relies on: every wait is bounded, and
 when the file cannot be opened (a read-only directory, a symlink in its place, another user's
@@ -99,14 +94,17 @@ class Intent:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return False
 
-    def yield_to_producers(self, budget: Deference | None = None) -> float:
+    def yield_to_producers(self) -> float:
         """Before a worker's exchange: wait while producers are announced, at most
-        ``YIELD_MAX`` (or what is left of ``budget``, which the exchange's wait for the write
-        lock then spends on: ``Deference``). Returns the seconds waited."""
+        ``YIELD_MAX``. Returns the seconds waited."""
         if not self.producers_waiting():
             return 0.0
         started = time.monotonic()
-        (budget or Deference(self)).wait()
+        deadline = started + YIELD_MAX
+        while time.monotonic() < deadline:
+            time.sleep(YIELD_SLEEP)
+            if not self.producers_waiting():
+                break
         return time.monotonic() - started
 
     def close(self) -> None:
@@ -115,30 +113,3 @@ class Intent:
             with contextlib.suppress(OSError):
                 file.close()
         self._local = threading.local()
-
-
-class Deference:
-    """A worker's exchange's budget of deference (``YIELD_MAX`` from its first look): once
-    its ``BEGIN IMMEDIATE`` found the lock taken, it does not try again while a producer is
-    announced, so that the producer, not the next of the pool's exchanges, takes the lock when
-    it is released. ``__call__``: whether to stand back now (a probe of the file, two system
-    calls); False once the budget is spent, so the wait stays bounded."""
-
-    def __init__(self, intent: Intent) -> None:
-        self.intent = intent
-        self.deadline = time.monotonic() + YIELD_MAX
-
-    def __call__(self) -> bool:
-        return time.monotonic() < self.deadline and self.intent.producers_waiting()
-
-    def wait(self) -> None:
-        """Sleep while a producer is announced, within the budget."""
-        while time.monotonic() < self.deadline:
-            time.sleep(YIELD_SLEEP)
-            if not self.intent.producers_waiting():
-                return
-
-
-class Deferred(Exception):
-    """An exchange's ``BEGIN IMMEDIATE`` found the lock taken while a producer is announced:
-    it stands back (``Deference.wait``) instead of trying again."""
