@@ -134,12 +134,12 @@ _T = TypeVar("_T")
 
 @dataclass_transform(frozen_default=True, field_specifiers=(field,))
 def _record(cls: type[_T]) -> type[_T]:
-    """A frozen dataclass to the type checker, a dataclass with slots at run time: a frozen
-    one's ``__init__`` sets each field through ``object.__setattr__`` (3 us for a ``Lease``'s
-    24 against 1 us), and a worker builds a ``Lease`` and a ``Commit`` per run. mypy rejects
-    any assignment to a field; ``dataclasses.replace`` makes a changed copy as before; equal
-    and hashable as a frozen dataclass is."""
-    return dataclass(slots=True, unsafe_hash=True)(cls)
+    """A frozen dataclass to the type checker, a plain one at run time: a frozen one's
+    ``__init__`` sets each field through ``object.__setattr__`` (3 us for a ``Lease``'s 24
+    against 1 us), and a worker builds a ``Lease`` and a ``Commit`` per run. mypy rejects any
+    assignment to a field; ``dataclasses.replace`` makes a changed copy as before; equal and
+    hashable as a frozen dataclass is (and ``vars`` still reads it: no slots)."""
+    return dataclass(unsafe_hash=True)(cls)
 
 
 @_record
