@@ -6,10 +6,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from .emitting import Streaming
 from .once import CallBook, OnceCall
@@ -45,6 +44,31 @@ class RunCancelled(BaseException):
     (the task stays pending, for a ``retry_run``)."""
 
 
+class Settable(Protocol):
+    """A one-way flag one thread sets and another reads (a ``threading.Event`` is one)."""
+
+    def set(self) -> None: ...
+
+    def is_set(self) -> bool: ...
+
+
+class Flag:
+    """An execution's ``lost`` or ``cancelled``: set by the conductor, read by the handler's
+    thread, never waited on, so a bool does (the GIL orders its write and read); a
+    ``threading.Event`` builds a ``Condition`` and a lock (about 4 us, two per execution)."""
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class TaskContext(PaidCalls, Streaming):
     """What a handler sees of the task it runs. ``advance`` and ``finish`` record the handler's
     last word; the worker writes it under the lease when the handler returns, in one transaction
@@ -61,15 +85,15 @@ class TaskContext(PaidCalls, Streaming):
     def __init__(
         self,
         lease: Lease,
-        lost: threading.Event,
+        lost: Settable,
         tasks: Mapping[str, Task[Any]] | None = None,
-        cancelled: threading.Event | None = None,
+        cancelled: Settable | None = None,
         calls: CallBook | None = None,
         streams: Streamer | None = None,
     ) -> None:
         self._lease = lease
         self._lost = lost
-        self._cancelled = cancelled or threading.Event()  # set when the run is cancelled
+        self._cancelled = cancelled or Flag()  # set when the run is cancelled
         self._tasks = tasks or {}  # the app's tasks: where ``advance`` finds a task's queue
         self._calls = calls  # the worker's paid calls (``once``)
         self._streams = streams  # the worker's stream writer (``emit``)

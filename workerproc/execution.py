@@ -16,7 +16,6 @@ import enum
 import inspect
 import logging
 import math
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -27,7 +26,7 @@ from . import tracing
 from .app import Handler, LeaseLost, Task, TaskContext
 from .batching import ItemContext
 from .config import WorkerConfig
-from .context import last_word
+from .context import Flag, Settable, last_word
 from .limits import RetryAfter
 from .logs import attempt_of, event, running
 from .once import CallBook, CallParked
@@ -75,8 +74,8 @@ class Execution:
     handler: Handler
     mode: Mode
     ctx: TaskContext = field(init=False)
-    lost: threading.Event = field(default_factory=threading.Event)
-    cancelled: threading.Event = field(default_factory=threading.Event)  # the run was (B15)
+    lost: Settable = field(default_factory=Flag)
+    cancelled: Settable = field(default_factory=Flag)  # the run was (B15)
     started: float = field(default_factory=time.monotonic)
     begin_by: float = math.inf  # monotonic: past this the handler must not begin (startrule)
     stopped: Stopped | None = None  # set before a cancel; the ending reads it

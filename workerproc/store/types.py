@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, dataclass_transform
 
 from .readtypes import (
     AttemptEnd,
@@ -129,7 +129,20 @@ class SignalInfo:
     task_id: int | None
 
 
-@dataclass(frozen=True)
+_T = TypeVar("_T")
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(field,))
+def _record(cls: type[_T]) -> type[_T]:
+    """A frozen dataclass to the type checker, a plain one at run time: a frozen one's
+    ``__init__`` sets each field through ``object.__setattr__`` (3 us for a ``Lease``'s 24
+    against 1 us), and a worker builds a ``Lease`` and a ``Commit`` per run. mypy rejects any
+    assignment to a field; ``dataclasses.replace`` makes a changed copy as before; equal and
+    hashable as a frozen dataclass is (and ``vars`` still reads it: no slots)."""
+    return dataclass(unsafe_hash=True)(cls)
+
+
+@_record
 class Lease:
     """One claim of one task: the holder's proof, matched on every later write (R2)."""
 
@@ -185,7 +198,7 @@ CommitKind = Literal[
 ]
 
 
-@dataclass(frozen=True)
+@_record
 class Commit:
     """The last word of one execution of a task, written under its lease in one transaction.
 
