@@ -107,7 +107,6 @@ class Completer:
         self.since: float | None = None  # monotonic: when the oldest of them finished
         self.readonly_since: float | None = None  # writes failing on a read-only database
         self.sent = 0.0  # monotonic: when the try that last succeeded was sent
-        self.narrowed: int | None = None  # the last claim's limit, cut short for a producer
         self.riders: Riders | None = None  # the stream writer, whose due batches ride along
 
     # -- the buffer -------------------------------------------------------------------------------
@@ -154,7 +153,6 @@ class Completer:
                     self.renewals.track(commit.lease, sent)
         for lease in out.leases:
             self.renewals.track(lease, sent)
-        self.narrowed = out.narrowed
         return out.leases
 
     def write(

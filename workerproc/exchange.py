@@ -106,8 +106,8 @@ class Exchange:
             self.counters.takeovers += lease.takeover
             delivering += on_lane(lease)
         self.holdings.add_waiting(leases)
-        if want:  # (a claim cut short for a waiting producer asked for fewer: not run dry)
-            self.policy.claimed(self.completer.narrowed or want, len(leases) - delivering)
+        if want:
+            self.policy.claimed(want, len(leases) - delivering)
         if lane:
             self.policy.lane_claimed(lane, delivering)
         self.publisher.phase()

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 from workerproc.store import ClaimRequest, open_store
-from workerproc.store.protocol.leases import CROWDED_CLAIM
 from workerproc.store.sqlite.intent import YIELD_MAX, Intent
 
 
@@ -113,22 +112,3 @@ def test_a_thread_that_ends_leaves_no_descriptor_behind(tmp_path: Path) -> None:
     gc.collect()
     assert open_fds() - before < 5
     intent.close()
-
-
-def test_an_exchange_claims_less_while_a_producer_is_announced(tmp_path: Path) -> None:
-    db = str(tmp_path / "jobs.db")
-    store = open_store(db)
-    try:
-        store.start_runs([{"task": "t"} for _ in range(100)])
-        request = ClaimRequest("w", 30.0, 5, CROWDED_CLAIM + 20)
-        with Intent(db + "-producers").announce():  # a producer waits for the write lock
-            out = store.commit_many([], claim=request)
-        assert len(out.leases) == out.narrowed == CROWDED_CLAIM
-        out = store.commit_many([], claim=request)  # nobody announced: the limit asked for
-        assert len(out.leases) == CROWDED_CLAIM + 20 and out.narrowed is None
-        small = ClaimRequest("w", 30.0, 5, CROWDED_CLAIM)
-        with Intent(db + "-producers").announce():  # a claim within the bound: as asked
-            out = store.commit_many([], claim=small)
-        assert len(out.leases) == CROWDED_CLAIM and out.narrowed is None
-    finally:
-        store.close()

@@ -254,12 +254,6 @@ class Tx(InTurn):
             events, self.events = self.events, []
             self.count("INSERT_EVENTS", {"events": events, "now": self.now})
 
-    def producers_waiting(self) -> bool:
-        """Whether a producer waits for this transaction's write lock (a hint: a worker's
-        exchange then claims less, so that the producer waits less; False where the backend
-        has no such lock)."""
-        return False
-
     @abc.abstractmethod
     def execute(self, sql: str, params: Params) -> Cursor:
         """Run one SQL statement of this backend (a catalogue's, or a step's part)."""

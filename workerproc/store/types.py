@@ -329,12 +329,9 @@ class RunFailure:
 class BatchOutcome:
     """What a batched commit answers: one result per commit, in order, the new leases, the
     runs the transaction failed, and what each stream batch written with it answered
-    (``appended``, in the order of ``commit_many``'s ``streams``: ``streams.Appended``).
-    ``narrowed``: the limit the claim ran with when a waiting producer cut it short (None: the
-    limit it asked for), so that fewer leases than asked do not read as a queue run dry."""
+    (``appended``, in the order of ``commit_many``'s ``streams``: ``streams.Appended``)."""
 
     results: tuple[CasResult, ...]
     leases: tuple[Lease, ...] = ()
     failed: tuple[RunFailure, ...] = ()
     appended: tuple[Any, ...] = ()
-    narrowed: int | None = None

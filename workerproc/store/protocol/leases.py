@@ -42,12 +42,6 @@ def check_ttl(ttl: object) -> float:
     return seconds
 
 
-# While a producer waits for the write lock (SQLite: an announced ``start_run``), an exchange
-# claims at most this many (the users' claim; the lane's is small anyway): its transaction
-# stays short and the producer's wait with it. ``--prefetch 8``'s window at concurrency 1.
-CROWDED_CLAIM = 9
-
-
 class Leases(Limits):
     dialect: Dialect
 
@@ -104,14 +98,8 @@ class Leases(Limits):
             placed = [g for i, g in nexts.items() if results[i] is CasResult.OK]
             if placed:  # after the settling, like it before the claim first looks at gates
                 tx.place_gates(placing(placed))
-            request, narrowed = claim, None
-            if request is not None and request.limit > CROWDED_CLAIM and tx.producers_waiting():
-                narrowed = CROWDED_CLAIM  # read here, with the lock held: it waits for us
-                request = dataclasses.replace(request, limit=narrowed)
-            leases = (
-                claims.claim(tx, request, keeper) if request is not None and request.limit else []
-            )
-            return BatchOutcome(results, tuple(leases), tuple(tx.failed), appended, narrowed)
+            leases = claims.claim(tx, claim, keeper) if claim is not None and claim.limit else []
+            return BatchOutcome(results, tuple(leases), tuple(tx.failed), appended)
 
         runs = (commit.lease.run_id for commit in commits)  # read only by a dialect with row locks
         out = self.dialect.write(exchange, runs=runs, intent="exchange")

@@ -46,16 +46,9 @@ class SQLiteTx(Tx):
     catalogue: ClassVar[Catalogue] = CATALOGUE
     now: float  # always a number here: the clock, read once the write lock is held
 
-    def __init__(
-        self, conn: sqlite3.Connection, now: float, producers: Producers | None = None
-    ) -> None:
+    def __init__(self, conn: sqlite3.Connection, now: float) -> None:
         super().__init__(now)
         self.conn = conn
-        self._producers = producers  # the producers' announcements (a write's only)
-
-    def producers_waiting(self) -> bool:
-        """An announced producer (``intent``): it waits for the write lock this holds."""
-        return self._producers is not None and self._producers.producers_waiting()
 
     def execute(self, sql: str, params: Params) -> Cursor:
         return self.conn.execute(sql, params)
@@ -129,7 +122,7 @@ class SQLiteDialect(Dialect):
         COMMIT."""
         self._retrying(lambda: conn.execute("BEGIN IMMEDIATE"), urgent=urgent, started=started)
         try:
-            tx = SQLiteTx(conn, self._clock(), self._producers)
+            tx = SQLiteTx(conn, self._clock())
             result = fn(tx)
             tx.flush()  # the events of its transitions (B18), in the same transaction
             conn.execute("COMMIT")
