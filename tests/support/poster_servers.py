@@ -18,27 +18,24 @@ PROXY_VARIABLES = [case(f"{name}_proxy") for name in ("http", "https", "all", "n
                    for case in (str.lower, str.upper)]  # fmt: skip
 
 
-class Server:
-    """An HTTP/1.1 receiver on a raw socket: answers each request ``204`` (``close``: then
-    closes the connection, with no ``Connection: close`` said), records the connections it
-    accepted and each request's head; TLS with ``tls``."""
+class _Listening:
+    """A listener on 127.0.0.1 whose every accepted connection is served on a thread of its
+    own (``_serve``); counts them, and ``stop`` closes the listener and them."""
 
-    def __init__(self, *, close: bool = False, tls: ssl.SSLContext | None = None) -> None:
-        self.close_after, self.tls = close, tls
+    def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections = 0
-        self.heads: list[bytes] = []
-        self.failures: list[str] = []
+        self._open: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
-
-    def url(self, host: str = "127.0.0.1") -> str:
-        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/in?x=1"
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):  # (wakes the accept: a close alone leaves it listening)
             self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
+        for conn in self._open:
+            with contextlib.suppress(OSError):
+                conn.close()
 
     def _accept(self) -> None:
         while True:
@@ -47,7 +44,26 @@ class Server:
             except OSError:
                 return
             self.connections += 1
+            self._open.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+
+class Server(_Listening):
+    """An HTTP/1.1 receiver on a raw socket: answers each request ``204`` (``close``: then
+    closes the connection, with no ``Connection: close`` said), records the connections it
+    accepted and each request's head; TLS with ``tls``."""
+
+    def __init__(self, *, close: bool = False, tls: ssl.SSLContext | None = None) -> None:
+        self.close_after, self.tls = close, tls
+        self.heads: list[bytes] = []
+        self.failures: list[str] = []
+        super().__init__()
+
+    def url(self, host: str = "127.0.0.1") -> str:
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}/in?x=1"
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(10.0)
@@ -93,7 +109,7 @@ def self_signed(where: Path) -> tuple[Path, Path]:
 REASONS = {"403": "Forbidden", "407": "Proxy Authentication Required"}
 
 
-class ForwardProxy:
+class ForwardProxy(_Listening):
     """An HTTP proxy. ``CONNECT host:port``: with ``answer`` "200", answers 200 and splices
     bytes both ways with a connection it makes to host:port; "hang": says nothing; "hang_after":
     answers 200, then relays nothing; else that status, and closes. Any other request (an
@@ -102,30 +118,8 @@ class ForwardProxy:
 
     def __init__(self, answer: str = "200") -> None:
         self.answer = answer
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.connections = 0
         self.heads: list[str] = []
-        self._open: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
-        for conn in self._open:
-            with contextlib.suppress(OSError):
-                conn.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            self._open.append(conn)
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+        super().__init__()
 
     def _serve(self, conn: socket.socket) -> None:
         conn.settimeout(10.0)
