@@ -26,10 +26,9 @@ mix).
 Resolving the host's name is under the deadline too: ``getaddrinfo`` takes no timeout, so the
 POST asks for it in a thread of its own first and waits for it until the deadline at most (a
 name that does not resolve in time fails the POST; the thread ends with the resolver's own
-timeout). A new connection then resolves the name again: fast after a fresh answer, though that
-second lookup is the resolver's to bound, not ours. A name that resolved is not looked up again
-for ``RESOLVED_FOR`` seconds: its connection is most likely reused, and a lookup per POST would
-cost every delivery.
+timeout). A new connection connects to the addresses that lookup answered (never a lookup of its
+own, outside the deadline). A name that resolved is not looked up again for ``RESOLVED_FOR``
+seconds: its connection is most likely reused, and a lookup per POST would cost every delivery.
 """
 
 from __future__ import annotations
@@ -55,10 +54,12 @@ MAX_ERROR = 300  # characters of a failure's reason kept
 RESOLVED_FOR = 60.0  # seconds a name that resolved is not looked up again before a POST
 KEPT = 4  # receivers a sender thread keeps a connection open to (the least recent closed)
 _Key = tuple[str, str, int, Proxy | None]  # a connection's: scheme, host, port, its proxy
-Resolver = Callable[[str, int], object]  # (host, port): raises OSError when the name is unknown
+_AddrInfo = tuple[Any, ...]  # one of ``socket.getaddrinfo``'s answers
+# (host, port) -> its addresses (``socket.getaddrinfo``'s); OSError when the name is unknown
+Resolver = Callable[[str, int], list[_AddrInfo]]
 
 
-def getaddrinfo(host: str, port: int) -> object:
+def getaddrinfo(host: str, port: int) -> list[_AddrInfo]:
     return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
 
@@ -157,11 +158,12 @@ class _Socket:
         readable (an end of file, a reset), or TLS has bytes pending."""
         if isinstance(self.sock, ssl.SSLSocket) and self.sock.pending():
             return True
-        try:
-            readable, _, _ = select.select([self.sock], [], [], 0)
+        try:  # (poll, not select: a descriptor past 1024 is fine)
+            poller = select.poll()
+            poller.register(self.sock, select.POLLIN | select.POLLPRI)
+            return bool(poller.poll(0))
         except (OSError, ValueError):
             return True
-        return bool(readable)
 
 
 class _Connection(http.client.HTTPConnection):
@@ -176,21 +178,24 @@ class _Connection(http.client.HTTPConnection):
         port: int,
         tls: ssl.SSLContext | None,
         deadline: _Deadline,
+        addresses: Callable[[str, int], list[_AddrInfo] | None],
         proxy: Proxy | None = None,
     ) -> None:
         super().__init__(*((host, port) if proxy is None else (proxy.host, proxy.port)))
         if tls is not None:
             self.default_port = 443  # (the Host header leaves out the scheme's own port)
-            if proxy is not None:
-                where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                self.set_tunnel(host, port, headers={"Host": where, **proxy.headers()})
+            if proxy is not None:  # (bracketed, ASCII: 3.11's CONNECT line adds neither)
+                name = f"[{host}]" if ":" in host else ascii_host(host)
+                self.set_tunnel(name, port, headers={"Host": f"{name}:{port}", **proxy.headers()})
         self._tls, self._deadline, self._proxy = tls, deadline, proxy
+        self._addresses = addresses
         self._receiver, self._receiver_port = host, port
         self._tunnelled = proxy is not None and tls is not None
 
     def connect(self) -> None:
         try:
-            sock = _connect(self.host, self.port, self._deadline)
+            found = self._addresses(self.host, self.port)
+            sock = _connect(self.host, self.port, self._deadline, found)
         except ConnectError as exc:
             if self._proxy is None:
                 raise
@@ -225,11 +230,16 @@ class _Connection(http.client.HTTPConnection):
         return isinstance(self.sock, _Socket) and self.sock.stale()
 
 
-def _connect(host: str, port: int, deadline: _Deadline) -> socket.socket:
-    """A TCP connection to the first of ``host``'s addresses that answers, each try within
-    what is left of the deadline (``TimeoutError`` once it passed)."""
+def _connect(
+    host: str, port: int, deadline: _Deadline, found: list[_AddrInfo] | None
+) -> socket.socket:
+    """A TCP connection to the first of ``found`` (the addresses the POST's lookup answered;
+    None: ``host`` is an address, read without a lookup) that answers, each try within what is
+    left of the deadline (``TimeoutError`` once it passed)."""
     failure: OSError | None = None
-    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    if found is None:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    for family, kind, proto, _, address in found:
         sock = socket.socket(family, kind, proto)
         try:
             sock.settimeout(deadline.left())
@@ -254,7 +264,8 @@ class Poster:
     ) -> None:
         self._resolve = resolve
         self._tls = tls
-        self._resolved_until: dict[tuple[str, int], float] = {}  # (host, port) -> monotonic
+        # (host, port) -> until when (monotonic) its addresses are used without a lookup, them
+        self._found: dict[tuple[str, int], tuple[float, list[_AddrInfo]]] = {}
         self._deadline = _Deadline()
         self._connections: OrderedDict[_Key, _Connection] = OrderedDict()
         self._proxies = Proxies()  # (the proxy variables: read once, by this sender thread)
@@ -287,7 +298,8 @@ class Poster:
                 return unresolved
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
             if proxy is not None and scheme != "https":  # (the absolute URI, to the proxy)
-                target = f"{scheme}://{parts.netloc.rpartition('@')[2]}{target}"
+                where = f"[{host}]" if ":" in host else ascii_host(host)
+                target = f"{scheme}://{where}{'' if parts.port is None else f':{port}'}{target}"
                 headers = {**headers, **proxy.headers()}
             failed = self._send(self._connection(key), target, body, headers)
             if failed is not None:
@@ -306,7 +318,7 @@ class Poster:
         if connection is None:
             scheme, host, port, proxy = key
             tls = self._tls() if scheme == "https" else None
-            connection = _Connection(host, port, tls, self._deadline, proxy)
+            connection = _Connection(host, port, tls, self._deadline, self._addresses, proxy)
             self._connections[key] = connection
             while len(self._connections) > KEPT:
                 self._connections.popitem(last=False)[1].close()
@@ -348,15 +360,16 @@ class Poster:
         cannot be interrupted); None when it resolved (or is an address), else why not."""
         if not host or _is_address(host):
             return None
-        if self._resolved_until.get((host, port), 0.0) > time.monotonic():
+        if self._found.get((host, port), (0.0, []))[0] > time.monotonic():
             return None  # resolved lately: its connection is most likely reused (no lookup)
         done = threading.Event()
         failure: list[str] = []
+        answer: list[list[_AddrInfo]] = []
 
         def lookup() -> None:
             try:
-                self._resolve(host, port)
-            except OSError as exc:
+                answer.append(list(self._resolve(host, port)))
+            except Exception as exc:  # (OSError: the resolver's answer; else, told the same)
                 failure.append(f"cannot resolve {host!r}: {exc}"[:MAX_ERROR])
             finally:
                 done.set()
@@ -366,11 +379,22 @@ class Poster:
             return f"cannot resolve {host!r} within the POST's deadline"
         if failure:
             return failure[0]
-        self._resolved_until[(host, port)] = time.monotonic() + RESOLVED_FOR
+        self._found[(host, port)] = (time.monotonic() + RESOLVED_FOR, answer[0])
         return None
+
+    def _addresses(self, host: str, port: int) -> list[_AddrInfo] | None:
+        """What the POST's lookup answered for ``host`` (None: an address, no lookup)."""
+        if not host or _is_address(host):
+            return None
+        return self._found.get((host, port), (0.0, []))[1]
 
 
 _PORTS = {"http": 80, "https": 443}
+
+
+def ascii_host(host: str) -> str:
+    """``host`` as a request line carries it: an international name in its IDNA form."""
+    return host if host.isascii() else host.encode("idna").decode("ascii")
 
 
 def _is_address(host: str) -> bool:

@@ -56,8 +56,8 @@ class Proxies:
         chosen = self._chosen.get(key, False)
         if chosen is False:
             chosen = self._chosen[key] = self._choose(scheme, host)
-        if isinstance(chosen, ProxyUnsupported):
-            raise chosen
+        if isinstance(chosen, ProxyUnsupported):  # (a new one: a kept one would keep each
+            raise ProxyUnsupported(str(chosen))  # raise's frames in its traceback)
         return chosen  # type: ignore[return-value]  # (False is never kept)
 
     def _choose(self, scheme: str, host: str) -> Proxy | ProxyUnsupported | None:
@@ -77,13 +77,15 @@ def parse(value: str) -> Proxy:
     try:
         parts = urlsplit(value if "://" in value else f"http://{value}")
         host, port = parts.hostname, parts.port or 80
-    except ValueError as exc:
-        raise ProxyUnsupported(f"not a proxy URL ({exc})") from None
+    except ValueError:  # (its text is not told: it may hold the password)
+        raise ProxyUnsupported("not a proxy URL") from None
+    if "@" in value and "@" not in parts.netloc:  # a '/', '?' or '#' unescaped before the host
+        raise ProxyUnsupported("not a proxy URL (escape '/', '?' and '#' in its user and password)")
     if not host:
         raise ProxyUnsupported("a proxy URL with no host")
     if parts.scheme != "http":
         raise ProxyUnsupported(
-            f"a {parts.scheme}:// proxy ({host}:{port}) is not supported: only a plain "
+            f"a {parts.scheme}:// proxy is not supported: only a plain "
             "http:// one (TLS to the proxy itself, SOCKS: not implemented)"
         )
     authorization = None

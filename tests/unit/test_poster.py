@@ -5,6 +5,7 @@ keep-alive connection reused, a connection the receiver closed opened again, TLS
 
 from __future__ import annotations
 
+import socket
 import ssl
 import time
 from collections.abc import Iterator
@@ -99,6 +100,33 @@ def test_a_connection_the_receiver_closed_is_opened_again() -> None:
             assert poster.post(closing.url(), BODY, HEADERS, 5.0) is None
             time.sleep(0.05)  # (the close reaches the client before the next POST)
         assert closing.connections == 3 and len(closing.heads) == 3
+    finally:
+        closing.stop()
+
+
+def test_a_connection_opened_again_uses_the_posts_lookup_never_one_of_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every new connection connects to what the POST's bounded lookup answered: a lookup of
+    its own would be outside the deadline (``getaddrinfo`` takes no timeout)."""
+    closing = Server(close=True)
+    looked: list[str] = []
+    found = socket.getaddrinfo("127.0.0.1", closing.port, type=socket.SOCK_STREAM)
+
+    def resolve(host: str, port: int) -> list[tuple[object, ...]]:
+        looked.append(host)
+        return list(found)
+
+    def unbounded(host: str, *args: object, **kwargs: object) -> object:
+        raise AssertionError(f"a lookup outside the deadline: {host}")
+
+    try:
+        poster = Poster(resolve=resolve)
+        monkeypatch.setattr(socket, "getaddrinfo", unbounded)
+        for _ in range(3):
+            assert poster.post(closing.url("hooks.example.test"), BODY, HEADERS, 5.0) is None
+            time.sleep(0.05)  # (the close reaches the client before the next POST)
+        assert closing.connections == 3 and looked == ["hooks.example.test"]
     finally:
         closing.stop()
 

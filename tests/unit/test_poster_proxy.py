@@ -17,6 +17,7 @@ from hostile_receivers import HostileReceiver
 from poster_servers import PROXY_VARIABLES, ForwardProxy, Server, self_signed
 
 from workerproc.posting import MAX_ANSWER, Poster
+from workerproc.proxies import Proxies, ProxyUnsupported
 
 LIMIT = 0.6
 SLACK = 2.0  # what a loaded 2-core machine may add
@@ -202,7 +203,36 @@ def test_a_proxy_reached_over_tls_or_socks_is_refused_clearly(
 ) -> None:
     monkeypatch.setenv(variable, value)
     reason = Poster().post(receiver.url(), BODY, HEADERS, 5.0)
-    assert reason == (f"ProxyUnsupported: {variable}: a {scheme}:// proxy (127.0.0.1:1) is not "
+    assert reason == (f"ProxyUnsupported: {variable}: a {scheme}:// proxy is not "
                       "supported: only a plain http:// one (TLS to the proxy itself, SOCKS: "
                       "not implemented)")  # fmt: skip
     assert receiver.connections == 0
+
+
+@pytest.mark.parametrize("value", ["http://alice:qq/ww@127.0.0.1:3128",
+                                   "http://alice:4321/x@127.0.0.1:3128",
+                                   "http://alice:se?kret@127.0.0.1:3128"])  # fmt: skip
+def test_a_proxy_url_that_does_not_parse_never_tells_its_password(
+    monkeypatch: pytest.MonkeyPatch, receiver: Server, value: str
+) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", value)
+    poster = Poster()
+    reasons = {poster.post(receiver.url(), BODY, HEADERS, 5.0) for _ in range(3)}
+    assert len(reasons) == 1
+    (reason,) = reasons
+    assert reason is not None and reason.startswith(
+        "ProxyUnsupported: HTTPS_PROXY: not a proxy URL"
+    )
+    assert not any(part in reason for part in ("alice", "qq", "ww", "4321", "kret")), reason
+    assert receiver.connections == 0
+
+
+def test_a_refused_proxy_is_a_new_error_each_post(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALL_PROXY", "socks5://127.0.0.1:1")
+    proxies = Proxies()
+    raised = []
+    for _ in range(3):
+        with pytest.raises(ProxyUnsupported) as caught:
+            proxies.proxy_for("https", "hooks.example.test")
+        raised.append(caught.value)
+    assert len({id(e) for e in raised}) == 3  # (a kept one would carry every raise's frames)
