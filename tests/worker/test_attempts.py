@@ -182,6 +182,14 @@ def sessions_in_transaction(admin: psycopg.Connection[Any], pid: int) -> list[in
     return [row[0] for row in rows]
 
 
+def activity(admin: psycopg.Connection[Any], backends: list[int]) -> list[tuple[Any, ...]]:
+    """What the server says those sessions are doing (for a failure's message)."""
+    return admin.execute(
+        "SELECT pid, state, wait_event_type, wait_event, now() - state_change, query "
+        "FROM pg_stat_activity WHERE pid = ANY(%s)", (backends,),
+    ).fetchall()  # fmt: skip
+
+
 def alive(admin: psycopg.Connection[Any], backends: list[int]) -> bool:
     row = admin.execute(
         "SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (backends,)
@@ -200,8 +208,11 @@ def pause_inside_a_transaction(worker: Proc, admin: psycopg.Connection[Any]) -> 
         caught = sessions_in_transaction(admin, worker.pid)
         if caught:
             began = time.monotonic()
-            wait_for(lambda c=caught: not alive(admin, c), timeout=PAUSE, interval=0.05,
-                     what="the server ending the stopped worker's transaction")  # fmt: skip
+            try:  # a session waiting on another's lock ends later: bound the wait generously
+                wait_for(lambda c=caught: not alive(admin, c), timeout=30, interval=0.05,
+                         what="the server ending the stopped worker's transaction")  # fmt: skip
+            except AssertionError as e:
+                raise AssertionError(f"{e}: {activity(admin, caught)}") from None
             time.sleep(max(0.0, PAUSE - (time.monotonic() - began)))  # the pause under test
             worker.signal(signal.SIGCONT)
             return
