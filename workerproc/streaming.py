@@ -55,12 +55,16 @@ Refusal = Literal["lost", "over", "full"]
 
 class Emitter:
     """One execution's stream: the chunks waiting for their batch, and what the writes said.
-    Everything here is guarded by the streamer's condition."""
+    Everything here is guarded by the streamer's condition, but for ``add``'s common case: a
+    chunk appended to a batch under way (``waiting`` is never replaced, only appended to and
+    taken from the front, and ``taken`` counts the takes, so ``add`` sees one that came
+    between its look and its append)."""
 
     def __init__(self, streamer: Streamer, lease: Lease) -> None:
         self.lease = lease
         self._streamer = streamer
-        self.waiting: list[str] = []  # chunks' JSON, in order
+        self.waiting: list[str] = []  # chunks' JSON, in order (the same list for ever)
+        self.taken = 0  # batches taken from ``waiting`` so far
         self.since = 0.0  # monotonic: when the oldest waiting chunk was emitted
         self.full_at: float | None = None  # monotonic: when ``BATCH`` chunks waited
         self.busy = 0  # chunks in a write now
@@ -84,17 +88,33 @@ class Emitter:
         return ready if self.full_at is None else min(ready, self.full_at)
 
     def take(self, now: float) -> list[str]:
-        """(Due.) The next batch, which is being written from now on."""
-        batch, self.waiting = self.waiting[:MAX_BATCH], self.waiting[MAX_BATCH:]
+        """(Due.) The next batch, which is being written from now on. What waits after it, or
+        comes before the next take, waits from now (``since``)."""
+        self.taken += 1
+        waiting = self.waiting
+        batch = waiting[:MAX_BATCH]
+        del waiting[: len(batch)]  # (an append meanwhile lands after them)
         self.busy = len(batch)
-        if self.waiting:
-            self.since = now
-        self.full_at = now if len(self.waiting) >= BATCH else None
+        self.since = now
+        self.full_at = now if len(waiting) >= BATCH else None
         return batch
+
+    def unwritten(self) -> bool:
+        """Whether chunks wait that will be written (none will once refused or failed)."""
+        return bool(self.waiting) and self.refused is None and self.failed is None
 
     def add(self, text: str) -> None:
         """Keep one chunk for the next batch; the writer is woken when a batch is due, and
         the caller waits while too many wait (bounded)."""
+        waiting, taken = self.waiting, self.taken
+        if 0 < len(waiting) < BATCH - 1 and self.refused is None and self.failed is None:
+            # a batch under way and not full: the writer knows when it is due (``since``),
+            # unless a take came between the look and the append, which the count tells
+            waiting.append(text)
+            if self.taken != taken:
+                with self._streamer.cond:
+                    self._streamer.cond.notify_all()
+            return
         s = self._streamer
         if s._thread is None:
             s.start()
@@ -106,7 +126,7 @@ class Emitter:
                 self.since = time.monotonic()
                 s.cond.notify_all()
             self.waiting.append(text)
-            if len(self.waiting) == BATCH:
+            if len(self.waiting) >= BATCH and self.full_at is None:
                 self.full_at = time.monotonic()
                 s.cond.notify_all()
             if len(self.waiting) >= PENDING:
@@ -124,10 +144,6 @@ class Emitter:
                 self._wait(lambda: not self.waiting and not self.busy)
             finally:
                 self.flushing = False
-
-    def pending(self) -> bool:
-        with self._streamer.cond:
-            return bool(self.waiting or self.busy)
 
     def _wait(self, done: Callable[[], bool]) -> None:
         """(Holding the condition.) Until ``done`` or a refusal, ``WRITE_WAIT`` at most."""
@@ -253,10 +269,10 @@ class Streamer:
                 if (
                     self._closed
                     and not self._returned
-                    and not any(em.waiting for em in self._emitters)
+                    and not any(em.unwritten() for em in self._emitters)
                 ):
                     return
-                self._emitters = [em for em in self._emitters if em.waiting or em.busy
+                self._emitters = [em for em in self._emitters if em.busy or em.unwritten()
                                   or not (em.ended or em.refused or em.failed)]  # fmt: skip
                 found = self._next()
             if found is None:
@@ -279,7 +295,7 @@ class Streamer:
                     failed = exc if isinstance(exc, StoreError) else StoreError(str(exc))
                     with self.cond:
                         em.failed, em.busy = failed, 0
-                        em.waiting = []
+                        em.waiting.clear()
                         self.cond.notify_all()
                     event(log, "stream_write_failed",
                           f"task {em.lease.task_id} {attempt_of(em.lease)}: its stream could "
@@ -300,7 +316,8 @@ class Streamer:
             em.last = appended.last
             em.written += len(batch)
         else:
-            em.refused, em.waiting = appended.outcome, []
+            em.refused = appended.outcome
+            em.waiting.clear()
 
     def _expire(self) -> None:
         """Now and then: drop the streams of succeeded runs past their ``stream_ttl``."""

@@ -21,6 +21,7 @@ own small transaction, under the attempt's fence; anyone reads them while the ru
 from __future__ import annotations
 
 from collections.abc import Sequence
+from json.encoder import encode_basestring_ascii as _ascii
 
 from ..codec import dumps, loads
 from ..dialect import Dialect, Params, Row, Tx
@@ -35,6 +36,12 @@ ALIVE = ("pending", "running")
 
 def chunk_text(data: JSON) -> str:
     """One chunk's JSON, within ``MAX_CHUNK`` bytes, or ``InvalidPayload`` naming the limit."""
+    if type(data) is str:  # a model's token, the common chunk: the encoder's own text for a str,
+        text = _ascii(data)  # ASCII (characters are bytes), without the encoder's checks around it
+        if len(text) > MAX_CHUNK:
+            raise InvalidPayload(f"a stream chunk is {len(text):,} bytes of JSON, over the limit "
+                                 f"of {MAX_CHUNK:,}")  # fmt: skip
+        return text
     text = dumps(data, "a stream chunk", MAX_CHUNK)
     # characters were counted; bytes are what is kept (the same for ASCII: no encoding)
     if not text.isascii() and len(text.encode()) > MAX_CHUNK:

@@ -1,0 +1,161 @@
+"""The emit path's own parts (``streaming.Emitter``, ``chunk_text``), with a store that keeps
+batches in memory: a text chunk's JSON is the encoder's own; a chunk appended without the
+condition (``add``'s common case) is never lost, duplicated or left unannounced when the writer
+takes a batch at the same moment; and a refused emitter holding a chunk that came after its
+refusal neither keeps the writer busy nor holds up its close."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workerproc.store import InvalidPayload, Lease, Run
+from workerproc.store.codec import dumps
+from workerproc.store.protocol.streams import chunk_text
+from workerproc.store.streams import MAX_CHUNK, Appended
+from workerproc.store.types import JSON
+from workerproc.streaming import BATCH, Emitter, Streamer
+
+LEASE = Lease(task_id=1, run_id=1, task="t", payload=None, attempt=1, owner="w",
+              expires_at=1e12, claimed_at=0.0)  # fmt: skip
+
+
+class Kept:
+    """A stream store that keeps every batch in memory, in the order written."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def append_stream(
+        self, lease: Lease, texts: Sequence[str], *, after: int | None = None
+    ) -> Appended:
+        with self.lock:
+            self.batches.append(list(texts))
+            return Appended("written", sum(map(len, self.batches)))
+
+    def emitted(self, lease: Lease) -> list[JSON]:
+        return []
+
+    def drop_expired_streams(self, limit: int = 100) -> int:
+        return 0
+
+    def get_run(self, run_id: int) -> Run | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+class Counting(threading.Condition):
+    """The streamer's condition, counting its ``notify_all`` calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+
+    def notify_all(self) -> None:
+        self.notified += 1
+        super().notify_all()
+
+
+@given(st.text(max_size=200))
+@settings(max_examples=300)
+def test_a_text_chunk_is_the_encoders_own_json(text: str) -> None:
+    assert chunk_text(text) == dumps(text, "a stream chunk", MAX_CHUNK)
+
+
+def test_a_text_chunk_over_the_limit_is_refused_with_its_size() -> None:
+    fits = MAX_CHUNK // 6  # "\u00e9" is 6 bytes of JSON, and the quotes 2
+    assert len(chunk_text("\u00e9" * fits)) == 6 * fits + 2 <= MAX_CHUNK
+    with pytest.raises(InvalidPayload, match=r"a stream chunk is 65,540 bytes of JSON, over"):
+        chunk_text("\u00e9" * (fits + 1))
+    with pytest.raises(InvalidPayload, match="over the limit"):
+        chunk_text(["x" * MAX_CHUNK])  # any other value goes through the codec, as before
+
+
+class TakenBetween(list[str]):
+    """An emitter's ``waiting`` where the writer takes a batch between ``add``'s look and its
+    append, once (what a thread switch at that moment does)."""
+
+    def __init__(self, emitter: Emitter) -> None:
+        super().__init__()
+        self.emitter, self.armed = emitter, False
+
+    def append(self, text: str) -> None:
+        if self.armed:
+            self.armed = False
+            with self.emitter._streamer.cond:
+                self.emitter.busy = 0
+                self.taken_batch = self.emitter.take(time.monotonic())
+        super().append(text)
+
+
+def test_a_take_between_the_look_and_the_append_is_told_to_the_writer() -> None:
+    streamer = Streamer(Kept)
+    streamer.cond = Counting()
+    em = streamer.emitter(LEASE)
+    racing = TakenBetween(em)
+    em.waiting = racing
+    streamer._thread = threading.current_thread()  # no writer thread: this test takes
+    em.add('"a"')  # the slow path: the first chunk of a batch
+    em.add('"b"')  # the common case, no take meanwhile: nobody is told
+    before = streamer.cond.notified
+    assert before == 1 and em.waiting == ['"a"', '"b"']
+    racing.armed = True
+    taken_at = time.monotonic()
+    em.add('"c"')  # the writer takes "a" and "b" in between: "c" waits alone, from the take
+    assert racing.taken_batch == ['"a"', '"b"'] and em.waiting == ['"c"']
+    assert streamer.cond.notified == before + 1  # the writer recomputes when it is due
+    assert em.since >= taken_at and em.taken == 1
+
+
+def test_chunks_emitted_by_many_threads_at_once_are_each_written_once_in_each_threads_order() -> (
+    None
+):
+    kept = Kept()
+    streamer = Streamer(lambda: kept)
+    em = streamer.emitter(LEASE)
+    threads, per = 4, 5_000
+    start = threading.Barrier(threads)
+
+    def emit(k: int) -> None:
+        start.wait()
+        for i in range(per):
+            em.add(f'"{k}:{i}"')
+
+    workers = [threading.Thread(target=emit, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+    em.flush()
+    streamer.close()
+    written = [text for batch in kept.batches for text in batch]
+    assert len(written) == len(set(written)) == threads * per
+    for k in range(threads):
+        mine = [int(t.strip('"').split(":")[1]) for t in written if t.startswith(f'"{k}:')]
+        assert mine == list(range(per))
+    assert all(len(batch) <= 1024 for batch in kept.batches)
+
+
+def test_a_refused_emitter_with_a_late_chunk_neither_spins_the_writer_nor_holds_up_close() -> None:
+    streamer = Streamer(Kept)
+    em = streamer.emitter(LEASE)
+    for i in range(BATCH // 2):
+        em.add(f'"{i}"')
+    em.flush()
+    with streamer.cond:
+        streamer._answered(em, [], Appended("lost"))  # its next batch was refused
+    em.waiting.append('"late"')  # a chunk appended, without the condition, as it was refused
+    streamer.detach(em)
+    began = time.monotonic()
+    streamer.close(timeout=30)
+    assert time.monotonic() - began < 5, "close waited for a chunk nobody will write"
+    with pytest.raises(Exception, match="lost"):
+        em.add('"again"')
