@@ -4,11 +4,12 @@
 Each webhook has one delivery run (a system run). Its task, claimed under a lease like any
 other, reads the users' events after the webhook's position (in commit order) and POSTs each
 one its webhook wants, signed (``workerproc.webhooks``), through a window (``workerproc.window``):
-up to ``WINDOW`` events open at once across runs, a run's events one at a time in table order,
+up to the webhook's ``in_flight`` events (``WINDOW``, 8, unless it says; 1 to 64) open at once
+across runs, a run's events one at a time in table order,
 each POST on a sender thread within one deadline over the whole POST and reading at most
 64 KiB of the answer (``workerproc.posting``). After each round of answers the position moves
 to the contiguous acknowledged event, in one small write under the lease's fence
-(``move_webhook``; events passed over move with it), so a fault re-sends at most ``WINDOW``
+(``move_webhook``; events passed over move with it), so a fault re-sends at most ``in_flight``
 events. The execution ends with one fenced commit of the run's state (the failures in a row,
 the last error, the dead letters, the events acknowledged behind a gap as ``acked``):
 
@@ -60,7 +61,7 @@ from .store.webhooks import (
     standing,
 )
 from .webhooks import HEADER, signature_header
-from .window import FAILED, WINDOW, Senders, Slot, Window
+from .window import FAILED, Senders, Slot, Window
 
 if TYPE_CHECKING:
     from .posting import Poster
@@ -174,13 +175,14 @@ class Deliverer:
                 store.close()
             raise
 
-    def _senders(self) -> Senders:
+    def _senders(self, size: int) -> Senders:
         """This lane thread's senders (kept, with their posters: each keeps a connection open
-        to each receiver it POSTs to): each POSTs one event at a time, with its webhook's
-        deadline."""
+        to each receiver it POSTs to), up to ``size`` of them (the webhook's window): each POSTs
+        one event at a time, with its webhook's deadline."""
         senders: Senders | None = getattr(self._stores, "senders", None)
         if senders is None:
-            senders = self._stores.senders = Senders(_new_poster, WINDOW)
+            senders = self._stores.senders = Senders(_new_poster, size)
+        senders.size = size
         return senders
 
     def deliver(self, ctx: TaskContext, store: WorkerStore) -> None:
@@ -202,9 +204,9 @@ class Deliverer:
             acked, list) else frozenset()  # fmt: skip
         mover = _Mover(store, ctx, hook.position)
         mover.move(start)  # (a commit's position the webhook's row has not had yet)
-        run = _Run(self, ctx, store, hook, mover, Window(start, WINDOW), state, carry, done)
+        window = Window(start, hook.retry.in_flight)  # (the webhook's: what a fault re-sends)
+        run = _Run(self, ctx, store, hook, mover, window, state, carry, done)
         parked = run.loop()
-        window = run.window
         cursor = window.cursor()  # (past a dead letter: committed first, moved by the next)
         state["cursor"] = cursor
         if window.acked_after(cursor):
@@ -250,10 +252,11 @@ class Deliverer:
 
 class _Run:
     """One delivery execution's loop: read the events after the position, send what the window
-    lets go (``Window``: each run's events one at a time, in table order, at most ``WINDOW``
-    open), settle the answers as they come (a failure tried again after its backoff, in place
-    while short, else the execution ends; a dead letter ends it too) and move the position
-    after each settled round. Whether it ended parked (caught up, nothing came while it held)."""
+    lets go (``Window``: each run's events one at a time, in table order, at most the webhook's
+    ``in_flight`` open), settle the answers as they come (a failure tried again after its
+    backoff, in place while short, else the execution ends; a dead letter ends it too) and move
+    the position after each settled round. Whether it ended parked (caught up, nothing came
+    while it held)."""
 
     def __init__(
         self, owner: Deliverer, ctx: TaskContext, store: WorkerStore, hook: Webhook,
@@ -263,7 +266,7 @@ class _Run:
         self.mover, self.window, self.state, self.carry = mover, window, state, carry
         self.done = done
         self.answers: queue.SimpleQueue[tuple[Slot, Any]] = queue.SimpleQueue()
-        self.senders = owner._senders()
+        self.senders = owner._senders(window.size)
         self._post = owner._post
         self.deadline = time.monotonic() + BUDGET
         self.retry_in: float | None = None  # a failure to try again after this long (a new task)

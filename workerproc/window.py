@@ -1,5 +1,6 @@
-"""A webhook delivery's window (docs/protocol.md B20): up to ``WINDOW`` POSTs at once, across
-runs, each run's events one at a time and in table order.
+"""A webhook delivery's window (docs/protocol.md B20): up to the webhook's ``in_flight`` POSTs
+at once (``WINDOW`` unless it says), across runs, each run's events one at a time and in table
+order.
 
 ``Window`` is the bookkeeping alone (no thread, no clock of its own): the events read after
 the webhook's position, in table order, each one passed over (a kind the webhook does not
@@ -26,8 +27,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .store.types import Event
+from .store.webhooks import IN_FLIGHT
 
-WINDOW = 8  # POSTs in flight per webhook at most (its events open at most: what a fault re-sends)
+# POSTs in flight per webhook at most unless it says (``RetryNumbers.in_flight``): its events
+# open at most, what a fault re-sends
+WINDOW = IN_FLIGHT
 IDLE_END = 30.0  # an idle sender thread ends after this long
 
 PASSED, WAITING, FLIGHT, ACKED, FAILED, DEAD = range(6)
@@ -184,11 +188,13 @@ Job = tuple[Callable[[Any], Any], "queue.SimpleQueue[tuple[Slot, Any]]", Slot]
 
 class Senders:
     """Threads that run one job each at a time (a POST), each with a context of its own (its
-    ``Poster``), made by ``make`` on that thread; up to ``size`` of them, started as needed."""
+    ``Poster``), made by ``make`` on that thread; up to ``size`` of them, started as needed.
+    ``size`` may change between deliveries (each webhook's window): threads beyond a smaller one
+    are not started again, and those idle end after ``IDLE_END`` seconds."""
 
     def __init__(self, make: Callable[[], Any], size: int = WINDOW) -> None:
         self._make = make
-        self._size = size
+        self.size = size
         self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._threads = 0
@@ -198,7 +204,7 @@ class Senders:
                slot: Slot) -> None:  # fmt: skip
         """Run ``job(context)`` on a sender; ``(slot, its result)`` goes to ``answers``."""
         with self._lock:
-            start = self._idle == 0 and self._threads < self._size
+            start = self._idle == 0 and self._threads < self.size
             if start:
                 self._threads += 1
             else:

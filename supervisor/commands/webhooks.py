@@ -13,7 +13,13 @@ import click
 
 from workerproc.store import redact_url
 from workerproc.store.protocol.events import KINDS
-from workerproc.store.webhooks import BACKLOG_MAX, MAX_SECRET, RetryNumbers, WebhookInfo
+from workerproc.store.webhooks import (
+    BACKLOG_MAX,
+    MAX_IN_FLIGHT,
+    MAX_SECRET,
+    RetryNumbers,
+    WebhookInfo,
+)
 
 from ..errors import ConfigError, SupervisorError
 from ..operations import actions, render
@@ -29,12 +35,13 @@ def lines(infos: list[WebhookInfo], now: float) -> str:
     rows = [
         [i.name, i.url, ",".join(i.kinds) if i.kinds else "all", i.status, i.cursor,
          f"{i.backlog}+" if i.backlog >= BACKLOG_MAX else i.backlog, i.delivered, i.failures,
-         i.dead_total, render.relative(i.last_delivery_at, now),
+         i.dead_total, i.retry.in_flight, render.relative(i.last_delivery_at, now),
          render.short(i.last_error or "", 50) or None]
         for i in infos
     ]  # fmt: skip
     out = [render.table(["webhook", "url", "kinds", "delivery", "cursor", "behind", "delivered",
-                         "failing", "dead", "last delivery", "last error"], rows)]  # fmt: skip
+                         "failing", "dead", "window", "last delivery", "last error"],
+                        rows)]  # fmt: skip
     for i in infos:
         if i.dead:
             out.append(f"\ndead letters of {i.name} (newest {min(len(i.dead), DEAD_SHOWN)} "
@@ -54,7 +61,7 @@ def lines(infos: list[WebhookInfo], now: float) -> str:
 def webhooks(ctx: click.Context, db: str | None, as_json: bool) -> None:
     """Each webhook: where it POSTs, the kinds it takes, its delivery (waiting: caught up),
     the last event it dealt with, how many events it is behind, what it delivered, failed and
-    gave up on (its dead letters).
+    gave up on (its dead letters), its window (POSTs at once: --in-flight).
     'webhooks add' and 'webhooks remove' change them."""
     ctx.obj = db
     if ctx.invoked_subcommand is not None:
@@ -108,18 +115,21 @@ def read_secret(path: str) -> str:
         metavar="S", help="the longest retry delay")  # fmt: skip
 @option("--timeout", type=Number(float, 0.1, 120.0), default=RetryNumbers.timeout, metavar="S",
         help="how long one POST may take in all (connect, send, the whole answer)")  # fmt: skip
+@option("--in-flight", type=Number(int, 1, MAX_IN_FLIGHT), default=RetryNumbers.in_flight,
+        metavar="N", help="POSTs at once, across runs (each run's events one at a time): what "
+                          "a fault may send again; 1: one at a time")  # fmt: skip
 @click.pass_context
 def add(
     ctx: click.Context, name: str, url: str, db: str | None, kinds: str | None,
     secret_file: str | None, after: int | None, max_failures: int, backoff: float,
-    backoff_max: float, timeout: float,
+    backoff_max: float, timeout: float, in_flight: int,
 ) -> None:  # fmt: skip
     """POST every event of the chosen kinds to URL, signed (Leasekeeper-Signature, see the
     protocol's B20), at least once and in order, from every host's workers."""
     secret = read_secret(secret_file) if secret_file is not None else secrets.token_urlsafe(32)
     if backoff > backoff_max:
         raise ConfigError("--backoff must not exceed --backoff-max")
-    retry = RetryNumbers(max_failures, backoff, backoff_max, timeout)
+    retry = RetryNumbers(max_failures, backoff, backoff_max, timeout, in_flight)
     chosen = [k for k in kinds.split(",") if k.strip()] if kinds is not None else None
     with actions.store_for(group_db(db, ctx), create=True) as store:
         hook = store.add_webhook(name, url, secret=secret, kinds=chosen, after=after, retry=retry)

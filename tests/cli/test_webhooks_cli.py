@@ -55,6 +55,25 @@ def test_add_list_and_remove(db: str, tmp_path: Path) -> None:
     )
 
 
+def test_a_webhooks_window_is_set_by_in_flight_and_shown(db: str) -> None:
+    for name, more in (
+        ("one", ["--in-flight", "1"]),
+        ("most", ["--in-flight", "64"]),
+        ("plain", []),
+    ):
+        done = invoke("webhooks", "add", name, "https://example.test/", "--db", db, *more)
+        assert done.exit_code == 0, done.output
+    with open_store(db) as store:
+        stored = {h.name: h.retry.in_flight for h in store.webhook_list()}
+    assert stored == {"one": 1, "most": 64, "plain": 8}
+    docs = json.loads(invoke("webhooks", "--db", db, "--json").output)
+    assert {d["name"]: d["window"] for d in docs} == stored
+    assert all(d["in_flight"] is False for d in docs), "(whether a delivery holds its lease)"
+    header, *rows = invoke("webhooks", "--db", db).output.splitlines()
+    at = header.split().index("WINDOW")
+    assert {row.split()[0]: int(row.split()[at]) for row in rows} == stored
+
+
 def test_a_secret_from_standard_input(db: str) -> None:
     done = invoke("webhooks", "add", "h", "https://example.test/", "--db", db,
                   "--secret-file", "-", stdin="piped-secret\n")  # fmt: skip
@@ -103,6 +122,8 @@ def test_how_far_behind_each_webhook_is(db: str) -> None:
         (["https://x/", "--backoff", "9", "--backoff-max", "2"], "--backoff must not exceed"),
         (["https://x/", "--secret-file", "/nonexistent/s"], "--secret-file /nonexistent/s"),
         (["https://x/", "--timeout", "nan"], "--timeout"),
+        (["https://x/", "--in-flight", "0"], "--in-flight must be a number from 1 to 64 (got 0)"),
+        (["https://x/", "--in-flight", "65"], "--in-flight must be a number from 1 to 64 (got 65)"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(db: str, args: list[str], message: str) -> None:

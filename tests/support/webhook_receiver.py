@@ -1,13 +1,15 @@
 """A local webhook receiver for the delivery tests: a real HTTP server on a thread of the test
 process that checks each delivery's signature, records it, and can be told to fail a share of
 requests (HTTP 503, drawn from a seeded generator) or to go down (its socket closed: connections
-are refused) and come back on the same port."""
+are refused) and come back on the same port. It counts the requests open at once (``most``: the
+peak), each held ``hold`` seconds before its answer so that those sent together overlap."""
 
 from __future__ import annotations
 
 import json
 import random
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,9 +26,14 @@ class Delivery:
 
 
 class Receiver:
-    def __init__(self, secret: str, *, fail_share: float = 0.0, seed: int = 7) -> None:
+    def __init__(
+        self, secret: str, *, fail_share: float = 0.0, seed: int = 7, hold: float = 0.0
+    ) -> None:
         self.secret = secret
         self.fail_share = fail_share
+        self.hold = hold
+        self.open = 0  # requests being handled now
+        self.most = 0  # the most handled at once
         self._random = random.Random(seed)
         self.lock = threading.Lock()
         self.deliveries: list[Delivery] = []
@@ -44,15 +51,27 @@ class Receiver:
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
+                with receiver.lock:
+                    receiver.open += 1
+                    receiver.most = max(receiver.most, receiver.open)
+                try:
+                    if receiver.hold:
+                        time.sleep(receiver.hold)
+                    code = self.take()
+                finally:  # (closed before its answer goes: the sender's next may come at once)
+                    with receiver.lock:
+                        receiver.open -= 1
+                self.send_response(code)
+                self.end_headers()
+
+            def take(self) -> int:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 try:
                     event = json.loads(body)
                 except ValueError:  # cut short (the receiver going down under it): refused
                     with receiver.lock:
                         receiver.unreadable += 1
-                    self.send_response(400)
-                    self.end_headers()
-                    return
+                    return 400
                 try:
                     verify(receiver.secret, self.headers.get(HEADER), body)
                     signed = True
@@ -62,8 +81,7 @@ class Receiver:
                     fail = receiver._random.random() < receiver.fail_share
                     header = self.headers.get("Leasekeeper-Event")
                     receiver.deliveries.append(Delivery(event, not fail, signed, header))
-                self.send_response(503 if fail else 204)
-                self.end_headers()
+                return 503 if fail else 204
 
             def log_message(self, *args: object) -> None:
                 pass

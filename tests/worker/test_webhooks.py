@@ -33,6 +33,7 @@ from workerproc.store.webhooks import (
     RetryNumbers,
     check_kinds,
 )
+from workerproc.window import WINDOW
 from workerproc.worker import Worker
 
 SECRET = "s3cret-for-tests"
@@ -127,11 +128,14 @@ def test_bad_values_are_refused_before_anything_is_written(
 def test_retry_numbers_have_ranges() -> None:
     bad_numbers: list[dict[str, Any]] = [
         {"max_failures": 0}, {"max_failures": 1001}, {"backoff": -1.0}, {"timeout": 0.0},
-        {"backoff": 5.0, "backoff_max": 1.0}, {"max_failures": True},
+        {"backoff": 5.0, "backoff_max": 1.0}, {"max_failures": True}, {"in_flight": 0},
+        {"in_flight": 65}, {"in_flight": 2.0}, {"in_flight": True},
     ]  # fmt: skip
     for bad in bad_numbers:
         with pytest.raises(InvalidOption):
             RetryNumbers(**bad)
+    assert (RetryNumbers().in_flight, RetryNumbers(in_flight=1).in_flight) == (WINDOW, 1)
+    assert RetryNumbers(in_flight=64).in_flight == 64
     assert check_kinds("run.failed, step.*", KINDS) == ("run.failed", "step.*")
     assert check_kinds([], KINDS) is None
     delays = [backoff(n, 1.0, 10.0) for n in range(1, 8)]

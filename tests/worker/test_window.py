@@ -322,3 +322,27 @@ def test_events_a_commit_kept_as_acknowledged_are_not_sent_again() -> None:
     for slot in list(nxt._slots)[:2]:
         nxt.acked(slot)
     assert nxt.advance() == (4, 3), "and is counted once the position passes it"
+
+
+def test_a_webhooks_in_flight_bounds_the_posts_open_at_its_receiver(s: Store) -> None:
+    """Each webhook's window is its own (``in_flight``): one at 1 never has two POSTs open at
+    its receiver, one at 4 has several, delivered by one lane thread after the other (its
+    senders sized to each webhook in turn)."""
+    wide, narrow = Receiver(SECRET, hold=0.05), Receiver(SECRET, hold=0.05)
+    try:
+        for name, receiver, n in (("wide", wide, 4), ("narrow", narrow, 1)):
+            s.add_webhook(name, receiver.url, secret=SECRET, kinds=["run.*"],
+                          retry=RetryNumbers(in_flight=n))  # fmt: skip
+        runs = finished_runs(s, 8)
+        table = [e.id for e in s.events(limit=1000) if e.run_id in runs and e.kind[:4] == "run."]
+        deliverer = Deliverer(lambda: s)
+        for _ in range(2):
+            deliver(s, deliverer)
+    finally:
+        wide.down()
+        narrow.down()
+    for receiver in (wide, narrow):
+        assert sorted(d.event["id"] for d in receiver.all()) == table, "each event once"
+    assert narrow.most == 1, "a window of 1: one POST at a time"
+    assert 1 < wide.most <= 4, "a window of 4: several at once, 4 at most"
+    assert {h.name: h.retry.in_flight for h in s.webhook_list()} == {"narrow": 1, "wide": 4}

@@ -43,6 +43,7 @@ HISTORY: tuple[str, ...] = (
     "task_lease_columns",  # 30: SQLite's task rows without their lease columns
     "stream_batches",  # 31: one row per batch of a stream (B21)
     "leases_owner_unindexed",  # 32: PostgreSQL's leases without an index of their owner
+    "webhook_in_flight",  # 33: a webhook's window, its own (B20)
 )
 
 SCHEMA_VERSION = len(HISTORY)

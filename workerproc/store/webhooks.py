@@ -36,6 +36,8 @@ MAX_SECRET = 1024
 MAX_WEBHOOKS = 100
 MAX_DEAD = 100  # dead letters a webhook's state keeps (the newest; ``dead_total`` counts all)
 BACKLOG_MAX = 100_000  # events a backlog counts at most (a bounded read, whatever is behind)
+IN_FLIGHT = 8  # a webhook's events open at once unless it says (``RetryNumbers.in_flight``)
+MAX_IN_FLIGHT = 64
 
 _KIND = re.compile(r"[a-z_]+\.(\*|[a-z_]+)")
 
@@ -45,18 +47,22 @@ class RetryNumbers:
     """How a webhook retries an event that failed: ``max_failures`` deliveries in a row (1 to
     1000) before it is a dead letter; the delay after a failure doubles from ``backoff`` up to
     ``backoff_max`` seconds (±25 % jitter); each POST takes ``timeout`` seconds at most, in
-    all: connecting, sending and the whole answer (``workerproc.posting``)."""
+    all: connecting, sending and the whole answer (``workerproc.posting``); up to ``in_flight``
+    (1 to ``MAX_IN_FLIGHT``) of its events are open at once (its delivery's window:
+    ``workerproc.window``), which is also the most a fault sends again (1: one POST at a time)."""
 
     max_failures: int = 20
     backoff: float = 1.0
     backoff_max: float = 600.0
     timeout: float = 10.0
+    in_flight: int = IN_FLIGHT
 
     def __post_init__(self) -> None:
         _ranged(self.max_failures, "max_failures", 1, 1000, integer=True)
         _ranged(self.backoff, "backoff", 0.0, 3600.0)
         _ranged(self.backoff_max, "backoff_max", 0.0, 86_400.0)
         _ranged(self.timeout, "timeout", 0.1, 120.0)
+        _ranged(self.in_flight, "in_flight", 1, MAX_IN_FLIGHT, integer=True)
         if self.backoff > self.backoff_max:
             raise InvalidOption("a webhook's backoff must not exceed its backoff_max")
 
@@ -141,6 +147,7 @@ class WebhookInfo:
             "last_error": self.last_error, "last_delivery_at": self.last_delivery_at,
             "max_failures": self.retry.max_failures, "backoff": self.retry.backoff,
             "backoff_max": self.retry.backoff_max, "timeout": self.retry.timeout,
+            "window": self.retry.in_flight,
             "dead_total": self.dead_total, "backlog": self.backlog,
             "next_try_at": self.next_try_at, "in_flight": self.in_flight,
             "dead": [vars(d) for d in self.dead],

@@ -8,7 +8,7 @@ import pytest
 
 from workerproc.store import CasResult, ClaimRequest, Commit, Lease, RunNotFound
 from workerproc.store.errors import InvalidOption
-from workerproc.store.webhooks import WEBHOOK_QUEUE
+from workerproc.store.webhooks import IN_FLIGHT, WEBHOOK_QUEUE, RetryNumbers
 
 from .kit import Driver, verb
 
@@ -36,6 +36,23 @@ def test_a_webhook_is_read_with_its_secret_and_listed_without_it(driver: Driver)
     assert SECRET not in repr(info) and "abc" not in info.url
     s.start_run("u")
     assert s.webhooks()[0].backlog == 1  # run.enqueued: a kind it wants
+
+
+@verb("webhook", "webhook_list", "webhooks")
+def test_a_webhooks_window_is_stored_with_it(driver: Driver) -> None:
+    """Its ``in_flight`` (1 to 64; 8 unless it says) reads back as it was added, everywhere."""
+    s = driver.store
+    for name, n in (("one", 1), ("most", 64)):
+        s.add_webhook(name, URL, secret=SECRET, retry=RetryNumbers(max_failures=3, in_flight=n))
+    s.add_webhook("plain", URL, secret=SECRET)
+    want = {"one": 1, "most": 64, "plain": IN_FLIGHT}
+    assert {h.name: h.retry.in_flight for h in s.webhook_list()} == want
+    assert {i.name: (i.retry.in_flight, i.as_json()["window"]) for i in s.webhooks()} == {
+        name: (n, n) for name, n in want.items()
+    }
+    one = s.webhook("one")
+    assert one is not None and (one.retry.in_flight, one.retry.max_failures) == (1, 3)
+    assert IN_FLIGHT == 8
 
 
 @verb("webhook")

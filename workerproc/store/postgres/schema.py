@@ -50,7 +50,7 @@ from .schedules_sql import MIGRATION as _SCHEDULES
 from .streams_sql import BATCHES_SCHEMA, STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
-from .webhooks_sql import MIGRATION_POSITIONS
+from .webhooks_sql import MIGRATION_IN_FLIGHT, MIGRATION_POSITIONS
 
 VERSION_TABLE = "leasekeeper_schema"
 
@@ -519,6 +519,7 @@ _SQL: dict[str, str] = {
     "leases_owner_unindexed": """
     DROP INDEX leases_owner;
     """,
+    "webhook_in_flight": MIGRATION_IN_FLIGHT,  # 33: a webhook's window, its own (B20)
 }
 
 MIGRATIONS: list[str] = steps("postgres", _SQL)  # every step of the shared history, in order

@@ -63,6 +63,13 @@ MIGRATION_POSITIONS = f"""
     SELECT setval('system_run_ids', max(new)) FROM m HAVING count(*) > 0;
 """
 
+# 33: each webhook's window (``RetryNumbers.in_flight``: its events open at once, what a fault
+# re-sends), its own; the webhooks from before keep the window every webhook had then: 8 (written
+# out: what this step does never changes with the default)
+MIGRATION_IN_FLIGHT = """
+    ALTER TABLE webhooks ADD COLUMN in_flight bigint NOT NULL DEFAULT 8;
+"""
+
 QUERIES = load("workerproc.store.postgres", "webhooks.sql", style="pyformat")
 globals().update(texts(QUERIES))
 

@@ -56,8 +56,9 @@ PARKED = f"signal:{WAKE_SIGNAL}"  # a parked delivery run's wait
 
 def _webhook(row: Row) -> Webhook:
     name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout, at = row[:10]
-    position, delivered, delivered_at = row[10:13]
-    retry = RetryNumbers(int(max_failures), float(backoff), float(backoff_max), float(timeout))
+    position, delivered, delivered_at, in_flight = row[10:14]
+    retry = RetryNumbers(int(max_failures), float(backoff), float(backoff_max), float(timeout),
+                         int(in_flight))  # fmt: skip
     return Webhook(name, url, kinds_of(kinds), int(run_id), float(at), retry, secret,
                    int(position), int(delivered),
                    None if delivered_at is None else float(delivered_at))  # fmt: skip
@@ -136,7 +137,7 @@ class Webhooks:
                 "name": name, "url": url, "kinds": kinds_text(chosen), "secret": secret,
                 "run_id": run_id, "max_failures": retry.max_failures, "backoff": retry.backoff,
                 "backoff_max": retry.backoff_max, "timeout": retry.timeout, "now": tx.now,
-                "position": start,
+                "position": start, "in_flight": retry.in_flight,
             }  # fmt: skip
             if tx.one("WEBHOOK_ADD", params) is None:  # added meanwhile (another host)
                 raise InvalidOption(f"webhook {name!r} exists (supervisor webhooks remove {name})")

@@ -23,7 +23,7 @@ from .schedules_sql import MIGRATION as _SCHEDULES
 from .streams_sql import BATCHES_SCHEMA, STREAMS_SCHEMA
 from .waits_sql import MIGRATION_PARENT_JOIN, MIGRATION_WAITS
 from .webhooks_sql import MIGRATION as _WEBHOOKS
-from .webhooks_sql import MIGRATION_POSITIONS
+from .webhooks_sql import MIGRATION_IN_FLIGHT, MIGRATION_POSITIONS
 
 _HEAD_AND_READY = """(head_at, head_created, head_id, ready_at) = (
         SELECT h.available_at, h.created_at, h.id,
@@ -492,6 +492,8 @@ _SQL: dict[str, str] = {
     "leases": MIGRATION_LEASES,  # 29: a run's lease is a row of ``leases`` (leases_sql.py)
     "task_lease_columns": MIGRATION_TASK_LEASE_COLUMNS,  # 30: tasks without them (rebuilt)
     "stream_batches": BATCHES_SCHEMA,  # 31: a stream's rows are its batches (B21)
+    # 32 (leases_owner_unindexed): PostgreSQL's only
+    "webhook_in_flight": MIGRATION_IN_FLIGHT,  # 33: a webhook's window, its own (B20)
 }
 
 MIGRATIONS: list[str] = steps("sqlite", _SQL)  # every step of the shared history, in order

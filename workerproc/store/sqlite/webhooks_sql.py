@@ -79,6 +79,13 @@ MIGRATION_POSITIONS = f"""
     DROP TABLE moved_runs;
 """
 
+# 33: each webhook's window (``RetryNumbers.in_flight``: its events open at once, what a fault
+# re-sends), its own; the webhooks from before keep the window every webhook had then: 8 (written
+# out: what this step does never changes with the default)
+MIGRATION_IN_FLIGHT = """
+    ALTER TABLE webhooks ADD COLUMN in_flight INTEGER NOT NULL DEFAULT 8;
+"""
+
 QUERIES = load("workerproc.store.sqlite", "webhooks.sql", style="named")
 globals().update(texts(QUERIES))
 

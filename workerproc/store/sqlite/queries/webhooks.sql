@@ -6,19 +6,19 @@
 -- name: WEBHOOK_ROWS
 -- Every webhook, by name.
 SELECT name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout,
-    created_at, position, delivered, delivered_at FROM webhooks ORDER BY name
+    created_at, position, delivered, delivered_at, in_flight FROM webhooks ORDER BY name
 
 -- name: WEBHOOK_ROW
 -- One webhook by its name.
 SELECT name, url, kinds, secret, run_id, max_failures, backoff, backoff_max, timeout,
-    created_at, position, delivered, delivered_at FROM webhooks WHERE name = :name
+    created_at, position, delivered, delivered_at, in_flight FROM webhooks WHERE name = :name
 
 -- name: WEBHOOK_ADD
 -- a new webhook (a name already there: nothing, and the caller is told)
 INSERT INTO webhooks (name, url, kinds, secret, run_id, max_failures, backoff,
-        backoff_max, timeout, created_at, position)
+        backoff_max, timeout, created_at, position, in_flight)
     VALUES (:name, :url, :kinds, :secret, :run_id, :max_failures, :backoff, :backoff_max,
-            :timeout, :now, :position)
+            :timeout, :now, :position, :in_flight)
     ON CONFLICT (name) DO NOTHING RETURNING name
 
 -- name: WEBHOOK_MOVE
