@@ -47,6 +47,7 @@ BATCH = 64  # chunks that make a batch go at once
 PENDING = 4 * MAX_BATCH  # chunks waiting that make an emit wait for the writer
 WRITE_WAIT = 60.0  # seconds a batch is tried for, or a flush waits, at most
 RIDE_WAIT = 0.02  # seconds a due batch waits for an exchange that ran this recently, at most
+LIVELY = 1.0  # seconds after its last batch began an emitter counts as streaming
 EXPIRY_EVERY = 60.0  # seconds between two looks for streams past their stream_ttl
 RETRY = (0.01, 1.0)  # a failed write's first pause before it is tried again, and the most
 
@@ -113,7 +114,7 @@ class Emitter:
             waiting.append(text)
             if self.taken != taken:
                 with self._streamer.cond:
-                    self._streamer.cond.notify_all()
+                    self._streamer.rouse(self.since + DELAY)
             return
         s = self._streamer
         if s._thread is None:
@@ -124,12 +125,14 @@ class Emitter:
                 s.attach(self)
             if not self.waiting:  # the writer learns when this batch is due
                 self.since = time.monotonic()
-                s.cond.notify_all()
+                s.rouse(self.since + DELAY)
             self.waiting.append(text)
             if len(self.waiting) >= BATCH and self.full_at is None:
-                self.full_at = time.monotonic()
-                s.cond.notify_all()
+                self.full_at = now = time.monotonic()
+                if not s.riding(now):  # (riding, the next exchange takes it, or the thread
+                    s.rouse(now)  # at ``since`` + ``DELAY``, as it is to wake by then)
             if len(self.waiting) >= PENDING:
+                s.rouse(-math.inf)
                 self._wait(lambda: len(self.waiting) < PENDING)
 
     def flush(self) -> None:
@@ -139,7 +142,7 @@ class Emitter:
         s.start()
         with s.cond:
             self.flushing = True
-            s.cond.notify_all()
+            s.rouse(-math.inf)
             try:
                 self._wait(lambda: not self.waiting and not self.busy)
             finally:
@@ -177,11 +180,18 @@ class StreamRefused(Exception):
 
 class Streamer:
     """The worker's stream writer: one thread (started at the first emit) and one store,
-    whose connection is the thread's own."""
+    whose connection is the thread's own. The thread sleeps on ``wake`` and is woken only when
+    it would otherwise sleep past the moment something needs it (``rouse``): beside a busy
+    stream whose batches ride the exchanges it wakes a few times a second, not at every
+    batch, and every wake-up takes the interpreter lock from the worker's other threads. A
+    handler waits on ``cond`` (a flush, too many chunks waiting): the same lock."""
 
     def __init__(self, open_store: Callable[[], StreamStore]) -> None:
         self._open = open_store
-        self.cond = threading.Condition()
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        self.wake = threading.Condition(lock)
+        self._asleep_until = -math.inf  # monotonic: when the thread's sleep ends (-inf: awake)
         self._emitters: list[Emitter] = []
         self._thread: threading.Thread | None = None
         self._store: StreamStore | None = None
@@ -215,7 +225,17 @@ class Streamer:
         """The execution ended: its emitter goes once nothing of it waits."""
         with self.cond:
             emitter.ended = True
-            self.cond.notify_all()
+            self.rouse(-math.inf)
+
+    def rouse(self, at: float) -> None:
+        """(Holding the condition.) The thread should look again by ``at`` (monotonic;
+        ``-inf``: now): woken if it sleeps past that (awake, it looks before it sleeps)."""
+        if at < self._asleep_until:
+            self.wake.notify()
+
+    def riding(self, now: float) -> bool:
+        """(Holding the condition.) Whether exchanges run, which take the batches due."""
+        return now - self._lent_at < RIDE_WAIT and not self._closed
 
     def lend(self) -> list[tuple[Emitter, list[str]]]:
         """An exchange is about to begin: the batches due now, taken (each busy until
@@ -239,7 +259,8 @@ class Streamer:
                     self._answered(em, batch, answers[i])
                 else:
                     self._returned.append((em, batch))
-            self.cond.notify_all()
+                    self.rouse(-math.inf)
+            self.cond.notify_all()  # (a handler's flush, or its emit past ``PENDING``)
 
     def _next(self) -> tuple[Emitter, list[str]] | None:
         """(Holding the condition.) The next batch due, taken; else sleep until one may be.
@@ -248,7 +269,7 @@ class Streamer:
         if self._returned:
             return self._returned.pop(0)
         now = time.monotonic()
-        riding = now - self._lent_at < RIDE_WAIT and not self._closed
+        riding = self.riding(now)
         soonest: float | None = None
         for em in self._emitters:
             if em.due(now):
@@ -257,10 +278,17 @@ class Streamer:
                 later = min(em.due_since(), self._lent_at) + RIDE_WAIT
             elif em.waiting and not em.busy:
                 later = em.since + DELAY
+            elif not em.ended and now - em.since < LIVELY:
+                later = now + DELAY  # its next chunk is due by then: it need not wake us
             else:
                 continue
             soonest = later if soonest is None else min(soonest, later)
-        self.cond.wait(1.0 if soonest is None else max(0.001, min(1.0, soonest - now)))
+        sleep = 1.0 if soonest is None else max(0.001, min(1.0, soonest - now))
+        self._asleep_until = now + sleep
+        try:
+            self.wake.wait(sleep)
+        finally:
+            self._asleep_until = -math.inf
         return None
 
     def _run(self) -> None:
@@ -333,6 +361,7 @@ class Streamer:
             self._closed = True
             thread, self._thread = self._thread, None
             self.cond.notify_all()
+            self.wake.notify_all()
         if thread is not None:
             thread.join(timeout)
         with self.cond:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from helpers import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -53,11 +54,16 @@ class Kept:
 
 
 class Counting(threading.Condition):
-    """The streamer's condition, counting its ``notify_all`` calls."""
+    """The writer's condition (``Streamer.wake``, on the streamer's lock), counting the times
+    the writer is woken."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, streamer: Streamer) -> None:
+        super().__init__(streamer.cond._lock)  # type: ignore[attr-defined]
         self.notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
 
     def notify_all(self) -> None:
         self.notified += 1
@@ -98,21 +104,54 @@ class TakenBetween(list[str]):
 
 def test_a_take_between_the_look_and_the_append_is_told_to_the_writer() -> None:
     streamer = Streamer(Kept)
-    streamer.cond = Counting()
+    streamer.wake = woken = Counting(streamer)
     em = streamer.emitter(LEASE)
     racing = TakenBetween(em)
     em.waiting = racing
     streamer._thread = threading.current_thread()  # no writer thread: this test takes
-    em.add('"a"')  # the slow path: the first chunk of a batch
-    em.add('"b"')  # the common case, no take meanwhile: nobody is told
-    before = streamer.cond.notified
-    assert before == 1 and em.waiting == ['"a"', '"b"']
+    streamer._asleep_until = time.monotonic() + 600  # as a writer with nothing to do sleeps
+    em.add('"a"')  # the slow path: the first chunk of a batch, due in DELAY: woken
+    em.add('"b"')  # the common case, no take meanwhile: the writer knows already
+    assert woken.notified == 1 and em.waiting == ['"a"', '"b"']
     racing.armed = True
     taken_at = time.monotonic()
     em.add('"c"')  # the writer takes "a" and "b" in between: "c" waits alone, from the take
     assert racing.taken_batch == ['"a"', '"b"'] and em.waiting == ['"c"']
-    assert streamer.cond.notified == before + 1  # the writer recomputes when it is due
+    assert woken.notified == 2  # the writer learns when it is due
     assert em.since >= taken_at and em.taken == 1
+
+
+def test_batches_that_ride_the_exchanges_wake_the_writer_a_few_times_not_at_each_batch() -> None:
+    kept = Kept()
+    streamer = Streamer(lambda: kept)
+    streamer.wake = woken = Counting(streamer)
+    em = streamer.emitter(LEASE)
+    stop = threading.Event()
+    lent: list[list[str]] = []
+
+    def exchanges() -> None:  # a busy conductor: an exchange every 2 ms, each writing what it took
+        while not stop.is_set():
+            taken = streamer.lend()
+            lent.extend(batch for _, batch in taken)
+            streamer.landed(taken, tuple(Appended("written", 1) for _ in taken))
+            time.sleep(0.002)
+
+    conductor = threading.Thread(target=exchanges)
+    conductor.start()
+    try:
+        wait_for(lambda: streamer._lent_at > 0, timeout=30, what="the first exchange")
+        for i in range(40 * BATCH):  # 40 batches, each full in about 6 ms
+            em.add(f'"{i}"')
+            if i % 100 == 99:
+                time.sleep(0.01)
+        wait_for(lambda: not em.waiting and not em.busy, timeout=30, what="every batch taken")
+    finally:
+        stop.set()
+        conductor.join(30)
+    streamer.close()
+    assert [int(t.strip('"')) for b in lent + kept.batches for t in b] == list(range(40 * BATCH))
+    assert len(kept.batches) <= 2, "batches an exchange would have taken went on their own"
+    assert woken.notified <= 10, f"the writer was woken {woken.notified} times for 40 batches"
 
 
 def test_chunks_emitted_by_many_threads_at_once_are_each_written_once_in_each_threads_order() -> (
