@@ -13,7 +13,8 @@ than the database takes waits at its emit once ``PENDING`` chunks wait (``emit_a
 the loop).
 
 While the worker's conductor exchanges (commits and claims: every few milliseconds on a busy
-worker), a due batch waits for its next exchange, ``RIDE_WAIT`` at most, and is written in that
+worker), a due batch waits for its next exchange, ``RIDE_WAIT`` at most (a batch full before
+its oldest chunk waited ``DELAY``: until then at most), and is written in that
 transaction, on the conductor's connection (``lend``, then ``landed``; ``commit_many``'s
 ``streams``), fenced and numbered the same: on SQLite another connection's commit costs the
 conductor its page cache at its next transaction, a batch in its own transaction beside a busy
@@ -260,6 +261,8 @@ class Streamer:
                 else:
                     self._returned.append((em, batch))
                     self.rouse(-math.inf)
+                if em.flushing:  # what waited behind this batch goes now
+                    self.rouse(-math.inf)
             self.cond.notify_all()  # (a handler's flush, or its emit past ``PENDING``)
 
     def _next(self) -> tuple[Emitter, list[str]] | None:
@@ -276,7 +279,7 @@ class Streamer:
                 if not riding or em.flushing or now - em.due_since() >= RIDE_WAIT:
                     return em, em.take(now)
                 later = min(em.due_since(), self._lent_at) + RIDE_WAIT
-            elif em.waiting and not em.busy:
+            elif em.unwritten():  # (behind a batch being written: due all the same)
                 later = em.since + DELAY
             elif not em.ended and now - em.since < LIVELY:
                 later = now + DELAY  # its next chunk is due by then: it need not wake us

@@ -15,6 +15,7 @@ from helpers import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from workerproc import streaming
 from workerproc.store import InvalidPayload, Lease, Run
 from workerproc.store.codec import dumps
 from workerproc.store.protocol.streams import chunk_text
@@ -198,3 +199,30 @@ def test_a_refused_emitter_with_a_late_chunk_neither_spins_the_writer_nor_holds_
     assert time.monotonic() - began < 5, "close waited for a chunk nobody will write"
     with pytest.raises(Exception, match="lost"):
         em.add('"again"')
+
+
+def test_a_flush_behind_a_batch_an_exchange_carries_goes_once_the_exchange_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(streaming, "DELAY", 600.0)  # nothing goes by time in this test
+    kept = Kept()
+    streamer = Streamer(lambda: kept)
+    em = streamer.emitter(LEASE)
+    for i in range(BATCH):
+        em.add(f'"{i}"')
+    taken = streamer.lend()  # an exchange takes the full batch: it is being written
+    assert [len(batch) for _, batch in taken] == [BATCH]
+    em.add('"behind"')
+    flushed = threading.Event()
+    flusher = threading.Thread(target=lambda: (em.flush(), flushed.set()))
+    flusher.start()
+    wait_for(lambda: em.flushing, timeout=30, what="the flush waiting")
+    with streamer.cond:  # the writer asleep (the chunk cannot go while the batch is written)
+        streamer.wake = woken = Counting(streamer)
+    wait_for(lambda: streamer._asleep_until > 0, timeout=30, what="the writer asleep")
+    streamer.landed(taken, (Appended("written", BATCH),))
+    assert woken.notified == 1  # the writer learns at once, not at its next look
+    assert flushed.wait(30), "the flush waited for the chunk behind the exchange's batch"
+    flusher.join(30)
+    streamer.close()
+    assert kept.batches == [['"behind"']]
