@@ -261,8 +261,9 @@ class Streamer:
                 else:
                     self._returned.append((em, batch))
                     self.rouse(-math.inf)
-                if em.flushing:  # what waited behind this batch goes now
-                    self.rouse(-math.inf)
+                if em.unwritten():  # what waited behind this batch: due now, or at its time
+                    full = len(em.waiting) >= BATCH and not self.riding(time.monotonic())
+                    self.rouse(-math.inf if em.flushing or full else em.since + DELAY)
             self.cond.notify_all()  # (a handler's flush, or its emit past ``PENDING``)
 
     def _next(self) -> tuple[Emitter, list[str]] | None:
@@ -279,8 +280,8 @@ class Streamer:
                 if not riding or em.flushing or now - em.due_since() >= RIDE_WAIT:
                     return em, em.take(now)
                 later = min(em.due_since(), self._lent_at) + RIDE_WAIT
-            elif em.unwritten():  # (behind a batch being written: due all the same)
-                later = em.since + DELAY
+            elif em.unwritten() and not (em.busy and em.since + DELAY <= now):
+                later = em.since + DELAY  # (behind a lent batch, overdue: ``landed`` rouses)
             elif not em.ended and now - em.since < LIVELY:
                 later = now + DELAY  # its next chunk is due by then: it need not wake us
             else:
