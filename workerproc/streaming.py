@@ -59,8 +59,10 @@ class Emitter:
     """One execution's stream: the chunks waiting for their batch, and what the writes said.
     Everything here is guarded by the streamer's condition, but for ``add``'s common case: a
     chunk appended to a batch under way (``waiting`` is never replaced, only appended to and
-    taken from the front, and ``taken`` counts the takes, so ``add`` sees one that came
-    between its look and its append)."""
+    taken from the front). Every take leaves the writer to look by the new ``since`` +
+    ``DELAY`` (a take by the writer: it is awake; by an exchange: ``landed``), so a chunk
+    appended meanwhile is never left unannounced; ``taken`` counts the takes, and an append
+    that sees one came between its look and its append tells the writer anyway (a hint)."""
 
     def __init__(self, streamer: Streamer, lease: Lease) -> None:
         self.lease = lease

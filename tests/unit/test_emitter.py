@@ -214,7 +214,12 @@ def test_a_flush_behind_a_batch_an_exchange_carries_goes_once_the_exchange_answe
     assert [len(batch) for _, batch in taken] == [BATCH]
     em.add('"behind"')
     flushed = threading.Event()
-    flusher = threading.Thread(target=lambda: (em.flush(), flushed.set()))
+
+    def flush() -> None:
+        em.flush()
+        flushed.set()
+
+    flusher = threading.Thread(target=flush)
     flusher.start()
     wait_for(lambda: em.flushing, timeout=30, what="the flush waiting")
     with streamer.cond:  # the writer asleep (the chunk cannot go while the batch is written)
