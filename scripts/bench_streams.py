@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import resource
 import secrets
@@ -152,7 +153,13 @@ def others(db: str, noops: int, emit: bool, steady: float, tree: Path | None = N
 @contextmanager
 def database(backend: str, tmp: str, name: str) -> Iterator[str]:
     if backend == "sqlite":
-        yield os.path.join(tmp, f"{name}.db")
+        path = os.path.join(tmp, f"{name}.db")
+        try:
+            yield path
+        finally:  # gone at once: its dirty pages are never written back under a later round
+            for suffix in ("", "-wal", "-shm"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path + suffix)
         return
     import psycopg  # noqa: PLC0415 - only this part needs it
 
@@ -201,8 +208,9 @@ def slots(args: argparse.Namespace, tmp: str, backend: str) -> dict[str, list[tu
     sides = [(label, tree, emit) for label, tree in trees for emit in (False, True)]
     got: dict[tuple[str, bool], list[Side]] = {(label, e): [] for label, _, e in sides}
     for i in range(args.rounds):
+        # each side first in turn (rotated: reversing a rotation of two kept one order)
         order = sides[i % len(sides) :] + sides[: i % len(sides)]
-        for label, tree, emit in order if i % 2 == 0 else order[::-1]:
+        for label, tree, emit in order:
             with database(backend, tmp, f"r{i}{label}{int(emit)}") as db:
                 got[label, emit].append(others(db, args.noops, emit, args.steady, tree))
         line = [f"  {backend} round {i + 1}:"]
