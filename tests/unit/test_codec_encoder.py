@@ -39,3 +39,13 @@ def test_dumps_writes_what_json_dumps_writes(value: Any) -> None:
 def test_dumps_still_refuses_what_json_cannot_carry(bad: Any) -> None:
     with pytest.raises(InvalidPayload):
         codec.dumps(bad, "result")
+
+
+def test_a_claims_served_entries_are_checked_once_each_and_a_bad_one_at_every_claim() -> None:
+    assert codec.checked_served(("b", "a@2", "b")) == ("b", "a@2")  # in order, each once
+    served = ("b", "a@2", "b")
+    assert codec.checked_served(served) is codec.checked_served(served)  # made once
+    for _ in range(2):  # a refusal is never remembered as an answer
+        with pytest.raises(InvalidPayload, match="task name"):
+            codec.checked_served(("ok", "bad\x00name"))
+    assert codec.names_json(("a", "b")) == codec.names_json(["a", "b"]) == '["a", "b"]'

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -193,6 +194,24 @@ def check_served(entry: object) -> str:
         return check_name(entry)
     check_name(served_entry(entry)[0])
     return entry
+
+
+@functools.lru_cache(maxsize=256)
+def checked_served(entries: tuple[str, ...]) -> tuple[str, ...]:
+    """A claim's served entries (``check_served`` each), each once, in order. A worker asks
+    with the same ones at every claim: they are checked once, not at every claim."""
+    return tuple(check_served(entry) for entry in dict.fromkeys(entries))
+
+
+def names_json(names: Sequence[str]) -> str:
+    """Names (tasks, queues) as a JSON array, for a statement's parameter; a worker's claims
+    pass the same tuple every time, whose text is made once."""
+    return _names_json(names) if type(names) is tuple else json.dumps(names)
+
+
+@functools.lru_cache(maxsize=256)
+def _names_json(names: tuple[str, ...]) -> str:
+    return json.dumps(names)
 
 
 def check_task_version(version: object) -> int | None:

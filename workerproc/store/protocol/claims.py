@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from ..codec import check_name, check_owner, check_queue, check_served, loads, task_options
+from ..codec import check_name, check_owner, check_queue, checked_served, loads, task_options
 from ..dialect import ClaimRow, Tx
 from ..driver import ClaimAsk, Handback, Placing
 from ..errors import InvalidPayload
@@ -60,7 +60,7 @@ def claim(
     queues = None if req.queues is None else [check_queue(q) for q in dict.fromkeys(req.queues)]
     if queues is not None:
         queues = [q for q in queues if q not in skip]
-    tasks = None if req.tasks is None else tuple(check_served(t) for t in dict.fromkeys(req.tasks))
+    tasks = None if req.tasks is None else checked_served(tuple(req.tasks))
     if queues == [] or tasks == () or req.limit < 1:
         return []
     req = dataclasses.replace(req, queues=None if queues is None else tuple(queues),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
+from ..codec import names_json
 from ..dialect import ClaimRow, Params, Row, Step, catalogue
 from ..limits import WRITTEN, split_gate
 from . import calls_sql as c
@@ -53,7 +54,7 @@ def _claim_rows(tx: SQLiteTx, found: list[Row], now: float, gated: bool = False)
 def _claimed(tx: SQLiteTx, statement: str, params: Params) -> list[Row]:
     """A claim's rows (``ClaimRow``), in task id order."""
     now, tasks = params["now"], params.get("tasks")
-    params = {**params, "tasks": None if tasks is None else json.dumps(tasks)}
+    params = {**params, "tasks": None if tasks is None else names_json(tasks)}
     return _claim_rows(tx, tx.conn.execute(statement, params).fetchall(), now)
 
 
@@ -62,19 +63,19 @@ def claim(tx: SQLiteTx, params: Params) -> list[Row]:
 
 
 def claim_queues(tx: SQLiteTx, params: Params) -> list[Row]:
-    return _claimed(tx, q.CLAIM_QUEUES, {**params, "queues": json.dumps(params["queues"])})
+    return _claimed(tx, q.CLAIM_QUEUES, {**params, "queues": names_json(params["queues"])})
 
 
 def claim_others(tx: SQLiteTx, params: Params) -> list[Row]:
-    return _claimed(tx, q.CLAIM_OTHERS, {**params, "skip": json.dumps(params["skip"])})
+    return _claimed(tx, q.CLAIM_OTHERS, {**params, "skip": names_json(params["skip"])})
 
 
 def claim_task(tx: SQLiteTx, params: Params) -> list[Row]:
     """A batch's claim: one task's runs (``CLAIM_TASK``)."""
     queues = params["queues"]
-    named = None if queues is None else json.dumps(queues)
+    named = None if queues is None else names_json(queues)
     return _claimed(
-        tx, q.CLAIM_TASK, {**params, "skip": json.dumps(params["skip"]), "queues": named}
+        tx, q.CLAIM_TASK, {**params, "skip": names_json(params["skip"]), "queues": named}
     )
 
 
@@ -256,8 +257,8 @@ def line_runs(tx: SQLiteTx, params: Params) -> list[Row]:
     statement for them all (the lines, queues and tasks as JSON arrays)."""
     queues, tasks = params["queues"], params.get("tasks")
     shaped = {**params, "lines": json.dumps(params["lines"]),
-              "queues": None if queues is None else json.dumps(queues),
-              "tasks": None if tasks is None else json.dumps(tasks)}  # fmt: skip
+              "queues": None if queues is None else names_json(queues),
+              "tasks": None if tasks is None else names_json(tasks)}  # fmt: skip
     return tx.conn.execute(q.LINE_RUNS, shaped).fetchall()
 
 
