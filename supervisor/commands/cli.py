@@ -127,7 +127,7 @@ SUMMARIES = {
     "webhooks": (
         "Each webhook: where it POSTs, the kinds it takes, its delivery (waiting: caught up), the"
         " last event it dealt with, how many events it is behind, what it delivered, failed and "
-        "gave up on (its dead letters)."
+        "gave up on (its dead letters), its window (POSTs at once: --in-flight)."
     ),
 }
 
