@@ -190,21 +190,38 @@ class Senders:
     """Threads that run one job each at a time (a POST), each with a context of its own (its
     ``Poster``), made by ``make`` on that thread; up to ``size`` of them, started as needed.
     ``size`` may change between deliveries (each webhook's window): threads beyond a smaller one
-    are not started again, and those idle end after ``IDLE_END`` seconds."""
+    end at once if idle, else as their job ends, so a narrower webhook's POSTs, one after another,
+    do not go round the wider one's threads (each poster a connection kept to its receiver, and
+    none of them ever idle long enough to end)."""
 
     def __init__(self, make: Callable[[], Any], size: int = WINDOW) -> None:
         self._make = make
-        self.size = size
-        self._jobs: queue.SimpleQueue[Job] = queue.SimpleQueue()
+        self._size = size
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()  # (None: end)
         self._lock = threading.Lock()
         self._threads = 0
-        self._idle = 0
+        self._idle = 0  # idle threads less the jobs not yet taken (below 0: jobs wait)
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @size.setter
+    def size(self, size: int) -> None:
+        """Resize; the idle threads beyond it are told to end (each as a job would be taken)."""
+        with self._lock:
+            self._size = size
+            extra = max(0, min(self._idle, self._threads - size))
+            self._idle -= extra
+            self._threads -= extra  # (counted out now: no other thread ends in their place)
+        for _ in range(extra):
+            self._jobs.put(None)
 
     def submit(self, job: Callable[[Any], Any], answers: queue.SimpleQueue[tuple[Slot, Any]],
                slot: Slot) -> None:  # fmt: skip
         """Run ``job(context)`` on a sender; ``(slot, its result)`` goes to ``answers``."""
         with self._lock:
-            start = self._idle == 0 and self._threads < self.size
+            start = self._idle == 0 and self._threads < self._size
             if start:
                 self._threads += 1
             else:
@@ -218,7 +235,7 @@ class Senders:
         try:
             while True:
                 try:
-                    job, answers, slot = self._jobs.get(timeout=IDLE_END)
+                    got = self._jobs.get(timeout=IDLE_END)
                 except queue.Empty:
                     with self._lock:
                         if self._idle > 0:  # (no job is on its way to this thread)
@@ -226,6 +243,9 @@ class Senders:
                             self._threads -= 1
                             return
                     continue
+                if got is None:  # beyond a smaller size (counted out by ``size``)
+                    return
+                job, answers, slot = got
                 try:
                     if context is None:
                         context = self._make()
@@ -234,6 +254,9 @@ class Senders:
                     result = f"{type(exc).__name__}: {exc}"
                 answers.put((slot, result))
                 with self._lock:
+                    if self._threads > self._size and self._idle >= 0:  # (no job waits for it)
+                        self._threads -= 1
+                        return
                     self._idle += 1
         except BaseException:
             with self._lock:
