@@ -13,8 +13,9 @@ fields (``params``), never by the protocol."""
 from __future__ import annotations
 
 from collections.abc import Generator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+
+from .records import record
 
 if TYPE_CHECKING:
     from .newrun import NewRun
@@ -35,7 +36,7 @@ Program = Generator["Statement | Ask", Any, Answer]
 Statements = Generator[Statement, Any, Answer]  # a program that asks for no verb
 
 
-@dataclass(frozen=True)
+@record
 class StartRuns(Ask):
     """Start ``runs`` (checked and encoded: ``NewRun``), each with its first task, its
     ``run.enqueued`` event, its key (a key taken answers that run) and its debounce (B7)."""
@@ -52,7 +53,7 @@ class Started(NamedTuple):
     made: bool
 
 
-@dataclass(frozen=True)
+@record
 class SignalAsk(Ask):
     """Signal ``name`` (``payload``: JSON text) to run ``run_id`` (B14)."""
 
@@ -76,7 +77,7 @@ class SignalRow(NamedTuple):
     status: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class EventsAsk(Ask):
     """Up to ``limit`` events with ids above ``after`` in commit order (B18): of run ``run``
     only, or else of the runs numbered below ``below`` (the users' runs, or the system's

@@ -5,10 +5,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
 
 from .codec import MAX_PAYLOAD
+from .records import record
 from .types import JSON, Lease, Usage
 
 MAX_RESULT = MAX_PAYLOAD  # a kept answer is at most what a payload may be
@@ -24,7 +24,7 @@ def parked_on(name: str) -> str:
     return f"{PARKED}:{name}"
 
 
-@dataclass(frozen=True)
+@record
 class CallKey:
     """Which call: this run's step (its task), the call's name and its request's hash."""
 
@@ -38,7 +38,7 @@ class CallKey:
                 "request_hash": self.request_hash}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class CallStart:
     """What ``begin_call`` found for a call about to be made: ``reused`` (an answer is kept:
     ``kept`` is it, the reuse counted), ``call`` (an intent was written, ``intent`` its id;
@@ -54,7 +54,7 @@ class CallStart:
     left: float | None = None  # call: the seconds the lease had left when the intent was written
 
 
-@dataclass(frozen=True)
+@record
 class Resolved:
     """What ``resolve`` did: ``kept`` the answer given (False: one was kept already, the
     first kept answer wins), ``settled`` intents without an answer, ``resumed`` a run parked
@@ -65,7 +65,7 @@ class Resolved:
     resumed: bool
 
 
-@dataclass(frozen=True)
+@record
 class KeptCall:
     """A kept answer: what it was, which attempt paid for it and its tokens. ``outcome``:
     ``reused`` (found), ``kept`` (this answer is the one stored), ``lost_race`` (another was
@@ -79,7 +79,7 @@ class KeptCall:
     outcome: Literal["reused", "kept", "lost_race", "refused", "ended"]
 
 
-@dataclass(frozen=True)
+@record
 class PaidCall:
     """One call of a run as ``show`` lists it: ``started`` times it was made (an intent each),
     ``paid_again`` of them after an earlier one, ``unknown`` of them ended without an answer;
@@ -119,7 +119,7 @@ class PaidCall:
         return ", ".join(words)
 
 
-@dataclass(frozen=True)
+@record
 class CallIntent:
     """One call as it was made (the run's timeline): which step, attempt and worker, whether
     it was a payment again, when it began and when its answer reached the database (None:
@@ -138,7 +138,7 @@ class CallIntent:
     unknown: bool
 
 
-@dataclass(frozen=True)
+@record
 class Spend:
     """What was kept of usage for one task or payload value: ``entries`` rows (``calls`` of
     them paid calls' own), their tokens and cost (None: no cost was reported)."""
@@ -150,7 +150,7 @@ class Spend:
     cost: float | None
 
 
-@dataclass(frozen=True)
+@record
 class CallTotals:
     """Every call's numbers: ``started`` calls made (intents), ``calls`` answers kept,
     ``reused``, ``paid_again`` (an intent after an earlier intent of the same call: an upper
@@ -180,7 +180,7 @@ def usage_row(lease: Lease, name: str | None, usage: Usage, now: float | None) -
             "now": now}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class KeepItem:
     """One item of a batch's ``keep_calls``: its lease, its call's key, its answer and the
     intent it answers."""

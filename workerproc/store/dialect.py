@@ -33,9 +33,9 @@ import contextlib
 import select
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
+from .records import record
 from .verbs import InTurn
 
 if TYPE_CHECKING:
@@ -183,7 +183,7 @@ STATEMENTS = frozenset(
 )  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class Shaped:
     """A step that is one statement whose parameters take another shape on its engine (lists
     as arrays, say): callable as any step, and readable by a transaction that is not a ``Tx``

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .asks import EventRow, EventsAsk, SignalAsk, SignalRow, Started, StartRuns
 from .gaterows import GateLook, GateSettle, LineRun, Opened, Placing, by_line
+from .records import record
 
 if TYPE_CHECKING:
     from .dialect import ClaimRow
@@ -93,7 +93,7 @@ __all__ = [  # the asks and rows of ``asks`` and ``gaterows`` are importable fro
 ]
 
 
-@dataclass(frozen=True)
+@record
 class Fenced:
     """A lease as every fenced write matches it (R2): its run, task, attempt and owner, and a
     live expiry (the write's own "now")."""
@@ -108,7 +108,7 @@ class Fenced:
         return {**vars(self), "now": now}
 
 
-@dataclass(frozen=True)
+@record
 class Finish(Fenced):
     """The run's state moves at ``revision`` (R5) and the run succeeds with ``result``; its
     task is done (JSON as text)."""
@@ -118,7 +118,7 @@ class Finish(Fenced):
     result: str
 
 
-@dataclass(frozen=True)
+@record
 class Advance(Fenced):
     """The run's state moves at ``revision``, its task is done, and its next task ``name``
     (``payload``) is due after ``delay``, in its gates' line if it has limits (``line``,
@@ -138,7 +138,7 @@ class Advance(Fenced):
     version: int | None = None  # the next task's version (B25; None: unversioned)
 
 
-@dataclass(frozen=True)
+@record
 class Release(Fenced):
     """The task goes back for another attempt after ``delay``, keeping ``error``."""
 
@@ -146,17 +146,17 @@ class Release(Fenced):
     error: str | None
 
 
-@dataclass(frozen=True)
+@record
 class Handback(Fenced):
     """A claimed task that never started goes back at once, its claim unspent (B3)."""
 
 
-@dataclass(frozen=True)
+@record
 class Ack(Fenced):
     """The task done (``Store.ack``); a run with no task left has succeeded."""
 
 
-@dataclass(frozen=True)
+@record
 class SetState(Fenced):
     """The run's state moves at ``revision`` (``Store.compare_and_set``, R5); the lease stays."""
 
@@ -190,7 +190,7 @@ class CancelRow(NamedTuple):
     descendants: list[tuple[str, int]]
 
 
-@dataclass(frozen=True)
+@record
 class Keep:
     """A paid call's answer to keep (B13): call ``name`` (``request_hash``) of step ``task_id``
     of run ``run_id`` answered ``result`` (JSON text), paid by ``attempt`` of ``owner`` using
@@ -220,7 +220,7 @@ class KeepRow(NamedTuple):
     tokens: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ClaimAsk:
     """A plain claim (R1): up to ``limit`` leases of runs in no line, for ``owner``, in the
     served ``queues`` (None: all but ``skip``); ``start``: whether each begins at once (B3);
@@ -237,7 +237,7 @@ class ClaimAsk:
     task: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class LeaseRuns:
     """Lease the head task of each of ``run_ids`` (admitted by their gates) for ``owner``."""
 
@@ -247,7 +247,7 @@ class LeaseRuns:
     start: bool = True
 
 
-@dataclass(frozen=True)
+@record
 class RenewAsk:
     """R3 for every lease of one ``owner``: ``starting`` (task ids among them) begin on this
     renewal's answer (B3)."""

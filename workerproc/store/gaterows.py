@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
+from .records import record
+
 if TYPE_CHECKING:
     from .dialect import Row
 
@@ -26,7 +28,7 @@ class GateSettle:
     pause: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Placing:
     """Gates the transaction's new runs name (each created when new) and the lines they
     joined (each may admit a run now, unless closed for a while)."""
@@ -59,7 +61,7 @@ class LineRun(NamedTuple):
         return max(0, (self.reserve or 0) - (self.before or 0))
 
 
-@dataclass(frozen=True)
+@record
 class Opened:
     """The gates whose line may admit a run now (``OPEN_GATES``, locked where the engine has
     row locks), the moment the claim stands at (read after their locks), and what was read
@@ -77,7 +79,7 @@ class Opened:
         return bool(self.gates)
 
 
-@dataclass(frozen=True)
+@record
 class GateLook:
     """Gates' states (``GATE_STATE`` rows; a gate without one: another claimer holds it) and
     their lines' first runs, by line."""

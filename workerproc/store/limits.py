@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from .codec import DECLARED_NAME, check_declared_name
 from .errors import InvalidPayload
+from .records import record
 
 MAX_LIMITS = 3  # limits per task (a task's gates are three columns: indexed, never parsed)
 MAX_KEY = 200  # characters of a ``per`` key
@@ -52,7 +53,7 @@ def check_limit_name(name: object) -> str:
     return check_declared_name(name, "a limit")
 
 
-@dataclass(frozen=True)
+@record
 class LimitSpec:
     """One limit's numbers, all optional (None: that dimension is not limited)."""
 
@@ -118,7 +119,7 @@ class LimitKey(NamedTuple):
     tokens_left: float | None = None  # tokens the token bucket holds now
 
 
-@dataclass(frozen=True)
+@record
 class LimitInfo:
     """One limit as operators see it: its numbers now, what was declared and set, its use now
     (live leases, runs waiting behind it, tokens charged) and its busiest ``keys``. ``level``
@@ -162,7 +163,7 @@ def split_gate(gate: str) -> tuple[str, str]:
     return name, key
 
 
-@dataclass(frozen=True)
+@record
 class Gating:
     """What a task's limits make of one run of it: its gates, its line, its token reservation."""
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from .codec import (
@@ -22,6 +21,7 @@ from .codec import (
 )
 from .errors import InvalidPayload
 from .limits import UNGATED, Gating
+from .records import record
 from .traceparent import current_traceparent
 from .types import DEFAULT_QUEUE, JSON
 
@@ -41,7 +41,7 @@ START_FIELDS = frozenset(
 )
 
 
-@dataclass(frozen=True)
+@record
 class NewRun:
     """One run to start, checked and encoded before any transaction begins."""
 

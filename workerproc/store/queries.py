@@ -22,10 +22,10 @@ import importlib
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from .dialect import STATEMENTS
+from .records import record
 
 Style = Literal["named", "pyformat"]
 
@@ -50,7 +50,7 @@ class QueryFileError(ValueError):
         self.line = line
 
 
-@dataclass(frozen=True)
+@record
 class Query:
     """One named query of a ``.sql`` file."""
 

@@ -5,13 +5,14 @@ runs by time. No SQL here: these cross the store interface."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from .records import record
 from .statuses import JSON, SYSTEM_RUNS, TERMINAL_STATUSES
 
 
-@dataclass(frozen=True)
+@record
 class Run:
     id: int
     status: str
@@ -40,7 +41,7 @@ class Run:
         return self.id >= SYSTEM_RUNS
 
 
-@dataclass(frozen=True)
+@record
 class Event:
     """One transition of a run, written in the transaction that made it (the outbox, B18).
 
@@ -59,7 +60,7 @@ class Event:
     data: dict[str, Any]
 
 
-@dataclass(frozen=True)
+@record
 class TaskInfo:
     id: int
     run_id: int
@@ -81,7 +82,7 @@ class TaskInfo:
     )
 
 
-@dataclass(frozen=True)
+@record
 class WorkerInfo:
     """A worker process as the ``workers`` table lists it, kept by its heartbeat:
     any host, a producer or the dashboard can tell that a pool is claiming without a pidfile.
@@ -101,7 +102,7 @@ class WorkerInfo:
     tasks: tuple[str, ...] | None = None  # the tasks it has handlers for (None: any, B22)
 
 
-@dataclass(frozen=True)
+@record
 class Rejection:
     """A fenced write the database refused: the lease (owner, attempt) was no longer live."""
 
@@ -114,7 +115,7 @@ class Rejection:
     op: str
 
 
-@dataclass(frozen=True)
+@record
 class OwnerLease:
     """A lease as operators see it: who holds which task until when."""
 
@@ -126,7 +127,7 @@ class OwnerLease:
     expires_at: float
 
 
-@dataclass(frozen=True)
+@record
 class QueueCounts:
     """One queue's pending tasks (by state) and runs (by status)."""
 
@@ -137,7 +138,7 @@ class QueueCounts:
     runs: dict[str, int] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@record
 class Stats:
     now: float
     runs: dict[str, int]
@@ -186,7 +187,7 @@ class Stats:
         return self.ready + self.delayed + self.leased + self.expired
 
 
-@dataclass(frozen=True)
+@record
 class AttemptEnd:
     """An attempt that ended without a commit (a committed one is on its task: ``done_*``).
 
@@ -207,7 +208,7 @@ class AttemptEnd:
     taken_by: str | None = None
 
 
-@dataclass(frozen=True)
+@record
 class FinishedBucket:
     """Runs that finished within ``[start, start + seconds)``, by outcome."""
 

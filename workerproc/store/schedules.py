@@ -21,12 +21,12 @@ a tick is run once even by firers that disagree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 from .codec import MAX_PAYLOAD, check_declared_name, check_name, check_run_options, dumps
 from .errors import InvalidPayload
+from .records import record
 from .types import DEFAULT_QUEUE, JSON
 
 if TYPE_CHECKING:  # (imported where a schedule is read: a worker without schedules loads neither)
@@ -122,7 +122,7 @@ def tick_key(name: str, tick: float) -> str:
     return f"schedule:{name}:{text}Z"
 
 
-@dataclass(frozen=True)
+@record
 class ScheduleSpec:
     """One schedule as an app declares it, checked; ``payload`` is its JSON text."""
 
@@ -167,7 +167,7 @@ class ScheduleSpec:
                 "priority": self.priority}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class ScheduleInfo:
     """One schedule as operators see it: its declaration, its next tick, what it fired last."""
 
@@ -188,7 +188,7 @@ class ScheduleInfo:
     last_status: str | None = None  # the last run's status (None: pruned, or none yet)
 
 
-@dataclass(frozen=True)
+@record
 class Fired:
     """What one firing did: the ticks it ran (oldest first) and their runs, in order."""
 

@@ -9,10 +9,11 @@ import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from .errors import InvalidOption
+from .records import record
 from .urls import check_libpq, parse_url
 
 Options = TypeVar("Options")
@@ -126,7 +127,7 @@ def option(default: object, check: Check, *, in_url: bool = True) -> Any:
     return field(default=default, metadata={"check": check, "in_url": in_url})
 
 
-@dataclass(frozen=True)
+@record
 class SQLiteOptions:
     """What an SQLite store takes. ``synchronous``: FULL (every commit is durable) or NORMAL
     (a power loss may undo the last commits, never corrupt)."""
@@ -135,7 +136,7 @@ class SQLiteOptions:
     busy_timeout: float = option(DEFAULT_BUSY_TIMEOUT, seconds(0, 3600, above=True))
 
 
-@dataclass(frozen=True)
+@record
 class PostgresOptions:
     """What a PostgreSQL store takes (every other query parameter of its URL is libpq's).
     ``migrate``: False for a reader that must not create the schema."""
@@ -191,7 +192,7 @@ def declared(
     return kind(**values)
 
 
-@dataclass(frozen=True)
+@record
 class Target:
     """What an address and its options mean: the backend, where (SQLite: the file's path;
     PostgreSQL: the libpq URL without our options), and the backend's checked options."""

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from .codec import MAX_PAYLOAD
+from .records import record
 from .types import JSON, Lease
 
 MAX_CHUNK = 64 * 1024  # the bytes of one chunk's JSON at most
@@ -35,7 +35,7 @@ StreamBatch = tuple[Lease, Sequence[str], int | None]
 KINDS: tuple[ChunkKind, ...] = ("data", "reset")
 
 
-@dataclass(frozen=True)
+@record
 class Chunk:
     """One chunk of a run's stream: its ``offset`` (from 1, no gaps), the ``attempt`` and the
     ``step`` (the task id) that wrote it, its ``kind`` (``data`` or ``reset``), its JSON
@@ -54,7 +54,7 @@ class Chunk:
                 "kind": self.kind, "data": self.data, "at": self.at}  # fmt: skip
 
 
-@dataclass(frozen=True)
+@record
 class Appended:
     """What a write of chunks answered: ``written`` (``last``: the offset of the last one;
     ``reset``: a reset chunk went first), ``lost`` (this attempt no longer holds a live

@@ -4,8 +4,8 @@ constants are ``statuses``' and what reads answer ``readtypes``' (both importabl
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar, dataclass_transform
+from dataclasses import field
+from typing import Any, Literal
 
 from .readtypes import (
     AttemptEnd,
@@ -19,6 +19,7 @@ from .readtypes import (
     TaskInfo,
     WorkerInfo,
 )
+from .records import record
 from .statuses import (
     DEFAULT_QUEUE,
     JSON,
@@ -69,7 +70,7 @@ __all__ = [  # what ``statuses`` and ``readtypes`` hold is importable from here 
 ]
 
 
-@dataclass(frozen=True)
+@record
 class TaskOptions:
     """What ``@app.task(...)`` declares for one task, kept in the database by task name (the
     ``task_options`` table), so every worker on every host reads the same values in its claim.
@@ -94,7 +95,7 @@ class TaskOptions:
 NO_OPTIONS = TaskOptions()
 
 
-@dataclass(frozen=True)
+@record
 class Signal:
     """A signal sent to a run (``store.signal``), as the wait it resumed sees it
     (``ctx.signal``)."""
@@ -104,7 +105,7 @@ class Signal:
     sent_at: float
 
 
-@dataclass(frozen=True)
+@record
 class Child:
     """A child run as its parent's join sees it (``ctx.children``, in spawn order)."""
 
@@ -117,7 +118,7 @@ class Child:
 MAX_CHILDREN = 1000  # children one spawn may start
 
 
-@dataclass(frozen=True)
+@record
 class SignalInfo:
     """A signal as ``show`` lists it: ``task_id`` is the task whose wait it resumed (None:
     kept until the run waits for it)."""
@@ -129,20 +130,7 @@ class SignalInfo:
     task_id: int | None
 
 
-_T = TypeVar("_T")
-
-
-@dataclass_transform(frozen_default=True, field_specifiers=(field,))
-def _record(cls: type[_T]) -> type[_T]:
-    """A frozen dataclass to the type checker, a plain one at run time: a frozen one's
-    ``__init__`` sets each field through ``object.__setattr__`` (3 us for a ``Lease``'s 24
-    against 1 us), and a worker builds a ``Lease`` and a ``Commit`` per run. mypy rejects any
-    assignment to a field; ``dataclasses.replace`` makes a changed copy as before; equal and
-    hashable as a frozen dataclass is (and ``vars`` still reads it: no slots)."""
-    return dataclass(unsafe_hash=True)(cls)
-
-
-@_record
+@record
 class Lease:
     """One claim of one task: the holder's proof, matched on every later write (R2)."""
 
@@ -198,7 +186,7 @@ CommitKind = Literal[
 ]
 
 
-@_record
+@record
 class Commit:
     """The last word of one execution of a task, written under its lease in one transaction.
 
@@ -253,7 +241,7 @@ class Commit:
     version: int | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Usage:
     """What an execution reported using (``ctx.usage``): tokens, and a cost in the user's own
     unit; kept with its commit for ``supervisor spend``."""
@@ -262,7 +250,7 @@ class Usage:
     cost: float | None = None
 
 
-@dataclass(frozen=True)
+@record
 class Renewal:
     """One lease's answer to a renewal (B5, B15): its new expiry, or None where the lease is
     lost or expired; and whether its run is still alive. A live lease on a run that is over
@@ -273,7 +261,7 @@ class Renewal:
     cancelled: bool = False
 
 
-@dataclass(frozen=True)
+@record
 class ClaimRequest:
     """What a worker asks for when it fuses "commit these tasks" with "claim the next ones":
     up to ``limit`` leases, from ``queues`` (None: every queue) but those of ``skip``.
@@ -306,7 +294,7 @@ class ClaimRequest:
         return self.start is None or self.start >= self.limit
 
 
-@dataclass(frozen=True)
+@record
 class CommitOutcome:
     """What a fused commit answers: the fenced write's result and, if asked, the next lease."""
 
@@ -314,7 +302,7 @@ class CommitOutcome:
     next_lease: Lease | None = None
 
 
-@dataclass(frozen=True)
+@record
 class RunFailure:
     """A run that a transaction failed (its ``run.failed`` event): the worker logs one line of
     each, whether its handler's commit or the claim decided it (R6, B10, an unknown task)."""
@@ -325,7 +313,7 @@ class RunFailure:
     error: str | None
 
 
-@dataclass(frozen=True)
+@record
 class BatchOutcome:
     """What a batched commit answers: one result per commit, in order, the new leases, the
     runs the transaction failed, and what each stream batch written with it answered

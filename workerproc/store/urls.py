@@ -17,11 +17,11 @@ where its database is, the options its query gives, and whether libpq can read i
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Literal
 from urllib.parse import unquote_plus
 
 from .errors import InvalidOption
+from .records import record
 from .redaction import CONNINFO, misread, redact_url, scrub
 
 SCHEMES: dict[str, Literal["sqlite", "postgres"]] = {
@@ -31,7 +31,7 @@ SCHEMES: dict[str, Literal["sqlite", "postgres"]] = {
 }
 
 
-@dataclass(frozen=True)
+@record
 class Address:
     """A store's address, parsed: the backend, where the database is (SQLite: the file's path;
     PostgreSQL: the URL before its query), and the query's ``(name, value, as written)``."""

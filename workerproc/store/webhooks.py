@@ -18,12 +18,13 @@ import ipaddress
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 from urllib.parse import urlsplit
 
 from .codec import QUEUE_NAME, shown
 from .errors import InvalidOption
+from .records import record
 from .redaction import redact_url
 from .types import SYSTEM_RUNS, Event
 
@@ -42,7 +43,7 @@ MAX_IN_FLIGHT = 64
 _KIND = re.compile(r"[a-z_]+\.(\*|[a-z_]+)")
 
 
-@dataclass(frozen=True)
+@record
 class RetryNumbers:
     """How a webhook retries an event that failed: ``max_failures`` deliveries in a row (1 to
     1000) before it is a dead letter; the delay after a failure doubles from ``backoff`` up to
@@ -67,7 +68,7 @@ class RetryNumbers:
             raise InvalidOption("a webhook's backoff must not exceed its backoff_max")
 
 
-@dataclass(frozen=True)
+@record
 class Webhook:
     """A webhook as the deliverer reads it (its secret included: never shown)."""
 
@@ -95,7 +96,7 @@ class Webhook:
         return (event.run_id or 0) < SYSTEM_RUNS and self.wants(event.kind)
 
 
-@dataclass(frozen=True)
+@record
 class DeadLetter:
     """An event a webhook gave up on after ``max_failures`` deliveries."""
 
@@ -106,7 +107,7 @@ class DeadLetter:
     at: float
 
 
-@dataclass(frozen=True)
+@record
 class WebhookInfo:
     """A webhook as ``supervisor webhooks`` and the dashboard show it: its numbers, and its
     delivery run's record (from the run's state, as the last fenced commit left it). Its URL

@@ -8,12 +8,12 @@ statements at each call."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING
 
 from ..dialect import ClaimRow, Params, Row, Shaped, Step, catalogue
 from ..limits import split_gate
+from ..records import record
 from . import batch_sql as b
 from . import calls_sql as c
 from . import events_sql as e
@@ -202,7 +202,7 @@ def child_ended(tx: PostgresTx, params: Params) -> list[Row]:
     return [(rows[0][0],)]
 
 
-@dataclass(frozen=True)
+@record
 class Each:
     """A completion of ``batch_sql`` (``FINISH``, ``ADVANCE``, ``RELEASE``, ``HANDBACK``,
     ``SET_STATE``): one statement for N >= 1 commits of distinct runs (``commits``: each one's

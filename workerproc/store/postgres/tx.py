@@ -13,7 +13,6 @@ import re
 import weakref
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
 from functools import cache
 from typing import Any, ClassVar
 
@@ -21,6 +20,7 @@ import psycopg
 
 from ..dialect import Catalogue, Params, Row, Shaped, Tx
 from ..driver import Opened, by_line
+from ..records import record
 from ..verbs import Calls, GatesRead
 from . import gates_sql as g
 from .ops_sql import NOW
@@ -69,7 +69,7 @@ def forget_prepared(conn: psycopg.Connection[Any]) -> None:
     _session_prepared.pop(conn, None)
 
 
-@dataclass(frozen=True)
+@record
 class Prepared:
     """A catalogue statement as the session prepares it (``PREPARE``: its parameters numbered
     in the order they first appear, their types inferred by the server) and the ``EXECUTE``

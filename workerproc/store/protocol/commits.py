@@ -10,12 +10,12 @@ Every write after a claim matches task id AND owner AND attempt AND a live lease
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from ..calls import usage_row
 from ..codec import Encoded
 from ..dialect import Params, Tx
 from ..driver import Ack, Advance, Completion, Finish, Handback, Release, SetState
+from ..records import record as value_record
 from ..types import CasResult, Commit, Lease
 from .events import emit
 from .failures import attempt_ended, fail_run
@@ -237,7 +237,7 @@ def _handed_back(tx: Tx, commit: Commit, enc: Encoded) -> None:
     emit(tx, "step.handed_back", lease.run_id, lease.task, lease.attempt, **_held_by(commit))
 
 
-@dataclass(frozen=True)
+@value_record
 class Kind:
     """One commit kind's behaviour. ``step``: the completion that writes it whole (a batch
     of them goes as one call, ``completed``), else ``write`` writes one; ``conflict``: its
