@@ -8,7 +8,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
-import select
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from .outage import Outage
 from .signals import Waker, main_thread_only
 from .store import CHANGE_CHECK, StoreCorrupt, StoreError, WorkerStore
 from .store.dialect import SETTLE, WATCHED_CHECK
+from .store.waits import readable
 
 log = logging.getLogger("workerproc.worker")
 
@@ -81,7 +81,7 @@ class StoreThread(abc.ABC):
                 continue
             step = CHANGE_CHECK if time.monotonic() < hot_until else WATCHED_CHECK
             with contextlib.suppress(OSError, ValueError):  # (closed meanwhile: look again)
-                select.select([self._waker.rfd, fd], [], [], min(step, left))
+                readable((self._waker.rfd, fd), min(step, left))
             self._waker.drain()
             if self._stop.is_set():
                 return False

@@ -286,7 +286,7 @@ class Poster:
         scheme, host = parts.scheme, parts.hostname or ""
         port = parts.port or _PORTS.get(scheme, 80)
         try:
-            proxy = self._proxies.proxy_for(scheme, host)
+            proxy = self._proxies.proxy_for(scheme, host, port)
         except ProxyUnsupported as exc:
             return f"ProxyUnsupported: {exc}"[:MAX_ERROR]
         key: _Key = (scheme, host, port, proxy)

@@ -3,8 +3,12 @@
 win), as ``urllib.request.getproxies()`` reads them on Linux (``getproxies_environment``: the
 variables only, on every system, never macOS's or Windows' own settings), with ``NO_PROXY``
 applied as ``urllib.request.proxy_bypass`` applies it there (``proxy_bypass_environment``: a
-host equal to an entry or under it, ``*`` for every host; no name is looked up to decide). A
-sender thread's ``Poster`` reads them once, when it is made (``Proxies``).
+host equal to an entry or under it, ``*`` for every host; no name is looked up to decide) to
+the receiver's ``host:port``: an entry without a port matches every port, one with a port
+(``hooks.internal:8080``, ``[::1]:8080``) that port only. The port is the one the POST goes to,
+its scheme's default when the URL names none (``https://h/`` is ``h:443``, as Go's
+``net/http`` counts it; urllib counts only a port written in the URL, curl never compares
+ports). A sender thread's ``Poster`` reads them once, when it is made (``Proxies``).
 
 Only a plain ``http://`` proxy is spoken to (``user:password@`` in its URL sent as
 ``Proxy-Authorization: Basic``): an ``https://`` receiver through an HTTP ``CONNECT`` tunnel, an
@@ -47,28 +51,41 @@ class Proxies:
 
     def __init__(self) -> None:
         self._found = urllib.request.getproxies_environment()
-        self._chosen: dict[tuple[str, str], Proxy | ProxyUnsupported | None] = {}
+        self._chosen: dict[tuple[str, str, int], Proxy | ProxyUnsupported | None] = {}
 
-    def proxy_for(self, scheme: str, host: str) -> Proxy | None:
-        """The proxy a POST to ``scheme://host`` goes through, None to go straight to it;
-        ``ProxyUnsupported`` when the one named cannot be used."""
-        key = (scheme, host)
+    def proxy_for(self, scheme: str, host: str, port: int) -> Proxy | None:
+        """The proxy a POST to ``scheme://host:port`` goes through (``host`` as ``urlsplit``'s
+        ``hostname``: an IPv6 literal without brackets; ``port`` the one connected to, the
+        scheme's default included), None to go straight to it; ``ProxyUnsupported`` when the
+        one named cannot be used."""
+        key = (scheme, host, port)
         chosen = self._chosen.get(key, False)
         if chosen is False:
-            chosen = self._chosen[key] = self._choose(scheme, host)
+            chosen = self._chosen[key] = self._choose(scheme, host, port)
         if isinstance(chosen, ProxyUnsupported):  # (a new one: a kept one would keep each
             raise ProxyUnsupported(str(chosen))  # raise's frames in its traceback)
         return chosen  # type: ignore[return-value]  # (False is never kept)
 
-    def _choose(self, scheme: str, host: str) -> Proxy | ProxyUnsupported | None:
+    def _choose(self, scheme: str, host: str, port: int) -> Proxy | ProxyUnsupported | None:
         variable = scheme if scheme in self._found else "all"
         value = self._found.get(variable)
-        if not value or proxy_bypass_environment(host, self._found):
+        if not value or self._bypassed(host, port):
             return None
         try:
             return parse(value)
         except ProxyUnsupported as exc:
             return ProxyUnsupported(f"{variable.upper()}_PROXY: {exc}")
+
+    def _bypassed(self, host: str, port: int) -> bool:
+        """Whether ``NO_PROXY`` lists ``host`` on ``port``. CPython's function matches each
+        entry against the host with the port cut off and against ``host:port`` as given, so
+        it is given ``host:port`` (``[v6]:port`` for an IPv6 literal, the form an entry with a
+        port takes). An IPv6 literal is also given bare: its colons would otherwise be read as
+        a port's, and a bare entry (``::1``) matches it on every port."""
+        v6 = ":" in host
+        if proxy_bypass_environment(f"[{host}]:{port}" if v6 else f"{host}:{port}", self._found):
+            return True
+        return v6 and bool(proxy_bypass_environment(host, self._found))
 
 
 def parse(value: str) -> Proxy:

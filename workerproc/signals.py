@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 from types import FrameType
+
+from .store.waits import readable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 PARENT_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD, signal.SIGUSR2)
@@ -54,9 +55,9 @@ class Waker:
         """Sleep up to ``timeout`` seconds or until woken (or until descriptor ``also`` is
         readable: the store's change watch); return the signal numbers seen."""
         if timeout > 0:
-            fds = [self.rfd] if also is None else [self.rfd, also]
+            fds = (self.rfd,) if also is None else (self.rfd, also)
             with contextlib.suppress(OSError, ValueError):  # ``also`` closed: look again
-                select.select(fds, [], [], timeout)
+                readable(fds, timeout)
         return self.drain()
 
     def drain(self) -> set[int]:

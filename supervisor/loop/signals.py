@@ -4,7 +4,7 @@ A signal that asks for an action (TERM, INT, QUIT, HUP, TTIN, TTOU) is appended 
 nothing bounds, in arrival order: three TTINs are three entries, and no burst of anything can
 push a pending TERM out. SIGCHLD only sets a flag (the reap step runs on every turn anyway), so a
 flood of child exits grows nothing. ``signal.set_wakeup_fd`` makes the C-level handler also
-write a byte to a self-pipe, so a loop sleeping in ``select`` wakes at once.
+write a byte to a self-pipe, so a loop sleeping on it (``poll``) wakes at once.
 Handlers are installed before the first fork, so a TERM that arrives during start-up waits in
 the inbox instead of being lost. Around ``fork()`` the parent blocks these signals
 (``blocked()``): the child unblocks them only after ``run_worker`` installed its own handlers,
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import signal
 from collections.abc import Iterator
 from types import FrameType
+
+from workerproc.store.waits import readable
 
 # What the supervisor acts on: never dropped, never merged.
 ACTIONS = (
@@ -86,7 +87,7 @@ class SignalInbox:
         """Sleep until a signal arrives or ``timeout`` seconds pass, then empty the pipe."""
         if not self.pending:
             with contextlib.suppress(InterruptedError):
-                select.select([self._read_fd, *self.extra_fds], [], [], max(0.0, timeout))
+                readable((self._read_fd, *self.extra_fds), max(0.0, timeout))
         with contextlib.suppress(BlockingIOError):
             while os.read(self._read_fd, 512):
                 pass

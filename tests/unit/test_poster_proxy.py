@@ -147,6 +147,69 @@ def test_no_proxy_goes_straight_and_never_shares_a_proxied_connection(
         forward.stop()
 
 
+def test_a_no_proxy_entry_with_a_port_matches_that_port_only(
+    monkeypatch: pytest.MonkeyPatch, plain: Server
+) -> None:
+    forward = proxy()
+    try:
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{forward.port}")
+        other = plain.port + 1 if plain.port < 65535 else plain.port - 1
+        monkeypatch.setenv("NO_PROXY", f"127.0.0.1:{other}")
+        assert Poster().post(plain.url(), BODY, HEADERS, 5.0) is None  # another port: proxied
+        monkeypatch.setenv("NO_PROXY", f"example.test,127.0.0.1:{plain.port}")
+        assert Poster().post(plain.url(), BODY, HEADERS, 5.0) is None  # its port: straight
+        assert forward.connections == 1 and plain.connections == 2
+        assert [h.decode().split(" ")[1].startswith("http://") for h in plain.heads] == [
+            True, False]  # fmt: skip
+    finally:
+        forward.stop()
+
+
+# (scheme, host as urlsplit's hostname, port connected to, NO_PROXY) -> whether it goes straight
+BYPASS = [
+    ("http", "hooks.internal", 8080, "hooks.internal:8080", True),
+    ("http", "hooks.internal", 8080, "example.test, HOOKS.internal:8080 ", True),
+    ("http", "hooks.internal", 8080, "hooks.internal", True),  # no port: every port
+    ("http", "hooks.internal", 9090, "hooks.internal", True),
+    ("http", "hooks.internal", 8080, "hooks.internal:9090", False),
+    ("http", "hooks.internal", 80, "hooks.internal:8080", False),
+    ("http", "a.hooks.internal", 8080, ".hooks.internal:8080", True),  # under it, on its port
+    ("http", "a.hooks.internal", 8081, ".hooks.internal:8080", False),
+    ("http", "xhooks.internal", 8080, "hooks.internal:8080", False),
+    ("https", "hooks.internal", 443, "hooks.internal:443", True),  # the scheme's default port
+    ("http", "hooks.internal", 80, "hooks.internal:80", True),
+    ("https", "hooks.internal", 443, "hooks.internal:80", False),
+    ("http", "::1", 8080, "[::1]:8080", True),
+    ("http", "::1", 8080, "[::1]:9090", False),
+    ("http", "::1", 8080, "::1", True),  # an IPv6 entry without a port: bare or bracketed
+    ("http", "::1", 8080, "[::1]", True),
+    ("http", "fd00::5", 443, "::5", False),
+    ("http", "10.0.0.5", 8080, "10.0.0.5:8080", True),
+    ("http", "10.0.0.5", 8080, "10.0.0.5:80", False),
+    ("http", "hooks.internal", 8080, "*", True),
+]
+
+
+@pytest.mark.parametrize(("scheme", "host", "port", "no_proxy", "straight"), BYPASS)
+def test_no_proxy_entries_match_the_host_and_a_port_they_name(
+    monkeypatch: pytest.MonkeyPatch, scheme: str, host: str, port: int, no_proxy: str,
+    straight: bool,
+) -> None:  # fmt: skip
+    monkeypatch.setenv("ALL_PROXY", "http://proxy.example.test:3128")
+    monkeypatch.setenv("NO_PROXY", no_proxy)
+    chosen = Proxies().proxy_for(scheme, host, port)
+    assert (chosen is None) == straight, chosen
+
+
+def test_the_choice_is_kept_per_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example.test:3128")
+    monkeypatch.setenv("NO_PROXY", "hooks.internal:8080")
+    proxies = Proxies()
+    for _ in range(2):
+        assert proxies.proxy_for("http", "hooks.internal", 8080) is None
+        assert proxies.proxy_for("http", "hooks.internal", 9090) is not None
+
+
 @pytest.mark.parametrize("answer", ["hang", "hang_after"])
 def test_a_proxy_that_hangs_is_cut_at_the_posts_deadline(
     monkeypatch: pytest.MonkeyPatch, receiver: Server, trusting: ssl.SSLContext, answer: str
@@ -233,6 +296,6 @@ def test_a_refused_proxy_is_a_new_error_each_post(monkeypatch: pytest.MonkeyPatc
     raised = []
     for _ in range(3):
         with pytest.raises(ProxyUnsupported) as caught:
-            proxies.proxy_for("https", "hooks.example.test")
+            proxies.proxy_for("https", "hooks.example.test", 443)
         raised.append(caught.value)
     assert len({id(e) for e in raised}) == 3  # (a kept one would carry every raise's frames)

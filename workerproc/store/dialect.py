@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import abc
 import contextlib
-import select
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
 from .records import record
 from .verbs import InTurn
+from .waits import readable
 
 if TYPE_CHECKING:
     from .types import RunFailure
@@ -351,7 +351,7 @@ class Dialect(abc.ABC):
                 continue
             step = CHANGE_CHECK if time.monotonic() < hot_until else WATCHED_CHECK
             with contextlib.suppress(OSError, ValueError):  # (closed meanwhile: look again)
-                select.select([fd], [], [], min(step, left))
+                readable((fd,), min(step, left))
             if watch.drain():
                 hot_until = time.monotonic() + SETTLE
         return current

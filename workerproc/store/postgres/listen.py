@@ -5,7 +5,7 @@ sleep on notifications instead of polling.
 Channels: ``work`` (a run's ``ready_at`` appeared or moved earlier: enqueue, advance, release,
 retry, a dead owner's leases released) and ``end`` (a watched run ended: ``Store.wait``).
 Each notification bumps its channel's counter; a token is a counter read after a zero-timeout
-``select``: no round trip. LISTEN is sent on the first call of an idle spell; a successful claim
+``poll``: no round trip. LISTEN is sent on the first call of an idle spell; a successful claim
 UNLISTENs (without waiting), so busy workers are not signalled on every commit. A lost
 connection bumps every counter (notifications may have been missed) and is reopened with
 backoff. One lock serialises the connection's use across threads; sleeps happen outside it.
@@ -14,13 +14,14 @@ backoff. One lock serialises the connection's use across threads; sleeps happen 
 from __future__ import annotations
 
 import os
-import select
 import threading
 import time
 
 import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
+
+from ..waits import readable, writable
 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 WORK, END = "work", "end"
@@ -73,7 +74,7 @@ class Listener:
                 time.sleep(max(0.0, min(left, retry_at - time.monotonic(), 0.25)) or 0.01)
                 continue
             try:
-                select.select([sock], [], [], min(left, 1.0))
+                readable((sock,), min(left, 1.0))
             except (OSError, ValueError):  # closed meanwhile by another thread: look again
                 time.sleep(0.01)
 
@@ -99,7 +100,7 @@ class Listener:
                 for _ in range(10):  # nonblocking: push the query out (a few bytes: at once)
                     if conn.flush() == 0:
                         break
-                    select.select([], [conn.socket], [], 0.1)
+                    writable(conn.socket, 0.1)
                 self._listening = False
             except (psycopg.Error, OSError):
                 self._drop()
@@ -152,7 +153,7 @@ class Listener:
         for _ in range(20):  # an UNLISTEN still in flight: let it finish first
             if not conn.is_busy():
                 break
-            select.select([conn.socket], [], [], 0.1)
+            readable((conn.socket,), 0.1)
             self._drain()
         else:
             raise psycopg.OperationalError("the listening connection does not answer")
@@ -173,8 +174,7 @@ class Listener:
     def _drain(self) -> None:
         conn = self._conn
         assert conn is not None
-        ready, _, _ = select.select([conn.socket], [], [], 0)
-        if ready:
+        if readable((conn.socket,), 0):
             conn.consume_input()
             if conn.status != pq.ConnStatus.OK:
                 raise psycopg.OperationalError("the listening connection was lost")
