@@ -17,7 +17,7 @@ from .outage import Outage
 from .signals import Waker, main_thread_only
 from .store import CHANGE_CHECK, StoreCorrupt, StoreError, WorkerStore
 from .store.dialect import SETTLE, WATCHED_CHECK
-from .store.waits import readable
+from .store.readiness import readable
 
 log = logging.getLogger("workerproc.worker")
 

@@ -20,7 +20,7 @@ import os
 import signal
 from types import FrameType
 
-from .store.waits import readable
+from .store.readiness import readable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 PARENT_SIGNALS = (signal.SIGHUP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGCHLD, signal.SIGUSR2)

@@ -19,7 +19,7 @@ import signal
 from collections.abc import Iterator
 from types import FrameType
 
-from workerproc.store.waits import readable
+from workerproc.store.readiness import readable
 
 # What the supervisor acts on: never dropped, never merged.
 ACTIONS = (

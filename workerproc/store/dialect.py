@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol, TypeVar
 
+from .readiness import readable
 from .records import record
 from .verbs import InTurn
-from .waits import readable
 
 if TYPE_CHECKING:
     from .types import RunFailure

@@ -21,7 +21,7 @@ import psycopg
 from psycopg import pq, sql
 from psycopg.conninfo import make_conninfo
 
-from ..waits import readable, writable
+from ..readiness import readable, writable
 
 _BACKOFF_MIN, _BACKOFF_MAX = 0.05, 1.0
 WORK, END = "work", "end"
