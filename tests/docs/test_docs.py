@@ -6,6 +6,7 @@ every rule's section must name the test that proves it."""
 from __future__ import annotations
 
 import ast
+import inspect
 import re
 import sqlite3
 from functools import cache
@@ -158,8 +159,10 @@ def test_every_index_and_trigger_named_is_in_the_sqlite_schema(tmp_path: Path) -
 
 def sqlite_runs() -> set[str]:
     """Every SQL constant the SQLite backend runs: its catalogue's plain statements (the
-    vocabulary less its steps) and the statements its steps run."""
-    steps = (STORE / "sqlite" / "steps.py").read_text(encoding="utf-8")
+    vocabulary less its steps) and the statements its steps run (in every module that defines
+    one of them)."""
+    files = sorted({inspect.getsourcefile(step) or "" for step in STEPS.values()})
+    steps = "".join(Path(path).read_text(encoding="utf-8") for path in files)
     return (set(STATEMENTS) - set(STEPS)) | set(PART.findall(steps))
 
 

@@ -35,11 +35,6 @@ from workerproc.store.postgres.dialect import PostgresDialect
 from workerproc.store.postgres.schema import SCHEMA_VERSION, VERSION_TABLE
 
 
-@pytest.fixture
-def pg(tmp_path: Path) -> PostgresBackend:
-    return PostgresBackend(str(tmp_path))
-
-
 def terminate(pg: PostgresBackend, *, except_pid: int | None = None) -> int:
     """End every leasekeeper session on the test database (as a server restart would)."""
     with pg.connect() as conn:

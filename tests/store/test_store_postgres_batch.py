@@ -4,7 +4,6 @@ trip as ``EXECUTE``s of statements the session prepared, their values quoted by 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -18,13 +17,6 @@ from workerproc.store.postgres.tx import Batch, Prepared, _session_prepared
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def pg(tmp_path: Path) -> PostgresBackend:
-    backend = PostgresBackend(str(tmp_path))
-    backend.open().close()  # the schema
-    return backend
-
-
 def _session(pg: PostgresBackend) -> psycopg.Connection[Any]:
     conn = pg.connect()
     conn.autocommit = False
@@ -32,13 +24,13 @@ def _session(pg: PostgresBackend) -> psycopg.Connection[Any]:
 
 
 def test_every_statement_of_the_catalogue_can_be_prepared_by_a_session(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     """Any statement may go in a batch, so the server must infer every parameter's type from
     where it stands (one it cannot name would fail the first batch that sends it)."""
     statements = {name: sql for name, sql in CATALOGUE.items() if isinstance(sql, str)}
     assert len(statements) > 50
-    with _session(pg) as conn:
+    with _session(pg_migrated) as conn:
         for name, sql in sorted(statements.items()):
             form = Prepared.of(name, sql)
             assert "%(" not in form.prepare, name
@@ -47,7 +39,7 @@ def test_every_statement_of_the_catalogue_can_be_prepared_by_a_session(
 
 
 def test_a_batch_answers_each_statement_in_order_with_its_values_intact(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     echo = (
         "SELECT %(text)s::text, %(ids)s::bigint[], %(x)s::float8, %(flag)s::boolean, %(none)s::text"
@@ -60,7 +52,7 @@ def test_a_batch_answers_each_statement_in_order_with_its_values_intact(
         )
     ]
     calls.append(("EMPTY", "SELECT 1 WHERE %(never)s::boolean", {"never": False}))
-    with _session(pg) as conn:
+    with _session(pg_migrated) as conn:
         out = Batch(conn).run(calls)
         conn.rollback()
     assert len(out) == len(calls)
@@ -71,11 +63,11 @@ def test_a_batch_answers_each_statement_in_order_with_its_values_intact(
 
 
 def test_each_statement_runs_after_the_one_before_and_counts_the_rows_it_changed(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     write = "UPDATE limits SET rate = %(rate)s WHERE name = %(name)s"
     read = "SELECT rate FROM limits WHERE name = %(name)s"
-    with _session(pg) as conn:
+    with _session(pg_migrated) as conn:
         conn.execute(
             "INSERT INTO limits (name, rate, declared, declared_by, declared_at) "
             "VALUES ('a', 1, '{}', 'test', 0), ('b', 1, '{}', 'test', 0)"
@@ -93,7 +85,7 @@ def test_each_statement_runs_after_the_one_before_and_counts_the_rows_it_changed
 
 
 def test_a_failed_statement_skips_the_rest_and_the_session_keeps_what_it_prepared(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     read = "SELECT count(*) FROM limits WHERE name = %(name)s"
     fails = "SELECT 1 / %(zero)s::int"
@@ -101,7 +93,7 @@ def test_a_failed_statement_skips_the_rest_and_the_session_keeps_what_it_prepare
         "INSERT INTO limits (name, rate, declared, declared_by, declared_at) "
         "VALUES (%(name)s, 1, '{}', 't', 0)"
     )
-    with _session(pg) as conn:
+    with _session(pg_migrated) as conn:
         with pytest.raises(psycopg.errors.DivisionByZero):
             Batch(conn).run([("R", read, {"name": "x"}), ("F", fails, {"zero": 0}),
                              ("M", marker, {"name": "after"})])  # fmt: skip
@@ -132,13 +124,13 @@ def _one_finished(store: Any, lease: Any) -> None:
 
 
 def test_after_a_rolled_back_failure_the_connection_prepares_its_statements_again(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     """The driver deallocates a session's prepared statements after a ROLLBACK it sends; the
     store's next commit on that connection (with its events) once failed, and every one
     after it, with "prepared statement ... does not exist", until the connection was
     replaced (a lock timeout, a deadlock's retry or any failed statement led there)."""
-    store = pg.open()
+    store = pg_migrated.open()
     store.start_runs([{"task": "t"}] * 3)
     first, second, third = store.claim("w", 60, limit=3)
     _one_finished(store, first)  # the events' statement and the batches' are prepared now
@@ -150,13 +142,13 @@ def test_after_a_rolled_back_failure_the_connection_prepares_its_statements_agai
 
 
 def test_statements_deallocated_behind_the_stores_back_cost_one_retry(
-    pg: PostgresBackend,
+    pg_migrated: PostgresBackend,
 ) -> None:
     """Prepared statements gone without the driver knowing (a pooler's DISCARD, say): the
     exchange that meets one is rolled back, the session prepares them again, and it lands."""
     from workerproc.store import ClaimRequest, Commit  # noqa: PLC0415
 
-    store = pg.open()
+    store = pg_migrated.open()
     store.start_runs([{"task": "t"}] * 4)
     leases = store.claim("w", 60, limit=2)
     _one_finished(store, leases[0])
@@ -169,7 +161,7 @@ def test_statements_deallocated_behind_the_stores_back_cost_one_retry(
 
 
 def test_a_claim_alone_reads_its_first_gates_in_the_round_trip_that_locks_them(
-    pg: PostgresBackend, monkeypatch: pytest.MonkeyPatch
+    pg_migrated: PostgresBackend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gated claim in a transaction that settled no gate: ``OPEN_MARKED`` locks the open
     gates, and their states and first runs come back in the same query (read by statements
@@ -179,7 +171,7 @@ def test_a_claim_alone_reads_its_first_gates_in_the_round_trip_that_locks_them(
     from workerproc.store import Commit  # noqa: PLC0415
     from workerproc.store.limits import LimitSpec  # noqa: PLC0415
 
-    store = pg.open()
+    store = pg_migrated.open()
     try:
         limited(store, LimitSpec.declare("per-tenant", concurrency=1, per="tenant"))
         store.start_runs([{"task": "call", "payload": {"tenant": f"t{i % 16}"}} for i in range(48)])

@@ -26,11 +26,6 @@ from workerproc.store.types import ClaimRequest
 ENDED = 600  # runs ended while the snapshot is held: a dead entry each
 
 
-@pytest.fixture
-def pg(tmp_path: Any) -> PostgresBackend:
-    return PostgresBackend(str(tmp_path))
-
-
 READ = """SELECT coalesce(sum(pg_stat_get_xact_tuples_returned(c.oid)), 0) FROM pg_class AS c
     WHERE c.relnamespace = current_schema()::regnamespace
       AND c.relname IN ('runs_claim', 'runs_prio')"""

@@ -28,11 +28,6 @@ TIES = 2 * 10
 BOUND = 4 * PIECE + TIES
 
 
-@pytest.fixture
-def pg(tmp_path: Any) -> PostgresBackend:
-    return PostgresBackend(str(tmp_path))
-
-
 class Walker:
     """Walks of one connection's floor for queue ``b``, each in a transaction of its own, and
     how many entries of the claim indexes each read (live and dead: the server's count)."""

@@ -22,11 +22,6 @@ from workerproc.store.postgres.tx import Prepared
 from workerproc.store.types import ClaimRequest
 
 
-@pytest.fixture
-def pg(tmp_path: Any) -> PostgresBackend:
-    return PostgresBackend(str(tmp_path))
-
-
 # -- waiting ---------------------------------------------------------------------------------------
 def watched(pg: PostgresBackend, run_id: int) -> bool:
     with pg.connect() as conn:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,13 +19,6 @@ from workerproc.store.streams import Appended
 from workerproc.store.types import Lease
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def pg(tmp_path: Path) -> PostgresBackend:
-    backend = PostgresBackend(str(tmp_path))
-    backend.open().close()  # the schema
-    return backend
 
 
 def _leased(store: Store) -> Lease:
@@ -73,12 +65,12 @@ ENDED = "UPDATE runs SET status = 'cancelled', finished_at = 1 WHERE id = %(run_
 
 @pytest.mark.parametrize(("change", "outcome"), [(TAKEOVER, "lost"), (ENDED, "over")])
 def test_a_batch_in_its_own_transaction_sees_what_committed_while_it_waited_for_the_head(
-    pg: PostgresBackend, change: str, outcome: str
+    pg_migrated: PostgresBackend, change: str, outcome: str
 ) -> None:
-    with pg.open() as store:
+    with pg_migrated.open() as store:
         lease = _leased(store)
         got = _while_the_head_is_held(
-            pg, lease, change, lambda: store.append_stream(lease, ['"b"'], after=1)
+            pg_migrated, lease, change, lambda: store.append_stream(lease, ['"b"'], after=1)
         )
         assert got.outcome == outcome
         assert [c.data for c in store.stream(lease.run_id)] == ["a"]
@@ -86,13 +78,13 @@ def test_a_batch_in_its_own_transaction_sees_what_committed_while_it_waited_for_
 
 @pytest.mark.parametrize(("change", "outcome"), [(TAKEOVER, "lost"), (ENDED, "over")])
 def test_a_batch_in_an_exchange_sees_what_committed_while_it_waited_for_the_head(
-    pg: PostgresBackend, change: str, outcome: str
+    pg_migrated: PostgresBackend, change: str, outcome: str
 ) -> None:
-    with pg.open() as store:
+    with pg_migrated.open() as store:
         lease = _leased(store)
 
         def exchange() -> Appended:
             return store.commit_many([], streams=[(lease, ['"b"'], 1)]).appended[0]
 
-        assert _while_the_head_is_held(pg, lease, change, exchange).outcome == outcome
+        assert _while_the_head_is_held(pg_migrated, lease, change, exchange).outcome == outcome
         assert [c.data for c in store.stream(lease.run_id)] == ["a"]

@@ -1,7 +1,8 @@
 """The SQLite backend's claims, renewals, fenced commits, producers and flow control (its reads
 are in ``reads_sql``, its operators' in ``ops_sql``). A name of ``store.dialect.STATEMENTS`` is
-a statement of the protocol's vocabulary; the others are parts that ``steps`` composes into one
-logical step (``FINISH`` is ``CAS_FINISH`` then ``TASK_DONE``).
+a statement of the protocol's vocabulary; the others are parts that ``steps`` (and
+``completions``) compose into one logical step (``FINISH`` is ``CAS_FINISH`` then
+``TASK_DONE``).
 
 Fenced statements match task id AND owner AND attempt AND a live lease (R2); zero rows changed
 means the caller's lease is lost. ``:now`` is always read after ``BEGIN IMMEDIATE`` succeeded.
