@@ -51,6 +51,12 @@ class Proxies:
 
     def __init__(self) -> None:
         self._found = urllib.request.getproxies_environment()
+        # NO_PROXY's entries without brackets that hold a colon: an IPv6 address (``::1``) is one
+        # of them, the address itself on every port
+        self._bare = frozenset(
+            name for entry in self._found.get("no", "").split(",")
+            if ":" in (name := entry.strip().lstrip(".").lower()) and not name.startswith("[")
+        )  # fmt: skip
         self._chosen: dict[tuple[str, str, int], Proxy | ProxyUnsupported | None] = {}
 
     def proxy_for(self, scheme: str, host: str, port: int) -> Proxy | None:
@@ -80,12 +86,12 @@ class Proxies:
         """Whether ``NO_PROXY`` lists ``host`` on ``port``. CPython's function matches each
         entry against the host with the port cut off and against ``host:port`` as given, so
         it is given ``host:port`` (``[v6]:port`` for an IPv6 literal, the form an entry with a
-        port takes). An IPv6 literal is also given bare: its colons would otherwise be read as
-        a port's, and a bare entry (``::1``) matches it on every port."""
-        v6 = ":" in host
-        if proxy_bypass_environment(f"[{host}]:{port}" if v6 else f"{host}:{port}", self._found):
-            return True
-        return v6 and bool(proxy_bypass_environment(host, self._found))
+        port takes). An IPv6 literal is also matched against the bare entries, whole: given
+        bare to that function, its last group would be cut off as a port (an entry ``fd00::1``
+        matched the address ``fd00::1:8080``), and a bare entry matches it on every port."""
+        if ":" not in host:
+            return bool(proxy_bypass_environment(f"{host}:{port}", self._found))
+        return host in self._bare or bool(proxy_bypass_environment(f"[{host}]:{port}", self._found))
 
 
 def parse(value: str) -> Proxy:

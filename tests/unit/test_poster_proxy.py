@@ -184,6 +184,10 @@ BYPASS = [
     ("http", "::1", 8080, "::1", True),  # an IPv6 entry without a port: bare or bracketed
     ("http", "::1", 8080, "[::1]", True),
     ("http", "fd00::5", 443, "::5", False),
+    ("http", "fd00::1:8080", 80, "fd00::1", False),  # another address, not fd00::1 on 8080
+    ("https", "2001:db8::1:443", 443, "example.test, 2001:db8::1", False),
+    ("http", "fd00::1:8080", 80, "fd00::1:8080", True),  # (a bare entry is an address, whole)
+    ("http", "fd00::1", 80, " FD00::1 ", True),
     ("http", "10.0.0.5", 8080, "10.0.0.5:8080", True),
     ("http", "10.0.0.5", 8080, "10.0.0.5:80", False),
     ("http", "hooks.internal", 8080, "*", True),

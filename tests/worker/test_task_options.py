@@ -6,6 +6,7 @@ worker backs off and times out by it, and runs start (and move) to the task's qu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from workerproc import App, TaskContext
 from workerproc.config import WorkerConfig
 from workerproc.execution import failure
 from workerproc.store import Lease, Store, TaskOptions, open_store
+from workerproc.store.types import NO_OPTIONS
 
 TESTS = Path(__file__).resolve().parents[1]  # tests/: the apps and the support scripts
 
@@ -65,6 +67,24 @@ def test_registering_writes_only_what_changed_and_forgets_what_went(s: Store) ->
     assert set(s.task_options()) == {"a", "b", "c"}
     assert s.register_tasks({"a": TaskOptions(), "b": TaskOptions(timeout=4.0)}) == 2
     assert s.task_options() == {"b": TaskOptions(timeout=4.0), "c": TaskOptions(priority=5)}
+
+
+def test_a_tasks_options_refuse_assignment_at_run_time(s: Store) -> None:
+    """One ``TaskOptions`` is shared by every lease of a task (and ``NO_OPTIONS`` by every task
+    that declared none) and by the app's task, and a handler reaches it (``ctx.lease.options``):
+    an assignment no type checker saw raises, never changes every later lease's options (nor
+    writes an unchecked value to the database)."""
+    s.register_tasks({"t": TaskOptions(timeout=9.0)})
+    s.start_run("t")
+    s.start_run("u")
+    declared, plain = s.claim("w", 60, limit=2)
+    app = App()
+    task = app.task("t", timeout=9.0)(lambda ctx: None)
+    for options in (declared.options, plain.options, NO_OPTIONS, task.options):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            options.timeout = 0.0  # type: ignore[misc]
+    assert declared.options == TaskOptions(timeout=9.0) and TaskOptions() == NO_OPTIONS
+    assert app.task_options() == {"t": TaskOptions(timeout=9.0)}
 
 
 # -- the decorator ---------------------------------------------------------------------------

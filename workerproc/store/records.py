@@ -3,7 +3,12 @@
 A record is a frozen dataclass to the type checker (``dataclass_transform`` with
 ``frozen_default``: mypy rejects any assignment to a field) and a plain one at run time, equal
 and hashable as a frozen one is (``unsafe_hash``), copied with ``dataclasses.replace`` as
-before, and read by ``vars`` (no slots).
+before, and read by ``vars`` (no slots). Nothing stops an assignment at run time that no type
+checker saw, so a value shared beyond one reader and reached by users' code is a frozen
+dataclass instead (``types.TaskOptions``). What mypy does not see either: a ``del`` of a field
+and an attribute that is no field set in a record's method (both pass, and succeed at run time),
+and a ``dataclass(frozen=True)`` subclass of a record (it passes, and raises TypeError at
+import: a frozen dataclass cannot inherit a plain one).
 
 Why not ``dataclass(frozen=True)``: making a class is a ``compile`` per generated method, and a
 frozen one has six (its ``__setattr__`` and ``__delattr__`` besides ``__init__``, ``__repr__``,
