@@ -150,9 +150,10 @@ def background() -> None:
             report(step, took=took, moved=moved, reads=reads.calls - before)  # type: ignore[attr-defined]
             done.put(step)
 
+    order = [step for step, _ in steps]  # (before the thread starts: it pops them as it goes)
     thread = Waiter(opened, Outage())
     thread.start()
-    for step, _ in list(steps):
+    for step in order:
         assert entered.get(timeout=LONG) == step
         if step == "commit":
             time.sleep(0.2)
