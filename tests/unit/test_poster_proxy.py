@@ -191,6 +191,7 @@ BYPASS = [
     ("http", "10.0.0.5", 8080, "10.0.0.5:8080", True),
     ("http", "10.0.0.5", 8080, "10.0.0.5:80", False),
     ("http", "hooks.internal", 8080, "*", True),
+    ("http", "hooks.internal", 8080, "example.test,*", False),  # only a lone * is every host
 ]
 
 
