@@ -3,11 +3,11 @@
 win), as ``urllib.request.getproxies()`` reads them on Linux (``getproxies_environment``: the
 variables only, on every system, never macOS's or Windows' own settings), with ``NO_PROXY``
 applied as ``urllib.request.proxy_bypass`` applies it there (``proxy_bypass_environment``: a
-host equal to an entry or under it, ``*`` for every host; no name is looked up to decide) to
-the receiver's ``host:port``: an entry without a port matches every port, one with a port
-(``hooks.internal:8080``, ``[::1]:8080``) that port only. The port is the one the POST goes to,
-its scheme's default when the URL names none (``https://h/`` is ``h:443``, as Go's
-``net/http`` counts it; urllib counts only a port written in the URL, curl never compares
+host equal to an entry or under it, ``*`` as the whole value for every host; no name is looked
+up to decide) to the receiver's ``host:port``: an entry without a port matches every port,
+one with a port (``hooks.internal:8080``, ``[::1]:8080``) that port only. The port is the one
+the POST goes to, its scheme's default when the URL names none (``https://h/`` is ``h:443``, as
+Go's ``net/http`` counts it; urllib counts only a port written in the URL, curl never compares
 ports). A sender thread's ``Poster`` reads them once, when it is made (``Proxies``).
 
 Only a plain ``http://`` proxy is spoken to (``user:password@`` in its URL sent as
