@@ -160,7 +160,12 @@ class Pool:
 
     # -- stopping ----------------------------------------------------------------------------
     def send(self, worker: WorkerProcess, signum: int) -> bool:
-        """Send ``signum``; False when the process is already gone (ESRCH is normal)."""
+        """Send ``signum``; False when the process is already gone (ESRCH is normal). Only to a
+        worker not reaped yet: until ``reap`` collects it, its pid cannot be another process's
+        (a dead child stays a zombie), while once reaped the pid may be reused at once (a
+        chaos pause's SIGCONT 4 s later, say, on a machine whose pids wrap at 32,768)."""
+        if self.workers.get(worker.pid) is not worker:
+            return False
         try:
             self.kill(worker.pid, signum)
         except ProcessLookupError:

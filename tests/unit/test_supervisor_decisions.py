@@ -415,6 +415,21 @@ def test_a_fault_injected_on_purpose_is_not_a_crash(clock: FakeClock) -> None:
     assert arb.gate.released == [victim.owner]  # type: ignore[attr-defined]
 
 
+def test_a_reaped_worker_is_never_signalled_again(clock: FakeClock) -> None:
+    """Once reaped, a worker's pid may be another process's: a late signal for it (a chaos
+    pause's SIGCONT) is not sent, and says the worker is gone."""
+    procs = FakeProcs()
+    pool = make_pool(clock, procs, target=1)
+    worker = pool.spawn()
+    assert worker is not None
+    assert pool.send(worker, signal.SIGSTOP)  # alive, or dead and not reaped: ours to signal
+    procs.exits = [(worker.pid, killed(signal.SIGKILL))]
+    assert [e.worker for e in pool.reap()] == [worker]
+    assert not pool.send(worker, signal.SIGCONT)
+    assert not pool.kill_on_purpose(worker)
+    assert procs.sent == [(worker.pid, signal.SIGSTOP)]
+
+
 def test_the_chaos_report_counts_faults_per_process_and_leases_hit_apart() -> None:
     """A kill of a worker holding three leases (slots) is one fault that hit three leases."""
     from supervisor.chaos.report import summary_line  # noqa: PLC0415
