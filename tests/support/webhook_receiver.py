@@ -16,6 +16,9 @@ from typing import Any
 
 from workerproc.webhooks import HEADER, SignatureError, verify
 
+# the webhooks' secret the worker tests sign with (tests/worker/conftest.py's receiver)
+SECRET = "s3cret-for-tests"
+
 
 @dataclass(frozen=True)
 class Delivery:

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from helpers import reports, wait_for
 from store_backends import Backend
-from webhook_receiver import Receiver
+from webhook_receiver import SECRET, Receiver
 
 from workerproc.courier import QUIET, Courier
 from workerproc.heartbeat import Heartbeat
@@ -25,7 +23,6 @@ from workerproc.overdue import IDLE_WAIT, MAX_WAIT
 from workerproc.store import Lease, Renewal
 
 LEASE = Lease(1, 1, "t", None, 1, "me", 0.0, 0.0)
-SECRET = "s3cret-for-tests"
 
 
 class Recording(threading.Condition):
@@ -110,13 +107,6 @@ class Counting:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(SECRET)
-    yield r
-    r.down()
 
 
 def test_a_parked_webhooks_waker_sleeps_on_the_change_watch_and_wakes_for_a_commit(

@@ -7,12 +7,12 @@ prune, the waker) in test_webhooks_reading.py, the chaos acceptance in test_webh
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from store_backends import Backend
-from webhook_receiver import Receiver
+from webhook_receiver import SECRET, Receiver
 
 from workerproc import App, TaskContext
 from workerproc.config import WorkerConfig
@@ -29,7 +29,6 @@ from workerproc.store.webhooks import (
 from workerproc.window import WINDOW
 from workerproc.worker import Worker
 
-SECRET = "s3cret-for-tests"
 FAST = RetryNumbers(max_failures=3, backoff=0.01, backoff_max=0.05, timeout=5.0)
 
 app = App()
@@ -58,13 +57,6 @@ def run_until(url: str, done: Callable[[], bool], **kw: Any) -> None:
               open_store=lambda: open_store(url))  # fmt: skip
     w.done = done  # type: ignore[method-assign]
     assert w.run() == 0
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(SECRET)
-    yield r
-    r.down()
 
 
 # -- declared in the database ---------------------------------------------------------------------

@@ -8,27 +8,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import FakeClock
-from webhook_receiver import Receiver
+from webhook_receiver import SECRET, Receiver
 
 from workerproc.context import LeaseLost
 from workerproc.context import TaskContext as Context
 from workerproc.delivery import Deliverer
 from workerproc.store import CasResult, Store
 from workerproc.store.webhooks import WEBHOOK_QUEUE, RetryNumbers
-
-SECRET = "s3cret-for-tests"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(SECRET)
-    yield r
-    r.down()
 
 
 def test_a_zombie_delivery_moves_no_cursor_and_its_successor_delivers_again(

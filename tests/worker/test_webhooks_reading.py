@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from helpers import FakeClock
-from webhook_receiver import Receiver
+from webhook_receiver import SECRET, Receiver
 
 from workerproc.context import TaskContext as Context
 from workerproc.courier import REFRESH, Courier
@@ -21,15 +20,6 @@ from workerproc.outage import Outage
 from workerproc.store import CasResult, Store, open_store
 from workerproc.store.types import SYSTEM_RUNS
 from workerproc.store.webhooks import WEBHOOK_QUEUE
-
-SECRET = "s3cret-for-tests"
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver(SECRET)
-    yield r
-    r.down()
 
 
 def test_one_execution_reads_batch_after_batch_then_parks(
